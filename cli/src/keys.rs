@@ -1,0 +1,194 @@
+//! The table of configuration keys: file key, env var, flag, default and a one-line comment.
+//!
+//! Everything that lists keys (the loader's layers, `config show`, `config init`) walks this one
+//! table, so a key added here is picked up everywhere.
+
+/// One configuration key.
+#[derive(Debug)]
+pub(crate) struct Key {
+    /// The key as written in the config file.
+    pub name: &'static str,
+    /// The env var that overrides it.
+    pub env: &'static str,
+    /// The flag that overrides it, if any.
+    pub flag: Option<&'static str>,
+    /// The default, spelled as in a config file; `None` when the key has no default.
+    pub default: Option<&'static str>,
+    /// A one-line description for the `config init` template.
+    pub comment: &'static str,
+}
+
+const fn key(
+    name: &'static str,
+    env: &'static str,
+    flag: Option<&'static str>,
+    default: Option<&'static str>,
+    comment: &'static str,
+) -> Key {
+    Key {
+        name,
+        env,
+        flag,
+        default,
+        comment,
+    }
+}
+
+/// Every key, in the order `config show` and `config init` print them.
+pub(crate) const KEYS: &[Key] = &[
+    key(
+        "listen",
+        "PDBMUX_LISTEN",
+        Some("--listen"),
+        Some(":8080"),
+        "address to listen on; \":8080\" means every interface",
+    ),
+    key(
+        "backends",
+        "PDBMUX_BACKENDS",
+        None,
+        None,
+        "the PuppetDBs; order is a tie-break only, not a ranking",
+    ),
+    key(
+        "merge",
+        "PDBMUX_MERGE",
+        Some("--merge"),
+        Some("freshness"),
+        "freshness | static",
+    ),
+    key(
+        "timeout",
+        "PDBMUX_TIMEOUT",
+        None,
+        Some("10s"),
+        "per-upstream request timeout",
+    ),
+    key(
+        "freshness_ttl",
+        "PDBMUX_FRESHNESS_TTL",
+        None,
+        Some("30s"),
+        "freshness-map cache TTL (freshness merge only)",
+    ),
+    key(
+        "facts_ttl",
+        "PDBMUX_FACTS_TTL",
+        None,
+        Some("30s"),
+        "/facts + /nodes response cache TTL; 0 disables, capped at 30s",
+    ),
+    key(
+        "facts_cache_bytes",
+        "PDBMUX_FACTS_CACHE_BYTES",
+        None,
+        Some("67108864"),
+        "byte budget for that cache (64 MiB), LRU-evicted",
+    ),
+    key(
+        "source_fact",
+        "PDBMUX_SOURCE_FACT",
+        None,
+        Some("pdbmux_source"),
+        "name of the synthetic provenance fact",
+    ),
+    key(
+        "source_fact_enabled",
+        "PDBMUX_SOURCE_FACT_ENABLED",
+        None,
+        Some("true"),
+        "false serves backends' records untouched",
+    ),
+    key(
+        "health_probe_enabled",
+        "PDBMUX_HEALTH_PROBE_ENABLED",
+        Some("--health-probe"),
+        Some("true"),
+        "false queries every backend on every request",
+    ),
+    key(
+        "health_probe_path",
+        "PDBMUX_HEALTH_PROBE_PATH",
+        None,
+        Some("/status/v1/services"),
+        "backend health endpoint",
+    ),
+    key(
+        "health_probe_interval",
+        "PDBMUX_HEALTH_PROBE_INTERVAL",
+        None,
+        Some("10s"),
+        "how often each backend is probed",
+    ),
+    key(
+        "health_probe_timeout",
+        "PDBMUX_HEALTH_PROBE_TIMEOUT",
+        None,
+        Some("5s"),
+        "per-probe timeout",
+    ),
+    key(
+        "health_probe_failures",
+        "PDBMUX_HEALTH_PROBE_FAILURES",
+        None,
+        Some("3"),
+        "consecutive failures before a backend is skipped (at least 1)",
+    ),
+    key(
+        "health_probe_successes",
+        "PDBMUX_HEALTH_PROBE_SUCCESSES",
+        None,
+        Some("2"),
+        "consecutive successes before it is used again (at least 1)",
+    ),
+    key(
+        "max_body_bytes",
+        "PDBMUX_MAX_BODY_BYTES",
+        None,
+        Some("536870912"),
+        "most bytes read from one upstream body (512 MiB); more fails that backend",
+    ),
+    key(
+        "tls_ca_file",
+        "PDBMUX_TLS_CA_FILE",
+        None,
+        None,
+        "extra CA bundle (PEM) for https backends, e.g. the Puppet CA",
+    ),
+    key(
+        "tls_cert_file",
+        "PDBMUX_TLS_CERT_FILE",
+        None,
+        None,
+        "client certificate (PEM) for https backends",
+    ),
+    key(
+        "tls_key_file",
+        "PDBMUX_TLS_KEY_FILE",
+        None,
+        None,
+        "private key (PEM) for tls_cert_file",
+    ),
+    key(
+        "log_format",
+        "PDBMUX_LOG_FORMAT",
+        Some("--log-format"),
+        Some("text"),
+        "text | json; logs go to stderr",
+    ),
+    key(
+        "log_level",
+        "PDBMUX_LOG_LEVEL",
+        None,
+        Some("info"),
+        "log filter, e.g. debug or pdbmux=debug,info; RUST_LOG applies when unset",
+    ),
+];
+
+/// The keys a backend entry in the config file may have.
+pub(crate) const BACKEND_KEYS: &[&str] = &["name", "url", "tls_ca_file", "tls_cert_file", "tls_key_file"];
+
+/// The entry for `name`; `None` for a name not in the table.
+pub(crate) fn find(name: &str) -> Option<&'static Key> {
+    KEYS.iter().find(|k| k.name == name)
+}

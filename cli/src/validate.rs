@@ -1,0 +1,910 @@
+//! Turning gathered raw values into a validated [`Config`], naming the key and value of every
+//! problem.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::Ipv6Addr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use figment::value::{Num, Value};
+use pdbmux_core::config::{
+    BackendConfig, BackendUrl, Config, MergeStrategy, TlsFiles, FACTS_TTL_CAP,
+};
+
+use crate::duration;
+use crate::keys::BACKEND_KEYS;
+use crate::load::{Loaded, Setting, Source};
+use crate::{LogFormat, Settings};
+
+/// One problem with one key's value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigProblem {
+    /// A duration that does not parse.
+    #[error("{key}: invalid duration \"{value}\": {reason}")]
+    InvalidDuration {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// Why it does not parse.
+        reason: String,
+    },
+    /// A number that has to be an integer is not one.
+    #[error("{key}: \"{value}\" is not a plain integer")]
+    NotInteger {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+    },
+    /// An integer below its minimum.
+    #[error("{key}: must be at least {min}, got {got}")]
+    TooSmall {
+        /// The key.
+        key: String,
+        /// The smallest allowed value.
+        min: u64,
+        /// The value given.
+        got: i128,
+    },
+    /// An integer above its maximum.
+    #[error("{key}: must be at most {max}, got {got}")]
+    TooLarge {
+        /// The key.
+        key: String,
+        /// The largest allowed value.
+        max: u64,
+        /// The value given.
+        got: i128,
+    },
+    /// A boolean that is not one.
+    #[error("{key}: \"{value}\" is not true or false")]
+    NotBool {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+    },
+    /// A value outside a fixed set.
+    #[error("{key}: unknown value \"{value}\" (expected {expected})")]
+    UnknownValue {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// The allowed values, in words.
+        expected: &'static str,
+    },
+    /// A value of the wrong shape (a list where one value belongs, and so on).
+    #[error("{key}: expected {expected}, got {found}")]
+    WrongShape {
+        /// The key.
+        key: String,
+        /// What belongs there.
+        expected: &'static str,
+        /// What was there.
+        found: String,
+    },
+    /// A value that breaks a key-specific rule.
+    #[error("{key}: \"{value}\" {reason}")]
+    Invalid {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// The rule, e.g. `must start with /`.
+        reason: &'static str,
+    },
+    /// A key with a default has no value at all (cannot happen through [`crate::load`]).
+    #[error("{key}: not set")]
+    Missing {
+        /// The key.
+        key: String,
+    },
+    /// A key in the config file pdbmux does not know (a typo, most likely).
+    #[error("{key}: unknown key in {}", path.display())]
+    UnknownKey {
+        /// The key as written.
+        key: String,
+        /// The file.
+        path: PathBuf,
+    },
+    /// No backends at all.
+    #[error(
+        "backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)"
+    )]
+    NoBackends,
+    /// Two backends share a name.
+    #[error("backends: duplicate name \"{name}\"")]
+    DuplicateBackend {
+        /// The name.
+        name: String,
+    },
+    /// A backend URL that is not `http(s)://host[:port]`.
+    #[error("backends[{index}].url: \"{value}\" is not http(s)://host[:port]: {reason}")]
+    BadBackendUrl {
+        /// The backend's position, from 0.
+        index: usize,
+        /// The URL as given.
+        value: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A backend entry in the file without `name` or `url`.
+    #[error("backends[{index}].{field}: missing")]
+    BackendFieldMissing {
+        /// The backend's position, from 0.
+        index: usize,
+        /// `name` or `url`.
+        field: &'static str,
+    },
+    /// A backend entry in the file with a key pdbmux does not know.
+    #[error("backends[{index}]: unknown key \"{field}\" (expected one of name, url, tls_ca_file, tls_cert_file, tls_key_file)")]
+    UnknownBackendKey {
+        /// The backend's position, from 0.
+        index: usize,
+        /// The key as written.
+        field: String,
+    },
+    /// A `PDBMUX_BACKENDS` entry that is not `name=url`.
+    #[error("{var}: malformed entry \"{entry}\" (expected name=url)")]
+    BadBackendsEntry {
+        /// `PDBMUX_BACKENDS` (or `backends` when the file holds the string form).
+        var: &'static str,
+        /// The entry as given.
+        entry: String,
+    },
+    /// A backend ends up with a client certificate but no key, or the reverse.
+    #[error("backends[{index}] ({name}): tls_cert_file and tls_key_file must be set together")]
+    TlsPair {
+        /// The backend's position, from 0.
+        index: usize,
+        /// The backend's name.
+        name: String,
+    },
+    /// A log filter `tracing-subscriber` does not accept.
+    #[error("{key}: invalid log filter \"{value}\": {reason}")]
+    BadLogFilter {
+        /// `log_level` or `RUST_LOG`.
+        key: &'static str,
+        /// The value as given.
+        value: String,
+        /// The parser's complaint.
+        reason: String,
+    },
+}
+
+/// Every problem found while validating, in key order.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+pub struct ValidateError {
+    /// The problems; never empty.
+    pub problems: Vec<ConfigProblem>,
+}
+
+/// One backend as `config show` prints it.
+#[derive(Debug, Clone)]
+pub(crate) struct BackendShown {
+    pub line: String,
+    pub source: Source,
+    pub tls: Vec<(&'static str, PathBuf, Source)>,
+}
+
+/// Everything validation learned: normalized values for `config show`, problems, the result.
+#[derive(Debug, Clone)]
+pub(crate) struct Checked {
+    pub shown: BTreeMap<&'static str, String>,
+    pub backends: Vec<BackendShown>,
+    pub log_level_source: Option<Source>,
+    pub clamped_from: Option<String>,
+    pub problems: Vec<ConfigProblem>,
+    pub settings: Option<Settings>,
+}
+
+/// Validates gathered values into [`Settings`]; the error lists every bad key.
+pub fn validate(loaded: &Loaded) -> Result<Settings, ValidateError> {
+    let checked = check(loaded);
+    match checked.settings {
+        Some(settings) if checked.problems.is_empty() => Ok(settings),
+        _ => Err(ValidateError {
+            problems: checked.problems,
+        }),
+    }
+}
+
+/// A scalar's text: strings as they are, numbers and booleans as written.
+fn scalar_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(_, s) => Some(s.clone()),
+        Value::Char(_, c) => Some(c.to_string()),
+        Value::Bool(_, b) => Some(b.to_string()),
+        Value::Num(_, n) => Some(num_text(*n)),
+        _ => None,
+    }
+}
+
+fn num_text(n: Num) -> String {
+    if let Some(u) = n.to_u128() {
+        u.to_string()
+    } else if let Some(i) = n.to_i128() {
+        i.to_string()
+    } else {
+        n.to_f64().map(|f| f.to_string()).unwrap_or_default()
+    }
+}
+
+/// A short description of a value's shape, for [`ConfigProblem::WrongShape`].
+fn shape(value: &Value) -> String {
+    match value {
+        Value::Dict(..) => "a mapping".to_owned(),
+        Value::Array(..) => "a list".to_owned(),
+        Value::Empty(..) => "nothing".to_owned(),
+        other => format!("\"{}\"", scalar_text(other).unwrap_or_default()),
+    }
+}
+
+/// The raw value as `config show` prints it when it did not validate.
+pub(crate) fn raw_display(value: &Value) -> String {
+    match scalar_text(value) {
+        Some(text) => format!("{text:?}"),
+        None => shape(value),
+    }
+}
+
+struct Checker<'a> {
+    loaded: &'a Loaded,
+    problems: Vec<ConfigProblem>,
+    shown: BTreeMap<&'static str, String>,
+}
+
+impl<'a> Checker<'a> {
+    fn setting(&self, key: &str) -> Option<&'a Setting> {
+        self.loaded.settings.get(key)
+    }
+
+    /// The text of a key that always has a value (a default at least).
+    fn scalar(&mut self, key: &'static str) -> Option<String> {
+        let Some(setting) = self.setting(key) else {
+            self.problems.push(ConfigProblem::Missing {
+                key: key.to_owned(),
+            });
+            return None;
+        };
+        self.scalar_of(key, &setting.value)
+    }
+
+    fn scalar_of(&mut self, key: &str, value: &Value) -> Option<String> {
+        let text = scalar_text(value);
+        if text.is_none() {
+            self.problems.push(ConfigProblem::WrongShape {
+                key: key.to_owned(),
+                expected: "a single value",
+                found: shape(value),
+            });
+        }
+        text
+    }
+
+    fn show(&mut self, key: &'static str, text: impl Into<String>) {
+        self.shown.insert(key, text.into());
+    }
+
+    fn text(&mut self, key: &'static str) -> Option<String> {
+        let text = self.scalar(key)?;
+        if text.trim().is_empty() {
+            self.problems.push(ConfigProblem::Invalid {
+                key: key.to_owned(),
+                value: text,
+                reason: "must not be empty",
+            });
+            return None;
+        }
+        self.show(key, text.clone());
+        Some(text)
+    }
+
+    fn duration(&mut self, key: &'static str) -> Option<(Duration, String)> {
+        let text = self.scalar(key)?;
+        match duration::parse(&text) {
+            Ok(d) => {
+                self.show(key, duration::format(d));
+                Some((d, text))
+            }
+            Err(reason) => {
+                self.problems.push(ConfigProblem::InvalidDuration {
+                    key: key.to_owned(),
+                    value: text,
+                    reason,
+                });
+                None
+            }
+        }
+    }
+
+    fn flag(&mut self, key: &'static str) -> Option<bool> {
+        let text = self.scalar(key)?;
+        let value = match text.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => true,
+            "false" | "0" | "no" | "off" => false,
+            _ => {
+                self.problems.push(ConfigProblem::NotBool {
+                    key: key.to_owned(),
+                    value: text,
+                });
+                return None;
+            }
+        };
+        self.show(key, value.to_string());
+        Some(value)
+    }
+
+    fn integer(&mut self, key: &'static str, min: u64, max: u64) -> Option<u64> {
+        let setting = self.setting(key);
+        let parsed = match setting.map(|s| &s.value) {
+            Some(Value::Num(_, n)) => n
+                .to_i128()
+                .or_else(|| n.to_u128().and_then(|u| i128::try_from(u).ok())),
+            Some(Value::String(_, s)) => s.trim().parse::<i128>().ok(),
+            _ => None,
+        };
+        let Some(n) = parsed else {
+            let value = match setting {
+                Some(s) => self.scalar_of(key, &s.value)?,
+                None => {
+                    self.problems.push(ConfigProblem::Missing {
+                        key: key.to_owned(),
+                    });
+                    return None;
+                }
+            };
+            self.problems.push(ConfigProblem::NotInteger {
+                key: key.to_owned(),
+                value,
+            });
+            return None;
+        };
+        if n < i128::from(min) {
+            self.problems.push(ConfigProblem::TooSmall {
+                key: key.to_owned(),
+                min,
+                got: n,
+            });
+            return None;
+        }
+        let Ok(n) = u64::try_from(n) else {
+            self.problems.push(ConfigProblem::TooLarge {
+                key: key.to_owned(),
+                max,
+                got: n,
+            });
+            return None;
+        };
+        if n > max {
+            self.problems.push(ConfigProblem::TooLarge {
+                key: key.to_owned(),
+                max,
+                got: i128::from(n),
+            });
+            return None;
+        }
+        self.show(key, n.to_string());
+        Some(n)
+    }
+
+    fn choice<T: Copy>(
+        &mut self,
+        key: &'static str,
+        options: &[(&'static str, T)],
+        expected: &'static str,
+    ) -> Option<T> {
+        let text = self.scalar(key)?;
+        let wanted = text.trim().to_ascii_lowercase();
+        match options.iter().find(|(name, _)| *name == wanted) {
+            Some((name, value)) => {
+                self.show(key, *name);
+                Some(*value)
+            }
+            None => {
+                self.problems.push(ConfigProblem::UnknownValue {
+                    key: key.to_owned(),
+                    value: text,
+                    expected,
+                });
+                None
+            }
+        }
+    }
+
+    /// An optional path; empty means unset. `Err` when the value is malformed.
+    fn optional_path(&mut self, key: &'static str) -> Result<Option<PathBuf>, ()> {
+        let Some(setting) = self.setting(key) else {
+            self.show(key, "(none)");
+            return Ok(None);
+        };
+        let text = self.scalar_of(key, &setting.value).ok_or(())?;
+        if text.is_empty() {
+            self.show(key, "(none)");
+            return Ok(None);
+        }
+        self.show(key, text.clone());
+        Ok(Some(PathBuf::from(text)))
+    }
+
+    fn listen(&mut self) -> Option<String> {
+        let text = self.scalar("listen")?;
+        match parse_listen(&text) {
+            Some(addr) => {
+                self.show("listen", addr.clone());
+                Some(addr)
+            }
+            None => {
+                self.problems.push(ConfigProblem::Invalid {
+                    key: "listen".to_owned(),
+                    value: text,
+                    reason: "is not :port, host:port or [v6]:port",
+                });
+                None
+            }
+        }
+    }
+
+    fn log_level(&mut self) -> (Option<String>, Option<Source>) {
+        let Some(setting) = self.setting("log_level") else {
+            return (None, None);
+        };
+        let (key, text, source) = match (&setting.source, &self.loaded.rust_log) {
+            (Source::Default, Some(rust_log)) => {
+                ("RUST_LOG", rust_log.clone(), Source::Env("RUST_LOG"))
+            }
+            (source, _) => match self.scalar_of("log_level", &setting.value) {
+                Some(text) => ("log_level", text, source.clone()),
+                None => return (None, Some(source.clone())),
+            },
+        };
+        match tracing_subscriber::EnvFilter::try_new(&text) {
+            Ok(_) => {
+                self.show("log_level", text.clone());
+                (Some(text), Some(source))
+            }
+            Err(e) => {
+                self.problems.push(ConfigProblem::BadLogFilter {
+                    key,
+                    value: text,
+                    reason: e.to_string(),
+                });
+                (None, Some(source))
+            }
+        }
+    }
+}
+
+/// A backend as given, before validation.
+#[derive(Debug, Default)]
+struct RawBackend {
+    name: String,
+    url: String,
+    /// ca, cert, key: `None` when the entry does not mention the key.
+    tls: [Option<String>; 3],
+}
+
+const TLS_KEYS: [&str; 3] = ["tls_ca_file", "tls_cert_file", "tls_key_file"];
+
+/// Splits `name=url,name=url` (the `PDBMUX_BACKENDS` form); blank entries are skipped.
+fn split_backends(
+    var: &'static str,
+    text: &str,
+    problems: &mut Vec<ConfigProblem>,
+) -> Vec<RawBackend> {
+    let mut out = Vec::new();
+    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        match entry.split_once('=') {
+            Some((name, url)) if !name.trim().is_empty() && !url.trim().is_empty() => {
+                out.push(RawBackend {
+                    name: name.trim().to_owned(),
+                    url: url.trim().to_owned(),
+                    tls: [None, None, None],
+                });
+            }
+            _ => problems.push(ConfigProblem::BadBackendsEntry {
+                var,
+                entry: entry.to_owned(),
+            }),
+        }
+    }
+    out
+}
+
+fn raw_backends(checker: &mut Checker<'_>, setting: &Setting) -> Vec<RawBackend> {
+    let var = match setting.source {
+        Source::Env(var) => var,
+        _ => "backends",
+    };
+    match &setting.value {
+        Value::String(_, text) => split_backends(var, text, &mut checker.problems),
+        Value::Array(_, items) => {
+            let mut out = Vec::new();
+            for (index, item) in items.iter().enumerate() {
+                let Value::Dict(_, dict) = item else {
+                    checker.problems.push(ConfigProblem::WrongShape {
+                        key: format!("backends[{index}]"),
+                        expected: "a mapping with name and url",
+                        found: shape(item),
+                    });
+                    continue;
+                };
+                let mut raw = RawBackend::default();
+                let mut complete = true;
+                for field in dict.keys().filter(|k| !BACKEND_KEYS.contains(&k.as_str())) {
+                    checker.problems.push(ConfigProblem::UnknownBackendKey {
+                        index,
+                        field: field.clone(),
+                    });
+                }
+                for field in ["name", "url"] {
+                    let text = match dict.get(field) {
+                        Some(Value::Empty(..)) | None => None,
+                        Some(v) => checker.scalar_of(&format!("backends[{index}].{field}"), v),
+                    };
+                    match (text, field) {
+                        (Some(text), "name") => raw.name = text,
+                        (Some(text), _) => raw.url = text,
+                        (None, _) => {
+                            if matches!(dict.get(field), Some(Value::Empty(..)) | None) {
+                                checker
+                                    .problems
+                                    .push(ConfigProblem::BackendFieldMissing { index, field });
+                            }
+                            complete = false;
+                        }
+                    }
+                }
+                for (slot, field) in raw.tls.iter_mut().zip(TLS_KEYS) {
+                    *slot = match dict.get(field) {
+                        Some(Value::Empty(..)) | None => None,
+                        Some(v) => checker.scalar_of(&format!("backends[{index}].{field}"), v),
+                    };
+                }
+                if complete {
+                    out.push(raw);
+                }
+            }
+            out
+        }
+        other => {
+            checker.problems.push(ConfigProblem::WrongShape {
+                key: "backends".to_owned(),
+                expected: "a list of {name, url} or name=url,...",
+                found: shape(other),
+            });
+            Vec::new()
+        }
+    }
+}
+
+/// Parses `:port`, `host:port` or `[v6]:port`; `:port` becomes `0.0.0.0:port`.
+fn parse_listen(text: &str) -> Option<String> {
+    fn port(p: &str) -> Option<u16> {
+        if p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        p.parse().ok()
+    }
+    let text = text.trim();
+    if let Some(p) = text.strip_prefix(':') {
+        return Some(format!("0.0.0.0:{}", port(p)?));
+    }
+    if let Some(rest) = text.strip_prefix('[') {
+        let (host, p) = rest.split_once("]:")?;
+        let ip: Ipv6Addr = host.parse().ok()?;
+        return Some(format!("[{ip}]:{}", port(p)?));
+    }
+    let (host, p) = text.rsplit_once(':')?;
+    if host.is_empty() || host.contains([':', '[', ']', '/']) || host.contains(char::is_whitespace)
+    {
+        return None;
+    }
+    Some(format!("{host}:{}", port(p)?))
+}
+
+/// Parses a backend base URL: `http` or `https`, a host, an optional port and nothing else.
+pub fn parse_backend_url(text: &str) -> Result<BackendUrl, String> {
+    let text = text.trim();
+    let Some((scheme, rest)) = text.split_once("://") else {
+        return Err("missing scheme (e.g. http://host:8080)".to_owned());
+    };
+    let scheme = scheme.to_ascii_lowercase();
+    if scheme != "http" && scheme != "https" {
+        return Err(format!("scheme \"{scheme}\" is not http or https"));
+    }
+    let url = url::Url::parse(text).map_err(|e| e.to_string())?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err("user info is not allowed".to_owned());
+    }
+    if url.query().is_some() {
+        return Err("a query is not allowed".to_owned());
+    }
+    if url.fragment().is_some() {
+        return Err("a fragment is not allowed".to_owned());
+    }
+    if !matches!(url.path(), "" | "/") {
+        return Err(format!(
+            "a path (\"{}\") is not allowed; pdbmux appends /pdb/query/v4/... itself",
+            url.path()
+        ));
+    }
+    let host = match url.host() {
+        Some(url::Host::Domain(d)) => d.to_owned(),
+        Some(url::Host::Ipv4(ip)) => ip.to_string(),
+        Some(url::Host::Ipv6(ip)) => ip.to_string(),
+        None => return Err("no host".to_owned()),
+    };
+    // The url crate drops a port equal to the scheme's default; keep it when it was written.
+    let authority = rest.split(['/', '?', '#', '\\']).next().unwrap_or_default();
+    let after_host = match authority.rfind(']') {
+        Some(end) => &authority[end + 1..],
+        None => authority.rfind(':').map_or("", |i| &authority[i..]),
+    };
+    let explicit = after_host.len() > 1 && after_host.starts_with(':');
+    let port = if explicit {
+        url.port_or_known_default()
+    } else {
+        None
+    };
+    Ok(BackendUrl {
+        scheme,
+        host,
+        port,
+    })
+}
+
+fn check_backends(
+    checker: &mut Checker<'_>,
+    global_tls: &[(Option<PathBuf>, Option<Source>); 3],
+) -> (Option<Vec<BackendConfig>>, Vec<BackendShown>) {
+    let Some(setting) = checker.setting("backends") else {
+        checker.problems.push(ConfigProblem::NoBackends);
+        return (None, Vec::new());
+    };
+    let before = checker.problems.len();
+    let raws = raw_backends(checker, setting);
+    if raws.is_empty() && checker.problems.len() == before {
+        checker.problems.push(ConfigProblem::NoBackends);
+    }
+
+    let mut seen = HashSet::new();
+    let mut backends = Vec::new();
+    let mut shown = Vec::new();
+    for (index, raw) in raws.into_iter().enumerate() {
+        let url = match parse_backend_url(&raw.url) {
+            Ok(url) => Some(url),
+            Err(reason) => {
+                checker.problems.push(ConfigProblem::BadBackendUrl {
+                    index,
+                    value: raw.url.clone(),
+                    reason,
+                });
+                None
+            }
+        };
+        if raw.name.trim().is_empty() {
+            checker.problems.push(ConfigProblem::Invalid {
+                key: format!("backends[{index}].name"),
+                value: raw.name.clone(),
+                reason: "must not be empty",
+            });
+        } else if raw.name.chars().any(char::is_control) {
+            checker.problems.push(ConfigProblem::Invalid {
+                key: format!("backends[{index}].name"),
+                value: raw.name.clone(),
+                reason: "must not contain control characters",
+            });
+        } else if !seen.insert(raw.name.clone()) {
+            checker.problems.push(ConfigProblem::DuplicateBackend {
+                name: raw.name.clone(),
+            });
+        }
+
+        let mut tls = [None, None, None];
+        let mut tls_shown = Vec::new();
+        for (i, field) in TLS_KEYS.into_iter().enumerate() {
+            let (path, source) = match &raw.tls[i] {
+                Some(own) if own.is_empty() => (None, None),
+                Some(own) => (Some(PathBuf::from(own)), Some(setting.source.clone())),
+                None => global_tls[i].clone(),
+            };
+            if let (Some(path), Some(source)) = (&path, source) {
+                tls_shown.push((field, path.clone(), source));
+            }
+            tls[i] = path;
+        }
+        let [ca_file, cert_file, key_file] = tls;
+        if cert_file.is_some() != key_file.is_some() {
+            checker.problems.push(ConfigProblem::TlsPair {
+                index,
+                name: raw.name.clone(),
+            });
+        }
+        shown.push(BackendShown {
+            line: format!(
+                "{}={}",
+                raw.name,
+                url.as_ref().map_or(raw.url.clone(), BackendUrl::base)
+            ),
+            source: setting.source.clone(),
+            tls: tls_shown,
+        });
+        if let Some(url) = url {
+            backends.push(BackendConfig {
+                name: raw.name,
+                url,
+                tls: TlsFiles {
+                    ca_file,
+                    cert_file,
+                    key_file,
+                },
+            });
+        }
+    }
+    (Some(backends), shown)
+}
+
+/// Validates every key, keeping what `config show` needs even when some keys are bad.
+pub(crate) fn check(loaded: &Loaded) -> Checked {
+    let mut c = Checker {
+        loaded,
+        problems: Vec::new(),
+        shown: BTreeMap::new(),
+    };
+    for key in &loaded.unknown_keys {
+        c.problems.push(ConfigProblem::UnknownKey {
+            key: key.clone(),
+            path: loaded.file.path().map(PathBuf::from).unwrap_or_default(),
+        });
+    }
+
+    let listen = c.listen();
+    // The global TLS files come first: backends inherit them.
+    let mut global_tls: [(Option<PathBuf>, Option<Source>); 3] = Default::default();
+    let mut tls_ok = true;
+    for (slot, key) in global_tls.iter_mut().zip(TLS_KEYS) {
+        match c.optional_path(key) {
+            Ok(path) => {
+                let source = path.as_ref().and(loaded.source(key).cloned());
+                *slot = (path, source);
+            }
+            Err(()) => tls_ok = false,
+        }
+    }
+    let (backends, backends_shown) = check_backends(&mut c, &global_tls);
+    let merge = c.choice(
+        "merge",
+        &[
+            ("freshness", MergeStrategy::Freshness),
+            ("static", MergeStrategy::Static),
+        ],
+        "freshness or static",
+    );
+    let timeout = c.duration("timeout");
+    let freshness_ttl = c.duration("freshness_ttl");
+    let mut clamped_from = None;
+    let facts_ttl = c.duration("facts_ttl").map(|(ttl, raw)| {
+        if ttl > FACTS_TTL_CAP {
+            let cap = duration::format(FACTS_TTL_CAP);
+            c.show(
+                "facts_ttl",
+                format!("{cap} (clamped from {}, cap {cap})", raw.trim()),
+            );
+            clamped_from = Some(raw.trim().to_owned());
+            FACTS_TTL_CAP
+        } else {
+            ttl
+        }
+    });
+    let facts_cache_bytes = c.integer("facts_cache_bytes", 0, u64::MAX);
+    let source_fact = c.text("source_fact");
+    let source_fact_enabled = c.flag("source_fact_enabled");
+    let health_probe_enabled = c.flag("health_probe_enabled");
+    let health_probe_path = c.text("health_probe_path").filter(|path| {
+        let ok = path.starts_with('/') && !path.contains(char::is_whitespace);
+        if !ok {
+            c.shown.remove("health_probe_path");
+            c.problems.push(ConfigProblem::Invalid {
+                key: "health_probe_path".to_owned(),
+                value: path.clone(),
+                reason: "must be a path starting with /",
+            });
+        }
+        ok
+    });
+    let health_probe_interval = c.duration("health_probe_interval");
+    let health_probe_timeout = c.duration("health_probe_timeout");
+    let max_count = u64::from(u32::MAX);
+    let health_probe_failures = c.integer("health_probe_failures", 1, max_count);
+    let health_probe_successes = c.integer("health_probe_successes", 1, max_count);
+    let max_body_bytes = c.integer("max_body_bytes", 1, u64::MAX);
+    let log_format = c.choice(
+        "log_format",
+        &[("text", LogFormat::Text), ("json", LogFormat::Json)],
+        "text or json",
+    );
+    let (log_level, log_level_source) = c.log_level();
+
+    let settings = match (
+        listen,
+        backends,
+        merge,
+        timeout,
+        freshness_ttl,
+        facts_ttl,
+        facts_cache_bytes,
+        source_fact,
+        source_fact_enabled,
+        health_probe_enabled,
+        health_probe_path,
+        health_probe_interval,
+        health_probe_timeout,
+        health_probe_failures,
+        health_probe_successes,
+        max_body_bytes,
+        log_format,
+        log_level,
+    ) {
+        (
+            Some(listen),
+            Some(backends),
+            Some(merge),
+            Some((timeout, _)),
+            Some((freshness_ttl, _)),
+            Some(facts_ttl),
+            Some(facts_cache_bytes),
+            Some(source_fact),
+            Some(source_fact_enabled),
+            Some(health_probe_enabled),
+            Some(health_probe_path),
+            Some((health_probe_interval, _)),
+            Some((health_probe_timeout, _)),
+            Some(health_probe_failures),
+            Some(health_probe_successes),
+            Some(max_body_bytes),
+            Some(log_format),
+            Some(log_level),
+        ) if tls_ok && c.problems.is_empty() => {
+            // Both counts were checked against u32::MAX above.
+            let failures = u32::try_from(health_probe_failures).unwrap_or(u32::MAX);
+            let successes = u32::try_from(health_probe_successes).unwrap_or(u32::MAX);
+            Some(Settings {
+                config: Config {
+                    listen,
+                    backends,
+                    merge,
+                    timeout,
+                    freshness_ttl,
+                    facts_ttl,
+                    facts_cache_bytes,
+                    source_fact,
+                    source_fact_enabled,
+                    health_probe_enabled,
+                    health_probe_path,
+                    health_probe_interval,
+                    health_probe_timeout,
+                    health_probe_failures: failures,
+                    health_probe_successes: successes,
+                    max_body_bytes,
+                },
+                log_format,
+                log_level,
+                config_source: loaded.file.to_string(),
+            })
+        }
+        _ => None,
+    };
+
+    Checked {
+        shown: c.shown,
+        backends: backends_shown,
+        log_level_source,
+        clamped_from,
+        problems: c.problems,
+        settings,
+    }
+}

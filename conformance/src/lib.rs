@@ -1,0 +1,36 @@
+//! # pdbmux-conformance
+//!
+//! A simulated harness that drives the sans-IO pdbmux core the way a runtime would, in the style
+//! of quinn-proto's test `Pair`: fake backends answer with scripted latency, status, body or
+//! failure ([`FakeBackend`], [`Reply`]); a simulated clock jumps straight to the next event (the
+//! earliest of the machines' `poll_timeout` and the next scripted reply); and
+//! [`Harness::drive_bounded`] fails a livelock after a step budget instead of hanging.
+//!
+//! Every input and output is written to a [`Transcript`], one line per event with the time since
+//! the start, which the tests snapshot with insta:
+//!
+//! ```text
+//! +0ms c0 GET /pdb/meta/v1/version
+//! +0ms c0 send u0 -> pdb-a GET /pdb/meta/v1/version (buffer, deadline +10000ms)
+//! +5ms c0 u0 <- pdb-a 200 application/json;charset=utf-8 {"version":"7.12.1"}
+//! +5ms c0 respond 200 content-type=application/json;charset=utf-8 x-backends=1/1 body={"version":"7.12.1"}
+//! ```
+//!
+//! Use: build a [`Harness`] from fake backends, [`Harness::submit`] client requests (optionally
+//! after [`Harness::run_until`] a later time), [`Harness::drive_bounded`] until quiescent, then read
+//! [`Harness::response`] per client, [`Harness::sends`], [`Harness::check_quiescent`] and
+//! [`Harness::transcript`].
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod harness;
+mod script;
+mod setup;
+mod transcript;
+
+pub use error::HarnessError;
+pub use harness::{ClientId, ClientResponse, Harness, Machine, SentRequest};
+pub use script::{ms, Answer, FakeBackend, Reply, ReplyOutcome, Script};
+pub use setup::{config_for, parse_backend_url, DEFAULT_TIMEOUT};
+pub use transcript::{body_text, headers_text, target_text, Transcript};

@@ -1,0 +1,151 @@
+//! The validated configuration the core runs on.
+//!
+//! Loading (defaults, file, environment, flags) happens in `pdbmux-cli`; this module only holds the
+//! result, as plain data, so the core and both runtimes agree on one shape.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The cap on `facts_ttl`: a larger configured value is clamped down to this.
+pub const FACTS_TTL_CAP: Duration = Duration::from_secs(30);
+
+/// How `/facts` picks the backend that owns a node present in more than one backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MergeStrategy {
+    /// The backend holding the newer `report_timestamp` owns the node (ties to configured order).
+    #[default]
+    Freshness,
+    /// The first backend in configured order that holds the node owns it.
+    Static,
+}
+
+impl MergeStrategy {
+    /// The spelling used in config files, env vars and `config show`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MergeStrategy::Freshness => "freshness",
+            MergeStrategy::Static => "static",
+        }
+    }
+}
+
+/// Where to find certificates and keys for https backends (DECISIONS.md D8).
+///
+/// Paths only: the runtimes read the files. Keys are never logged.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TlsFiles {
+    /// Extra CA bundle (PEM) trusted in addition to the system roots.
+    pub ca_file: Option<PathBuf>,
+    /// Client certificate chain (PEM) presented to the backend.
+    pub cert_file: Option<PathBuf>,
+    /// Private key (PEM) for `cert_file`.
+    pub key_file: Option<PathBuf>,
+}
+
+/// A backend's base URL, split into the parts the core needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendUrl {
+    /// `http` or `https`, lower case.
+    pub scheme: String,
+    /// Host name or IP literal as configured; IPv6 literals without brackets.
+    pub host: String,
+    /// The explicit port, if the URL has one.
+    pub port: Option<u16>,
+}
+
+impl BackendUrl {
+    /// The port connections go to: the explicit one, else the scheme's default.
+    pub fn effective_port(&self) -> u16 {
+        self.port
+            .unwrap_or(if self.scheme == "https" { 443 } else { 80 })
+    }
+
+    /// The host as it appears in a URL authority (IPv6 literals bracketed).
+    pub fn host_for_authority(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        }
+    }
+
+    /// `scheme://host[:port]`, the base every upstream path is appended to.
+    pub fn base(&self) -> String {
+        match self.port {
+            Some(port) => format!("{}://{}:{}", self.scheme, self.host_for_authority(), port),
+            None => format!("{}://{}", self.scheme, self.host_for_authority()),
+        }
+    }
+}
+
+/// One configured PuppetDB.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendConfig {
+    /// The label clients see (in provenance, X-Backends, /healthz and scrubbed error bodies).
+    pub name: String,
+    /// The base URL; pdbmux appends `/pdb/query/v4/...` per request.
+    pub url: BackendUrl,
+    /// TLS files for this backend (already merged with the global ones).
+    pub tls: TlsFiles,
+}
+
+/// The whole validated configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// Listen address, e.g. `0.0.0.0:8080`.
+    pub listen: String,
+    /// Backends in configured order (a tie-break only, never a ranking). Never empty.
+    pub backends: Vec<BackendConfig>,
+    /// The `/facts` merge strategy.
+    pub merge: MergeStrategy,
+    /// Per-upstream request timeout.
+    pub timeout: Duration,
+    /// How long the membership (freshness) map is reused.
+    pub freshness_ttl: Duration,
+    /// Merged-response cache TTL after clamping; zero disables the cache.
+    pub facts_ttl: Duration,
+    /// Byte budget of the merged-response cache.
+    pub facts_cache_bytes: u64,
+    /// Name of the synthetic provenance fact.
+    pub source_fact: String,
+    /// Whether the provenance fact is injected (and upstream records of its name dropped).
+    pub source_fact_enabled: bool,
+    /// Whether backends are probed in the background.
+    pub health_probe_enabled: bool,
+    /// The path probed on each backend.
+    pub health_probe_path: String,
+    /// Time between probes of one backend.
+    pub health_probe_interval: Duration,
+    /// Per-probe timeout.
+    pub health_probe_timeout: Duration,
+    /// Consecutive unsuccessful probes before a backend leaves the pool (at least 1).
+    pub health_probe_failures: u32,
+    /// Consecutive successful probes before a backend rejoins the pool (at least 1).
+    pub health_probe_successes: u32,
+    /// The most bytes read from one upstream body; more counts as that backend failing.
+    pub max_body_bytes: u64,
+}
+
+impl Config {
+    /// A configuration with every default and the given backends; for tests and examples.
+    pub fn with_backends(backends: Vec<BackendConfig>) -> Config {
+        Config {
+            listen: "0.0.0.0:8080".to_owned(),
+            backends,
+            merge: MergeStrategy::Freshness,
+            timeout: Duration::from_secs(10),
+            freshness_ttl: Duration::from_secs(30),
+            facts_ttl: Duration::from_secs(30),
+            facts_cache_bytes: 64 * 1024 * 1024,
+            source_fact: "pdbmux_source".to_owned(),
+            source_fact_enabled: true,
+            health_probe_enabled: true,
+            health_probe_path: "/status/v1/services".to_owned(),
+            health_probe_interval: Duration::from_secs(10),
+            health_probe_timeout: Duration::from_secs(5),
+            health_probe_failures: 3,
+            health_probe_successes: 2,
+            max_body_bytes: 512 * 1024 * 1024,
+        }
+    }
+}

@@ -1,0 +1,528 @@
+//! The per-request machine: plans a request's upstream calls, collects the answers, applies the
+//! status policy and produces the one response.
+//!
+//! An [`Exchange`] runs on the request's own task, so merges of different requests run on
+//! different cores at once; it touches no shared state. Create it with [`crate::Estate::admit`].
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+
+use crate::config::Config;
+use crate::ids::{BackendId, Counter, UpstreamId};
+use crate::message::{
+    BodyMode, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
+};
+use crate::meta;
+use crate::policy::{self, backend_name, Outcome, Rejection};
+use crate::route::Route;
+
+/// The header naming how many backends' records went into a merged answer.
+pub const X_BACKENDS: HeaderName = HeaderName::from_static("x-backends");
+/// PuppetDB's total-count header.
+pub const X_RECORDS: HeaderName = HeaderName::from_static("x-records");
+
+/// What an [`Exchange`] asks of the runtime; drain with [`Exchange::poll_output`].
+#[derive(Debug, Clone)]
+pub enum ExchangeOutput {
+    /// Send this request upstream and report the answer with
+    /// [`Exchange::handle_upstream_response`] or [`Exchange::handle_upstream_failure`].
+    Send(UpstreamRequest),
+    /// Abandon this upstream request (and drop a held body); its answer is no longer wanted.
+    Cancel(UpstreamId),
+    /// Send this response to the client. Always the last output of an exchange.
+    Respond(Response),
+}
+
+/// How the exchange turns answers into a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Plan {
+    /// Ask every backend at once, merge the successes.
+    FanOut(Merge),
+    /// Ask one backend at a time in order; the first success is streamed.
+    FirstSuccess,
+    /// Ask one backend at a time, owner first; the first answer other than 404 stands.
+    OwnerFirst,
+    /// Ask every backend at once; serve whichever holds the record.
+    Holder,
+}
+
+/// The merge applied to a fan-out's successes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Merge {
+    /// The lowest `version`.
+    LowestVersion,
+    /// The first success in configured order, verbatim.
+    FirstInOrder,
+}
+
+#[derive(Debug)]
+enum LegState {
+    /// Not asked yet (sequential plans).
+    Idle,
+    /// Asked; waiting until `deadline`.
+    Pending { id: UpstreamId, deadline: Instant },
+    /// Over.
+    Done(LegResult),
+}
+
+#[derive(Debug)]
+enum LegResult {
+    /// A 2xx whose body the runtime holds.
+    Held { id: UpstreamId, status: StatusCode, headers: HeaderMap },
+    /// Any other answer or failure.
+    Outcome(Outcome),
+}
+
+#[derive(Debug)]
+struct Leg {
+    backend: BackendId,
+    state: LegState,
+}
+
+/// One client request's upstream work, as a sans-IO state machine.
+///
+/// Contract: after construction and after every `handle_*` call, drain [`Exchange::poll_output`]
+/// until `None`, then read [`Exchange::poll_timeout`] and call [`Exchange::handle_timeout`] when it
+/// passes. `now` never goes backwards. Answers for cancelled or unknown IDs are ignored (a held
+/// body among them is cancelled again).
+#[derive(Debug)]
+pub struct Exchange {
+    config: Arc<Config>,
+    target: String,
+    plan: Plan,
+    legs: Vec<Leg>,
+    ids: Counter,
+    outputs: VecDeque<ExchangeOutput>,
+    finished: bool,
+}
+
+impl Exchange {
+    /// Plans the upstream work for a classified request over the backends in `roster` (configured
+    /// order). `route` must not be [`Route::Healthz`], which the estate answers itself.
+    pub(crate) fn new(now: Instant, config: Arc<Config>, route: &Route, target: String, roster: &[BackendId]) -> Exchange {
+        let plan = match route {
+            Route::MetaVersion => Some(Plan::FanOut(Merge::LowestVersion)),
+            Route::ServerTime => Some(Plan::FanOut(Merge::FirstInOrder)),
+            Route::PassThrough | Route::Resources => Some(Plan::FirstSuccess),
+            Route::PerCertname { .. } => Some(Plan::OwnerFirst),
+            Route::ReportHash { .. } => Some(Plan::Holder),
+            Route::Merged(_) | Route::FactsByName { .. } | Route::Combined(_) | Route::Metrics(_) | Route::Healthz => None,
+        };
+        let mut exchange = Exchange {
+            config,
+            target,
+            plan: plan.unwrap_or(Plan::FirstSuccess),
+            legs: roster
+                .iter()
+                .map(|&backend| Leg {
+                    backend,
+                    state: LegState::Idle,
+                })
+                .collect(),
+            ids: Counter::default(),
+            outputs: VecDeque::new(),
+            finished: false,
+        };
+        match plan {
+            None => exchange.respond(Response::text(
+                StatusCode::NOT_IMPLEMENTED,
+                format!("pdbmux: the {} merge for this route is not implemented yet", route.class()),
+            )),
+            Some(Plan::FanOut(_) | Plan::Holder) => {
+                for index in 0..exchange.legs.len() {
+                    exchange.send(now, index, BodyMode::Buffer);
+                }
+            }
+            Some(Plan::FirstSuccess | Plan::OwnerFirst) => exchange.advance(now),
+        }
+        if exchange.legs.is_empty() && !exchange.finished {
+            exchange.respond(Response::text(StatusCode::BAD_GATEWAY, "pdbmux: no backend to ask"));
+        }
+        exchange
+    }
+
+    /// An upstream answer arrived (any status).
+    pub fn handle_upstream_response(&mut self, now: Instant, id: UpstreamId, response: UpstreamResponse) {
+        let Some(index) = self.pending_leg(id) else {
+            if response.body == UpstreamBody::Held {
+                self.outputs.push_back(ExchangeOutput::Cancel(id));
+            }
+            return;
+        };
+        let result = match response.body {
+            UpstreamBody::Held if response.status.is_success() => LegResult::Held {
+                id,
+                status: response.status,
+                headers: response.headers,
+            },
+            UpstreamBody::Held => {
+                // A runtime must buffer non-2xx bodies; treat a violation as a failed backend.
+                self.outputs.push_back(ExchangeOutput::Cancel(id));
+                LegResult::Outcome(Outcome::Failed(format!("unexpected held body on status {}", response.status)))
+            }
+            UpstreamBody::Full(body) => LegResult::Outcome(outcome_of(response.status, response.headers, body)),
+        };
+        self.legs[index].state = LegState::Done(result);
+        self.progress(now);
+    }
+
+    /// An upstream request failed without an answer.
+    pub fn handle_upstream_failure(&mut self, now: Instant, id: UpstreamId, failure: UpstreamFailure) {
+        let Some(index) = self.pending_leg(id) else {
+            return;
+        };
+        self.legs[index].state = LegState::Done(LegResult::Outcome(Outcome::failure(&failure)));
+        self.progress(now);
+    }
+
+    /// Time passed; upstream requests past their deadline count as timed out. A call before any
+    /// deadline is a no-op.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let mut expired = false;
+        for leg in &mut self.legs {
+            if let LegState::Pending { id, deadline } = leg.state {
+                if deadline <= now {
+                    self.outputs.push_back(ExchangeOutput::Cancel(id));
+                    leg.state = LegState::Done(LegResult::Outcome(Outcome::failure(&UpstreamFailure::Timeout)));
+                    expired = true;
+                }
+            }
+        }
+        if expired {
+            self.progress(now);
+        }
+    }
+
+    /// The next thing the runtime must do, if any.
+    pub fn poll_output(&mut self) -> Option<ExchangeOutput> {
+        self.outputs.pop_front()
+    }
+
+    /// The earliest upstream deadline, or `None` once the exchange has responded. While output is
+    /// queued this is never later than the queued work needs.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        if self.finished {
+            return None;
+        }
+        self.legs
+            .iter()
+            .filter_map(|leg| match leg.state {
+                LegState::Pending { deadline, .. } => Some(deadline),
+                _ => None,
+            })
+            .min()
+    }
+
+    /// Whether the response has been produced (it may still be queued in `poll_output`).
+    pub fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    fn pending_leg(&self, id: UpstreamId) -> Option<usize> {
+        if self.finished {
+            return None;
+        }
+        self.legs
+            .iter()
+            .position(|leg| matches!(leg.state, LegState::Pending { id: pending, .. } if pending == id))
+    }
+
+    fn send(&mut self, now: Instant, index: usize, body_mode: BodyMode) {
+        let id = UpstreamId(self.ids.next());
+        let deadline = now + self.config.timeout;
+        let leg = &mut self.legs[index];
+        leg.state = LegState::Pending { id, deadline };
+        self.outputs.push_back(ExchangeOutput::Send(UpstreamRequest {
+            id,
+            backend: leg.backend,
+            method: Method::GET,
+            path_and_query: self.target.clone(),
+            body_mode,
+            deadline,
+        }));
+    }
+
+    fn respond(&mut self, response: Response) {
+        for leg in &self.legs {
+            if let LegState::Pending { id, .. } = leg.state {
+                self.outputs.push_back(ExchangeOutput::Cancel(id));
+            }
+        }
+        self.finished = true;
+        self.outputs.push_back(ExchangeOutput::Respond(response));
+    }
+
+    fn progress(&mut self, now: Instant) {
+        match self.plan {
+            Plan::FanOut(merge) => self.progress_fan_out(merge),
+            Plan::Holder => self.progress_holder(),
+            Plan::FirstSuccess | Plan::OwnerFirst => self.advance(now),
+        }
+    }
+
+    /// Sequential plans: settle on the latest answer or ask the next backend.
+    fn advance(&mut self, now: Instant) {
+        if self.finished {
+            return;
+        }
+        let owner_first = self.plan == Plan::OwnerFirst;
+        for index in 0..self.legs.len() {
+            match &self.legs[index].state {
+                LegState::Pending { .. } => return,
+                LegState::Idle => {
+                    self.send(now, index, BodyMode::StreamSuccess);
+                    return;
+                }
+                LegState::Done(LegResult::Held { id, status, headers }) => {
+                    let response = streamed(*id, *status, headers);
+                    return self.respond(response);
+                }
+                LegState::Done(LegResult::Outcome(Outcome::Rejected(rejection)))
+                    if owner_first && rejection.status != StatusCode::NOT_FOUND =>
+                {
+                    let response = policy::replay(rejection, &self.config.backends);
+                    return self.respond(response);
+                }
+                LegState::Done(LegResult::Outcome(_)) => {}
+            }
+        }
+        // Every backend was asked and none succeeded: replay the first error answer (a 404 for
+        // per-certname routes), or 502 when nobody answered.
+        self.log_failures();
+        let first_rejection = self.legs.iter().find_map(|leg| match &leg.state {
+            LegState::Done(LegResult::Outcome(Outcome::Rejected(rejection))) => Some(rejection.clone()),
+            _ => None,
+        });
+        let response = match first_rejection {
+            Some(rejection) => policy::replay(&rejection, &self.config.backends),
+            None => policy::bad_gateway(&self.outcomes(), &self.config.backends),
+        };
+        self.respond(response);
+    }
+
+    /// Report-hash routes: the first success in configured order; without one, the holder's error
+    /// (anything but 404), else the unanimous 404, else 502.
+    fn progress_holder(&mut self) {
+        if self.finished || !self.all_done() {
+            return;
+        }
+        let mut fallback: Option<&Rejection> = None;
+        let mut not_found: Option<&Rejection> = None;
+        let mut winner = None;
+        for (index, leg) in self.legs.iter().enumerate() {
+            match &leg.state {
+                LegState::Done(LegResult::Outcome(Outcome::Success { .. })) => {
+                    winner = Some(index);
+                    break;
+                }
+                LegState::Done(LegResult::Outcome(Outcome::Rejected(rejection))) => {
+                    if rejection.status == StatusCode::NOT_FOUND {
+                        not_found.get_or_insert(rejection);
+                    } else {
+                        fallback.get_or_insert(rejection);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let response = match (winner, fallback.or(not_found)) {
+            (Some(index), _) => self.success_response(index),
+            (None, Some(rejection)) => policy::replay(rejection, &self.config.backends),
+            (None, None) => policy::bad_gateway(&self.outcomes(), &self.config.backends),
+        };
+        if winner.is_none() {
+            self.log_failures();
+        }
+        self.respond(response);
+    }
+
+    fn progress_fan_out(&mut self, merge: Merge) {
+        if self.finished {
+            return;
+        }
+        if merge == Merge::FirstInOrder {
+            // Respond as soon as the first success in configured order is known.
+            for index in 0..self.legs.len() {
+                match &self.legs[index].state {
+                    LegState::Pending { .. } | LegState::Idle => return,
+                    LegState::Done(LegResult::Outcome(Outcome::Success { .. })) => {
+                        let response = self.with_backends_header(self.success_response(index), 1);
+                        self.warn_partial();
+                        return self.respond(response);
+                    }
+                    LegState::Done(_) => {}
+                }
+            }
+        }
+        if !self.all_done() {
+            return;
+        }
+        let response = match merge {
+            Merge::LowestVersion => self.lowest_version(),
+            Merge::FirstInOrder => None,
+        };
+        match response {
+            Some((response, contributed)) => {
+                self.warn_partial();
+                let response = self.with_backends_header(response, contributed);
+                self.respond(response);
+            }
+            None => {
+                self.log_failures();
+                let verdict = policy::failure_verdict(&self.outcomes(), &self.config.backends);
+                let response = self.with_backends_header(verdict.into_response(), 0);
+                self.respond(response);
+            }
+        }
+    }
+
+    /// `/pdb/meta/v1/version`: the lowest version among parseable successes.
+    fn lowest_version(&mut self) -> Option<(Response, usize)> {
+        let mut versions = Vec::new();
+        for leg in &mut self.legs {
+            if let LegState::Done(LegResult::Outcome(Outcome::Success { body, .. })) = &leg.state {
+                match meta::parse_version_body(body) {
+                    Some(version) => versions.push(version),
+                    None => {
+                        leg.state = LegState::Done(LegResult::Outcome(Outcome::Failed(
+                            "unparseable version body".to_owned(),
+                        )))
+                    }
+                }
+            }
+        }
+        let lowest = meta::lowest_version(versions.iter().map(String::as_str))?;
+        let body = serde_json::json!({ "version": lowest }).to_string();
+        Some((Response::json(StatusCode::OK, body), versions.len()))
+    }
+
+    fn success_response(&self, index: usize) -> Response {
+        match &self.legs[index].state {
+            LegState::Done(LegResult::Outcome(Outcome::Success { headers, body })) => {
+                let mut response = Response {
+                    status: StatusCode::OK,
+                    headers: forwarded_headers(headers),
+                    body: ResponseBody::Full(body.clone()),
+                };
+                if !response.headers.contains_key(http::header::CONTENT_TYPE) {
+                    response.headers.insert(
+                        http::header::CONTENT_TYPE,
+                        HeaderValue::from_static(crate::message::JSON_CONTENT_TYPE),
+                    );
+                }
+                response
+            }
+            _ => Response::text(StatusCode::INTERNAL_SERVER_ERROR, "pdbmux: internal error: no success to serve"),
+        }
+    }
+
+    fn with_backends_header(&self, mut response: Response, contributed: usize) -> Response {
+        let value = format!("{}/{}", contributed, self.config.backends.len());
+        if let Ok(value) = HeaderValue::from_str(&value) {
+            response.headers.insert(X_BACKENDS, value);
+        }
+        response
+    }
+
+    fn all_done(&self) -> bool {
+        self.legs.iter().all(|leg| matches!(leg.state, LegState::Done(_)))
+    }
+
+    fn outcomes(&self) -> Vec<(BackendId, Outcome)> {
+        self.legs
+            .iter()
+            .filter_map(|leg| match &leg.state {
+                LegState::Done(LegResult::Outcome(outcome)) => Some((leg.backend, outcome.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Logs the backends that failed while others' answers are served.
+    fn warn_partial(&self) {
+        for (backend, outcome) in self.outcomes() {
+            if !matches!(outcome, Outcome::Success { .. }) {
+                tracing::warn!(
+                    backend = backend_name(&self.config.backends, backend),
+                    target = %self.target,
+                    "backend failed; serving the others: {}",
+                    outcome.describe()
+                );
+            }
+        }
+    }
+
+    fn log_failures(&self) {
+        for (backend, outcome) in self.outcomes() {
+            tracing::debug!(
+                backend = backend_name(&self.config.backends, backend),
+                target = %self.target,
+                "no success from backend: {}",
+                outcome.describe()
+            );
+        }
+    }
+}
+
+/// Classifies a buffered upstream answer.
+fn outcome_of(status: StatusCode, headers: HeaderMap, body: Bytes) -> Outcome {
+    if status.is_success() {
+        Outcome::Success { headers, body }
+    } else if status.as_u16() >= 400 {
+        Outcome::Rejected(Rejection {
+            status,
+            content_type: headers.get(http::header::CONTENT_TYPE).cloned(),
+            body,
+        })
+    } else {
+        Outcome::Failed(format!("unexpected status {}", status.as_u16()))
+    }
+}
+
+/// A response streaming a held upstream body, with the backend's status and end-to-end headers.
+fn streamed(id: UpstreamId, status: StatusCode, headers: &HeaderMap) -> Response {
+    Response {
+        status,
+        headers: forwarded_headers(headers),
+        body: ResponseBody::Upstream(id),
+    }
+}
+
+/// The upstream headers a verbatim answer carries: end-to-end headers only, without framing
+/// (the runtime frames the body itself) and without the backend's Date and Server.
+pub fn forwarded_headers(upstream: &HeaderMap) -> HeaderMap {
+    use http::header;
+    let named_by_connection: Vec<String> = upstream
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect();
+    let mut headers = HeaderMap::new();
+    for (name, value) in upstream {
+        let dropped = matches!(
+            name.as_str(),
+            "connection"
+                | "keep-alive"
+                | "proxy-authenticate"
+                | "proxy-authorization"
+                | "proxy-connection"
+                | "te"
+                | "trailer"
+                | "transfer-encoding"
+                | "upgrade"
+                | "content-length"
+                | "date"
+                | "server"
+        ) || named_by_connection.iter().any(|n| n == name.as_str());
+        if !dropped {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers
+}

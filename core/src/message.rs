@@ -1,0 +1,186 @@
+//! The HTTP messages that cross the core's boundary: client requests in, upstream requests out,
+//! upstream answers in, client responses out. Bodies are owned [`Bytes`]; no borrowed lifetimes.
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+
+use crate::ids::{BackendId, UpstreamId};
+
+/// The content type PuppetDB (and so pdbmux) answers JSON with.
+pub const JSON_CONTENT_TYPE: &str = "application/json;charset=utf-8";
+/// The content type of pdbmux's own error messages (PuppetDB sends its 400s as text too).
+pub const TEXT_CONTENT_TYPE: &str = "text/plain;charset=utf-8";
+
+/// A client request as the runtime parsed it; the core decides everything else.
+#[derive(Debug, Clone)]
+pub struct ClientRequest {
+    /// The request method.
+    pub method: Method,
+    /// The request target exactly as received: the raw path plus `?` and the raw query, if any.
+    pub target: String,
+    /// How many header fields the request carried.
+    pub header_count: usize,
+    /// Total size of the header block in bytes (names, values and separators).
+    pub header_bytes: usize,
+}
+
+impl ClientRequest {
+    /// A GET for `target` with no notable headers; for tests and internal callers.
+    pub fn get(target: impl Into<String>) -> ClientRequest {
+        ClientRequest {
+            method: Method::GET,
+            target: target.into(),
+            header_count: 0,
+            header_bytes: 0,
+        }
+    }
+
+    /// The raw path (before `?`).
+    pub fn path(&self) -> &str {
+        self.target.split_once('?').map_or(&self.target, |(path, _)| path)
+    }
+
+    /// The raw query string (after `?`), if any.
+    pub fn query(&self) -> Option<&str> {
+        self.target.split_once('?').map(|(_, query)| query)
+    }
+}
+
+/// What the runtime does with an upstream answer's body before handing it to the core.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyMode {
+    /// Read the whole body (bounded by `max_body_bytes`) and deliver it as [`UpstreamBody::Full`].
+    Buffer,
+    /// On a 2xx, hold the body unread and deliver [`UpstreamBody::Held`]; the core will either
+    /// stream it to the client ([`ResponseBody::Upstream`]) or cancel it. Any other status: read it
+    /// whole as in [`BodyMode::Buffer`].
+    StreamSuccess,
+}
+
+/// A request the runtime must send to one backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamRequest {
+    /// Hand this back with the answer.
+    pub id: UpstreamId,
+    /// Which backend to ask.
+    pub backend: BackendId,
+    /// Always GET in this version.
+    pub method: Method,
+    /// Path and query to append to the backend's base URL, verbatim.
+    pub path_and_query: String,
+    /// How to deliver the body.
+    pub body_mode: BodyMode,
+    /// When the core gives up on this request. The core enforces it through `poll_timeout`; the
+    /// runtime also stops streaming a held body to the client at this instant.
+    pub deadline: Instant,
+}
+
+/// An upstream answer's body as delivered to the core.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UpstreamBody {
+    /// The whole body.
+    Full(Bytes),
+    /// The body is still unread in the runtime (only for [`BodyMode::StreamSuccess`] on a 2xx).
+    Held,
+}
+
+/// An upstream answer: status line, headers and body.
+#[derive(Debug, Clone)]
+pub struct UpstreamResponse {
+    /// The backend's status.
+    pub status: StatusCode,
+    /// The backend's headers.
+    pub headers: HeaderMap,
+    /// The body, whole or held.
+    pub body: UpstreamBody,
+}
+
+impl UpstreamResponse {
+    /// A buffered answer with a content type; for tests and fakes.
+    pub fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> UpstreamResponse {
+        let mut headers = HeaderMap::new();
+        if let Ok(value) = HeaderValue::from_str(content_type) {
+            headers.insert(http::header::CONTENT_TYPE, value);
+        }
+        UpstreamResponse {
+            status,
+            headers,
+            body: UpstreamBody::Full(body.into()),
+        }
+    }
+}
+
+/// Why an upstream request produced no answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UpstreamFailure {
+    /// No connection could be made (refused, DNS, TLS handshake).
+    #[error("connect failed: {0}")]
+    Connect(String),
+    /// The deadline passed before the answer was complete.
+    #[error("timed out")]
+    Timeout,
+    /// The body went over `max_body_bytes`.
+    #[error("body over {limit} bytes")]
+    BodyTooLarge {
+        /// The configured limit.
+        limit: u64,
+    },
+    /// The connection failed after it was made (reset, malformed HTTP, aborted body).
+    #[error("transport error: {0}")]
+    Transport(String),
+}
+
+/// The body of a response to a client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResponseBody {
+    /// These bytes.
+    Full(Bytes),
+    /// Stream the held body of this upstream answer, verbatim, until its end or its deadline.
+    Upstream(UpstreamId),
+}
+
+/// A response to a client.
+#[derive(Debug, Clone)]
+pub struct Response {
+    /// The status.
+    pub status: StatusCode,
+    /// Headers pdbmux sets or forwards (the runtime adds framing headers itself).
+    pub headers: HeaderMap,
+    /// The body.
+    pub body: ResponseBody,
+}
+
+impl Response {
+    /// A response with these bytes and this content type.
+    pub fn with_body(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response {
+        let mut headers = HeaderMap::new();
+        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        Response {
+            status,
+            headers,
+            body: ResponseBody::Full(body.into()),
+        }
+    }
+
+    /// A JSON response under PuppetDB's content type.
+    pub fn json(status: StatusCode, body: impl Into<Bytes>) -> Response {
+        Response::with_body(status, JSON_CONTENT_TYPE, body)
+    }
+
+    /// pdbmux's own plain-text error message.
+    pub fn text(status: StatusCode, message: impl Into<String>) -> Response {
+        let mut text = message.into();
+        text.push('\n');
+        Response::with_body(status, TEXT_CONTENT_TYPE, text)
+    }
+
+    /// The full body, if it is not streamed.
+    pub fn full_body(&self) -> Option<&Bytes> {
+        match &self.body {
+            ResponseBody::Full(bytes) => Some(bytes),
+            ResponseBody::Upstream(_) => None,
+        }
+    }
+}

@@ -1,0 +1,71 @@
+//! `/pdb/meta/v1/version`: the lowest version any backend runs.
+
+use std::cmp::Ordering;
+
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct VersionBody {
+    version: String,
+}
+
+/// Reads the `version` field of a `/pdb/meta/v1/version` body; `None` when unparseable.
+pub fn parse_version_body(body: &[u8]) -> Option<String> {
+    serde_json::from_slice::<VersionBody>(body).ok().map(|b| b.version)
+}
+
+/// Compares two versions segment by segment (split on `.` and `-`), numerically where both
+/// segments are numbers (7.9.0 < 7.12.0), lexically otherwise; a version that runs out of
+/// segments first is lower.
+pub fn compare_versions(a: &str, b: &str) -> Ordering {
+    let mut left = a.split(['.', '-']);
+    let mut right = b.split(['.', '-']);
+    loop {
+        match (left.next(), right.next()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) => {
+                let order = match (x.parse::<u64>(), y.parse::<u64>()) {
+                    (Ok(x), Ok(y)) => x.cmp(&y),
+                    _ => x.cmp(y),
+                };
+                if order != Ordering::Equal {
+                    return order;
+                }
+            }
+        }
+    }
+}
+
+/// The lowest of the given versions, first one winning ties; `None` for none.
+pub fn lowest_version<'a>(versions: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    versions.into_iter().fold(None, |lowest, v| match lowest {
+        Some(l) if compare_versions(v, l) != Ordering::Less => Some(l),
+        _ => Some(v),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numeric_segments_compare_as_numbers() {
+        assert_eq!(compare_versions("7.9.0", "7.12.0"), Ordering::Less);
+        assert_eq!(compare_versions("8.0.0", "7.12.1"), Ordering::Greater);
+        assert_eq!(compare_versions("7.12.1", "7.12.1"), Ordering::Equal);
+        assert_eq!(compare_versions("7.12", "7.12.1"), Ordering::Less);
+        assert_eq!(compare_versions("7.12.1-SNAPSHOT", "7.12.1"), Ordering::Greater);
+        assert_eq!(compare_versions("7.x", "7.1"), Ordering::Greater);
+    }
+
+    #[test]
+    fn lowest_and_parse() {
+        assert_eq!(lowest_version(["8.15.0", "7.12.1", "7.9.0"]), Some("7.9.0"));
+        assert_eq!(lowest_version([]), None);
+        assert_eq!(parse_version_body(br#"{"version":"7.12.1"}"#), Some("7.12.1".into()));
+        assert_eq!(parse_version_body(b"<html>"), None);
+        assert_eq!(parse_version_body(br#"{"version":7}"#), None);
+    }
+}

@@ -1,0 +1,413 @@
+//! The path allowlist (DECISIONS.md D6) and the classification of every served route.
+//!
+//! Call [`classify`] on every client request before anything else: it either names the route and
+//! how it is answered, or gives the refusal pdbmux answers locally. Nothing outside the allowlist
+//! ever reaches a backend.
+
+use http::{Method, StatusCode};
+
+use crate::message::ClientRequest;
+
+/// The longest request target accepted (D6); longer gets 414.
+pub const MAX_TARGET_BYTES: usize = 8 * 1024;
+/// The largest request header block accepted (D6); larger gets 431.
+pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+/// The most request header fields accepted (D6); more gets 431.
+pub const MAX_HEADER_COUNT: usize = 100;
+
+/// An entity whose records are merged across backends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Entity {
+    /// `/nodes`: dedupe by certname, newer report_timestamp wins.
+    Nodes,
+    /// `/facts`: node-level ownership plus provenance.
+    Facts,
+    /// `/fact-names`: sorted union of names.
+    FactNames,
+    /// `/environments`: union by name (D3).
+    Environments,
+    /// `/reports`: union deduped by hash.
+    Reports,
+    /// `/events`: union deduped by the verbatim record.
+    Events,
+}
+
+/// The event-count endpoints, whose rows are combined per subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CountEndpoint {
+    /// `/event-counts`.
+    EventCounts,
+    /// `/aggregate-event-counts` (computed from merged event counts, D5).
+    AggregateEventCounts,
+}
+
+/// Which Jolokia metrics route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum MetricsRoute {
+    /// `/metrics/v2/read/<mbean>...`.
+    Read,
+    /// `/metrics/v2/list`.
+    List,
+    /// `/metrics/v1/mbeans[/<mbean>]`.
+    V1Mbeans,
+}
+
+/// Which per-report sub-collection of `/reports/<hash>/...`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ReportPart {
+    /// `/reports/<hash>/events`.
+    Events,
+    /// `/reports/<hash>/logs`.
+    Logs,
+    /// `/reports/<hash>/metrics`.
+    Metrics,
+}
+
+/// How a served route is answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// A record set merged across backends (`/nodes`, `/facts`, `/fact-names`, `/environments`,
+    /// `/reports`, `/events`).
+    Merged(Entity),
+    /// `/facts/<name>` or `/facts/<name>/<value>`; segments are kept raw, as received.
+    FactsByName {
+        /// The raw `<name>` segment.
+        name: String,
+        /// The raw `<value>` segment, if present (may contain `%2F`).
+        value: Option<String>,
+    },
+    /// `/resources`: combined when the query aggregates, otherwise passed through.
+    Resources,
+    /// `/event-counts` and `/aggregate-event-counts`.
+    Combined(CountEndpoint),
+    /// `/nodes/<certname>...`, `/factsets/<certname>...`, `/catalogs/<certname>...`: asked of
+    /// the owner first, then the others.
+    PerCertname {
+        /// The raw certname segment.
+        certname: String,
+    },
+    /// `/reports/<hash>/{events,logs,metrics}`: served by whichever backend holds the report.
+    ReportHash {
+        /// The raw hash segment.
+        hash: String,
+        /// Which part.
+        part: ReportPart,
+    },
+    /// Every other `/pdb/query/v4` path, and the root: first success in configured order.
+    PassThrough,
+    /// `/pdb/meta/v1/version`: the lowest version any backend runs.
+    MetaVersion,
+    /// `/pdb/meta/v1/server-time`: the first reachable backend's clock.
+    ServerTime,
+    /// A Jolokia metrics route.
+    Metrics(MetricsRoute),
+    /// `/healthz`, answered by pdbmux itself.
+    Healthz,
+}
+
+impl Route {
+    /// The short class name used in logs and transcripts.
+    pub fn class(&self) -> &'static str {
+        match self {
+            Route::Merged(_) | Route::FactsByName { .. } => "merged",
+            Route::Resources | Route::Combined(_) => "combined",
+            Route::PerCertname { .. } => "per-certname",
+            Route::ReportHash { .. } => "report-hash",
+            Route::PassThrough => "pass-through",
+            Route::MetaVersion | Route::ServerTime => "meta",
+            Route::Metrics(_) => "metrics",
+            Route::Healthz => "healthz",
+        }
+    }
+}
+
+/// Why a request is answered locally without reaching any backend.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// The request target is over [`MAX_TARGET_BYTES`].
+    #[error("request URL over {MAX_TARGET_BYTES} bytes")]
+    UriTooLong,
+    /// The header block is over [`MAX_HEADER_BYTES`] or [`MAX_HEADER_COUNT`] fields.
+    #[error("request headers over {MAX_HEADER_BYTES} bytes or {MAX_HEADER_COUNT} fields")]
+    HeadersTooLarge,
+    /// pdbmux serves GET only.
+    #[error("method {0} not allowed; pdbmux serves GET only")]
+    MethodNotAllowed(String),
+    /// The path is malformed or tries to escape its route.
+    #[error("bad request path: {0}")]
+    BadPath(&'static str),
+    /// The path is not on the allowlist.
+    #[error("not found: pdbmux does not serve this path")]
+    NotFound,
+}
+
+impl Refusal {
+    /// The status this refusal is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Refusal::UriTooLong => StatusCode::URI_TOO_LONG,
+            Refusal::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Refusal::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            Refusal::BadPath(_) => StatusCode::BAD_REQUEST,
+            Refusal::NotFound => StatusCode::NOT_FOUND,
+        }
+    }
+}
+
+/// Classifies a client request: the route that answers it, or the local refusal.
+///
+/// Checks run in this order: URL length (414), header size (431), method (405), path shape (400),
+/// allowlist (404).
+pub fn classify(request: &ClientRequest) -> Result<Route, Refusal> {
+    if request.target.len() > MAX_TARGET_BYTES {
+        return Err(Refusal::UriTooLong);
+    }
+    if request.header_bytes > MAX_HEADER_BYTES || request.header_count > MAX_HEADER_COUNT {
+        return Err(Refusal::HeadersTooLarge);
+    }
+    if request.method != Method::GET {
+        return Err(Refusal::MethodNotAllowed(request.method.to_string()));
+    }
+    let path = request.path();
+    let segments = split_path(path)?;
+    let route = allowlisted(&segments).ok_or(Refusal::NotFound)?;
+    check_segments(&segments, &route)?;
+    Ok(route)
+}
+
+/// Splits an absolute path into its raw segments, refusing empty and dot segments.
+fn split_path(path: &str) -> Result<Vec<&str>, Refusal> {
+    let rest = path
+        .strip_prefix('/')
+        .ok_or(Refusal::BadPath("the path must start with /"))?;
+    if rest.is_empty() {
+        return Ok(Vec::new());
+    }
+    let segments: Vec<&str> = rest.split('/').collect();
+    for segment in &segments {
+        match *segment {
+            "" => return Err(Refusal::BadPath("empty path segment")),
+            "." | ".." => return Err(Refusal::BadPath("dot segment")),
+            _ => {}
+        }
+        if segment.contains('\\') {
+            return Err(Refusal::BadPath("backslash in path"));
+        }
+        if contains_escape(segment, "2e") {
+            return Err(Refusal::BadPath("encoded dot in path"));
+        }
+        if contains_escape(segment, "5c") {
+            return Err(Refusal::BadPath("encoded backslash in path"));
+        }
+    }
+    Ok(segments)
+}
+
+/// Refuses an encoded slash in any segment except the value segment of `/facts/<name>/<value>`.
+fn check_segments(segments: &[&str], route: &Route) -> Result<(), Refusal> {
+    let value_index = match route {
+        Route::FactsByName { value: Some(_), .. } => Some(5),
+        _ => None,
+    };
+    for (index, segment) in segments.iter().enumerate() {
+        if Some(index) != value_index && contains_escape(segment, "2f") {
+            return Err(Refusal::BadPath("encoded slash in path"));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `segment` contains `%` followed by `hex` (case-insensitive).
+fn contains_escape(segment: &str, hex: &str) -> bool {
+    segment
+        .as_bytes()
+        .windows(3)
+        .any(|w| w[0] == b'%' && w[1..].eq_ignore_ascii_case(hex.as_bytes()))
+}
+
+/// The route for an allowlisted path, or `None`.
+fn allowlisted(segments: &[&str]) -> Option<Route> {
+    match segments {
+        ["healthz"] => Some(Route::Healthz),
+        ["pdb", "meta", "v1", "version"] => Some(Route::MetaVersion),
+        ["pdb", "meta", "v1", "server-time"] => Some(Route::ServerTime),
+        ["metrics", "v2", "list"] => Some(Route::Metrics(MetricsRoute::List)),
+        ["metrics", "v2", "read", _, ..] => Some(Route::Metrics(MetricsRoute::Read)),
+        ["metrics", "v1", "mbeans"] | ["metrics", "v1", "mbeans", _] => {
+            Some(Route::Metrics(MetricsRoute::V1Mbeans))
+        }
+        ["pdb", "query", "v4", rest @ ..] => Some(query_route(rest)),
+        _ => None,
+    }
+}
+
+/// The route for a path under `/pdb/query/v4`; anything without a merge rule passes through.
+fn query_route(rest: &[&str]) -> Route {
+    match rest {
+        ["nodes"] => Route::Merged(Entity::Nodes),
+        ["facts"] => Route::Merged(Entity::Facts),
+        ["fact-names"] => Route::Merged(Entity::FactNames),
+        ["environments"] => Route::Merged(Entity::Environments),
+        ["reports"] => Route::Merged(Entity::Reports),
+        ["events"] => Route::Merged(Entity::Events),
+        ["resources"] => Route::Resources,
+        ["event-counts"] => Route::Combined(CountEndpoint::EventCounts),
+        ["aggregate-event-counts"] => Route::Combined(CountEndpoint::AggregateEventCounts),
+        ["facts", name] => Route::FactsByName {
+            name: (*name).to_owned(),
+            value: None,
+        },
+        ["facts", name, value] => Route::FactsByName {
+            name: (*name).to_owned(),
+            value: Some((*value).to_owned()),
+        },
+        ["nodes" | "factsets" | "catalogs", certname, ..] => Route::PerCertname {
+            certname: (*certname).to_owned(),
+        },
+        ["reports", hash, part] => match *part {
+            "events" => Route::ReportHash {
+                hash: (*hash).to_owned(),
+                part: ReportPart::Events,
+            },
+            "logs" => Route::ReportHash {
+                hash: (*hash).to_owned(),
+                part: ReportPart::Logs,
+            },
+            "metrics" => Route::ReportHash {
+                hash: (*hash).to_owned(),
+                part: ReportPart::Metrics,
+            },
+            _ => Route::PassThrough,
+        },
+        _ => Route::PassThrough,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn route(target: &str) -> Result<Route, Refusal> {
+        classify(&ClientRequest::get(target))
+    }
+
+    #[test]
+    fn every_table_row_is_classified() {
+        let cases: &[(&str, &str)] = &[
+            ("/pdb/query/v4/nodes", "merged"),
+            ("/pdb/query/v4/facts?query=%5B%5D", "merged"),
+            ("/pdb/query/v4/facts/osfamily", "merged"),
+            ("/pdb/query/v4/facts/osfamily/Debian", "merged"),
+            ("/pdb/query/v4/fact-names", "merged"),
+            ("/pdb/query/v4/environments", "merged"),
+            ("/pdb/query/v4/reports", "merged"),
+            ("/pdb/query/v4/events", "merged"),
+            ("/pdb/query/v4/resources", "combined"),
+            ("/pdb/query/v4/event-counts", "combined"),
+            ("/pdb/query/v4/aggregate-event-counts", "combined"),
+            ("/pdb/query/v4/nodes/web1.example.com", "per-certname"),
+            ("/pdb/query/v4/nodes/web1/facts/kernel", "per-certname"),
+            ("/pdb/query/v4/factsets/web1", "per-certname"),
+            ("/pdb/query/v4/catalogs/web1/edges", "per-certname"),
+            ("/pdb/query/v4/reports/abc123/events", "report-hash"),
+            ("/pdb/query/v4/reports/abc123/logs", "report-hash"),
+            ("/pdb/query/v4/reports/abc123/metrics", "report-hash"),
+            ("/pdb/query/v4", "pass-through"),
+            ("/pdb/query/v4?query=nodes%20%7B%7D", "pass-through"),
+            ("/pdb/query/v4/inventory", "pass-through"),
+            ("/pdb/query/v4/resources/File/foo", "pass-through"),
+            ("/pdb/query/v4/fact-contents", "pass-through"),
+            ("/pdb/meta/v1/version", "meta"),
+            ("/pdb/meta/v1/server-time", "meta"),
+            ("/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes", "metrics"),
+            ("/metrics/v2/read/java.lang:type=Memory/HeapMemoryUsage/used", "metrics"),
+            ("/metrics/v2/list", "metrics"),
+            ("/metrics/v1/mbeans", "metrics"),
+            ("/metrics/v1/mbeans/java.lang:type=Memory", "metrics"),
+            ("/healthz", "healthz"),
+        ];
+        for (target, class) in cases {
+            let route = route(target).unwrap_or_else(|e| panic!("{target}: {e}"));
+            assert_eq!(route.class(), *class, "{target}");
+        }
+    }
+
+    #[test]
+    fn outside_the_allowlist_is_not_found() {
+        for target in [
+            "/",
+            "/pdb/admin/v1/archive",
+            "/pdb/admin/v1/summary-stats",
+            "/pdb/cmd/v1",
+            "/status/v1/services",
+            "/status/v1/simple",
+            "/pdb/meta/v1/version/latest",
+            "/pdb/query/v3/nodes",
+            "/pdb/query",
+            "/metrics/v2/version",
+            "/metrics/v2/search/x",
+            "/metrics/v2/read",
+            "/metrics/v1/mbeans/a/b",
+            "/healthz/x",
+        ] {
+            assert_eq!(route(target), Err(Refusal::NotFound), "{target}");
+        }
+    }
+
+    #[test]
+    fn path_tricks_are_bad_requests() {
+        for target in [
+            "/pdb/query/v4/../../pdb/admin/v1/archive",
+            "/pdb/query/v4/./nodes",
+            "/pdb/query/v4/%2e%2e/%2E%2E/pdb/admin/v1/archive",
+            "/pdb/query/v4/nodes/%2e",
+            "/pdb/query/v4/nodes/a%2fb",
+            "/pdb/query/v4/nodes/a%2Fb/facts",
+            "/pdb/query/v4/nodes/a%5cb",
+            "/pdb/query/v4/nodes/a\\b",
+            "/pdb/query/v4//nodes",
+            "/pdb/query/v4/nodes/",
+            "/pdb/query/v4/facts/a%2fb/c",
+            "pdb/query/v4/nodes",
+        ] {
+            assert!(
+                matches!(route(target), Err(Refusal::BadPath(_))),
+                "{target}: {:?}",
+                route(target)
+            );
+        }
+    }
+
+    #[test]
+    fn encoded_slash_is_allowed_in_a_fact_value_only() {
+        assert_eq!(
+            route("/pdb/query/v4/facts/path/%2Fusr%2Fbin"),
+            Ok(Route::FactsByName {
+                name: "path".into(),
+                value: Some("%2Fusr%2Fbin".into())
+            })
+        );
+    }
+
+    #[test]
+    fn limits_and_methods() {
+        let long = format!("/pdb/query/v4/nodes?query={}", "x".repeat(MAX_TARGET_BYTES));
+        assert_eq!(route(&long), Err(Refusal::UriTooLong));
+        let mut request = ClientRequest::get("/pdb/query/v4/nodes");
+        request.header_count = 101;
+        assert_eq!(classify(&request), Err(Refusal::HeadersTooLarge));
+        request.header_count = 100;
+        request.header_bytes = MAX_HEADER_BYTES + 1;
+        assert_eq!(classify(&request), Err(Refusal::HeadersTooLarge));
+        request.header_bytes = MAX_HEADER_BYTES;
+        assert!(classify(&request).is_ok());
+        for method in [Method::POST, Method::HEAD, Method::PUT, Method::DELETE] {
+            let mut request = ClientRequest::get("/pdb/query/v4/nodes");
+            request.method = method.clone();
+            assert_eq!(
+                classify(&request),
+                Err(Refusal::MethodNotAllowed(method.to_string()))
+            );
+        }
+    }
+}

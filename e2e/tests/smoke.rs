@@ -1,0 +1,672 @@
+//! Foundation smoke tests: pdbmux in front of two real PuppetDBs (run through `e2e/run`).
+//!
+//! Covered: meta (version, server-time), first-success pass-through, status replay,
+//! per-certname and report-hash routes, the path allowlist (DECISIONS.md D6), backend TLS with a
+//! client certificate (D8) and /healthz. Every expectation comes from the fixture or from the
+//! backends asked directly, never from pdbmux's own output.
+
+use std::cmp::Ordering;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use pdbmux_e2e::{closed_backend_url, marker, AccessLog, Backend, E2eEnv, Pdbmux, Response};
+use serde_json::{json, Value};
+
+fn env() -> &'static E2eEnv {
+    E2eEnv::shared().expect("e2e environment (run the suite through e2e/run)")
+}
+
+fn pdbmux(label: &str) -> Pdbmux {
+    env()
+        .pdbmux()
+        .label(label)
+        .spawn()
+        .expect("start pdbmux in front of both backends")
+}
+
+fn get(p: &Pdbmux, path: &str, params: &[(&str, &str)]) -> Response {
+    p.get_query(path, params)
+        .unwrap_or_else(|e| panic!("GET {path} {params:?} through pdbmux: {e}"))
+}
+
+fn direct(b: &Backend, path: &str, params: &[(&str, &str)]) -> Response {
+    b.get_query(path, params)
+        .unwrap_or_else(|e| panic!("GET {path} {params:?} from {} directly: {e}", b.name))
+}
+
+fn json_of(r: &Response) -> Value {
+    r.json().unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn certname_query(certname: &str) -> String {
+    json!(["=", "certname", certname]).to_string()
+}
+
+/// The first certname of a scenario.
+fn node_of(scenario: &str) -> &'static str {
+    env()
+        .fixture
+        .scenario(scenario)
+        .first()
+        .copied()
+        .unwrap_or_else(|| panic!("the fixture has no {scenario} node"))
+}
+
+/// Segment-wise numeric version order ("7.9.0" < "7.12.1").
+fn cmp_version(a: &str, b: &str) -> Ordering {
+    let parts = |v: &str| -> Vec<u64> { v.split('.').map(|s| s.parse().unwrap_or(0)).collect() };
+    parts(a).cmp(&parts(b))
+}
+
+/// Seconds since the epoch of `YYYY-MM-DDTHH:MM:SS[.fff]Z`.
+fn epoch_seconds(ts: &str) -> Option<i64> {
+    let b = ts.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[10] != b'T' || !ts.ends_with('Z') {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| ts.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (hh, mm, ss) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
+// --- meta -------------------------------------------------------------------------------------
+
+#[test]
+fn version_is_the_lowest_any_backend_runs() {
+    let env = env();
+    let versions: Vec<String> = env
+        .backends
+        .iter()
+        .map(|b| {
+            let r = direct(b, "/pdb/meta/v1/version", &[]);
+            assert_eq!(r.status, 200, "{} /pdb/meta/v1/version: {r:?}", b.name);
+            json_of(&r)["version"]
+                .as_str()
+                .expect("a version string")
+                .to_owned()
+        })
+        .collect();
+    let lowest = versions
+        .iter()
+        .min_by(|a, b| cmp_version(a, b))
+        .expect("two versions");
+
+    let p = pdbmux("version");
+    let r = get(&p, "/pdb/meta/v1/version", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(json_of(&r), json!({ "version": lowest }));
+    assert_eq!(r.header("x-backends"), Some("2/2"), "{r:?}");
+    assert!(r.content_type().starts_with("application/json"), "{r:?}");
+}
+
+#[test]
+fn server_time_is_a_backend_clock() {
+    let env = env();
+    let before = json_of(&direct(env.first(), "/pdb/meta/v1/server-time", &[]))["server_time"]
+        .as_str()
+        .and_then(epoch_seconds)
+        .expect("the first backend's server_time");
+    let p = pdbmux("server-time");
+    let r = get(&p, "/pdb/meta/v1/server-time", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.content_type().starts_with("application/json"), "{r:?}");
+    let body = json_of(&r);
+    let served = body["server_time"]
+        .as_str()
+        .and_then(epoch_seconds)
+        .unwrap_or_else(|| panic!("no ISO-8601 server_time in {body}"));
+    assert!(
+        (served - before).abs() <= 60,
+        "server_time {served} is not within a minute of the backend's clock {before}"
+    );
+}
+
+// --- pass-through -----------------------------------------------------------------------------
+
+#[test]
+fn pass_through_serves_the_first_backend_that_succeeds() {
+    let env = env();
+    let (first, second) = (env.first(), env.second());
+    let fixture = &env.fixture;
+    let p = pdbmux("pass-through");
+
+    // A node only the first backend holds: its factset, as loaded.
+    let node = node_of("first-only");
+    let q = certname_query(node);
+    let r = get(&p, "/pdb/query/v4/factsets", &[("query", &q)]);
+    assert_eq!(r.status, 200, "{r:?}");
+    let body = json_of(&r);
+    let sets = body.as_array().expect("an array of factsets");
+    assert_eq!(sets.len(), 1, "{body}");
+    let state = fixture.state(node, &first.name).expect("fixture state");
+    assert_eq!(sets[0]["certname"], node);
+    assert_eq!(sets[0]["environment"], state.environment.as_str());
+    assert_eq!(
+        sets[0]["producer_timestamp"],
+        state.facts_producer_timestamp.as_str()
+    );
+    let loaded: BTreeSet<&str> = fixture
+        .facts_payload(&first.name, node)
+        .and_then(|p| p["values"].as_object())
+        .expect("the replace_facts payload")
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let served: BTreeSet<&str> = sets[0]["facts"]["data"]
+        .as_array()
+        .expect("facts.data")
+        .iter()
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    assert_eq!(served, loaded);
+    assert_eq!(
+        body,
+        json_of(&direct(first, "/pdb/query/v4/factsets", &[("query", &q)]))
+    );
+
+    // A node only the second backend holds: the first backend's empty success wins.
+    let node = node_of("second-only");
+    let q = certname_query(node);
+    assert_eq!(
+        json_of(&direct(first, "/pdb/query/v4/factsets", &[("query", &q)])),
+        json!([])
+    );
+    let in_second = json_of(&direct(second, "/pdb/query/v4/factsets", &[("query", &q)]));
+    assert_eq!(in_second.as_array().map(Vec::len), Some(1), "{in_second}");
+    let r = get(&p, "/pdb/query/v4/factsets", &[("query", &q)]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(json_of(&r), json!([]), "first success in configured order");
+}
+
+#[test]
+fn pass_through_keeps_content_type_and_x_records() {
+    let env = env();
+    let first = env.first();
+    // /catalogs adds no node_state filter: every catalog the first backend holds counts.
+    let expected = env
+        .fixture
+        .nodes
+        .values()
+        .filter(|n| {
+            n.backends
+                .get(&first.name)
+                .is_some_and(|s| s.catalog_resources > 0)
+        })
+        .count();
+    let p = pdbmux("x-records");
+    let r = get(
+        &p,
+        "/pdb/query/v4/catalogs",
+        &[("include_total", "true"), ("limit", "1")],
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        r.content_type().starts_with("application/json"),
+        "{:?}",
+        r.headers
+    );
+    assert_eq!(
+        r.header("x-records"),
+        Some(expected.to_string().as_str()),
+        "{:?}",
+        r.headers
+    );
+    assert_eq!(json_of(&r).as_array().map(Vec::len), Some(1));
+}
+
+// --- status replay ----------------------------------------------------------------------------
+
+/// Asks every backend directly, checks they agree on `status`, and that pdbmux replays the
+/// first backend's answer: status, body, content type.
+fn assert_replayed(label: &str, path: &str, params: &[(&str, &str)], status: u16) {
+    let env = env();
+    let answers: Vec<Response> = env
+        .backends
+        .iter()
+        .map(|b| direct(b, path, params))
+        .collect();
+    for (b, a) in env.backends.iter().zip(&answers) {
+        assert_eq!(
+            a.status, status,
+            "{} answers {path} {params:?}: {a:?}",
+            b.name
+        );
+    }
+    let p = pdbmux(label);
+    let r = get(&p, path, params);
+    assert_eq!(r.status, answers[0].status, "{r:?}");
+    assert_eq!(r.body, answers[0].body, "replayed body");
+    assert_eq!(
+        r.content_type(),
+        answers[0].content_type(),
+        "{:?}",
+        r.headers
+    );
+}
+
+#[test]
+fn unanimous_400_on_a_merged_route_is_replayed() {
+    assert_replayed(
+        "replay-400-nodes",
+        "/pdb/query/v4/nodes",
+        &[("query", r#"["=","name"]"#)],
+        400,
+    );
+}
+
+#[test]
+fn unanimous_500_on_a_merged_route_is_replayed() {
+    // PuppetDB answers the same malformed query with 500 on /facts (spec: status policy).
+    assert_replayed(
+        "replay-500-facts",
+        "/pdb/query/v4/facts",
+        &[("query", r#"["=","name"]"#)],
+        500,
+    );
+}
+
+#[test]
+fn unanimous_400_on_a_pass_through_route_replays_the_first_error() {
+    assert_replayed(
+        "replay-400-catalogs",
+        "/pdb/query/v4/catalogs",
+        &[("limit", "0")],
+        400,
+    );
+}
+
+// --- per-certname and report-hash routes ------------------------------------------------------
+
+#[test]
+fn per_certname_route_finds_the_backend_holding_the_node() {
+    let env = env();
+    let node = node_of("second-only");
+    let path = format!("/pdb/query/v4/nodes/{node}");
+    let p = pdbmux("per-certname");
+    let r = get(&p, &path, &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    let body = json_of(&r);
+    assert!(body.is_object(), "{body}");
+    assert_eq!(body["certname"], node);
+    let state = env
+        .fixture
+        .state(node, &env.second().name)
+        .expect("fixture state");
+    assert_eq!(
+        body["report_timestamp"].as_str(),
+        state.report_timestamp.as_deref()
+    );
+    assert_eq!(body, json_of(&direct(env.second(), &path, &[])));
+
+    let unknown = format!("{}.{}", marker("unknown"), env.fixture.domain);
+    let path = format!("/pdb/query/v4/nodes/{unknown}");
+    let expected = direct(env.first(), &path, &[]);
+    assert_eq!(expected.status, 404, "{expected:?}");
+    let r = get(&p, &path, &[]);
+    assert_eq!(r.status, 404, "{r:?}");
+    assert!(r.content_type().starts_with("application/json"), "{r:?}");
+    assert_eq!(json_of(&r), json_of(&expected));
+}
+
+#[test]
+fn report_hash_routes_find_the_backend_holding_the_report() {
+    let env = env();
+    let second = env.second();
+    let report = env
+        .fixture
+        .reports_only_in(&second.name)
+        .into_iter()
+        .find(|r| r.status.as_deref() == Some("failed"))
+        .expect("a failed report only the second backend stored");
+    let payload = env
+        .fixture
+        .report_payload(report)
+        .expect("the report's store_report payload");
+    let p = pdbmux("report-hash");
+
+    let r = get(
+        &p,
+        &format!("/pdb/query/v4/reports/{}/metrics", report.hash),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let triple = |m: &Value| {
+        (
+            m["category"].to_string(),
+            m["name"].to_string(),
+            m["value"].as_f64(),
+        )
+    };
+    let mut served: Vec<_> = json_of(&r)
+        .as_array()
+        .expect("an array")
+        .iter()
+        .map(triple)
+        .collect();
+    let mut loaded: Vec<_> = payload["metrics"]
+        .as_array()
+        .expect("metrics")
+        .iter()
+        .map(triple)
+        .collect();
+    served.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
+    loaded.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
+    assert_eq!(served, loaded);
+
+    let r = get(
+        &p,
+        &format!("/pdb/query/v4/reports/{}/logs", report.hash),
+        &[],
+    );
+    assert_eq!(r.status, 200, "{r:?}");
+    let messages = |v: &Value| -> Vec<String> {
+        v.as_array()
+            .into_iter()
+            .flatten()
+            .map(|l| l["message"].to_string())
+            .collect()
+    };
+    assert_eq!(messages(&json_of(&r)), messages(&payload["logs"]));
+
+    // 7.12.1 answers /reports/<hash>/events with a 500 (a server bug); pdbmux replays the
+    // answer of the backend holding the report, whatever it is.
+    let path = format!("/pdb/query/v4/reports/{}/events", report.hash);
+    let expected = direct(second, &path, &[]);
+    let r = get(&p, &path, &[]);
+    assert_eq!(r.status, expected.status, "{r:?}");
+    if expected.status == 200 {
+        assert_eq!(json_of(&r), json_of(&expected));
+    } else {
+        assert_eq!(r.body, expected.body);
+    }
+
+    let unknown = "0000000000000000000000000000000000000000";
+    let r = get(&p, &format!("/pdb/query/v4/reports/{unknown}/metrics"), &[]);
+    assert_eq!(r.status, 404, "{r:?}");
+}
+
+// --- allowlist (D6) ---------------------------------------------------------------------------
+
+#[test]
+fn paths_outside_the_allowlist_never_reach_a_backend() {
+    let env = env();
+    let logs = AccessLog::mark_all(env).expect("mark the backends' access logs");
+    let forbidden = marker("forbidden");
+    let p = pdbmux("allowlist");
+
+    for path in [
+        "/pdb/admin/v1/archive",
+        "/pdb/cmd/v1",
+        "/status/v1/services",
+        "/status/v1/simple",
+        "/pdb/query/v3/nodes",
+        "/pdb/dashboard/index.html",
+        "/",
+    ] {
+        let target = format!("{path}?{forbidden}=1");
+        let r = p.get(&target).expect("GET through pdbmux");
+        assert_eq!(r.status, 404, "GET {target}: {r:?}");
+    }
+    for target in [
+        "/pdb/query/v4/../../pdb/admin/v1/archive",
+        "/pdb/query/v4/./nodes",
+        "/pdb/query/v4/%2e%2e/%2e%2e/pdb/admin/v1/archive",
+        "/pdb/query/v4/%2E%2E/%2E%2E/pdb/admin/v1/archive",
+        "/pdb/query/v4/nodes/a%2fb",
+        "/pdb/query/v4/nodes/a%2Fb",
+        "/pdb/query/v4/nodes/a%5cb",
+        "/pdb/query/v4//nodes",
+    ] {
+        let target = format!("{target}?{forbidden}=1");
+        let r = p.raw_get(&target).expect("raw GET through pdbmux");
+        assert_eq!(r.status, 400, "GET {target}: {r:?}");
+    }
+    let body = r#"{"query":["=","certname","x"]}"#;
+    let r = p
+        .raw(
+            format!(
+                "POST /pdb/query/v4/nodes?{forbidden}=1 HTTP/1.1\r\nHost: {}\r\n\
+                 Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                p.addr(),
+                body.len()
+            )
+            .as_bytes(),
+        )
+        .expect("raw POST through pdbmux");
+    assert_eq!(r.status, 405, "{r:?}");
+    assert_eq!(r.header("allow"), Some("GET"), "{r:?}");
+
+    if logs.is_empty() {
+        eprintln!("no PDBMUX_E2E_ACCESS_LOGS: backend access logs not checked");
+        return;
+    }
+    // Control: a request pdbmux does forward shows up in the first backend's access log.
+    let control = marker("control");
+    let q = certname_query(&control);
+    let r = get(&p, "/pdb/query/v4/catalogs", &[("query", &q)]);
+    assert_eq!(r.status, 200, "{r:?}");
+    let first_log = logs
+        .iter()
+        .find(|l| l.backend == env.first().name)
+        .expect("the first backend's access log");
+    assert!(
+        first_log
+            .wait_for(&control, Duration::from_secs(10))
+            .expect("read the access log"),
+        "the forwarded control request never appeared in {first_log}"
+    );
+    for log in &logs {
+        let leaked: Vec<String> = log
+            .new_lines()
+            .expect("read the access log")
+            .into_iter()
+            .filter(|l| l.contains(&forbidden))
+            .collect();
+        assert!(leaked.is_empty(), "reached {log}: {leaked:#?}");
+    }
+}
+
+#[test]
+fn non_get_is_405_with_allow_get() {
+    let p = pdbmux("method");
+    for method in ["POST", "PUT", "DELETE", "HEAD"] {
+        let r = p
+            .raw(
+                format!(
+                    "{method} /pdb/query/v4/nodes HTTP/1.1\r\nHost: {}\r\nContent-Length: 0\r\n\
+                     Connection: close\r\n\r\n",
+                    p.addr()
+                )
+                .as_bytes(),
+            )
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
+        assert_eq!(r.status, 405, "{method}: {r:?}");
+        assert_eq!(r.header("allow"), Some("GET"), "{method}: {r:?}");
+    }
+}
+
+#[test]
+fn url_over_8_kib_is_414() {
+    let p = pdbmux("uri-too-long");
+    let long = "a".repeat(9 * 1024);
+    let r = p
+        .raw_get(&format!("/pdb/query/v4/nodes?query={long}"))
+        .expect("raw GET");
+    assert_eq!(r.status, 414, "{r:?}");
+}
+
+// --- TLS backends (D8) ------------------------------------------------------------------------
+
+#[test]
+fn https_backend_with_a_client_certificate() {
+    let env = env();
+    let Some(tls) = &env.tls else {
+        eprintln!("PDBMUX_E2E_TLS_URL not set: no TLS backend to test");
+        return;
+    };
+    let second = env.second();
+    let expected = json_of(&direct(second, "/pdb/meta/v1/version", &[]));
+    let with_cert = |label: &str, backends: &[(&str, &str)]| {
+        env.pdbmux_with(backends)
+            .env("PDBMUX_TLS_CA_FILE", &tls.ca_file.to_string_lossy())
+            .env("PDBMUX_TLS_CERT_FILE", &tls.cert_file.to_string_lossy())
+            .env("PDBMUX_TLS_KEY_FILE", &tls.key_file.to_string_lossy())
+            .label(label)
+            .spawn()
+            .expect("start pdbmux with a TLS backend")
+    };
+
+    let p = with_cert("tls-only", &[("tls", tls.url.as_str())]);
+    let r = get(&p, "/pdb/meta/v1/version", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(json_of(&r), expected);
+    // Data really comes through the TLS port: a node only the second backend holds.
+    let node = node_of("second-only");
+    let path = format!("/pdb/query/v4/nodes/{node}");
+    let r = get(&p, &path, &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(json_of(&r), json_of(&direct(second, &path, &[])));
+    let log = p.log();
+    let key_pem = std::fs::read_to_string(&tls.key_file).expect("read the client key");
+    let key_line = key_pem.lines().nth(1).expect("a key body line");
+    assert!(
+        !log.contains(key_line),
+        "the client key appears in pdbmux's log"
+    );
+    drop(p);
+
+    let p = with_cert(
+        "tls-mixed",
+        &[
+            (env.first().name.as_str(), env.first().url.as_str()),
+            ("tls", tls.url.as_str()),
+        ],
+    );
+    let r = get(&p, "/pdb/meta/v1/version", &[]);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-backends"), Some("2/2"), "{r:?}");
+}
+
+#[test]
+fn https_backend_without_a_client_certificate_fails() {
+    let env = env();
+    let Some(tls) = &env.tls else {
+        eprintln!("PDBMUX_E2E_TLS_URL not set: no TLS backend to test");
+        return;
+    };
+    // Trusted CA but no client certificate: PuppetDB's TLS port refuses the handshake.
+    let p = env
+        .pdbmux_with(&[("tls", tls.url.as_str())])
+        .env("PDBMUX_TLS_CA_FILE", &tls.ca_file.to_string_lossy())
+        .label("tls-no-cert")
+        .spawn()
+        .expect("start pdbmux");
+    let r = get(&p, "/pdb/meta/v1/version", &[]);
+    assert_eq!(r.status, 502, "{r:?}");
+    drop(p);
+
+    // Neither CA nor certificate: the throwaway CA is not among the system roots.
+    let p = env
+        .pdbmux_with(&[("tls", tls.url.as_str())])
+        .label("tls-untrusted")
+        .spawn()
+        .expect("start pdbmux");
+    let r = get(&p, "/pdb/meta/v1/version", &[]);
+    assert_eq!(r.status, 502, "{r:?}");
+}
+
+// --- /healthz ---------------------------------------------------------------------------------
+
+fn healthz(p: &Pdbmux) -> (u16, Value) {
+    let r = get(p, "/healthz", &[]);
+    let body = json_of(&r);
+    (r.status, body)
+}
+
+/// `reachable` of each backend in a /healthz body, by name.
+fn reachable(body: &Value) -> Vec<(String, Option<bool>)> {
+    body["backends"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no backends array in {body}"))
+        .iter()
+        .map(|b| {
+            (
+                b["name"].as_str().unwrap_or_default().to_owned(),
+                b["reachable"].as_bool(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn healthz_ok_when_every_backend_answers() {
+    let env = env();
+    let p = pdbmux("healthz-ok");
+    let (status, body) = healthz(&p);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "ok", "{body}");
+    let expected: Vec<(String, Option<bool>)> = env
+        .backends
+        .iter()
+        .map(|b| (b.name.clone(), Some(true)))
+        .collect();
+    assert_eq!(reachable(&body), expected, "{body}");
+}
+
+#[test]
+fn healthz_degraded_when_one_backend_is_down() {
+    let env = env();
+    let dead = closed_backend_url().expect("a closed port");
+    let p = env
+        .pdbmux_with(&[
+            (env.first().name.as_str(), env.first().url.as_str()),
+            ("dead", dead.as_str()),
+        ])
+        .label("healthz-degraded")
+        .spawn()
+        .expect("start pdbmux");
+    let (status, body) = healthz(&p);
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "degraded", "{body}");
+    assert_eq!(
+        reachable(&body),
+        vec![
+            (env.first().name.clone(), Some(true)),
+            ("dead".to_owned(), Some(false))
+        ],
+        "{body}"
+    );
+}
+
+#[test]
+fn healthz_down_when_no_backend_answers() {
+    let env = env();
+    let (d1, d2) = (
+        closed_backend_url().expect("a closed port"),
+        closed_backend_url().expect("a closed port"),
+    );
+    let p = env
+        .pdbmux_with(&[("dead-1", d1.as_str()), ("dead-2", d2.as_str())])
+        .label("healthz-down")
+        .spawn()
+        .expect("start pdbmux");
+    let (status, body) = healthz(&p);
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "down", "{body}");
+    assert_eq!(
+        reachable(&body),
+        vec![
+            ("dead-1".to_owned(), Some(false)),
+            ("dead-2".to_owned(), Some(false))
+        ],
+        "{body}"
+    );
+}

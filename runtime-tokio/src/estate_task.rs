@@ -1,0 +1,123 @@
+//! The shared estate behind a short-held lock, and the background task that drives its outputs
+//! (upstream requests it sends itself, answers to waiting clients) and its one deadline.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use pdbmux_core::{Admission, ClientRequest, Estate, EstateOutput, Exchange, Response, UpstreamId, WaiterId};
+use tokio::sync::{oneshot, Notify};
+use tokio::task::JoinHandle;
+
+use crate::upstream::Upstreams;
+
+/// What a request handler does next; see [`Shared::admit`].
+pub enum Admitted {
+    /// Answer right away.
+    Respond(Response),
+    /// Drive this exchange on the request's own task.
+    Exchange(Exchange),
+    /// Wait for the estate's answer.
+    Wait(oneshot::Receiver<Response>),
+}
+
+/// State shared by every connection task.
+pub struct Shared {
+    estate: Mutex<Estate>,
+    waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<Response>>>,
+    wake: Notify,
+    /// The upstream clients, one per backend.
+    pub upstreams: Arc<Upstreams>,
+}
+
+impl Shared {
+    /// Wraps a fresh estate and the upstream clients.
+    pub fn new(estate: Estate, upstreams: Upstreams) -> Arc<Shared> {
+        Arc::new(Shared {
+            estate: Mutex::new(estate),
+            waiters: Mutex::new(BTreeMap::new()),
+            wake: Notify::new(),
+            upstreams: Arc::new(upstreams),
+        })
+    }
+
+    fn estate(&self) -> MutexGuard<'_, Estate> {
+        // A panic while holding the lock leaves the estate as it was between two calls; keep going.
+        self.estate.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn waiters(&self) -> MutexGuard<'_, BTreeMap<WaiterId, oneshot::Sender<Response>>> {
+        self.waiters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Admits a client request (briefly under the estate lock).
+    pub fn admit(&self, now: Instant, request: &ClientRequest) -> Admitted {
+        let mut estate = self.estate();
+        match estate.admit(now, request) {
+            Admission::Respond(response) => Admitted::Respond(response),
+            Admission::Exchange(exchange) => Admitted::Exchange(exchange),
+            Admission::Wait(waiter) => {
+                let (sender, receiver) = oneshot::channel();
+                // Registered before the lock is released, so the driver cannot answer first.
+                self.waiters().insert(waiter, sender);
+                drop(estate);
+                self.wake.notify_one();
+                Admitted::Wait(receiver)
+            }
+        }
+    }
+
+    /// Starts the task that drives the estate until the process exits.
+    pub fn spawn_driver(self: &Arc<Self>) -> JoinHandle<()> {
+        let shared = Arc::clone(self);
+        tokio::spawn(async move { shared.run_driver().await })
+    }
+
+    async fn run_driver(self: Arc<Self>) {
+        let mut aborts: BTreeMap<UpstreamId, tokio::task::AbortHandle> = BTreeMap::new();
+        loop {
+            let (outputs, deadline) = {
+                let mut estate = self.estate();
+                let outputs: Vec<EstateOutput> = std::iter::from_fn(|| estate.poll_output()).collect();
+                (outputs, estate.poll_timeout())
+            };
+            for output in outputs {
+                match output {
+                    EstateOutput::Send(request) => {
+                        let shared = Arc::clone(&self);
+                        let id = request.id;
+                        let task = tokio::spawn(async move {
+                            let result = shared.upstreams.send(&request).await;
+                            let now = Instant::now();
+                            {
+                                let mut estate = shared.estate();
+                                match result {
+                                    Ok((response, _)) => estate.handle_upstream_response(now, request.id, response),
+                                    Err(failure) => estate.handle_upstream_failure(now, request.id, failure),
+                                }
+                            }
+                            shared.wake.notify_one();
+                        });
+                        aborts.retain(|_, handle| !handle.is_finished());
+                        aborts.insert(id, task.abort_handle());
+                    }
+                    EstateOutput::Cancel(id) => {
+                        if let Some(handle) = aborts.remove(&id) {
+                            handle.abort();
+                        }
+                    }
+                    EstateOutput::Respond { waiter, response } => {
+                        if let Some(sender) = self.waiters().remove(&waiter) {
+                            // The client may have gone; nothing to do then.
+                            let _ = sender.send(response);
+                        }
+                    }
+                }
+            }
+            tokio::select! {
+                () = self.wake.notified() => {}
+                () = crate::service::sleep_until(deadline) => self.estate().handle_timeout(Instant::now()),
+            }
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! `pdbmux`: the production binary. A merging PuppetDB proxy on tokio, hyper and rustls.
+
+mod body;
+mod estate_task;
+mod serve;
+mod service;
+mod upstream;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    pdbmux_cli::run("pdbmux", |settings| serve::run(settings).map_err(Into::into))
+}

@@ -1,0 +1,127 @@
+//! The listener: HTTP/1.1 with keep-alive and a header-read timeout, graceful shutdown on SIGTERM
+//! or SIGINT (stop accepting, let in-flight requests finish for up to `timeout` + 5 s, exit 0).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use pdbmux_cli::Settings;
+use pdbmux_core::Estate;
+use tokio::net::TcpListener;
+
+use crate::estate_task::Shared;
+use crate::service;
+use crate::upstream::Upstreams;
+
+/// How long a client may take to send a request's headers (also the keep-alive idle limit).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// Extra time in-flight requests get after the upstream timeout when shutting down.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The tokio runtime could not start.
+    #[error("starting the runtime: {0}")]
+    Runtime(std::io::Error),
+    /// The listen address could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        /// The configured address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A backend's client could not be built.
+    #[error(transparent)]
+    Client(#[from] crate::upstream::ClientSetupError),
+}
+
+/// Runs the server until a shutdown signal; the entry point of `pdbmux serve`.
+pub fn run(settings: Settings) -> Result<(), ServeError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(ServeError::Runtime)?;
+    runtime.block_on(serve(settings))
+}
+
+async fn serve(settings: Settings) -> Result<(), ServeError> {
+    let config = settings.config;
+    let upstreams = Upstreams::new(&config)?;
+    let listener = TcpListener::bind(&config.listen).await.map_err(|source| ServeError::Bind {
+        addr: config.listen.clone(),
+        source,
+    })?;
+    let drain_limit = config.timeout + DRAIN_GRACE;
+    tracing::info!(
+        listen = %listener.local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),
+        backends = %config.backends.iter().map(|b| format!("{}={}", b.name, b.url.base())).collect::<Vec<_>>().join(","),
+        config = %settings.config_source,
+        "pdbmux serving"
+    );
+    let shared = Shared::new(Estate::new(config), upstreams);
+    let driver = shared.spawn_driver();
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT)
+        .keep_alive(true)
+        .max_buf_size(64 * 1024);
+    let shutdown = shutdown_signal();
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let (stream, peer) = match accepted {
+                    Ok(accepted) => accepted,
+                    Err(error) => {
+                        tracing::warn!("accept failed: {error}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = stream.set_nodelay(true);
+                let shared = Arc::clone(&shared);
+                let connection = http.serve_connection(
+                    TokioIo::new(stream),
+                    service_fn(move |request| service::handle(Arc::clone(&shared), request)),
+                );
+                let connection = graceful.watch(connection);
+                tokio::spawn(async move {
+                    if let Err(error) = connection.await {
+                        tracing::debug!(%peer, "connection ended: {error}");
+                    }
+                });
+            }
+            signal = &mut shutdown => {
+                tracing::info!("{signal}: no longer accepting; draining in-flight requests for up to {drain_limit:?}");
+                break;
+            }
+        }
+    }
+    drop(listener);
+    match tokio::time::timeout(drain_limit, graceful.shutdown()).await {
+        Ok(()) => tracing::info!("drained; exiting"),
+        Err(_) => tracing::warn!("drain limit reached; exiting with requests still in flight"),
+    }
+    driver.abort();
+    Ok(())
+}
+
+/// Resolves with the name of the first SIGTERM or SIGINT.
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+        (Ok(mut term), Ok(mut int)) => tokio::select! {
+            _ = term.recv() => "SIGTERM",
+            _ = int.recv() => "SIGINT",
+        },
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+            "SIGINT"
+        }
+    }
+}

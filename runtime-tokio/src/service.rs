@@ -1,0 +1,153 @@
+//! One client request end to end: admit it through the estate, drive its exchange on this task,
+//! and turn the core's response into a hyper response.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::future::{AbortHandle, Abortable};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use hyper::body::Incoming;
+use pdbmux_core::{ClientRequest, Exchange, ExchangeOutput, Response, ResponseBody, UpstreamFailure, UpstreamId};
+
+use crate::body;
+use crate::estate_task::{Admitted, Shared};
+use crate::upstream::HeldBody;
+
+/// Answers one client request. Never fails: every outcome is an HTTP response.
+pub async fn handle(shared: Arc<Shared>, request: http::Request<Incoming>) -> Result<http::Response<body::ResponseBody>, Infallible> {
+    let started = Instant::now();
+    let client_request = client_request(&request);
+    let admission = shared.admit(started, &client_request);
+    let response = match admission {
+        Admitted::Respond(response) => into_hyper(response, None),
+        Admitted::Exchange(exchange) => drive(&shared, exchange).await,
+        Admitted::Wait(receiver) => match receiver.await {
+            Ok(response) => into_hyper(response, None),
+            Err(_) => into_hyper(
+                Response::text(http::StatusCode::SERVICE_UNAVAILABLE, "pdbmux: shutting down"),
+                None,
+            ),
+        },
+    };
+    tracing::info!(
+        target: "pdbmux::access",
+        method = %client_request.method,
+        target = %client_request.target,
+        status = response.status().as_u16(),
+        ms = started.elapsed().as_millis() as u64,
+    );
+    Ok(response)
+}
+
+/// The core's view of a request: method, raw target and header sizes.
+fn client_request(request: &http::Request<Incoming>) -> ClientRequest {
+    let target = request
+        .uri()
+        .path_and_query()
+        .map_or_else(|| request.uri().path().to_owned(), |pq| pq.as_str().to_owned());
+    let header_bytes = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + 4)
+        .sum();
+    ClientRequest {
+        method: request.method().clone(),
+        target,
+        header_count: request.headers().len(),
+        header_bytes,
+    }
+}
+
+type UpstreamResult = Result<(pdbmux_core::UpstreamResponse, Option<HeldBody>), UpstreamFailure>;
+
+/// Drives an exchange to its response on the current task. Upstream requests run concurrently
+/// inside this task; dropping it (client gone) drops them all and releases their connections.
+async fn drive(shared: &Shared, mut exchange: Exchange) -> http::Response<body::ResponseBody> {
+    let mut in_flight = FuturesUnordered::new();
+    let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
+    let mut held: BTreeMap<UpstreamId, (HeldBody, Instant)> = BTreeMap::new();
+    let mut deadlines: BTreeMap<UpstreamId, Instant> = BTreeMap::new();
+    loop {
+        while let Some(output) = exchange.poll_output() {
+            match output {
+                ExchangeOutput::Send(request) => {
+                    let (handle, registration) = AbortHandle::new_pair();
+                    aborts.insert(request.id, handle);
+                    deadlines.insert(request.id, request.deadline);
+                    let upstreams = shared.upstreams.clone();
+                    let id = request.id;
+                    in_flight.push(Abortable::new(
+                        async move {
+                            let result: UpstreamResult = upstreams.send(&request).await;
+                            (id, result)
+                        },
+                        registration,
+                    ));
+                }
+                ExchangeOutput::Cancel(id) => {
+                    if let Some(handle) = aborts.remove(&id) {
+                        handle.abort();
+                    }
+                    held.remove(&id);
+                }
+                ExchangeOutput::Respond(response) => {
+                    for handle in aborts.values() {
+                        handle.abort();
+                    }
+                    let stream = match &response.body {
+                        ResponseBody::Upstream(id) => held.remove(id),
+                        ResponseBody::Full(_) => None,
+                    };
+                    return into_hyper(response, stream);
+                }
+            }
+        }
+        let deadline = exchange.poll_timeout();
+        tokio::select! {
+            Some(finished) = in_flight.next() => {
+                let Ok((id, result)) = finished else { continue };
+                aborts.remove(&id);
+                let now = Instant::now();
+                match result {
+                    Ok((response, held_body)) => {
+                        if let Some(body) = held_body {
+                            let deadline = deadlines.get(&id).copied().unwrap_or(now);
+                            held.insert(id, (body, deadline));
+                        }
+                        exchange.handle_upstream_response(now, id, response);
+                    }
+                    Err(failure) => exchange.handle_upstream_failure(now, id, failure),
+                }
+            }
+            () = sleep_until(deadline) => exchange.handle_timeout(Instant::now()),
+        }
+    }
+}
+
+/// Sleeps until `deadline`, or forever without one.
+pub async fn sleep_until(deadline: Option<Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Converts the core's response, attaching a held upstream body when it is streamed.
+fn into_hyper(response: Response, stream: Option<(HeldBody, Instant)>) -> http::Response<body::ResponseBody> {
+    let body = match (response.body, stream) {
+        (ResponseBody::Full(bytes), _) => body::full(bytes),
+        (ResponseBody::Upstream(_), Some((held, deadline))) => body::streamed(held, deadline),
+        (ResponseBody::Upstream(id), None) => {
+            tracing::error!("no held body for upstream {id}; answering 502");
+            let mut fallback = http::Response::new(body::full("pdbmux: upstream body lost\n".into()));
+            *fallback.status_mut() = http::StatusCode::BAD_GATEWAY;
+            return fallback;
+        }
+    };
+    let mut out = http::Response::new(body);
+    *out.status_mut() = response.status;
+    *out.headers_mut() = response.headers;
+    out
+}

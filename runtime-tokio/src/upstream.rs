@@ -1,0 +1,239 @@
+//! The upstream client: one pooled hyper client per backend (rustls for https), requests bounded
+//! by the core's deadline and bodies bounded by `max_body_bytes` while they are read.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{ACCEPT, CONTENT_LENGTH, USER_AGENT};
+use http::{HeaderValue, Request};
+use http_body_util::{BodyExt, Empty, Limited};
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use pdbmux_core::config::{BackendConfig, Config};
+use pdbmux_core::{BackendId, BodyMode, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+
+/// Why a backend's client could not be built at startup.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientSetupError {
+    /// A TLS file could not be read or parsed.
+    #[error("backend {backend}: {what} {path}: {reason}")]
+    TlsFile {
+        /// The backend's name.
+        backend: String,
+        /// Which file (CA bundle, certificate, key).
+        what: &'static str,
+        /// The path.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// rustls refused the configuration.
+    #[error("backend {backend}: tls setup: {reason}")]
+    Tls {
+        /// The backend's name.
+        backend: String,
+        /// What went wrong.
+        reason: String,
+    },
+}
+
+/// The clients for every backend, in configured order.
+pub struct Upstreams {
+    backends: Vec<Backend>,
+    max_body_bytes: u64,
+}
+
+struct Backend {
+    base: String,
+    client: HttpsClient,
+}
+
+/// A successful upstream answer whose body is still to be streamed (`BodyMode::StreamSuccess`).
+pub type HeldBody = Limited<Incoming>;
+
+impl Upstreams {
+    /// Builds one pooled client per backend; fails on unreadable TLS files.
+    pub fn new(config: &Config) -> Result<Upstreams, ClientSetupError> {
+        let roots = native_roots();
+        let backends = config
+            .backends
+            .iter()
+            .map(|backend| {
+                Ok(Backend {
+                    base: backend.url.base(),
+                    client: client_for(backend, &roots, config.timeout)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ClientSetupError>>()?;
+        Ok(Upstreams {
+            backends,
+            max_body_bytes: config.max_body_bytes,
+        })
+    }
+
+    /// Sends one upstream request and reads its answer as the request's body mode says. The caller
+    /// bounds it by the request's deadline.
+    pub async fn send(&self, request: &UpstreamRequest) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
+        let backend = self.backend(request.backend)?;
+        let uri = format!("{}{}", backend.base, request.path_and_query);
+        let http_request = Request::builder()
+            .method(request.method.clone())
+            .uri(&uri)
+            .header(ACCEPT, HeaderValue::from_static("application/json"))
+            .header(USER_AGENT, concat!("pdbmux/", env!("CARGO_PKG_VERSION")))
+            .body(Empty::<Bytes>::new())
+            .map_err(|e| UpstreamFailure::Transport(format!("bad upstream request: {e}")))?;
+        let response = backend.client.request(http_request).await.map_err(classify_client_error)?;
+        let (parts, body) = response.into_parts();
+        if let Some(length) = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+            if length > self.max_body_bytes {
+                return Err(UpstreamFailure::BodyTooLarge {
+                    limit: self.max_body_bytes,
+                });
+            }
+        }
+        let limit = usize::try_from(self.max_body_bytes).unwrap_or(usize::MAX);
+        let body = Limited::new(body, limit);
+        if request.body_mode == BodyMode::StreamSuccess && parts.status.is_success() {
+            let response = UpstreamResponse {
+                status: parts.status,
+                headers: parts.headers,
+                body: UpstreamBody::Held,
+            };
+            return Ok((response, Some(body)));
+        }
+        let bytes = body.collect().await.map_err(|e| self.body_error(e))?.to_bytes();
+        let response = UpstreamResponse {
+            status: parts.status,
+            headers: parts.headers,
+            body: UpstreamBody::Full(bytes),
+        };
+        Ok((response, None))
+    }
+
+    fn backend(&self, id: BackendId) -> Result<&Backend, UpstreamFailure> {
+        self.backends
+            .get(id.0)
+            .ok_or_else(|| UpstreamFailure::Transport(format!("no backend {id}")))
+    }
+
+    /// Maps a body read error: over the limit, or a transport failure.
+    pub fn body_error(&self, error: Box<dyn std::error::Error + Send + Sync>) -> UpstreamFailure {
+        if error.is::<http_body_util::LengthLimitError>() {
+            UpstreamFailure::BodyTooLarge {
+                limit: self.max_body_bytes,
+            }
+        } else {
+            UpstreamFailure::Transport(error_chain(&*error))
+        }
+    }
+}
+
+fn classify_client_error(error: hyper_util::client::legacy::Error) -> UpstreamFailure {
+    if error.is_connect() {
+        UpstreamFailure::Connect(error_chain(&error))
+    } else {
+        UpstreamFailure::Transport(error_chain(&error))
+    }
+}
+
+/// An error and its sources on one line, for logs and 502 bodies.
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+fn native_roots() -> Vec<CertificateDer<'static>> {
+    let loaded = rustls_native_certs::load_native_certs();
+    for error in &loaded.errors {
+        tracing::debug!("loading system CA certificates: {error}");
+    }
+    loaded.certs
+}
+
+fn client_for(backend: &BackendConfig, system_roots: &[CertificateDer<'static>], timeout: Duration) -> Result<HttpsClient, ClientSetupError> {
+    let file_error = |what: &'static str, path: &Path, reason: String| ClientSetupError::TlsFile {
+        backend: backend.name.clone(),
+        what,
+        path: path.display().to_string(),
+        reason,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(system_roots.iter().cloned());
+    if let Some(path) = &backend.tls.ca_file {
+        let certs = read_certs(path).map_err(|reason| file_error("CA file", path, reason))?;
+        let (added, _) = roots.add_parsable_certificates(certs);
+        if added == 0 {
+            return Err(file_error("CA file", path, "no usable certificate".into()));
+        }
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ClientSetupError::Tls {
+            backend: backend.name.clone(),
+            reason: e.to_string(),
+        })?
+        .with_root_certificates(roots);
+    let tls = match (&backend.tls.cert_file, &backend.tls.key_file) {
+        (Some(cert_path), Some(key_path)) => {
+            let certs = read_certs(cert_path).map_err(|reason| file_error("certificate file", cert_path, reason))?;
+            // The key's contents never reach an error message or a log line.
+            let key = PrivateKeyDer::from_pem_file(key_path)
+                .map_err(|_| file_error("key file", key_path, "no readable PEM private key".into()))?;
+            builder.with_client_auth_cert(certs, key).map_err(|e| ClientSetupError::Tls {
+                backend: backend.name.clone(),
+                reason: e.to_string(),
+            })?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        _ => {
+            return Err(ClientSetupError::Tls {
+                backend: backend.name.clone(),
+                reason: "tls_cert_file and tls_key_file must be set together".into(),
+            })
+        }
+    };
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(timeout));
+    http.set_nodelay(true);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(64)
+        .build(connector))
+}
+
+fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let certs = CertificateDer::pem_file_iter(path)
+        .map_err(|e| e.to_string())?
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    if certs.is_empty() {
+        return Err("no PEM certificate found".into());
+    }
+    Ok(certs)
+}
