@@ -85,7 +85,10 @@ mod tests {
             parse("10"),
             Err("missing unit (e.g. 10s, 500ms, 1m30s)".to_owned())
         );
-        assert_eq!(parse("-1s"), Err("negative durations are not allowed".to_owned()));
+        assert_eq!(
+            parse("-1s"),
+            Err("negative durations are not allowed".to_owned())
+        );
         assert!(parse("ten").is_err());
         assert!(parse("").is_err());
         assert!(parse("10x").is_err());

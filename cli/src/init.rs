@@ -12,7 +12,9 @@ use crate::keys::KEYS;
 #[derive(Debug, thiserror::Error)]
 pub enum InitError {
     /// Neither a path nor `XDG_CONFIG_HOME`/`HOME` to derive one from.
-    #[error("no path for the config file: pass --config or set PDBMUX_CONFIG, XDG_CONFIG_HOME or HOME")]
+    #[error(
+        "no path for the config file: pass --config or set PDBMUX_CONFIG, XDG_CONFIG_HOME or HOME"
+    )]
     NoPath,
     /// The file exists and `--force` was not given.
     #[error("\"{}\" already exists (use --force to overwrite)", path.display())]
@@ -71,7 +73,7 @@ pub fn template() -> String {
             (name, None) => ("# ", format!("/etc/pdbmux/{}", example_file(name))),
         };
         let setting = format!("{prefix}{}: {value}", key.name);
-        out.push_str(&format!("{setting:<40}# {}\n", key.comment));
+        out.push_str(&format!("{setting:<38}  # {}\n", key.comment));
     }
     out
 }

@@ -186,7 +186,13 @@ pub(crate) const KEYS: &[Key] = &[
 ];
 
 /// The keys a backend entry in the config file may have.
-pub(crate) const BACKEND_KEYS: &[&str] = &["name", "url", "tls_ca_file", "tls_cert_file", "tls_key_file"];
+pub(crate) const BACKEND_KEYS: &[&str] = &[
+    "name",
+    "url",
+    "tls_ca_file",
+    "tls_cert_file",
+    "tls_key_file",
+];
 
 /// The entry for `name`; `None` for a name not in the table.
 pub(crate) fn find(name: &str) -> Option<&'static Key> {

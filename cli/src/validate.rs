@@ -650,11 +650,7 @@ pub fn parse_backend_url(text: &str) -> Result<BackendUrl, String> {
     } else {
         None
     };
-    Ok(BackendUrl {
-        scheme,
-        host,
-        port,
-    })
+    Ok(BackendUrl { scheme, host, port })
 }
 
 fn check_backends(

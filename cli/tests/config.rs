@@ -1,12 +1,15 @@
 //! Loading and validation: precedence, file search, env parsing and every validation message.
 
+// `figment::Jail` closures must return `figment::Result`, whose error is large.
+#![allow(clippy::result_large_err)]
+
 use std::path::PathBuf;
 use std::time::Duration;
 
 use figment::Jail;
 use pdbmux_cli::{
-    args, load, validate, ConfigFile, Environment, GlobalArgs, LoadError,
-    LogFormat, Settings, Source,
+    args, load, validate, ConfigFile, Environment, GlobalArgs, LoadError, LogFormat, Settings,
+    Source,
 };
 use pdbmux_core::config::{BackendUrl, MergeStrategy, TlsFiles};
 
@@ -172,7 +175,10 @@ fn precedence_default_file_env_flag() {
             loaded.source("health_probe_enabled"),
             Some(&Source::Flag("--health-probe"))
         );
-        assert_eq!(loaded.source("timeout"), Some(&Source::Env("PDBMUX_TIMEOUT")));
+        assert_eq!(
+            loaded.source("timeout"),
+            Some(&Source::Env("PDBMUX_TIMEOUT"))
+        );
         assert_eq!(loaded.source("freshness_ttl"), Some(&Source::Default));
         jail.set_env("PDBMUX_TIMEOUT", "");
         let loaded = load(&flags(&args), &env_of(jail)).map_err(|e| e.to_string())?;
@@ -258,7 +264,13 @@ fn a_named_file_must_exist() {
         let missing = jail.directory().join("nope.yaml");
         let m = missing.display().to_string();
         let err = load(&flags(&["--config", &m]), &env_of(jail)).expect_err("missing --config");
-        assert!(matches!(err, LoadError::Missing { via: "--config", .. }));
+        assert!(matches!(
+            err,
+            LoadError::Missing {
+                via: "--config",
+                ..
+            }
+        ));
         assert_eq!(
             err.to_string(),
             format!("config file \"{m}\" not found (given by --config)")
@@ -282,14 +294,18 @@ fn malformed_file_names_the_file() {
         let f = file.display().to_string();
         let err = load(&flags(&["--config", &f]), &env_of(jail)).expect_err("bad yaml");
         assert!(
-            err.to_string().starts_with(&format!("config file \"{f}\": ")),
+            err.to_string()
+                .starts_with(&format!("config file \"{f}\": ")),
             "{err}"
         );
         // A file of comments only is an empty config, not an error.
         let empty = write(jail, "empty.yaml", "# nothing here\n");
         jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
         let e = empty.display().to_string();
-        assert_eq!(settings(jail, &["--config", &e])?.config.listen, "0.0.0.0:8080");
+        assert_eq!(
+            settings(jail, &["--config", &e])?.config.listen,
+            "0.0.0.0:8080"
+        );
         Ok(())
     });
 }
@@ -530,7 +546,10 @@ fn facts_ttl_clamp_and_zero() {
         clean(jail);
         jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
         jail.set_env("PDBMUX_FACTS_TTL", "600s");
-        assert_eq!(settings(jail, &[])?.config.facts_ttl, Duration::from_secs(30));
+        assert_eq!(
+            settings(jail, &[])?.config.facts_ttl,
+            Duration::from_secs(30)
+        );
         jail.set_env("PDBMUX_FACTS_TTL", "0");
         assert_eq!(settings(jail, &[])?.config.facts_ttl, Duration::ZERO);
         jail.set_env("PDBMUX_FACTS_TTL", "500ms");
@@ -580,9 +599,20 @@ fn booleans_and_integers_from_env_and_file() {
     Jail::expect_with(|jail| {
         clean(jail);
         jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
-        for (value, want) in [("true", true), ("false", false), ("1", true), ("0", false), ("no", false), ("YES", true)] {
+        for (value, want) in [
+            ("true", true),
+            ("false", false),
+            ("1", true),
+            ("0", false),
+            ("no", false),
+            ("YES", true),
+        ] {
             jail.set_env("PDBMUX_SOURCE_FACT_ENABLED", value);
-            assert_eq!(settings(jail, &[])?.config.source_fact_enabled, want, "{value}");
+            assert_eq!(
+                settings(jail, &[])?.config.source_fact_enabled,
+                want,
+                "{value}"
+            );
         }
         jail.set_env("PDBMUX_HEALTH_PROBE_FAILURES", "7");
         jail.set_env("PDBMUX_HEALTH_PROBE_SUCCESSES", "1");
@@ -684,7 +714,10 @@ fn only_known_pdbmux_vars_are_read() {
     Jail::expect_with(|jail| {
         clean(jail);
         jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
-        jail.set_env("PDBMUX_E2E_OPENVOXDB_IMAGE", "registry.example.com/openvoxdb:1");
+        jail.set_env(
+            "PDBMUX_E2E_OPENVOXDB_IMAGE",
+            "registry.example.com/openvoxdb:1",
+        );
         jail.set_env("PDBMUX_E2E_NODE_LOOKUP", "/nonexistent/node-lookup");
         jail.set_env("PDBMUX_WHATEVER", "x");
         let loaded = load(&flags(&[]), &env_of(jail)).map_err(|e| e.to_string())?;

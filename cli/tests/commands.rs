@@ -1,0 +1,453 @@
+//! The commands: `config init`, `config show`, `version`, `--help` and the serve path of `run`.
+
+// `figment::Jail` closures must return `figment::Result`, whose error is large.
+#![allow(clippy::result_large_err)]
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use figment::Jail;
+use pdbmux_cli::{
+    args, init, load, run_with, show, template, validate, Environment, GlobalArgs, InitError,
+    LogFormat, Settings,
+};
+
+fn flags(list: &[&str]) -> GlobalArgs {
+    let argv = std::iter::once("pdbmux").chain(list.iter().copied());
+    args::parse("pdbmux", argv).expect("flags parse").global
+}
+
+fn clean(jail: &mut Jail) {
+    jail.clear_env();
+    let home = jail.directory().display().to_string();
+    jail.set_env("HOME", home);
+}
+
+fn env_of(jail: &Jail) -> Environment {
+    Environment::from_process().with_system_config(jail.directory().join("etc/pdbmux/config.yaml"))
+}
+
+/// Runs the CLI in-process; returns (exit code, stdout, stderr, settings handed to serve).
+fn run(env: &Environment, argv: &[&str]) -> (u8, String, String, Option<Settings>) {
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let seen = Arc::new(Mutex::new(None));
+    let keep = Arc::clone(&seen);
+    let code = run_with(
+        "pdbmux",
+        std::iter::once("pdbmux").chain(argv.iter().copied()),
+        env,
+        &mut out,
+        &mut err,
+        move |settings| {
+            *keep.lock().expect("lock") = Some(settings);
+            Ok(())
+        },
+    );
+    let settings = seen.lock().expect("lock").take();
+    (
+        code,
+        String::from_utf8_lossy(&out).into_owned(),
+        String::from_utf8_lossy(&err).into_owned(),
+        settings,
+    )
+}
+
+#[test]
+fn init_writes_refuses_and_forces() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        let xdg = jail.directory().join("xdg");
+        jail.set_env("XDG_CONFIG_HOME", xdg.display());
+        let want = xdg.join("pdbmux/config.yaml");
+
+        let (code, out, err, _) = run(&env_of(jail), &["config", "init"]);
+        assert_eq!((code, err.as_str()), (0, ""));
+        assert_eq!(out, format!("wrote {}\n", want.display()));
+        assert_eq!(std::fs::read_to_string(&want).expect("read"), template());
+
+        // Refuses to overwrite.
+        std::fs::write(&want, "# mine\n").expect("write");
+        let (code, out, err, _) = run(&env_of(jail), &["config", "init"]);
+        assert_eq!(code, 1);
+        assert_eq!(out, "");
+        assert_eq!(
+            err,
+            format!(
+                "pdbmux: \"{}\" already exists (use --force to overwrite)\n",
+                want.display()
+            )
+        );
+        assert_eq!(std::fs::read_to_string(&want).expect("read"), "# mine\n");
+
+        // --force overwrites.
+        let (code, _, _, _) = run(&env_of(jail), &["config", "init", "--force"]);
+        assert_eq!(code, 0);
+        assert_eq!(std::fs::read_to_string(&want).expect("read"), template());
+        Ok(())
+    });
+}
+
+#[test]
+fn init_target_order() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        // No XDG: $HOME/.config.
+        let path = init(&flags(&[]), &env_of(jail), false).map_err(|e| e.to_string())?;
+        assert_eq!(path, jail.directory().join(".config/pdbmux/config.yaml"));
+
+        // PDBMUX_CONFIG over the default, creating parent directories.
+        let env_path = jail.directory().join("a/b/env.yaml");
+        jail.set_env("PDBMUX_CONFIG", env_path.display());
+        let path = init(&flags(&[]), &env_of(jail), false).map_err(|e| e.to_string())?;
+        assert_eq!(path, env_path);
+        assert!(env_path.is_file());
+
+        // --config over PDBMUX_CONFIG.
+        let flag_path = jail.directory().join("c/flag.yaml");
+        let f = flag_path.display().to_string();
+        let path =
+            init(&flags(&["--config", &f]), &env_of(jail), false).map_err(|e| e.to_string())?;
+        assert_eq!(path, flag_path);
+
+        // Nowhere to write.
+        jail.clear_env();
+        let err =
+            init(&flags(&[]), &Environment::from_pairs([("A", "b")]), false).expect_err("no path");
+        assert!(matches!(err, InitError::NoPath));
+        Ok(())
+    });
+}
+
+#[test]
+fn init_file_loads_back_with_defaults() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        let path: PathBuf = jail.directory().join("pdbmux.yaml");
+        let p = path.display().to_string();
+        init(&flags(&["--config", &p]), &env_of(jail), false).map_err(|e| e.to_string())?;
+
+        // Without backends it loads but does not validate, and says why.
+        let loaded = load(&flags(&["--config", &p]), &env_of(jail)).map_err(|e| e.to_string())?;
+        let err = validate(&loaded).expect_err("no backends");
+        assert_eq!(err.problems.len(), 1, "{err}");
+        assert!(err.to_string().starts_with("backends: none configured"));
+
+        // With backends from the env every value is the default.
+        jail.set_env("PDBMUX_BACKENDS", "pdb-a=http://pdb-a.example.com:8080");
+        let loaded = load(&flags(&["--config", &p]), &env_of(jail)).map_err(|e| e.to_string())?;
+        let s = validate(&loaded).map_err(|e| e.to_string())?;
+        assert_eq!(
+            s.config,
+            pdbmux_core::config::Config::with_backends(s.config.backends.clone())
+        );
+        assert_eq!(s.log_format, LogFormat::Text);
+        assert_eq!(s.log_level, "info");
+
+        // Uncommenting the backends example works too.
+        jail.set_env("PDBMUX_BACKENDS", "");
+        let text = std::fs::read_to_string(&path).expect("read");
+        let uncommented: String = text
+            .lines()
+            .map(|l| {
+                if l.starts_with("# backends:") || l.starts_with("#   ") {
+                    l.trim_start_matches('#')
+                        .strip_prefix(' ')
+                        .unwrap_or(l)
+                        .to_owned()
+                } else {
+                    l.to_owned()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&path, uncommented).expect("write");
+        let loaded = load(&flags(&["--config", &p]), &env_of(jail)).map_err(|e| e.to_string())?;
+        let s = validate(&loaded).map_err(|e| e.to_string())?;
+        let names: Vec<&str> = s.config.backends.iter().map(|b| b.name.as_str()).collect();
+        assert_eq!(names, ["pdb-a", "pdb-b"]);
+        assert_eq!(
+            s.config.backends[1].tls.key_file,
+            Some(PathBuf::from("/etc/pdbmux/client-key.pem"))
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn template_mentions_every_key() {
+    let text = template();
+    for key in [
+        "listen: \":8080\"",
+        "# backends:",
+        "merge: freshness",
+        "timeout: 10s",
+        "freshness_ttl: 30s",
+        "facts_ttl: 30s",
+        "facts_cache_bytes: 67108864",
+        "source_fact: pdbmux_source",
+        "source_fact_enabled: true",
+        "health_probe_enabled: true",
+        "health_probe_path: /status/v1/services",
+        "health_probe_interval: 10s",
+        "health_probe_timeout: 5s",
+        "health_probe_failures: 3",
+        "health_probe_successes: 2",
+        "max_body_bytes: 536870912",
+        "# tls_ca_file:",
+        "# tls_cert_file:",
+        "# tls_key_file:",
+        "log_format: text",
+        "# log_level: info",
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.starts_with(key))
+            .unwrap_or_else(|| panic!("no line for {key}:\n{text}"));
+        assert!(line.contains("  # "), "no comment on {line:?}");
+    }
+}
+
+#[test]
+fn show_lines_and_sources() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        let file = jail.directory().join("cfg.yaml");
+        std::fs::write(
+            &file,
+            "timeout: 20s\ntls_ca_file: /etc/pdbmux/ca.pem\nbackends:\n  - name: pdb-a\n    url: https://pdb-a.example.com:8081\n    tls_cert_file: /etc/pdbmux/a.pem\n    tls_key_file: /etc/pdbmux/a-key.pem\n",
+        )
+        .expect("write");
+        let f = file.display().to_string();
+        jail.set_env("PDBMUX_FACTS_TTL", "600s");
+        jail.set_env("PDBMUX_HEALTH_PROBE_FAILURES", "4");
+        let (code, out, err, served) = run(
+            &env_of(jail),
+            &["--config", &f, "--listen", ":9000", "config", "show"],
+        );
+        assert_eq!((code, err.as_str()), (0, ""), "{out}");
+        assert!(served.is_none());
+        let lines: Vec<&str> = out.lines().collect();
+        for want in [
+            format!("config : {f}  (--config)"),
+            "listen : 0.0.0.0:9000  (flag --listen)".to_owned(),
+            format!("backends[0] : pdb-a=https://pdb-a.example.com:8081  (file {f})"),
+            format!("backends[0].tls_ca_file : /etc/pdbmux/ca.pem  (file {f})"),
+            format!("backends[0].tls_cert_file : /etc/pdbmux/a.pem  (file {f})"),
+            format!("backends[0].tls_key_file : /etc/pdbmux/a-key.pem  (file {f})"),
+            "merge : freshness  (default)".to_owned(),
+            format!("timeout : 20s  (file {f})"),
+            "freshness_ttl : 30s  (default)".to_owned(),
+            "facts_ttl : 30s (clamped from 600s, cap 30s)  (env PDBMUX_FACTS_TTL)".to_owned(),
+            "facts_cache_bytes : 67108864  (default)".to_owned(),
+            "source_fact_enabled : true  (default)".to_owned(),
+            "health_probe_failures : 4  (env PDBMUX_HEALTH_PROBE_FAILURES)".to_owned(),
+            format!("tls_ca_file : /etc/pdbmux/ca.pem  (file {f})"),
+            "tls_key_file : (none)  (default)".to_owned(),
+            "log_format : text  (default)".to_owned(),
+            "log_level : info  (default)".to_owned(),
+        ] {
+            assert!(
+                lines.contains(&want.as_str()),
+                "missing {want:?} in:\n{out}"
+            );
+        }
+        // One line per key plus the config line and the backend's TLS lines.
+        assert_eq!(lines.len(), 1 + 21 + 3, "{out}");
+        assert!(!out.contains("BEGIN"), "never key contents");
+        Ok(())
+    });
+}
+
+#[test]
+fn show_search_paths_and_rust_log() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        jail.set_env("PDBMUX_BACKENDS", "pdb-a=http://pdb-a.example.com");
+        jail.set_env("RUST_LOG", "debug");
+        let env = env_of(jail);
+        let (code, out, _, _) = run(&env, &["config", "show"]);
+        assert_eq!(code, 0);
+        let home = jail.directory().join(".config/pdbmux/config.yaml");
+        let system = jail.directory().join("etc/pdbmux/config.yaml");
+        assert_eq!(
+            out.lines().next(),
+            Some(
+                format!(
+                    "config : none  (searched {}, {})",
+                    home.display(),
+                    system.display()
+                )
+                .as_str()
+            )
+        );
+        assert!(
+            out.contains("\nbackends[0] : pdb-a=http://pdb-a.example.com  (env PDBMUX_BACKENDS)\n")
+        );
+        assert!(
+            out.contains("\nlog_level : debug  (env RUST_LOG)\n"),
+            "{out}"
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn show_with_invalid_values_prints_and_fails() {
+    let env = Environment::from_pairs([("PDBMUX_TIMEOUT", "ten"), ("HOME", "/nonexistent-home")])
+        .with_system_config("/nonexistent-etc/config.yaml");
+    let (code, out, err, _) = run(&env, &["config", "show"]);
+    assert_eq!(code, 2);
+    assert!(
+        out.contains("\ntimeout : \"ten\" (invalid)  (env PDBMUX_TIMEOUT)\n"),
+        "{out}"
+    );
+    assert!(out.contains("\nbackends : (none)  (not set)\n"), "{out}");
+    assert!(
+        out.contains("\nlisten : 0.0.0.0:8080  (default)\n"),
+        "{out}"
+    );
+    assert_eq!(
+        err,
+        "pdbmux: backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)\n\
+         pdbmux: timeout: invalid duration \"ten\": expected number at 0\n"
+    );
+
+    // The same through the library call.
+    let loaded = load(&GlobalArgs::default(), &env).expect("load");
+    let shown = show(&loaded);
+    assert_eq!(shown.result.expect_err("invalid").problems.len(), 2);
+}
+
+#[test]
+fn serve_is_the_default_and_gets_settings() {
+    let env = Environment::from_pairs([
+        ("PDBMUX_BACKENDS", "pdb-a=http://pdb-a.example.com:8080"),
+        ("PDBMUX_FACTS_TTL", "10m"),
+    ])
+    .with_system_config("/nonexistent-etc/config.yaml");
+    for argv in [&[][..], &["serve"][..], &["--merge", "static", "serve"][..]] {
+        let (code, out, err, served) = run(&env, argv);
+        assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""), "{argv:?}");
+        let settings = served.expect("serve called");
+        assert_eq!(settings.config.backends[0].name, "pdb-a");
+        assert_eq!(settings.config.facts_ttl, Duration::from_secs(30));
+        assert_eq!(
+            settings.config_source,
+            "none (searched /nonexistent-etc/config.yaml)"
+        );
+    }
+    let (_, _, _, served) = run(&env, &["serve", "--merge", "static"]);
+    assert_eq!(
+        served.expect("serve called").config.merge,
+        pdbmux_core::config::MergeStrategy::Static
+    );
+}
+
+#[test]
+fn serve_errors_and_exit_codes() {
+    let env = Environment::from_pairs([("HOME", "/nonexistent-home")])
+        .with_system_config("/nonexistent-etc/config.yaml");
+    // Config error: 2, serve never called.
+    let (code, _, err, served) = run(&env, &[]);
+    assert_eq!(code, 2);
+    assert!(served.is_none());
+    assert!(
+        err.starts_with("pdbmux: backends: none configured"),
+        "{err}"
+    );
+
+    // Missing --config: 2.
+    let (code, _, err, _) = run(&env, &["--config", "/nonexistent-dir/pdbmux.yaml"]);
+    assert_eq!(code, 2);
+    assert_eq!(
+        err,
+        "pdbmux: config file \"/nonexistent-dir/pdbmux.yaml\" not found (given by --config)\n"
+    );
+
+    // A serve error: 1, printed with the binary name.
+    let env = Environment::from_pairs([("PDBMUX_BACKENDS", "a=http://a.example.com")])
+        .with_system_config("/nonexistent-etc/config.yaml");
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let code = run_with(
+        "pdbmux-smol",
+        ["pdbmux-smol", "serve"],
+        &env,
+        &mut out,
+        &mut err,
+        |_| Err("bind 0.0.0.0:8080: address in use".into()),
+    );
+    assert_eq!(code, 1);
+    assert_eq!(
+        String::from_utf8_lossy(&err),
+        "pdbmux-smol: bind 0.0.0.0:8080: address in use\n"
+    );
+}
+
+#[test]
+fn usage_errors_help_and_version() {
+    let env = Environment::from_pairs([("HOME", "/nonexistent-home")]);
+    let (code, _, err, _) = run(&env, &["--merge", "fresh"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("invalid value 'fresh' for '--merge"), "{err}");
+
+    let (code, _, err, _) = run(&env, &["bogus"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("unrecognized subcommand 'bogus'"), "{err}");
+
+    let (code, out, _, _) = run(&env, &["--help"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Usage: pdbmux [OPTIONS] [COMMAND]"), "{out}");
+    for word in [
+        "serve",
+        "config",
+        "version",
+        "--config",
+        "--listen",
+        "--merge",
+        "--health-probe",
+        "--log-format",
+    ] {
+        assert!(out.contains(word), "help lacks {word}:\n{out}");
+    }
+
+    let want = format!("pdbmux {}\n", pdbmux_cli::version());
+    let (code, out, _, _) = run(&env, &["version"]);
+    assert_eq!((code, out.as_str()), (0, want.as_str()));
+    let (code, out, _, _) = run(&env, &["--version"]);
+    assert_eq!((code, out.as_str()), (0, want.as_str()));
+    assert_eq!(
+        pdbmux_cli::version(),
+        option_env!("PDBMUX_BUILD_VERSION").unwrap_or(env!("CARGO_PKG_VERSION"))
+    );
+
+    // The binary name comes from the caller.
+    let mut out = Vec::new();
+    let mut err = Vec::new();
+    let code = run_with(
+        "pdbmux-smol",
+        ["x", "version"],
+        &env,
+        &mut out,
+        &mut err,
+        |_| Ok(()),
+    );
+    assert_eq!(code, 0);
+    assert_eq!(
+        String::from_utf8_lossy(&out),
+        format!("pdbmux-smol {}\n", pdbmux_cli::version())
+    );
+}
+
+#[test]
+fn json_log_format_from_flag_reaches_serve() {
+    let env = Environment::from_pairs([("PDBMUX_BACKENDS", "a=http://a.example.com")])
+        .with_system_config("/nonexistent-etc/config.yaml");
+    let (code, _, _, served) = run(&env, &["--log-format", "json", "--health-probe", "false"]);
+    assert_eq!(code, 0);
+    let settings = served.expect("serve called");
+    assert_eq!(settings.log_format, LogFormat::Json);
+    assert!(!settings.config.health_probe_enabled);
+}
