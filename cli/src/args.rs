@@ -34,8 +34,13 @@ pub struct GlobalArgs {
     /// Config file to read; it must exist [env: PDBMUX_CONFIG]
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
-    /// Address to listen on: :PORT, HOST:PORT or [V6]:PORT [env: PDBMUX_LISTEN]
-    #[arg(long, global = true, value_name = "ADDR")]
+    /// Overrides `listen`.
+    #[arg(
+        long,
+        global = true,
+        value_name = "ADDR",
+        help = "Address to listen on: :PORT, HOST:PORT or [V6]:PORT [env: PDBMUX_LISTEN]"
+    )]
     pub listen: Option<String>,
     /// How /facts picks the owner of a node held by several backends [env: PDBMUX_MERGE]
     #[arg(long, global = true, value_name = "freshness|static", value_parser = ["freshness", "static"])]

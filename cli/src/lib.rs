@@ -1,7 +1,7 @@
 //! Config loading, the command line and logging setup shared by the pdbmux binaries.
 //!
 //! A binary's `main` is one call: [`run`] with its name and a `serve` function that receives the
-//! validated [`Settings`]. The lower-level steps ([`load`], [`validate`], [`show`], [`init`]) are
+//! validated [`Settings`]. The lower-level steps ([`load()`], [`validate()`], [`show()`], [`init()`]) are
 //! public for tests and tools.
 //!
 //! Configuration precedence, lowest to highest: defaults < config file < `PDBMUX_*` env vars <

@@ -1,6 +1,6 @@
 //! Layering the configuration with figment: defaults < config file < env vars < flags.
 //!
-//! This step only gathers raw values and where each came from; [`crate::validate`] turns them
+//! This step only gathers raw values and where each came from; [`crate::validate()`] turns them
 //! into a [`pdbmux_core::config::Config`].
 
 use std::collections::BTreeMap;
@@ -120,7 +120,7 @@ pub(crate) struct Setting {
 
 /// The gathered, not yet validated configuration: one raw value per key that has one.
 ///
-/// Get one from [`load`]; pass it to [`crate::validate`] or [`crate::show`].
+/// Get one from [`load`]; pass it to [`crate::validate()`] or [`crate::show()`].
 #[derive(Debug, Clone)]
 pub struct Loaded {
     pub(crate) file: ConfigFile,
@@ -229,7 +229,7 @@ pub fn search_paths(env: &Environment) -> Vec<PathBuf> {
 /// Gathers every key's raw value from defaults, the config file, `PDBMUX_*` env vars and flags.
 ///
 /// Fails only when a config file cannot be found or read; bad values are reported by
-/// [`crate::validate`].
+/// [`crate::validate()`].
 pub fn load(args: &GlobalArgs, env: &Environment) -> Result<Loaded, LoadError> {
     let file = choose_file(args, env)?;
     let mut figment = Figment::from(defaults_layer());

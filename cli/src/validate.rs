@@ -95,7 +95,7 @@ pub enum ConfigProblem {
         /// The rule, e.g. `must start with /`.
         reason: &'static str,
     },
-    /// A key with a default has no value at all (cannot happen through [`crate::load`]).
+    /// A key with a default has no value at all (cannot happen through [`crate::load()`]).
     #[error("{key}: not set")]
     Missing {
         /// The key.

@@ -743,6 +743,14 @@ fn log_level_and_rust_log() {
         jail.set_env("PDBMUX_LOG_LEVEL", "");
         let f = file.display().to_string();
         assert_eq!(settings(jail, &["--config", &f])?.log_level, "error");
+        // A bad filter names its key.
+        jail.set_env("PDBMUX_LOG_LEVEL", "pdbmux=loud");
+        let got = problems(jail, &[]);
+        assert_eq!(got.len(), 1);
+        assert!(
+            got[0].starts_with("log_level: invalid log filter \"pdbmux=loud\": "),
+            "{got:?}"
+        );
         Ok(())
     });
 }
