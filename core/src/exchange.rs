@@ -16,6 +16,7 @@ use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::message::{
     BodyMode, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
 };
+use crate::membership::Ownership;
 use crate::meta;
 use crate::policy::{self, backend_name, Outcome, Rejection};
 use crate::route::Route;
@@ -103,7 +104,26 @@ pub struct Exchange {
 impl Exchange {
     /// Plans the upstream work for a classified request over the backends in `roster` (configured
     /// order). `route` must not be [`Route::Healthz`], which the estate answers itself.
-    pub(crate) fn new(now: Instant, config: Arc<Config>, route: &Route, target: String, roster: &[BackendId]) -> Exchange {
+    /// `ownership` is the membership snapshot for node-scoped routes (DECISIONS.md D4).
+    pub(crate) fn new(
+        now: Instant,
+        config: Arc<Config>,
+        route: &Route,
+        target: String,
+        roster: &[BackendId],
+        ownership: Option<Arc<Ownership>>,
+    ) -> Exchange {
+        let mut roster = roster.to_vec();
+        if let (Route::PerCertname { certname }, Some(ownership)) = (route, &ownership) {
+            let certname = percent_encoding::percent_decode_str(certname).decode_utf8_lossy();
+            if let Some(owners) = ownership.owners(&certname) {
+                let owner = owners.under(config.merge);
+                if let Some(position) = roster.iter().position(|b| *b == owner) {
+                    let owner = roster.remove(position);
+                    roster.insert(0, owner);
+                }
+            }
+        }
         let plan = match route {
             Route::MetaVersion => Some(Plan::FanOut(Merge::LowestVersion)),
             Route::ServerTime => Some(Plan::FanOut(Merge::FirstInOrder)),
@@ -241,6 +261,7 @@ impl Exchange {
             backend: leg.backend,
             method: Method::GET,
             path_and_query: self.target.clone(),
+            body: None,
             body_mode,
             deadline,
         }));

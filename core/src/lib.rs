@@ -39,11 +39,16 @@ mod estate;
 mod exchange;
 mod healthz;
 mod ids;
+mod legs;
+pub mod membership;
 mod message;
 pub mod meta;
 pub mod policy;
+pub mod query;
+pub mod records;
 pub mod route;
 pub mod scrub;
+pub mod sort;
 
 pub use estate::{Admission, Estate, EstateOutput};
 pub use exchange::{forwarded_headers, Exchange, ExchangeOutput, X_BACKENDS, X_RECORDS};

@@ -66,10 +66,12 @@ pub struct UpstreamRequest {
     pub id: UpstreamId,
     /// Which backend to ask.
     pub backend: BackendId,
-    /// Always GET in this version.
+    /// GET, or POST when a rewritten query is too long for a URL (DECISIONS.md D4).
     pub method: Method,
     /// Path and query to append to the backend's base URL, verbatim.
     pub path_and_query: String,
+    /// The JSON body of a POST (sent as `application/json`); `None` for a GET.
+    pub body: Option<Bytes>,
     /// How to deliver the body.
     pub body_mode: BodyMode,
     /// When the core gives up on this request. The core enforces it through `poll_timeout`; the

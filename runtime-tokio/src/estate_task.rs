@@ -17,14 +17,22 @@ pub enum Admitted {
     Respond(Response),
     /// Drive this exchange on the request's own task.
     Exchange(Exchange),
-    /// Wait for the estate's answer.
-    Wait(oneshot::Receiver<Response>),
+    /// Wait for the estate's word.
+    Wait(oneshot::Receiver<WaiterEvent>),
+}
+
+/// What the estate tells a waiting request.
+pub enum WaiterEvent {
+    /// Answer with this.
+    Respond(Response),
+    /// Admit the request again ([`Shared::readmit`]).
+    Resume,
 }
 
 /// State shared by every connection task.
 pub struct Shared {
     estate: Mutex<Estate>,
-    waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<Response>>>,
+    waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>>,
     wake: Notify,
     /// The upstream clients, one per backend.
     pub upstreams: Arc<Upstreams>,
@@ -46,31 +54,53 @@ impl Shared {
         self.estate.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn waiters(&self) -> MutexGuard<'_, BTreeMap<WaiterId, oneshot::Sender<Response>>> {
+    fn waiters(&self) -> MutexGuard<'_, BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>> {
         self.waiters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Admits a client request (briefly under the estate lock).
     pub fn admit(&self, now: Instant, request: &ClientRequest) -> Admitted {
+        self.admit_with(now, request, Estate::admit)
+    }
+
+    /// Admits a request again after [`WaiterEvent::Resume`].
+    pub fn readmit(&self, now: Instant, request: &ClientRequest) -> Admitted {
+        self.admit_with(now, request, Estate::readmit)
+    }
+
+    fn admit_with(&self, now: Instant, request: &ClientRequest, admit: fn(&mut Estate, Instant, &ClientRequest) -> Admission) -> Admitted {
         let mut estate = self.estate();
-        match estate.admit(now, request) {
+        let admission = admit(&mut estate, now, request);
+        // The admission may have queued upstream requests (a membership refresh).
+        let wake = !matches!(admission, Admission::Respond(_));
+        let admitted = match admission {
             Admission::Respond(response) => Admitted::Respond(response),
             Admission::Exchange(exchange) => Admitted::Exchange(exchange),
             Admission::Wait(waiter) => {
                 let (sender, receiver) = oneshot::channel();
                 // Registered before the lock is released, so the driver cannot answer first.
                 self.waiters().insert(waiter, sender);
-                drop(estate);
-                self.wake.notify_one();
                 Admitted::Wait(receiver)
             }
+        };
+        drop(estate);
+        if wake {
+            self.wake.notify_one();
         }
+        admitted
     }
 
     /// Starts the task that drives the estate until the process exits.
     pub fn spawn_driver(self: &Arc<Self>) -> JoinHandle<()> {
         let shared = Arc::clone(self);
         tokio::spawn(async move { shared.run_driver().await })
+    }
+
+    fn tell(&self, waiter: WaiterId, event: WaiterEvent) {
+        if let Some(sender) = self.waiters().remove(&waiter) {
+            // The client may have gone; nothing to do then.
+            let _ = sender.send(event);
+        }
     }
 
     async fn run_driver(self: Arc<Self>) {
@@ -106,12 +136,8 @@ impl Shared {
                             handle.abort();
                         }
                     }
-                    EstateOutput::Respond { waiter, response } => {
-                        if let Some(sender) = self.waiters().remove(&waiter) {
-                            // The client may have gone; nothing to do then.
-                            let _ = sender.send(response);
-                        }
-                    }
+                    EstateOutput::Respond { waiter, response } => self.tell(waiter, WaiterEvent::Respond(response)),
+                    EstateOutput::Resume { waiter } => self.tell(waiter, WaiterEvent::Resume),
                 }
             }
             tokio::select! {

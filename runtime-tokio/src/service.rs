@@ -12,24 +12,29 @@ use hyper::body::Incoming;
 use pdbmux_core::{ClientRequest, Exchange, ExchangeOutput, Response, ResponseBody, UpstreamFailure, UpstreamId};
 
 use crate::body;
-use crate::estate_task::{Admitted, Shared};
+use crate::estate_task::{Admitted, Shared, WaiterEvent};
 use crate::upstream::HeldBody;
 
 /// Answers one client request. Never fails: every outcome is an HTTP response.
 pub async fn handle(shared: Arc<Shared>, request: http::Request<Incoming>) -> Result<http::Response<body::ResponseBody>, Infallible> {
     let started = Instant::now();
     let client_request = client_request(&request);
-    let admission = shared.admit(started, &client_request);
-    let response = match admission {
-        Admitted::Respond(response) => into_hyper(response, None),
-        Admitted::Exchange(exchange) => drive(&shared, exchange).await,
-        Admitted::Wait(receiver) => match receiver.await {
-            Ok(response) => into_hyper(response, None),
-            Err(_) => into_hyper(
-                Response::text(http::StatusCode::SERVICE_UNAVAILABLE, "pdbmux: shutting down"),
-                None,
-            ),
-        },
+    let mut admission = shared.admit(started, &client_request);
+    let response = loop {
+        match admission {
+            Admitted::Respond(response) => break into_hyper(response, None),
+            Admitted::Exchange(exchange) => break drive(&shared, exchange).await,
+            Admitted::Wait(receiver) => match receiver.await {
+                Ok(WaiterEvent::Respond(response)) => break into_hyper(response, None),
+                Ok(WaiterEvent::Resume) => admission = shared.readmit(Instant::now(), &client_request),
+                Err(_) => {
+                    break into_hyper(
+                        Response::text(http::StatusCode::SERVICE_UNAVAILABLE, "pdbmux: shutting down"),
+                        None,
+                    )
+                }
+            },
+        }
     };
     tracing::info!(
         target: "pdbmux::access",

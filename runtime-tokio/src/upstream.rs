@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{ACCEPT, CONTENT_LENGTH, USER_AGENT};
+use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT};
 use http::{HeaderValue, Request};
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -19,7 +19,7 @@ use pdbmux_core::{BackendId, BodyMode, UpstreamBody, UpstreamFailure, UpstreamRe
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-type HttpsClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// Why a backend's client could not be built at startup.
 #[derive(Debug, thiserror::Error)]
@@ -85,12 +85,16 @@ impl Upstreams {
     pub async fn send(&self, request: &UpstreamRequest) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
         let backend = self.backend(request.backend)?;
         let uri = format!("{}{}", backend.base, request.path_and_query);
-        let http_request = Request::builder()
+        let mut builder = Request::builder()
             .method(request.method.clone())
             .uri(&uri)
             .header(ACCEPT, HeaderValue::from_static("application/json"))
-            .header(USER_AGENT, concat!("pdbmux/", env!("CARGO_PKG_VERSION")))
-            .body(Empty::<Bytes>::new())
+            .header(USER_AGENT, concat!("pdbmux/", env!("CARGO_PKG_VERSION")));
+        if request.body.is_some() {
+            builder = builder.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        }
+        let http_request = builder
+            .body(Full::new(request.body.clone().unwrap_or_default()))
             .map_err(|e| UpstreamFailure::Transport(format!("bad upstream request: {e}")))?;
         let response = backend.client.request(http_request).await.map_err(classify_client_error)?;
         let (parts, body) = response.into_parts();
