@@ -10,8 +10,8 @@ use http::header::{HeaderName, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use pdbmux_core::config::Config;
 use pdbmux_core::{
-    Admission, BackendId, BodyMode, ClientRequest, Estate, EstateOutput, Exchange, ExchangeOutput, Response,
-    ResponseBody, UpstreamBody, UpstreamId, UpstreamRequest, UpstreamResponse, WaiterId,
+    Admission, BackendId, BodyMode, ClientRequest, Estate, EstateOutput, Exchange, ExchangeOutput,
+    Response, ResponseBody, UpstreamBody, UpstreamId, UpstreamRequest, UpstreamResponse, WaiterId,
 };
 
 use crate::error::HarnessError;
@@ -132,7 +132,8 @@ impl Event {
 /// of the machines' `poll_timeout` and the next scripted reply (a reply due at the same instant
 /// as a deadline is delivered first). After every input the harness drains the machine's
 /// `poll_output` and acts on each output as a runtime would: a `Send` asks the backend's script,
-/// a `Cancel` drops the scheduled reply and any held body, a respond is recorded for its client.
+/// a `Cancel` drops the scheduled reply and any held body (see [`Harness::set_late_answers`]), a
+/// respond is recorded for its client.
 /// A run is deterministic: no hash order, no real clock after construction.
 #[derive(Debug)]
 pub struct Harness {
@@ -148,6 +149,7 @@ pub struct Harness {
     sends: Vec<SentRequest>,
     transcript: Transcript,
     seq: u64,
+    late_answers: bool,
     failure: Option<HarnessError>,
 }
 
@@ -180,8 +182,16 @@ impl Harness {
             sends: Vec::new(),
             transcript: Transcript::default(),
             seq: 0,
+            late_answers: false,
             failure: None,
         })
+    }
+
+    /// Models the race where an answer is already on its way when the core cancels it: with
+    /// `on`, a cancelled request that has a scripted reply is still delivered at its due time, and
+    /// the core must ignore it (and cancel a held body again). Off by default.
+    pub fn set_late_answers(&mut self, on: bool) {
+        self.late_answers = on;
     }
 
     /// The configuration the estate runs on.
@@ -260,6 +270,13 @@ impl Harness {
             gone: false,
             responses: Vec::new(),
         });
+        self.admitted(id, admission);
+        self.drain(Machine::Estate);
+        id
+    }
+
+    /// Acts on the estate's decision about a client's request.
+    fn admitted(&mut self, id: ClientId, admission: Admission) {
         match admission {
             Admission::Respond(response) => self.record_response(id, response),
             Admission::Exchange(exchange) => {
@@ -271,8 +288,18 @@ impl Harness {
                 self.waiters.insert(waiter, id);
             }
         }
-        self.drain(Machine::Estate);
-        id
+    }
+
+    /// The estate resumed a waiting client: admit its request again.
+    fn resume(&mut self, waiter: WaiterId) {
+        let Some(id) = self.waiters.remove(&waiter) else {
+            return self.fail(HarnessError::UnknownWaiter(waiter.to_string()));
+        };
+        self.log(format!("{id} resume ({waiter})"));
+        self.clients[id.0].waiter = None;
+        let request = self.clients[id.0].request.clone();
+        let admission = self.estate.readmit(self.now, &request);
+        self.admitted(id, admission);
     }
 
     /// Submits `GET target`.
@@ -285,7 +312,12 @@ impl Harness {
     pub fn disconnect(&mut self, client: ClientId) -> Result<(), HarnessError> {
         self.client(client)?;
         let machine = Machine::Exchange(client);
-        let aborted: Vec<Key> = self.in_flight.keys().filter(|(m, _)| *m == machine).copied().collect();
+        let aborted: Vec<Key> = self
+            .in_flight
+            .keys()
+            .filter(|(m, _)| *m == machine)
+            .copied()
+            .collect();
         let mut line = format!("{client} gone");
         if !aborted.is_empty() {
             let ids: Vec<String> = aborted.iter().map(|(_, id)| id.to_string()).collect();
@@ -339,11 +371,19 @@ impl Harness {
             }
         }
         if !self.in_flight.is_empty() {
-            let keys: Vec<String> = self.in_flight.keys().map(|(m, id)| format!("{m} {id}")).collect();
+            let keys: Vec<String> = self
+                .in_flight
+                .keys()
+                .map(|(m, id)| format!("{m} {id}"))
+                .collect();
             return Err(HarnessError::LeftInFlight(keys.join(", ")));
         }
         if !self.held.is_empty() {
-            let keys: Vec<String> = self.held.keys().map(|(m, id)| format!("{m} {id}")).collect();
+            let keys: Vec<String> = self
+                .held
+                .keys()
+                .map(|(m, id)| format!("{m} {id}"))
+                .collect();
             return Err(HarnessError::LeakedHeldBodies(keys.join(", ")));
         }
         Ok(())
@@ -442,7 +482,10 @@ impl Harness {
             self.drain(machine);
             let next = match machine {
                 Machine::Estate => self.estate.poll_timeout(),
-                Machine::Exchange(client) => self.clients[client.0].exchange.as_ref().and_then(Exchange::poll_timeout),
+                Machine::Exchange(client) => self.clients[client.0]
+                    .exchange
+                    .as_ref()
+                    .and_then(Exchange::poll_timeout),
             };
             if let Some(at) = next.filter(|at| *at <= self.now) {
                 let at = at.saturating_duration_since(self.start);
@@ -476,12 +519,17 @@ impl Harness {
                     Ok(headers) => headers,
                     Err(error) => return self.fail(error),
                 };
-                let held = flight.body_mode == BodyMode::StreamSuccess && answer.status.is_success();
+                let held =
+                    flight.body_mode == BodyMode::StreamSuccess && answer.status.is_success();
                 let content_type = answer.content_type.as_deref().unwrap_or("-");
                 let extra = if answer.headers.is_empty() {
                     String::new()
                 } else {
-                    let pairs: Vec<String> = answer.headers.iter().map(|(n, v)| format!("{n}={v}")).collect();
+                    let pairs: Vec<String> = answer
+                        .headers
+                        .iter()
+                        .map(|(n, v)| format!("{n}={v}"))
+                        .collect();
                     format!(" [{}]", pairs.join(" "))
                 };
                 self.log(format!(
@@ -506,7 +554,9 @@ impl Harness {
         let now = self.now;
         match machine {
             Machine::Estate => match input {
-                Input::Response(response) => self.estate.handle_upstream_response(now, id, response),
+                Input::Response(response) => {
+                    self.estate.handle_upstream_response(now, id, response)
+                }
                 Input::Failure(failure) => self.estate.handle_upstream_failure(now, id, failure),
             },
             Machine::Exchange(client) => {
@@ -514,7 +564,9 @@ impl Harness {
                     return;
                 };
                 match input {
-                    Input::Response(response) => exchange.handle_upstream_response(now, id, response),
+                    Input::Response(response) => {
+                        exchange.handle_upstream_response(now, id, response)
+                    }
                     Input::Failure(failure) => exchange.handle_upstream_failure(now, id, failure),
                 }
             }
@@ -530,10 +582,13 @@ impl Harness {
                     match output {
                         EstateOutput::Send(request) => self.on_send(machine, request),
                         EstateOutput::Cancel(id) => self.on_cancel(machine, id),
-                        EstateOutput::Respond { waiter, response } => match self.waiters.remove(&waiter) {
-                            Some(client) => self.record_response(client, response),
-                            None => self.fail(HarnessError::UnknownWaiter(waiter.to_string())),
-                        },
+                        EstateOutput::Respond { waiter, response } => {
+                            match self.waiters.remove(&waiter) {
+                                Some(client) => self.record_response(client, response),
+                                None => self.fail(HarnessError::UnknownWaiter(waiter.to_string())),
+                            }
+                        }
+                        EstateOutput::Resume { waiter } => self.resume(waiter),
                     }
                 }
             }
@@ -541,7 +596,8 @@ impl Harness {
                 let Some(exchange) = self.clients[client.0].exchange.as_mut() else {
                     return;
                 };
-                let outputs: Vec<ExchangeOutput> = std::iter::from_fn(|| exchange.poll_output()).collect();
+                let outputs: Vec<ExchangeOutput> =
+                    std::iter::from_fn(|| exchange.poll_output()).collect();
                 for output in outputs {
                     match output {
                         ExchangeOutput::Send(request) => self.on_send(machine, request),
@@ -568,7 +624,7 @@ impl Harness {
                 backend: request.backend.0,
             });
         };
-        let reply = backend.script.next_reply(&request.path_and_query);
+        let reply = backend.reply_to(&request.path_and_query);
         let name = backend.name.clone();
         let mode = match request.body_mode {
             BodyMode::Buffer => "buffer",
@@ -579,7 +635,10 @@ impl Harness {
             request.id,
             request.method,
             target_text(&request.path_and_query),
-            request.deadline.saturating_duration_since(self.start).as_millis()
+            request
+                .deadline
+                .saturating_duration_since(self.start)
+                .as_millis()
         ));
         let Some(reply) = reply else {
             return self.fail(HarnessError::ScriptExhausted {
@@ -618,12 +677,21 @@ impl Harness {
                 id: id.to_string(),
             });
         }
-        self.in_flight.remove(&key);
+        let late = self.late_answers
+            && self
+                .in_flight
+                .get(&key)
+                .is_some_and(|flight| flight.due.is_some());
+        if !late {
+            self.in_flight.remove(&key);
+        }
         let dropped = self.held.remove(&key).is_some();
-        self.log(format!(
-            "{machine} cancel {id}{}",
-            if dropped { " (held body dropped)" } else { "" }
-        ));
+        let note = match (dropped, late) {
+            (true, _) => " (held body dropped)",
+            (false, true) => " (its answer is already on the way)",
+            (false, false) => "",
+        };
+        self.log(format!("{machine} cancel {id}{note}"));
     }
 
     fn record_response(&mut self, client: ClientId, response: Response) {
@@ -677,7 +745,8 @@ fn answer_headers(answer: &Answer) -> Result<HeaderMap, HarnessError> {
         value: value.to_owned(),
     };
     if let Some(content_type) = &answer.content_type {
-        let value = HeaderValue::from_str(content_type).map_err(|_| bad("content-type", content_type))?;
+        let value =
+            HeaderValue::from_str(content_type).map_err(|_| bad("content-type", content_type))?;
         headers.insert(CONTENT_TYPE, value);
     }
     for (name, value) in &answer.headers {
@@ -686,4 +755,67 @@ fn answer_headers(answer: &Answer) -> Result<HeaderMap, HarnessError> {
         headers.append(header_name, header_value);
     }
     Ok(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::script::{ms, Reply};
+
+    fn one_backend(replies: Vec<Reply>) -> Harness {
+        Harness::new(vec![FakeBackend::queue("pdb-a", "http://a:8080", replies)]).expect("valid")
+    }
+
+    #[test]
+    fn the_step_budget_turns_a_hang_into_an_error() {
+        let mut h = one_backend(vec![Reply::never()]);
+        let c = h.get("/pdb/meta/v1/version");
+        assert!(matches!(
+            h.drive_bounded(0),
+            Err(HarnessError::Livelock { steps: 0, .. })
+        ));
+        assert_eq!(h.drive_bounded(10), Ok(1));
+        assert_eq!(h.response(c).map(|r| r.status), Ok(StatusCode::BAD_GATEWAY));
+        assert_eq!(h.elapsed(), crate::DEFAULT_TIMEOUT);
+        assert_eq!(h.check_quiescent(), Ok(()));
+    }
+
+    #[test]
+    fn an_exhausted_script_fails_the_run() {
+        let mut h = one_backend(vec![]);
+        h.get("/pdb/meta/v1/version");
+        assert!(matches!(
+            h.drive_bounded(10),
+            Err(HarnessError::ScriptExhausted { .. })
+        ));
+    }
+
+    #[test]
+    fn the_clock_jumps_to_the_next_event_and_run_until_stops_there() {
+        let mut h = one_backend(vec![Reply::ok(r#"{"version":"1"}"#).after(ms(7))]);
+        let c = h.get("/pdb/meta/v1/version");
+        assert_eq!(h.run_until(ms(3), 10), Ok(0));
+        assert_eq!(h.elapsed(), ms(3));
+        assert_eq!(h.drive_bounded(10), Ok(1));
+        assert_eq!(h.elapsed(), ms(7));
+        assert_eq!(h.response(c).map(|r| r.at), Ok(ms(7)));
+    }
+
+    #[test]
+    fn a_client_that_left_has_no_response() {
+        let mut h = one_backend(vec![Reply::never()]);
+        let c = h.get("/pdb/query/v4/inventory");
+        assert_eq!(h.disconnect(c), Ok(()));
+        assert_eq!(h.drive_bounded(10), Ok(0));
+        assert!(matches!(
+            h.response(c),
+            Err(HarnessError::ResponseCount { count: 0, .. })
+        ));
+        assert_eq!(h.check_quiescent(), Ok(()));
+        assert!(
+            h.transcript().contains("c0 gone (aborted u0)"),
+            "{}",
+            h.transcript()
+        );
+    }
 }

@@ -33,4 +33,6 @@ pub use error::HarnessError;
 pub use harness::{ClientId, ClientResponse, Harness, Machine, SentRequest};
 pub use script::{ms, Answer, FakeBackend, Reply, ReplyOutcome, Script};
 pub use setup::{config_for, parse_backend_url, DEFAULT_TIMEOUT};
-pub use transcript::{body_text, headers_text, target_text, Transcript};
+pub use transcript::{
+    body_text, headers_text, target_text, Transcript, MAX_BODY_CHARS, MAX_TARGET_CHARS,
+};

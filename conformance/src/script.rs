@@ -181,6 +181,8 @@ pub struct FakeBackend {
     pub url: String,
     /// What it answers.
     pub script: Script,
+    /// Fixed replies for exact paths (for example the membership query), asked before `script`.
+    pub fixed: Vec<(String, Reply)>,
 }
 
 impl FakeBackend {
@@ -190,6 +192,24 @@ impl FakeBackend {
             name: name.to_owned(),
             url: url.to_owned(),
             script,
+            fixed: Vec::new(),
+        }
+    }
+
+    /// The same backend, answering every request for exactly `path_and_query` with `reply`
+    /// instead of asking its script.
+    #[must_use]
+    pub fn on(mut self, path_and_query: &str, reply: Reply) -> FakeBackend {
+        self.fixed.push((path_and_query.to_owned(), reply));
+        self
+    }
+
+    /// The reply to a request for `path_and_query`: a fixed one, else the script's next; `None`
+    /// when the script has run out.
+    pub fn reply_to(&mut self, path_and_query: &str) -> Option<Reply> {
+        match self.fixed.iter().find(|(path, _)| path == path_and_query) {
+            Some((_, reply)) => Some(reply.clone()),
+            None => self.script.next_reply(path_and_query),
         }
     }
 
@@ -209,7 +229,11 @@ impl FakeBackend {
     }
 
     /// A backend whose reply is a function of the request's path and query.
-    pub fn by_path(name: &str, url: &str, function: impl FnMut(&str) -> Reply + Send + 'static) -> FakeBackend {
+    pub fn by_path(
+        name: &str,
+        url: &str,
+        function: impl FnMut(&str) -> Reply + Send + 'static,
+    ) -> FakeBackend {
         FakeBackend::new(name, url, Script::ByPath(Box::new(function)))
     }
 }

@@ -73,12 +73,25 @@ mod tests {
     #[test]
     fn urls() {
         let url = parse_backend_url("http://pdb1.example.com").expect("valid");
-        assert_eq!((url.scheme.as_str(), url.host.as_str(), url.port), ("http", "pdb1.example.com", None));
+        assert_eq!(
+            (url.scheme.as_str(), url.host.as_str(), url.port),
+            ("http", "pdb1.example.com", None)
+        );
         let url = parse_backend_url("HTTP://[::1]:8080/").expect("valid");
-        assert_eq!((url.scheme.as_str(), url.host.as_str(), url.port), ("http", "::1", Some(8080)));
+        assert_eq!(
+            (url.scheme.as_str(), url.host.as_str(), url.port),
+            ("http", "::1", Some(8080))
+        );
         let url = parse_backend_url("https://PDB2.Example.COM:8081").expect("valid");
         assert_eq!(url.host, "PDB2.Example.COM");
-        for bad in ["pdb1:8080", "ftp://x", "http://", "http://x:port", "http://[::1", "http://x/y"] {
+        for bad in [
+            "pdb1:8080",
+            "ftp://x",
+            "http://",
+            "http://x:port",
+            "http://[::1",
+            "http://x/y",
+        ] {
             assert!(parse_backend_url(bad).is_err(), "{bad}");
         }
     }

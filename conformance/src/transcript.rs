@@ -19,7 +19,8 @@ pub struct Transcript {
 impl Transcript {
     /// Appends a line stamped with the time since the start.
     pub fn push(&mut self, at: Duration, line: impl AsRef<str>) {
-        self.lines.push(format!("+{}ms {}", at.as_millis(), line.as_ref()));
+        self.lines
+            .push(format!("+{}ms {}", at.as_millis(), line.as_ref()));
     }
 
     /// The lines so far.
@@ -73,7 +74,12 @@ pub fn target_text(target: &str) -> String {
 pub fn headers_text(headers: &HeaderMap) -> String {
     let mut pairs: Vec<(String, String)> = headers
         .iter()
-        .map(|(name, value)| (name.as_str().to_owned(), String::from_utf8_lossy(value.as_bytes()).into_owned()))
+        .map(|(name, value)| {
+            (
+                name.as_str().to_owned(),
+                String::from_utf8_lossy(value.as_bytes()).into_owned(),
+            )
+        })
         .collect();
     pairs.sort();
     pairs
@@ -92,7 +98,10 @@ mod tests {
         assert_eq!(body_text(b"a\nb\r\t\x01"), "a\\nb\\r\\t\\u{1}");
         let long = "x".repeat(MAX_BODY_CHARS + 10);
         let text = body_text(long.as_bytes());
-        assert!(text.ends_with(&format!("…({} bytes)", MAX_BODY_CHARS + 10)), "{text}");
+        assert!(
+            text.ends_with(&format!("…({} bytes)", MAX_BODY_CHARS + 10)),
+            "{text}"
+        );
         assert_eq!(target_text("/a?b"), "/a?b");
     }
 }

@@ -16,7 +16,11 @@ fn all_reachable_is_ok_200() {
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::OK);
-    assert!(response.body_str().starts_with(r#"{"status":"ok""#), "{}", response.body_str());
+    assert!(
+        response.body_str().starts_with(r#"{"status":"ok""#),
+        "{}",
+        response.body_str()
+    );
     insta::assert_snapshot!(transcript);
 }
 
@@ -30,7 +34,11 @@ fn one_down_is_degraded_200() {
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::OK);
-    assert!(response.body_str().starts_with(r#"{"status":"degraded""#), "{}", response.body_str());
+    assert!(
+        response.body_str().starts_with(r#"{"status":"degraded""#),
+        "{}",
+        response.body_str()
+    );
     insta::assert_snapshot!(transcript);
 }
 
@@ -42,7 +50,11 @@ fn all_down_is_down_503() {
         FakeBackend::queue(
             "pdb-b",
             URL_B,
-            [Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "broken at pdb-b.example.com:8080").after(ms(2))],
+            [Reply::text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "broken at pdb-b.example.com:8080",
+            )
+            .after(ms(2))],
         ),
         FakeBackend::queue("pdb-c", "http://10.0.0.3:8080", [Reply::never()]),
     ]);
@@ -50,8 +62,15 @@ fn all_down_is_down_503() {
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(response.body_str().starts_with(r#"{"status":"down""#), "{}", response.body_str());
-    assert!(!response.body_str().contains("example.com"), "addresses are scrubbed");
+    assert!(
+        response.body_str().starts_with(r#"{"status":"down""#),
+        "{}",
+        response.body_str()
+    );
+    assert!(
+        !response.body_str().contains("example.com"),
+        "addresses are scrubbed"
+    );
     assert_eq!(response.at, h.config().timeout);
     insta::assert_snapshot!(transcript);
 }
@@ -66,7 +85,11 @@ fn concurrent_calls_share_one_check() {
     h.run_until(ms(2), common::STEPS).expect("runs");
     let second = h.get("/healthz");
     let transcript = finish(&mut h);
-    assert_eq!(h.sends().len(), 2, "one set of upstream sends:\n{transcript}");
+    assert_eq!(
+        h.sends().len(),
+        2,
+        "one set of upstream sends:\n{transcript}"
+    );
     assert!(h.sends().iter().all(|s| s.machine == Machine::Estate));
     let a = h.response(first).expect("one response");
     let b = h.response(second).expect("one response");
@@ -77,7 +100,11 @@ fn concurrent_calls_share_one_check() {
 
 #[test]
 fn a_check_after_the_last_one_finished_asks_again() {
-    let mut h = harness(vec![FakeBackend::always("pdb-a", URL_A, version("7.12.1").after(ms(1)))]);
+    let mut h = harness(vec![FakeBackend::always(
+        "pdb-a",
+        URL_A,
+        version("7.12.1").after(ms(1)),
+    )]);
     let first = h.get("/healthz");
     h.run_until(ms(5), common::STEPS).expect("runs");
     let second = h.get("/healthz");
@@ -89,7 +116,11 @@ fn a_check_after_the_last_one_finished_asks_again() {
 
 #[test]
 fn a_waiter_that_left_gets_nothing_and_the_other_is_answered() {
-    let mut h = harness(vec![FakeBackend::queue("pdb-a", URL_A, [version("7.12.1").after(ms(5))])]);
+    let mut h = harness(vec![FakeBackend::queue(
+        "pdb-a",
+        URL_A,
+        [version("7.12.1").after(ms(5))],
+    )]);
     let first = h.get("/healthz");
     let second = h.get("/healthz");
     h.disconnect(first).expect("known client");

@@ -16,15 +16,26 @@ fn server_time(stamp: &str) -> Reply {
 #[test]
 fn server_time_first_in_order_answers_before_slower_later_backends() {
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [server_time("2024-05-01T10:00:00.000Z").after(ms(10))]),
-        FakeBackend::queue("pdb-b", URL_B, [server_time("2024-05-01T10:00:01.000Z").after(ms(500))]),
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [server_time("2024-05-01T10:00:00.000Z").after(ms(10))],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [server_time("2024-05-01T10:00:01.000Z").after(ms(500))],
+        ),
         FakeBackend::queue("pdb-c", URL_C, [Reply::never()]),
     ]);
     let c = h.get(SERVER_TIME);
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.at, ms(10));
-    assert_eq!(response.body_str(), r#"{"server_time":"2024-05-01T10:00:00.000Z"}"#);
+    assert_eq!(
+        response.body_str(),
+        r#"{"server_time":"2024-05-01T10:00:00.000Z"}"#
+    );
     insta::assert_snapshot!(transcript);
 }
 
@@ -32,15 +43,30 @@ fn server_time_first_in_order_answers_before_slower_later_backends() {
 fn server_time_waits_for_the_first_in_order() {
     // pdb-b is faster, but pdb-a comes first in configured order and does answer.
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [server_time("2024-05-01T10:00:00.000Z").after(ms(50))]),
-        FakeBackend::queue("pdb-b", URL_B, [server_time("2024-05-01T10:00:09.000Z").after(ms(5))]),
-        FakeBackend::queue("pdb-c", URL_C, [server_time("2024-05-01T10:00:09.000Z").after(ms(900))]),
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [server_time("2024-05-01T10:00:00.000Z").after(ms(50))],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [server_time("2024-05-01T10:00:09.000Z").after(ms(5))],
+        ),
+        FakeBackend::queue(
+            "pdb-c",
+            URL_C,
+            [server_time("2024-05-01T10:00:09.000Z").after(ms(900))],
+        ),
     ]);
     let c = h.get(SERVER_TIME);
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.at, ms(50));
-    assert_eq!(response.body_str(), r#"{"server_time":"2024-05-01T10:00:00.000Z"}"#);
+    assert_eq!(
+        response.body_str(),
+        r#"{"server_time":"2024-05-01T10:00:00.000Z"}"#
+    );
     insta::assert_snapshot!(transcript);
 }
 
@@ -48,13 +74,20 @@ fn server_time_waits_for_the_first_in_order() {
 fn server_time_skips_an_unreachable_first_backend() {
     let mut h = harness(vec![
         FakeBackend::queue("pdb-a", URL_A, [Reply::refused().after(ms(1))]),
-        FakeBackend::queue("pdb-b", URL_B, [server_time("2024-05-01T10:00:09.000Z").after(ms(5))]),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [server_time("2024-05-01T10:00:09.000Z").after(ms(5))],
+        ),
     ]);
     let c = h.get(SERVER_TIME);
     finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(response.body_str(), r#"{"server_time":"2024-05-01T10:00:09.000Z"}"#);
+    assert_eq!(
+        response.body_str(),
+        r#"{"server_time":"2024-05-01T10:00:09.000Z"}"#
+    );
 }
 
 #[test]
@@ -77,7 +110,12 @@ fn version_unparseable_body_skipped() {
         FakeBackend::queue(
             "pdb-a",
             URL_A,
-            [Reply::answer(StatusCode::OK, Some("text/html"), "<html>maintenance</html>").after(ms(2))],
+            [Reply::answer(
+                StatusCode::OK,
+                Some("text/html"),
+                "<html>maintenance</html>",
+            )
+            .after(ms(2))],
         ),
         FakeBackend::queue("pdb-b", URL_B, [version("8.4.0").after(ms(4))]),
     ]);
@@ -98,5 +136,8 @@ fn version_only_unparseable_bodies_is_502() {
     ]);
     let c = h.get("/pdb/meta/v1/version");
     finish(&mut h);
-    assert_eq!(h.response(c).expect("one response").status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        h.response(c).expect("one response").status,
+        StatusCode::BAD_GATEWAY
+    );
 }

@@ -17,7 +17,8 @@ const TIMEOUT_MS: u64 = 1_000;
 const STEPS: usize = 10_000;
 
 fn harness(backends: Vec<FakeBackend>) -> Harness {
-    Harness::with_config(backends, |config| config.timeout = ms(TIMEOUT_MS)).expect("valid test backends")
+    Harness::with_config(backends, |config| config.timeout = ms(TIMEOUT_MS))
+        .expect("valid test backends")
 }
 
 fn name(index: usize) -> String {
@@ -66,14 +67,40 @@ fn malformed(path: &str) -> bool {
 }
 
 fn path_segment() -> impl Strategy<Value = String> {
-    let named = select(vec![
-        "..", ".", "%2e", "%2E%2e", ".%2e", "%2f", "a%2fb", "%2F", "%5c", "a%5Cb", "\\", "", "admin", "cmd",
-        "status", "nodes", "facts", "version", "server-time", "archive", "web1", "..;", "v4", "v1", "pdb",
-        "query", "meta", "metrics", "%252e", "summary-stats", "services", "list", "read", "mbeans",
-        "java.lang:type=Memory", "events", "logs", "abc123", "healthz",
+    let tricky = select(vec![
+        "..", ".", "%2e", "%2E%2e", ".%2e", "%2f", "a%2fb", "%2F", "%5c", "a%5Cb", "\\", "", "..;",
+        "%252e",
     ])
     .prop_map(str::to_owned);
-    prop_oneof![4 => named, 1 => "[a-z0-9.%;-]{0,6}"]
+    let benign = select(vec![
+        "admin",
+        "cmd",
+        "status",
+        "nodes",
+        "facts",
+        "version",
+        "server-time",
+        "archive",
+        "web1",
+        "v4",
+        "v1",
+        "pdb",
+        "query",
+        "meta",
+        "metrics",
+        "summary-stats",
+        "services",
+        "list",
+        "read",
+        "mbeans",
+        "java.lang:type=Memory",
+        "events",
+        "logs",
+        "abc123",
+        "healthz",
+    ])
+    .prop_map(str::to_owned);
+    prop_oneof![2 => tricky, 3 => benign, 1 => "[a-z0-9.%;-]{0,6}"]
 }
 
 fn request_path() -> impl Strategy<Value = String> {
@@ -99,7 +126,7 @@ fn request_path() -> impl Strategy<Value = String> {
         "",
         "pdb/query/v4",
     ]);
-    (prefix, prop::collection::vec(path_segment(), 0..4)).prop_map(|(prefix, segments)| {
+    (prefix, prop::collection::vec(path_segment(), 0..3)).prop_map(|(prefix, segments)| {
         let mut path = prefix.to_owned();
         for segment in segments {
             path.push('/');
@@ -113,25 +140,24 @@ fn request_path() -> impl Strategy<Value = String> {
 }
 
 fn client_request() -> impl Strategy<Value = ClientRequest> {
-    let query = select(vec!["", "?query=..%2f..", "?query=%5B%5D", "?x=/../pdb/admin/v1/archive"]);
-    let method = select(vec![
-        Method::GET,
-        Method::GET,
-        Method::GET,
-        Method::GET,
-        Method::POST,
-        Method::HEAD,
-        Method::PUT,
-        Method::DELETE,
-        Method::OPTIONS,
-        Method::PATCH,
+    let query = select(vec![
+        "",
+        "?query=..%2f..",
+        "?query=%5B%5D",
+        "?x=/../pdb/admin/v1/archive",
     ]);
-    let header_count = select(vec![0usize, 3, 100, 101]);
-    (request_path(), query, method, header_count).prop_map(|(path, query, method, header_count)| ClientRequest {
-        method,
-        target: format!("{path}{query}"),
-        header_count,
-        header_bytes: header_count * 20,
+    let method = prop_oneof![
+        6 => Just(Method::GET),
+        1 => select(vec![Method::POST, Method::HEAD, Method::PUT, Method::DELETE, Method::OPTIONS, Method::PATCH]),
+    ];
+    let header_count = select(vec![0usize, 0, 0, 3, 100, 101]);
+    (request_path(), query, method, header_count).prop_map(|(path, query, method, header_count)| {
+        ClientRequest {
+            method,
+            target: format!("{path}{query}"),
+            header_count,
+            header_bytes: header_count * 20,
+        }
     })
 }
 
@@ -186,8 +212,11 @@ const VERSION_BODIES: [&str; 7] = [
 
 /// A reply without latency: an answer with a generated status and body, a failure, or silence.
 fn outcome() -> impl Strategy<Value = Reply> {
-    let answer = (select(vec![200u16, 400, 404, 500, 502]), select(VERSION_BODIES.to_vec())).prop_map(
-        |(status, body)| {
+    let answer = (
+        select(vec![200u16, 400, 404, 500, 502]),
+        select(VERSION_BODIES.to_vec()),
+    )
+        .prop_map(|(status, body)| {
             let status = StatusCode::from_u16(status).expect("generated from valid codes");
             if status.is_success() {
                 Reply::ok(body)
@@ -195,8 +224,7 @@ fn outcome() -> impl Strategy<Value = Reply> {
                 // Error bodies differ per status only, so a unanimous status has one body.
                 Reply::text(status, format!("error {}", status.as_u16()))
             }
-        },
-    );
+        });
     prop_oneof![
         6 => answer,
         1 => Just(Reply::refused()),
@@ -231,6 +259,7 @@ proptest! {
     fn every_request_gets_exactly_one_response(
         scripts in prop::collection::vec(prop::collection::vec(timed_reply(), 1..4), 1..=4),
         clients in prop::collection::vec((select(TARGETS.to_vec()), 0..TIMEOUT_MS), 1..6),
+        late_answers in any::<bool>(),
     ) {
         let backends = scripts.len();
         let mut h = harness(
@@ -240,6 +269,7 @@ proptest! {
                 .map(|(index, replies)| FakeBackend::cycle(&name(index), &url(index), replies))
                 .collect(),
         );
+        h.set_late_answers(late_answers);
         let mut clients = clients;
         clients.sort_by_key(|(_, offset)| *offset);
         let mut ids = Vec::new();
@@ -281,14 +311,22 @@ fn fan_out(target: &str, outcomes: &[Reply], latencies: &[u64]) -> Result<Answer
         .zip(latencies)
         .enumerate()
         .map(|(index, (reply, latency))| {
-            FakeBackend::queue(&name(index), &url(index), [reply.clone().after(ms(*latency))])
+            FakeBackend::queue(
+                &name(index),
+                &url(index),
+                [reply.clone().after(ms(*latency))],
+            )
         })
         .collect();
     let mut h = harness(backends);
     let client = h.get(target);
-    h.drive_bounded(STEPS).map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
-    h.check_quiescent().map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
-    let response = h.response(client).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    h.drive_bounded(STEPS)
+        .map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
+    h.check_quiescent()
+        .map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
+    let response = h
+        .response(client)
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
     Ok(Answered {
         status: response.status.as_u16(),
         body: response.body_str(),
@@ -313,14 +351,19 @@ fn failure_model(outcomes: &[Reply]) -> Answered {
     let statuses: Vec<Option<(u16, String)>> = outcomes
         .iter()
         .map(|reply| match &reply.outcome {
-            ReplyOutcome::Answer(answer) if answer.status.as_u16() >= 400 => {
-                Some((answer.status.as_u16(), String::from_utf8_lossy(&answer.body).into_owned()))
-            }
+            ReplyOutcome::Answer(answer) if answer.status.as_u16() >= 400 => Some((
+                answer.status.as_u16(),
+                String::from_utf8_lossy(&answer.body).into_owned(),
+            )),
             _ => None,
         })
         .collect();
     match statuses.first() {
-        Some(Some((status, body))) if statuses.iter().all(|s| s.as_ref().is_some_and(|(x, _)| x == status)) => {
+        Some(Some((status, body)))
+            if statuses
+                .iter()
+                .all(|s| s.as_ref().is_some_and(|(x, _)| x == status)) =>
+        {
             Answered {
                 status: *status,
                 body: body.clone(),
@@ -346,7 +389,11 @@ fn success_body(reply: &Reply) -> Option<&[u8]> {
 
 /// `/pdb/meta/v1/version`: the lowest parseable version, X-Backends counting parseable answers.
 fn version_model(outcomes: &[Reply]) -> Answered {
-    let versions: Vec<(usize, &str)> = outcomes.iter().filter_map(success_body).filter_map(version_of).collect();
+    let versions: Vec<(usize, &str)> = outcomes
+        .iter()
+        .filter_map(success_body)
+        .filter_map(version_of)
+        .collect();
     match versions.iter().min() {
         Some((_, lowest)) => Answered {
             status: 200,
@@ -422,7 +469,10 @@ fn the_models_agree_with_a_hand_picked_case() {
     let model = version_model(&outcomes);
     assert_eq!(model.body, r#"{"version":"7.12.1"}"#);
     assert_eq!(model.x_backends.as_deref(), Some("2/3"));
-    assert_eq!(server_time_model(&outcomes).body, r#"{"version":"7.12.10"}"#);
+    assert_eq!(
+        server_time_model(&outcomes).body,
+        r#"{"version":"7.12.10"}"#
+    );
     let answered = fan_out("/pdb/meta/v1/version", &outcomes, &[3, 2, 1]).expect("runs");
     assert_eq!(answered, model);
 }

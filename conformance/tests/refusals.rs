@@ -27,21 +27,33 @@ fn refusals() {
     });
     let archive = h.get("/pdb/admin/v1/archive");
     let dots = h.get("/pdb/query/v4/../../pdb/admin/v1/archive");
-    let long = h.get(&format!("/pdb/query/v4/nodes?query={}", "x".repeat(8 * 1024)));
+    let long = h.get(&format!(
+        "/pdb/query/v4/nodes?query={}",
+        "x".repeat(8 * 1024)
+    ));
     let headers = h.submit(ClientRequest {
         header_count: 101,
         ..ClientRequest::get("/pdb/query/v4/nodes")
     });
     let transcript = finish(&mut h);
-    assert!(h.sends().is_empty(), "no refusal reaches a backend:\n{transcript}");
+    assert!(
+        h.sends().is_empty(),
+        "no refusal reaches a backend:\n{transcript}"
+    );
     assert_eq!(status_of(&h, post), StatusCode::METHOD_NOT_ALLOWED);
     assert_eq!(h.response(post).expect("one").header("allow"), Some("GET"));
     assert_eq!(status_of(&h, archive), StatusCode::NOT_FOUND);
     assert_eq!(status_of(&h, dots), StatusCode::BAD_REQUEST);
     assert_eq!(status_of(&h, long), StatusCode::URI_TOO_LONG);
-    assert_eq!(status_of(&h, headers), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert_eq!(
+        status_of(&h, headers),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
     for client in [post, archive, dots, long, headers] {
-        assert_eq!(h.response(client).expect("one").at, std::time::Duration::ZERO);
+        assert_eq!(
+            h.response(client).expect("one").at,
+            std::time::Duration::ZERO
+        );
     }
     insta::assert_snapshot!(transcript);
 }
@@ -54,7 +66,10 @@ fn more_refusals_and_their_boundaries() {
         ("/status/v1/services", StatusCode::NOT_FOUND),
         ("/pdb/admin/v1/summary-stats", StatusCode::NOT_FOUND),
         ("/", StatusCode::NOT_FOUND),
-        ("/pdb/query/v4/%2e%2e/%2E%2E/pdb/admin/v1/archive", StatusCode::BAD_REQUEST),
+        (
+            "/pdb/query/v4/%2e%2e/%2E%2E/pdb/admin/v1/archive",
+            StatusCode::BAD_REQUEST,
+        ),
         ("/pdb/query/v4/./nodes", StatusCode::BAD_REQUEST),
         ("/pdb/query/v4/nodes/a%2fb", StatusCode::BAD_REQUEST),
         ("/pdb/query/v4/nodes/a%5Cb", StatusCode::BAD_REQUEST),
@@ -74,7 +89,10 @@ fn more_refusals_and_their_boundaries() {
     for (client, (target, status)) in clients.into_iter().zip(refused) {
         assert_eq!(status_of(&h, client), status, "{target}");
     }
-    assert_eq!(status_of(&h, too_big_headers), StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE);
+    assert_eq!(
+        status_of(&h, too_big_headers),
+        StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
     assert_eq!(status_of(&h, head), StatusCode::METHOD_NOT_ALLOWED);
 
     // Exactly at the limits: served.
@@ -101,6 +119,10 @@ fn dot_segments_with_path_parameters_are_refused() {
     let mut h = harness(backends());
     let c = h.get("/pdb/query/v4/..;/..;/pdb/admin/v1/archive");
     finish(&mut h);
-    assert!(h.sends().is_empty(), "forwarded upstream:\n{}", h.transcript());
+    assert!(
+        h.sends().is_empty(),
+        "forwarded upstream:\n{}",
+        h.transcript()
+    );
     assert_eq!(status_of(&h, c), StatusCode::BAD_REQUEST);
 }

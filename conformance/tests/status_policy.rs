@@ -45,7 +45,11 @@ fn one_fails_connect_refused_survivor_served() {
 fn one_times_out_at_the_core_deadline() {
     // pdb-a would answer at 2 x timeout; the core gives up at `timeout` and cancels it.
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [version("7.9.0").after(Duration::from_secs(20))]),
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [version("7.9.0").after(Duration::from_secs(20))],
+        ),
         FakeBackend::queue("pdb-b", URL_B, [version("7.12.1").after(ms(5))]),
     ]);
     let c = h.get(VERSION);
@@ -76,18 +80,29 @@ fn all_fail_is_502() {
 /// A unanimous 400 whose body mentions the first backend's address in the given form.
 fn unanimous_400(url_a: &str, body_a: &str) -> (String, String) {
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", url_a, [Reply::text(StatusCode::BAD_REQUEST, body_a.to_owned()).after(ms(3))]),
+        FakeBackend::queue(
+            "pdb-a",
+            url_a,
+            [Reply::text(StatusCode::BAD_REQUEST, body_a.to_owned()).after(ms(3))],
+        ),
         FakeBackend::queue(
             "pdb-b",
             URL_B,
-            [Reply::text(StatusCode::BAD_REQUEST, "bad query at pdb-b.example.com:8080").after(ms(4))],
+            [Reply::text(
+                StatusCode::BAD_REQUEST,
+                "bad query at pdb-b.example.com:8080",
+            )
+            .after(ms(4))],
         ),
     ]);
     let c = h.get(VERSION);
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::BAD_REQUEST);
-    assert_eq!(response.header("content-type"), Some("text/plain;charset=utf-8"));
+    assert_eq!(
+        response.header("content-type"),
+        Some("text/plain;charset=utf-8")
+    );
     (transcript, response.body_str())
 }
 
@@ -107,7 +122,10 @@ fn unanimous_400_replayed_ipv6_scrubbed() {
         "http://[::1]:8080",
         "Invalid query at http://[::1]:8080/pdb/query/v4, reached via [::1]:8080",
     );
-    assert_eq!(body, "Invalid query at pdb-a/pdb/query/v4, reached via pdb-a");
+    assert_eq!(
+        body,
+        "Invalid query at pdb-a/pdb/query/v4, reached via pdb-a"
+    );
     insta::assert_snapshot!(transcript);
 }
 
@@ -125,7 +143,11 @@ fn unanimous_400_replayed_upper_case_host_scrubbed() {
 fn unanimous_500_replayed() {
     let body = r#"{"error":"database unavailable at pdb-a.example.com:8080"}"#;
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [Reply::json(StatusCode::INTERNAL_SERVER_ERROR, body).after(ms(2))]),
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [Reply::json(StatusCode::INTERNAL_SERVER_ERROR, body).after(ms(2))],
+        ),
         FakeBackend::queue(
             "pdb-b",
             URL_B,
@@ -136,16 +158,30 @@ fn unanimous_500_replayed() {
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::INTERNAL_SERVER_ERROR);
-    assert_eq!(response.header("content-type"), Some("application/json;charset=utf-8"));
-    assert_eq!(response.body_str(), r#"{"error":"database unavailable at pdb-a"}"#);
+    assert_eq!(
+        response.header("content-type"),
+        Some("application/json;charset=utf-8")
+    );
+    assert_eq!(
+        response.body_str(),
+        r#"{"error":"database unavailable at pdb-a"}"#
+    );
     insta::assert_snapshot!(transcript);
 }
 
 #[test]
 fn split_statuses_400_500_are_502() {
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [Reply::text(StatusCode::BAD_REQUEST, "bad").after(ms(2))]),
-        FakeBackend::queue("pdb-b", URL_B, [Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "oops").after(ms(3))]),
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [Reply::text(StatusCode::BAD_REQUEST, "bad").after(ms(2))],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "oops").after(ms(3))],
+        ),
     ]);
     let c = h.get(VERSION);
     let transcript = finish(&mut h);
@@ -158,10 +194,17 @@ fn split_statuses_400_500_are_502() {
 fn a_rejection_beside_a_failure_is_502() {
     // Not unanimous: one backend answered nothing at all, so the 400 is not the estate's answer.
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [Reply::text(StatusCode::BAD_REQUEST, "bad").after(ms(2))]),
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [Reply::text(StatusCode::BAD_REQUEST, "bad").after(ms(2))],
+        ),
         FakeBackend::queue("pdb-b", URL_B, [Reply::reset().after(ms(3))]),
     ]);
     let c = h.get(VERSION);
     finish(&mut h);
-    assert_eq!(h.response(c).expect("one response").status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        h.response(c).expect("one response").status,
+        StatusCode::BAD_GATEWAY
+    );
 }

@@ -16,6 +16,7 @@
 //! its answers with expectations computed from the fixture ([`Fixture`]) or from the backends
 //! queried directly ([`Backend::get`]), never from pdbmux's own output.
 
+use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::fs::{self, File};
@@ -23,7 +24,7 @@ use std::io::Read;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{self, AtomicUsize};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -198,7 +199,12 @@ impl E2eEnv {
                 reason: format!("the suite needs two backends, got {}", backends.len()),
             });
         }
-        let bin = PathBuf::from(required("PDBMUX_E2E_BIN")?);
+        let mut bin = PathBuf::from(required("PDBMUX_E2E_BIN")?);
+        if bin.is_relative() && !bin.is_file() {
+            // cargo runs tests in the package dir; a path relative to the workspace root is
+            // what a developer types.
+            bin = Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(bin);
+        }
         if !bin.is_file() {
             return Err(Error::BadEnv {
                 name: "PDBMUX_E2E_BIN",
@@ -365,7 +371,7 @@ impl PdbmuxBuilder {
     /// Starts pdbmux on a free loopback port and waits until it accepts connections.
     ///
     /// Its environment holds only PATH, a fresh HOME/XDG_CONFIG_HOME (so no user config file is
-    /// read; PDBMUX_CONFIG is unset) and the PDBMUX_* variables of this builder. stdout and
+    /// read; PDBMUX_CONFIG is unset), NO_COLOR=1 and the PDBMUX_* variables of this builder. stdout and
     /// stderr go to a log file, shown when a test panics while the process is alive.
     pub fn spawn(self) -> Result<Pdbmux, Error> {
         static SEQ: AtomicUsize = AtomicUsize::new(0);
@@ -381,7 +387,7 @@ impl PdbmuxBuilder {
             "{}-{}-{}.log",
             self.label,
             std::process::id(),
-            SEQ.fetch_add(1, Ordering::Relaxed)
+            SEQ.fetch_add(1, atomic::Ordering::Relaxed)
         ));
         let log =
             File::create(&log_path).map_err(io_err(format!("create {}", log_path.display())))?;
@@ -403,6 +409,8 @@ impl PdbmuxBuilder {
             .env("XDG_CONFIG_HOME", &config_home)
             .env("PDBMUX_BACKENDS", &backends)
             .env("PDBMUX_LISTEN", addr.to_string())
+            // The log is a file: no terminal colours in it.
+            .env("NO_COLOR", "1")
             .envs(&self.env)
             .args(&self.args)
             .stdin(Stdio::null())
@@ -604,6 +612,66 @@ pub fn marker(label: &str) -> String {
     format!(
         "e2e-{label}-{}-{}-{nanos}",
         std::process::id(),
-        SEQ.fetch_add(1, Ordering::Relaxed)
+        SEQ.fetch_add(1, atomic::Ordering::Relaxed)
     )
+}
+
+/// Segment-wise numeric version order ("7.9.0" < "7.12.1").
+pub fn cmp_version(a: &str, b: &str) -> Ordering {
+    let parts = |v: &str| -> Vec<u64> { v.split('.').map(|s| s.parse().unwrap_or(0)).collect() };
+    parts(a).cmp(&parts(b))
+}
+
+/// Seconds since the epoch of a PuppetDB timestamp, `YYYY-MM-DDTHH:MM:SS[.fff]Z`; None for
+/// anything else.
+pub fn epoch_seconds(ts: &str) -> Option<i64> {
+    let b = ts.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[10] != b'T' || !ts.ends_with('Z') {
+        return None;
+    }
+    let n = |r: std::ops::Range<usize>| ts.get(r)?.parse::<i64>().ok();
+    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
+    let (hh, mm, ss) = (n(11..13)?, n(14..16)?, n(17..19)?);
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions_compare_segment_wise() {
+        assert_eq!(cmp_version("7.9.0", "7.12.1"), Ordering::Less);
+        assert_eq!(cmp_version("8.0.0", "7.12.1"), Ordering::Greater);
+        assert_eq!(cmp_version("7.12.1", "7.12.1"), Ordering::Equal);
+    }
+
+    #[test]
+    fn timestamps_convert_to_epoch_seconds() {
+        assert_eq!(epoch_seconds("1970-01-01T00:00:00.000Z"), Some(0));
+        assert_eq!(
+            epoch_seconds("2024-03-01T12:30:15.123Z"),
+            Some(1_709_296_215)
+        );
+        assert_eq!(epoch_seconds("2024-03-01 12:30:15"), None);
+    }
+
+    #[test]
+    fn pairs_parse_and_reject_garbage() {
+        assert_eq!(
+            parse_pairs("X", "a=http://h:1, b=http://h:2").ok(),
+            Some(vec![
+                ("a".to_owned(), "http://h:1".to_owned()),
+                ("b".to_owned(), "http://h:2".to_owned())
+            ])
+        );
+        assert!(parse_pairs("X", "a=http://h:1,nourl").is_err());
+    }
 }

@@ -5,77 +5,17 @@
 //! client certificate (D8) and /healthz. Every expectation comes from the fixture or from the
 //! backends asked directly, never from pdbmux's own output.
 
+mod common;
+
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use pdbmux_e2e::{closed_backend_url, marker, AccessLog, Backend, E2eEnv, Pdbmux, Response};
+use common::{certname_query, direct, env, get, json_of, node_of, pdbmux};
+use pdbmux_e2e::{
+    closed_backend_url, cmp_version, epoch_seconds, marker, AccessLog, Pdbmux, Response,
+};
 use serde_json::{json, Value};
-
-fn env() -> &'static E2eEnv {
-    E2eEnv::shared().expect("e2e environment (run the suite through e2e/run)")
-}
-
-fn pdbmux(label: &str) -> Pdbmux {
-    env()
-        .pdbmux()
-        .label(label)
-        .spawn()
-        .expect("start pdbmux in front of both backends")
-}
-
-fn get(p: &Pdbmux, path: &str, params: &[(&str, &str)]) -> Response {
-    p.get_query(path, params)
-        .unwrap_or_else(|e| panic!("GET {path} {params:?} through pdbmux: {e}"))
-}
-
-fn direct(b: &Backend, path: &str, params: &[(&str, &str)]) -> Response {
-    b.get_query(path, params)
-        .unwrap_or_else(|e| panic!("GET {path} {params:?} from {} directly: {e}", b.name))
-}
-
-fn json_of(r: &Response) -> Value {
-    r.json().unwrap_or_else(|e| panic!("{e}"))
-}
-
-fn certname_query(certname: &str) -> String {
-    json!(["=", "certname", certname]).to_string()
-}
-
-/// The first certname of a scenario.
-fn node_of(scenario: &str) -> &'static str {
-    env()
-        .fixture
-        .scenario(scenario)
-        .first()
-        .copied()
-        .unwrap_or_else(|| panic!("the fixture has no {scenario} node"))
-}
-
-/// Segment-wise numeric version order ("7.9.0" < "7.12.1").
-fn cmp_version(a: &str, b: &str) -> Ordering {
-    let parts = |v: &str| -> Vec<u64> { v.split('.').map(|s| s.parse().unwrap_or(0)).collect() };
-    parts(a).cmp(&parts(b))
-}
-
-/// Seconds since the epoch of `YYYY-MM-DDTHH:MM:SS[.fff]Z`.
-fn epoch_seconds(ts: &str) -> Option<i64> {
-    let b = ts.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[10] != b'T' || !ts.ends_with('Z') {
-        return None;
-    }
-    let n = |r: std::ops::Range<usize>| ts.get(r)?.parse::<i64>().ok();
-    let (y, m, d) = (n(0..4)?, n(5..7)?, n(8..10)?);
-    let (hh, mm, ss) = (n(11..13)?, n(14..16)?, n(17..19)?);
-    // Days from civil (Howard Hinnant's algorithm).
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
-}
 
 // --- meta -------------------------------------------------------------------------------------
 
@@ -503,6 +443,23 @@ fn url_over_8_kib_is_414() {
     assert_eq!(r.status, 414, "{r:?}");
 }
 
+#[test]
+fn oversized_request_headers_are_431() {
+    let p = pdbmux("headers-too-large");
+    let big = format!("X-Filler: {}\r\n", "a".repeat(17 * 1024));
+    let many: String = (0..101).map(|i| format!("X-Field-{i}: {i}\r\n")).collect();
+    for (what, headers) in [("17 KiB of headers", big), ("101 header fields", many)] {
+        let request = format!(
+            "GET /pdb/meta/v1/version HTTP/1.1\r\nHost: {}\r\n{headers}Connection: close\r\n\r\n",
+            p.addr()
+        );
+        let r = p
+            .raw(request.as_bytes())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(r.status, 431, "{what}: {r:?}");
+    }
+}
+
 // --- TLS backends (D8) ------------------------------------------------------------------------
 
 #[test]
@@ -521,7 +478,7 @@ fn https_backend_with_a_client_certificate() {
             .env("PDBMUX_TLS_KEY_FILE", &tls.key_file.to_string_lossy())
             .label(label)
             .spawn()
-            .expect("start pdbmux with a TLS backend")
+            .unwrap_or_else(|e| panic!("start pdbmux with a TLS backend: {e}"))
     };
 
     let p = with_cert("tls-only", &[("tls", tls.url.as_str())]);
@@ -568,7 +525,7 @@ fn https_backend_without_a_client_certificate_fails() {
         .env("PDBMUX_TLS_CA_FILE", &tls.ca_file.to_string_lossy())
         .label("tls-no-cert")
         .spawn()
-        .expect("start pdbmux");
+        .unwrap_or_else(|e| panic!("start pdbmux: {e}"));
     let r = get(&p, "/pdb/meta/v1/version", &[]);
     assert_eq!(r.status, 502, "{r:?}");
     drop(p);
@@ -578,7 +535,7 @@ fn https_backend_without_a_client_certificate_fails() {
         .pdbmux_with(&[("tls", tls.url.as_str())])
         .label("tls-untrusted")
         .spawn()
-        .expect("start pdbmux");
+        .unwrap_or_else(|e| panic!("start pdbmux: {e}"));
     let r = get(&p, "/pdb/meta/v1/version", &[]);
     assert_eq!(r.status, 502, "{r:?}");
 }
@@ -632,7 +589,7 @@ fn healthz_degraded_when_one_backend_is_down() {
         ])
         .label("healthz-degraded")
         .spawn()
-        .expect("start pdbmux");
+        .unwrap_or_else(|e| panic!("start pdbmux: {e}"));
     let (status, body) = healthz(&p);
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["status"], "degraded", "{body}");
@@ -657,7 +614,7 @@ fn healthz_down_when_no_backend_answers() {
         .pdbmux_with(&[("dead-1", d1.as_str()), ("dead-2", d2.as_str())])
         .label("healthz-down")
         .spawn()
-        .expect("start pdbmux");
+        .unwrap_or_else(|e| panic!("start pdbmux: {e}"));
     let (status, body) = healthz(&p);
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["status"], "down", "{body}");
