@@ -2,12 +2,9 @@
 //! a simulated clock, driven the way a runtime drives the core.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http::header::{HeaderName, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, BodyMode, ClientRequest, Estate, EstateOutput, Exchange, ExchangeOutput,
@@ -15,77 +12,10 @@ use pdbmux_core::{
 };
 
 use crate::error::HarnessError;
-use crate::script::{Answer, FakeBackend, ReplyOutcome};
+use crate::record::{ClientId, ClientResponse, Machine, SentRequest};
+use crate::script::{FakeBackend, ReplyOutcome};
 use crate::setup::config_for;
 use crate::transcript::{body_text, headers_text, target_text, Transcript};
-
-/// A submitted client request, numbered in submission order (`c0`, `c1`, …).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct ClientId(pub usize);
-
-impl fmt::Display for ClientId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "c{}", self.0)
-    }
-}
-
-/// The machine that issued an upstream request. Upstream IDs are unique per machine only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Machine {
-    /// The shared [`Estate`] (for example a `/healthz` check).
-    Estate,
-    /// The [`Exchange`] of this client's request.
-    Exchange(ClientId),
-}
-
-impl fmt::Display for Machine {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Machine::Estate => f.write_str("estate"),
-            Machine::Exchange(client) => client.fmt(f),
-        }
-    }
-}
-
-/// An upstream request the core asked for, as the harness received it.
-#[derive(Debug, Clone)]
-pub struct SentRequest {
-    /// Time since the start.
-    pub at: Duration,
-    /// Who sent it.
-    pub machine: Machine,
-    /// The backend's configured name.
-    pub backend_name: String,
-    /// The request itself.
-    pub request: UpstreamRequest,
-}
-
-/// A response a client received, with a streamed body resolved to the held bytes.
-#[derive(Debug, Clone)]
-pub struct ClientResponse {
-    /// Time since the start.
-    pub at: Duration,
-    /// The status.
-    pub status: StatusCode,
-    /// The headers the core set.
-    pub headers: HeaderMap,
-    /// The whole body (for a streamed response, the held upstream body).
-    pub body: Bytes,
-    /// The upstream answer whose held body was streamed, if any.
-    pub streamed_from: Option<UpstreamId>,
-}
-
-impl ClientResponse {
-    /// A header's value as text, if present and printable.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    /// The body as (lossy) text.
-    pub fn body_str(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
-    }
-}
 
 #[derive(Debug)]
 struct Client {
@@ -331,7 +261,8 @@ impl Harness {
         let state = &mut self.clients[client.0];
         state.gone = true;
         state.exchange = None;
-        if let Some(waiter) = state.waiter {
+        if let Some(waiter) = state.waiter.take() {
+            self.waiters.remove(&waiter);
             self.estate.handle_waiter_gone(self.now, waiter);
             self.drain(Machine::Estate);
         }
@@ -515,7 +446,7 @@ impl Harness {
                 Input::Failure(failure)
             }
             ReplyOutcome::Answer(answer) => {
-                let headers = match answer_headers(&answer) {
+                let headers = match answer.header_map() {
                     Ok(headers) => headers,
                     Err(error) => return self.fail(error),
                 };
@@ -737,28 +668,10 @@ impl Harness {
     }
 }
 
-/// The header map of a scripted answer.
-fn answer_headers(answer: &Answer) -> Result<HeaderMap, HarnessError> {
-    let mut headers = HeaderMap::new();
-    let bad = |name: &str, value: &str| HarnessError::BadHeader {
-        name: name.to_owned(),
-        value: value.to_owned(),
-    };
-    if let Some(content_type) = &answer.content_type {
-        let value =
-            HeaderValue::from_str(content_type).map_err(|_| bad("content-type", content_type))?;
-        headers.insert(CONTENT_TYPE, value);
-    }
-    for (name, value) in &answer.headers {
-        let header_name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad(name, value))?;
-        let header_value = HeaderValue::from_str(value).map_err(|_| bad(name, value))?;
-        headers.append(header_name, header_value);
-    }
-    Ok(headers)
-}
-
 #[cfg(test)]
 mod tests {
+    use http::StatusCode;
+
     use super::*;
     use crate::script::{ms, Reply};
 

@@ -25,12 +25,14 @@
 
 mod error;
 mod harness;
+mod record;
 mod script;
 mod setup;
 mod transcript;
 
 pub use error::HarnessError;
-pub use harness::{ClientId, ClientResponse, Harness, Machine, SentRequest};
+pub use harness::Harness;
+pub use record::{ClientId, ClientResponse, Machine, SentRequest};
 pub use script::{ms, Answer, FakeBackend, Reply, ReplyOutcome, Script};
 pub use setup::{config_for, parse_backend_url, DEFAULT_TIMEOUT};
 pub use transcript::{

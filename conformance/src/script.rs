@@ -9,8 +9,11 @@ use std::fmt;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::StatusCode;
+use http::header::{HeaderName, CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use pdbmux_core::{UpstreamFailure, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE};
+
+use crate::error::HarnessError;
 
 /// A scripted answer from a backend: a status line with headers and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,6 +26,29 @@ pub struct Answer {
     pub headers: Vec<(String, String)>,
     /// The whole body.
     pub body: Bytes,
+}
+
+impl Answer {
+    /// The answer's headers as an HTTP header map; an error names a header that is not valid.
+    pub fn header_map(&self) -> Result<HeaderMap, HarnessError> {
+        let mut headers = HeaderMap::new();
+        let bad = |name: &str, value: &str| HarnessError::BadHeader {
+            name: name.to_owned(),
+            value: value.to_owned(),
+        };
+        if let Some(content_type) = &self.content_type {
+            let value = HeaderValue::from_str(content_type)
+                .map_err(|_| bad("content-type", content_type))?;
+            headers.insert(CONTENT_TYPE, value);
+        }
+        for (name, value) in &self.headers {
+            let header_name =
+                HeaderName::from_bytes(name.as_bytes()).map_err(|_| bad(name, value))?;
+            let header_value = HeaderValue::from_str(value).map_err(|_| bad(name, value))?;
+            headers.append(header_name, header_value);
+        }
+        Ok(headers)
+    }
 }
 
 /// What happens to one upstream request once its latency has passed.

@@ -8,17 +8,23 @@
 
 use http::{Method, StatusCode};
 use pdbmux_conformance::{ms, FakeBackend, Harness, Machine, Reply, ReplyOutcome};
-use pdbmux_core::ClientRequest;
+use pdbmux_core::membership::MEMBERSHIP_QUERY;
+use pdbmux_core::{ClientRequest, REACHABILITY_PATH};
 use proptest::prelude::*;
 use proptest::sample::select;
 
 /// A short per-upstream timeout keeps the generated latencies small; time is simulated anyway.
 const TIMEOUT_MS: u64 = 1_000;
+/// Short enough that the membership map is refreshed again within one generated run.
+const FRESHNESS_TTL_MS: u64 = 700;
 const STEPS: usize = 10_000;
 
 fn harness(backends: Vec<FakeBackend>) -> Harness {
-    Harness::with_config(backends, |config| config.timeout = ms(TIMEOUT_MS))
-        .expect("valid test backends")
+    Harness::with_config(backends, |config| {
+        config.timeout = ms(TIMEOUT_MS);
+        config.freshness_ttl = ms(FRESHNESS_TTL_MS);
+    })
+    .expect("valid test backends")
 }
 
 fn name(index: usize) -> String {
@@ -190,7 +196,10 @@ proptest! {
             );
             match sent.machine {
                 Machine::Exchange(_) => prop_assert_eq!(&sent.request.path_and_query, &target),
-                Machine::Estate => prop_assert_eq!(sent.request.path_and_query.as_str(), "/pdb/meta/v1/version"),
+                Machine::Estate => prop_assert!(
+                    [REACHABILITY_PATH, MEMBERSHIP_QUERY].contains(&sent.request.path_and_query.as_str()),
+                    "estate sent {}", sent.request.path_and_query
+                ),
             }
         }
         prop_assert_eq!(h.responses(client).map(<[_]>::len).unwrap_or(0), 1);
@@ -260,6 +269,7 @@ proptest! {
         scripts in prop::collection::vec(prop::collection::vec(timed_reply(), 1..4), 1..=4),
         clients in prop::collection::vec((select(TARGETS.to_vec()), 0..TIMEOUT_MS), 1..6),
         late_answers in any::<bool>(),
+        leaver in prop::option::of((0usize..6, 0..2 * TIMEOUT_MS)),
     ) {
         let backends = scripts.len();
         let mut h = harness(
@@ -277,12 +287,26 @@ proptest! {
             h.run_until(ms(offset), STEPS).map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
             ids.push(h.get(target));
         }
+        // Optionally one client goes away before its answer (a waiter or an exchange).
+        let mut gone = None;
+        if let Some((index, at)) = leaver {
+            h.run_until(ms(at), STEPS).map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
+            let id = ids[index % ids.len()];
+            if h.responses(id).map(<[_]>::is_empty).unwrap_or(false) {
+                h.disconnect(id).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                gone = Some(id);
+            }
+        }
         h.drive_bounded(STEPS).map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
         h.check_quiescent().map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
-        // Liveness bound: each backend is asked at most once per request, each ask bounded by
-        // the timeout, so no client waits longer than backends x timeout.
-        let bound = ms(TIMEOUT_MS) * u32::try_from(backends).unwrap_or(u32::MAX);
+        // Liveness bound: a request may wait for one membership refresh (bounded by the
+        // timeout), then asks each backend at most once, each ask bounded by the timeout.
+        let bound = ms(TIMEOUT_MS) * u32::try_from(backends + 1).unwrap_or(u32::MAX);
         for id in ids {
+            if gone == Some(id) {
+                prop_assert!(h.responses(id).map(<[_]>::is_empty).unwrap_or(false), "{id} answered after leaving");
+                continue;
+            }
             let response = h.response(id).map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
             let submitted = h.submitted_at(id).unwrap_or_default();
             prop_assert!(

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{finish, harness, node_404, URL_A, URL_B, URL_C};
+use common::{finish, harness, member_backend, members, node_404, URL_A, URL_B, URL_C};
 use http::StatusCode;
 use pdbmux_conformance::{ms, FakeBackend, Reply};
 
@@ -96,14 +96,24 @@ fn pass_through_none_answered_502() {
     insta::assert_snapshot!(transcript);
 }
 
+const T10: Option<&str> = Some("2024-05-01T10:00:00.000Z");
+const T11: Option<&str> = Some("2024-05-01T11:00:00.000Z");
+
 #[test]
 fn per_certname_owner_404_fallback_served() {
+    // pdb-b holds web1's newer report, so it owns web1 and is asked first.
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [node_404("web1").after(ms(2))]),
-        FakeBackend::queue(
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10)]),
+            vec![Reply::ok(r#"{"certname":"web1","deactivated":null}"#).after(ms(3))],
+        ),
+        member_backend(
             "pdb-b",
             URL_B,
-            [Reply::ok(r#"{"certname":"web1","deactivated":null}"#).after(ms(3))],
+            members(&[("web1", T11)]),
+            vec![node_404("web1").after(ms(2))],
         ),
     ]);
     let c = h.get("/pdb/query/v4/nodes/web1");
@@ -111,27 +121,44 @@ fn per_certname_owner_404_fallback_served() {
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::OK);
     assert!(response.body_str().contains("web1"));
+    assert_eq!(
+        h.sends()[2].backend_name,
+        "pdb-b",
+        "the owner is asked first"
+    );
     insta::assert_snapshot!(transcript);
 }
 
 #[test]
 fn per_certname_owner_500_served() {
     let mut h = harness(vec![
-        FakeBackend::queue(
+        member_backend(
             "pdb-a",
             URL_A,
-            [Reply::json(StatusCode::INTERNAL_SERVER_ERROR, r#"{"error":"boom"}"#).after(ms(2))],
+            members(&[]),
+            vec![Reply::ok(r#"{"certname":"web1"}"#)],
         ),
-        FakeBackend::queue("pdb-b", URL_B, [Reply::ok(r#"{"certname":"web1"}"#)]),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web1", T10)]),
+            vec![
+                Reply::json(StatusCode::INTERNAL_SERVER_ERROR, r#"{"error":"boom"}"#).after(ms(2)),
+            ],
+        ),
     ]);
     let c = h.get("/pdb/query/v4/factsets/web1");
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(response.body_str(), r#"{"error":"boom"}"#);
+    let asked: Vec<&str> = h.sends()[2..]
+        .iter()
+        .map(|s| s.backend_name.as_str())
+        .collect();
     assert_eq!(
-        h.sends().len(),
-        1,
+        asked,
+        ["pdb-b"],
         "the owner's answer stands; no fallback is asked"
     );
     insta::assert_snapshot!(transcript);
@@ -139,12 +166,19 @@ fn per_certname_owner_500_served() {
 
 #[test]
 fn per_certname_all_404_first_replayed() {
+    // Nobody holds web9: configured order, and the first 404 (openvoxdb's own body) is replayed.
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [node_404("web9").after(ms(2))]),
-        FakeBackend::queue(
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10)]),
+            vec![node_404("web9").after(ms(2))],
+        ),
+        member_backend(
             "pdb-b",
             URL_B,
-            [Reply::json(StatusCode::NOT_FOUND, r#"{"error":"b's own 404"}"#).after(ms(2))],
+            members(&[]),
+            vec![Reply::json(StatusCode::NOT_FOUND, r#"{"error":"b's own 404"}"#).after(ms(2))],
         ),
     ]);
     let c = h.get("/pdb/query/v4/nodes/web9/facts");
@@ -161,13 +195,78 @@ fn per_certname_all_404_first_replayed() {
 #[test]
 fn per_certname_unreachable_owner_first_answering_fallback_stands_in() {
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [Reply::refused().after(ms(1))]),
-        FakeBackend::queue("pdb-b", URL_B, [node_404("web1").after(ms(2))]),
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[]),
+            vec![node_404("web1").after(ms(2))],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web1", T10)]),
+            vec![Reply::refused().after(ms(1))],
+        ),
     ]);
     let c = h.get("/pdb/query/v4/catalogs/web1");
     finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::NOT_FOUND);
+    let asked: Vec<&str> = h.sends()[2..]
+        .iter()
+        .map(|s| s.backend_name.as_str())
+        .collect();
+    assert_eq!(asked, ["pdb-b", "pdb-a"]);
+}
+
+#[test]
+fn per_certname_membership_is_fetched_once_and_shared() {
+    // c0 starts the membership refresh, c1 joins it while it runs, c2 (within freshness_ttl)
+    // uses the snapshot without a new fetch.
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T11), ("web2", None)]),
+            vec![
+                Reply::ok(r#"{"certname":"web1"}"#),
+                Reply::ok(r#"{"certname":"web1","again":true}"#),
+            ],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web1", T10), ("web2", T10)]),
+            vec![Reply::ok(r#"{"certname":"web2","from":"pdb-b"}"#)],
+        ),
+    ]);
+    let c0 = h.get("/pdb/query/v4/nodes/web1");
+    h.run_until(ms(1), common::STEPS).expect("runs");
+    let c1 = h.get("/pdb/query/v4/nodes/web2");
+    h.run_until(ms(100), common::STEPS).expect("runs");
+    let c2 = h.get("/pdb/query/v4/nodes/web1");
+    let transcript = finish(&mut h);
+    let membership_sends = h
+        .sends()
+        .iter()
+        .filter(|s| s.request.path_and_query == pdbmux_core::membership::MEMBERSHIP_QUERY)
+        .count();
+    assert_eq!(membership_sends, 2, "one refresh, one request per backend");
+    assert_eq!(
+        h.response(c0).expect("one").body_str(),
+        r#"{"certname":"web1"}"#
+    );
+    // web2: pdb-b has a report, pdb-a's is null (older than any), so pdb-b owns it.
+    assert_eq!(
+        h.response(c1).expect("one").body_str(),
+        r#"{"certname":"web2","from":"pdb-b"}"#
+    );
+    let again = h.response(c2).expect("one");
+    assert_eq!(
+        (again.at, again.body_str().as_str()),
+        (ms(100), r#"{"certname":"web1","again":true}"#)
+    );
+    insta::assert_snapshot!(transcript);
 }
 
 #[test]
@@ -258,4 +357,18 @@ fn report_hash_404_beside_an_unanswered_backend_is_502() {
         h.response(c).expect("one response").status,
         StatusCode::BAD_GATEWAY
     );
+}
+
+#[test]
+fn a_client_that_leaves_while_waiting_for_membership_is_not_resumed() {
+    let mut h = harness(vec![
+        member_backend("pdb-a", URL_A, members(&[]), vec![Reply::ok("{}")]),
+        member_backend("pdb-b", URL_B, members(&[]), vec![]),
+    ]);
+    let gone = h.get("/pdb/query/v4/nodes/web1");
+    let stays = h.get("/pdb/query/v4/nodes/web1");
+    h.disconnect(gone).expect("known client");
+    finish(&mut h);
+    assert!(h.responses(gone).expect("known").is_empty());
+    assert_eq!(h.response(stays).expect("one").status, StatusCode::OK);
 }

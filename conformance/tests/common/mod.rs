@@ -43,3 +43,27 @@ pub fn node_404(certname: &str) -> Reply {
         format!("{{\"error\":\"No information is known about node {certname}\"}}"),
     )
 }
+
+/// A membership answer (`["extract",["certname","report_timestamp"]]` on `/nodes`): these
+/// certnames with these report timestamps.
+pub fn members(rows: &[(&str, Option<&str>)]) -> Reply {
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(certname, timestamp)| serde_json::json!({ "certname": certname, "report_timestamp": timestamp }))
+        .collect();
+    Reply::ok(serde_json::Value::Array(rows).to_string())
+}
+
+/// A backend answering the membership query with `membership` (after 3 ms) and everything else
+/// from `replies` in order.
+pub fn member_backend(
+    name: &str,
+    url: &str,
+    membership: Reply,
+    replies: Vec<Reply>,
+) -> FakeBackend {
+    FakeBackend::queue(name, url, replies).on(
+        pdbmux_core::membership::MEMBERSHIP_QUERY,
+        membership.after(pdbmux_conformance::ms(3)),
+    )
+}
