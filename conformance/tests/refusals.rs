@@ -112,9 +112,6 @@ fn more_refusals_and_their_boundaries() {
 }
 
 #[test]
-#[ignore = "core gap (D6): a `..;` segment is a dot segment to Jetty/servlet path-parameter \
-            handling but core/src/route.rs split_path only refuses exact `.`/`..`, so \
-            /pdb/query/v4/..;/..;/pdb/admin/v1/archive is forwarded upstream"]
 fn dot_segments_with_path_parameters_are_refused() {
     let mut h = harness(backends());
     let c = h.get("/pdb/query/v4/..;/..;/pdb/admin/v1/archive");

@@ -339,9 +339,6 @@ fn late_held_answer_after_cancel_is_cancelled_again() {
 }
 
 #[test]
-#[ignore = "core doubt: core/src/exchange.rs progress_holder replays a 404 when another backend \
-            answered nothing at all, so an unreachable holder turns into 'no such report'; the \
-            spec keeps 502 for 'a backend that answered nothing at all'"]
 fn report_hash_404_beside_an_unanswered_backend_is_502() {
     let mut h = harness(vec![
         FakeBackend::queue("pdb-a", URL_A, [Reply::refused().after(ms(1))]),

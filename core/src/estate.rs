@@ -176,7 +176,8 @@ impl Estate {
             MEMBERSHIP_QUERY,
             now + self.config.timeout,
         );
-        self.outputs.extend(requests.into_iter().map(EstateOutput::Send));
+        self.outputs
+            .extend(requests.into_iter().map(EstateOutput::Send));
         self.membership.refresh = Some(MembershipRefresh {
             legs,
             waiters: Vec::new(),
@@ -196,7 +197,8 @@ impl Estate {
             REACHABILITY_PATH,
             now + self.config.timeout,
         );
-        self.outputs.extend(requests.into_iter().map(EstateOutput::Send));
+        self.outputs
+            .extend(requests.into_iter().map(EstateOutput::Send));
         self.reachability = Some(ReachabilityCheck {
             waiters: vec![waiter],
             legs,
@@ -206,7 +208,12 @@ impl Estate {
     }
 
     /// An upstream answer for a request the estate sent.
-    pub fn handle_upstream_response(&mut self, now: Instant, id: UpstreamId, response: UpstreamResponse) {
+    pub fn handle_upstream_response(
+        &mut self,
+        now: Instant,
+        id: UpstreamId,
+        response: UpstreamResponse,
+    ) {
         if let Some(check) = &mut self.reachability {
             check.legs.record_response(id, &response);
         }
@@ -217,7 +224,12 @@ impl Estate {
     }
 
     /// An upstream failure for a request the estate sent.
-    pub fn handle_upstream_failure(&mut self, now: Instant, id: UpstreamId, failure: UpstreamFailure) {
+    pub fn handle_upstream_failure(
+        &mut self,
+        now: Instant,
+        id: UpstreamId,
+        failure: UpstreamFailure,
+    ) {
         if let Some(check) = &mut self.reachability {
             check.legs.record_failure(id, &failure);
         }
@@ -247,7 +259,8 @@ impl Estate {
             expired.extend(refresh.legs.expire(now));
         }
         if !expired.is_empty() {
-            self.outputs.extend(expired.into_iter().map(EstateOutput::Cancel));
+            self.outputs
+                .extend(expired.into_iter().map(EstateOutput::Cancel));
             self.finish(now);
         }
     }
@@ -260,7 +273,11 @@ impl Estate {
     /// The one next deadline the runtime must wake the estate at, if any.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let reachability = self.reachability.as_ref().and_then(|c| c.legs.deadline());
-        let membership = self.membership.refresh.as_ref().and_then(|r| r.legs.deadline());
+        let membership = self
+            .membership
+            .refresh
+            .as_ref()
+            .and_then(|r| r.legs.deadline());
         match (reachability, membership) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -274,7 +291,11 @@ impl Estate {
 
     /// Completes whatever fan-out has every result.
     fn finish(&mut self, now: Instant) {
-        if self.reachability.as_ref().is_some_and(|c| c.legs.is_complete()) {
+        if self
+            .reachability
+            .as_ref()
+            .is_some_and(|c| c.legs.is_complete())
+        {
             if let Some(check) = self.reachability.take() {
                 let response = check.response(&self.config);
                 for waiter in check.waiters {
@@ -285,7 +306,12 @@ impl Estate {
                 }
             }
         }
-        if self.membership.refresh.as_ref().is_some_and(|r| r.legs.is_complete()) {
+        if self
+            .membership
+            .refresh
+            .as_ref()
+            .is_some_and(|r| r.legs.is_complete())
+        {
             if let Some(refresh) = self.membership.refresh.take() {
                 self.apply_membership(now, refresh);
             }
@@ -295,7 +321,9 @@ impl Estate {
     fn apply_membership(&mut self, now: Instant, refresh: MembershipRefresh) {
         for leg in &refresh.legs.0 {
             let parsed = match &leg.result {
-                Some(Ok(body)) => parse_membership(body).ok_or_else(|| "unparseable body".to_owned()),
+                Some(Ok(body)) => {
+                    parse_membership(body).ok_or_else(|| "unparseable body".to_owned())
+                }
                 Some(Err(reason)) => Err(reason.clone()),
                 None => Err("no answer".to_owned()),
             };
@@ -324,7 +352,6 @@ fn needs_ownership(route: &Route, request: &ClientRequest) -> bool {
     match route {
         Route::Merged(Entity::Nodes | Entity::Facts)
         | Route::FactsByName { .. }
-        | Route::Resources
         | Route::PerCertname { .. } => true,
         Route::Merged(Entity::Reports | Entity::Events)
         | Route::Combined(CountEndpoint::EventCounts | CountEndpoint::AggregateEventCounts) => {

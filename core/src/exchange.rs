@@ -13,10 +13,11 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::config::Config;
 use crate::ids::{BackendId, Counter, UpstreamId};
-use crate::message::{
-    BodyMode, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
-};
 use crate::membership::Ownership;
+use crate::message::{
+    BodyMode, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest,
+    UpstreamResponse,
+};
 use crate::meta;
 use crate::policy::{self, backend_name, Outcome, Rejection};
 use crate::route::Route;
@@ -73,7 +74,11 @@ enum LegState {
 #[derive(Debug)]
 enum LegResult {
     /// A 2xx whose body the runtime holds.
-    Held { id: UpstreamId, status: StatusCode, headers: HeaderMap },
+    Held {
+        id: UpstreamId,
+        status: StatusCode,
+        headers: HeaderMap,
+    },
     /// Any other answer or failure.
     Outcome(Outcome),
 }
@@ -130,7 +135,11 @@ impl Exchange {
             Route::PassThrough | Route::Resources => Some(Plan::FirstSuccess),
             Route::PerCertname { .. } => Some(Plan::OwnerFirst),
             Route::ReportHash { .. } => Some(Plan::Holder),
-            Route::Merged(_) | Route::FactsByName { .. } | Route::Combined(_) | Route::Metrics(_) | Route::Healthz => None,
+            Route::Merged(_)
+            | Route::FactsByName { .. }
+            | Route::Combined(_)
+            | Route::Metrics(_)
+            | Route::Healthz => None,
         };
         let mut exchange = Exchange {
             config,
@@ -150,7 +159,10 @@ impl Exchange {
         match plan {
             None => exchange.respond(Response::text(
                 StatusCode::NOT_IMPLEMENTED,
-                format!("pdbmux: the {} merge for this route is not implemented yet", route.class()),
+                format!(
+                    "pdbmux: the {} merge for this route is not implemented yet",
+                    route.class()
+                ),
             )),
             Some(Plan::FanOut(_) | Plan::Holder) => {
                 for index in 0..exchange.legs.len() {
@@ -160,13 +172,21 @@ impl Exchange {
             Some(Plan::FirstSuccess | Plan::OwnerFirst) => exchange.advance(now),
         }
         if exchange.legs.is_empty() && !exchange.finished {
-            exchange.respond(Response::text(StatusCode::BAD_GATEWAY, "pdbmux: no backend to ask"));
+            exchange.respond(Response::text(
+                StatusCode::BAD_GATEWAY,
+                "pdbmux: no backend to ask",
+            ));
         }
         exchange
     }
 
     /// An upstream answer arrived (any status).
-    pub fn handle_upstream_response(&mut self, now: Instant, id: UpstreamId, response: UpstreamResponse) {
+    pub fn handle_upstream_response(
+        &mut self,
+        now: Instant,
+        id: UpstreamId,
+        response: UpstreamResponse,
+    ) {
         let Some(index) = self.pending_leg(id) else {
             if response.body == UpstreamBody::Held {
                 self.outputs.push_back(ExchangeOutput::Cancel(id));
@@ -182,16 +202,26 @@ impl Exchange {
             UpstreamBody::Held => {
                 // A runtime must buffer non-2xx bodies; treat a violation as a failed backend.
                 self.outputs.push_back(ExchangeOutput::Cancel(id));
-                LegResult::Outcome(Outcome::Failed(format!("unexpected held body on status {}", response.status)))
+                LegResult::Outcome(Outcome::Failed(format!(
+                    "unexpected held body on status {}",
+                    response.status
+                )))
             }
-            UpstreamBody::Full(body) => LegResult::Outcome(outcome_of(response.status, response.headers, body)),
+            UpstreamBody::Full(body) => {
+                LegResult::Outcome(outcome_of(response.status, response.headers, body))
+            }
         };
         self.legs[index].state = LegState::Done(result);
         self.progress(now);
     }
 
     /// An upstream request failed without an answer.
-    pub fn handle_upstream_failure(&mut self, now: Instant, id: UpstreamId, failure: UpstreamFailure) {
+    pub fn handle_upstream_failure(
+        &mut self,
+        now: Instant,
+        id: UpstreamId,
+        failure: UpstreamFailure,
+    ) {
         let Some(index) = self.pending_leg(id) else {
             return;
         };
@@ -207,7 +237,9 @@ impl Exchange {
             if let LegState::Pending { id, deadline } = leg.state {
                 if deadline <= now {
                     self.outputs.push_back(ExchangeOutput::Cancel(id));
-                    leg.state = LegState::Done(LegResult::Outcome(Outcome::failure(&UpstreamFailure::Timeout)));
+                    leg.state = LegState::Done(LegResult::Outcome(Outcome::failure(
+                        &UpstreamFailure::Timeout,
+                    )));
                     expired = true;
                 }
             }
@@ -246,9 +278,9 @@ impl Exchange {
         if self.finished {
             return None;
         }
-        self.legs
-            .iter()
-            .position(|leg| matches!(leg.state, LegState::Pending { id: pending, .. } if pending == id))
+        self.legs.iter().position(
+            |leg| matches!(leg.state, LegState::Pending { id: pending, .. } if pending == id),
+        )
     }
 
     fn send(&mut self, now: Instant, index: usize, body_mode: BodyMode) {
@@ -256,15 +288,16 @@ impl Exchange {
         let deadline = now + self.config.timeout;
         let leg = &mut self.legs[index];
         leg.state = LegState::Pending { id, deadline };
-        self.outputs.push_back(ExchangeOutput::Send(UpstreamRequest {
-            id,
-            backend: leg.backend,
-            method: Method::GET,
-            path_and_query: self.target.clone(),
-            body: None,
-            body_mode,
-            deadline,
-        }));
+        self.outputs
+            .push_back(ExchangeOutput::Send(UpstreamRequest {
+                id,
+                backend: leg.backend,
+                method: Method::GET,
+                path_and_query: self.target.clone(),
+                body: None,
+                body_mode,
+                deadline,
+            }));
     }
 
     fn respond(&mut self, response: Response) {
@@ -298,8 +331,16 @@ impl Exchange {
                     self.send(now, index, BodyMode::StreamSuccess);
                     return;
                 }
-                LegState::Done(LegResult::Held { id, status, headers }) => {
+                LegState::Done(LegResult::Held {
+                    id,
+                    status,
+                    headers,
+                }) => {
                     let response = streamed(*id, *status, headers);
+                    return self.respond(response);
+                }
+                LegState::Done(LegResult::Outcome(Outcome::Success { .. })) => {
+                    let response = self.success_response(index);
                     return self.respond(response);
                 }
                 LegState::Done(LegResult::Outcome(Outcome::Rejected(rejection)))
@@ -315,7 +356,9 @@ impl Exchange {
         // per-certname routes), or 502 when nobody answered.
         self.log_failures();
         let first_rejection = self.legs.iter().find_map(|leg| match &leg.state {
-            LegState::Done(LegResult::Outcome(Outcome::Rejected(rejection))) => Some(rejection.clone()),
+            LegState::Done(LegResult::Outcome(Outcome::Rejected(rejection))) => {
+                Some(rejection.clone())
+            }
             _ => None,
         });
         let response = match first_rejection {
@@ -325,39 +368,47 @@ impl Exchange {
         self.respond(response);
     }
 
-    /// Report-hash routes: the first success in configured order; without one, the holder's error
-    /// (anything but 404), else the unanimous 404, else 502.
+    /// Report-hash routes: only the backend holding the report answers 2xx, so the first success
+    /// is served at once. Without one: the holder's error (anything but 404), else 502 when a
+    /// backend did not answer (it may hold the report), else the unanimous 404.
     fn progress_holder(&mut self) {
-        if self.finished || !self.all_done() {
+        if self.finished {
             return;
         }
-        let mut fallback: Option<&Rejection> = None;
+        let success = self.legs.iter().position(|leg| {
+            matches!(
+                leg.state,
+                LegState::Done(LegResult::Outcome(Outcome::Success { .. }))
+            )
+        });
+        if let Some(index) = success {
+            let response = self.success_response(index);
+            return self.respond(response);
+        }
+        if !self.all_done() {
+            return;
+        }
+        let mut holder_error: Option<&Rejection> = None;
         let mut not_found: Option<&Rejection> = None;
-        let mut winner = None;
-        for (index, leg) in self.legs.iter().enumerate() {
+        let mut unanswered = false;
+        for leg in &self.legs {
             match &leg.state {
-                LegState::Done(LegResult::Outcome(Outcome::Success { .. })) => {
-                    winner = Some(index);
-                    break;
-                }
                 LegState::Done(LegResult::Outcome(Outcome::Rejected(rejection))) => {
                     if rejection.status == StatusCode::NOT_FOUND {
                         not_found.get_or_insert(rejection);
                     } else {
-                        fallback.get_or_insert(rejection);
+                        holder_error.get_or_insert(rejection);
                     }
                 }
-                _ => {}
+                _ => unanswered = true,
             }
         }
-        let response = match (winner, fallback.or(not_found)) {
-            (Some(index), _) => self.success_response(index),
-            (None, Some(rejection)) => policy::replay(rejection, &self.config.backends),
-            (None, None) => policy::bad_gateway(&self.outcomes(), &self.config.backends),
+        let response = match (holder_error, unanswered, not_found) {
+            (Some(rejection), _, _) => policy::replay(rejection, &self.config.backends),
+            (None, false, Some(rejection)) => policy::replay(rejection, &self.config.backends),
+            _ => policy::bad_gateway(&self.outcomes(), &self.config.backends),
         };
-        if winner.is_none() {
-            self.log_failures();
-        }
+        self.log_failures();
         self.respond(response);
     }
 
@@ -423,9 +474,13 @@ impl Exchange {
 
     fn success_response(&self, index: usize) -> Response {
         match &self.legs[index].state {
-            LegState::Done(LegResult::Outcome(Outcome::Success { headers, body })) => {
+            LegState::Done(LegResult::Outcome(Outcome::Success {
+                status,
+                headers,
+                body,
+            })) => {
                 let mut response = Response {
-                    status: StatusCode::OK,
+                    status: *status,
                     headers: forwarded_headers(headers),
                     body: ResponseBody::Full(body.clone()),
                 };
@@ -437,7 +492,10 @@ impl Exchange {
                 }
                 response
             }
-            _ => Response::text(StatusCode::INTERNAL_SERVER_ERROR, "pdbmux: internal error: no success to serve"),
+            _ => Response::text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "pdbmux: internal error: no success to serve",
+            ),
         }
     }
 
@@ -450,7 +508,9 @@ impl Exchange {
     }
 
     fn all_done(&self) -> bool {
-        self.legs.iter().all(|leg| matches!(leg.state, LegState::Done(_)))
+        self.legs
+            .iter()
+            .all(|leg| matches!(leg.state, LegState::Done(_)))
     }
 
     fn outcomes(&self) -> Vec<(BackendId, Outcome)> {
@@ -492,7 +552,11 @@ impl Exchange {
 /// Classifies a buffered upstream answer.
 fn outcome_of(status: StatusCode, headers: HeaderMap, body: Bytes) -> Outcome {
     if status.is_success() {
-        Outcome::Success { headers, body }
+        Outcome::Success {
+            status,
+            headers,
+            body,
+        }
     } else if status.as_u16() >= 400 {
         Outcome::Rejected(Rejection {
             status,

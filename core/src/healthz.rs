@@ -32,13 +32,19 @@ impl ReachabilityCheck {
             .map(|leg| {
                 let error = match &leg.result {
                     Some(Err(error)) => Some(
-                        String::from_utf8_lossy(&scrub_addresses(error.as_bytes(), &config.backends))
-                            .into_owned(),
+                        String::from_utf8_lossy(&scrub_addresses(
+                            error.as_bytes(),
+                            &config.backends,
+                        ))
+                        .into_owned(),
                     ),
                     _ => None,
                 };
                 BackendReport {
-                    name: config.backends.get(leg.backend.0).map_or("?", |b| b.name.as_str()),
+                    name: config
+                        .backends
+                        .get(leg.backend.0)
+                        .map_or("?", |b| b.name.as_str()),
                     reachable: error.is_none(),
                     error,
                 }
@@ -58,7 +64,10 @@ impl ReachabilityCheck {
         };
         match serde_json::to_vec(&body) {
             Ok(bytes) => Response::json(status, bytes),
-            Err(error) => Response::text(StatusCode::INTERNAL_SERVER_ERROR, format!("pdbmux: {error}")),
+            Err(error) => Response::text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("pdbmux: {error}"),
+            ),
         }
     }
 }

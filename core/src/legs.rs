@@ -62,7 +62,9 @@ impl Legs {
             (body, false) => {
                 let detail = match body {
                     UpstreamBody::Full(body) => {
-                        String::from_utf8_lossy(&body[..body.len().min(200)]).trim().to_owned()
+                        String::from_utf8_lossy(&body[..body.len().min(200)])
+                            .trim()
+                            .to_owned()
                     }
                     UpstreamBody::Held => String::new(),
                 };
@@ -83,7 +85,11 @@ impl Legs {
     }
 
     fn record(&mut self, id: UpstreamId, result: Result<Bytes, String>) -> bool {
-        match self.0.iter_mut().find(|leg| leg.id == id && leg.result.is_none()) {
+        match self
+            .0
+            .iter_mut()
+            .find(|leg| leg.id == id && leg.result.is_none())
+        {
             Some(leg) => {
                 leg.result = Some(result);
                 true

@@ -55,6 +55,6 @@ pub use exchange::{forwarded_headers, Exchange, ExchangeOutput, X_BACKENDS, X_RE
 pub use healthz::REACHABILITY_PATH;
 pub use ids::{BackendId, UpstreamId, WaiterId};
 pub use message::{
-    BodyMode, ClientRequest, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest,
-    UpstreamResponse, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,
+    BodyMode, ClientRequest, Response, ResponseBody, UpstreamBody, UpstreamFailure,
+    UpstreamRequest, UpstreamResponse, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,
 };

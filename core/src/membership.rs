@@ -162,7 +162,11 @@ mod tests {
     use super::*;
 
     fn nodes(rows: &[(&str, Option<&str>)]) -> Option<BackendNodes> {
-        Some(rows.iter().map(|(c, t)| ((*c).to_owned(), t.map(str::to_owned))).collect())
+        Some(
+            rows.iter()
+                .map(|(c, t)| ((*c).to_owned(), t.map(str::to_owned)))
+                .collect(),
+        )
     }
 
     #[test]
@@ -189,12 +193,23 @@ mod tests {
         assert_eq!(owner("only-a"), Some((a, a)));
         assert_eq!(owner("only-b"), Some((b, b)));
         assert_eq!(owner("newer-in-b"), Some((b, a)));
-        assert_eq!(owner("newer-in-a"), Some((a, a)), "10:00+02:00 is 08:00Z, older than 09:00Z");
-        assert_eq!(owner("tie"), Some((a, a)), "equal instants tie to configured order");
+        assert_eq!(
+            owner("newer-in-a"),
+            Some((a, a)),
+            "10:00+02:00 is 08:00Z, older than 09:00Z"
+        );
+        assert_eq!(
+            owner("tie"),
+            Some((a, a)),
+            "equal instants tie to configured order"
+        );
         assert_eq!(owner("null-in-a"), Some((b, a)));
         assert_eq!(owner("both-null"), Some((a, a)));
         assert_eq!(owner("nowhere"), None);
-        assert_eq!(ownership.excluded(a, MergeStrategy::Freshness), ["newer-in-b", "null-in-a"]);
+        assert_eq!(
+            ownership.excluded(a, MergeStrategy::Freshness),
+            ["newer-in-b", "null-in-a"]
+        );
         assert_eq!(
             ownership.excluded(b, MergeStrategy::Freshness),
             ["both-null", "newer-in-a", "tie"]
@@ -207,7 +222,10 @@ mod tests {
     #[test]
     fn a_backend_that_never_answered_holds_nothing() {
         let ownership = Ownership::build(&[None, nodes(&[("x", None)])]);
-        assert_eq!(ownership.owners("x").map(|o| o.freshness), Some(BackendId(1)));
+        assert_eq!(
+            ownership.owners("x").map(|o| o.freshness),
+            Some(BackendId(1))
+        );
     }
 
     #[test]

@@ -39,7 +39,9 @@ impl ClientRequest {
 
     /// The raw path (before `?`).
     pub fn path(&self) -> &str {
-        self.target.split_once('?').map_or(&self.target, |(path, _)| path)
+        self.target
+            .split_once('?')
+            .map_or(&self.target, |(path, _)| path)
     }
 
     /// The raw query string (after `?`), if any.
@@ -101,7 +103,11 @@ pub struct UpstreamResponse {
 
 impl UpstreamResponse {
     /// A buffered answer with a content type; for tests and fakes.
-    pub fn full(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> UpstreamResponse {
+    pub fn full(
+        status: StatusCode,
+        content_type: &str,
+        body: impl Into<Bytes>,
+    ) -> UpstreamResponse {
         let mut headers = HeaderMap::new();
         if let Ok(value) = HeaderValue::from_str(content_type) {
             headers.insert(http::header::CONTENT_TYPE, value);
@@ -156,9 +162,16 @@ pub struct Response {
 
 impl Response {
     /// A response with these bytes and this content type.
-    pub fn with_body(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response {
+    pub fn with_body(
+        status: StatusCode,
+        content_type: &'static str,
+        body: impl Into<Bytes>,
+    ) -> Response {
         let mut headers = HeaderMap::new();
-        headers.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(content_type),
+        );
         Response {
             status,
             headers,

@@ -11,15 +11,35 @@ struct VersionBody {
 
 /// Reads the `version` field of a `/pdb/meta/v1/version` body; `None` when unparseable.
 pub fn parse_version_body(body: &[u8]) -> Option<String> {
-    serde_json::from_slice::<VersionBody>(body).ok().map(|b| b.version)
+    serde_json::from_slice::<VersionBody>(body)
+        .ok()
+        .map(|b| b.version)
 }
 
-/// Compares two versions segment by segment (split on `.` and `-`), numerically where both
-/// segments are numbers (7.9.0 < 7.12.0), lexically otherwise; a version that runs out of
-/// segments first is lower.
+/// Compares two versions segment by segment (split on `.`), numerically where both segments are
+/// numbers (7.9.0 < 7.12.0), lexically otherwise; a version that runs out of segments first is
+/// lower. A pre-release suffix after `-` (7.12.1-SNAPSHOT) is lower than the release itself.
 pub fn compare_versions(a: &str, b: &str) -> Ordering {
-    let mut left = a.split(['.', '-']);
-    let mut right = b.split(['.', '-']);
+    let (a_release, a_pre) = split_pre_release(a);
+    let (b_release, b_pre) = split_pre_release(b);
+    compare_segments(a_release, b_release).then_with(|| match (a_pre, b_pre) {
+        (None, None) => Ordering::Equal,
+        (Some(_), None) => Ordering::Less,
+        (None, Some(_)) => Ordering::Greater,
+        (Some(a), Some(b)) => compare_segments(a, b),
+    })
+}
+
+fn split_pre_release(version: &str) -> (&str, Option<&str>) {
+    match version.split_once('-') {
+        Some((release, pre)) => (release, Some(pre)),
+        None => (version, None),
+    }
+}
+
+fn compare_segments(a: &str, b: &str) -> Ordering {
+    let mut left = a.split('.');
+    let mut right = b.split('.');
     loop {
         match (left.next(), right.next()) {
             (None, None) => return Ordering::Equal,
@@ -56,7 +76,18 @@ mod tests {
         assert_eq!(compare_versions("8.0.0", "7.12.1"), Ordering::Greater);
         assert_eq!(compare_versions("7.12.1", "7.12.1"), Ordering::Equal);
         assert_eq!(compare_versions("7.12", "7.12.1"), Ordering::Less);
-        assert_eq!(compare_versions("7.12.1-SNAPSHOT", "7.12.1"), Ordering::Greater);
+        assert_eq!(
+            compare_versions("7.12.1-SNAPSHOT", "7.12.1"),
+            Ordering::Less
+        );
+        assert_eq!(
+            compare_versions("7.12.1-SNAPSHOT", "7.12.0"),
+            Ordering::Greater
+        );
+        assert_eq!(
+            compare_versions("8.0.0-rc.2", "8.0.0-rc.10"),
+            Ordering::Less
+        );
         assert_eq!(compare_versions("7.x", "7.1"), Ordering::Greater);
     }
 
@@ -64,7 +95,10 @@ mod tests {
     fn lowest_and_parse() {
         assert_eq!(lowest_version(["8.15.0", "7.12.1", "7.9.0"]), Some("7.9.0"));
         assert_eq!(lowest_version([]), None);
-        assert_eq!(parse_version_body(br#"{"version":"7.12.1"}"#), Some("7.12.1".into()));
+        assert_eq!(
+            parse_version_body(br#"{"version":"7.12.1"}"#),
+            Some("7.12.1".into())
+        );
         assert_eq!(parse_version_body(b"<html>"), None);
         assert_eq!(parse_version_body(br#"{"version":7}"#), None);
     }

@@ -17,6 +17,8 @@ use crate::scrub::scrub_addresses;
 pub enum Outcome {
     /// A 2xx with a usable body.
     Success {
+        /// Its status (200, or another 2xx).
+        status: StatusCode,
         /// Its headers (for X-Records and the like).
         headers: HeaderMap,
         /// The whole body.
@@ -79,7 +81,10 @@ impl FailureVerdict {
 /// `outcomes` holds every asked backend's outcome in configured order. A status every backend
 /// answered with (400 and up) is replayed from the first of them, with backend addresses replaced
 /// by names; anything else is a 502 naming each backend's failure.
-pub fn failure_verdict(outcomes: &[(BackendId, Outcome)], backends: &[BackendConfig]) -> FailureVerdict {
+pub fn failure_verdict(
+    outcomes: &[(BackendId, Outcome)],
+    backends: &[BackendConfig],
+) -> FailureVerdict {
     let mut rejections = outcomes.iter().map(|(_, outcome)| match outcome {
         Outcome::Rejected(rejection) => Some(rejection),
         _ => None,
@@ -113,7 +118,10 @@ pub fn bad_gateway(outcomes: &[(BackendId, Outcome)], backends: &[BackendConfig]
         .iter()
         .map(|(id, outcome)| format!("{}: {}", backend_name(backends, *id), outcome.describe()))
         .collect();
-    let message = format!("pdbmux: no usable answer from any backend ({})", parts.join("; "));
+    let message = format!(
+        "pdbmux: no usable answer from any backend ({})",
+        parts.join("; ")
+    );
     let scrubbed = scrub_addresses(message.as_bytes(), backends);
     Response::with_body(StatusCode::BAD_GATEWAY, TEXT_CONTENT_TYPE, {
         let mut body = scrubbed;

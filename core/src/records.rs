@@ -25,12 +25,15 @@ impl<'a> Fields<'a> {
 
     /// The raw value of `name`, if present.
     pub fn raw(&self, name: &str) -> Option<&'a RawValue> {
-        self.0.iter().find(|(key, _)| key == name).map(|(_, value)| *value)
+        self.0
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| *value)
     }
 
     /// The string value of `name`; `None` when absent, null or not a string.
     pub fn str(&self, name: &str) -> Option<Cow<'a, str>> {
-        self.raw(name).and_then(|raw| raw_str(raw))
+        self.raw(name).and_then(raw_str)
     }
 }
 
@@ -56,7 +59,9 @@ impl<'de: 'a, 'a> Deserialize<'de> for Fields<'a> {
                 Ok(Fields(fields))
             }
         }
-        deserializer.deserialize_map(FieldsVisitor).map_err(de::Error::custom)
+        deserializer
+            .deserialize_map(FieldsVisitor)
+            .map_err(de::Error::custom)
     }
 }
 
@@ -94,7 +99,10 @@ mod tests {
         let records = parse_array(body).expect("valid");
         let fields = Fields::of(records[0]).expect("object");
         assert_eq!(fields.str("certname").as_deref(), Some("web\u{e9}1"));
-        assert_eq!(fields.raw("facts").map(RawValue::get), Some(r#"{"a":[1,2]}"#));
+        assert_eq!(
+            fields.raw("facts").map(RawValue::get),
+            Some(r#"{"a":[1,2]}"#)
+        );
         assert_eq!(fields.str("n"), None);
         assert!(fields.raw("missing").is_none());
         assert!(Fields::of(RawValue::from_string("[1]".into()).as_deref().expect("raw")).is_none());
@@ -108,7 +116,8 @@ mod tests {
 
     #[test]
     fn appending_a_key_keeps_the_original_bytes() {
-        let records = parse_array(br#"[{"certname":"a", "t":"2026-11-30T07:04:00.1Z" },{}]"#).expect("valid");
+        let records =
+            parse_array(br#"[{"certname":"a", "t":"2026-11-30T07:04:00.1Z" },{}]"#).expect("valid");
         assert_eq!(
             with_key(records[0], "pdbmux_source", "pdb-a"),
             r#"{"certname":"a", "t":"2026-11-30T07:04:00.1Z","pdbmux_source":"pdb-a"}"#

@@ -185,7 +185,8 @@ fn split_path(path: &str) -> Result<Vec<&str>, Refusal> {
     }
     let segments: Vec<&str> = rest.split('/').collect();
     for segment in &segments {
-        match *segment {
+        // Servlet containers read `..;x` as `..` (a path parameter), so judge the part before `;`.
+        match segment.split(';').next().unwrap_or(segment) {
             "" => return Err(Refusal::BadPath("empty path segment")),
             "." | ".." => return Err(Refusal::BadPath("dot segment")),
             _ => {}
@@ -319,8 +320,14 @@ mod tests {
             ("/pdb/query/v4/fact-contents", "pass-through"),
             ("/pdb/meta/v1/version", "meta"),
             ("/pdb/meta/v1/server-time", "meta"),
-            ("/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes", "metrics"),
-            ("/metrics/v2/read/java.lang:type=Memory/HeapMemoryUsage/used", "metrics"),
+            (
+                "/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes",
+                "metrics",
+            ),
+            (
+                "/metrics/v2/read/java.lang:type=Memory/HeapMemoryUsage/used",
+                "metrics",
+            ),
             ("/metrics/v2/list", "metrics"),
             ("/metrics/v1/mbeans", "metrics"),
             ("/metrics/v1/mbeans/java.lang:type=Memory", "metrics"),
@@ -359,6 +366,9 @@ mod tests {
         for target in [
             "/pdb/query/v4/../../pdb/admin/v1/archive",
             "/pdb/query/v4/./nodes",
+            "/pdb/query/v4/..;/..;/pdb/admin/v1/archive",
+            "/pdb/query/v4/nodes/.;x",
+            "/pdb/query/v4/;/nodes",
             "/pdb/query/v4/%2e%2e/%2E%2E/pdb/admin/v1/archive",
             "/pdb/query/v4/nodes/%2e",
             "/pdb/query/v4/nodes/a%2fb",

@@ -47,13 +47,18 @@ impl Body for Deadlined {
     type Data = Bytes;
     type Error = BodyError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
             return Poll::Ready(frame);
         }
         match self.sleep.as_mut().poll(cx) {
             Poll::Ready(()) => {
-                tracing::warn!("aborting a streamed response: upstream body not complete before the deadline");
+                tracing::warn!(
+                    "aborting a streamed response: upstream body not complete before the deadline"
+                );
                 Poll::Ready(Some(Err(Box::new(DeadlinePassed))))
             }
             Poll::Pending => Poll::Pending,

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use pdbmux_core::{Admission, ClientRequest, Estate, EstateOutput, Exchange, Response, UpstreamId, WaiterId};
+use pdbmux_core::{
+    Admission, ClientRequest, Estate, EstateOutput, Exchange, Response, UpstreamId, WaiterId,
+};
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 
@@ -51,11 +53,15 @@ impl Shared {
 
     fn estate(&self) -> MutexGuard<'_, Estate> {
         // A panic while holding the lock leaves the estate as it was between two calls; keep going.
-        self.estate.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.estate
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn waiters(&self) -> MutexGuard<'_, BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>> {
-        self.waiters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.waiters
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Admits a client request (briefly under the estate lock).
@@ -68,7 +74,12 @@ impl Shared {
         self.admit_with(now, request, Estate::readmit)
     }
 
-    fn admit_with(&self, now: Instant, request: &ClientRequest, admit: fn(&mut Estate, Instant, &ClientRequest) -> Admission) -> Admitted {
+    fn admit_with(
+        &self,
+        now: Instant,
+        request: &ClientRequest,
+        admit: fn(&mut Estate, Instant, &ClientRequest) -> Admission,
+    ) -> Admitted {
         let mut estate = self.estate();
         let admission = admit(&mut estate, now, request);
         // The admission may have queued upstream requests (a membership refresh).
@@ -108,7 +119,8 @@ impl Shared {
         loop {
             let (outputs, deadline) = {
                 let mut estate = self.estate();
-                let outputs: Vec<EstateOutput> = std::iter::from_fn(|| estate.poll_output()).collect();
+                let outputs: Vec<EstateOutput> =
+                    std::iter::from_fn(|| estate.poll_output()).collect();
                 (outputs, estate.poll_timeout())
             };
             for output in outputs {
@@ -122,8 +134,12 @@ impl Shared {
                             {
                                 let mut estate = shared.estate();
                                 match result {
-                                    Ok((response, _)) => estate.handle_upstream_response(now, request.id, response),
-                                    Err(failure) => estate.handle_upstream_failure(now, request.id, failure),
+                                    Ok((response, _)) => {
+                                        estate.handle_upstream_response(now, request.id, response)
+                                    }
+                                    Err(failure) => {
+                                        estate.handle_upstream_failure(now, request.id, failure)
+                                    }
                                 }
                             }
                             shared.wake.notify_one();
@@ -136,7 +152,9 @@ impl Shared {
                             handle.abort();
                         }
                     }
-                    EstateOutput::Respond { waiter, response } => self.tell(waiter, WaiterEvent::Respond(response)),
+                    EstateOutput::Respond { waiter, response } => {
+                        self.tell(waiter, WaiterEvent::Respond(response))
+                    }
                     EstateOutput::Resume { waiter } => self.tell(waiter, WaiterEvent::Resume),
                 }
             }

@@ -51,10 +51,12 @@ pub fn run(settings: Settings) -> Result<(), ServeError> {
 async fn serve(settings: Settings) -> Result<(), ServeError> {
     let config = settings.config;
     let upstreams = Upstreams::new(&config)?;
-    let listener = TcpListener::bind(&config.listen).await.map_err(|source| ServeError::Bind {
-        addr: config.listen.clone(),
-        source,
-    })?;
+    let listener = TcpListener::bind(&config.listen)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen.clone(),
+            source,
+        })?;
     let drain_limit = config.timeout + DRAIN_GRACE;
     tracing::info!(
         listen = %listener.local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),
@@ -114,7 +116,10 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
 /// Resolves with the name of the first SIGTERM or SIGINT.
 async fn shutdown_signal() -> &'static str {
     use tokio::signal::unix::{signal, SignalKind};
-    match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
         (Ok(mut term), Ok(mut int)) => tokio::select! {
             _ = term.recv() => "SIGTERM",
             _ = int.recv() => "SIGINT",

@@ -9,14 +9,19 @@ use std::time::Instant;
 use futures_util::future::{AbortHandle, Abortable};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use hyper::body::Incoming;
-use pdbmux_core::{ClientRequest, Exchange, ExchangeOutput, Response, ResponseBody, UpstreamFailure, UpstreamId};
+use pdbmux_core::{
+    ClientRequest, Exchange, ExchangeOutput, Response, ResponseBody, UpstreamFailure, UpstreamId,
+};
 
 use crate::body;
 use crate::estate_task::{Admitted, Shared, WaiterEvent};
 use crate::upstream::HeldBody;
 
 /// Answers one client request. Never fails: every outcome is an HTTP response.
-pub async fn handle(shared: Arc<Shared>, request: http::Request<Incoming>) -> Result<http::Response<body::ResponseBody>, Infallible> {
+pub async fn handle(
+    shared: Arc<Shared>,
+    request: http::Request<Incoming>,
+) -> Result<http::Response<body::ResponseBody>, Infallible> {
     let started = Instant::now();
     let client_request = client_request(&request);
     let mut admission = shared.admit(started, &client_request);
@@ -26,10 +31,15 @@ pub async fn handle(shared: Arc<Shared>, request: http::Request<Incoming>) -> Re
             Admitted::Exchange(exchange) => break drive(&shared, exchange).await,
             Admitted::Wait(receiver) => match receiver.await {
                 Ok(WaiterEvent::Respond(response)) => break into_hyper(response, None),
-                Ok(WaiterEvent::Resume) => admission = shared.readmit(Instant::now(), &client_request),
+                Ok(WaiterEvent::Resume) => {
+                    admission = shared.readmit(Instant::now(), &client_request)
+                }
                 Err(_) => {
                     break into_hyper(
-                        Response::text(http::StatusCode::SERVICE_UNAVAILABLE, "pdbmux: shutting down"),
+                        Response::text(
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            "pdbmux: shutting down",
+                        ),
                         None,
                     )
                 }
@@ -48,10 +58,10 @@ pub async fn handle(shared: Arc<Shared>, request: http::Request<Incoming>) -> Re
 
 /// The core's view of a request: method, raw target and header sizes.
 fn client_request(request: &http::Request<Incoming>) -> ClientRequest {
-    let target = request
-        .uri()
-        .path_and_query()
-        .map_or_else(|| request.uri().path().to_owned(), |pq| pq.as_str().to_owned());
+    let target = request.uri().path_and_query().map_or_else(
+        || request.uri().path().to_owned(),
+        |pq| pq.as_str().to_owned(),
+    );
     let header_bytes = request
         .headers()
         .iter()
@@ -140,13 +150,17 @@ pub async fn sleep_until(deadline: Option<Instant>) {
 }
 
 /// Converts the core's response, attaching a held upstream body when it is streamed.
-fn into_hyper(response: Response, stream: Option<(HeldBody, Instant)>) -> http::Response<body::ResponseBody> {
+fn into_hyper(
+    response: Response,
+    stream: Option<(HeldBody, Instant)>,
+) -> http::Response<body::ResponseBody> {
     let body = match (response.body, stream) {
         (ResponseBody::Full(bytes), _) => body::full(bytes),
         (ResponseBody::Upstream(_), Some((held, deadline))) => body::streamed(held, deadline),
         (ResponseBody::Upstream(id), None) => {
             tracing::error!("no held body for upstream {id}; answering 502");
-            let mut fallback = http::Response::new(body::full("pdbmux: upstream body lost\n".into()));
+            let mut fallback =
+                http::Response::new(body::full("pdbmux: upstream body lost\n".into()));
             *fallback.status_mut() = http::StatusCode::BAD_GATEWAY;
             return fallback;
         }

@@ -15,7 +15,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use pdbmux_core::config::{BackendConfig, Config};
-use pdbmux_core::{BackendId, BodyMode, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use pdbmux_core::{
+    BackendId, BodyMode, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
+};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -82,7 +84,10 @@ impl Upstreams {
 
     /// Sends one upstream request and reads its answer as the request's body mode says. The caller
     /// bounds it by the request's deadline.
-    pub async fn send(&self, request: &UpstreamRequest) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
+    pub async fn send(
+        &self,
+        request: &UpstreamRequest,
+    ) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
         let backend = self.backend(request.backend)?;
         let uri = format!("{}{}", backend.base, request.path_and_query);
         let mut builder = Request::builder()
@@ -96,9 +101,18 @@ impl Upstreams {
         let http_request = builder
             .body(Full::new(request.body.clone().unwrap_or_default()))
             .map_err(|e| UpstreamFailure::Transport(format!("bad upstream request: {e}")))?;
-        let response = backend.client.request(http_request).await.map_err(classify_client_error)?;
+        let response = backend
+            .client
+            .request(http_request)
+            .await
+            .map_err(classify_client_error)?;
         let (parts, body) = response.into_parts();
-        if let Some(length) = parts.headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+        if let Some(length) = parts
+            .headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok())
+        {
             if length > self.max_body_bytes {
                 return Err(UpstreamFailure::BodyTooLarge {
                     limit: self.max_body_bytes,
@@ -115,7 +129,11 @@ impl Upstreams {
             };
             return Ok((response, Some(body)));
         }
-        let bytes = body.collect().await.map_err(|e| self.body_error(e))?.to_bytes();
+        let bytes = body
+            .collect()
+            .await
+            .map_err(|e| self.body_error(e))?
+            .to_bytes();
         let response = UpstreamResponse {
             status: parts.status,
             headers: parts.headers,
@@ -173,7 +191,11 @@ fn native_roots() -> Vec<CertificateDer<'static>> {
     loaded.certs
 }
 
-fn client_for(backend: &BackendConfig, system_roots: &[CertificateDer<'static>], timeout: Duration) -> Result<HttpsClient, ClientSetupError> {
+fn client_for(
+    backend: &BackendConfig,
+    system_roots: &[CertificateDer<'static>],
+    timeout: Duration,
+) -> Result<HttpsClient, ClientSetupError> {
     let file_error = |what: &'static str, path: &Path, reason: String| ClientSetupError::TlsFile {
         backend: backend.name.clone(),
         what,
@@ -199,14 +221,18 @@ fn client_for(backend: &BackendConfig, system_roots: &[CertificateDer<'static>],
         .with_root_certificates(roots);
     let tls = match (&backend.tls.cert_file, &backend.tls.key_file) {
         (Some(cert_path), Some(key_path)) => {
-            let certs = read_certs(cert_path).map_err(|reason| file_error("certificate file", cert_path, reason))?;
+            let certs = read_certs(cert_path)
+                .map_err(|reason| file_error("certificate file", cert_path, reason))?;
             // The key's contents never reach an error message or a log line.
-            let key = PrivateKeyDer::from_pem_file(key_path)
-                .map_err(|_| file_error("key file", key_path, "no readable PEM private key".into()))?;
-            builder.with_client_auth_cert(certs, key).map_err(|e| ClientSetupError::Tls {
-                backend: backend.name.clone(),
-                reason: e.to_string(),
-            })?
+            let key = PrivateKeyDer::from_pem_file(key_path).map_err(|_| {
+                file_error("key file", key_path, "no readable PEM private key".into())
+            })?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .map_err(|e| ClientSetupError::Tls {
+                    backend: backend.name.clone(),
+                    reason: e.to_string(),
+                })?
         }
         (None, None) => builder.with_no_client_auth(),
         _ => {

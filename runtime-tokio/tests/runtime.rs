@@ -50,7 +50,10 @@ fn a_declared_length_over_the_limit_fails_that_backend_and_the_next_one_answers(
     let big = FakeBackend::start(|_| respond("200 OK", "application/json", &" ".repeat(3000)));
     let small = FakeBackend::start(|_| respond("200 OK", "application/json", "[1]"));
     let pdbmux = Pdbmux::start(&[
-        ("PDBMUX_BACKENDS", format!("a={},b={}", big.url(), small.url())),
+        (
+            "PDBMUX_BACKENDS",
+            format!("a={},b={}", big.url(), small.url()),
+        ),
         ("PDBMUX_MAX_BODY_BYTES", "2000".into()),
     ]);
     let response = pdbmux.get("/pdb/query/v4/catalogs");
@@ -63,7 +66,11 @@ fn a_declared_length_over_the_limit_fails_that_backend_and_the_next_one_answers(
     ]);
     let response = alone.get("/pdb/query/v4/catalogs");
     assert_eq!(response.status(), 502);
-    assert!(response.body().contains("body over 2000 bytes"), "{}", response.body());
+    assert!(
+        response.body().contains("body over 2000 bytes"),
+        "{}",
+        response.body()
+    );
 }
 
 #[test]
@@ -74,7 +81,9 @@ fn request_limits_are_enforced_before_any_backend_is_asked() {
     let long = format!("/pdb/query/v4/catalogs?query={}", "x".repeat(8200));
     assert_eq!(pdbmux.get(&long).status(), 414);
 
-    let mut request = String::from("GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\n");
+    let mut request = String::from(
+        "GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\n",
+    );
     for i in 0..100 {
         request.push_str(&format!("X-Filler-{i}: 1\r\n"));
     }
@@ -91,11 +100,20 @@ fn request_limits_are_enforced_before_any_backend_is_asked() {
     assert_eq!(post.status(), 405);
     assert_eq!(post.header("allow").as_deref(), Some("GET"));
 
-    for target in ["/pdb/query/v4/../../pdb/admin/v1/archive", "/pdb/query/v4/%2e%2e/x", "/pdb/admin/v1/archive", "/status/v1/services"] {
+    for target in [
+        "/pdb/query/v4/../../pdb/admin/v1/archive",
+        "/pdb/query/v4/%2e%2e/x",
+        "/pdb/admin/v1/archive",
+        "/status/v1/services",
+    ] {
         let status = pdbmux.get(target).status();
         assert!(status == 400 || status == 404, "{target}: {status}");
     }
-    assert!(backend.request_lines().is_empty(), "nothing may reach the backend: {:?}", backend.request_lines());
+    assert!(
+        backend.request_lines().is_empty(),
+        "nothing may reach the backend: {:?}",
+        backend.request_lines()
+    );
 }
 
 #[test]
@@ -108,7 +126,10 @@ fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     let mut pdbmux = Pdbmux::start(&[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
     let addr = pdbmux.addr;
     let in_flight = thread::spawn(move || {
-        let probe = Pdbmux::raw_at(addr, "GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let probe = Pdbmux::raw_at(
+            addr,
+            "GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        );
         probe
     });
     thread::sleep(Duration::from_millis(200));
@@ -117,7 +138,10 @@ fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     assert_eq!(response.status(), 200, "{}", response.text);
     assert_eq!(response.body(), "[\"slow\"]");
     assert_eq!(pdbmux.wait_exit(Duration::from_secs(10)), Some(0));
-    assert!(std::net::TcpStream::connect(addr).is_err(), "the listener is closed after shutdown");
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the listener is closed after shutdown"
+    );
 }
 
 #[test]
@@ -131,10 +155,15 @@ fn a_client_that_leaves_releases_the_upstream_request() {
     {
         use std::io::Write;
         let mut stream = std::net::TcpStream::connect(pdbmux.addr).unwrap();
-        stream.write_all(b"GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        stream
+            .write_all(b"GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
         let started = Instant::now();
         while backend.request_lines().is_empty() {
-            assert!(started.elapsed() < Duration::from_secs(5), "request never reached the backend");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "request never reached the backend"
+            );
             thread::sleep(Duration::from_millis(10));
         }
     }
@@ -142,7 +171,10 @@ fn a_client_that_leaves_releases_the_upstream_request() {
     // close as soon as it writes (or reads) again, well before a second request could reuse it.
     let started = Instant::now();
     while backend.connections_closed.load(Ordering::SeqCst) == 0 {
-        assert!(started.elapsed() < Duration::from_secs(5), "the upstream connection was not released");
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the upstream connection was not released"
+        );
         thread::sleep(Duration::from_millis(20));
     }
 }

@@ -34,7 +34,8 @@ impl FakeBackend {
         thread::spawn(move || {
             for stream in listener.incoming() {
                 let Ok(stream) = stream else { continue };
-                let (script, log, closed_count) = (script.clone(), log.clone(), closed_count.clone());
+                let (script, log, closed_count) =
+                    (script.clone(), log.clone(), closed_count.clone());
                 thread::spawn(move || serve(stream, &*script, &log, &closed_count));
             }
         });
@@ -54,7 +55,12 @@ impl FakeBackend {
     }
 }
 
-fn serve(stream: TcpStream, script: &dyn Fn(&str) -> Vec<Piece>, log: &Mutex<Vec<String>>, closed: &AtomicUsize) {
+fn serve(
+    stream: TcpStream,
+    script: &dyn Fn(&str) -> Vec<Piece>,
+    log: &Mutex<Vec<String>>,
+    closed: &AtomicUsize,
+) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut writer = stream;
     loop {
@@ -89,7 +95,11 @@ fn serve(stream: TcpStream, script: &dyn Fn(&str) -> Vec<Piece>, log: &Mutex<Vec
 /// A complete response with a Content-Length.
 pub fn respond(status: &str, content_type: &str, body: &str) -> Vec<Piece> {
     vec![Piece::Bytes(
-        format!("HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}", body.len()).into_bytes(),
+        format!(
+            "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes(),
     )]
 }
 
@@ -102,7 +112,11 @@ pub struct Pdbmux {
 
 impl Pdbmux {
     pub fn start(env: &[(&str, String)]) -> Pdbmux {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let home = tempfile::tempdir().unwrap();
         let mut command = Command::new(env!("CARGO_BIN_EXE_pdbmux"));
@@ -120,7 +134,10 @@ impl Pdbmux {
         let child = command.spawn().unwrap();
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(addr).is_err() {
-            assert!(Instant::now() < deadline, "pdbmux did not start listening on {addr}");
+            assert!(
+                Instant::now() < deadline,
+                "pdbmux did not start listening on {addr}"
+            );
             thread::sleep(Duration::from_millis(20));
         }
         Pdbmux { child, addr, home }
@@ -134,7 +151,9 @@ impl Pdbmux {
     /// Sends raw request bytes to `addr` and reads until the server closes the connection.
     pub fn raw_at(addr: SocketAddr, request: &str) -> RawResponse {
         let mut stream = TcpStream::connect(addr).unwrap();
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         stream.write_all(request.as_bytes()).unwrap();
         let mut bytes = Vec::new();
         let result = stream.read_to_end(&mut bytes);
@@ -146,12 +165,18 @@ impl Pdbmux {
 
     /// A GET with `Connection: close`.
     pub fn get(&self, target: &str) -> RawResponse {
-        self.raw(&format!("GET {target} HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\n\r\n"))
+        self.raw(&format!(
+            "GET {target} HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\n\r\n"
+        ))
     }
 
     /// Sends SIGTERM.
     pub fn terminate(&self) {
-        let status = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status().unwrap();
+        let status = Command::new("kill")
+            .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
         assert!(status.success());
     }
 
@@ -196,18 +221,26 @@ pub struct RawResponse {
 
 impl RawResponse {
     pub fn status(&self) -> u16 {
-        self.text.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0)
+        self.text
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0)
     }
 
     pub fn header(&self, name: &str) -> Option<String> {
         let head = self.text.split("\r\n\r\n").next()?;
         head.lines().skip(1).find_map(|line| {
             let (key, value) = line.split_once(':')?;
-            key.trim().eq_ignore_ascii_case(name).then(|| value.trim().to_owned())
+            key.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| value.trim().to_owned())
         })
     }
 
     pub fn body(&self) -> &str {
-        self.text.split_once("\r\n\r\n").map_or("", |(_, body)| body)
+        self.text
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, body)| body)
     }
 }

@@ -1,0 +1,328 @@
+//! The two rewrites pdbmux makes to an AST before fanning it out: ownership push-down (D4) and the
+//! `avg` → `sum` + `count` rewrite of combined aggregates.
+
+use serde_json::{json, Value};
+
+use super::ast::{form, function_form, outer_extract_pointer};
+
+/// The clause D4 adds to a backend's query: `["not",["in","certname",["array",[...]]]]` over the
+/// shared certnames another backend owns.
+///
+/// Use [`exclude_certnames`] to add it; this is exposed for logs and tests.
+pub fn ownership_clause(certnames: &[&str]) -> Value {
+    json!(["not", ["in", "certname", ["array", certnames]]])
+}
+
+/// Adds [`ownership_clause`] as a conjunct of `query`, for the backend that must not answer for
+/// `certnames` (DECISIONS.md D4).
+///
+/// - no certnames: the query unchanged (`None` stays `None`);
+/// - no query: the clause alone;
+/// - a filter `F`: `["and", F, clause]`;
+/// - an outer extract: the clause joins its filter (`["extract", cols, ["and", F, clause]]`), or
+///   becomes the filter, placed before a `group_by`;
+/// - a top-level `from`: the same, applied to its query.
+///
+/// A top-level `from` with in-query paging, and a bare `["extract"]`, are returned untouched:
+/// check [`Analysis::in_query_paging`](super::Analysis::in_query_paging) first, since such a
+/// query cannot be answered with ownership pushed down.
+pub fn exclude_certnames(query: Option<&Value>, certnames: &[&str]) -> Option<Value> {
+    if certnames.is_empty() {
+        return query.cloned();
+    }
+    let clause = ownership_clause(certnames);
+    Some(match query {
+        None => clause,
+        Some(query) => add_criteria(query, clause),
+    })
+}
+
+/// PuppetDB's own `add-criteria` (`http/query.clj`), minus its paging passthrough.
+fn add_criteria(query: &Value, clause: Value) -> Value {
+    let Some((op, items)) = form(query) else {
+        return json!(["and", query, clause]);
+    };
+    match op {
+        "extract" => {
+            let mut items = items.to_vec();
+            match items.get(2) {
+                _ if items.len() < 2 => {}
+                None => items.push(clause),
+                Some(Value::Null) => items[2] = clause,
+                Some(next) if form(next).is_some_and(|(op, _)| op == "group_by") => {
+                    items.insert(2, clause);
+                }
+                Some(filter) => items[2] = json!(["and", filter, clause]),
+            }
+            Value::Array(items)
+        }
+        "from" => {
+            let paged = items.iter().skip(2).any(|item| {
+                form(item).is_some_and(|(op, _)| matches!(op, "limit" | "offset" | "order_by"))
+            });
+            let mut items = items.to_vec();
+            match items.get(2) {
+                _ if paged || items.len() < 2 => {}
+                None => items.push(clause),
+                Some(subquery) => items[2] = add_criteria(subquery, clause),
+            }
+            Value::Array(items)
+        }
+        _ => json!(["and", query, clause]),
+    }
+}
+
+/// Rewrites every `["function","avg",col]` column of the outer extract into
+/// `["function","sum",col]` and `["function","count",col]`, in place, so the backends' partial
+/// answers can be folded into the true average (sum of sums / sum of counts). `group_by` is left
+/// alone.
+///
+/// Returns `None` when the outer extract projects no `avg` (send the query as it is). Call
+/// [`check_combinable`](super::check_combinable) first: it refuses the shapes this rewrite would
+/// make ambiguous (`avg` beside `sum` or `count`, `avg` twice, `avg` without exactly one argument).
+pub fn rewrite_avg(ast: &Value) -> Option<Value> {
+    let pointer = outer_extract_pointer(ast)?;
+    let mut rewritten = ast.clone();
+    let columns = rewritten
+        .pointer_mut(&pointer)?
+        .as_array_mut()?
+        .get_mut(1)?
+        .as_array_mut()?;
+    let mut found = false;
+    let mut out = Vec::with_capacity(columns.len() + 1);
+    for column in columns.drain(..) {
+        match function_form(&column) {
+            Some(function) if function.name == "avg" => {
+                found = true;
+                for name in ["sum", "count"] {
+                    let mut call = vec![json!("function"), json!(name)];
+                    call.extend(function.args.iter().cloned());
+                    out.push(Value::Array(call));
+                }
+            }
+            _ => out.push(column),
+        }
+    }
+    *columns = out;
+    found.then_some(rewritten)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exclude(query: Value) -> Value {
+        exclude_certnames(Some(&query), &["a", "b"]).expect("query")
+    }
+
+    fn clause() -> Value {
+        json!(["not", ["in", "certname", ["array", ["a", "b"]]]])
+    }
+
+    #[test]
+    fn clause_shape() {
+        assert_eq!(
+            ownership_clause(&["x"]),
+            json!(["not", ["in", "certname", ["array", ["x"]]]])
+        );
+    }
+
+    #[test]
+    fn no_certnames_leaves_the_query_alone() {
+        assert_eq!(exclude_certnames(None, &[]), None);
+        let query = json!(["=", "certname", "a"]);
+        assert_eq!(exclude_certnames(Some(&query), &[]), Some(query));
+    }
+
+    #[test]
+    fn no_query_becomes_the_clause() {
+        assert_eq!(exclude_certnames(None, &["a", "b"]), Some(clause()));
+    }
+
+    #[test]
+    fn a_filter_is_conjoined() {
+        assert_eq!(
+            exclude(json!(["and", ["=", "catalog_environment", "production"]])),
+            json!([
+                "and",
+                ["and", ["=", "catalog_environment", "production"]],
+                clause()
+            ])
+        );
+        assert_eq!(
+            exclude(json!([
+                "in",
+                "certname",
+                ["from", "resources", ["extract", "certname"]]
+            ])),
+            json!([
+                "and",
+                [
+                    "in",
+                    "certname",
+                    ["from", "resources", ["extract", "certname"]]
+                ],
+                clause()
+            ])
+        );
+    }
+
+    #[test]
+    fn extract_without_filter_gains_one() {
+        assert_eq!(
+            exclude(json!(["extract", [["function", "count"]]])),
+            json!(["extract", [["function", "count"]], clause()])
+        );
+        assert_eq!(
+            exclude(json!(["extract", "certname", null])),
+            json!(["extract", "certname", clause()])
+        );
+    }
+
+    #[test]
+    fn extract_filter_is_conjoined() {
+        assert_eq!(
+            exclude(json!([
+                "extract",
+                [["function", "count"]],
+                ["=", "environment", "production"]
+            ])),
+            json!([
+                "extract",
+                [["function", "count"]],
+                ["and", ["=", "environment", "production"], clause()]
+            ])
+        );
+    }
+
+    #[test]
+    fn extract_group_by_stays_last() {
+        assert_eq!(
+            exclude(json!([
+                "extract",
+                [["function", "count"], "status"],
+                ["=", "certname", "c"],
+                ["group_by", "status"]
+            ])),
+            json!([
+                "extract",
+                [["function", "count"], "status"],
+                ["and", ["=", "certname", "c"], clause()],
+                ["group_by", "status"]
+            ])
+        );
+        assert_eq!(
+            exclude(json!([
+                "extract",
+                [["function", "count"], "status"],
+                ["group_by", "status"]
+            ])),
+            json!([
+                "extract",
+                [["function", "count"], "status"],
+                clause(),
+                ["group_by", "status"]
+            ])
+        );
+    }
+
+    #[test]
+    fn top_level_from_is_looked_through() {
+        assert_eq!(
+            exclude(json!(["from", "nodes"])),
+            json!(["from", "nodes", clause()])
+        );
+        assert_eq!(
+            exclude(json!([
+                "from",
+                "nodes",
+                ["extract", "certname", ["=", "a", 1]]
+            ])),
+            json!([
+                "from",
+                "nodes",
+                ["extract", "certname", ["and", ["=", "a", 1], clause()]]
+            ])
+        );
+    }
+
+    #[test]
+    fn in_query_paging_and_bare_extract_are_untouched() {
+        for query in [
+            json!(["from", "nodes", ["=", "certname", "a"], ["limit", 1]]),
+            json!(["from", "nodes", ["order_by", ["certname"]]]),
+            json!(["extract"]),
+        ] {
+            assert_eq!(exclude(query.clone()), query);
+        }
+    }
+
+    #[test]
+    fn avg_becomes_sum_and_count_in_place() {
+        let ast = json!([
+            "extract",
+            [
+                "environment",
+                ["function", "avg", "value"],
+                ["function", "max", "value"]
+            ],
+            ["=", "name", "uptime_seconds"],
+            ["group_by", "environment"]
+        ]);
+        assert_eq!(
+            rewrite_avg(&ast),
+            Some(json!([
+                "extract",
+                [
+                    "environment",
+                    ["function", "sum", "value"],
+                    ["function", "count", "value"],
+                    ["function", "max", "value"]
+                ],
+                ["=", "name", "uptime_seconds"],
+                ["group_by", "environment"]
+            ]))
+        );
+    }
+
+    #[test]
+    fn avg_inside_top_level_from() {
+        let ast = json!(["from", "facts", ["extract", [["function", "avg", "value"]]]]);
+        assert_eq!(
+            rewrite_avg(&ast),
+            Some(json!([
+                "from",
+                "facts",
+                [
+                    "extract",
+                    [["function", "sum", "value"], ["function", "count", "value"]]
+                ]
+            ]))
+        );
+    }
+
+    #[test]
+    fn no_avg_no_rewrite() {
+        for ast in [
+            json!(["extract", [["function", "count"]], ["=", "a", 1]]),
+            json!(["extract", "avg"]),
+            json!(["=", "certname", "a"]),
+            json!([
+                "in",
+                "certname",
+                [
+                    "extract",
+                    [["function", "avg", "value"]],
+                    ["select_facts", ["=", "a", 1]]
+                ]
+            ]),
+            json!([
+                "extract",
+                [["function", "count"]],
+                ["group_by", ["function", "avg", "value"]]
+            ]),
+        ] {
+            assert_eq!(rewrite_avg(&ast), None, "{ast}");
+        }
+    }
+}
