@@ -14,6 +14,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use crate::config::Config;
 use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::membership::Ownership;
+use crate::merge::{Answer, Planned, RecordPlan};
 use crate::message::{
     BodyMode, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest,
     UpstreamResponse,
@@ -40,8 +41,10 @@ pub enum ExchangeOutput {
 }
 
 /// How the exchange turns answers into a response.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug)]
 enum Plan {
+    /// Ask every backend at once (each its own request), merge their records.
+    Records(Box<RecordPlan>),
     /// Ask every backend at once, merge the successes.
     FanOut(Merge),
     /// Ask one backend at a time in order; the first success is streamed.
@@ -129,18 +132,34 @@ impl Exchange {
                 }
             }
         }
+        let (path, raw_query) = match target.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (target.as_str(), None),
+        };
+        let mut immediate = None;
         let plan = match route {
+            Route::Merged(_) | Route::FactsByName { .. } => {
+                match RecordPlan::plan(route, path, raw_query, &config, ownership.clone()) {
+                    Planned::FanOut(plan) => Some(Plan::Records(plan)),
+                    Planned::Respond(response) => {
+                        immediate = Some(response);
+                        None
+                    }
+                }
+            }
             Route::MetaVersion => Some(Plan::FanOut(Merge::LowestVersion)),
             Route::ServerTime => Some(Plan::FanOut(Merge::FirstInOrder)),
             Route::PassThrough | Route::Resources => Some(Plan::FirstSuccess),
             Route::PerCertname { .. } => Some(Plan::OwnerFirst),
             Route::ReportHash { .. } => Some(Plan::Holder),
-            Route::Merged(_)
-            | Route::FactsByName { .. }
-            | Route::Combined(_)
-            | Route::Metrics(_)
-            | Route::Healthz => None,
+            Route::Combined(_) | Route::Metrics(_) | Route::Healthz => None,
         };
+        let plan_missing = plan.is_none() && immediate.is_none();
+        let sends_all = matches!(
+            plan,
+            Some(Plan::FanOut(_) | Plan::Holder | Plan::Records(_))
+        );
+        let sequential = matches!(plan, Some(Plan::FirstSuccess | Plan::OwnerFirst));
         let mut exchange = Exchange {
             config,
             target,
@@ -156,20 +175,22 @@ impl Exchange {
             outputs: VecDeque::new(),
             finished: false,
         };
-        match plan {
-            None => exchange.respond(Response::text(
+        if let Some(response) = immediate {
+            exchange.respond(response);
+        } else if plan_missing {
+            exchange.respond(Response::text(
                 StatusCode::NOT_IMPLEMENTED,
                 format!(
                     "pdbmux: the {} merge for this route is not implemented yet",
                     route.class()
                 ),
-            )),
-            Some(Plan::FanOut(_) | Plan::Holder) => {
-                for index in 0..exchange.legs.len() {
-                    exchange.send(now, index, BodyMode::Buffer);
-                }
+            ));
+        } else if sends_all {
+            for index in 0..exchange.legs.len() {
+                exchange.send(now, index, BodyMode::Buffer);
             }
-            Some(Plan::FirstSuccess | Plan::OwnerFirst) => exchange.advance(now),
+        } else if sequential {
+            exchange.advance(now);
         }
         if exchange.legs.is_empty() && !exchange.finished {
             exchange.respond(Response::text(
@@ -286,15 +307,19 @@ impl Exchange {
     fn send(&mut self, now: Instant, index: usize, body_mode: BodyMode) {
         let id = UpstreamId(self.ids.next());
         let deadline = now + self.config.timeout;
-        let leg = &mut self.legs[index];
-        leg.state = LegState::Pending { id, deadline };
+        let backend = self.legs[index].backend;
+        let (method, path_and_query, body) = match &self.plan {
+            Plan::Records(plan) => plan.upstream_request(backend),
+            _ => (Method::GET, self.target.clone(), None),
+        };
+        self.legs[index].state = LegState::Pending { id, deadline };
         self.outputs
             .push_back(ExchangeOutput::Send(UpstreamRequest {
                 id,
-                backend: leg.backend,
-                method: Method::GET,
-                path_and_query: self.target.clone(),
-                body: None,
+                backend,
+                method,
+                path_and_query,
+                body,
                 body_mode,
                 deadline,
             }));
@@ -311,8 +336,12 @@ impl Exchange {
     }
 
     fn progress(&mut self, now: Instant) {
-        match self.plan {
-            Plan::FanOut(merge) => self.progress_fan_out(merge),
+        match &self.plan {
+            Plan::Records(_) => self.progress_records(),
+            Plan::FanOut(merge) => {
+                let merge = *merge;
+                self.progress_fan_out(merge)
+            }
             Plan::Holder => self.progress_holder(),
             Plan::FirstSuccess | Plan::OwnerFirst => self.advance(now),
         }
@@ -323,7 +352,7 @@ impl Exchange {
         if self.finished {
             return;
         }
-        let owner_first = self.plan == Plan::OwnerFirst;
+        let owner_first = matches!(self.plan, Plan::OwnerFirst);
         for index in 0..self.legs.len() {
             match &self.legs[index].state {
                 LegState::Pending { .. } => return,
@@ -410,6 +439,50 @@ impl Exchange {
         };
         self.log_failures();
         self.respond(response);
+    }
+
+    /// Record merges: once every backend is done, merge the usable answers; a body that does not
+    /// parse counts as that backend failing (D7).
+    fn progress_records(&mut self) {
+        if self.finished || !self.all_done() {
+            return;
+        }
+        let Plan::Records(plan) = &self.plan else {
+            return;
+        };
+        let answers: Vec<Answer<'_>> = self
+            .legs
+            .iter()
+            .filter_map(|leg| match &leg.state {
+                LegState::Done(LegResult::Outcome(Outcome::Success { headers, body, .. })) => {
+                    Some(Answer {
+                        backend: leg.backend,
+                        headers,
+                        body,
+                    })
+                }
+                _ => None,
+            })
+            .collect();
+        let merged = plan.merge(&answers);
+        for (backend, reason) in merged.unusable {
+            if let Some(leg) = self.legs.iter_mut().find(|leg| leg.backend == backend) {
+                leg.state = LegState::Done(LegResult::Outcome(Outcome::Failed(reason)));
+            }
+        }
+        match merged.response {
+            Some(response) => {
+                self.warn_partial();
+                let response = self.with_backends_header(response, merged.contributed);
+                self.respond(response);
+            }
+            None => {
+                self.log_failures();
+                let verdict = policy::failure_verdict(&self.outcomes(), &self.config.backends);
+                let response = self.with_backends_header(verdict.into_response(), 0);
+                self.respond(response);
+            }
+        }
     }
 
     fn progress_fan_out(&mut self, merge: Merge) {

@@ -41,6 +41,7 @@ mod healthz;
 mod ids;
 mod legs;
 pub mod membership;
+mod merge;
 mod message;
 pub mod meta;
 pub mod policy;

@@ -87,7 +87,7 @@ impl Ownership {
             let first = held[0].0;
             let mut freshness = held[0];
             for candidate in &held[1..] {
-                if newer(candidate.1, freshness.1) == Ordering::Greater {
+                if compare_report_timestamps(candidate.1, freshness.1) == Ordering::Greater {
                     freshness = *candidate;
                 }
             }
@@ -136,8 +136,8 @@ impl Ownership {
     }
 }
 
-/// Orders report timestamps: null is older than any timestamp.
-fn newer(a: Option<&str>, b: Option<&str>) -> Ordering {
+/// Orders report timestamps: null is older than any timestamp; instants compare as instants.
+pub(crate) fn compare_report_timestamps(a: Option<&str>, b: Option<&str>) -> Ordering {
     match (a, b) {
         (None, None) => Ordering::Equal,
         (None, Some(_)) => Ordering::Less,

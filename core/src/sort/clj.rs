@@ -281,7 +281,11 @@ pub(super) fn java_double(d: f64) -> String {
                 (digits[..p].to_owned(), digits[p..].to_owned())
             }
         };
-        let frac = if frac_part.is_empty() { "0".to_owned() } else { frac_part };
+        let frac = if frac_part.is_empty() {
+            "0".to_owned()
+        } else {
+            frac_part
+        };
         format!("{sign}{int_part}.{frac}")
     } else {
         let (first, rest) = digits.split_at(1.min(digits.len()));
@@ -575,7 +579,10 @@ mod tests {
         );
         assert_eq!(pr(r#"["\ud800"]"#), r#"["?"]"#);
         assert_eq!(pr(r#"{"x":1,"field":"a","x":2}"#), r#"{:x 2, :field "a"}"#);
-        assert_eq!(pr(r#"{"field":"a","field":"b","x":1}"#), r#"{:field "b", :x 1}"#);
+        assert_eq!(
+            pr(r#"{"field":"a","field":"b","x":1}"#),
+            r#"{:field "b", :x 1}"#
+        );
     }
 
     #[test]
@@ -586,7 +593,9 @@ mod tests {
             r#"{:field "x", :e 5, :g 7, :c 3, :h 8, :b 2, :d 4, :f 6, :a 1}"#
         );
         assert_eq!(
-            pr(r#"{"field":"a","order":"up","n":1e400,"m":-0.0,"o":1e7,"p":1e-4,"q":0.001,"r":12345678.9,"s":1e6}"#),
+            pr(
+                r#"{"field":"a","order":"up","n":1e400,"m":-0.0,"o":1e7,"p":1e-4,"q":0.001,"r":12345678.9,"s":1e6}"#
+            ),
             r#"{:q 0.001, :r 1.23456789E7, :o 1.0E7, :n ##Inf, :m -0.0, :field "a", :s 1000000.0, :order "up", :p 1.0E-4}"#
         );
     }
@@ -619,18 +628,46 @@ mod tests {
         assert_eq!(pr("5 x"), "5");
         assert_eq!(pr("true]"), "true");
         for bad in [
-            "5x", "5]", "tru", "truex", "nullx", "[", "[1,]", "[01]", "/*c*/[]", "[{'a':1}]",
-            "NaN", "-", "1.", "1e", "+1", ".5", "[1 2]", "{\"a\" 1}", "\"a\u{1}\"", "\"\\x\"",
-            "\"\\u12\"", "{1:2}",
+            "5x",
+            "5]",
+            "tru",
+            "truex",
+            "nullx",
+            "[",
+            "[1,]",
+            "[01]",
+            "/*c*/[]",
+            "[{'a':1}]",
+            "NaN",
+            "-",
+            "1.",
+            "1e",
+            "+1",
+            ".5",
+            "[1 2]",
+            "{\"a\" 1}",
+            "\"a\u{1}\"",
+            "\"\\x\"",
+            "\"\\u12\"",
+            "{1:2}",
         ] {
             assert_eq!(pr(bad), "<error>", "{bad:?}");
         }
-        assert_eq!(pr(&format!("{}{}", "[".repeat(2000), "]".repeat(2000))), "<error>");
+        assert_eq!(
+            pr(&format!("{}{}", "[".repeat(2000), "]".repeat(2000))),
+            "<error>"
+        );
     }
 
     #[test]
     fn number_classes() {
-        let class = |raw: &str| read(raw).ok().flatten().as_ref().and_then(not_seqable_class);
+        let class = |raw: &str| {
+            read(raw)
+                .ok()
+                .flatten()
+                .as_ref()
+                .and_then(not_seqable_class)
+        };
         assert_eq!(class("5"), Some("java.lang.Integer"));
         assert_eq!(class("-2147483648"), Some("java.lang.Integer"));
         assert_eq!(class("2147483648"), Some("java.lang.Long"));

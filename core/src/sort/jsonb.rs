@@ -70,7 +70,9 @@ impl Jsonb {
 
 /// jsonb's key storage order (`lengthCompareJsonbStringValue`): shorter first, then bytes.
 fn storage_key_order(a: &str, b: &str) -> Ordering {
-    a.len().cmp(&b.len()).then_with(|| a.as_bytes().cmp(b.as_bytes()))
+    a.len()
+        .cmp(&b.len())
+        .then_with(|| a.as_bytes().cmp(b.as_bytes()))
 }
 
 /// Compares two column values as PostgreSQL's `jsonb` `<`/`>` do (`compareJsonbContainers`).
@@ -105,7 +107,7 @@ fn cmp_nested(a: &Jsonb, b: &Jsonb) -> Ordering {
     match (a, b) {
         (Jsonb::Null, Jsonb::Null) => Ordering::Equal,
         (Jsonb::Str(x), Jsonb::Str(y)) => x.as_bytes().cmp(y.as_bytes()),
-        (Jsonb::Num(x), Jsonb::Num(y)) => x.cmp(y),
+        (Jsonb::Num(x), Jsonb::Num(y)) => x.compare(y),
         (Jsonb::Bool(x), Jsonb::Bool(y)) => x.cmp(y),
         (Jsonb::Arr(x), Jsonb::Arr(y)) => cmp_nested_arrays(x, y),
         (Jsonb::Obj(x), Jsonb::Obj(y)) => x.len().cmp(&y.len()).then_with(|| {
@@ -214,8 +216,21 @@ mod tests {
     fn documented_type_order() {
         // Object > Array > Boolean > Number > String > Null, and [] below null.
         let ascending = [
-            "[]", "null", r#""""#, r#""a""#, "-1", "0", "2.5", "10", "false", "true", "[null]",
-            "[1]", "[1,2]", "{}", r#"{"a":1}"#,
+            "[]",
+            "null",
+            r#""""#,
+            r#""a""#,
+            "-1",
+            "0",
+            "2.5",
+            "10",
+            "false",
+            "true",
+            "[null]",
+            "[1]",
+            "[1,2]",
+            "{}",
+            r#"{"a":1}"#,
         ];
         for pair in ascending.windows(2) {
             lt(pair[0], pair[1]);
@@ -246,13 +261,17 @@ mod tests {
         lt(r#"[true]"#, r#"[[]]"#);
         lt(r#"[[1,2]]"#, r#"[{}]"#);
         lt(r#"[null]"#, r#"[""]"#);
-        // A top-level scalar is below any non-empty array, even [null].
+        // Nested, even an empty array sorts above every scalar.
         lt(r#"{"a":1}"#, r#"{"a":[]}"#);
+        // A top-level scalar is below any non-empty array, even [null].
         lt("true", "[null]");
         assert_eq!(cmp_top(&j("1"), &j("1.0")), Ordering::Equal);
         assert_eq!(cmp_top(&j("-0.0"), &j("0")), Ordering::Equal);
         // Duplicate keys: the last value wins, as jsonb keeps it.
-        assert_eq!(cmp_top(&j(r#"{"a":1,"a":2}"#), &j(r#"{"a":2}"#)), Ordering::Equal);
+        assert_eq!(
+            cmp_top(&j(r#"{"a":1,"a":2}"#), &j(r#"{"a":2}"#)),
+            Ordering::Equal
+        );
         // Storage order, not input order.
         assert_eq!(
             cmp_top(&j(r#"{"bb":1,"a":2}"#), &j(r#"{"a":2,"bb":1}"#)),
@@ -288,7 +307,10 @@ mod tests {
         use serde_json::Value as V;
         match v {
             V::Array(items) => {
-                out.push(Tok::BeginArray { raw_scalar: false, n: items.len() });
+                out.push(Tok::BeginArray {
+                    raw_scalar: false,
+                    n: items.len(),
+                });
                 for item in items {
                     if item.is_array() || item.is_object() {
                         tokens(item, false, out);
@@ -315,7 +337,10 @@ mod tests {
             }
             scalar => {
                 assert!(top);
-                out.push(Tok::BeginArray { raw_scalar: true, n: 1 });
+                out.push(Tok::BeginArray {
+                    raw_scalar: true,
+                    n: 1,
+                });
                 out.push(Tok::Elem(scalar.clone()));
                 out.push(Tok::EndArray);
             }
@@ -367,12 +392,22 @@ mod tests {
                 match (x, y) {
                     (Tok::EndArray, _) | (Tok::EndObject, _) => Ordering::Equal,
                     (
-                        Tok::BeginArray { raw_scalar: ra, n: na },
-                        Tok::BeginArray { raw_scalar: rb, n: nb },
+                        Tok::BeginArray {
+                            raw_scalar: ra,
+                            n: na,
+                        },
+                        Tok::BeginArray {
+                            raw_scalar: rb,
+                            n: nb,
+                        },
                     ) => {
                         let mut r = Ordering::Equal;
                         if ra != rb {
-                            r = if *ra { Ordering::Less } else { Ordering::Greater };
+                            r = if *ra {
+                                Ordering::Less
+                            } else {
+                                Ordering::Greater
+                            };
                         }
                         if na != nb {
                             r = na.cmp(nb);

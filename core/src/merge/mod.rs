@@ -1,0 +1,365 @@
+//! Record merges: `/nodes`, `/facts`, `/facts/<name>[/<value>]`, `/fact-names`, `/environments`,
+//! `/reports` and `/events`.
+//!
+//! A [`RecordPlan`] reads the request once (paging, query shape, provenance gates), builds each
+//! backend's upstream request (over-fetching `offset + limit`, pushing node ownership down,
+//! DECISIONS.md D4), and merges the answers into one body: deduped, re-sorted in PostgreSQL's
+//! order (D11) and re-paged.
+
+mod facts;
+mod names;
+mod nodes;
+mod rows;
+mod union;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use percent_encoding::percent_decode_str;
+
+use crate::config::{Config, MergeStrategy};
+use crate::ids::BackendId;
+use crate::membership::Ownership;
+use crate::message::Response;
+use crate::query::{analyze, Analysis, Params, QueryText};
+use crate::route::{Entity, Route};
+use crate::sort::{self, OrderBy, OrderEntity};
+
+pub(crate) use rows::Window;
+
+/// Upstream URLs longer than this go as POST with a JSON body (PuppetDB's Jetty refuses request
+/// headers over 8 KiB; the rest of the header block needs room too).
+const MAX_UPSTREAM_TARGET: usize = 6 * 1024;
+
+/// Which record merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RecordKind {
+    Nodes,
+    Facts,
+    FactNames,
+    Environments,
+    Reports,
+    Events,
+}
+
+/// What the provenance fact does for this request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Provenance {
+    /// Injection is off: records pass untouched.
+    Off,
+    /// Drop upstream records named like the source fact; inject nothing (a gated shape).
+    DropOnly,
+    /// Drop upstream records of that name and inject one synthetic record per node.
+    Inject,
+    /// `/facts/<source_fact>[/<value>]`: answer only the synthetic records (those naming `value`).
+    SyntheticOnly { value: Option<String> },
+}
+
+/// One backend's usable answer.
+pub(crate) struct Answer<'a> {
+    pub(crate) backend: BackendId,
+    pub(crate) headers: &'a HeaderMap,
+    pub(crate) body: &'a Bytes,
+}
+
+/// The result of merging: the response and how many backends contributed, or the backends whose
+/// bodies could not be used (counted as failed, D7).
+pub(crate) struct Merged {
+    pub(crate) response: Option<Response>,
+    pub(crate) contributed: usize,
+    pub(crate) unusable: Vec<(BackendId, String)>,
+}
+
+/// A planned record merge.
+#[derive(Debug)]
+pub(crate) struct RecordPlan {
+    pub(crate) kind: RecordKind,
+    config: Arc<Config>,
+    upstream_path: String,
+    params: Params,
+    query: QueryText,
+    analysis: Option<Analysis>,
+    pub(crate) order: Option<OrderBy>,
+    pub(crate) window: Window,
+    pub(crate) include_total: bool,
+    pub(crate) provenance: Provenance,
+    /// The ownership snapshot and the strategy that picks owners, for node-scoped merges.
+    pushdown: Option<(Arc<Ownership>, MergeStrategy)>,
+}
+
+/// What planning decided.
+pub(crate) enum Planned {
+    /// Fan out and merge.
+    FanOut(Box<RecordPlan>),
+    /// Answer without asking any backend (a refusal, or an answer known from config alone).
+    Respond(Response),
+}
+
+/// A 400 in PuppetDB's style (plain text).
+fn bad_request(message: impl Into<String>) -> Response {
+    Response::text(StatusCode::BAD_REQUEST, message)
+}
+
+impl RecordPlan {
+    /// Plans a record merge for a merged route, or answers it directly.
+    pub(crate) fn plan(
+        route: &Route,
+        path: &str,
+        raw_query: Option<&str>,
+        config: &Arc<Config>,
+        ownership: Option<Arc<Ownership>>,
+    ) -> Planned {
+        let params = Params::parse(raw_query);
+        let query = params.query_text();
+        let analysis = query.as_ast().map(analyze);
+        let source_fact = config.source_fact.as_str();
+        let (kind, upstream_path, facts_path_name) = match route {
+            Route::Merged(Entity::Nodes) => (RecordKind::Nodes, path.to_owned(), None),
+            Route::Merged(Entity::Facts) => (RecordKind::Facts, path.to_owned(), None),
+            Route::Merged(Entity::FactNames) => (RecordKind::FactNames, path.to_owned(), None),
+            Route::Merged(Entity::Environments) => {
+                (RecordKind::Environments, path.to_owned(), None)
+            }
+            Route::Merged(Entity::Reports) => (RecordKind::Reports, path.to_owned(), None),
+            Route::Merged(Entity::Events) => (RecordKind::Events, path.to_owned(), None),
+            Route::FactsByName { name, value } => {
+                let decoded = percent_decode_str(name).decode_utf8_lossy().into_owned();
+                if decoded == source_fact {
+                    // The synthetic fact's own path is answered from the /facts merge.
+                    let value = value
+                        .as_ref()
+                        .map(|v| percent_decode_str(v).decode_utf8_lossy().into_owned());
+                    (
+                        RecordKind::Facts,
+                        "/pdb/query/v4/facts".to_owned(),
+                        Some(value),
+                    )
+                } else {
+                    (RecordKind::Facts, path.to_owned(), None)
+                }
+            }
+            _ => {
+                return Planned::Respond(Response::text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "pdbmux: not a record route",
+                ))
+            }
+        };
+
+        let order_entity = match kind {
+            RecordKind::Nodes => OrderEntity::Nodes {
+                include_facts_expiration: params
+                    .get("include_facts_expiration")
+                    .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+            },
+            RecordKind::Facts => OrderEntity::Facts,
+            RecordKind::FactNames => OrderEntity::FactNames,
+            RecordKind::Environments => OrderEntity::Environments,
+            RecordKind::Reports => OrderEntity::Reports,
+            RecordKind::Events => OrderEntity::Events,
+        };
+        let paging = match sort::parse_paging(
+            params.get("order_by"),
+            params.get("limit"),
+            params.get("offset"),
+            order_entity,
+        ) {
+            Ok(paging) => paging,
+            Err(error) => return Planned::Respond(bad_request(error.to_string())),
+        };
+        if analysis.as_ref().is_some_and(Analysis::has_function_column) {
+            return Planned::Respond(Response::text(
+                StatusCode::NOT_IMPLEMENTED,
+                "pdbmux: combining extract functions across backends is not implemented yet",
+            ));
+        }
+        let order = (!paging.order_by.is_empty()).then_some(paging.order_by);
+        let include_total = params
+            .get("include_total")
+            .is_some_and(sort::parse_include_total);
+        let (limit, offset) = (paging.limit, paging.offset.unwrap_or(0));
+        let window = Window { offset, limit };
+
+        let provenance = if kind != RecordKind::Facts || !config.source_fact_enabled {
+            match facts_path_name {
+                // The synthetic path answers [] while injection is off.
+                Some(_) => return Planned::Respond(Response::json(StatusCode::OK, "[]")),
+                None => Provenance::Off,
+            }
+        } else {
+            let gated = match &query {
+                QueryText::Pql(_) | QueryText::Malformed(_) => true,
+                QueryText::Absent => false,
+                QueryText::Ast(_) => analysis
+                    .as_ref()
+                    .is_some_and(|a| a.extract_outside_subquery || a.outer_name_constraint),
+            } || window.is_paged();
+            match facts_path_name {
+                Some(value) => {
+                    if gated {
+                        return Planned::Respond(Response::json(StatusCode::OK, "[]"));
+                    }
+                    if let Some(value) = &value {
+                        if !config.backends.iter().any(|b| &b.name == value) {
+                            return Planned::Respond(Response::json(StatusCode::OK, "[]"));
+                        }
+                    }
+                    Provenance::SyntheticOnly { value }
+                }
+                None if route != &Route::Merged(Entity::Facts) => Provenance::DropOnly,
+                None if gated => Provenance::DropOnly,
+                None => Provenance::Inject,
+            }
+        };
+
+        let node_scoped = matches!(kind, RecordKind::Nodes | RecordKind::Facts)
+            || (matches!(kind, RecordKind::Reports | RecordKind::Events)
+                && analysis.as_ref().is_some_and(|a| a.uses_latest_report));
+        let strategy = match kind {
+            RecordKind::Facts => config.merge,
+            _ => MergeStrategy::Freshness,
+        };
+        let pushdown = match (node_scoped, ownership) {
+            (true, Some(ownership)) => Some((ownership, strategy)),
+            _ => None,
+        };
+
+        Planned::FanOut(Box::new(RecordPlan {
+            kind,
+            config: Arc::clone(config),
+            upstream_path,
+            params,
+            query,
+            analysis,
+            order,
+            window,
+            include_total,
+            provenance,
+            pushdown,
+        }))
+    }
+
+    /// Whether the outer query projects columns (an extract): rows keep their shape untouched.
+    pub(crate) fn is_projection(&self) -> bool {
+        self.analysis
+            .as_ref()
+            .is_some_and(|a| !a.plain_columns.is_empty() || a.has_function_column())
+    }
+
+    /// The owner of `certname` for this merge, if the membership map knows it.
+    pub(crate) fn owner(&self, certname: &str) -> Option<BackendId> {
+        let (ownership, strategy) = self.pushdown.as_ref()?;
+        ownership
+            .owners(certname)
+            .map(|owners| owners.under(*strategy))
+    }
+
+    /// The upstream request for one backend: method, path and query, and a POST body when the
+    /// rewritten query is too long for a URL.
+    pub(crate) fn upstream_request(&self, backend: BackendId) -> (Method, String, Option<Bytes>) {
+        let mut params = self.params.clone();
+        match self.kind {
+            RecordKind::FactNames => {
+                // The merged list is paged here; each backend sends its whole list.
+                params.remove("limit");
+                params.remove("offset");
+                params.remove("include_total");
+            }
+            _ => {
+                params.remove("offset");
+                match self.window.upstream_limit() {
+                    Some(limit) => params.set("limit", &limit.to_string()),
+                    None => {
+                        params.remove("limit");
+                    }
+                }
+            }
+        }
+        let mut rewritten = false;
+        if let Some((ownership, strategy)) = &self.pushdown {
+            let excluded: Vec<&str> = ownership
+                .excluded(backend, *strategy)
+                .iter()
+                .map(String::as_str)
+                .collect();
+            let pushable = match &self.query {
+                QueryText::Absent => true,
+                QueryText::Ast(_) => !self.analysis.as_ref().is_some_and(|a| a.in_query_paging),
+                QueryText::Pql(_) | QueryText::Malformed(_) => false,
+            };
+            if pushable && !excluded.is_empty() {
+                if let Some(query) = crate::query::exclude_certnames(self.query.as_ast(), &excluded)
+                {
+                    params.set("query", &query.to_string());
+                    rewritten = true;
+                }
+            }
+        }
+        let query_string = params.to_query_string();
+        let target = if query_string.is_empty() {
+            self.upstream_path.clone()
+        } else {
+            format!("{}?{}", self.upstream_path, query_string)
+        };
+        if rewritten && target.len() > MAX_UPSTREAM_TARGET {
+            if let Ok(body) = params.to_json_body() {
+                return (
+                    Method::POST,
+                    self.upstream_path.clone(),
+                    Some(Bytes::from(body)),
+                );
+            }
+        }
+        (Method::GET, target, None)
+    }
+
+    /// Merges the backends' answers (configured order) into one response.
+    pub(crate) fn merge(&self, answers: &[Answer<'_>]) -> Merged {
+        match self.kind {
+            RecordKind::Nodes => nodes::merge(self, answers),
+            RecordKind::Facts => facts::merge(self, answers),
+            RecordKind::FactNames => names::merge(self, answers),
+            RecordKind::Environments => union::merge(self, answers, union::Identity::Name),
+            RecordKind::Reports => union::merge(self, answers, union::Identity::Hash),
+            RecordKind::Events => union::merge(self, answers, union::Identity::Verbatim),
+        }
+    }
+
+    /// The configuration.
+    pub(crate) fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// The JSON response for a merged body, with X-Records when a total was asked for.
+    pub(crate) fn respond(&self, body: Vec<u8>, total: Option<u64>) -> Response {
+        let mut response = Response::json(StatusCode::OK, body);
+        if let (true, Some(total)) = (self.include_total, total) {
+            if let Ok(value) = HeaderValue::from_str(&total.to_string()) {
+                response.headers.insert(crate::exchange::X_RECORDS, value);
+            }
+        }
+        response
+    }
+
+    /// The total to report: the merged count when the request is not paged (exact), else the sum
+    /// of the backends' X-Records (an upper bound where records can repeat across backends).
+    pub(crate) fn total(&self, merged: usize, answers: &[Answer<'_>]) -> Option<u64> {
+        if !self.include_total {
+            return None;
+        }
+        if !self.window.is_paged() {
+            return Some(merged as u64);
+        }
+        Some(
+            answers
+                .iter()
+                .filter_map(|a| a.headers.get(crate::exchange::X_RECORDS))
+                .filter_map(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                .sum(),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,90 @@
+//! Union merges: `/reports` (deduped by hash), `/events` (deduped by the verbatim record) and
+//! `/environments` (deduped by name, sorted by name unless the request orders otherwise).
+
+use std::collections::HashSet;
+
+use super::rows::{sort_rows, Raw, Row};
+use super::{Answer, Merged, RecordPlan};
+use crate::records::{parse_array, write_array, Fields};
+use crate::sort::{Direction, OrderBy, OrderField};
+
+/// What makes two records the same record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Identity {
+    /// The `hash` field (reports are immutable; the same report can be stored in two backends).
+    Hash,
+    /// The record's exact bytes (events carry no id of their own).
+    Verbatim,
+    /// The `name` field (environments).
+    Name,
+}
+
+pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identity) -> Merged {
+    let mut unusable = Vec::new();
+    let mut parsed = Vec::new();
+    for answer in answers {
+        match parse_array(answer.body) {
+            Ok(records) => parsed.push((answer.backend, records)),
+            Err(error) => unusable.push((answer.backend, format!("unparseable body: {error}"))),
+        }
+    }
+    if parsed.is_empty() {
+        return Merged {
+            response: None,
+            contributed: 0,
+            unusable,
+        };
+    }
+    let by_name = OrderBy {
+        fields: vec![OrderField {
+            field: "name".to_owned(),
+            direction: Direction::Ascending,
+            kind: crate::sort::ColumnKind::Text,
+        }],
+    };
+    let order = match (identity, plan.order.as_ref()) {
+        (_, Some(order)) => Some(order),
+        (Identity::Name, None) => Some(&by_name),
+        (_, None) => None,
+    };
+    let mut seen: HashSet<String> = HashSet::new();
+    let mut rows: Vec<Row<'_>> = Vec::new();
+    for (backend, records) in &parsed {
+        for record in records {
+            let fields = Fields::of(record);
+            let key = match identity {
+                Identity::Verbatim => Some(record.get().to_owned()),
+                Identity::Hash => fields
+                    .as_ref()
+                    .and_then(|f| f.str("hash"))
+                    .map(|h| h.into_owned()),
+                Identity::Name => fields
+                    .as_ref()
+                    .and_then(|f| f.str("name"))
+                    .map(|n| n.into_owned()),
+            };
+            if let Some(key) = key {
+                if !seen.insert(key) {
+                    continue;
+                }
+            }
+            rows.push(Row::new(
+                backend.0,
+                Raw::Borrowed(record),
+                fields.as_ref(),
+                order,
+            ));
+        }
+    }
+    let merged = rows.len();
+    sort_rows(&mut rows, order);
+    let rows = plan.window.apply(rows);
+    let capacity = rows.iter().map(|r| r.raw.get().len() + 1).sum();
+    let body = write_array(rows.iter().map(|r| r.raw.get()), capacity);
+    let total = plan.total(merged, answers);
+    Merged {
+        response: Some(plan.respond(body, total)),
+        contributed: parsed.len(),
+        unusable,
+    }
+}
