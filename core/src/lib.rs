@@ -34,6 +34,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cache;
 pub mod config;
 mod estate;
 mod exchange;

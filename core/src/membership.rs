@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use crate::config::MergeStrategy;
 use crate::ids::BackendId;
+use crate::sort::parse_instant;
 
 /// The upstream path and query that fetches one backend's membership.
 pub const MEMBERSHIP_QUERY: &str =
@@ -150,11 +151,6 @@ pub(crate) fn compare_report_timestamps(a: Option<&str>, b: Option<&str>) -> Ord
             (None, None) => a.cmp(b),
         },
     }
-}
-
-/// An RFC 3339 timestamp as an instant.
-fn parse_instant(text: &str) -> Option<time::OffsetDateTime> {
-    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339).ok()
 }
 
 #[cfg(test)]

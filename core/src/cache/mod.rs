@@ -1,0 +1,303 @@
+//! The merged-response cache: which requests are cached and under which key, the store, its
+//! TTL and stale-on-failure rule, and the counters `/healthz` reports.
+//!
+//! Only merged `/nodes`, `/facts`, `/facts/<name>[/<value>]` and `/fact-names` record sets are
+//! cached; extract aggregates and everything else are served live. An entry holds the fully merged
+//! body, provenance applied, so a hit serves stored bytes with no JSON work.
+
+mod store;
+
+use std::time::{Duration, Instant};
+
+use http::{HeaderMap, HeaderValue};
+
+pub use store::{CacheStore, CachedResponse, MemoryStore, StoreStats};
+
+use crate::query::{analyze, Params};
+use crate::route::{Entity, Route};
+
+/// Header saying where a cached-path response came from: `hit`, `miss` or `stale`.
+pub const X_CACHE: http::HeaderName = http::HeaderName::from_static("x-cache");
+
+/// How a cached-path response was produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheStatus {
+    /// Served from a fresh entry.
+    Hit,
+    /// Built by a live fan-out (this request's, or a flight it shared).
+    Miss,
+    /// The expired entry, served because every backend failed.
+    Stale,
+}
+
+impl CacheStatus {
+    fn as_str(self) -> &'static str {
+        match self {
+            CacheStatus::Hit => "hit",
+            CacheStatus::Miss => "miss",
+            CacheStatus::Stale => "stale",
+        }
+    }
+}
+
+/// A cacheable request: its key, and for the provenance drilldown the value that filters the
+/// shared entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cacheable {
+    /// The canonical key.
+    pub key: String,
+    /// The fan-out target (the drilldown's `<value>` removed).
+    pub target: String,
+    /// `/facts/<source_fact>/<value>`: the value applied to the shared entry.
+    pub value_filter: Option<String>,
+}
+
+/// Decides whether a classified request is cached, and under which key.
+///
+/// The key is the path plus every query parameter, decoded and re-encoded, keys sorted ascending
+/// and a repeated parameter's values sorted too, so parameter order never splits entries. The
+/// provenance drilldown `/facts/<source_fact>/<value>` keys without its `<value>`: every value
+/// shares the one record set.
+pub fn cacheable(
+    route: &Route,
+    path: &str,
+    raw_query: Option<&str>,
+    source_fact: &str,
+) -> Option<Cacheable> {
+    let mut value_filter = None;
+    let mut path = path.to_owned();
+    match route {
+        Route::Merged(Entity::Nodes | Entity::Facts | Entity::FactNames) => {}
+        Route::FactsByName { name, value } => {
+            let decoded = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
+            if let (true, Some(value)) = (decoded == source_fact, value) {
+                value_filter = Some(
+                    percent_encoding::percent_decode_str(value)
+                        .decode_utf8_lossy()
+                        .into_owned(),
+                );
+                path = format!("/pdb/query/v4/facts/{name}");
+            }
+        }
+        _ => return None,
+    }
+    let params = Params::parse(raw_query);
+    if let Some(ast) = params.query_text().as_ast() {
+        if analyze(ast).has_function_column() {
+            return None;
+        }
+    }
+    let mut pairs: Vec<(&str, &str)> = params.iter().map(|p| (p.key(), p.value())).collect();
+    pairs.sort_unstable();
+    let canonical = form_urlencoded::Serializer::new(String::new())
+        .extend_pairs(pairs)
+        .finish();
+    let key = if canonical.is_empty() {
+        path.clone()
+    } else {
+        format!("{path}?{canonical}")
+    };
+    let target = match raw_query {
+        Some(query) => format!("{path}?{query}"),
+        None => path,
+    };
+    Some(Cacheable {
+        key,
+        target,
+        value_filter,
+    })
+}
+
+/// The cache as the estate uses it: a store, the TTL, and the stale-serving counters.
+#[derive(Debug)]
+pub struct Cache {
+    store: Box<dyn CacheStore>,
+    ttl: Duration,
+    serving_stale: bool,
+    stale_served: u64,
+    last_stale_served: Option<Instant>,
+}
+
+/// What a lookup found.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A fresh entry: serve it.
+    Fresh(CachedResponse),
+    /// No fresh entry: fan out (an expired one may still be there for a failure).
+    Miss,
+}
+
+/// The `/healthz` cache object's values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheReport {
+    /// The TTL.
+    pub ttl: Duration,
+    /// What the store holds.
+    pub stats: StoreStats,
+    /// A stale fallback was the last cached-path answer.
+    pub serving_stale: bool,
+    /// Stale fallbacks served since start.
+    pub stale_served: u64,
+    /// When the last one was served.
+    pub last_stale_served: Option<Instant>,
+}
+
+impl Cache {
+    /// A cache over `store` with this TTL (already clamped; never zero: zero means no cache).
+    pub fn new(store: Box<dyn CacheStore>, ttl: Duration) -> Cache {
+        Cache {
+            store,
+            ttl,
+            serving_stale: false,
+            stale_served: 0,
+            last_stale_served: None,
+        }
+    }
+
+    /// Looks a key up at `now`; an expired entry is a miss (the backends are always asked again).
+    pub fn lookup(&mut self, now: Instant, key: &str) -> Lookup {
+        match self.store.get(key) {
+            Some(entry) if now.saturating_duration_since(entry.stored_at) < self.ttl => {
+                self.serving_stale = false;
+                Lookup::Fresh(entry)
+            }
+            _ => Lookup::Miss,
+        }
+    }
+
+    /// Stores a successful merged answer.
+    pub fn store(&mut self, now: Instant, key: &str, body: bytes::Bytes, headers: HeaderMap) {
+        self.serving_stale = false;
+        let evicted = self.store.put(
+            key.to_owned(),
+            CachedResponse {
+                body,
+                headers,
+                stored_at: now,
+            },
+        );
+        for key in evicted {
+            tracing::debug!(%key, "cache entry evicted to stay within facts_cache_bytes");
+        }
+    }
+
+    /// The expired entry for a failed fan-out, if one is kept; counts it as a stale serve.
+    pub fn stale(&mut self, now: Instant, key: &str) -> Option<CachedResponse> {
+        let entry = self.store.get(key)?;
+        self.serving_stale = true;
+        self.stale_served += 1;
+        self.last_stale_served = Some(now);
+        Some(entry)
+    }
+
+    /// A response built live (not from an entry) ends a run of stale serves.
+    pub fn served_live(&mut self) {
+        self.serving_stale = false;
+    }
+
+    /// The values `/healthz` shows.
+    pub fn report(&self, now: Instant) -> CacheReport {
+        CacheReport {
+            ttl: self.ttl,
+            stats: self.store.stats(now, self.ttl),
+            serving_stale: self.serving_stale,
+            stale_served: self.stale_served,
+            last_stale_served: self.last_stale_served,
+        }
+    }
+}
+
+/// Adds `X-Cache` and `Age` (whole seconds since `stored_at`; 0 on a miss) to a response.
+pub fn mark(headers: &mut HeaderMap, status: CacheStatus, age: Duration) {
+    headers.insert(X_CACHE, HeaderValue::from_static(status.as_str()));
+    headers.insert(http::header::AGE, HeaderValue::from(age.as_secs()));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::ClientRequest;
+    use crate::route::classify;
+
+    fn key(target: &str) -> Option<Cacheable> {
+        let request = ClientRequest::get(target);
+        let route = classify(&request).ok()?;
+        cacheable(&route, request.path(), request.query(), "pdbmux_source")
+    }
+
+    #[test]
+    fn keys_are_canonical() {
+        assert_eq!(
+            key("/pdb/query/v4/nodes").map(|c| c.key).as_deref(),
+            Some("/pdb/query/v4/nodes")
+        );
+        let a = key("/pdb/query/v4/facts?limit=5&query=%5B%22%3D%22%2C%22certname%22%2C%22a%22%5D")
+            .map(|c| c.key);
+        let b = key("/pdb/query/v4/facts?query=[%22=%22,%22certname%22,%22a%22]&limit=5")
+            .map(|c| c.key);
+        assert_eq!(a, b);
+        assert_eq!(
+            a.as_deref(),
+            Some("/pdb/query/v4/facts?limit=5&query=%5B%22%3D%22%2C%22certname%22%2C%22a%22%5D")
+        );
+        let x = key("/pdb/query/v4/fact-names?x=2&x=1").map(|c| c.key);
+        assert_eq!(x.as_deref(), Some("/pdb/query/v4/fact-names?x=1&x=2"));
+        let plus = key("/pdb/query/v4/facts?query=a+b").map(|c| c.key);
+        let space = key("/pdb/query/v4/facts?query=a%20b").map(|c| c.key);
+        assert_eq!(plus, space);
+    }
+
+    #[test]
+    fn only_merged_record_sets_are_cached() {
+        assert!(key("/pdb/query/v4/facts/kernel/Linux").is_some());
+        for target in [
+            "/pdb/query/v4/reports",
+            "/pdb/query/v4/environments",
+            "/pdb/meta/v1/version",
+            "/metrics/v2/list",
+            "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%5B%22function%22%2C%22count%22%5D%5D%5D",
+            "/pdb/query/v4/catalogs/x",
+        ] {
+            assert!(key(target).is_none(), "{target}");
+        }
+    }
+
+    #[test]
+    fn the_drilldown_keys_without_its_value() {
+        let one = key("/pdb/query/v4/facts/pdbmux_source/pdb-a?query=%5B%5D").expect("cached");
+        let other = key("/pdb/query/v4/facts/pdbmux_source/pdb-b?query=%5B%5D").expect("cached");
+        let all = key("/pdb/query/v4/facts/pdbmux_source?query=%5B%5D").expect("cached");
+        assert_eq!(one.key, all.key);
+        assert_eq!(other.key, all.key);
+        assert_eq!(one.value_filter.as_deref(), Some("pdb-a"));
+        assert_eq!(one.target, "/pdb/query/v4/facts/pdbmux_source?query=%5B%5D");
+        let kernel = key("/pdb/query/v4/facts/kernel/Linux").expect("cached");
+        assert_eq!(kernel.value_filter, None);
+        assert_eq!(kernel.key, "/pdb/query/v4/facts/kernel/Linux");
+    }
+
+    #[test]
+    fn fresh_then_expired_then_stale() {
+        let t0 = Instant::now();
+        let mut cache = Cache::new(Box::new(MemoryStore::new(1024)), Duration::from_secs(30));
+        assert!(matches!(cache.lookup(t0, "k"), Lookup::Miss));
+        cache.store(t0, "k", bytes::Bytes::from_static(b"[1]"), HeaderMap::new());
+        assert!(matches!(
+            cache.lookup(t0 + Duration::from_secs(29), "k"),
+            Lookup::Fresh(_)
+        ));
+        assert!(matches!(
+            cache.lookup(t0 + Duration::from_secs(30), "k"),
+            Lookup::Miss
+        ));
+        let stale = cache
+            .stale(t0 + Duration::from_secs(40), "k")
+            .expect("kept");
+        assert_eq!(&stale.body[..], b"[1]");
+        let report = cache.report(t0 + Duration::from_secs(40));
+        assert!(report.serving_stale);
+        assert_eq!((report.stale_served, report.stats.stale_entries), (1, 1));
+        cache.served_live();
+        assert!(!cache.report(t0).serving_stale);
+    }
+}
