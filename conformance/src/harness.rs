@@ -7,13 +7,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pdbmux_core::config::Config;
 use pdbmux_core::{
-    Admission, BackendId, BodyMode, ClientRequest, Estate, EstateOutput, Exchange, ExchangeOutput,
-    Response, ResponseBody, UpstreamBody, UpstreamId, UpstreamRequest, UpstreamResponse, WaiterId,
+    Admission, BackendId, BodyMode, ClientRequest, ClockAnchor, Estate, EstateOutput, Exchange,
+    ExchangeOutput, FlightId, Response, ResponseBody, UpstreamBody, UpstreamId, UpstreamRequest,
+    UpstreamResponse, WaiterId,
 };
 
 use crate::error::HarnessError;
 use crate::record::{ClientId, ClientResponse, Machine, SentRequest};
-use crate::script::{FakeBackend, ReplyOutcome};
+use crate::script::{Asked, FakeBackend, ReplyOutcome};
 use crate::setup::config_for;
 use crate::transcript::{body_text, headers_text, target_text, Transcript};
 
@@ -68,6 +69,7 @@ impl Event {
 #[derive(Debug)]
 pub struct Harness {
     estate: Estate,
+    flights: BTreeMap<FlightId, Exchange>,
     backends: Vec<FakeBackend>,
     start: Instant,
     now: Instant,
@@ -100,7 +102,14 @@ impl Harness {
         // The one reading of the real clock; everything after is simulated.
         let start = Instant::now();
         Ok(Harness {
-            estate: Estate::new(config),
+            estate: Estate::new(
+                config,
+                ClockAnchor {
+                    instant: start,
+                    wall: std::time::UNIX_EPOCH,
+                },
+            ),
+            flights: BTreeMap::new(),
             backends,
             start,
             now: start,
@@ -216,6 +225,17 @@ impl Harness {
             Admission::Wait(waiter) => {
                 self.clients[id.0].waiter = Some(waiter);
                 self.waiters.insert(waiter, id);
+            }
+            Admission::Flight {
+                flight,
+                waiter,
+                exchange,
+            } => {
+                self.clients[id.0].waiter = Some(waiter);
+                self.waiters.insert(waiter, id);
+                self.log(format!("{id} leads {flight}"));
+                self.flights.insert(flight, exchange);
+                self.drain(Machine::Flight(flight));
             }
         }
     }
@@ -390,6 +410,11 @@ impl Harness {
                 deadlines.push((Machine::Exchange(ClientId(index)), at));
             }
         }
+        for (flight, exchange) in &self.flights {
+            if let Some(at) = exchange.poll_timeout() {
+                deadlines.push((Machine::Flight(*flight), at));
+            }
+        }
         deadlines
     }
 
@@ -409,6 +434,11 @@ impl Harness {
                         exchange.handle_timeout(self.now);
                     }
                 }
+                Machine::Flight(flight) => {
+                    if let Some(exchange) = self.flights.get_mut(&flight) {
+                        exchange.handle_timeout(self.now);
+                    }
+                }
             }
             self.drain(machine);
             let next = match machine {
@@ -417,6 +447,9 @@ impl Harness {
                     .exchange
                     .as_ref()
                     .and_then(Exchange::poll_timeout),
+                Machine::Flight(flight) => {
+                    self.flights.get(&flight).and_then(Exchange::poll_timeout)
+                }
             };
             if let Some(at) = next.filter(|at| *at <= self.now) {
                 let at = at.saturating_duration_since(self.start);
@@ -501,6 +534,17 @@ impl Harness {
                     Input::Failure(failure) => exchange.handle_upstream_failure(now, id, failure),
                 }
             }
+            Machine::Flight(flight) => {
+                let Some(exchange) = self.flights.get_mut(&flight) else {
+                    return;
+                };
+                match input {
+                    Input::Response(response) => {
+                        exchange.handle_upstream_response(now, id, response)
+                    }
+                    Input::Failure(failure) => exchange.handle_upstream_failure(now, id, failure),
+                }
+            }
         }
         self.drain(machine);
     }
@@ -520,6 +564,7 @@ impl Harness {
                             }
                         }
                         EstateOutput::Resume { waiter } => self.resume(waiter),
+                        EstateOutput::CancelFlight(flight) => self.cancel_flight(flight),
                     }
                 }
             }
@@ -537,7 +582,44 @@ impl Harness {
                     }
                 }
             }
+            Machine::Flight(flight) => {
+                let Some(exchange) = self.flights.get_mut(&flight) else {
+                    return;
+                };
+                let outputs: Vec<ExchangeOutput> =
+                    std::iter::from_fn(|| exchange.poll_output()).collect();
+                for output in outputs {
+                    match output {
+                        ExchangeOutput::Send(request) => self.on_send(machine, request),
+                        ExchangeOutput::Cancel(id) => self.on_cancel(machine, id),
+                        ExchangeOutput::Respond(response) => {
+                            self.flights.remove(&flight);
+                            self.log(format!("{flight} done: {}", response.status.as_u16()));
+                            self.estate.handle_flight_done(self.now, flight, response);
+                            self.drain(Machine::Estate);
+                        }
+                    }
+                }
+            }
         }
+    }
+
+    /// The estate cancelled a flight nobody waits for: drop its exchange and abandon its requests.
+    fn cancel_flight(&mut self, flight: FlightId) {
+        let machine = Machine::Flight(flight);
+        self.flights.remove(&flight);
+        let aborted: Vec<Key> = self
+            .in_flight
+            .keys()
+            .filter(|(m, _)| *m == machine)
+            .copied()
+            .collect();
+        let ids: Vec<String> = aborted.iter().map(|(_, id)| id.to_string()).collect();
+        self.log(format!("{flight} cancelled (aborted {})", ids.join(", ")));
+        for key in aborted {
+            self.in_flight.remove(&key);
+        }
+        self.held.retain(|(m, _), _| *m != machine);
     }
 
     fn on_send(&mut self, machine: Machine, request: UpstreamRequest) {
@@ -555,14 +637,18 @@ impl Harness {
                 backend: request.backend.0,
             });
         };
-        let reply = backend.reply_to(&request.path_and_query);
+        let reply = backend.reply_to_request(&Asked::of(&request));
         let name = backend.name.clone();
         let mode = match request.body_mode {
             BodyMode::Buffer => "buffer",
             BodyMode::StreamSuccess => "stream",
         };
+        let body = match &request.body {
+            Some(body) => format!(" body={}", body_text(body)),
+            None => String::new(),
+        };
         self.log(format!(
-            "{machine} send {} -> {name} {} {} ({mode}, deadline +{}ms)",
+            "{machine} send {} -> {name} {} {}{body} ({mode}, deadline +{}ms)",
             request.id,
             request.method,
             target_text(&request.path_and_query),

@@ -25,6 +25,7 @@
 
 mod error;
 mod harness;
+mod puppetdb;
 mod record;
 mod script;
 mod setup;
@@ -32,8 +33,13 @@ mod transcript;
 
 pub use error::HarnessError;
 pub use harness::Harness;
+pub use puppetdb::{
+    compare_column, compare_jsonb, compare_records, decode_component, excluded_certnames,
+    fact_record, matches, node_record, parse_instant, read_asking, sort_records, window, Asking,
+    Dir, PuppetDb,
+};
 pub use record::{ClientId, ClientResponse, Machine, SentRequest};
-pub use script::{ms, Answer, FakeBackend, Reply, ReplyOutcome, Script};
+pub use script::{ms, Answer, Asked, FakeBackend, Reply, ReplyOutcome, Script};
 pub use setup::{config_for, parse_backend_url, DEFAULT_TIMEOUT};
 pub use transcript::{
     body_text, headers_text, target_text, Transcript, MAX_BODY_CHARS, MAX_TARGET_CHARS,

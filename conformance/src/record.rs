@@ -24,6 +24,8 @@ pub enum Machine {
     Estate,
     /// The [`pdbmux_core::Exchange`] of this client's request.
     Exchange(ClientId),
+    /// The exchange of a shared cache flight, driven apart from any client.
+    Flight(pdbmux_core::FlightId),
 }
 
 impl fmt::Display for Machine {
@@ -31,6 +33,7 @@ impl fmt::Display for Machine {
         match self {
             Machine::Estate => f.write_str("estate"),
             Machine::Exchange(client) => client.fmt(f),
+            Machine::Flight(flight) => flight.fmt(f),
         }
     }
 }

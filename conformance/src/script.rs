@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{HeaderName, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, StatusCode};
-use pdbmux_core::{UpstreamFailure, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE};
+use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use pdbmux_core::{UpstreamFailure, UpstreamRequest, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE};
 
 use crate::error::HarnessError;
 
@@ -167,6 +167,9 @@ pub enum Script {
     },
     /// A function of the request's path and query.
     ByPath(Box<dyn FnMut(&str) -> Reply + Send>),
+    /// A function of the whole request (method, path and query, POST body), for a fake that
+    /// evaluates what it is asked (see [`crate::PuppetDb`]).
+    ByRequest(Box<dyn FnMut(&Asked<'_>) -> Reply + Send>),
 }
 
 impl fmt::Debug for Script {
@@ -179,13 +182,19 @@ impl fmt::Debug for Script {
                 .field("next", next)
                 .finish(),
             Script::ByPath(_) => f.write_str("ByPath(..)"),
+            Script::ByRequest(_) => f.write_str("ByRequest(..)"),
         }
     }
 }
 
 impl Script {
-    /// The reply to a request for `path_and_query`, or `None` when the script has run out.
+    /// The reply to a GET of `path_and_query`, or `None` when the script has run out.
     pub fn next_reply(&mut self, path_and_query: &str) -> Option<Reply> {
+        self.next_reply_to(&Asked::get(path_and_query))
+    }
+
+    /// The reply to this request, or `None` when the script has run out.
+    pub fn next_reply_to(&mut self, request: &Asked<'_>) -> Option<Reply> {
         match self {
             Script::Queue(replies) => replies.pop_front(),
             Script::Cycle { replies, next } => {
@@ -193,7 +202,8 @@ impl Script {
                 *next += 1;
                 reply
             }
-            Script::ByPath(function) => Some(function(path_and_query)),
+            Script::ByPath(function) => Some(function(request.path_and_query)),
+            Script::ByRequest(function) => Some(function(request)),
         }
     }
 }
@@ -233,9 +243,19 @@ impl FakeBackend {
     /// The reply to a request for `path_and_query`: a fixed one, else the script's next; `None`
     /// when the script has run out.
     pub fn reply_to(&mut self, path_and_query: &str) -> Option<Reply> {
-        match self.fixed.iter().find(|(path, _)| path == path_and_query) {
+        self.reply_to_request(&Asked::get(path_and_query))
+    }
+
+    /// The reply to this upstream request: a fixed one for its exact path and query, else the
+    /// script's next; `None` when the script has run out.
+    pub fn reply_to_request(&mut self, request: &Asked<'_>) -> Option<Reply> {
+        match self
+            .fixed
+            .iter()
+            .find(|(path, _)| *path == request.path_and_query)
+        {
             Some((_, reply)) => Some(reply.clone()),
-            None => self.script.next_reply(path_and_query),
+            None => self.script.next_reply_to(request),
         }
     }
 
@@ -254,6 +274,16 @@ impl FakeBackend {
         FakeBackend::new(name, url, Script::Cycle { replies, next: 0 })
     }
 
+    /// A backend whose reply is a function of the whole upstream request (method, path and
+    /// query, POST body).
+    pub fn by_request(
+        name: &str,
+        url: &str,
+        function: impl FnMut(&Asked<'_>) -> Reply + Send + 'static,
+    ) -> FakeBackend {
+        FakeBackend::new(name, url, Script::ByRequest(Box::new(function)))
+    }
+
     /// A backend whose reply is a function of the request's path and query.
     pub fn by_path(
         name: &str,
@@ -261,5 +291,36 @@ impl FakeBackend {
         function: impl FnMut(&str) -> Reply + Send + 'static,
     ) -> FakeBackend {
         FakeBackend::new(name, url, Script::ByPath(Box::new(function)))
+    }
+}
+
+/// What a fake backend is asked: the parts of an upstream request a backend sees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Asked<'a> {
+    /// GET, or POST for a rewritten query too long for a URL.
+    pub method: &'a Method,
+    /// The path and query string.
+    pub path_and_query: &'a str,
+    /// The POST body, if any.
+    pub body: Option<&'a [u8]>,
+}
+
+impl<'a> Asked<'a> {
+    /// A GET of `path_and_query`.
+    pub fn get(path_and_query: &'a str) -> Asked<'a> {
+        Asked {
+            method: &Method::GET,
+            path_and_query,
+            body: None,
+        }
+    }
+
+    /// What the backend sees of this upstream request.
+    pub fn of(request: &'a UpstreamRequest) -> Asked<'a> {
+        Asked {
+            method: &request.method,
+            path_and_query: &request.path_and_query,
+            body: request.body.as_deref(),
+        }
     }
 }

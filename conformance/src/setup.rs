@@ -63,6 +63,8 @@ pub fn config_for(backends: &[FakeBackend]) -> Result<Config, HarnessError> {
     let mut config = Config::with_backends(configured);
     config.timeout = DEFAULT_TIMEOUT;
     config.health_probe_enabled = false;
+    // The cache is off unless a test turns it on, so transcripts show live fan-outs.
+    config.facts_ttl = std::time::Duration::ZERO;
     Ok(config)
 }
 

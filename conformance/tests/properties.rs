@@ -195,7 +195,7 @@ proptest! {
                 "dot segment upstream: {}", sent.request.path_and_query
             );
             match sent.machine {
-                Machine::Exchange(_) => prop_assert_eq!(&sent.request.path_and_query, &target),
+                Machine::Exchange(_) | Machine::Flight(_) => prop_assert_eq!(&sent.request.path_and_query, &target),
                 Machine::Estate => prop_assert!(
                     [REACHABILITY_PATH, MEMBERSHIP_QUERY].contains(&sent.request.path_and_query.as_str()),
                     "estate sent {}", sent.request.path_and_query

@@ -1,19 +1,24 @@
 //! The shared machine: everything requests have in common. It holds no JSON work on records and
 //! is touched only briefly per request, so it never serializes merges.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
 use http::HeaderValue;
 
+use crate::cache::{self, Cache, CacheStatus, Lookup, MemoryStore};
+use crate::clock::ClockAnchor;
 use crate::config::Config;
 use crate::exchange::Exchange;
 use crate::healthz::{ReachabilityCheck, REACHABILITY_PATH};
-use crate::ids::{BackendId, Counter, UpstreamId, WaiterId};
+use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
 use crate::legs::Legs;
 use crate::membership::{parse_membership, BackendNodes, Ownership, MEMBERSHIP_QUERY};
-use crate::message::{ClientRequest, Response, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::merge::filter_source_records;
+use crate::message::{
+    ClientRequest, Response, ResponseBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
+};
 use crate::route::{classify, CountEndpoint, Entity, Route};
 
 /// What to do with a client request; returned by [`Estate::admit`].
@@ -26,6 +31,17 @@ pub enum Admission {
     /// Wait: the estate later emits [`EstateOutput::Respond`] or [`EstateOutput::Resume`] for this
     /// waiter.
     Wait(WaiterId),
+    /// Start a shared flight: drive `exchange` on a task of its own (not the client's, so the
+    /// client leaving cannot cancel it), hand its response to [`Estate::handle_flight_done`], and
+    /// wait for this waiter's [`EstateOutput::Respond`] like any other waiter.
+    Flight {
+        /// The flight to report back on.
+        flight: FlightId,
+        /// The client that started it.
+        waiter: WaiterId,
+        /// The fan-out to drive.
+        exchange: Exchange,
+    },
 }
 
 /// What the [`Estate`] asks of the runtime; drain with [`Estate::poll_output`].
@@ -48,6 +64,16 @@ pub enum EstateOutput {
         /// Who is waiting.
         waiter: WaiterId,
     },
+    /// Every participant of this flight left: abort its task, releasing its upstream requests.
+    CancelFlight(FlightId),
+}
+
+/// A shared fan-out for one cache key and the clients waiting on it.
+#[derive(Debug)]
+struct Flight {
+    key: String,
+    /// Each participant, with the drilldown value that filters its answer.
+    participants: BTreeMap<WaiterId, Option<String>>,
 }
 
 /// The membership map's state: each backend's last good answer and the snapshot built from them.
@@ -76,20 +102,36 @@ pub struct Estate {
     config: Arc<Config>,
     upstream_ids: Counter,
     waiter_ids: Counter,
+    flight_ids: Counter,
+    clock: ClockAnchor,
     reachability: Option<ReachabilityCheck>,
     membership: Membership,
+    cache: Option<Cache>,
+    flights: BTreeMap<FlightId, Flight>,
+    flight_keys: BTreeMap<String, FlightId>,
     outputs: VecDeque<EstateOutput>,
 }
 
 impl Estate {
-    /// A fresh estate for this configuration.
-    pub fn new(config: Config) -> Estate {
+    /// A fresh estate for this configuration. `clock` maps instants to wall time for `/healthz`.
+    pub fn new(config: Config, clock: ClockAnchor) -> Estate {
         let backends = config.backends.len();
+        let cache = (!config.facts_ttl.is_zero()).then(|| {
+            Cache::new(
+                Box::new(MemoryStore::new(config.facts_cache_bytes)),
+                config.facts_ttl,
+            )
+        });
         Estate {
             config: Arc::new(config),
             upstream_ids: Counter::default(),
             waiter_ids: Counter::default(),
+            flight_ids: Counter::default(),
+            clock,
             reachability: None,
+            cache,
+            flights: BTreeMap::new(),
+            flight_keys: BTreeMap::new(),
             membership: Membership {
                 per_backend: vec![None; backends],
                 snapshot: Ownership::empty(),
@@ -132,28 +174,158 @@ impl Estate {
         if route == Route::Healthz {
             return Admission::Wait(self.join_reachability_check(now));
         }
-        let ownership = if needs_ownership(&route, request) {
-            self.refresh_membership_if_due(now);
-            if self.membership.refreshed_at.is_none() && !resumed {
-                let waiter = WaiterId(self.waiter_ids.next());
-                if let Some(refresh) = &mut self.membership.refresh {
-                    refresh.waiters.push(waiter);
-                    return Admission::Wait(waiter);
-                }
-            }
-            Some(Arc::clone(&self.membership.snapshot))
-        } else {
-            None
+        let cacheable = match &self.cache {
+            Some(_) => cache::cacheable(
+                &route,
+                request.path(),
+                request.query(),
+                &self.config.source_fact,
+            ),
+            None => None,
         };
-        let roster = self.roster();
-        Admission::Exchange(Exchange::new(
+        let Some(cacheable) = cacheable else {
+            return match self.ownership_for(now, &route, request, resumed) {
+                Err(waiter) => Admission::Wait(waiter),
+                Ok(ownership) => Admission::Exchange(self.exchange(
+                    now,
+                    &route,
+                    request.target.clone(),
+                    ownership,
+                )),
+            };
+        };
+        if let Some(cache) = &mut self.cache {
+            if let Lookup::Fresh(entry) = cache.lookup(now, &cacheable.key) {
+                let age = now.saturating_duration_since(entry.stored_at);
+                let response = Response {
+                    status: http::StatusCode::OK,
+                    headers: entry.headers,
+                    body: ResponseBody::Full(entry.body),
+                };
+                return Admission::Respond(finish_cached(
+                    response,
+                    CacheStatus::Hit,
+                    age,
+                    cacheable.value_filter.as_deref(),
+                ));
+            }
+        }
+        if let Some(flight) = self.flight_keys.get(&cacheable.key).copied() {
+            let waiter = WaiterId(self.waiter_ids.next());
+            if let Some(flight) = self.flights.get_mut(&flight) {
+                flight.participants.insert(waiter, cacheable.value_filter);
+                return Admission::Wait(waiter);
+            }
+        }
+        let ownership = match self.ownership_for(now, &route, request, resumed) {
+            Err(waiter) => return Admission::Wait(waiter),
+            Ok(ownership) => ownership,
+        };
+        let fan_out_route =
+            classify(&ClientRequest::get(cacheable.target.clone())).unwrap_or(route);
+        let exchange = self.exchange(now, &fan_out_route, cacheable.target, ownership);
+        let flight = FlightId(self.flight_ids.next());
+        let waiter = WaiterId(self.waiter_ids.next());
+        self.flight_keys.insert(cacheable.key.clone(), flight);
+        self.flights.insert(
+            flight,
+            Flight {
+                key: cacheable.key,
+                participants: BTreeMap::from([(waiter, cacheable.value_filter)]),
+            },
+        );
+        Admission::Flight {
+            flight,
+            waiter,
+            exchange,
+        }
+    }
+
+    /// The ownership snapshot a route needs, or the waiter registered on the first membership
+    /// refresh when there is no snapshot yet.
+    fn ownership_for(
+        &mut self,
+        now: Instant,
+        route: &Route,
+        request: &ClientRequest,
+        resumed: bool,
+    ) -> Result<Option<Arc<Ownership>>, WaiterId> {
+        if !needs_ownership(route, request) {
+            return Ok(None);
+        }
+        self.refresh_membership_if_due(now);
+        if self.membership.refreshed_at.is_none() && !resumed {
+            if let Some(refresh) = &mut self.membership.refresh {
+                let waiter = WaiterId(self.waiter_ids.next());
+                refresh.waiters.push(waiter);
+                return Err(waiter);
+            }
+        }
+        Ok(Some(Arc::clone(&self.membership.snapshot)))
+    }
+
+    fn exchange(
+        &self,
+        now: Instant,
+        route: &Route,
+        target: String,
+        ownership: Option<Arc<Ownership>>,
+    ) -> Exchange {
+        Exchange::new(
             now,
             Arc::clone(&self.config),
-            &route,
-            request.target.clone(),
-            &roster,
+            route,
+            target,
+            &self.roster(),
             ownership,
-        ))
+        )
+    }
+
+    /// A flight's exchange responded: store or fall back to the stale entry, and answer every
+    /// participant. An answer for an unknown (cancelled) flight is ignored.
+    pub fn handle_flight_done(&mut self, now: Instant, flight: FlightId, response: Response) {
+        let Some(flight) = self.flights.remove(&flight) else {
+            return;
+        };
+        self.flight_keys.remove(&flight.key);
+        let (served, status, age) = self.settle_flight(now, &flight.key, response);
+        for (waiter, filter) in flight.participants {
+            let response = finish_cached(served.clone(), status, age, filter.as_deref());
+            self.outputs
+                .push_back(EstateOutput::Respond { waiter, response });
+        }
+    }
+
+    /// Stores a success, serves the stale entry for a failure (5xx) when one is kept, and serves
+    /// a unanimous refusal (4xx) as it is.
+    fn settle_flight(
+        &mut self,
+        now: Instant,
+        key: &str,
+        response: Response,
+    ) -> (Response, CacheStatus, std::time::Duration) {
+        let Some(cache) = &mut self.cache else {
+            return (response, CacheStatus::Miss, std::time::Duration::ZERO);
+        };
+        if response.status.is_server_error() {
+            if let Some(entry) = cache.stale(now, key) {
+                tracing::warn!(%key, status = response.status.as_u16(), "every backend failed; serving the expired cache entry");
+                let age = now.saturating_duration_since(entry.stored_at);
+                let stale = Response {
+                    status: http::StatusCode::OK,
+                    headers: entry.headers,
+                    body: ResponseBody::Full(entry.body),
+                };
+                return (stale, CacheStatus::Stale, age);
+            }
+        }
+        cache.served_live();
+        if response.status.is_success() {
+            if let ResponseBody::Full(body) = &response.body {
+                cache.store(now, key, body.clone(), response.headers.clone());
+            }
+        }
+        (response, CacheStatus::Miss, std::time::Duration::ZERO)
     }
 
     /// The backends a request asks, in configured order.
@@ -239,8 +411,23 @@ impl Estate {
         self.finish(now);
     }
 
-    /// A waiting client went away; nothing is sent to it any more.
+    /// A waiting client went away; nothing is sent to it any more. A flight whose last
+    /// participant left is cancelled ([`EstateOutput::CancelFlight`]).
     pub fn handle_waiter_gone(&mut self, _now: Instant, waiter: WaiterId) {
+        let emptied: Vec<FlightId> = self
+            .flights
+            .iter_mut()
+            .filter_map(|(id, flight)| {
+                (flight.participants.remove(&waiter).is_some() && flight.participants.is_empty())
+                    .then_some(*id)
+            })
+            .collect();
+        for id in emptied {
+            if let Some(flight) = self.flights.remove(&id) {
+                self.flight_keys.remove(&flight.key);
+            }
+            self.outputs.push_back(EstateOutput::CancelFlight(id));
+        }
         if let Some(check) = &mut self.reachability {
             check.waiters.retain(|w| *w != waiter);
         }
@@ -297,7 +484,8 @@ impl Estate {
             .is_some_and(|c| c.legs.is_complete())
         {
             if let Some(check) = self.reachability.take() {
-                let response = check.response(&self.config);
+                let cache = self.cache.as_ref().map(|c| c.report(now));
+                let response = check.response(&self.config, cache.as_ref(), &self.clock);
                 for waiter in check.waiters {
                     self.outputs.push_back(EstateOutput::Respond {
                         waiter,
@@ -359,4 +547,27 @@ fn needs_ownership(route: &Route, request: &ClientRequest) -> bool {
         }
         _ => false,
     }
+}
+
+/// Adds the cache headers to a cached-path response, filtering the drilldown's shared record set
+/// by its value first.
+fn finish_cached(
+    mut response: Response,
+    status: CacheStatus,
+    age: std::time::Duration,
+    filter: Option<&str>,
+) -> Response {
+    if let (Some(value), ResponseBody::Full(body), true) =
+        (filter, &response.body, response.status.is_success())
+    {
+        let (filtered, count) = filter_source_records(body, value);
+        if response.headers.contains_key(crate::exchange::X_RECORDS) {
+            response
+                .headers
+                .insert(crate::exchange::X_RECORDS, HeaderValue::from(count));
+        }
+        response.body = ResponseBody::Full(filtered);
+    }
+    cache::mark(&mut response.headers, status, age);
+    response
 }

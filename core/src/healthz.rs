@@ -6,6 +6,8 @@
 use http::StatusCode;
 use serde::Serialize;
 
+use crate::cache::CacheReport;
+use crate::clock::ClockAnchor;
 use crate::config::Config;
 use crate::ids::WaiterId;
 use crate::legs::Legs;
@@ -23,8 +25,13 @@ pub(crate) struct ReachabilityCheck {
 }
 
 impl ReachabilityCheck {
-    /// The `/healthz` response for a complete check.
-    pub(crate) fn response(&self, config: &Config) -> Response {
+    /// The `/healthz` response for a complete check, with the cache's state (`None`: no cache).
+    pub(crate) fn response(
+        &self,
+        config: &Config,
+        cache: Option<&CacheReport>,
+        clock: &ClockAnchor,
+    ) -> Response {
         let backends: Vec<BackendReport<'_>> = self
             .legs
             .0
@@ -58,9 +65,27 @@ impl ReachabilityCheck {
         } else {
             (StatusCode::SERVICE_UNAVAILABLE, "down")
         };
+        let cache = match cache {
+            Some(report) => CacheSection {
+                backend: "memory",
+                ttl: format!("{}s", report.ttl.as_secs()),
+                entries: report.stats.entries,
+                stale_entries: report.stats.stale_entries,
+                bytes: report.stats.bytes,
+                serving_stale: report.serving_stale,
+                stale_served: report.stale_served,
+                last_stale_served: report.last_stale_served.map(|at| clock.rfc3339(at)),
+            },
+            None => CacheSection {
+                backend: "none",
+                ttl: "0s".to_owned(),
+                ..CacheSection::default()
+            },
+        };
         let body = HealthReport {
             status: word,
             backends,
+            cache,
         };
         match serde_json::to_vec(&body) {
             Ok(bytes) => Response::json(status, bytes),
@@ -76,6 +101,19 @@ impl ReachabilityCheck {
 struct HealthReport<'a> {
     status: &'static str,
     backends: Vec<BackendReport<'a>>,
+    cache: CacheSection,
+}
+
+#[derive(Serialize, Default)]
+struct CacheSection {
+    backend: &'static str,
+    ttl: String,
+    entries: usize,
+    stale_entries: usize,
+    bytes: u64,
+    serving_stale: bool,
+    stale_served: u64,
+    last_stale_served: Option<String>,
 }
 
 #[derive(Serialize)]

@@ -35,11 +35,14 @@
 #![forbid(unsafe_code)]
 
 pub mod cache;
+pub mod clock;
 pub mod config;
 mod estate;
 mod exchange;
+pub mod health;
 mod healthz;
 mod ids;
+pub mod jolokia;
 mod legs;
 pub mod membership;
 mod merge;
@@ -52,10 +55,11 @@ pub mod route;
 pub mod scrub;
 pub mod sort;
 
+pub use clock::ClockAnchor;
 pub use estate::{Admission, Estate, EstateOutput};
 pub use exchange::{forwarded_headers, Exchange, ExchangeOutput, X_BACKENDS, X_RECORDS};
 pub use healthz::REACHABILITY_PATH;
-pub use ids::{BackendId, UpstreamId, WaiterId};
+pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
     BodyMode, ClientRequest, Response, ResponseBody, UpstreamBody, UpstreamFailure,
     UpstreamRequest, UpstreamResponse, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,

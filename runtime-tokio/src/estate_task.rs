@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use pdbmux_core::{
-    Admission, ClientRequest, Estate, EstateOutput, Exchange, Response, UpstreamId, WaiterId,
+    Admission, ClientRequest, Estate, EstateOutput, Exchange, FlightId, Response, UpstreamId,
+    WaiterId,
 };
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
@@ -20,7 +21,31 @@ pub enum Admitted {
     /// Drive this exchange on the request's own task.
     Exchange(Exchange),
     /// Wait for the estate's word.
-    Wait(oneshot::Receiver<WaiterEvent>),
+    Wait(WaitTicket),
+}
+
+/// A client's place in the estate's queue: resolves to the estate's word. Dropping it before
+/// then (the client went away) tells the estate, so a flight nobody waits for is cancelled.
+pub struct WaitTicket {
+    shared: Arc<Shared>,
+    waiter: WaiterId,
+    receiver: Option<oneshot::Receiver<WaiterEvent>>,
+}
+
+impl WaitTicket {
+    /// Waits for the estate's word; `None` when the estate is gone (shutting down).
+    pub async fn wait(mut self) -> Option<WaiterEvent> {
+        let receiver = self.receiver.take()?;
+        receiver.await.ok()
+    }
+}
+
+impl Drop for WaitTicket {
+    fn drop(&mut self) {
+        if self.receiver.is_some() {
+            self.shared.waiter_gone(self.waiter);
+        }
+    }
 }
 
 /// What the estate tells a waiting request.
@@ -35,6 +60,7 @@ pub enum WaiterEvent {
 pub struct Shared {
     estate: Mutex<Estate>,
     waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>>,
+    flights: Mutex<BTreeMap<FlightId, tokio::task::AbortHandle>>,
     wake: Notify,
     /// The upstream clients, one per backend.
     pub upstreams: Arc<Upstreams>,
@@ -46,6 +72,7 @@ impl Shared {
         Arc::new(Shared {
             estate: Mutex::new(estate),
             waiters: Mutex::new(BTreeMap::new()),
+            flights: Mutex::new(BTreeMap::new()),
             wake: Notify::new(),
             upstreams: Arc::new(upstreams),
         })
@@ -65,17 +92,55 @@ impl Shared {
     }
 
     /// Admits a client request (briefly under the estate lock).
-    pub fn admit(&self, now: Instant, request: &ClientRequest) -> Admitted {
+    pub fn admit(self: &Arc<Self>, now: Instant, request: &ClientRequest) -> Admitted {
         self.admit_with(now, request, Estate::admit)
     }
 
     /// Admits a request again after [`WaiterEvent::Resume`].
-    pub fn readmit(&self, now: Instant, request: &ClientRequest) -> Admitted {
+    pub fn readmit(self: &Arc<Self>, now: Instant, request: &ClientRequest) -> Admitted {
         self.admit_with(now, request, Estate::readmit)
     }
 
+    fn waiter_gone(&self, waiter: WaiterId) {
+        self.waiters().remove(&waiter);
+        self.estate().handle_waiter_gone(Instant::now(), waiter);
+        self.wake.notify_one();
+    }
+
+    fn ticket(self: &Arc<Self>, waiter: WaiterId) -> WaitTicket {
+        let (sender, receiver) = oneshot::channel();
+        self.waiters().insert(waiter, sender);
+        WaitTicket {
+            shared: Arc::clone(self),
+            waiter,
+            receiver: Some(receiver),
+        }
+    }
+
+    /// Runs a flight's exchange on its own task and reports its response to the estate.
+    fn spawn_flight(self: &Arc<Self>, flight: FlightId, exchange: Exchange) {
+        let shared = Arc::clone(self);
+        // Held across the spawn so the task cannot remove its entry before it is inserted.
+        let mut flights = self.flights();
+        let task = tokio::spawn(async move {
+            let (response, _) = crate::service::drive(&shared, exchange).await;
+            shared.flights().remove(&flight);
+            shared
+                .estate()
+                .handle_flight_done(Instant::now(), flight, response);
+            shared.wake.notify_one();
+        });
+        flights.insert(flight, task.abort_handle());
+    }
+
+    fn flights(&self) -> MutexGuard<'_, BTreeMap<FlightId, tokio::task::AbortHandle>> {
+        self.flights
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
     fn admit_with(
-        &self,
+        self: &Arc<Self>,
         now: Instant,
         request: &ClientRequest,
         admit: fn(&mut Estate, Instant, &ClientRequest) -> Admission,
@@ -87,11 +152,16 @@ impl Shared {
         let admitted = match admission {
             Admission::Respond(response) => Admitted::Respond(response),
             Admission::Exchange(exchange) => Admitted::Exchange(exchange),
-            Admission::Wait(waiter) => {
-                let (sender, receiver) = oneshot::channel();
-                // Registered before the lock is released, so the driver cannot answer first.
-                self.waiters().insert(waiter, sender);
-                Admitted::Wait(receiver)
+            // Registered before the lock is released, so the driver cannot answer first.
+            Admission::Wait(waiter) => Admitted::Wait(self.ticket(waiter)),
+            Admission::Flight {
+                flight,
+                waiter,
+                exchange,
+            } => {
+                let ticket = self.ticket(waiter);
+                self.spawn_flight(flight, exchange);
+                Admitted::Wait(ticket)
             }
         };
         drop(estate);
@@ -156,6 +226,11 @@ impl Shared {
                         self.tell(waiter, WaiterEvent::Respond(response))
                     }
                     EstateOutput::Resume { waiter } => self.tell(waiter, WaiterEvent::Resume),
+                    EstateOutput::CancelFlight(flight) => {
+                        if let Some(task) = self.flights().remove(&flight) {
+                            task.abort();
+                        }
+                    }
                 }
             }
             tokio::select! {

@@ -8,7 +8,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use pdbmux_cli::Settings;
-use pdbmux_core::Estate;
+use pdbmux_core::{ClockAnchor, Estate};
 use tokio::net::TcpListener;
 
 use crate::estate_task::Shared;
@@ -64,7 +64,11 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
         config = %settings.config_source,
         "pdbmux serving"
     );
-    let shared = Shared::new(Estate::new(config), upstreams);
+    let clock = ClockAnchor {
+        instant: std::time::Instant::now(),
+        wall: std::time::SystemTime::now(),
+    };
+    let shared = Shared::new(Estate::new(config, clock), upstreams);
     let driver = shared.spawn_driver();
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();

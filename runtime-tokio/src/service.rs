@@ -28,13 +28,16 @@ pub async fn handle(
     let response = loop {
         match admission {
             Admitted::Respond(response) => break into_hyper(response, None),
-            Admitted::Exchange(exchange) => break drive(&shared, exchange).await,
-            Admitted::Wait(receiver) => match receiver.await {
-                Ok(WaiterEvent::Respond(response)) => break into_hyper(response, None),
-                Ok(WaiterEvent::Resume) => {
+            Admitted::Exchange(exchange) => {
+                let (response, held) = drive(&shared, exchange).await;
+                break into_hyper(response, held);
+            }
+            Admitted::Wait(ticket) => match ticket.wait().await {
+                Some(WaiterEvent::Respond(response)) => break into_hyper(response, None),
+                Some(WaiterEvent::Resume) => {
                     admission = shared.readmit(Instant::now(), &client_request)
                 }
-                Err(_) => {
+                None => {
                     break into_hyper(
                         Response::text(
                             http::StatusCode::SERVICE_UNAVAILABLE,
@@ -77,9 +80,13 @@ fn client_request(request: &http::Request<Incoming>) -> ClientRequest {
 
 type UpstreamResult = Result<(pdbmux_core::UpstreamResponse, Option<HeldBody>), UpstreamFailure>;
 
-/// Drives an exchange to its response on the current task. Upstream requests run concurrently
-/// inside this task; dropping it (client gone) drops them all and releases their connections.
-async fn drive(shared: &Shared, mut exchange: Exchange) -> http::Response<body::ResponseBody> {
+/// Drives an exchange to its response on the current task, with the held upstream body when the
+/// response streams one. Upstream requests run concurrently inside this task; dropping it (client
+/// gone, flight cancelled) drops them all and releases their connections.
+pub async fn drive(
+    shared: &Shared,
+    mut exchange: Exchange,
+) -> (Response, Option<(HeldBody, Instant)>) {
     let mut in_flight = FuturesUnordered::new();
     let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
     let mut held: BTreeMap<UpstreamId, (HeldBody, Instant)> = BTreeMap::new();
@@ -115,7 +122,7 @@ async fn drive(shared: &Shared, mut exchange: Exchange) -> http::Response<body::
                         ResponseBody::Upstream(id) => held.remove(id),
                         ResponseBody::Full(_) => None,
                     };
-                    return into_hyper(response, stream);
+                    return (response, stream);
                 }
             }
         }

@@ -197,3 +197,18 @@ fn owned_fields(fields: &Fields<'_>) -> Vec<(String, Box<RawValue>)> {
         .filter_map(|key| Some(((*key).to_owned(), fields.raw(key)?.to_owned())))
         .collect()
 }
+
+/// The provenance drilldown's filter on a shared `/facts/<source_fact>` record set: the records
+/// whose `value` is `value`, and how many there are.
+pub(crate) fn filter_source_records(body: &[u8], value: &str) -> (bytes::Bytes, usize) {
+    let Ok(records) = parse_array(body) else {
+        return (bytes::Bytes::from_static(b"[]"), 0);
+    };
+    let kept: Vec<&str> = records
+        .iter()
+        .filter(|raw| Fields::of(raw).and_then(|f| f.str("value")).as_deref() == Some(value))
+        .map(|raw| raw.get())
+        .collect();
+    let count = kept.len();
+    (bytes::Bytes::from(write_array(kept, body.len())), count)
+}

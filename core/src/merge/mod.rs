@@ -26,6 +26,7 @@ use crate::query::{analyze, Analysis, Params, QueryText};
 use crate::route::{Entity, Route};
 use crate::sort::{self, OrderBy, OrderEntity};
 
+pub(crate) use facts::filter_source_records;
 pub(crate) use rows::Window;
 
 /// Upstream URLs longer than this go as POST with a JSON body (PuppetDB's Jetty refuses request

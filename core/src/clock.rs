@@ -1,0 +1,49 @@
+//! Wall-clock rendering without a clock: the runtime captures one (monotonic, wall) pair at
+//! start, and the core maps later `Instant`s onto wall time from it for `/healthz`.
+
+use std::time::{Instant, SystemTime};
+
+/// One moment seen on both clocks; pass it to [`crate::Estate::new`].
+#[derive(Debug, Clone, Copy)]
+pub struct ClockAnchor {
+    /// The monotonic reading.
+    pub instant: Instant,
+    /// The wall-clock reading at the same moment.
+    pub wall: SystemTime,
+}
+
+impl ClockAnchor {
+    /// `at` as RFC 3339 UTC (`2026-11-30T10:00:00.123Z`), mapped through the anchor.
+    pub fn rfc3339(&self, at: Instant) -> String {
+        let wall = if at >= self.instant {
+            self.wall + at.duration_since(self.instant)
+        } else {
+            self.wall - self.instant.duration_since(at)
+        };
+        let time = time::OffsetDateTime::from(wall);
+        let format = time::macros::format_description!(
+            "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:3]Z"
+        );
+        time.format(&format).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn instants_render_as_utc() {
+        let instant = Instant::now();
+        let anchor = ClockAnchor {
+            instant,
+            wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_022_240),
+        };
+        assert_eq!(anchor.rfc3339(instant), "2026-12-01T07:04:00.000Z");
+        assert_eq!(
+            anchor.rfc3339(instant + Duration::from_millis(1500)),
+            "2026-12-01T07:04:01.500Z"
+        );
+    }
+}

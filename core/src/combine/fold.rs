@@ -1,0 +1,177 @@
+//! Folding the backends' extract rows: rows sharing a key collapse into one, each aggregate
+//! column combined by its own rule; a key one row alone reported is passed through byte for byte.
+
+use std::cmp::Ordering;
+use std::collections::HashMap;
+
+use serde_json::value::RawValue;
+use serde_json::Number;
+
+use super::extract::{Fold, Rule};
+use super::object::{into_raw, write_object, Object};
+use super::values::{average, canonical, float_json, is_null, Extreme, Total};
+use super::CombineError;
+
+/// One backend's row, read and checked.
+pub(super) struct Parsed<'a> {
+    raw: &'a RawValue,
+    object: Object<'a>,
+    key: String,
+}
+
+/// One aggregate column's running value.
+enum Acc<'a> {
+    Total(Total),
+    Extreme(Extreme<'a>),
+}
+
+/// A group: its first row (which decides the key order) and the folded values.
+struct Group<'a> {
+    first: Parsed<'a>,
+    rows: usize,
+    accs: Vec<Acc<'a>>,
+}
+
+/// Reads and checks one backend's rows: each must be an object whose additive columns hold
+/// numbers or null. A failure leaves the whole backend out (D7).
+pub(super) fn parse<'a>(
+    fold: &Fold,
+    rows: &[&'a RawValue],
+) -> Result<Vec<Parsed<'a>>, CombineError> {
+    rows.iter()
+        .enumerate()
+        .map(|(index, raw)| {
+            let object = Object::of(raw).ok_or(CombineError::NotAnObject { index })?;
+            for (column, rule) in &fold.aggregates {
+                if let (Rule::Add, Some(value)) = (rule, object.get(column)) {
+                    if !is_null(value) && serde_json::from_str::<Number>(value.get()).is_err() {
+                        return Err(CombineError::NotANumber {
+                            index,
+                            column: column.clone(),
+                        });
+                    }
+                }
+            }
+            let key = group_key(fold, &object);
+            Ok(Parsed { raw, object, key })
+        })
+        .collect()
+}
+
+/// The row's non-aggregate columns (plain fields and their `_2` copies, row functions, helper
+/// `group_by` columns), by name, as canonical text.
+fn group_key(fold: &Fold, object: &Object<'_>) -> String {
+    let mut parts: Vec<(&str, String)> = object
+        .0
+        .iter()
+        .filter(|(name, _)| !fold.aggregates.iter().any(|(column, _)| column == name))
+        .map(|(name, value)| (name.as_ref(), canonical(value)))
+        .collect();
+    parts.sort();
+    let mut key = String::new();
+    for (name, value) in parts {
+        key.push_str(name);
+        key.push('\u{0}');
+        key.push_str(&value);
+        key.push('\u{0}');
+    }
+    key
+}
+
+/// Folds the backends' parsed rows (configured order) into the combined rows, in the order
+/// their keys were first seen.
+pub(super) fn fold_rows(fold: &Fold, backends: Vec<Vec<Parsed<'_>>>) -> Vec<Box<RawValue>> {
+    let mut groups: Vec<Group<'_>> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for row in backends.into_iter().flatten() {
+        let (at, later) = match index.get(&row.key) {
+            Some(&at) => (at, Some(row)),
+            None => {
+                index.insert(row.key.clone(), groups.len());
+                let accs = fold
+                    .aggregates
+                    .iter()
+                    .map(|(_, rule)| match rule {
+                        Rule::Add => Acc::Total(Total::Nothing),
+                        Rule::Min(_) | Rule::Max(_) => Acc::Extreme(Extreme::new()),
+                    })
+                    .collect();
+                groups.push(Group {
+                    first: row,
+                    rows: 0,
+                    accs,
+                });
+                (groups.len() - 1, None)
+            }
+        };
+        let Group { first, rows, accs } = &mut groups[at];
+        let object = later.as_ref().map_or(&first.object, |row| &row.object);
+        for ((column, rule), acc) in fold.aggregates.iter().zip(accs.iter_mut()) {
+            let Some(value) = object.get(column) else {
+                continue;
+            };
+            match (rule, acc) {
+                (Rule::Add, Acc::Total(total)) => {
+                    if let Ok(number) = serde_json::from_str::<Number>(value.get()) {
+                        *total = total.add(&number);
+                    }
+                }
+                (Rule::Min(order), Acc::Extreme(extreme)) => {
+                    extreme.offer(value, order, Ordering::Less);
+                }
+                (Rule::Max(order), Acc::Extreme(extreme)) => {
+                    extreme.offer(value, order, Ordering::Greater);
+                }
+                _ => {}
+            }
+        }
+        *rows += 1;
+    }
+    groups.iter().map(|group| write_group(fold, group)).collect()
+}
+
+/// The combined row of one group: the first row byte for byte when it is the only one (and
+/// needs no rewrite), else rebuilt in the first row's key order.
+fn write_group(fold: &Fold, group: &Group<'_>) -> Box<RawValue> {
+    if group.rows == 1 && !fold.rewrites_rows() {
+        return group.first.raw.to_owned();
+    }
+    let value_of = |column: &str| -> Option<&Acc<'_>> {
+        fold.aggregates
+            .iter()
+            .position(|(name, _)| name == column)
+            .and_then(|at| group.accs.get(at))
+    };
+    let total_of = |column: &str| match value_of(column) {
+        Some(Acc::Total(total)) => *total,
+        _ => Total::Nothing,
+    };
+    let avg = || {
+        average(total_of("sum"), total_of("count")).map_or_else(|| "null".to_owned(), float_json)
+    };
+    let mut entries: Vec<(&str, String)> = Vec::new();
+    let mut avg_written = false;
+    for (name, raw) in &group.first.object.0 {
+        let name = name.as_ref();
+        if fold.helpers.iter().any(|helper| helper == name) {
+            continue;
+        }
+        if fold.avg && matches!(name, "sum" | "count") {
+            if !avg_written {
+                entries.push(("avg", avg()));
+                avg_written = true;
+            }
+            continue;
+        }
+        let text = match value_of(name) {
+            Some(Acc::Total(total)) => total.json(),
+            Some(Acc::Extreme(extreme)) => extreme.json().to_owned(),
+            None => raw.get().to_owned(),
+        };
+        entries.push((name, text));
+    }
+    if fold.avg && !avg_written {
+        entries.push(("avg", avg()));
+    }
+    into_raw(write_object(entries))
+}
