@@ -40,10 +40,10 @@ mod tests {
             instant,
             wall: SystemTime::UNIX_EPOCH + Duration::from_secs(1_796_022_240),
         };
-        assert_eq!(anchor.rfc3339(instant), "2026-12-01T07:04:00.000Z");
+        assert_eq!(anchor.rfc3339(instant), "2026-11-30T07:04:00.000Z");
         assert_eq!(
             anchor.rfc3339(instant + Duration::from_millis(1500)),
-            "2026-12-01T07:04:01.500Z"
+            "2026-11-30T07:04:01.500Z"
         );
     }
 }

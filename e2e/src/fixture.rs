@@ -5,6 +5,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::order::instant;
 use crate::{Backend, Error};
 
 /// What the loader put into the backends.
@@ -230,6 +231,65 @@ impl Fixture {
             .into_iter()
             .map(|c| &c.payload)
             .find(|p| p.get("transaction_uuid").and_then(|v| v.as_str()) == Some(uuid))
+    }
+
+    /// The backend whose record wins a node's /nodes merge (and owns it under `merge:
+    /// freshness`): among the backends holding it active, the newer newest report (no report is
+    /// older than any), a tie going to the first in load order. None when no backend holds it
+    /// active.
+    pub fn freshness_winner(&self, certname: &str) -> Option<&str> {
+        let node = self.nodes.get(certname)?;
+        let mut winner: Option<(&str, Option<(i64, u32)>)> = None;
+        for b in &self.backends {
+            let Some(state) = node.backends.get(&b.name).filter(|s| s.active) else {
+                continue;
+            };
+            let ts = state.report_timestamp.as_deref().and_then(instant);
+            match winner {
+                Some((_, best)) if ts <= best => {}
+                _ => winner = Some((b.name.as_str(), ts)),
+            }
+        }
+        winner.map(|(name, _)| name)
+    }
+
+    /// The backend owning a node under `merge: static`: the first in load order holding it active.
+    pub fn static_owner(&self, certname: &str) -> Option<&str> {
+        let node = self.nodes.get(certname)?;
+        self.backends
+            .iter()
+            .find(|b| node.backends.get(&b.name).is_some_and(|s| s.active))
+            .map(|b| b.name.as_str())
+    }
+
+    /// Certnames held active by every backend.
+    pub fn active_in_all(&self) -> Vec<&str> {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| {
+                self.backends
+                    .iter()
+                    .all(|b| n.backends.get(&b.name).is_some_and(|s| s.active))
+            })
+            .map(|(c, _)| c.as_str())
+            .collect()
+    }
+
+    /// Every (backend, certname, value) of a fact the loader sent under `name` (in the last
+    /// replace_facts payload of each node).
+    pub fn fact_values(&self, name: &str) -> Vec<(&str, &str, &serde_json::Value)> {
+        let mut out = Vec::new();
+        for (certname, node) in &self.nodes {
+            for backend in node.backends.keys() {
+                if let Some(v) = self
+                    .facts_payload(backend, certname)
+                    .and_then(|p| p["values"].get(name))
+                {
+                    out.push((backend.as_str(), certname.as_str(), v));
+                }
+            }
+        }
+        out
     }
 
     /// The last replace_facts payload a backend got for a node.

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 
 mod fixture;
 mod http;
+pub mod order;
 
 pub use fixture::{Fixture, FixtureCommand, FixtureNode, FixtureReport, NodeState};
 pub use http::{get, get_with_headers, raw_request, url_with_query, Response};

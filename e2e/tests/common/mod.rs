@@ -52,3 +52,60 @@ pub fn node_of(scenario: &str) -> &'static str {
         .copied()
         .unwrap_or_else(|| panic!("the fixture has no {scenario} node"))
 }
+
+/// A 200 answer's body as an array of records.
+pub fn records(r: &Response) -> Vec<Value> {
+    assert_eq!(r.status, 200, "{r:?}");
+    match json_of(r) {
+        Value::Array(items) => items,
+        other => panic!("not a JSON array: {other}"),
+    }
+}
+
+/// A record's `certname` (panics when it has none).
+pub fn certname(record: &Value) -> &str {
+    record["certname"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no certname in {record}"))
+}
+
+/// The X-Records header as a number.
+pub fn x_records(r: &Response) -> Option<u64> {
+    r.header("x-records").and_then(|v| v.trim().parse().ok())
+}
+
+/// Records as sorted canonical JSON texts: compares two answers as multisets.
+pub fn multiset(records: &[Value]) -> Vec<String> {
+    // serde_json's maps are sorted by key here (no preserve_order): to_string is canonical.
+    let mut texts: Vec<String> = records.iter().map(Value::to_string).collect();
+    texts.sort();
+    texts
+}
+
+/// Every backend's own answer to `path` with `params`, in configured order (each must be 200).
+pub fn direct_records(path: &str, params: &[(&str, &str)]) -> Vec<Vec<Value>> {
+    env()
+        .backends
+        .iter()
+        .map(|b| {
+            let r = direct(b, path, params);
+            assert_eq!(r.status, 200, "{} answers {path} {params:?}: {r:?}", b.name);
+            records(&r)
+        })
+        .collect()
+}
+
+/// Every backend's X-Records for `path` with `params` and include_total=true, summed.
+pub fn direct_total(path: &str, params: &[(&str, &str)]) -> u64 {
+    let mut params = params.to_vec();
+    params.push(("include_total", "true"));
+    env()
+        .backends
+        .iter()
+        .map(|b| {
+            let r = direct(b, path, &params);
+            assert_eq!(r.status, 200, "{} answers {path} {params:?}: {r:?}", b.name);
+            x_records(&r).unwrap_or_else(|| panic!("{} sent no X-Records: {r:?}", b.name))
+        })
+        .sum()
+}
