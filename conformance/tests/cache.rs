@@ -1,0 +1,283 @@
+//! The merged-response cache (spec "Caching"): hits, expiry, stale on failure only, the byte
+//! budget, and single-flight, on the simulated clock.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{finish, STEPS, URL_A, URL_B};
+use http::StatusCode;
+use pdbmux_conformance::{ms, FakeBackend, Harness, Reply};
+
+const NAMES: &str = "/pdb/query/v4/fact-names";
+
+fn cached(backends: Vec<FakeBackend>) -> Harness {
+    Harness::with_config(backends, |config| {
+        config.facts_ttl = Duration::from_secs(30);
+    })
+    .expect("valid test backends")
+}
+
+fn names(body: &str) -> Reply {
+    Reply::ok(body.to_owned()).after(ms(5))
+}
+
+fn run_to(h: &mut Harness, at: Duration) {
+    if let Err(error) = h.run_until(at, STEPS) {
+        panic!("{error}\n{}", h.transcript());
+    }
+}
+
+fn sends_to(h: &Harness, path: &str) -> usize {
+    h.sends()
+        .iter()
+        .filter(|s| s.request.path_and_query.starts_with(path))
+        .count()
+}
+
+#[test]
+fn miss_then_hit_then_expiry() {
+    let mut h = cached(vec![
+        FakeBackend::always("pdb-a", URL_A, names(r#"["kernel"]"#)),
+        FakeBackend::always("pdb-b", URL_B, names(r#"["os"]"#)),
+    ]);
+    let first = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(5));
+    let second = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(31));
+    let third = h.get(NAMES);
+    let transcript = finish(&mut h);
+
+    let first = h.response(first).expect("answered");
+    assert_eq!(
+        (first.header("x-cache"), first.header("age")),
+        (Some("miss"), Some("0"))
+    );
+    assert_eq!(first.body_str(), r#"["kernel","os","pdbmux_source"]"#);
+    let second = h.response(second).expect("answered");
+    assert_eq!(
+        (second.header("x-cache"), second.header("age")),
+        (Some("hit"), Some("4"))
+    );
+    assert_eq!(
+        second.header("x-backends"),
+        Some("2/2"),
+        "the stored body's X-Backends"
+    );
+    assert_eq!(second.body, first.body);
+    assert_eq!(second.at, Duration::from_secs(5), "a hit asks no backend");
+    let third = h.response(third).expect("answered");
+    assert_eq!(
+        third.header("x-cache"),
+        Some("miss"),
+        "after the TTL the backends are asked again"
+    );
+    assert_eq!(sends_to(&h, NAMES), 4);
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn stale_is_served_only_when_every_backend_fails() {
+    let mut h = cached(vec![
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [
+                names(r#"["a"]"#),
+                Reply::refused().after(ms(1)),
+                Reply::refused().after(ms(1)),
+            ],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [
+                names(r#"["b"]"#),
+                names(r#"["b2"]"#),
+                Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "boom").after(ms(2)),
+            ],
+        ),
+    ]);
+    let fresh = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(40));
+    let partial = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(80));
+    let stale = h.get(NAMES);
+    let transcript = finish(&mut h);
+
+    assert_eq!(
+        h.response(fresh).expect("answered").body_str(),
+        r#"["a","b","pdbmux_source"]"#
+    );
+    let partial = h.response(partial).expect("answered");
+    assert_eq!(
+        partial.header("x-cache"),
+        Some("miss"),
+        "a healthy backend is never shadowed"
+    );
+    assert_eq!(partial.header("x-backends"), Some("1/2"));
+    assert_eq!(partial.body_str(), r#"["b2","pdbmux_source"]"#);
+    let stale = h.response(stale).expect("answered");
+    assert_eq!(stale.status, StatusCode::OK);
+    assert_eq!(stale.header("x-cache"), Some("stale"));
+    assert_eq!(
+        stale.header("age"),
+        Some("39"),
+        "the partial answer stored at +40s"
+    );
+    assert_eq!(
+        stale.header("x-backends"),
+        Some("1/2"),
+        "the stored body's X-Backends"
+    );
+    assert_eq!(stale.body_str(), r#"["b2","pdbmux_source"]"#);
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn a_unanimous_refusal_is_answered_and_never_cached_or_replaced_by_stale() {
+    let refusal =
+        || Reply::text(StatusCode::BAD_REQUEST, "Unsupported query parameter 'x'").after(ms(2));
+    let mut h = cached(vec![
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [names(r#"["a"]"#), refusal(), names(r#"["a"]"#)],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [names(r#"["b"]"#), refusal(), names(r#"["b"]"#)],
+        ),
+    ]);
+    let _ = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(31));
+    let refused = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(32));
+    let after = h.get(NAMES);
+    finish(&mut h);
+    let refused = h.response(refused).expect("answered");
+    assert_eq!(refused.status, StatusCode::BAD_REQUEST);
+    assert_eq!(refused.header("x-cache"), Some("miss"));
+    assert_eq!(
+        h.response(after).expect("answered").header("x-cache"),
+        Some("miss")
+    );
+}
+
+#[test]
+fn a_failed_flight_is_not_cached() {
+    let mut h = cached(vec![
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [Reply::refused().after(ms(1)), names(r#"["a"]"#)],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [Reply::refused().after(ms(1)), names(r#"["b"]"#)],
+        ),
+    ]);
+    let failed = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(1));
+    let next = h.get(NAMES);
+    finish(&mut h);
+    assert_eq!(
+        h.response(failed).expect("answered").status,
+        StatusCode::BAD_GATEWAY
+    );
+    let next = h.response(next).expect("answered");
+    assert_eq!(
+        (next.status, next.header("x-cache")),
+        (StatusCode::OK, Some("miss"))
+    );
+}
+
+#[test]
+fn a_thousand_concurrent_requests_share_one_fan_out() {
+    let mut h = cached(vec![
+        FakeBackend::always("pdb-a", URL_A, names(r#"["a"]"#)),
+        FakeBackend::always("pdb-b", URL_B, names(r#"["b"]"#)),
+    ]);
+    let clients: Vec<_> = (0..1000).map(|_| h.get(NAMES)).collect();
+    finish(&mut h);
+    assert_eq!(sends_to(&h, NAMES), 2, "one upstream request per backend");
+    for client in clients {
+        let response = h.response(client).expect("every client answered once");
+        assert_eq!(
+            (response.status, response.header("x-cache")),
+            (StatusCode::OK, Some("miss"))
+        );
+        assert_eq!(response.body_str(), r#"["a","b","pdbmux_source"]"#);
+    }
+}
+
+#[test]
+fn the_leader_leaving_does_not_fail_the_others_and_the_last_one_leaving_cancels() {
+    let mut h = cached(vec![
+        FakeBackend::always("pdb-a", URL_A, names(r#"["a"]"#)),
+        FakeBackend::always("pdb-b", URL_B, names(r#"["b"]"#)),
+    ]);
+    let leader = h.get(NAMES);
+    let waiter = h.get(NAMES);
+    h.disconnect(leader).expect("known client");
+    finish(&mut h);
+    let response = h.response(waiter).expect("the waiter is still answered");
+    assert_eq!(response.body_str(), r#"["a","b","pdbmux_source"]"#);
+
+    let mut h = cached(vec![
+        FakeBackend::always("pdb-a", URL_A, names(r#"["a"]"#).after(ms(50))),
+        FakeBackend::always("pdb-b", URL_B, names(r#"["b"]"#).after(ms(50))),
+    ]);
+    let one = h.get(NAMES);
+    let two = h.get(NAMES);
+    run_to(&mut h, ms(10));
+    h.disconnect(one).expect("known client");
+    h.disconnect(two).expect("known client");
+    let transcript = finish(&mut h);
+    assert!(
+        transcript.contains("f0 cancelled (aborted u0, u1)"),
+        "{transcript}"
+    );
+    assert_eq!(sends_to(&h, NAMES), 2);
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn the_byte_budget_evicts_least_recently_used() {
+    let mut h = Harness::with_config(
+        vec![
+            FakeBackend::by_path("pdb-a", URL_A, |path| {
+                names(if path.contains("limit=1") {
+                    r#"["a"]"#
+                } else {
+                    r#"["a","b"]"#
+                })
+            }),
+            FakeBackend::always("pdb-b", URL_B, names("[]")),
+        ],
+        |config| {
+            config.facts_ttl = Duration::from_secs(30);
+            // Room for one of the two bodies (25 and 5 bytes) only.
+            config.facts_cache_bytes = 29;
+        },
+    )
+    .expect("valid test backends");
+    let _ = h.get(NAMES);
+    run_to(&mut h, ms(100));
+    let _ = h.get("/pdb/query/v4/fact-names?limit=1");
+    run_to(&mut h, ms(200));
+    let evicted = h.get(NAMES);
+    let kept = h.get("/pdb/query/v4/fact-names?limit=1");
+    let transcript = finish(&mut h);
+    assert_eq!(
+        h.response(evicted).expect("answered").header("x-cache"),
+        Some("miss"),
+        "{transcript}"
+    );
+    assert_eq!(
+        h.response(kept).expect("answered").header("x-cache"),
+        Some("hit")
+    );
+}
