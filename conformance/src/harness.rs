@@ -578,7 +578,16 @@ impl Harness {
                     match output {
                         ExchangeOutput::Send(request) => self.on_send(machine, request),
                         ExchangeOutput::Cancel(id) => self.on_cancel(machine, id),
-                        ExchangeOutput::Respond(response) => self.record_response(client, response),
+                        ExchangeOutput::Respond(response) => {
+                            let round = self.clients[client.0]
+                                .exchange
+                                .as_ref()
+                                .and_then(Exchange::round);
+                            if let Some(round) = round {
+                                self.estate.handle_round(self.now, round);
+                            }
+                            self.record_response(client, response)
+                        }
                     }
                 }
             }
@@ -593,6 +602,10 @@ impl Harness {
                         ExchangeOutput::Send(request) => self.on_send(machine, request),
                         ExchangeOutput::Cancel(id) => self.on_cancel(machine, id),
                         ExchangeOutput::Respond(response) => {
+                            if let Some(round) = self.flights.get(&flight).and_then(Exchange::round)
+                            {
+                                self.estate.handle_round(self.now, round);
+                            }
                             self.flights.remove(&flight);
                             self.log(format!("{flight} done: {}", response.status.as_u16()));
                             self.estate.handle_flight_done(self.now, flight, response);

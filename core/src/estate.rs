@@ -11,7 +11,8 @@ use crate::cache::{self, Cache, CacheStatus, Lookup, MemoryStore};
 use crate::clock::ClockAnchor;
 use crate::config::Config;
 use crate::exchange::Exchange;
-use crate::healthz::{ReachabilityCheck, REACHABILITY_PATH};
+use crate::health::{HealthTable, ProbeResult, ProbeSettings};
+use crate::healthz::{QueryRounds, ReachabilityCheck, Round, REACHABILITY_PATH};
 use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
 use crate::legs::Legs;
 use crate::membership::{parse_membership, BackendNodes, Ownership, MEMBERSHIP_QUERY};
@@ -109,6 +110,10 @@ pub struct Estate {
     cache: Option<Cache>,
     flights: BTreeMap<FlightId, Flight>,
     flight_keys: BTreeMap<String, FlightId>,
+    health: HealthTable,
+    /// Probes in flight: which backend each answers for.
+    probes: BTreeMap<UpstreamId, BackendId>,
+    rounds: QueryRounds,
     outputs: VecDeque<EstateOutput>,
 }
 
@@ -122,7 +127,11 @@ impl Estate {
                 config.facts_ttl,
             )
         });
+        let health = HealthTable::new(clock.instant, ProbeSettings::from_config(&config), backends);
         Estate {
+            health,
+            probes: BTreeMap::new(),
+            rounds: QueryRounds::default(),
             config: Arc::new(config),
             upstream_ids: Counter::default(),
             waiter_ids: Counter::default(),
@@ -150,12 +159,45 @@ impl Estate {
     /// Takes in a client request: refuses it, hands back an [`Exchange`] to drive, or registers a
     /// waiter the estate answers (or resumes) itself.
     pub fn admit(&mut self, now: Instant, request: &ClientRequest) -> Admission {
-        self.admit_inner(now, request, false)
+        let admission = self.admit_inner(now, request, false);
+        self.send_due_probes(now);
+        admission
     }
 
     /// Admits a request again after [`EstateOutput::Resume`]; it no longer waits for a refresh.
     pub fn readmit(&mut self, now: Instant, request: &ClientRequest) -> Admission {
-        self.admit_inner(now, request, true)
+        let admission = self.admit_inner(now, request, true);
+        self.send_due_probes(now);
+        admission
+    }
+
+    /// Turns the probes that are due into upstream requests.
+    fn send_due_probes(&mut self, now: Instant) {
+        for backend in self.health.due_probes(now) {
+            let id = UpstreamId(self.upstream_ids.next());
+            self.probes.insert(id, backend);
+            self.outputs.push_back(EstateOutput::Send(UpstreamRequest {
+                id,
+                backend,
+                method: http::Method::GET,
+                path_and_query: self.health.settings().path.clone(),
+                body: None,
+                body_mode: crate::message::BodyMode::Buffer,
+                deadline: now + self.health.settings().timeout,
+            }));
+        }
+    }
+
+    fn record_probe(&mut self, now: Instant, backend: BackendId, result: ProbeResult) {
+        for transition in self.health.record(now, backend, result) {
+            let name = crate::policy::backend_name(&self.config.backends, transition.backend());
+            transition.log(name);
+        }
+    }
+
+    /// A merged fan-out finished: how many backends were asked and contributed (for `/healthz`).
+    pub fn handle_round(&mut self, now: Instant, round: Round) {
+        self.rounds.record(now, round);
     }
 
     fn admit_inner(&mut self, now: Instant, request: &ClientRequest, resumed: bool) -> Admission {
@@ -328,8 +370,14 @@ impl Estate {
         (response, CacheStatus::Miss, std::time::Duration::ZERO)
     }
 
-    /// The backends a request asks, in configured order.
+    /// The backends a request asks, in configured order: those the prober believes up, or all
+    /// of them when it believes none is (fail open).
     fn roster(&self) -> Vec<BackendId> {
+        self.health.roster()
+    }
+
+    /// Every configured backend (the `/healthz` reachability check asks them all).
+    fn all_backends(&self) -> Vec<BackendId> {
         (0..self.config.backends.len()).map(BackendId).collect()
     }
 
@@ -362,7 +410,7 @@ impl Estate {
             check.waiters.push(waiter);
             return waiter;
         }
-        let roster = self.roster();
+        let roster = self.all_backends();
         let (legs, requests) = Legs::send(
             &mut self.upstream_ids,
             &roster,
@@ -438,6 +486,18 @@ impl Estate {
 
     /// Time passed: expire what is past its deadline. A call before any deadline is a no-op.
     pub fn handle_timeout(&mut self, now: Instant) {
+        for backend in self.health.overdue(now) {
+            let id = self
+                .probes
+                .iter()
+                .find_map(|(id, b)| (*b == backend).then_some(*id));
+            if let Some(id) = id {
+                self.probes.remove(&id);
+                self.outputs.push_back(EstateOutput::Cancel(id));
+            }
+            self.record_probe(now, backend, ProbeResult::timed_out());
+        }
+        self.send_due_probes(now);
         let mut expired = Vec::new();
         if let Some(check) = &mut self.reachability {
             expired.extend(check.legs.expire(now));
@@ -465,10 +525,10 @@ impl Estate {
             .refresh
             .as_ref()
             .and_then(|r| r.legs.deadline());
-        match (reachability, membership) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [reachability, membership, self.health.next_deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// The current ownership snapshot (for tests and `/healthz`).
@@ -485,7 +545,18 @@ impl Estate {
         {
             if let Some(check) = self.reachability.take() {
                 let cache = self.cache.as_ref().map(|c| c.report(now));
-                let response = check.response(&self.config, cache.as_ref(), &self.clock);
+                let health: Vec<_> = self
+                    .all_backends()
+                    .into_iter()
+                    .map(|b| self.health.report(b))
+                    .collect();
+                let response = check.response(
+                    &self.config,
+                    &health,
+                    &self.rounds,
+                    cache.as_ref(),
+                    &self.clock,
+                );
                 for waiter in check.waiters {
                     self.outputs.push_back(EstateOutput::Respond {
                         waiter,

@@ -12,6 +12,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
 use crate::config::Config;
+use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::membership::Ownership;
 use crate::merge::{Answer, Planned, RecordPlan};
@@ -107,6 +108,7 @@ pub struct Exchange {
     ids: Counter,
     outputs: VecDeque<ExchangeOutput>,
     finished: bool,
+    round: Option<Round>,
 }
 
 impl Exchange {
@@ -174,6 +176,7 @@ impl Exchange {
             ids: Counter::default(),
             outputs: VecDeque::new(),
             finished: false,
+            round: None,
         };
         if let Some(response) = immediate {
             exchange.respond(response);
@@ -288,6 +291,12 @@ impl Exchange {
                 _ => None,
             })
             .min()
+    }
+
+    /// For a merged fan-out that has responded: how many backends were asked and contributed,
+    /// for the estate's `/healthz` counters ([`crate::Estate::handle_round`]).
+    pub fn round(&self) -> Option<Round> {
+        self.round
     }
 
     /// Whether the response has been produced (it may still be queued in `poll_output`).
@@ -470,8 +479,14 @@ impl Exchange {
                 leg.state = LegState::Done(LegResult::Outcome(Outcome::Failed(reason)));
             }
         }
+        let asked = self.legs.len();
         match merged.response {
             Some(response) => {
+                self.round = Some(Round {
+                    asked,
+                    contributed: merged.contributed,
+                    refused: false,
+                });
                 self.warn_partial();
                 let response = self.with_backends_header(response, merged.contributed);
                 self.respond(response);
@@ -479,6 +494,12 @@ impl Exchange {
             None => {
                 self.log_failures();
                 let verdict = policy::failure_verdict(&self.outcomes(), &self.config.backends);
+                let refused = matches!(&verdict, policy::FailureVerdict::Unanimous(r) if r.status.is_client_error());
+                self.round = Some(Round {
+                    asked,
+                    contributed: 0,
+                    refused,
+                });
                 let response = self.with_backends_header(verdict.into_response(), 0);
                 self.respond(response);
             }

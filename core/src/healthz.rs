@@ -9,6 +9,7 @@ use serde::Serialize;
 use crate::cache::CacheReport;
 use crate::clock::ClockAnchor;
 use crate::config::Config;
+use crate::health::BackendHealthReport;
 use crate::ids::WaiterId;
 use crate::legs::Legs;
 use crate::message::Response;
@@ -16,6 +17,40 @@ use crate::scrub::scrub_addresses;
 
 /// The path asked of every backend by the reachability check.
 pub const REACHABILITY_PATH: &str = "/pdb/meta/v1/version";
+
+/// One finished merged fan-out, as `/healthz` counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Round {
+    /// Backends asked.
+    pub asked: usize,
+    /// Backends whose records went into the answer.
+    pub contributed: usize,
+    /// Every backend refused the request with the same 4xx: the request's fault, not a partial.
+    pub refused: bool,
+}
+
+/// The `/healthz` query object: the last merged fan-out and the partial rounds so far.
+#[derive(Debug, Clone, Default)]
+pub struct QueryRounds {
+    last: Option<Round>,
+    partial_rounds: u64,
+    last_partial: Option<std::time::Instant>,
+}
+
+impl QueryRounds {
+    /// Counts a finished merged fan-out; fewer contributors than asked is a partial round,
+    /// unless every backend refused the request (a unanimous 4xx).
+    pub fn record(&mut self, now: std::time::Instant, round: Round) {
+        if round.refused {
+            return;
+        }
+        if round.contributed < round.asked {
+            self.partial_rounds += 1;
+            self.last_partial = Some(now);
+        }
+        self.last = Some(round);
+    }
+}
 
 /// A reachability check in flight and the callers waiting on it.
 #[derive(Debug)]
@@ -29,6 +64,8 @@ impl ReachabilityCheck {
     pub(crate) fn response(
         &self,
         config: &Config,
+        health: &[Option<BackendHealthReport>],
+        rounds: &QueryRounds,
         cache: Option<&CacheReport>,
         clock: &ClockAnchor,
     ) -> Response {
@@ -47,6 +84,11 @@ impl ReachabilityCheck {
                     ),
                     _ => None,
                 };
+                let probe = health.get(leg.backend.0).and_then(Option::as_ref);
+                let scrub = |text: &str| {
+                    String::from_utf8_lossy(&scrub_addresses(text.as_bytes(), &config.backends))
+                        .into_owned()
+                };
                 BackendReport {
                     name: config
                         .backends
@@ -54,6 +96,11 @@ impl ReachabilityCheck {
                         .map_or("?", |b| b.name.as_str()),
                     reachable: error.is_none(),
                     error,
+                    state: probe.map_or("unmonitored", |p| p.state.as_str()),
+                    consecutive_failures: probe.map_or(0, |p| p.consecutive_failures),
+                    consecutive_successes: probe.map_or(0, |p| p.consecutive_successes),
+                    last_probe: probe.and_then(|p| p.last_probe).map(|at| clock.rfc3339(at)),
+                    last_error: probe.and_then(|p| p.last_error.as_deref()).map(scrub),
                 }
             })
             .collect();
@@ -82,9 +129,17 @@ impl ReachabilityCheck {
                 ..CacheSection::default()
             },
         };
+        let query = QuerySection {
+            partial: rounds.last.is_some_and(|r| r.contributed < r.asked),
+            contributed: rounds.last.map(|r| r.contributed),
+            configured: config.backends.len(),
+            partial_rounds: rounds.partial_rounds,
+            last_partial: rounds.last_partial.map(|at| clock.rfc3339(at)),
+        };
         let body = HealthReport {
             status: word,
             backends,
+            query,
             cache,
         };
         match serde_json::to_vec(&body) {
@@ -101,7 +156,17 @@ impl ReachabilityCheck {
 struct HealthReport<'a> {
     status: &'static str,
     backends: Vec<BackendReport<'a>>,
+    query: QuerySection,
     cache: CacheSection,
+}
+
+#[derive(Serialize)]
+struct QuerySection {
+    partial: bool,
+    contributed: Option<usize>,
+    configured: usize,
+    partial_rounds: u64,
+    last_partial: Option<String>,
 }
 
 #[derive(Serialize, Default)]
@@ -121,4 +186,9 @@ struct BackendReport<'a> {
     name: &'a str,
     reachable: bool,
     error: Option<String>,
+    state: &'static str,
+    consecutive_failures: u32,
+    consecutive_successes: u32,
+    last_probe: Option<String>,
+    last_error: Option<String>,
 }

@@ -36,6 +36,7 @@
 
 pub mod cache;
 pub mod clock;
+pub(crate) mod combine;
 pub mod config;
 mod estate;
 mod exchange;
@@ -58,7 +59,7 @@ pub mod sort;
 pub use clock::ClockAnchor;
 pub use estate::{Admission, Estate, EstateOutput};
 pub use exchange::{forwarded_headers, Exchange, ExchangeOutput, X_BACKENDS, X_RECORDS};
-pub use healthz::REACHABILITY_PATH;
+pub use healthz::{Round, REACHABILITY_PATH};
 pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
     BodyMode, ClientRequest, Response, ResponseBody, UpstreamBody, UpstreamFailure,

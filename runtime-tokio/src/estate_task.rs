@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use pdbmux_core::{
-    Admission, ClientRequest, Estate, EstateOutput, Exchange, FlightId, Response, UpstreamId,
-    WaiterId,
+    Admission, ClientRequest, Estate, EstateOutput, Exchange, FlightId, Response, Round,
+    UpstreamId, WaiterId,
 };
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
@@ -99,6 +99,11 @@ impl Shared {
     /// Admits a request again after [`WaiterEvent::Resume`].
     pub fn readmit(self: &Arc<Self>, now: Instant, request: &ClientRequest) -> Admitted {
         self.admit_with(now, request, Estate::readmit)
+    }
+
+    /// Reports a finished merged fan-out for `/healthz`.
+    pub fn round(&self, round: Round) {
+        self.estate().handle_round(Instant::now(), round);
     }
 
     fn waiter_gone(&self, waiter: WaiterId) {

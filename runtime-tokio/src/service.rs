@@ -122,6 +122,9 @@ pub async fn drive(
                         ResponseBody::Upstream(id) => held.remove(id),
                         ResponseBody::Full(_) => None,
                     };
+                    if let Some(round) = exchange.round() {
+                        shared.round(round);
+                    }
                     return (response, stream);
                 }
             }

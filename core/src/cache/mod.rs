@@ -214,6 +214,7 @@ pub fn mark(headers: &mut HeaderMap, status: CacheStatus, age: Duration) {
 }
 
 #[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests need one real instant to start from
 mod tests {
     use super::*;
     use crate::message::ClientRequest;

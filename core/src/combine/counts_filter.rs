@@ -222,7 +222,10 @@ mod tests {
     fn refusals_name_the_problem() {
         assert_eq!(
             parse(r#"["and",[">","failures",0]]"#),
-            Err(r#"["and",[">","failures",0]] is not well-formed: query operator 'and' is unknown"#.into())
+            Err(
+                r#"["and",[">","failures",0]] is not well-formed: query operator 'and' is unknown"#
+                    .into()
+            )
         );
         assert_eq!(
             parse(r#"["~","failures","0"]"#),
@@ -252,6 +255,8 @@ mod tests {
             parse(r#"{"a":1}"#),
             Err("counts_filter must be a json array, not {\"a\":1}".into())
         );
-        assert!(parse("[").expect_err("bad").starts_with("counts_filter is not valid json"));
+        assert!(parse("[")
+            .expect_err("bad")
+            .starts_with("counts_filter is not valid json"));
     }
 }

@@ -210,7 +210,10 @@ pub(super) fn summary(summarize_by: &str, subjects: &[Subject<'_>]) -> String {
     };
     // Stable: columns PuppetDB does not name keep their first-seen order, after the known ones.
     columns.sort_by_key(|name| rank(name));
-    let mut entries = vec![("summarize_by", serde_json::Value::from(summarize_by).to_string())];
+    let mut entries = vec![(
+        "summarize_by",
+        serde_json::Value::from(summarize_by).to_string(),
+    )];
     for column in columns {
         let with_events = subjects
             .iter()

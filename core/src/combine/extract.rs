@@ -17,9 +17,7 @@ use serde_json::Value;
 use super::values::value_order;
 use super::PlanError;
 use crate::merge::Window;
-use crate::query::{
-    check_combinable, rewrite_avg, Analysis, FunctionColumn, GroupByItem, Params,
-};
+use crate::query::{check_combinable, rewrite_avg, Analysis, FunctionColumn, GroupByItem, Params};
 use crate::sort::{self, column_kind, ColumnKind, Direction, OrderBy, OrderEntity, OrderField};
 
 /// How one upstream aggregate column folds.
@@ -267,7 +265,10 @@ fn in_query_order(argument: &Value) -> Result<Vec<(String, Direction)>, PlanErro
         .map(|entry| match entry {
             Value::String(field) => Ok((field.clone(), Direction::Ascending)),
             Value::Array(pair) => {
-                let field = pair.first().and_then(Value::as_str).ok_or_else(|| bad(entry))?;
+                let field = pair
+                    .first()
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| bad(entry))?;
                 let direction = match pair.get(1).map(|d| d.as_str().map(str::to_lowercase)) {
                     None => Direction::Ascending,
                     Some(Some(d)) if d == "asc" => Direction::Ascending,

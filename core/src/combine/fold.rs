@@ -127,11 +127,15 @@ pub(super) fn fold_rows(fold: &Fold, backends: Vec<Vec<Parsed<'_>>>) -> Vec<Box<
         }
         *rows += 1;
     }
-    groups.iter().map(|group| write_group(fold, group)).collect()
+    groups
+        .iter()
+        .map(|group| write_group(fold, group))
+        .collect()
 }
 
 /// The combined row of one group: the first row byte for byte when it is the only one (and
-/// needs no rewrite), else rebuilt in the first row's key order.
+/// needs no rewrite), else rebuilt in the first row's key order. Helper columns stay until
+/// [`drop_helpers`], so an order on an unprojected `group_by` field still sees them.
 fn write_group(fold: &Fold, group: &Group<'_>) -> Box<RawValue> {
     if group.rows == 1 && !fold.rewrites_rows() {
         return group.first.raw.to_owned();
@@ -153,9 +157,6 @@ fn write_group(fold: &Fold, group: &Group<'_>) -> Box<RawValue> {
     let mut avg_written = false;
     for (name, raw) in &group.first.object.0 {
         let name = name.as_ref();
-        if fold.helpers.iter().any(|helper| helper == name) {
-            continue;
-        }
         if fold.avg && matches!(name, "sum" | "count") {
             if !avg_written {
                 entries.push(("avg", avg()));
@@ -174,4 +175,22 @@ fn write_group(fold: &Fold, group: &Group<'_>) -> Box<RawValue> {
         entries.push(("avg", avg()));
     }
     into_raw(write_object(entries))
+}
+
+/// Drops the helper columns from the combined rows (after they were ordered and windowed).
+pub(super) fn drop_helpers(fold: &Fold, rows: Vec<Box<RawValue>>) -> Vec<Box<RawValue>> {
+    if fold.helpers.is_empty() {
+        return rows;
+    }
+    rows.into_iter()
+        .map(|row| {
+            let object = Object::of(&row).unwrap_or_default();
+            let entries = object
+                .0
+                .iter()
+                .filter(|(name, _)| !fold.helpers.iter().any(|helper| helper == name))
+                .map(|(name, raw)| (name.as_ref(), raw.get().to_owned()));
+            into_raw(write_object(entries))
+        })
+        .collect()
 }

@@ -242,7 +242,10 @@ mod tests {
 
     #[test]
     fn canonical_sorts_keys_and_drops_whitespace() {
-        assert_eq!(canonical(&raw(r#"{ "b": [1, 2], "a": "x" }"#)), r#"{"a":"x","b":[1,2]}"#);
+        assert_eq!(
+            canonical(&raw(r#"{ "b": [1, 2], "a": "x" }"#)),
+            r#"{"a":"x","b":[1,2]}"#
+        );
         assert_eq!(canonical(&raw("null")), "null");
     }
 }

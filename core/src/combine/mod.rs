@@ -1,0 +1,533 @@
+//! Combined answers: extract aggregates, `/event-counts` and `/aggregate-event-counts`.
+//!
+//! An aggregate row is a count, not a record, so each backend returns a partial answer that is
+//! folded rather than deduped (spec "Merge semantics" → Aggregates; DECISIONS.md D4, D5, D11).
+//! Use it in three steps, all pure:
+//!
+//! 1. [`CombinePlan::plan`] reads the request before any fan-out; an `Err` is a 400 whose text
+//!    is the error's `Display`; `Ok(None)` (an extract with no function column) means the
+//!    request is not combined.
+//! 2. [`CombinePlan::upstream`] gives the requests every backend gets, before ownership is
+//!    pushed down (D4).
+//! 3. [`CombinePlan::combine`] folds the backends' answers (configured order) into the body.
+
+// Until the exchange calls it (the lead wires it in); the tests use every item.
+#![cfg_attr(not(test), allow(dead_code))]
+
+mod counts_filter;
+mod event_counts;
+mod extract;
+mod fold;
+mod object;
+mod values;
+
+#[cfg(test)]
+mod prop_tests;
+#[cfg(test)]
+mod tests;
+#[cfg(test)]
+mod tests_events;
+
+use serde_json::value::RawValue;
+
+use self::counts_filter::CountsFilter;
+use self::extract::ExtractPlan;
+use crate::merge::Window;
+use crate::query::{analyze, CombineRefusal, Params};
+use crate::records::{parse_array, write_array};
+use crate::sort::{self, OrderBy, OrderEntity, PagingError, SummarizeBy};
+
+pub(crate) use self::counts_filter::CountsFilterError;
+
+/// The path `/aggregate-event-counts` is answered from (D5).
+pub(crate) const EVENT_COUNTS_PATH: &str = "/pdb/query/v4/event-counts";
+
+/// The parameters `/aggregate-event-counts` accepts (PuppetDB 7.12.1 `http/handlers.clj`
+/// `agg-event-counts-routes`: global params plus these; 8.x adds `timeout`). Anything else,
+/// paging included, is refused as PuppetDB refuses it: the backends see `/event-counts`, which
+/// would accept it.
+const AGGREGATE_PARAMS: [&str; 13] = [
+    "query",
+    "summarize_by",
+    "counts_filter",
+    "count_by",
+    "distinct_resources",
+    "distinct_start_time",
+    "distinct_end_time",
+    "optimize_drop_unused_joins",
+    "include_facts_expiration",
+    "include_package_inventory",
+    "explain",
+    "origin",
+    "timeout",
+];
+
+/// The parameters pdbmux applies itself to merged event counts, never forwarded.
+const EVENT_COUNTS_LOCAL: [&str; 5] = [
+    "counts_filter",
+    "limit",
+    "offset",
+    "order_by",
+    "include_total",
+];
+
+/// Which combined answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CombineKind {
+    /// An extract with a function column on `/reports`, `/events`, `/nodes`, `/resources`,
+    /// `/facts` or `/facts/<name>[/<value>]`; the entity decides the `order_by` columns.
+    Extract(OrderEntity),
+    /// `/event-counts`.
+    EventCounts,
+    /// `/aggregate-event-counts`.
+    AggregateEventCounts,
+}
+
+/// Why a request cannot be combined: a 400 before any fan-out, its `Display` the body.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PlanError {
+    /// An extract shape no fold can answer (repeated function, avg beside sum/count, ...).
+    #[error(transparent)]
+    Refusal(#[from] CombineRefusal),
+    /// A malformed `order_by`, `limit` or `offset` (PuppetDB's own text).
+    #[error(transparent)]
+    Paging(#[from] PagingError),
+    /// A `counts_filter` PuppetDB would refuse.
+    #[error(transparent)]
+    CountsFilter(#[from] CountsFilterError),
+    /// `distinct_resources=true` on an `/events` extract with a function column.
+    #[error("distinct_resources cannot be combined with extract functions; puppetdb answers distinct_resources queries from its legacy query compiler, which supports neither function nor group_by")]
+    DistinctResources,
+    /// A required parameter is missing (PuppetDB's text).
+    #[error("Missing required query parameter '{0}'")]
+    MissingParam(&'static str),
+    /// A parameter the endpoint does not take (PuppetDB's text).
+    #[error("Unsupported query parameter '{0}'")]
+    UnsupportedParam(String),
+    /// A `summarize_by` value other than `certname`, `resource`, `containing_class`.
+    #[error("Unsupported value for 'summarize_by': '{0}'")]
+    SummarizeBy(String),
+    /// Malformed in-query paging (`["limit",..]`, `["offset",..]`, `["order_by",..]`).
+    #[error("{0}")]
+    InQueryPaging(String),
+    /// A `group_by` row function the extract does not project, whose column name a projected
+    /// column already takes: the helper column pdbmux needs would be aliased.
+    #[error("group_by function {name} is not projected and its column clashes with a projected {name}; pdbmux cannot tell its groups apart")]
+    GroupByClash {
+        /// The function name.
+        name: String,
+    },
+}
+
+/// Why one backend's answer cannot be folded; that backend is left out (counted as failed, D7).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CombineError {
+    /// The body is not a complete JSON array.
+    #[error("unparseable body: {0}")]
+    Unparseable(String),
+    /// A row is not a JSON object.
+    #[error("row {index} is not an object")]
+    NotAnObject {
+        /// The row's position in the body.
+        index: usize,
+    },
+    /// A count or sum column holds something other than a number or null.
+    #[error("row {index} column {column} is not a number")]
+    NotANumber {
+        /// The row's position in the body.
+        index: usize,
+        /// The column.
+        column: String,
+    },
+    /// An event-counts row without `subject_type` and `subject`.
+    #[error("event-counts row {index} has no subject")]
+    NoSubject {
+        /// The row's position in the body.
+        index: usize,
+    },
+    /// Not one body per planned upstream request.
+    #[error("expected {expected} bodies, got {got}")]
+    Bodies {
+        /// [`CombinePlan::upstream`]'s length.
+        expected: usize,
+        /// What the answer carried.
+        got: usize,
+    },
+}
+
+/// Where an upstream request goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum UpstreamPath {
+    /// The client's own path.
+    Same,
+    /// [`EVENT_COUNTS_PATH`] (`/aggregate-event-counts`, D5).
+    EventCounts,
+}
+
+/// One request every backend gets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Upstream {
+    /// Where it goes.
+    pub(crate) path: UpstreamPath,
+    /// Its parameters; push ownership into `query` (D4) before sending.
+    pub(crate) params: Params,
+}
+
+/// One backend's answer to the planned requests.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Part<'a> {
+    /// One 200 body per [`CombinePlan::upstream`] request, in that order.
+    pub(crate) bodies: &'a [&'a [u8]],
+    /// The `X-Records` of its answer, if any: read only for a paged row-function extract.
+    pub(crate) records: Option<u64>,
+}
+
+/// The combined answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Combined {
+    /// The response body (a JSON array).
+    pub(crate) body: Vec<u8>,
+    /// `X-Records` to send: `Some` only when the request asked for a total.
+    pub(crate) total: Option<u64>,
+    /// Backends (index into the parts) whose answers were left out, and why.
+    pub(crate) unusable: Vec<(usize, CombineError)>,
+}
+
+/// A planned combine: built from the request before any fan-out.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct CombinePlan {
+    params: Params,
+    mode: Mode,
+    include_total: bool,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Mode {
+    Extract(ExtractPlan),
+    EventCounts {
+        filter: Option<CountsFilter>,
+        order: OrderBy,
+        window: Window,
+    },
+    Aggregate {
+        filter: Option<CountsFilter>,
+        /// The summarize_by values as listed (one summary object each).
+        listed: Vec<&'static str>,
+        /// The distinct values, one upstream request each.
+        requests: Vec<&'static str>,
+    },
+}
+
+impl CombinePlan {
+    /// Plans the combine of a request on a combined route. `Ok(None)`: an extract route whose
+    /// query has no function column (not an AST, or no `["function", ...]` column), which takes
+    /// the record path instead.
+    pub(crate) fn plan(
+        kind: CombineKind,
+        params: &Params,
+    ) -> Result<Option<CombinePlan>, PlanError> {
+        let include_total = params
+            .get("include_total")
+            .is_some_and(sort::parse_include_total);
+        let mode = match kind {
+            CombineKind::Extract(entity) => {
+                let query = params.query_text();
+                let Some(ast) = query.as_ast() else {
+                    return Ok(None);
+                };
+                let analysis = analyze(ast);
+                if !analysis.has_function_column() {
+                    return Ok(None);
+                }
+                Mode::Extract(extract::plan(entity, params, ast, &analysis)?)
+            }
+            CombineKind::EventCounts => plan_event_counts(params)?,
+            CombineKind::AggregateEventCounts => plan_aggregate(params)?,
+        };
+        Ok(Some(CombinePlan {
+            params: params.clone(),
+            mode,
+            include_total,
+        }))
+    }
+
+    /// The requests each backend gets, in the order [`Part::bodies`] answers them: one, except
+    /// for `/aggregate-event-counts`, which asks `/event-counts` once per distinct
+    /// `summarize_by` value (PuppetDB's `/event-counts` takes a single value).
+    pub(crate) fn upstream(&self) -> Vec<Upstream> {
+        let mut params = self.params.clone();
+        match &self.mode {
+            Mode::Extract(plan) => {
+                if let Some(query) = &plan.upstream_query {
+                    params.set("query", query);
+                }
+                if plan.fold.is_some() {
+                    for key in ["limit", "offset", "order_by", "include_total"] {
+                        params.remove(key);
+                    }
+                } else {
+                    params.remove("offset");
+                    match plan.upstream_limit {
+                        Some(limit) => params.set("limit", &limit.to_string()),
+                        None => {
+                            params.remove("limit");
+                        }
+                    }
+                }
+                vec![Upstream {
+                    path: UpstreamPath::Same,
+                    params,
+                }]
+            }
+            Mode::EventCounts { .. } => {
+                for key in EVENT_COUNTS_LOCAL {
+                    params.remove(key);
+                }
+                vec![Upstream {
+                    path: UpstreamPath::Same,
+                    params,
+                }]
+            }
+            Mode::Aggregate { requests, .. } => {
+                params.remove("counts_filter");
+                requests
+                    .iter()
+                    .map(|value| {
+                        let mut params = params.clone();
+                        params.set("summarize_by", value);
+                        Upstream {
+                            path: UpstreamPath::EventCounts,
+                            params,
+                        }
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// Folds the backends' answers (configured order) into the response body. A backend whose
+    /// answer cannot be read is left out and reported in [`Combined::unusable`]; when every
+    /// backend is, the body is what no rows combine to, and the caller should answer as for a
+    /// round no backend answered.
+    pub(crate) fn combine(&self, parts: &[Part<'_>]) -> Combined {
+        let expected = match &self.mode {
+            Mode::Aggregate { requests, .. } => requests.len(),
+            _ => 1,
+        };
+        let mut unusable = Vec::new();
+        let mut usable: Vec<(usize, Vec<Vec<&RawValue>>)> = Vec::new();
+        for (index, part) in parts.iter().enumerate() {
+            if part.bodies.len() != expected {
+                let got = part.bodies.len();
+                unusable.push((index, CombineError::Bodies { expected, got }));
+                continue;
+            }
+            let parsed: Result<Vec<_>, _> =
+                part.bodies.iter().map(|body| parse_array(body)).collect();
+            match parsed {
+                Ok(bodies) => usable.push((index, bodies)),
+                Err(error) => unusable.push((index, CombineError::Unparseable(error.to_string()))),
+            }
+        }
+        let (body, total) = match &self.mode {
+            Mode::Extract(plan) => combine_extract(plan, parts, usable, &mut unusable),
+            Mode::EventCounts {
+                filter,
+                order,
+                window,
+            } => {
+                let rows = read_counts(usable, &mut unusable).into_iter().flatten();
+                let subjects = event_counts::merge(rows.collect(), filter.as_ref());
+                let (rows, count) = event_counts::event_counts(&subjects, order, *window);
+                (write_rows(&rows), count as u64)
+            }
+            Mode::Aggregate {
+                filter,
+                listed,
+                requests,
+            } => {
+                // Request by request, each backend's rows: a backend with one bad body is left
+                // out of every summary, so they all count the same backends.
+                let mut by_request: Vec<Vec<_>> = requests.iter().map(|_| Vec::new()).collect();
+                for backend in read_counts(usable, &mut unusable) {
+                    for (rows, request) in backend.into_iter().zip(by_request.iter_mut()) {
+                        request.push(rows);
+                    }
+                }
+                let summaries: Vec<(&str, String)> = requests
+                    .iter()
+                    .zip(by_request)
+                    .map(|(value, rows)| {
+                        let subjects = event_counts::merge(rows, filter.as_ref());
+                        (*value, event_counts::summary(value, &subjects))
+                    })
+                    .collect();
+                let objects: Vec<&str> = listed
+                    .iter()
+                    .filter_map(|value| summaries.iter().find(|(v, _)| v == value))
+                    .map(|(_, object)| object.as_str())
+                    .collect();
+                let capacity = objects.iter().map(|o| o.len() + 1).sum();
+                (write_array(objects, capacity), listed.len() as u64)
+            }
+        };
+        unusable.sort_by_key(|(index, _)| *index);
+        Combined {
+            body,
+            total: self.include_total.then_some(total),
+            unusable,
+        }
+    }
+}
+
+fn plan_event_counts(params: &Params) -> Result<Mode, PlanError> {
+    let raw = params
+        .get("summarize_by")
+        .ok_or(PlanError::MissingParam("summarize_by"))?;
+    let summarize_by = match SummarizeBy::from_param(raw) {
+        Some(summarize_by) => summarize_by,
+        None => {
+            // PuppetDB parses order_by, limit and offset before it reads summarize_by.
+            sort::parse_paging(
+                params.get("order_by"),
+                params.get("limit"),
+                params.get("offset"),
+                OrderEntity::EventCounts(SummarizeBy::Certname),
+            )
+            .or_else(|error| match error {
+                PagingError::UnrecognizedColumn { .. } => Ok(Default::default()),
+                error => Err(error),
+            })?;
+            return Err(PlanError::SummarizeBy(raw.to_owned()));
+        }
+    };
+    let paging = sort::parse_paging(
+        params.get("order_by"),
+        params.get("limit"),
+        params.get("offset"),
+        OrderEntity::EventCounts(summarize_by),
+    )?;
+    let filter = counts_filter(params)?;
+    Ok(Mode::EventCounts {
+        filter,
+        order: paging.order_by,
+        window: Window {
+            offset: paging.offset.unwrap_or(0),
+            limit: paging.limit,
+        },
+    })
+}
+
+fn plan_aggregate(params: &Params) -> Result<Mode, PlanError> {
+    let raw = params
+        .get("summarize_by")
+        .ok_or(PlanError::MissingParam("summarize_by"))?;
+    if let Some(param) = params
+        .iter()
+        .find(|param| !AGGREGATE_PARAMS.contains(&param.key()))
+    {
+        return Err(PlanError::UnsupportedParam(param.key().to_owned()));
+    }
+    // Clojure's str/split drops trailing empty strings: "certname," is one value.
+    let mut values: Vec<&str> = raw.split(',').collect();
+    while values.last() == Some(&"") {
+        values.pop();
+    }
+    let mut listed = Vec::with_capacity(values.len());
+    for value in values {
+        listed.push(match value {
+            "certname" => "certname",
+            "resource" => "resource",
+            "containing_class" => "containing_class",
+            other => return Err(PlanError::SummarizeBy(other.to_owned())),
+        });
+    }
+    let mut requests: Vec<&'static str> = Vec::new();
+    for value in &listed {
+        if !requests.contains(value) {
+            requests.push(value);
+        }
+    }
+    Ok(Mode::Aggregate {
+        filter: counts_filter(params)?,
+        listed,
+        requests,
+    })
+}
+
+fn counts_filter(params: &Params) -> Result<Option<CountsFilter>, PlanError> {
+    Ok(match params.get("counts_filter") {
+        Some(text) => CountsFilter::parse(text)?,
+        None => None,
+    })
+}
+
+/// Reads every body of each usable backend as event-counts rows (backend, then request); a
+/// backend with a body that does not read is moved to `unusable`.
+fn read_counts<'a>(
+    usable: Vec<(usize, Vec<Vec<&'a RawValue>>)>,
+    unusable: &mut Vec<(usize, CombineError)>,
+) -> Vec<Vec<Vec<event_counts::CountRow<'a>>>> {
+    let mut backends = Vec::new();
+    for (index, bodies) in usable {
+        let parsed: Result<Vec<_>, _> = bodies
+            .iter()
+            .map(|rows| event_counts::parse(rows))
+            .collect();
+        match parsed {
+            Ok(parsed) => backends.push(parsed),
+            Err(error) => unusable.push((index, error)),
+        }
+    }
+    backends
+}
+
+fn combine_extract(
+    plan: &ExtractPlan,
+    parts: &[Part<'_>],
+    usable: Vec<(usize, Vec<Vec<&RawValue>>)>,
+    unusable: &mut Vec<(usize, CombineError)>,
+) -> (Vec<u8>, u64) {
+    let rows: Vec<Box<RawValue>> = match &plan.fold {
+        Some(fold_plan) => {
+            let mut backends = Vec::new();
+            for (index, bodies) in &usable {
+                let rows = bodies.first().map_or(&[][..], Vec::as_slice);
+                match fold::parse(fold_plan, rows) {
+                    Ok(parsed) => backends.push(parsed),
+                    Err(error) => unusable.push((*index, error)),
+                }
+            }
+            fold::fold_rows(fold_plan, backends)
+        }
+        None => usable
+            .iter()
+            .flat_map(|(_, bodies)| bodies.first().into_iter().flatten())
+            .map(|raw| (*raw).to_owned())
+            .collect(),
+    };
+    let count = rows.len() as u64;
+    let total = match (&plan.fold, plan.upstream_limit) {
+        // Rows cut upstream: the backends' own totals (ownership keeps them disjoint, D4).
+        (None, Some(_)) => usable
+            .iter()
+            .filter_map(|(index, _)| parts.get(*index).and_then(|part| part.records))
+            .sum(),
+        _ => count,
+    };
+    let rows = sort::sort_stable(rows, &plan.order, |row| {
+        let object = object::Object::of(row).unwrap_or_default();
+        sort::sort_key(&plan.order, |field| object.get(field))
+    });
+    let rows = plan.window.apply(rows);
+    let rows = match &plan.fold {
+        Some(fold_plan) => fold::drop_helpers(fold_plan, rows),
+        None => rows,
+    };
+    (write_rows(&rows), total)
+}
+
+fn write_rows(rows: &[Box<RawValue>]) -> Vec<u8> {
+    let capacity = rows.iter().map(|row| row.get().len() + 1).sum();
+    write_array(rows.iter().map(|row| row.get()), capacity)
+}
