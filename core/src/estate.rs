@@ -434,6 +434,11 @@ impl Estate {
         id: UpstreamId,
         response: UpstreamResponse,
     ) {
+        if let Some(backend) = self.probes.remove(&id) {
+            self.record_probe(now, backend, ProbeResult::from_response(&response));
+            self.send_due_probes(now);
+            return;
+        }
         if let Some(check) = &mut self.reachability {
             check.legs.record_response(id, &response);
         }
@@ -450,6 +455,11 @@ impl Estate {
         id: UpstreamId,
         failure: UpstreamFailure,
     ) {
+        if let Some(backend) = self.probes.remove(&id) {
+            self.record_probe(now, backend, ProbeResult::from_failure(&failure));
+            self.send_due_probes(now);
+            return;
+        }
         if let Some(check) = &mut self.reachability {
             check.legs.record_failure(id, &failure);
         }

@@ -17,9 +17,10 @@ use serde_json::Number;
 use super::counts_filter::CountsFilter;
 use super::object::{into_raw, write_object, Object};
 use super::values::{canonical, is_null, Total};
-use super::CombineError;
+use super::{CombineError, Mode, PlanError};
 use crate::merge::Window;
-use crate::sort::{self, OrderBy};
+use crate::query::Params;
+use crate::sort::{self, OrderBy, OrderEntity, PagingError, SummarizeBy};
 
 /// The columns that name the subject; every other column is a count.
 const SUBJECT_COLUMNS: [&str; 2] = ["subject_type", "subject"];
@@ -35,6 +36,35 @@ const SUMMARY_ORDER: [&str; 8] = [
     "corrective_successes",
     "intentional_noops",
     "corrective_noops",
+];
+
+/// The parameters `/aggregate-event-counts` accepts (PuppetDB 7.12.1 `http/handlers.clj`
+/// `agg-event-counts-routes`: global params plus these; 8.x adds `timeout`). Anything else,
+/// paging included, is refused as PuppetDB refuses it: the backends see `/event-counts`, which
+/// would accept it.
+const AGGREGATE_PARAMS: [&str; 13] = [
+    "query",
+    "summarize_by",
+    "counts_filter",
+    "count_by",
+    "distinct_resources",
+    "distinct_start_time",
+    "distinct_end_time",
+    "optimize_drop_unused_joins",
+    "include_facts_expiration",
+    "include_package_inventory",
+    "explain",
+    "origin",
+    "timeout",
+];
+
+/// The parameters pdbmux applies itself to merged event counts, never forwarded.
+pub(super) const EVENT_COUNTS_LOCAL: [&str; 5] = [
+    "counts_filter",
+    "limit",
+    "offset",
+    "order_by",
+    "include_total",
 ];
 
 /// One backend's event-counts row, read and checked.
@@ -227,4 +257,110 @@ pub(super) fn summary(summarize_by: &str, subjects: &[Subject<'_>]) -> String {
     }
     entries.push(("total", subjects.len().to_string()));
     write_object(entries)
+}
+
+/// Plans `/event-counts`: summarize_by, paging and counts_filter read as PuppetDB reads them.
+pub(super) fn plan_event_counts(params: &Params) -> Result<Mode, PlanError> {
+    let raw = params
+        .get("summarize_by")
+        .ok_or(PlanError::MissingParam("summarize_by"))?;
+    let summarize_by = match SummarizeBy::from_param(raw) {
+        Some(summarize_by) => summarize_by,
+        None => {
+            // PuppetDB parses order_by, limit and offset before it reads summarize_by.
+            sort::parse_paging(
+                params.get("order_by"),
+                params.get("limit"),
+                params.get("offset"),
+                OrderEntity::EventCounts(SummarizeBy::Certname),
+            )
+            .or_else(|error| match error {
+                PagingError::UnrecognizedColumn { .. } => Ok(Default::default()),
+                error => Err(error),
+            })?;
+            return Err(PlanError::SummarizeBy(raw.to_owned()));
+        }
+    };
+    let paging = sort::parse_paging(
+        params.get("order_by"),
+        params.get("limit"),
+        params.get("offset"),
+        OrderEntity::EventCounts(summarize_by),
+    )?;
+    let filter = counts_filter(params)?;
+    Ok(Mode::EventCounts {
+        filter,
+        order: paging.order_by,
+        window: Window {
+            offset: paging.offset.unwrap_or(0),
+            limit: paging.limit,
+        },
+    })
+}
+
+/// Plans `/aggregate-event-counts`: PuppetDB's parameter check, then one `/event-counts`
+/// request per distinct summarize_by value.
+pub(super) fn plan_aggregate(params: &Params) -> Result<Mode, PlanError> {
+    let raw = params
+        .get("summarize_by")
+        .ok_or(PlanError::MissingParam("summarize_by"))?;
+    if let Some(param) = params
+        .iter()
+        .find(|param| !AGGREGATE_PARAMS.contains(&param.key()))
+    {
+        return Err(PlanError::UnsupportedParam(param.key().to_owned()));
+    }
+    // Clojure's str/split drops trailing empty strings: "certname," is one value.
+    let mut values: Vec<&str> = raw.split(',').collect();
+    while values.last() == Some(&"") {
+        values.pop();
+    }
+    let mut listed = Vec::with_capacity(values.len());
+    for value in values {
+        listed.push(match value {
+            "certname" => "certname",
+            "resource" => "resource",
+            "containing_class" => "containing_class",
+            other => return Err(PlanError::SummarizeBy(other.to_owned())),
+        });
+    }
+    if listed.is_empty() {
+        // "" is one empty value to PuppetDB (Java's split), and "," none at all.
+        return Err(PlanError::SummarizeBy(raw.to_owned()));
+    }
+    let mut requests: Vec<&'static str> = Vec::new();
+    for value in &listed {
+        if !requests.contains(value) {
+            requests.push(value);
+        }
+    }
+    Ok(Mode::Aggregate {
+        filter: counts_filter(params)?,
+        listed,
+        requests,
+    })
+}
+
+fn counts_filter(params: &Params) -> Result<Option<CountsFilter>, PlanError> {
+    Ok(match params.get("counts_filter") {
+        Some(text) => CountsFilter::parse(text)?,
+        None => None,
+    })
+}
+
+/// Reads every body of each usable backend as event-counts rows (backend, then request); a
+/// backend with a body that does not read is moved to `unusable`.
+pub(super) fn read_counts<'a>(
+    usable: Vec<(usize, Vec<Vec<&'a RawValue>>)>,
+    unusable: &mut Vec<(usize, CombineError)>,
+) -> Vec<Vec<Vec<CountRow<'a>>>> {
+    let mut backends = Vec::new();
+    for (index, bodies) in usable {
+        let parsed: Result<Vec<_>, _> = bodies.iter().map(|rows| parse(rows)).collect();
+        match parsed {
+            Ok(parsed) => backends.push(parsed),
+            Err(error) => unusable.push((index, error)),
+        }
+    }
+    backends
 }

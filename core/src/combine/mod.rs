@@ -35,41 +35,12 @@ use self::extract::ExtractPlan;
 use crate::merge::Window;
 use crate::query::{analyze, CombineRefusal, Params};
 use crate::records::{parse_array, write_array};
-use crate::sort::{self, OrderBy, OrderEntity, PagingError, SummarizeBy};
+use crate::sort::{self, OrderBy, OrderEntity, PagingError};
 
 pub(crate) use self::counts_filter::CountsFilterError;
 
 /// The path `/aggregate-event-counts` is answered from (D5).
 pub(crate) const EVENT_COUNTS_PATH: &str = "/pdb/query/v4/event-counts";
-
-/// The parameters `/aggregate-event-counts` accepts (PuppetDB 7.12.1 `http/handlers.clj`
-/// `agg-event-counts-routes`: global params plus these; 8.x adds `timeout`). Anything else,
-/// paging included, is refused as PuppetDB refuses it: the backends see `/event-counts`, which
-/// would accept it.
-const AGGREGATE_PARAMS: [&str; 13] = [
-    "query",
-    "summarize_by",
-    "counts_filter",
-    "count_by",
-    "distinct_resources",
-    "distinct_start_time",
-    "distinct_end_time",
-    "optimize_drop_unused_joins",
-    "include_facts_expiration",
-    "include_package_inventory",
-    "explain",
-    "origin",
-    "timeout",
-];
-
-/// The parameters pdbmux applies itself to merged event counts, never forwarded.
-const EVENT_COUNTS_LOCAL: [&str; 5] = [
-    "counts_filter",
-    "limit",
-    "offset",
-    "order_by",
-    "include_total",
-];
 
 /// Which combined answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,8 +212,8 @@ impl CombinePlan {
                 }
                 Mode::Extract(extract::plan(entity, params, ast, &analysis)?)
             }
-            CombineKind::EventCounts => plan_event_counts(params)?,
-            CombineKind::AggregateEventCounts => plan_aggregate(params)?,
+            CombineKind::EventCounts => event_counts::plan_event_counts(params)?,
+            CombineKind::AggregateEventCounts => event_counts::plan_aggregate(params)?,
         };
         Ok(Some(CombinePlan {
             params: params.clone(),
@@ -280,7 +251,7 @@ impl CombinePlan {
                 }]
             }
             Mode::EventCounts { .. } => {
-                for key in EVENT_COUNTS_LOCAL {
+                for key in event_counts::EVENT_COUNTS_LOCAL {
                     params.remove(key);
                 }
                 vec![Upstream {
@@ -336,7 +307,9 @@ impl CombinePlan {
                 order,
                 window,
             } => {
-                let rows = read_counts(usable, &mut unusable).into_iter().flatten();
+                let rows = event_counts::read_counts(usable, &mut unusable)
+                    .into_iter()
+                    .flatten();
                 let subjects = event_counts::merge(rows.collect(), filter.as_ref());
                 let (rows, count) = event_counts::event_counts(&subjects, order, *window);
                 (write_rows(&rows), count as u64)
@@ -349,7 +322,7 @@ impl CombinePlan {
                 // Request by request, each backend's rows: a backend with one bad body is left
                 // out of every summary, so they all count the same backends.
                 let mut by_request: Vec<Vec<_>> = requests.iter().map(|_| Vec::new()).collect();
-                for backend in read_counts(usable, &mut unusable) {
+                for backend in event_counts::read_counts(usable, &mut unusable) {
                     for (rows, request) in backend.into_iter().zip(by_request.iter_mut()) {
                         request.push(rows);
                     }
@@ -378,108 +351,6 @@ impl CombinePlan {
             unusable,
         }
     }
-}
-
-fn plan_event_counts(params: &Params) -> Result<Mode, PlanError> {
-    let raw = params
-        .get("summarize_by")
-        .ok_or(PlanError::MissingParam("summarize_by"))?;
-    let summarize_by = match SummarizeBy::from_param(raw) {
-        Some(summarize_by) => summarize_by,
-        None => {
-            // PuppetDB parses order_by, limit and offset before it reads summarize_by.
-            sort::parse_paging(
-                params.get("order_by"),
-                params.get("limit"),
-                params.get("offset"),
-                OrderEntity::EventCounts(SummarizeBy::Certname),
-            )
-            .or_else(|error| match error {
-                PagingError::UnrecognizedColumn { .. } => Ok(Default::default()),
-                error => Err(error),
-            })?;
-            return Err(PlanError::SummarizeBy(raw.to_owned()));
-        }
-    };
-    let paging = sort::parse_paging(
-        params.get("order_by"),
-        params.get("limit"),
-        params.get("offset"),
-        OrderEntity::EventCounts(summarize_by),
-    )?;
-    let filter = counts_filter(params)?;
-    Ok(Mode::EventCounts {
-        filter,
-        order: paging.order_by,
-        window: Window {
-            offset: paging.offset.unwrap_or(0),
-            limit: paging.limit,
-        },
-    })
-}
-
-fn plan_aggregate(params: &Params) -> Result<Mode, PlanError> {
-    let raw = params
-        .get("summarize_by")
-        .ok_or(PlanError::MissingParam("summarize_by"))?;
-    if let Some(param) = params
-        .iter()
-        .find(|param| !AGGREGATE_PARAMS.contains(&param.key()))
-    {
-        return Err(PlanError::UnsupportedParam(param.key().to_owned()));
-    }
-    // Clojure's str/split drops trailing empty strings: "certname," is one value.
-    let mut values: Vec<&str> = raw.split(',').collect();
-    while values.last() == Some(&"") {
-        values.pop();
-    }
-    let mut listed = Vec::with_capacity(values.len());
-    for value in values {
-        listed.push(match value {
-            "certname" => "certname",
-            "resource" => "resource",
-            "containing_class" => "containing_class",
-            other => return Err(PlanError::SummarizeBy(other.to_owned())),
-        });
-    }
-    let mut requests: Vec<&'static str> = Vec::new();
-    for value in &listed {
-        if !requests.contains(value) {
-            requests.push(value);
-        }
-    }
-    Ok(Mode::Aggregate {
-        filter: counts_filter(params)?,
-        listed,
-        requests,
-    })
-}
-
-fn counts_filter(params: &Params) -> Result<Option<CountsFilter>, PlanError> {
-    Ok(match params.get("counts_filter") {
-        Some(text) => CountsFilter::parse(text)?,
-        None => None,
-    })
-}
-
-/// Reads every body of each usable backend as event-counts rows (backend, then request); a
-/// backend with a body that does not read is moved to `unusable`.
-fn read_counts<'a>(
-    usable: Vec<(usize, Vec<Vec<&'a RawValue>>)>,
-    unusable: &mut Vec<(usize, CombineError)>,
-) -> Vec<Vec<Vec<event_counts::CountRow<'a>>>> {
-    let mut backends = Vec::new();
-    for (index, bodies) in usable {
-        let parsed: Result<Vec<_>, _> = bodies
-            .iter()
-            .map(|rows| event_counts::parse(rows))
-            .collect();
-        match parsed {
-            Ok(parsed) => backends.push(parsed),
-            Err(error) => unusable.push((index, error)),
-        }
-    }
-    backends
 }
 
 fn combine_extract(

@@ -299,6 +299,10 @@ fn aggregate_refusals() {
         "Unsupported query parameter 'include_total'"
     );
     assert_eq!(
+        refusal(AGG, "summarize_by="),
+        "Unsupported value for 'summarize_by': ''"
+    );
+    assert_eq!(
         refusal(AGG, "summarize_by=certname,,resource"),
         "Unsupported value for 'summarize_by': ''"
     );
