@@ -216,6 +216,23 @@ impl Estate {
         if route == Route::Healthz {
             return Admission::Wait(self.join_reachability_check(now));
         }
+        if let Some(response) = crate::merge::local_answer(&route, request, &self.config) {
+            // Answered from the request and the configuration alone: no fan-out, no wait for
+            // the membership map.
+            let cached_path = self.cache.is_some()
+                && cache::cacheable(
+                    &route,
+                    request.path(),
+                    request.query(),
+                    &self.config.source_fact,
+                )
+                .is_some();
+            return Admission::Respond(if cached_path {
+                finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO, None)
+            } else {
+                response
+            });
+        }
         let cacheable = match &self.cache {
             Some(_) => cache::cacheable(
                 &route,

@@ -97,6 +97,22 @@ pub(crate) enum Planned {
     Respond(Response),
 }
 
+/// The answer to a record route that needs no backend at all (a refusal, or an answer known
+/// from the configuration alone), if it is one; `None` for every other route.
+pub(crate) fn local_answer(
+    route: &Route,
+    request: &crate::ClientRequest,
+    config: &Arc<Config>,
+) -> Option<Response> {
+    if !matches!(route, Route::Merged(_) | Route::FactsByName { .. }) {
+        return None;
+    }
+    match RecordPlan::plan(route, request.path(), request.query(), config, None) {
+        Planned::Respond(response) => Some(response),
+        Planned::FanOut(_) => None,
+    }
+}
+
 /// A 400 in PuppetDB's style (plain text).
 fn bad_request(message: impl Into<String>) -> Response {
     Response::text(StatusCode::BAD_REQUEST, message)
@@ -278,23 +294,37 @@ impl RecordPlan {
             }
         }
         let mut rewritten = false;
+        let pushable = match &self.query {
+            QueryText::Absent => true,
+            QueryText::Ast(_) => !self.analysis.as_ref().is_some_and(|a| a.in_query_paging),
+            QueryText::Pql(_) | QueryText::Malformed(_) => false,
+        };
+        let mut query = self.query.as_ast().cloned();
+        // A paged /facts window must not lose records to the provenance drop after the backend
+        // cut it: ask the backends not to return records of that name at all.
+        if self.kind == RecordKind::Facts
+            && self.provenance != Provenance::Off
+            && self.window.is_paged()
+            && pushable
+        {
+            let clause = serde_json::json!(["not", ["=", "name", self.config.source_fact]]);
+            query = Some(crate::query::add_clause(query.as_ref(), clause));
+            rewritten = true;
+        }
         if let Some((ownership, strategy)) = &self.pushdown {
             let excluded: Vec<&str> = ownership
                 .excluded(backend, *strategy)
                 .iter()
                 .map(String::as_str)
                 .collect();
-            let pushable = match &self.query {
-                QueryText::Absent => true,
-                QueryText::Ast(_) => !self.analysis.as_ref().is_some_and(|a| a.in_query_paging),
-                QueryText::Pql(_) | QueryText::Malformed(_) => false,
-            };
             if pushable && !excluded.is_empty() {
-                if let Some(query) = crate::query::exclude_certnames(self.query.as_ast(), &excluded)
-                {
-                    params.set("query", &query.to_string());
-                    rewritten = true;
-                }
+                query = crate::query::exclude_certnames(query.as_ref(), &excluded);
+                rewritten = true;
+            }
+        }
+        if rewritten {
+            if let Some(query) = &query {
+                params.set("query", &query.to_string());
             }
         }
         let query_string = params.to_query_string();

@@ -28,7 +28,7 @@ mod rewrite;
 pub use ast::{analyze, Analysis, FunctionColumn, GroupByItem};
 pub use combine::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
 pub use params::{JsonBodyError, Param, Params};
-pub use rewrite::{exclude_certnames, ownership_clause, rewrite_avg};
+pub use rewrite::{add_clause, exclude_certnames, ownership_clause, rewrite_avg};
 
 use serde_json::Value;
 

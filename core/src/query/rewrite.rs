@@ -37,6 +37,15 @@ pub fn exclude_certnames(query: Option<&Value>, certnames: &[&str]) -> Option<Va
     })
 }
 
+/// Adds `clause` as a conjunct of `query` (the clause alone when there is no query), the way
+/// [`exclude_certnames`] does. Use it for any other criterion pdbmux pushes upstream.
+pub fn add_clause(query: Option<&Value>, clause: Value) -> Value {
+    match query {
+        None => clause,
+        Some(query) => add_criteria(query, clause),
+    }
+}
+
 /// PuppetDB's own `add-criteria` (`http/query.clj`), minus its paging passthrough.
 fn add_criteria(query: &Value, clause: Value) -> Value {
     let Some((op, items)) = form(query) else {

@@ -1,0 +1,1004 @@
+//! Record merges (spec "Merge semantics", "Provenance", "Paging and ordering on the merged
+//! endpoints"; DECISIONS.md D3, D4, D7, D11, D12): /nodes, /facts with the provenance fact and its
+//! gates, /facts/pdbmux_source, /fact-names, /environments, /reports, /events, and the status
+//! policy on merged routes.
+//!
+//! Each snapshot is the harness transcript followed by every upstream request with its query
+//! decoded, so the ownership clause pushed into each backend's query can be read.
+
+mod common;
+
+use common::{finish, harness, member_backend, members, URL_A, URL_B, URL_C};
+use http::{Method, StatusCode};
+use pdbmux_conformance::{decode_component, ms, FakeBackend, Harness, PuppetDb, Reply};
+use pdbmux_core::membership::MEMBERSHIP_QUERY;
+use serde_json::{json, Value};
+
+const T09: Option<&str> = Some("2024-05-01T09:00:00.000Z");
+const T10: Option<&str> = Some("2024-05-01T10:00:00.000Z");
+const T11: Option<&str> = Some("2024-05-01T11:00:00.000Z");
+
+/// The longest decoded upstream line kept in a snapshot.
+const MAX_DECODED: usize = 400;
+
+/// A fake PuppetDB backend answering after `latency` milliseconds.
+fn pdb(name: &str, url: &str, db: PuppetDb, latency: u64) -> FakeBackend {
+    FakeBackend::puppetdb(name, url, db, ms(latency))
+}
+
+/// A GET target with these (unencoded) parameters, form-encoded.
+fn target(path: &str, params: &[(&str, &str)]) -> String {
+    if params.is_empty() {
+        return path.to_owned();
+    }
+    let query: Vec<String> = params
+        .iter()
+        .map(|(key, value)| format!("{key}={}", encode(value)))
+        .collect();
+    format!("{path}?{}", query.join("&"))
+}
+
+/// Form-encodes a parameter value (unreserved characters kept).
+fn encode(value: &str) -> String {
+    let mut out = String::new();
+    for byte in value.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(char::from(byte))
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
+/// Every upstream request, one per line, with its query string decoded (or its POST body).
+fn decoded_upstream(h: &Harness) -> String {
+    let mut out = String::new();
+    for sent in h.sends() {
+        let request = &sent.request;
+        let (path, query) = match request.path_and_query.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (request.path_and_query.as_str(), None),
+        };
+        let mut line = format!(
+            "{} {} -> {} {} {path}",
+            sent.machine, request.id, sent.backend_name, request.method
+        );
+        if let Some(query) = query {
+            let params: Vec<String> = query
+                .split('&')
+                .map(|piece| match piece.split_once('=') {
+                    Some((key, value)) => {
+                        format!("{}={}", decode_component(key), decode_component(value))
+                    }
+                    None => decode_component(piece),
+                })
+                .collect();
+            line.push_str(&format!(" ? {}", params.join(" & ")));
+        }
+        if let Some(body) = &request.body {
+            line.push_str(&format!(" body {}", String::from_utf8_lossy(body)));
+        }
+        if line.chars().count() > MAX_DECODED {
+            let total = line.len();
+            line = line.chars().take(MAX_DECODED).collect();
+            line.push_str(&format!("…({total} bytes)"));
+        }
+        out.push_str(&line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Drives to quiescence; the transcript and the decoded upstream requests.
+fn run(h: &mut Harness) -> String {
+    let transcript = finish(h);
+    format!("{transcript}--- upstream, decoded\n{}", decoded_upstream(h))
+}
+
+/// A response body as JSON.
+fn body_json(h: &Harness, client: pdbmux_conformance::ClientId) -> Value {
+    let response = h.response(client).expect("one response");
+    serde_json::from_slice(&response.body)
+        .unwrap_or_else(|e| panic!("{e}: {}", response.body_str()))
+}
+
+/// The upstream requests an exchange sent (not the estate's membership fetches).
+fn exchange_sends(h: &Harness) -> Vec<&pdbmux_conformance::SentRequest> {
+    h.sends()
+        .iter()
+        .filter(|s| s.machine != pdbmux_conformance::Machine::Estate)
+        .collect()
+}
+
+/// `/nodes` records as the fake writes them, with pdbmux's source key.
+fn node(certname: &str, timestamp: Option<&str>, source: &str) -> Value {
+    json!({"certname": certname, "deactivated": null, "report_timestamp": timestamp, "pdbmux_source": source})
+}
+
+fn fact(certname: &str, name: &str, value: &str, environment: &str) -> Value {
+    json!({"certname": certname, "name": name, "value": value, "environment": environment})
+}
+
+fn source(certname: &str, backend: &str, environment: &str) -> Value {
+    fact(certname, "pdbmux_source", backend, environment)
+}
+
+// ---------------------------------------------------------------------------------------------
+// /nodes
+
+/// pdb-a's and pdb-b's view of four shared nodes and one own node each.
+fn shared_nodes() -> (PuppetDb, PuppetDb) {
+    let a = PuppetDb::new()
+        .node("newer-in-b", T10)
+        .node("tie", T10)
+        .node("null-in-a", None)
+        .node("both-null", None)
+        .node("only-a", T09);
+    let b = PuppetDb::new()
+        .node("newer-in-b", T11)
+        .node("tie", T10)
+        .node("null-in-a", T09)
+        .node("both-null", None)
+        .node("only-b", None);
+    (a, b)
+}
+
+fn shared_nodes_expected() -> Value {
+    json!([
+        node("both-null", None, "pdb-a"),
+        node("newer-in-b", T11, "pdb-b"),
+        node("null-in-a", T09, "pdb-b"),
+        node("only-a", T09, "pdb-a"),
+        node("only-b", None, "pdb-b"),
+        node("tie", T10, "pdb-a"),
+    ])
+}
+
+#[test]
+fn nodes_dedupe_newer_wins_tie_to_configured_order_null_older() {
+    // The membership snapshot predates these nodes (both answer []), so nothing is pushed down
+    // and the merge's own dedupe decides: the safety net of D4.
+    let record = |certname: &str, timestamp: Option<&str>, from: &str| json!({"certname": certname, "report_timestamp": timestamp, "from": from});
+    let a = json!([
+        record("newer-in-b", T10, "a"),
+        record("tie", T10, "a"),
+        record("null-in-a", None, "a"),
+        record("both-null", None, "a"),
+        record("only-a", T09, "a"),
+    ]);
+    let b = json!([
+        record("newer-in-b", T11, "b"),
+        record("tie", T10, "b"),
+        record("null-in-a", T09, "b"),
+        record("both-null", None, "b"),
+        record("only-b", None, "b"),
+    ]);
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[]),
+            vec![Reply::ok(a.to_string()).after(ms(4))],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[]),
+            vec![Reply::ok(b.to_string()).after(ms(2))],
+        ),
+    ]);
+    let c = h.get(&target(
+        "/pdb/query/v4/nodes",
+        &[("order_by", r#"[{"field":"certname"}]"#)],
+    ));
+    let transcript = run(&mut h);
+    let with = |mut record: Value, source: &str| {
+        record["pdbmux_source"] = json!(source);
+        record
+    };
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            with(record("both-null", None, "a"), "pdb-a"),
+            with(record("newer-in-b", T11, "b"), "pdb-b"),
+            with(record("null-in-a", T09, "b"), "pdb-b"),
+            with(record("only-a", T09, "a"), "pdb-a"),
+            with(record("only-b", None, "b"), "pdb-b"),
+            with(record("tie", T10, "a"), "pdb-a"),
+        ])
+    );
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn nodes_ownership_pushed_into_each_backends_query() {
+    let (a, b) = shared_nodes();
+    let mut h = harness(vec![pdb("pdb-a", URL_A, a, 4), pdb("pdb-b", URL_B, b, 2)]);
+    let c = h.get(&target(
+        "/pdb/query/v4/nodes",
+        &[("order_by", r#"[{"field":"certname"}]"#)],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(body_json(&h, c), shared_nodes_expected());
+    let sends = exchange_sends(&h);
+    let query = |index: usize| {
+        let asked =
+            pdbmux_conformance::read_asking(&pdbmux_conformance::Asked::of(&sends[index].request))
+                .expect("readable");
+        pdbmux_conformance::excluded_certnames(asked.query.as_ref())
+    };
+    assert_eq!(query(0), ["newer-in-b", "null-in-a"]);
+    assert_eq!(query(1), ["both-null", "tie"]);
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn nodes_order_by_limit_offset_over_fetch_then_cut_after_the_merge() {
+    let a = PuppetDb::new()
+        .node("a1", Some("2024-05-01T10:05:00.000Z"))
+        .node("a2", Some("2024-05-01T10:03:00.000Z"))
+        .node("a3", None)
+        .node("shared", T09);
+    let b = PuppetDb::new()
+        .node("b1", Some("2024-05-01T10:04:00.000Z"))
+        .node("b2", Some("2024-05-01T10:01:00.000Z"))
+        .node("shared", T10);
+    let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 2)]);
+    // Descending: NULL first (D11), then newest first. Whole estate:
+    // a3(null), a1 10:05, b1 10:04, a2 10:03, b2 10:01, shared 10:00 (pdb-b's, newer).
+    let c = h.get(&target(
+        "/pdb/query/v4/nodes",
+        &[
+            (
+                "order_by",
+                r#"[{"field":"report_timestamp","order":"desc"}]"#,
+            ),
+            ("limit", "3"),
+            ("offset", "2"),
+        ],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            node("b1", Some("2024-05-01T10:04:00.000Z"), "pdb-b"),
+            node("a2", Some("2024-05-01T10:03:00.000Z"), "pdb-a"),
+            node("b2", Some("2024-05-01T10:01:00.000Z"), "pdb-b"),
+        ])
+    );
+    for sent in exchange_sends(&h) {
+        let target = &sent.request.path_and_query;
+        assert!(target.contains("limit=5"), "{target}");
+        assert!(!target.contains("offset"), "{target}");
+    }
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn nodes_include_total_x_records() {
+    let (a, b) = shared_nodes();
+    let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 2)]);
+    // Unpaged: the merged count. Paged: the sum of the backends' X-Records, exact here because
+    // ownership pushed down makes the backends' sets disjoint (D4).
+    let unpaged = h.get(&target("/pdb/query/v4/nodes", &[("include_total", "true")]));
+    let paged = h.get(&target(
+        "/pdb/query/v4/nodes",
+        &[
+            ("include_total", "true"),
+            ("limit", "1"),
+            ("order_by", r#"[{"field":"certname","order":"desc"}]"#),
+        ],
+    ));
+    let transcript = run(&mut h);
+    let unpaged_response = h.response(unpaged).expect("one response");
+    assert_eq!(unpaged_response.header("x-records"), Some("6"));
+    let paged_response = h.response(paged).expect("one response");
+    assert_eq!(paged_response.header("x-records"), Some("6"));
+    assert_eq!(body_json(&h, paged), json!([node("tie", T10, "pdb-a")]));
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn nodes_long_ownership_exclusion_goes_upstream_as_post() {
+    let certname = |i: usize| format!("node-with-a-rather-long-certname-{i:04}.example.com");
+    let mut a = PuppetDb::new().node("aaa-1", T09).node("aaa-2", None);
+    let mut b = PuppetDb::new();
+    for i in 0..200 {
+        a = a.node(&certname(i), T09);
+        b = b.node(&certname(i), T10);
+    }
+    let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 2)]);
+    let c = h.get(&target(
+        "/pdb/query/v4/nodes",
+        &[
+            ("order_by", r#"[{"field":"certname"}]"#),
+            ("limit", "4"),
+            ("include_total", "true"),
+        ],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            node("aaa-1", T09, "pdb-a"),
+            node("aaa-2", None, "pdb-a"),
+            node(&certname(0), T10, "pdb-b"),
+            node(&certname(1), T10, "pdb-b"),
+        ])
+    );
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.header("x-records"), Some("202"));
+    let sends = exchange_sends(&h);
+    assert_eq!(sends[0].request.method, Method::POST);
+    assert_eq!(sends[0].request.path_and_query, "/pdb/query/v4/nodes");
+    let body: Value = serde_json::from_slice(sends[0].request.body.as_deref().unwrap_or(b""))
+        .expect("a JSON body");
+    assert_eq!(body["limit"], json!(4));
+    assert_eq!(body["include_total"], json!(true));
+    assert_eq!(body["order_by"], json!([{"field": "certname"}]));
+    assert_eq!(body["query"][0], json!("not"));
+    assert_eq!(body["query"][1][2][1].as_array().map(Vec::len), Some(200));
+    assert_eq!(
+        sends[1].request.method,
+        Method::GET,
+        "pdb-b owns every shared node: nothing to exclude"
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn nodes_unparseable_200_counts_as_that_backend_failing() {
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10)]),
+            vec![Reply::ok(
+                r#"[{"certname":"web1","report_timestamp":"2024-05-01T10:00:00.000Z"},{"cert"#,
+            )
+            .after(ms(2))],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web2", T10)]),
+            vec![Reply::ok(
+                r#"[{"certname":"web2","report_timestamp":"2024-05-01T10:00:00.000Z"}]"#,
+            )
+            .after(ms(3))],
+        ),
+    ]);
+    let c = h.get("/pdb/query/v4/nodes");
+    let transcript = run(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("1/2"));
+    assert_eq!(
+        body_json(&h, c),
+        json!([{"certname": "web2", "report_timestamp": T10, "pdbmux_source": "pdb-b"}])
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn nodes_both_unparseable_is_502() {
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10)]),
+            vec![Reply::ok(r#"[{"certname":"web1""#).after(ms(2))],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web2", T10)]),
+            vec![Reply::ok("[{").after(ms(3))],
+        ),
+    ]);
+    let c = h.get("/pdb/query/v4/nodes");
+    let transcript = run(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(response.header("x-backends"), Some("0/2"));
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn nodes_unanimous_400_replayed() {
+    let message = |host: &str| {
+        format!("'name' is not a queryable object for nodes, known queryable objects are [certname report_timestamp] (at {host})")
+    };
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10)]),
+            vec![
+                Reply::text(StatusCode::BAD_REQUEST, message("pdb-a.example.com:8080"))
+                    .after(ms(2)),
+            ],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web1", T11)]),
+            vec![
+                Reply::text(StatusCode::BAD_REQUEST, message("pdb-b.example.com:8080"))
+                    .after(ms(1)),
+            ],
+        ),
+    ]);
+    let c = h.get(&target(
+        "/pdb/query/v4/nodes",
+        &[("query", r#"["=","name","x"]"#)],
+    ));
+    let transcript = run(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::BAD_REQUEST);
+    assert_eq!(response.body_str(), message("pdb-a"));
+    assert_eq!(
+        response.header("content-type"),
+        Some("text/plain;charset=utf-8")
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+// ---------------------------------------------------------------------------------------------
+// /facts
+
+/// web1 is shared (newer in pdb-b, first in pdb-a); web2 is only in pdb-a, web3 only in pdb-b.
+/// pdb-a also holds an upstream fact named like the provenance fact, which is always dropped.
+fn shared_facts() -> (PuppetDb, PuppetDb) {
+    let a = PuppetDb::new()
+        .node("web1", T10)
+        .node("web2", T10)
+        .fact("web1", "os", "Debian", "production")
+        .fact("web1", "kernel", "Linux", "production")
+        .fact("web2", "os", "Debian", "production")
+        .fact("web2", "pdbmux_source", "upstream-impostor", "production");
+    let b = PuppetDb::new()
+        .node("web1", T11)
+        .node("web3", None)
+        .fact("web1", "os", "Ubuntu", "staging")
+        .fact("web1", "kernel", "Linux", "staging")
+        .fact("web3", "os", "Alpine", "production");
+    (a, b)
+}
+
+fn shared_facts_harness(configure: impl FnOnce(&mut pdbmux_core::config::Config)) -> Harness {
+    let (a, b) = shared_facts();
+    Harness::with_config(
+        vec![pdb("pdb-a", URL_A, a, 4), pdb("pdb-b", URL_B, b, 2)],
+        configure,
+    )
+    .expect("valid test backends")
+}
+
+#[test]
+fn facts_shared_node_owner_only_with_provenance() {
+    let mut h = shared_facts_harness(|_| {});
+    let c = h.get("/pdb/query/v4/facts");
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            source("web2", "pdb-a", "production"),
+            fact("web1", "os", "Ubuntu", "staging"),
+            fact("web1", "kernel", "Linux", "staging"),
+            source("web1", "pdb-b", "staging"),
+            fact("web3", "os", "Alpine", "production"),
+            source("web3", "pdb-b", "production"),
+        ])
+    );
+    assert_eq!(h.sends()[0].machine, pdbmux_conformance::Machine::Estate);
+    assert_eq!(h.sends()[0].request.path_and_query, MEMBERSHIP_QUERY);
+    let sends = exchange_sends(&h);
+    assert_eq!(
+        sends[0].request.path_and_query,
+        target(
+            "/pdb/query/v4/facts",
+            &[("query", r#"["not",["in","certname",["array",["web1"]]]]"#)]
+        )
+    );
+    assert_eq!(sends[1].request.path_and_query, "/pdb/query/v4/facts");
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_static_merge_takes_the_first_holder() {
+    let mut h = shared_facts_harness(|config| {
+        config.merge = pdbmux_core::config::MergeStrategy::Static;
+    });
+    let c = h.get("/pdb/query/v4/facts");
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web1", "os", "Debian", "production"),
+            fact("web1", "kernel", "Linux", "production"),
+            source("web1", "pdb-a", "production"),
+            fact("web2", "os", "Debian", "production"),
+            source("web2", "pdb-a", "production"),
+            fact("web3", "os", "Alpine", "production"),
+            source("web3", "pdb-b", "production"),
+        ])
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_one_backend_timing_out_survivor_served() {
+    let (a, _) = shared_facts();
+    let members_of_b = members(&[("web1", T11), ("web3", None)]);
+    let mut h = harness(vec![
+        pdb("pdb-a", URL_A, a, 4),
+        member_backend("pdb-b", URL_B, members_of_b, vec![Reply::never()]),
+    ]);
+    let c = h.get("/pdb/query/v4/facts");
+    let transcript = run(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("1/2"));
+    assert_eq!(response.at, ms(4) + h.config().timeout);
+    // pdb-a was told web1 is pdb-b's, so only web2 is served.
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            source("web2", "pdb-a", "production"),
+        ])
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+/// Runs one gated /facts shape against the shared estate: no synthetic record, and the
+/// impostor upstream record dropped.
+fn gated(target: &str) -> (Harness, Value, String) {
+    let mut h = shared_facts_harness(|_| {});
+    let c = h.get(target);
+    let transcript = run(&mut h);
+    let body = body_json(&h, c);
+    let names: Vec<&str> = body
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("name").and_then(Value::as_str))
+        .collect();
+    assert!(
+        !names.contains(&"pdbmux_source"),
+        "{target}: {body}\n{transcript}"
+    );
+    (h, body, transcript)
+}
+
+#[test]
+fn facts_gate_outer_name_constraint() {
+    // Asks for the impostor by name too: it comes back from pdb-a and is dropped.
+    let (_, body, transcript) = gated(&target(
+        "/pdb/query/v4/facts",
+        &[(
+            "query",
+            r#"["or",["=","name","os"],["=","name","pdbmux_source"]]"#,
+        )],
+    ));
+    assert_eq!(
+        body,
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            fact("web1", "os", "Ubuntu", "staging"),
+            fact("web3", "os", "Alpine", "production"),
+        ])
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_gate_extract() {
+    let (_, body, transcript) = gated(&target(
+        "/pdb/query/v4/facts",
+        &[(
+            "query",
+            r#"["extract",["certname","name","value"],["in","certname",["array",["web1","web2"]]]]"#,
+        )],
+    ));
+    assert_eq!(
+        body,
+        json!([
+            {"certname": "web2", "name": "os", "value": "Debian"},
+            {"certname": "web1", "name": "os", "value": "Ubuntu"},
+            {"certname": "web1", "name": "kernel", "value": "Linux"},
+        ])
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_gate_pql() {
+    // PQL is opaque: forwarded untouched to every backend (no ownership pushed down), and the
+    // merge keeps only the owner's records of a shared node.
+    let pql = r#"facts { certname ~ "web" }"#;
+    let a = json!([
+        fact("web1", "os", "Debian", "production"),
+        fact("web2", "os", "Debian", "production"),
+        fact("web2", "pdbmux_source", "upstream-impostor", "production"),
+    ]);
+    let b = json!([fact("web1", "os", "Ubuntu", "staging")]);
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10), ("web2", T10)]),
+            vec![Reply::ok(a.to_string()).after(ms(4))],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web1", T11)]),
+            vec![Reply::ok(b.to_string()).after(ms(2))],
+        ),
+    ]);
+    let request = target("/pdb/query/v4/facts", &[("query", pql)]);
+    let c = h.get(&request);
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            fact("web1", "os", "Ubuntu", "staging"),
+        ])
+    );
+    for sent in exchange_sends(&h) {
+        assert_eq!(sent.request.path_and_query, request);
+    }
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_gate_paged() {
+    let (_, body, transcript) = gated(&target(
+        "/pdb/query/v4/facts",
+        &[("order_by", r#"[{"field":"certname"}]"#), ("limit", "3")],
+    ));
+    assert_eq!(
+        body,
+        json!([
+            fact("web1", "os", "Ubuntu", "staging"),
+            fact("web1", "kernel", "Linux", "staging"),
+            fact("web2", "os", "Debian", "production"),
+        ])
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_gate_other_fact_path() {
+    let (h, body, transcript) = gated("/pdb/query/v4/facts/os");
+    assert_eq!(
+        body,
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            fact("web1", "os", "Ubuntu", "staging"),
+            fact("web3", "os", "Alpine", "production"),
+        ])
+    );
+    let sends = exchange_sends(&h);
+    assert!(sends[0]
+        .request
+        .path_and_query
+        .starts_with("/pdb/query/v4/facts/os?query="));
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_gate_injection_off_restores_upstream_records() {
+    let mut h = shared_facts_harness(|config| config.source_fact_enabled = false);
+    let c = h.get("/pdb/query/v4/facts");
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            fact("web2", "pdbmux_source", "upstream-impostor", "production"),
+            fact("web1", "os", "Ubuntu", "staging"),
+            fact("web1", "kernel", "Linux", "staging"),
+            fact("web3", "os", "Alpine", "production"),
+        ])
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_name_constraint_inside_a_subquery_still_injects() {
+    let query = r#"["in","certname",["extract","certname",["select_facts",["=","name","os"]]]]"#;
+    let a = json!([fact("web2", "os", "Debian", "production")]);
+    let b = json!([fact("web1", "os", "Ubuntu", "staging")]);
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10), ("web2", T10)]),
+            vec![Reply::ok(a.to_string()).after(ms(4))],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web1", T11)]),
+            vec![Reply::ok(b.to_string()).after(ms(2))],
+        ),
+    ]);
+    let c = h.get(&target("/pdb/query/v4/facts", &[("query", query)]));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            source("web2", "pdb-a", "production"),
+            fact("web1", "os", "Ubuntu", "staging"),
+            source("web1", "pdb-b", "staging"),
+        ])
+    );
+    let sends = exchange_sends(&h);
+    let asked = pdbmux_conformance::read_asking(&pdbmux_conformance::Asked::of(&sends[0].request))
+        .expect("readable");
+    assert_eq!(
+        asked.query,
+        Some(json!([
+            "and",
+            serde_json::from_str::<Value>(query).expect("json"),
+            ["not", ["in", "certname", ["array", ["web1"]]]]
+        ]))
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_source_path_is_synthesised_from_the_facts_merge() {
+    let mut h = shared_facts_harness(|_| {});
+    let all = h.get("/pdb/query/v4/facts/pdbmux_source");
+    let pinned = h.get("/pdb/query/v4/facts/pdbmux_source/pdb-b");
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, all),
+        json!([
+            source("web2", "pdb-a", "production"),
+            source("web1", "pdb-b", "staging"),
+            source("web3", "pdb-b", "production"),
+        ])
+    );
+    assert_eq!(
+        body_json(&h, pinned),
+        json!([
+            source("web1", "pdb-b", "staging"),
+            source("web3", "pdb-b", "production"),
+        ])
+    );
+    for sent in exchange_sends(&h) {
+        let path = sent.request.path_and_query.split('?').next().unwrap_or("");
+        assert_eq!(path, "/pdb/query/v4/facts", "the /facts merge is asked");
+    }
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_source_path_values_share_one_fetch_when_cached() {
+    // With the cache on, the unfiltered path and every value share one entry and one fetch.
+    let mut h =
+        shared_facts_harness(|config| config.facts_ttl = std::time::Duration::from_secs(30));
+    let all = h.get("/pdb/query/v4/facts/pdbmux_source");
+    let pinned = h.get("/pdb/query/v4/facts/pdbmux_source/pdb-a");
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, all),
+        json!([
+            source("web2", "pdb-a", "production"),
+            source("web1", "pdb-b", "staging"),
+            source("web3", "pdb-b", "production"),
+        ])
+    );
+    assert_eq!(
+        body_json(&h, pinned),
+        json!([source("web2", "pdb-a", "production")])
+    );
+    assert_eq!(exchange_sends(&h).len(), 2, "one /facts fan-out");
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_source_path_unknown_value_is_answered_without_fan_out() {
+    let mut h = shared_facts_harness(|_| {});
+    let c = h.get("/pdb/query/v4/facts/pdbmux_source/pdb-zzz");
+    let transcript = run(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.body_str(), "[]");
+    assert!(h.sends().is_empty(), "no fan-out at all:\n{transcript}");
+    assert_eq!(response.at, ms(0));
+    insta::assert_snapshot!(transcript);
+}
+
+// ---------------------------------------------------------------------------------------------
+// /fact-names, /environments, /reports, /events
+
+#[test]
+fn fact_names_union_sorted_paged_here_with_total() {
+    let mut h = harness(vec![
+        FakeBackend::always(
+            "pdb-a",
+            URL_A,
+            Reply::ok(r#"["ipaddress","kernel","os"]"#).after(ms(2)),
+        ),
+        FakeBackend::always(
+            "pdb-b",
+            URL_B,
+            Reply::ok(r#"["kernel","zone"]"#).after(ms(1)),
+        ),
+    ]);
+    let whole = h.get("/pdb/query/v4/fact-names");
+    let paged = h.get(&target(
+        "/pdb/query/v4/fact-names",
+        &[
+            ("order_by", r#"[{"field":"name","order":"desc"}]"#),
+            ("limit", "2"),
+            ("offset", "1"),
+            ("include_total", "true"),
+        ],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, whole),
+        json!(["ipaddress", "kernel", "os", "pdbmux_source", "zone"])
+    );
+    assert_eq!(body_json(&h, paged), json!(["pdbmux_source", "os"]));
+    assert_eq!(
+        h.response(paged).expect("one response").header("x-records"),
+        Some("5")
+    );
+    for sent in h.sends() {
+        let target = &sent.request.path_and_query;
+        for param in ["limit", "offset", "include_total"] {
+            assert!(!target.contains(param), "{target}");
+        }
+    }
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn environments_union_sorted_by_name() {
+    let mut h = harness(vec![
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [Reply::ok(r#"[{"name":"production"},{"name":"dev"}]"#).after(ms(2))],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [Reply::ok(r#"[{"name":"staging"},{"name":"production"}]"#).after(ms(1))],
+        ),
+        FakeBackend::queue("pdb-c", URL_C, [Reply::ok("[]").after(ms(3))]),
+    ]);
+    let c = h.get("/pdb/query/v4/environments");
+    let transcript = run(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(
+        response.body_str(),
+        r#"[{"name":"dev"},{"name":"production"},{"name":"staging"}]"#
+    );
+    assert_eq!(response.header("x-backends"), Some("3/3"));
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn reports_dedupe_by_hash_resorted_repaged_total_summed() {
+    let report = |hash: &str, certname: &str, end: &str| json!({"hash": hash, "certname": certname, "end_time": end});
+    let a = json!([
+        report("h2", "web2", "2024-05-01T11:00:00.000Z"),
+        report("h1", "web1", "2024-05-01T10:00:00.000Z"),
+    ]);
+    let b = json!([
+        report("h2", "web2", "2024-05-01T11:00:00.000Z"),
+        report("h4", "web4", "2024-05-01T10:30:00.000Z"),
+        report("h3", "web3", "2024-05-01T09:00:00.000Z"),
+    ]);
+    let mut h = harness(vec![
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [Reply::ok(a.to_string())
+                .header("X-Records", "2")
+                .after(ms(2))],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [Reply::ok(b.to_string())
+                .header("X-Records", "5")
+                .after(ms(1))],
+        ),
+    ]);
+    let c = h.get(&target(
+        "/pdb/query/v4/reports",
+        &[
+            ("order_by", r#"[{"field":"end_time","order":"desc"}]"#),
+            ("limit", "2"),
+            ("offset", "1"),
+            ("include_total", "true"),
+        ],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            report("h4", "web4", "2024-05-01T10:30:00.000Z"),
+            report("h1", "web1", "2024-05-01T10:00:00.000Z"),
+        ])
+    );
+    let response = h.response(c).expect("one response");
+    assert_eq!(
+        response.header("x-records"),
+        Some("7"),
+        "the sum of X-Records, an upper bound"
+    );
+    for sent in h.sends() {
+        let target = &sent.request.path_and_query;
+        assert!(
+            target.contains("limit=3") && !target.contains("offset"),
+            "{target}"
+        );
+    }
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn events_dedupe_by_verbatim_record() {
+    let a = r#"[{"certname":"web1","resource_title":"ntp","status":"success"},{"certname":"web1","resource_title":"sshd","status":"success"}]"#;
+    let b = r#"[{"certname":"web1","resource_title":"ntp","status":"success"},{"certname":"web1","resource_title":"sshd","status":"failure"}]"#;
+    let mut h = harness(vec![
+        FakeBackend::queue("pdb-a", URL_A, [Reply::ok(a).after(ms(2))]),
+        FakeBackend::queue("pdb-b", URL_B, [Reply::ok(b).after(ms(1))]),
+    ]);
+    let c = h.get("/pdb/query/v4/events");
+    let transcript = run(&mut h);
+    assert_eq!(
+        h.response(c).expect("one response").body_str(),
+        r#"[{"certname":"web1","resource_title":"ntp","status":"success"},{"certname":"web1","resource_title":"sshd","status":"success"},{"certname":"web1","resource_title":"sshd","status":"failure"}]"#
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn facts_paged_window_is_exact_despite_an_upstream_source_fact() {
+    // pdb-a holds an upstream fact named pdbmux_source; it is dropped (spec), but it took one of
+    // the `offset + limit` records pdb-a was asked for, so web4's fact never arrives. A single
+    // PuppetDB holding the whole estate (minus the dropped record) answers both records.
+    let a = PuppetDb::new()
+        .node("web2", T10)
+        .node("web4", T10)
+        .fact("web2", "os", "Debian", "production")
+        .fact("web2", "pdbmux_source", "upstream-impostor", "production")
+        .fact("web4", "os", "Debian", "production");
+    let b = PuppetDb::new();
+    let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 1)]);
+    let c = h.get(&target(
+        "/pdb/query/v4/facts",
+        &[
+            ("order_by", r#"[{"field":"certname"},{"field":"name"}]"#),
+            ("limit", "2"),
+        ],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            fact("web4", "os", "Debian", "production"),
+        ]),
+        "{transcript}"
+    );
+}
