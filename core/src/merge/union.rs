@@ -13,7 +13,9 @@ use crate::sort::{Direction, OrderBy, OrderField};
 pub(crate) enum Identity {
     /// The `hash` field (reports are immutable; the same report can be stored in two backends).
     Hash,
-    /// The record's exact bytes (events carry no id of their own).
+    /// The record's exact bytes except `report_receive_time` (events carry no id of their own;
+    /// a node reporting to two backends stores identical events in each, but each backend stamps
+    /// its own receive time).
     Verbatim,
     /// The `name` field (environments).
     Name,
@@ -53,7 +55,10 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
         for record in records {
             let fields = Fields::of(record);
             let key = match identity {
-                Identity::Verbatim => Some(record.get().to_owned()),
+                Identity::Verbatim => Some(match &fields {
+                    Some(fields) => fields.identity_without("report_receive_time"),
+                    None => record.get().to_owned(),
+                }),
                 Identity::Hash => fields
                     .as_ref()
                     .and_then(|f| f.str("hash"))
