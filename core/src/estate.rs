@@ -635,13 +635,16 @@ impl Estate {
 /// Whether answering `route` needs node ownership (DECISIONS.md D4): node-scoped entities, the
 /// per-certname routes, and any query that uses `latest_report?`.
 fn needs_ownership(route: &Route, request: &ClientRequest) -> bool {
+    let query = request.query().unwrap_or_default();
     match route {
         Route::Merged(Entity::Nodes | Entity::Facts)
         | Route::FactsByName { .. }
         | Route::PerCertname { .. } => true,
+        // Only aggregates on /resources are merged (and so node-scoped, D4).
+        Route::Resources => query.contains("function"),
         Route::Merged(Entity::Reports | Entity::Events)
         | Route::Combined(CountEndpoint::EventCounts | CountEndpoint::AggregateEventCounts) => {
-            request.query().is_some_and(|q| q.contains("latest_report"))
+            query.contains("latest_report")
         }
         _ => false,
     }

@@ -11,6 +11,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 
+use crate::combine::{BackendParts, CombineFanOut};
 use crate::config::Config;
 use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
@@ -46,6 +47,8 @@ pub enum ExchangeOutput {
 enum Plan {
     /// Ask every backend at once (each its own request), merge their records.
     Records(Box<RecordPlan>),
+    /// Ask every backend at once (each its own requests), fold their aggregate rows.
+    Combine(Box<CombineFanOut>),
     /// Ask every backend at once, merge the successes.
     FanOut(Merge),
     /// Ask one backend at a time in order; the first success is streamed.
@@ -90,6 +93,9 @@ enum LegResult {
 #[derive(Debug)]
 struct Leg {
     backend: BackendId,
+    /// Which of the plan's upstream requests to this backend (combined aggregates may send
+    /// several; every other plan sends one).
+    part: usize,
     state: LegState,
 }
 
@@ -139,8 +145,14 @@ impl Exchange {
             None => (target.as_str(), None),
         };
         let mut immediate = None;
-        let plan = match route {
-            Route::Merged(_) | Route::FactsByName { .. } => {
+        let combine = CombineFanOut::plan(route, path, raw_query, &config, ownership.clone());
+        let plan = match (route, combine) {
+            (_, Some(Ok(combine))) => Some(Plan::Combine(Box::new(combine))),
+            (_, Some(Err(refusal))) => {
+                immediate = Some(refusal);
+                None
+            }
+            (Route::Merged(_) | Route::FactsByName { .. }, None) => {
                 match RecordPlan::plan(route, path, raw_query, &config, ownership.clone()) {
                     Planned::FanOut(plan) => Some(Plan::Records(plan)),
                     Planned::Respond(response) => {
@@ -149,17 +161,21 @@ impl Exchange {
                     }
                 }
             }
-            Route::MetaVersion => Some(Plan::FanOut(Merge::LowestVersion)),
-            Route::ServerTime => Some(Plan::FanOut(Merge::FirstInOrder)),
-            Route::PassThrough | Route::Resources => Some(Plan::FirstSuccess),
-            Route::PerCertname { .. } => Some(Plan::OwnerFirst),
-            Route::ReportHash { .. } => Some(Plan::Holder),
-            Route::Combined(_) | Route::Metrics(_) | Route::Healthz => None,
+            (Route::MetaVersion, None) => Some(Plan::FanOut(Merge::LowestVersion)),
+            (Route::ServerTime, None) => Some(Plan::FanOut(Merge::FirstInOrder)),
+            (Route::PassThrough | Route::Resources, None) => Some(Plan::FirstSuccess),
+            (Route::PerCertname { .. }, None) => Some(Plan::OwnerFirst),
+            (Route::ReportHash { .. }, None) => Some(Plan::Holder),
+            (Route::Combined(_) | Route::Metrics(_) | Route::Healthz, None) => None,
+        };
+        let parts = match &plan {
+            Some(Plan::Combine(combine)) => combine.parts(),
+            _ => 1,
         };
         let plan_missing = plan.is_none() && immediate.is_none();
         let sends_all = matches!(
             plan,
-            Some(Plan::FanOut(_) | Plan::Holder | Plan::Records(_))
+            Some(Plan::FanOut(_) | Plan::Holder | Plan::Records(_) | Plan::Combine(_))
         );
         let sequential = matches!(plan, Some(Plan::FirstSuccess | Plan::OwnerFirst));
         let mut exchange = Exchange {
@@ -168,9 +184,12 @@ impl Exchange {
             plan: plan.unwrap_or(Plan::FirstSuccess),
             legs: roster
                 .iter()
-                .map(|&backend| Leg {
-                    backend,
-                    state: LegState::Idle,
+                .flat_map(|&backend| {
+                    (0..parts).map(move |part| Leg {
+                        backend,
+                        part,
+                        state: LegState::Idle,
+                    })
                 })
                 .collect(),
             ids: Counter::default(),
@@ -319,6 +338,7 @@ impl Exchange {
         let backend = self.legs[index].backend;
         let (method, path_and_query, body) = match &self.plan {
             Plan::Records(plan) => plan.upstream_request(backend),
+            Plan::Combine(combine) => combine.upstream_request(backend, self.legs[index].part),
             _ => (Method::GET, self.target.clone(), None),
         };
         self.legs[index].state = LegState::Pending { id, deadline };
@@ -347,6 +367,7 @@ impl Exchange {
     fn progress(&mut self, now: Instant) {
         match &self.plan {
             Plan::Records(_) => self.progress_records(),
+            Plan::Combine(_) => self.progress_combine(),
             Plan::FanOut(merge) => {
                 let merge = *merge;
                 self.progress_fan_out(merge)
@@ -494,6 +515,77 @@ impl Exchange {
             None => {
                 self.log_failures();
                 let verdict = policy::failure_verdict(&self.outcomes(), &self.config.backends);
+                let refused = matches!(&verdict, policy::FailureVerdict::Unanimous(r) if r.status.is_client_error());
+                self.round = Some(Round {
+                    asked,
+                    contributed: 0,
+                    refused,
+                });
+                let response = self.with_backends_header(verdict.into_response(), 0);
+                self.respond(response);
+            }
+        }
+    }
+
+    /// Combined aggregates: once every backend is done, fold the answers of the backends whose
+    /// every part succeeded; the rest count as failed.
+    fn progress_combine(&mut self) {
+        if self.finished || !self.all_done() {
+            return;
+        }
+        let Plan::Combine(combine) = &self.plan else {
+            return;
+        };
+        let mut answers: Vec<BackendParts<'_>> = Vec::new();
+        for leg in &self.legs {
+            let success = match &leg.state {
+                LegState::Done(LegResult::Outcome(Outcome::Success { headers, body, .. })) => {
+                    Some((headers, body))
+                }
+                _ => None,
+            };
+            let current = answers.last_mut().filter(|a| a.backend == leg.backend);
+            match (current, success) {
+                (Some(answer), Some((_, body))) if answer.bodies.len() == leg.part => {
+                    answer.bodies.push(&body[..])
+                }
+                (None, Some((headers, body))) if leg.part == 0 => answers.push(BackendParts {
+                    backend: leg.backend,
+                    bodies: vec![&body[..]],
+                    records: headers
+                        .get(X_RECORDS)
+                        .and_then(|v| v.to_str().ok()?.trim().parse().ok()),
+                }),
+                (Some(_), None) => {
+                    answers.pop();
+                }
+                _ => {}
+            }
+        }
+        let complete = combine.parts();
+        answers.retain(|answer| answer.bodies.len() == complete);
+        let result = combine.combine(&answers);
+        let asked = self.legs.len() / complete.max(1);
+        for (backend, reason) in result.unusable {
+            for leg in self.legs.iter_mut().filter(|leg| leg.backend == backend) {
+                leg.state = LegState::Done(LegResult::Outcome(Outcome::Failed(reason.clone())));
+            }
+        }
+        match result.response {
+            Some(response) => {
+                self.round = Some(Round {
+                    asked,
+                    contributed: result.contributed,
+                    refused: false,
+                });
+                self.warn_partial();
+                let response = self.with_backends_header(response, result.contributed);
+                self.respond(response);
+            }
+            None => {
+                self.log_failures();
+                let outcomes = self.outcomes();
+                let verdict = policy::failure_verdict(&outcomes, &self.config.backends);
                 let refused = matches!(&verdict, policy::FailureVerdict::Unanimous(r) if r.status.is_client_error());
                 self.round = Some(Round {
                     asked,

@@ -12,11 +12,11 @@
 //! 3. [`CombinePlan::combine`] folds the backends' answers (configured order) into the body.
 
 // Until the exchange calls it (the lead wires it in); the tests use every item.
-#![cfg_attr(not(test), allow(dead_code))]
 
 mod counts_filter;
 mod event_counts;
 mod extract;
+mod fanout;
 mod fold;
 mod object;
 mod values;
@@ -38,6 +38,7 @@ use crate::records::{parse_array, write_array};
 use crate::sort::{self, OrderBy, OrderEntity, PagingError};
 
 pub(crate) use self::counts_filter::CountsFilterError;
+pub(crate) use self::fanout::{BackendParts, CombineFanOut};
 
 /// The path `/aggregate-event-counts` is answered from (D5).
 pub(crate) const EVENT_COUNTS_PATH: &str = "/pdb/query/v4/event-counts";

@@ -22,16 +22,13 @@ use crate::config::{Config, MergeStrategy};
 use crate::ids::BackendId;
 use crate::membership::Ownership;
 use crate::message::Response;
+use crate::outbound;
 use crate::query::{analyze, Analysis, Params, QueryText};
 use crate::route::{Entity, Route};
 use crate::sort::{self, OrderBy, OrderEntity};
 
 pub(crate) use facts::filter_source_records;
 pub(crate) use rows::Window;
-
-/// Upstream URLs longer than this go as POST with a JSON body (PuppetDB's Jetty refuses request
-/// headers over 8 KiB; the rest of the header block needs room too).
-const MAX_UPSTREAM_TARGET: usize = 6 * 1024;
 
 /// Which record merge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,7 +83,7 @@ pub(crate) struct RecordPlan {
     pub(crate) include_total: bool,
     pub(crate) provenance: Provenance,
     /// The ownership snapshot and the strategy that picks owners, for node-scoped merges.
-    pushdown: Option<(Arc<Ownership>, MergeStrategy)>,
+    pushdown: Option<outbound::Pushdown>,
 }
 
 /// What planning decided.
@@ -104,6 +101,12 @@ pub(crate) fn local_answer(
     request: &crate::ClientRequest,
     config: &Arc<Config>,
 ) -> Option<Response> {
+    match crate::combine::CombineFanOut::plan(route, request.path(), request.query(), config, None)
+    {
+        Some(Err(refusal)) => return Some(refusal),
+        Some(Ok(_)) => return None,
+        None => {}
+    }
     if !matches!(route, Route::Merged(_) | Route::FactsByName { .. }) {
         return None;
     }
@@ -185,12 +188,6 @@ impl RecordPlan {
             Ok(paging) => paging,
             Err(error) => return Planned::Respond(bad_request(error.to_string())),
         };
-        if analysis.as_ref().is_some_and(Analysis::has_function_column) {
-            return Planned::Respond(Response::text(
-                StatusCode::NOT_IMPLEMENTED,
-                "pdbmux: combining extract functions across backends is not implemented yet",
-            ));
-        }
         let order = (!paging.order_by.is_empty()).then_some(paging.order_by);
         let include_total = params
             .get("include_total")
@@ -311,14 +308,9 @@ impl RecordPlan {
             query = Some(crate::query::add_clause(query.as_ref(), clause));
             rewritten = true;
         }
-        if let Some((ownership, strategy)) = &self.pushdown {
-            let excluded: Vec<&str> = ownership
-                .excluded(backend, *strategy)
-                .iter()
-                .map(String::as_str)
-                .collect();
-            if pushable && !excluded.is_empty() {
-                query = crate::query::exclude_certnames(query.as_ref(), &excluded);
+        if let (Some(pushdown), true) = (&self.pushdown, pushable) {
+            if let Some(owned) = outbound::owned_query(query.as_ref(), pushdown, backend) {
+                query = Some(owned);
                 rewritten = true;
             }
         }
@@ -327,22 +319,7 @@ impl RecordPlan {
                 params.set("query", &query.to_string());
             }
         }
-        let query_string = params.to_query_string();
-        let target = if query_string.is_empty() {
-            self.upstream_path.clone()
-        } else {
-            format!("{}?{}", self.upstream_path, query_string)
-        };
-        if rewritten && target.len() > MAX_UPSTREAM_TARGET {
-            if let Ok(body) = params.to_json_body() {
-                return (
-                    Method::POST,
-                    self.upstream_path.clone(),
-                    Some(Bytes::from(body)),
-                );
-            }
-        }
-        (Method::GET, target, None)
+        outbound::request(&self.upstream_path, &params, rewritten)
     }
 
     /// Merges the backends' answers (configured order) into one response.

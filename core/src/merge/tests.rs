@@ -368,13 +368,18 @@ fn reports_dedupe_by_hash_and_events_by_record() {
     let (body, _) = merge(
         &events,
         &[
-            (r#"[{"a":1,"report_receive_time":"2026-11-30T10:00:00.001Z"}]"#, None),
-            (r#"[{"a":1,"report_receive_time":"2026-11-30T10:00:00.002Z"},{"a":1,"b":2}]"#, None),
+            (
+                r#"[{"a":1,"report_receive_time":"2026-11-30T10:00:00.001Z"}]"#,
+                None,
+            ),
+            (
+                r#"[{"a":1,"report_receive_time":"2026-11-30T10:00:00.002Z"},{"a":1,"b":2}]"#,
+                None,
+            ),
         ],
     );
     assert_eq!(
-        body,
-        r#"[{"a":1,"report_receive_time":"2026-11-30T10:00:00.001Z"},{"a":1,"b":2}]"#,
+        body, r#"[{"a":1,"report_receive_time":"2026-11-30T10:00:00.001Z"},{"a":1,"b":2}]"#,
         "each backend stamps its own receive time on the same event"
     );
     let environments = plan(&config, "/pdb/query/v4/environments", None).expect("plan");
