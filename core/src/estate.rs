@@ -642,6 +642,8 @@ fn needs_ownership(route: &Route, request: &ClientRequest) -> bool {
         | Route::PerCertname { .. } => true,
         // Only aggregates on /resources are merged (and so node-scoped, D4).
         Route::Resources => query.contains("function"),
+        // The population MBeans count the estate's nodes once (D9).
+        Route::Metrics(_) => crate::metrics::reads_population(request.path()),
         Route::Merged(Entity::Reports | Entity::Events)
         | Route::Combined(CountEndpoint::EventCounts | CountEndpoint::AggregateEventCounts) => {
             query.contains("latest_report")

@@ -22,6 +22,7 @@ use crate::message::{
     UpstreamResponse,
 };
 use crate::meta;
+use crate::metrics::MetricsPlan;
 use crate::policy::{self, backend_name, Outcome, Rejection};
 use crate::route::Route;
 
@@ -49,6 +50,8 @@ enum Plan {
     Records(Box<RecordPlan>),
     /// Ask every backend at once (each its own requests), fold their aggregate rows.
     Combine(Box<CombineFanOut>),
+    /// Ask every backend at once, merge their Jolokia answers.
+    Metrics(Box<MetricsPlan>),
     /// Ask every backend at once, merge the successes.
     FanOut(Merge),
     /// Ask one backend at a time in order; the first success is streamed.
@@ -146,36 +149,47 @@ impl Exchange {
         };
         let mut immediate = None;
         let combine = CombineFanOut::plan(route, path, raw_query, &config, ownership.clone());
-        let plan = match (route, combine) {
-            (_, Some(Ok(combine))) => Some(Plan::Combine(Box::new(combine))),
-            (_, Some(Err(refusal))) => {
-                immediate = Some(refusal);
-                None
-            }
-            (Route::Merged(_) | Route::FactsByName { .. }, None) => {
-                match RecordPlan::plan(route, path, raw_query, &config, ownership.clone()) {
-                    Planned::FanOut(plan) => Some(Plan::Records(plan)),
-                    Planned::Respond(response) => {
-                        immediate = Some(response);
-                        None
+        let plan =
+            match (route, combine) {
+                (_, Some(Ok(combine))) => Some(Plan::Combine(Box::new(combine))),
+                (_, Some(Err(refusal))) => {
+                    immediate = Some(refusal);
+                    None
+                }
+                (Route::Merged(_) | Route::FactsByName { .. }, None) => {
+                    match RecordPlan::plan(route, path, raw_query, &config, ownership.clone()) {
+                        Planned::FanOut(plan) => Some(Plan::Records(plan)),
+                        Planned::Respond(response) => {
+                            immediate = Some(response);
+                            None
+                        }
                     }
                 }
-            }
-            (Route::MetaVersion, None) => Some(Plan::FanOut(Merge::LowestVersion)),
-            (Route::ServerTime, None) => Some(Plan::FanOut(Merge::FirstInOrder)),
-            (Route::PassThrough | Route::Resources, None) => Some(Plan::FirstSuccess),
-            (Route::PerCertname { .. }, None) => Some(Plan::OwnerFirst),
-            (Route::ReportHash { .. }, None) => Some(Plan::Holder),
-            (Route::Combined(_) | Route::Metrics(_) | Route::Healthz, None) => None,
-        };
+                (Route::MetaVersion, None) => Some(Plan::FanOut(Merge::LowestVersion)),
+                (Route::ServerTime, None) => Some(Plan::FanOut(Merge::FirstInOrder)),
+                (Route::PassThrough | Route::Resources, None) => Some(Plan::FirstSuccess),
+                (Route::PerCertname { .. }, None) => Some(Plan::OwnerFirst),
+                (Route::ReportHash { .. }, None) => Some(Plan::Holder),
+                (Route::Metrics(metrics), None) => Some(Plan::Metrics(Box::new(
+                    MetricsPlan::plan(*metrics, path, &config, ownership.clone()),
+                ))),
+                (Route::Combined(_) | Route::Healthz, None) => None,
+            };
         let parts = match &plan {
             Some(Plan::Combine(combine)) => combine.parts(),
+            Some(Plan::Metrics(metrics)) => metrics.parts(),
             _ => 1,
         };
         let plan_missing = plan.is_none() && immediate.is_none();
         let sends_all = matches!(
             plan,
-            Some(Plan::FanOut(_) | Plan::Holder | Plan::Records(_) | Plan::Combine(_))
+            Some(
+                Plan::FanOut(_)
+                    | Plan::Holder
+                    | Plan::Records(_)
+                    | Plan::Combine(_)
+                    | Plan::Metrics(_)
+            )
         );
         let sequential = matches!(plan, Some(Plan::FirstSuccess | Plan::OwnerFirst));
         let mut exchange = Exchange {
@@ -339,6 +353,9 @@ impl Exchange {
         let (method, path_and_query, body) = match &self.plan {
             Plan::Records(plan) => plan.upstream_request(backend),
             Plan::Combine(combine) => combine.upstream_request(backend, self.legs[index].part),
+            Plan::Metrics(metrics) => {
+                metrics.upstream_request(&self.target, backend, self.legs[index].part)
+            }
             _ => (Method::GET, self.target.clone(), None),
         };
         self.legs[index].state = LegState::Pending { id, deadline };
@@ -368,6 +385,7 @@ impl Exchange {
         match &self.plan {
             Plan::Records(_) => self.progress_records(),
             Plan::Combine(_) => self.progress_combine(),
+            Plan::Metrics(_) => self.progress_metrics(),
             Plan::FanOut(merge) => {
                 let merge = *merge;
                 self.progress_fan_out(merge)
@@ -592,6 +610,64 @@ impl Exchange {
                     contributed: 0,
                     refused,
                 });
+                let response = self.with_backends_header(verdict.into_response(), 0);
+                self.respond(response);
+            }
+        }
+    }
+
+    /// Metrics: once every backend is done, merge the envelopes of those that answered 2xx.
+    fn progress_metrics(&mut self) {
+        if self.finished || !self.all_done() {
+            return;
+        }
+        let Plan::Metrics(metrics) = &self.plan else {
+            return;
+        };
+        fn success(leg: &Leg) -> Option<&[u8]> {
+            match &leg.state {
+                LegState::Done(LegResult::Outcome(Outcome::Success { body, .. })) => {
+                    Some(&body[..])
+                }
+                _ => None,
+            }
+        }
+        let envelopes: Vec<&[u8]> = self
+            .legs
+            .iter()
+            .filter(|l| l.part == 0)
+            .filter_map(success)
+            .collect();
+        let counts: Vec<&[u8]> = self
+            .legs
+            .iter()
+            .filter(|l| l.part == 1)
+            .filter_map(success)
+            .collect();
+        match metrics.respond(&envelopes, &counts) {
+            Some((response, contributed)) => {
+                self.warn_partial();
+                let response = self.with_backends_header(response, contributed);
+                self.respond(response);
+            }
+            None => {
+                self.log_failures();
+                let outcomes: Vec<(BackendId, Outcome)> = self
+                    .legs
+                    .iter()
+                    .filter(|leg| leg.part == 0)
+                    .filter_map(|leg| match &leg.state {
+                        LegState::Done(LegResult::Outcome(Outcome::Success { .. })) => Some((
+                            leg.backend,
+                            Outcome::Failed("unusable jolokia body".to_owned()),
+                        )),
+                        LegState::Done(LegResult::Outcome(outcome)) => {
+                            Some((leg.backend, outcome.clone()))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let verdict = policy::failure_verdict(&outcomes, &self.config.backends);
                 let response = self.with_backends_header(verdict.into_response(), 0);
                 self.respond(response);
             }

@@ -49,6 +49,7 @@ pub mod membership;
 mod merge;
 mod message;
 pub mod meta;
+mod metrics;
 mod outbound;
 pub mod policy;
 pub mod query;
