@@ -126,11 +126,10 @@ fn sigterm_lets_in_flight_requests_finish_then_exits_zero() {
     let mut pdbmux = Pdbmux::start(&[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
     let addr = pdbmux.addr;
     let in_flight = thread::spawn(move || {
-        let probe = Pdbmux::raw_at(
+        Pdbmux::raw_at(
             addr,
             "GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-        );
-        probe
+        )
     });
     thread::sleep(Duration::from_millis(200));
     pdbmux.terminate();
