@@ -3,14 +3,14 @@
 //!
 //! | Reply                                                          | Verdict     | Sets the latch |
 //! |----------------------------------------------------------------|-------------|----------------|
-//! | 2xx, trapperkeeper body, every service `"state": "running"`    | `Healthy`   | yes            |
-//! | 2xx, trapperkeeper body, a service starting/stopping/error/... | `Unhealthy` | yes            |
-//! | 2xx, body not in trapperkeeper's shape (judged on status)      | `Healthy`   | yes            |
+//! | 200, trapperkeeper body, every service `"state": "running"`    | `Healthy`   | yes            |
+//! | 200, trapperkeeper body, a service starting/stopping/error/... | `Unhealthy` | yes            |
+//! | 200, body not in trapperkeeper's shape (judged on status)      | `Healthy`   | yes            |
 //! | 429 (the backend reporting its own capacity)                   | `Unhealthy` | yes            |
 //! | 501 (does not implement the endpoint)                          | `Rejected`  | no             |
 //! | any other 5xx, 503 included                                    | `Unhealthy` | yes            |
 //! | any other 4xx (404/410, 405, 401/403, ...)                     | `Rejected`  | no             |
-//! | 1xx, 3xx, anything else                                        | `Rejected`  | no             |
+//! | 1xx, other 2xx, 3xx, anything else                             | `Rejected`  | no             |
 //! | transport failure (connect, DNS, TLS, timeout; no reply)       | unhealthy   | no             |
 //!
 //! The last row is not a reply, so [`classify`] never sees it; the health table handles it.
@@ -58,7 +58,7 @@ enum StatusClass {
 /// The status table, `(first, last, class)`, read top to bottom; the first row whose inclusive
 /// range holds the status wins. Anything no row holds is a refusal.
 const STATUS_TABLE: [(u16, u16, StatusClass); 5] = [
-    (200, 299, StatusClass::Success),
+    (200, 200, StatusClass::Success),
     (429, 429, StatusClass::Evidence),
     (501, 501, StatusClass::Refusal),
     (500, 599, StatusClass::Evidence),
@@ -172,13 +172,9 @@ mod tests {
     }
 
     #[test]
-    fn other_2xx_read_like_200() {
-        assert_eq!(classify(204, b""), Verdict::Healthy);
-        assert_eq!(classify(299, RUNNING.as_bytes()), Verdict::Healthy);
-        assert!(matches!(
-            classify(206, degraded("error").as_bytes()),
-            Verdict::Unhealthy(_)
-        ));
+    fn only_200_is_healthy() {
+        assert!(matches!(classify(204, b""), Verdict::Rejected(_)));
+        assert!(matches!(classify(299, RUNNING.as_bytes()), Verdict::Rejected(_)));
     }
 
     #[test]

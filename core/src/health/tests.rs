@@ -153,7 +153,6 @@ fn the_latch_is_set_by_answers() {
         status(500),
         status(502),
         status(429),
-        status(204),
     ] {
         let mut sim = Sim::new(3, 2, 1);
         sim.probe(0, result.clone());
@@ -165,6 +164,7 @@ fn the_latch_is_set_by_answers() {
 #[test]
 fn the_latch_is_not_set_by_refusals_or_transport_failures() {
     for result in [
+        status(204),
         status(404),
         status(401),
         status(403),
