@@ -519,15 +519,21 @@ impl Exchange {
             }
         }
         let asked = self.legs.len();
-        match merged.response {
+        self.finish_merged(merged.response, merged.contributed, asked);
+    }
+
+    /// Answers a merged fan-out: the merged response with X-Backends, or, when no backend's
+    /// answer was usable, the status policy's verdict; and records the round for `/healthz`.
+    fn finish_merged(&mut self, response: Option<Response>, contributed: usize, asked: usize) {
+        match response {
             Some(response) => {
                 self.round = Some(Round {
                     asked,
-                    contributed: merged.contributed,
+                    contributed,
                     refused: false,
                 });
                 self.warn_partial();
-                let response = self.with_backends_header(response, merged.contributed);
+                let response = self.with_backends_header(response, contributed);
                 self.respond(response);
             }
             None => {
@@ -589,31 +595,7 @@ impl Exchange {
                 leg.state = LegState::Done(LegResult::Outcome(Outcome::Failed(reason.clone())));
             }
         }
-        match result.response {
-            Some(response) => {
-                self.round = Some(Round {
-                    asked,
-                    contributed: result.contributed,
-                    refused: false,
-                });
-                self.warn_partial();
-                let response = self.with_backends_header(response, result.contributed);
-                self.respond(response);
-            }
-            None => {
-                self.log_failures();
-                let outcomes = self.outcomes();
-                let verdict = policy::failure_verdict(&outcomes, &self.config.backends);
-                let refused = matches!(&verdict, policy::FailureVerdict::Unanimous(r) if r.status.is_client_error());
-                self.round = Some(Round {
-                    asked,
-                    contributed: 0,
-                    refused,
-                });
-                let response = self.with_backends_header(verdict.into_response(), 0);
-                self.respond(response);
-            }
-        }
+        self.finish_merged(result.response, result.contributed, asked);
     }
 
     /// Metrics: once every backend is done, merge the envelopes of those that answered 2xx.
