@@ -340,6 +340,34 @@ impl Harness {
         Ok(())
     }
 
+    /// Checks a run that cannot become quiescent (the health prober keeps a timer for ever):
+    /// every client still there got exactly one response and the core broke no contract. Upstream
+    /// requests may still be in flight (a probe, say).
+    pub fn check_answered(&self) -> Result<(), HarnessError> {
+        if let Some(failure) = &self.failure {
+            return Err(failure.clone());
+        }
+        for (index, client) in self.clients.iter().enumerate() {
+            if !client.gone && client.responses.len() != 1 {
+                return Err(HarnessError::ResponseCount {
+                    client: ClientId(index).to_string(),
+                    count: client.responses.len(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// The names of the backends a client's own exchange sent upstream requests to, in send
+    /// order (the estate's membership fetches and probes are not the exchange's).
+    pub fn exchange_backends(&self, client: ClientId) -> Vec<String> {
+        self.sends
+            .iter()
+            .filter(|sent| sent.machine == Machine::Exchange(client))
+            .map(|sent| sent.backend_name.clone())
+            .collect()
+    }
+
     fn client(&self, client: ClientId) -> Result<&Client, HarnessError> {
         self.clients
             .get(client.0)

@@ -25,18 +25,21 @@
 
 mod error;
 mod harness;
+mod probe;
 mod puppetdb;
 mod record;
 mod script;
 mod setup;
 mod transcript;
+mod upstream;
 
 pub use error::HarnessError;
 pub use harness::Harness;
+pub use probe::{probe_degraded, probe_running, probe_status, PROBE_PATH};
 pub use puppetdb::{
-    compare_column, compare_jsonb, compare_records, decode_component, excluded_certnames,
-    fact_record, matches, node_record, parse_instant, read_asking, sort_records, window, Asking,
-    Dir, PuppetDb,
+    aggregate, compare_column, compare_jsonb, compare_records, decode_component,
+    excluded_certnames, fact_record, matches, node_record, parse_instant, read_asking,
+    resource_record, sort_records, window, Asking, Column, Dir, PuppetDb,
 };
 pub use record::{ClientId, ClientResponse, Machine, SentRequest};
 pub use script::{ms, Answer, Asked, FakeBackend, Reply, ReplyOutcome, Script};
@@ -44,3 +47,4 @@ pub use setup::{config_for, parse_backend_url, DEFAULT_TIMEOUT};
 pub use transcript::{
     body_text, headers_text, target_text, Transcript, MAX_BODY_CHARS, MAX_TARGET_CHARS,
 };
+pub use upstream::{decoded_upstream, form_encode, form_target};

@@ -1,15 +1,19 @@
 //! A fake PuppetDB that evaluates what it is asked, for tests whose answers must follow from the
 //! upstream request (ownership pushed into the query, an over-fetching `limit`, a POST body).
 //!
-//! A [`PuppetDb`] holds node and fact records and answers `/pdb/query/v4/nodes`, `/facts`,
-//! `/facts/<name>[/<value>]`, `/fact-names` and `/environments` the way PuppetDB 7 does, for the
-//! subset of the query language pdbmux itself writes or the tests use: `and`, `or`, `not`, `=`,
-//! `in` over an `array`, `null?`, and a top-level `extract` of plain columns. It reads the `query`,
-//! `order_by`, `limit`, `offset` and `include_total` parameters from a GET's query string or a
-//! POST's JSON body, filters, sorts in PostgreSQL's order (NULL last ascending and first
-//! descending, text byte-wise, timestamps as instants, fact values in jsonb order), pages, and sets
-//! `X-Records` when a total is asked for. Anything it does not understand is a 400, as PuppetDB
-//! answers a query it cannot parse.
+//! A [`PuppetDb`] holds node, fact and resource records and answers `/pdb/query/v4/nodes`,
+//! `/facts`, `/facts/<name>[/<value>]`, `/fact-names`, `/environments` and `/resources` the way
+//! PuppetDB 7 does, for the subset of the query language pdbmux itself writes or the tests use:
+//! `and`, `or`, `not`, `=`, `<`, `<=`, `>`, `>=`, `in` over an `array`, `null?`, a top-level
+//! `["from", entity, query?, paging…]` with in-query `limit`, `offset` and `order_by`, and a
+//! top-level `extract` of plain columns, `jsonb_typeof`, or aggregates (see [`aggregate`]): the
+//! functions `count` (of rows, or of a column's non-null values), `sum`, `avg`, `min` and `max`
+//! with an optional filter and `["group_by", field, …]`. It reads the `query`, `order_by`,
+//! `limit`, `offset` and `include_total` parameters from a GET's query string or a POST's JSON
+//! body (the URL form wins over the in-query form, field by field), filters, sorts in PostgreSQL's
+//! order (NULL last ascending and first descending, text byte-wise, timestamps as instants, fact
+//! values in jsonb order), pages, and sets `X-Records` when a total is asked for. Anything it does
+//! not understand is a 400, as PuppetDB answers a query it cannot parse.
 //!
 //! The comparison and filter functions are public so a test's reference model orders and filters
 //! exactly as the fake does, independently of the core.
@@ -71,6 +75,9 @@ pub struct PuppetDb {
     pub nodes: Vec<Value>,
     /// Fact records (`/facts`): `certname`, `name`, `value`, `environment`.
     pub facts: Vec<Value>,
+    /// Resource records (`/resources`): `certname`, `type`, `title`, `line`, `exported`,
+    /// `environment`.
+    pub resources: Vec<Value>,
 }
 
 impl PuppetDb {
@@ -100,6 +107,20 @@ impl PuppetDb {
         self
     }
 
+    /// Adds a resource (`line`: `None` for a resource with no line, SQL NULL).
+    #[must_use]
+    pub fn resource(
+        mut self,
+        certname: &str,
+        resource_type: &str,
+        title: &str,
+        line: Option<i64>,
+    ) -> PuppetDb {
+        self.resources
+            .push(resource_record(certname, resource_type, title, line));
+        self
+    }
+
     /// The answer to a request: 200 with the records (and `X-Records` when asked), 400 for a
     /// request the fake cannot read, 404 for a path it does not serve.
     pub fn answer(&self, asked: &Asked<'_>) -> Reply {
@@ -125,8 +146,8 @@ impl PuppetDb {
         }
     }
 
-    /// Evaluates a request: the page of records and the total before paging; `None` for a path
-    /// the fake does not serve.
+    /// Evaluates a request: the page of records (or aggregate rows) and the total before paging;
+    /// `None` for a path the fake does not serve.
     pub fn evaluate(&self, asking: &Asking) -> Result<Option<(Vec<Value>, usize)>, String> {
         let Some(entity) = asking.path.strip_prefix(QUERY_V4) else {
             return Ok(None);
@@ -149,15 +170,22 @@ impl PuppetDb {
             ),
             [names] if names == "fact-names" => (self.fact_names(), None),
             [environments] if environments == "environments" => (self.environments(), None),
+            [resources] if resources == "resources" => (self.resources.clone(), None),
             _ => return Ok(None),
         };
-        let (filter, columns) = split_extract(asking.query.as_ref())?;
+        let query = read_query(asking.query.as_ref())?;
+        let order_by = if asking.order_by.is_empty() {
+            query.order_by.clone()
+        } else {
+            asking.order_by.clone()
+        };
+        let (offset, limit) = (asking.offset.or(query.offset), asking.limit.or(query.limit));
         let mut records = Vec::new();
         for record in source {
             let kept = match &fixed {
                 Some(fixed) => matches(fixed, &record)?,
                 None => true,
-            } && match filter {
+            } && match query.filter {
                 Some(filter) => matches(filter, &record)?,
                 None => true,
             };
@@ -165,15 +193,27 @@ impl PuppetDb {
                 records.push(record);
             }
         }
-        sort_records(&mut records, &asking.order_by);
-        let total = records.len();
-        let records = window(records, asking.offset, asking.limit);
-        let records = match columns {
-            Some(columns) => records
-                .iter()
-                .map(|record| project(record, &columns))
-                .collect(),
-            None => records,
+        let aggregating =
+            query.group_by.is_some() || query.columns.iter().flatten().any(Column::is_aggregate);
+        let (records, total) = if aggregating {
+            let columns = query.columns.as_deref().unwrap_or_default();
+            let group_by = query.group_by.as_deref().unwrap_or_default();
+            let mut rows = aggregate(&records, columns, group_by)?;
+            sort_records(&mut rows, &order_by);
+            let total = rows.len();
+            (window(rows, offset, limit), total)
+        } else {
+            sort_records(&mut records, &order_by);
+            let total = records.len();
+            let records = window(records, offset, limit);
+            let records = match &query.columns {
+                Some(columns) => records
+                    .iter()
+                    .map(|record| project(record, columns))
+                    .collect::<Result<_, _>>()?,
+                None => records,
+            };
+            (records, total)
         };
         let records = if segments.first().map(String::as_str) == Some("fact-names") {
             records
@@ -240,6 +280,23 @@ pub fn fact_record(certname: &str, name: &str, value: Value, environment: &str) 
         "name": name,
         "value": value,
         "environment": environment,
+    })
+}
+
+/// A resource record (the fields the tests use).
+pub fn resource_record(
+    certname: &str,
+    resource_type: &str,
+    title: &str,
+    line: Option<i64>,
+) -> Value {
+    serde_json::json!({
+        "certname": certname,
+        "type": resource_type,
+        "title": title,
+        "line": line,
+        "exported": false,
+        "environment": "production",
     })
 }
 
@@ -365,32 +422,287 @@ fn integer_value(name: &str, value: &Value) -> Result<u64, String> {
     parsed.ok_or_else(|| format!("Illegal value '{value}' for :{name}"))
 }
 
-/// A top-level `["extract", columns, filter?]` split into its filter and its plain columns; any
-/// other query is all filter.
-fn split_extract(query: Option<&Value>) -> Result<(Option<&Value>, Option<Vec<String>>), String> {
-    let Some(query) = query else {
-        return Ok((None, None));
-    };
-    let Some(("extract", items)) = form(query) else {
-        return Ok((Some(query), None));
-    };
-    let columns = match items.first() {
-        Some(Value::String(column)) => vec![column.clone()],
-        Some(Value::Array(columns)) => columns
-            .iter()
-            .map(|c| {
-                c.as_str()
-                    .map(str::to_owned)
-                    .ok_or_else(|| format!("extract column {c} is not served by the fake"))
-            })
-            .collect::<Result<_, _>>()?,
-        _ => return Err("extract without columns".to_owned()),
-    };
-    match items.get(1) {
-        None => Ok((None, Some(columns))),
-        Some(filter) if items.len() == 2 => Ok((Some(filter), Some(columns))),
-        Some(_) => Err("extract with group_by is not served by the fake".to_owned()),
+/// One column of a top-level `extract`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Column {
+    /// A plain field.
+    Field(String),
+    /// `["function", name, args…]`.
+    Function {
+        /// The function name (`count`, `sum`, `avg`, `min`, `max`, `jsonb_typeof`).
+        name: String,
+        /// Its arguments.
+        args: Vec<Value>,
+    },
+}
+
+impl Column {
+    /// Whether this is an aggregate function (one row per group rather than per record).
+    pub fn is_aggregate(&self) -> bool {
+        matches!(self, Column::Function { name, .. }
+            if matches!(name.as_str(), "count" | "sum" | "avg" | "min" | "max"))
     }
+
+    fn read(column: &Value) -> Result<Column, String> {
+        match column {
+            Value::String(field) => Ok(Column::Field(field.clone())),
+            Value::Array(items) if items.first() == Some(&Value::from("function")) => {
+                let name = items
+                    .get(1)
+                    .and_then(Value::as_str)
+                    .ok_or_else(|| format!("function without a name: {column}"))?;
+                Ok(Column::Function {
+                    name: name.to_owned(),
+                    args: items[2..].to_vec(),
+                })
+            }
+            other => Err(format!("extract column {other} is not served by the fake")),
+        }
+    }
+}
+
+/// A query read: its filter, the extract's columns and `group_by`, and in-query paging.
+#[derive(Debug, Default)]
+struct Query<'a> {
+    filter: Option<&'a Value>,
+    columns: Option<Vec<Column>>,
+    group_by: Option<Vec<String>>,
+    order_by: Vec<(String, Dir)>,
+    limit: Option<u64>,
+    offset: Option<u64>,
+}
+
+/// Reads a query: a top-level `from` (its entity is the path's) with its query and paging
+/// clauses, then a top-level `["extract", columns, filter?, group_by?]`; any other query is all
+/// filter.
+fn read_query(query: Option<&Value>) -> Result<Query<'_>, String> {
+    let mut read = Query::default();
+    let Some(mut query) = query else {
+        return Ok(read);
+    };
+    if let Some(("from", items)) = form(query) {
+        let mut inner = None;
+        for item in items.iter().skip(1) {
+            match form(item) {
+                Some(("limit", [n])) => read.limit = Some(integer_value("limit", n)?),
+                Some(("offset", [n])) => read.offset = Some(integer_value("offset", n)?),
+                Some(("order_by", [Value::Array(fields)])) => {
+                    read.order_by = in_query_order(fields)?
+                }
+                Some(("limit" | "offset" | "order_by", _)) => {
+                    return Err(format!("bad paging clause {item}"))
+                }
+                _ if inner.is_none() => inner = Some(item),
+                _ => return Err(format!("from with two queries: {query}")),
+            }
+        }
+        match inner {
+            Some(inner) => query = inner,
+            None => return Ok(read),
+        }
+    }
+    let Some(("extract", items)) = form(query) else {
+        read.filter = Some(query);
+        return Ok(read);
+    };
+    read.columns = Some(match items.first() {
+        Some(Value::String(column)) => vec![Column::Field(column.clone())],
+        Some(Value::Array(columns)) if columns.first() == Some(&Value::from("function")) => {
+            vec![Column::read(&Value::Array(columns.clone()))?]
+        }
+        Some(Value::Array(columns)) => {
+            columns.iter().map(Column::read).collect::<Result<_, _>>()?
+        }
+        _ => return Err("extract without columns".to_owned()),
+    });
+    for item in &items[1..] {
+        match form(item) {
+            Some(("group_by", fields)) => {
+                let fields = fields
+                    .iter()
+                    .map(|f| {
+                        f.as_str()
+                            .map(str::to_owned)
+                            .ok_or_else(|| format!("group_by {f} is not served by the fake"))
+                    })
+                    .collect::<Result<_, _>>()?;
+                read.group_by = Some(fields);
+            }
+            _ if item.is_null() => {}
+            _ if read.filter.is_none() && read.group_by.is_none() => read.filter = Some(item),
+            _ => return Err(format!("extract clause {item} is not served by the fake")),
+        }
+    }
+    Ok(read)
+}
+
+/// An in-query `order_by`: `field`, `[field]` or `[field, "asc"|"desc"]` each.
+fn in_query_order(fields: &[Value]) -> Result<Vec<(String, Dir)>, String> {
+    fields
+        .iter()
+        .map(|entry| {
+            let (field, dir) = match entry {
+                Value::String(field) => (field.as_str(), None),
+                Value::Array(pair) => (
+                    pair.first()
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| format!("bad order_by entry {entry}"))?,
+                    pair.get(1).and_then(Value::as_str),
+                ),
+                _ => return Err(format!("bad order_by entry {entry}")),
+            };
+            let dir = match dir {
+                None => Dir::Asc,
+                Some(d) if d.eq_ignore_ascii_case("asc") => Dir::Asc,
+                Some(d) if d.eq_ignore_ascii_case("desc") => Dir::Desc,
+                Some(d) => return Err(format!("bad order {d}")),
+            };
+            Ok((field.to_owned(), dir))
+        })
+        .collect()
+}
+
+/// Evaluates an aggregating extract over the filtered records as PostgreSQL does: one row per
+/// distinct `group_by` value (first-seen order; none when no record matched), or one row over
+/// every record when there is no `group_by` (even when none matched). Plain columns must be
+/// grouped. `count` counts rows, or with a column that column's non-null values; `sum` adds the
+/// non-null numbers (an integer while every value is one); `avg` is their sum over their count
+/// as a float; `min` and `max` take the extreme non-null value in the column's own order
+/// ([`compare_column`]); over no value each of these is null. A function projected twice is
+/// named `<name>_2` the second time, as PuppetDB aliases it.
+pub fn aggregate(
+    records: &[Value],
+    columns: &[Column],
+    group_by: &[String],
+) -> Result<Vec<Value>, String> {
+    for column in columns {
+        match column {
+            Column::Field(field) if !group_by.contains(field) => {
+                return Err(format!(
+                    "column \"{field}\" must appear in the GROUP BY clause or be used in an aggregate function"
+                ))
+            }
+            Column::Function { name, .. } if !column.is_aggregate() => {
+                return Err(format!("function {name} in an aggregate is not served by the fake"))
+            }
+            _ => {}
+        }
+    }
+    let mut groups: Vec<(String, Vec<&Value>)> = Vec::new();
+    if group_by.is_empty() {
+        groups.push((String::new(), records.iter().collect()));
+    } else {
+        for record in records {
+            let key: Vec<Value> = group_by
+                .iter()
+                .map(|field| record.get(field).cloned().unwrap_or(Value::Null))
+                .collect();
+            let key = Value::Array(key).to_string();
+            match groups.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, rows)) => rows.push(record),
+                None => groups.push((key, vec![record])),
+            }
+        }
+    }
+    groups
+        .iter()
+        .map(|(_, rows)| {
+            let mut out = Map::new();
+            let mut functions = Vec::new();
+            for column in columns {
+                match column {
+                    Column::Field(field) => {
+                        let value = rows
+                            .first()
+                            .and_then(|r| r.get(field))
+                            .cloned()
+                            .unwrap_or(Value::Null);
+                        out.insert(field.clone(), value);
+                    }
+                    Column::Function { name, args } => functions.push((name, args)),
+                }
+            }
+            for (name, args) in functions {
+                let value = aggregate_value(name, args, rows)?;
+                let mut alias = name.clone();
+                let mut n = 2;
+                while out.contains_key(&alias) {
+                    alias = format!("{name}_{n}");
+                    n += 1;
+                }
+                out.insert(alias, value);
+            }
+            Ok(Value::Object(out))
+        })
+        .collect()
+}
+
+fn aggregate_value(name: &str, args: &[Value], rows: &[&Value]) -> Result<Value, String> {
+    let field = match args {
+        [] if name == "count" => None,
+        [Value::String(field)] => Some(field.as_str()),
+        _ => {
+            return Err(format!(
+                "function {name} with arguments {args:?} is not served"
+            ))
+        }
+    };
+    let values: Vec<&Value> = match field {
+        None => return Ok(Value::from(rows.len())),
+        Some(field) => rows
+            .iter()
+            .filter_map(|row| row.get(field))
+            .filter(|v| !v.is_null())
+            .collect(),
+    };
+    let numbers = || -> Result<Vec<&serde_json::Number>, String> {
+        values
+            .iter()
+            .map(|v| match v {
+                Value::Number(n) => Ok(n),
+                other => Err(format!("function {name} over the non-number {other}")),
+            })
+            .collect()
+    };
+    let sum = |numbers: &[&serde_json::Number]| -> Value {
+        if numbers.is_empty() {
+            return Value::Null;
+        }
+        let ints: Option<i64> = numbers
+            .iter()
+            .try_fold(0i64, |acc, n| acc.checked_add(n.as_i64()?));
+        match ints {
+            Some(total) => Value::from(total),
+            None => Value::from(numbers.iter().filter_map(|n| n.as_f64()).sum::<f64>()),
+        }
+    };
+    let field = field.unwrap_or_default();
+    Ok(match name {
+        "count" => Value::from(values.len()),
+        "sum" => sum(&numbers()?),
+        "avg" => {
+            let numbers = numbers()?;
+            match sum(&numbers).as_f64() {
+                Some(total) if !numbers.is_empty() => Value::from(total / numbers.len() as f64),
+                _ => Value::Null,
+            }
+        }
+        "min" | "max" => {
+            let wanted = if name == "min" {
+                Ordering::Less
+            } else {
+                Ordering::Greater
+            };
+            let mut best: Option<&Value> = None;
+            for value in values {
+                if best.is_none_or(|b| compare_column(field, Some(value), Some(b)) == wanted) {
+                    best = Some(value);
+                }
+            }
+            best.cloned().unwrap_or(Value::Null)
+        }
+        other => return Err(format!("function {other} is not served by the fake")),
+    })
 }
 
 fn form(node: &Value) -> Option<(&str, &[Value])> {
@@ -430,12 +742,25 @@ pub fn matches(filter: &Value, record: &Value) -> Result<bool, String> {
         ("null?", [Value::String(field), Value::Bool(null)]) => {
             Ok(record.get(field).is_none_or(Value::is_null) == *null)
         }
+        ("<" | "<=" | ">" | ">=", [Value::String(field), value]) => {
+            let Some(found) = record.get(field).filter(|v| !v.is_null()) else {
+                return Ok(false);
+            };
+            let ordering = compare_column(field, Some(found), Some(value));
+            Ok(match op {
+                "<" => ordering == Ordering::Less,
+                "<=" => ordering != Ordering::Greater,
+                ">" => ordering == Ordering::Greater,
+                _ => ordering != Ordering::Less,
+            })
+        }
         _ => Err(format!("operator {op} is not served by the fake: {filter}")),
     }
 }
 
 /// The certnames a query excludes with pdbmux's ownership clause
-/// `["not",["in","certname",["array",[…]]]]`, wherever it sits under `and` or an `extract`.
+/// `["not",["in","certname",["array",[…]]]]`, wherever it sits under `and`, an `extract` or a
+/// `from`.
 pub fn excluded_certnames(query: Option<&Value>) -> Vec<String> {
     fn walk(node: &Value, out: &mut Vec<String>) {
         match form(node) {
@@ -448,7 +773,9 @@ pub fn excluded_certnames(query: Option<&Value>) -> Vec<String> {
                     }
                 }
             }
-            Some(("and" | "extract", items)) => items.iter().for_each(|item| walk(item, out)),
+            Some(("and" | "extract" | "from", items)) => {
+                items.iter().for_each(|item| walk(item, out))
+            }
             _ => {}
         }
     }
@@ -459,15 +786,38 @@ pub fn excluded_certnames(query: Option<&Value>) -> Vec<String> {
     out
 }
 
-fn project(record: &Value, columns: &[String]) -> Value {
+/// One record projected onto plain columns and `jsonb_typeof`.
+fn project(record: &Value, columns: &[Column]) -> Result<Value, String> {
     let mut out = Map::new();
     for column in columns {
-        out.insert(
-            column.clone(),
-            record.get(column).cloned().unwrap_or(Value::Null),
-        );
+        match column {
+            Column::Field(field) => {
+                out.insert(
+                    field.clone(),
+                    record.get(field).cloned().unwrap_or(Value::Null),
+                );
+            }
+            Column::Function { name, args } if name == "jsonb_typeof" => {
+                let [Value::String(field)] = args.as_slice() else {
+                    return Err(format!("jsonb_typeof with arguments {args:?}"));
+                };
+                let kind = match record.get(field) {
+                    None => Value::Null,
+                    Some(Value::Null) => Value::from("null"),
+                    Some(Value::Bool(_)) => Value::from("boolean"),
+                    Some(Value::Number(_)) => Value::from("number"),
+                    Some(Value::String(_)) => Value::from("string"),
+                    Some(Value::Array(_)) => Value::from("array"),
+                    Some(Value::Object(_)) => Value::from("object"),
+                };
+                out.insert(name.clone(), kind);
+            }
+            Column::Function { name, .. } => {
+                return Err(format!("function {name} is not served by the fake"))
+            }
+        }
     }
-    Value::Object(out)
+    Ok(Value::Object(out))
 }
 
 /// `offset` then `limit` over a sorted list.
@@ -696,6 +1046,113 @@ mod tests {
         assert_eq!(
             evaluated,
             Some((vec![serde_json::json!({"certname": "a"})], 1))
+        );
+    }
+
+    fn evaluate_query(db: &PuppetDb, path: &str, query: Value) -> Result<Vec<Value>, String> {
+        let asking = Asking {
+            path: path.to_owned(),
+            query: Some(query),
+            ..Asking::default()
+        };
+        Ok(db
+            .evaluate(&asking)?
+            .map(|(rows, _)| rows)
+            .unwrap_or_default())
+    }
+
+    #[test]
+    fn the_fake_folds_aggregates_like_postgres() {
+        use serde_json::json;
+        let db = PuppetDb::new()
+            .resource("a", "File", "x", Some(3))
+            .resource("a", "File", "Zeta", None)
+            .resource("b", "File", "alpha", Some(10))
+            .resource("b", "Exec", "y", None);
+        let rows = evaluate_query(
+            &db,
+            "/pdb/query/v4/resources",
+            json!([
+                "extract",
+                [
+                    ["function", "count"],
+                    ["function", "count", "line"],
+                    ["function", "sum", "line"],
+                    ["function", "avg", "line"],
+                    ["function", "min", "title"],
+                    ["function", "max", "line"],
+                    "type"
+                ],
+                ["group_by", "type"]
+            ]),
+        );
+        assert_eq!(
+            rows,
+            Ok(vec![
+                json!({"count": 3, "count_2": 2, "sum": 13, "avg": 6.5, "min": "Zeta", "max": 10, "type": "File"}),
+                json!({"count": 1, "count_2": 0, "sum": null, "avg": null, "min": "y", "max": null, "type": "Exec"}),
+            ])
+        );
+        // No group_by: one row even over nothing; a filter and the ownership clause apply.
+        let rows = evaluate_query(
+            &db,
+            "/pdb/query/v4/resources",
+            json!([
+                "extract",
+                [["function", "count"], ["function", "max", "title"]],
+                [
+                    "and",
+                    ["=", "type", "Service"],
+                    ["not", ["in", "certname", ["array", ["a"]]]]
+                ]
+            ]),
+        );
+        assert_eq!(rows, Ok(vec![json!({"count": 0, "max": null})]));
+        // A plain column must be grouped.
+        assert!(evaluate_query(
+            &db,
+            "/pdb/query/v4/resources",
+            json!(["extract", [["function", "count"], "type"]])
+        )
+        .is_err());
+        // A top-level from with in-query paging; the URL form wins field by field.
+        let query = json!([
+            "from",
+            "resources",
+            [
+                "extract",
+                [["function", "count"], "type"],
+                [">=", "line", 3],
+                ["group_by", "type"]
+            ],
+            ["order_by", [["count", "desc"], "type"]],
+            ["limit", 1]
+        ]);
+        assert_eq!(
+            evaluate_query(&db, "/pdb/query/v4/resources", query.clone()),
+            Ok(vec![json!({"count": 2, "type": "File"})])
+        );
+        let asking = Asking {
+            path: "/pdb/query/v4/resources".to_owned(),
+            query: Some(query),
+            limit: Some(5),
+            ..Asking::default()
+        };
+        assert_eq!(
+            db.evaluate(&asking),
+            Ok(Some((vec![json!({"count": 2, "type": "File"})], 1)))
+        );
+        assert_eq!(
+            excluded_certnames(Some(&json!([
+                "from",
+                "nodes",
+                [
+                    "extract",
+                    [["function", "count"]],
+                    ["not", ["in", "certname", ["array", ["x"]]]]
+                ]
+            ]))),
+            ["x"]
         );
     }
 

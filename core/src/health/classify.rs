@@ -174,7 +174,10 @@ mod tests {
     #[test]
     fn only_200_is_healthy() {
         assert!(matches!(classify(204, b""), Verdict::Rejected(_)));
-        assert!(matches!(classify(299, RUNNING.as_bytes()), Verdict::Rejected(_)));
+        assert!(matches!(
+            classify(299, RUNNING.as_bytes()),
+            Verdict::Rejected(_)
+        ));
     }
 
     #[test]
