@@ -732,6 +732,17 @@ pub fn matches(filter: &Value, record: &Value) -> Result<bool, String> {
             Ok(false)
         }
         ("not", [clause]) => Ok(!matches(clause, record)?),
+        ("=", [Value::String(field), Value::String(state)]) if field == "node_state" => {
+            let inactive = ["deactivated", "expired"]
+                .iter()
+                .any(|f| record.get(*f).is_some_and(|v| !v.is_null()));
+            match state.as_str() {
+                "any" => Ok(true),
+                "active" => Ok(!inactive),
+                "inactive" => Ok(inactive),
+                other => Err(format!("node_state {other} is not served by the fake")),
+            }
+        }
         ("=", [Value::String(field), value]) => Ok(record.get(field) == Some(value)),
         ("in", [Value::String(field), list]) => match form(list) {
             Some(("array", [Value::Array(values)])) => {

@@ -15,7 +15,7 @@ use crate::combine::{BackendParts, CombineFanOut};
 use crate::config::Config;
 use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
-use crate::membership::Ownership;
+use crate::membership::{Ownership, Scope};
 use crate::merge::{Answer, Planned, RecordPlan};
 use crate::message::{
     BodyMode, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest,
@@ -135,7 +135,10 @@ impl Exchange {
         let mut roster = roster.to_vec();
         if let (Route::PerCertname { certname }, Some(ownership)) = (route, &ownership) {
             let certname = percent_encoding::percent_decode_str(certname).decode_utf8_lossy();
-            if let Some(owners) = ownership.owners(&certname) {
+            let owners = ownership
+                .owners(&certname, Scope::Active)
+                .or_else(|| ownership.owners(&certname, Scope::Any));
+            if let Some(owners) = owners {
                 let owner = owners.under(config.merge);
                 if let Some(position) = roster.iter().position(|b| *b == owner) {
                     let owner = roster.remove(position);
@@ -350,11 +353,15 @@ impl Exchange {
         let id = UpstreamId(self.ids.next());
         let deadline = now + self.config.timeout;
         let backend = self.legs[index].backend;
+        let mut asked: Vec<BackendId> = self.legs.iter().map(|leg| leg.backend).collect();
+        asked.dedup();
         let (method, path_and_query, body) = match &self.plan {
-            Plan::Records(plan) => plan.upstream_request(backend),
-            Plan::Combine(combine) => combine.upstream_request(backend, self.legs[index].part),
+            Plan::Records(plan) => plan.upstream_request(backend, &asked),
+            Plan::Combine(combine) => {
+                combine.upstream_request(backend, self.legs[index].part, &asked)
+            }
             Plan::Metrics(metrics) => {
-                metrics.upstream_request(&self.target, backend, self.legs[index].part)
+                metrics.upstream_request(&self.target, backend, self.legs[index].part, &asked)
             }
             _ => (Method::GET, self.target.clone(), None),
         };

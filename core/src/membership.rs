@@ -1,9 +1,15 @@
-//! The membership map (DECISIONS.md D4): which backends hold each active certname, with its
-//! `report_timestamp` there, and from it the owner of every node.
+//! The membership map (DECISIONS.md D4): which backends hold each certname, with its
+//! `report_timestamp` and whether it is active there, and from it the owner of every node.
 //!
-//! Built from `["extract",["certname","report_timestamp"]]` on every backend's `/nodes`, reused for
-//! `freshness_ttl`, refreshed by one fan-out at a time. A backend that fails a refresh keeps the
-//! entries of its last good one.
+//! Built from `["extract",["certname","report_timestamp","deactivated","expired"],
+//! ["=","node_state","any"]]` on every backend's `/nodes`, reused for `freshness_ttl`, refreshed
+//! by one fan-out at a time. A backend that fails a refresh keeps the entries of its last good one.
+//!
+//! Ownership has two scopes. Queries that see active nodes only (the default of `/nodes`,
+//! `/facts`, `/resources`) weigh only the backends where the node is active; queries over every
+//! node state (`node_state` named in the query, report and event history with `latest_report?`)
+//! weigh every backend holding it, so a node deactivated in one backend and active in another
+//! still counts once.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -16,16 +22,38 @@ use crate::ids::BackendId;
 use crate::sort::parse_instant;
 
 /// The upstream path and query that fetches one backend's membership.
-pub const MEMBERSHIP_QUERY: &str =
-    "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%5D%5D";
+pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
 
-/// One backend's nodes: certname → report_timestamp (None when the node has no report).
-pub type BackendNodes = BTreeMap<String, Option<String>>;
+/// One node as one backend holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    /// Its latest report's end time (`None`: no report).
+    pub report_timestamp: Option<String>,
+    /// Neither deactivated nor expired there.
+    pub active: bool,
+}
+
+impl Member {
+    /// An active node with this report timestamp.
+    pub fn active(report_timestamp: Option<&str>) -> Member {
+        Member {
+            report_timestamp: report_timestamp.map(str::to_owned),
+            active: true,
+        }
+    }
+}
+
+/// One backend's nodes: certname → how it holds it.
+pub type BackendNodes = BTreeMap<String, Member>;
 
 #[derive(Deserialize)]
 struct MembershipRow {
     certname: String,
     report_timestamp: Option<String>,
+    #[serde(default)]
+    deactivated: Option<String>,
+    #[serde(default)]
+    expired: Option<String>,
 }
 
 /// Parses a membership answer; `None` when the body is not an array of such rows.
@@ -33,9 +61,27 @@ pub fn parse_membership(body: &[u8]) -> Option<BackendNodes> {
     let rows: Vec<MembershipRow> = serde_json::from_slice(body).ok()?;
     Some(
         rows.into_iter()
-            .map(|row| (row.certname, row.report_timestamp))
+            .map(|row| {
+                let active = row.deactivated.is_none() && row.expired.is_none();
+                (
+                    row.certname,
+                    Member {
+                        report_timestamp: row.report_timestamp,
+                        active,
+                    },
+                )
+            })
             .collect(),
     )
+}
+
+/// Which nodes a query can see, and so which holders ownership weighs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Active nodes only (the implicit filter of `/nodes`, `/facts`, `/resources`).
+    Active,
+    /// Every node state (`node_state` in the query; report and event history).
+    Any,
 }
 
 /// Who owns one certname under each strategy.
@@ -57,32 +103,31 @@ impl Owners {
     }
 }
 
-/// An immutable snapshot of node ownership, shared by every exchange admitted while it is current.
+/// Ownership within one scope: each certname's owners, and the shared certnames each backend
+/// holds with the backend that owns them.
 #[derive(Debug, Default)]
-pub struct Ownership {
+struct View {
     owners: BTreeMap<String, Owners>,
-    /// For each backend (index) and strategy, the certnames it holds that another backend owns.
-    excluded_freshness: Vec<Vec<String>>,
-    excluded_static: Vec<Vec<String>>,
+    shared: Vec<Vec<(String, Owners)>>,
 }
 
-impl Ownership {
-    /// Builds the snapshot from each backend's nodes (index = configured order; `None` = never
-    /// answered).
-    pub fn build(per_backend: &[Option<BackendNodes>]) -> Ownership {
+impl View {
+    fn build(per_backend: &[Option<BackendNodes>], scope: Scope) -> View {
         let mut holders: BTreeMap<&str, Vec<(BackendId, Option<&str>)>> = BTreeMap::new();
         for (index, nodes) in per_backend.iter().enumerate() {
-            for (certname, timestamp) in nodes.iter().flatten() {
+            for (certname, member) in nodes.iter().flatten() {
+                if scope == Scope::Active && !member.active {
+                    continue;
+                }
                 holders
                     .entry(certname.as_str())
                     .or_default()
-                    .push((BackendId(index), timestamp.as_deref()));
+                    .push((BackendId(index), member.report_timestamp.as_deref()));
             }
         }
-        let mut ownership = Ownership {
+        let mut view = View {
             owners: BTreeMap::new(),
-            excluded_freshness: vec![Vec::new(); per_backend.len()],
-            excluded_static: vec![Vec::new(); per_backend.len()],
+            shared: vec![Vec::new(); per_backend.len()],
         };
         for (certname, held) in holders {
             let first = held[0].0;
@@ -98,37 +143,71 @@ impl Ownership {
             };
             if held.len() > 1 {
                 for (backend, _) in &held {
-                    if *backend != owners.freshness {
-                        ownership.excluded_freshness[backend.0].push(certname.to_owned());
-                    }
-                    if *backend != owners.first {
-                        ownership.excluded_static[backend.0].push(certname.to_owned());
-                    }
+                    view.shared[backend.0].push((certname.to_owned(), owners));
                 }
             }
-            ownership.owners.insert(certname.to_owned(), owners);
+            view.owners.insert(certname.to_owned(), owners);
         }
-        ownership
+        view
+    }
+}
+
+/// An immutable snapshot of node ownership, shared by every exchange admitted while it is current.
+#[derive(Debug, Default)]
+pub struct Ownership {
+    active: View,
+    any: View,
+}
+
+impl Ownership {
+    /// Builds the snapshot from each backend's nodes (index = configured order; `None` = never
+    /// answered).
+    pub fn build(per_backend: &[Option<BackendNodes>]) -> Ownership {
+        Ownership {
+            active: View::build(per_backend, Scope::Active),
+            any: View::build(per_backend, Scope::Any),
+        }
     }
 
-    /// The owners of a certname, if any backend held it at the last refresh.
-    pub fn owners(&self, certname: &str) -> Option<Owners> {
-        self.owners.get(certname).copied()
+    fn view(&self, scope: Scope) -> &View {
+        match scope {
+            Scope::Active => &self.active,
+            Scope::Any => &self.any,
+        }
     }
 
-    /// The certnames `backend` holds but another backend owns under `strategy`: the list pushed
-    /// into that backend's query so it answers only for its own nodes.
-    pub fn excluded(&self, backend: BackendId, strategy: MergeStrategy) -> &[String] {
-        let lists = match strategy {
-            MergeStrategy::Freshness => &self.excluded_freshness,
-            MergeStrategy::Static => &self.excluded_static,
-        };
-        lists.get(backend.0).map_or(&[], Vec::as_slice)
+    /// The owners of a certname within `scope`, if any backend held it at the last refresh.
+    pub fn owners(&self, certname: &str, scope: Scope) -> Option<Owners> {
+        self.view(scope).owners.get(certname).copied()
+    }
+
+    /// The certnames `backend` holds but another backend owns (under `strategy`, within
+    /// `scope`): the list pushed into that backend's query so it answers only for its own nodes.
+    /// Only owners among `asked` count: a node whose owner this fan-out does not ask (the prober
+    /// took it out) is answered by the others that hold it.
+    pub fn excluded(
+        &self,
+        backend: BackendId,
+        strategy: MergeStrategy,
+        scope: Scope,
+        asked: &[BackendId],
+    ) -> Vec<&str> {
+        self.view(scope)
+            .shared
+            .get(backend.0)
+            .map_or(&[][..], Vec::as_slice)
+            .iter()
+            .filter(|(_, owners)| {
+                let owner = owners.under(strategy);
+                owner != backend && asked.contains(&owner)
+            })
+            .map(|(certname, _)| certname.as_str())
+            .collect()
     }
 
     /// How many distinct active certnames the estate holds.
     pub fn node_count(&self) -> usize {
-        self.owners.len()
+        self.active.owners.len()
     }
 
     /// An empty snapshot, for requests admitted before any refresh succeeded.
@@ -160,10 +239,12 @@ mod tests {
     fn nodes(rows: &[(&str, Option<&str>)]) -> Option<BackendNodes> {
         Some(
             rows.iter()
-                .map(|(c, t)| ((*c).to_owned(), t.map(str::to_owned)))
+                .map(|(c, t)| ((*c).to_owned(), Member::active(*t)))
                 .collect(),
         )
     }
+
+    const BOTH: [BackendId; 2] = [BackendId(0), BackendId(1)];
 
     #[test]
     fn owners_follow_freshness_and_configured_order() {
@@ -185,7 +266,11 @@ mod tests {
         ]);
         let ownership = Ownership::build(&[a, b]);
         let (a, b) = (BackendId(0), BackendId(1));
-        let owner = |c: &str| ownership.owners(c).map(|o| (o.freshness, o.first));
+        let owner = |c: &str| {
+            ownership
+                .owners(c, Scope::Active)
+                .map(|o| (o.freshness, o.first))
+        };
         assert_eq!(owner("only-a"), Some((a, a)));
         assert_eq!(owner("only-b"), Some((b, b)));
         assert_eq!(owner("newer-in-b"), Some((b, a)));
@@ -202,32 +287,86 @@ mod tests {
         assert_eq!(owner("null-in-a"), Some((b, a)));
         assert_eq!(owner("both-null"), Some((a, a)));
         assert_eq!(owner("nowhere"), None);
+        let fresh = MergeStrategy::Freshness;
         assert_eq!(
-            ownership.excluded(a, MergeStrategy::Freshness),
+            ownership.excluded(a, fresh, Scope::Active, &BOTH),
             ["newer-in-b", "null-in-a"]
         );
         assert_eq!(
-            ownership.excluded(b, MergeStrategy::Freshness),
+            ownership.excluded(b, fresh, Scope::Active, &BOTH),
             ["both-null", "newer-in-a", "tie"]
         );
-        assert!(ownership.excluded(a, MergeStrategy::Static).is_empty());
-        assert_eq!(ownership.excluded(b, MergeStrategy::Static).len(), 5);
+        assert!(ownership
+            .excluded(a, MergeStrategy::Static, Scope::Active, &BOTH)
+            .is_empty());
+        assert_eq!(
+            ownership
+                .excluded(b, MergeStrategy::Static, Scope::Active, &BOTH)
+                .len(),
+            5
+        );
         assert_eq!(ownership.node_count(), 7);
+    }
+
+    #[test]
+    fn an_owner_not_asked_excludes_nothing() {
+        let ownership = Ownership::build(&[
+            nodes(&[("n", Some("2026-11-30T08:00:00.000Z"))]),
+            nodes(&[("n", Some("2026-11-30T09:00:00.000Z"))]),
+        ]);
+        let fresh = MergeStrategy::Freshness;
+        assert_eq!(
+            ownership.excluded(BackendId(0), fresh, Scope::Active, &BOTH),
+            ["n"]
+        );
+        assert!(ownership
+            .excluded(BackendId(0), fresh, Scope::Active, &[BackendId(0)])
+            .is_empty());
+    }
+
+    #[test]
+    fn a_node_deactivated_in_one_backend_is_owned_where_it_is_active() {
+        let mut a = nodes(&[("moved", Some("2026-11-30T08:00:00.000Z"))]).unwrap_or_default();
+        if let Some(member) = a.get_mut("moved") {
+            member.active = false;
+        }
+        let b = nodes(&[("moved", Some("2026-11-30T09:00:00.000Z"))]);
+        let ownership = Ownership::build(&[Some(a), b]);
+        let fresh = MergeStrategy::Freshness;
+        assert_eq!(
+            ownership.owners("moved", Scope::Active).map(|o| o.first),
+            Some(BackendId(1))
+        );
+        assert!(
+            ownership
+                .excluded(BackendId(0), fresh, Scope::Active, &BOTH)
+                .is_empty(),
+            "a does not answer for it anyway"
+        );
+        assert_eq!(
+            ownership.excluded(BackendId(0), fresh, Scope::Any, &BOTH),
+            ["moved"]
+        );
+        assert_eq!(ownership.node_count(), 1);
     }
 
     #[test]
     fn a_backend_that_never_answered_holds_nothing() {
         let ownership = Ownership::build(&[None, nodes(&[("x", None)])]);
         assert_eq!(
-            ownership.owners("x").map(|o| o.freshness),
+            ownership.owners("x", Scope::Active).map(|o| o.freshness),
             Some(BackendId(1))
         );
     }
 
     #[test]
     fn membership_bodies() {
-        let parsed = parse_membership(br#"[{"certname":"a","report_timestamp":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z"}]"#);
-        assert_eq!(parsed.map(|n| n.len()), Some(2));
+        let parsed = parse_membership(
+            br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#,
+        )
+        .expect("parses");
+        assert_eq!(parsed.get("a").map(|m| m.active), Some(true));
+        assert_eq!(parsed.get("b").map(|m| m.active), Some(false));
         assert!(parse_membership(b"[{\"certname\":1}]").is_none());
         assert!(parse_membership(b"[").is_none());
     }

@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use crate::config::Config;
 use crate::ids::BackendId;
 use crate::jolokia::{self, JolokiaMerge};
-use crate::membership::Ownership;
+use crate::membership::{Ownership, Scope};
 use crate::message::Response;
 use crate::outbound::{self, Pushdown};
 use crate::query::Params;
@@ -94,6 +94,7 @@ impl MetricsPlan {
         target: &str,
         backend: BackendId,
         part: usize,
+        asked: &[BackendId],
     ) -> (Method, String, Option<Bytes>) {
         if part == 0 {
             return (Method::GET, target.to_owned(), None);
@@ -101,8 +102,8 @@ impl MetricsPlan {
         let count = json!(["extract", [["function", "count"]]]);
         let query = match &self.ownership {
             Some(ownership) => {
-                let pushdown: Pushdown = (Arc::clone(ownership), self.strategy);
-                outbound::owned_query(Some(&count), &pushdown, backend).unwrap_or(count)
+                let pushdown: Pushdown = (Arc::clone(ownership), self.strategy, Scope::Active);
+                outbound::owned_query(Some(&count), &pushdown, backend, asked).unwrap_or(count)
             }
             None => count,
         };
@@ -182,11 +183,16 @@ impl MetricsPlan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::membership::BackendNodes;
+    use crate::membership::{BackendNodes, Member};
 
     fn ownership() -> Arc<Ownership> {
         let nodes = |names: &[&str]| -> Option<BackendNodes> {
-            Some(names.iter().map(|n| ((*n).to_owned(), None)).collect())
+            Some(
+                names
+                    .iter()
+                    .map(|n| ((*n).to_owned(), Member::active(None)))
+                    .collect(),
+            )
         };
         Arc::new(Ownership::build(&[
             nodes(&["a", "shared"]),
@@ -227,7 +233,8 @@ mod tests {
         let path = "/metrics/v2/read/puppetlabs.puppetdb.population:name=avg-resources-per-node";
         let plan = MetricsPlan::plan(MetricsRoute::Read, path, &config, Some(ownership()));
         assert_eq!(plan.parts(), 2);
-        let (_, target, _) = plan.upstream_request(path, BackendId(1), 1);
+        let (_, target, _) =
+            plan.upstream_request(path, BackendId(1), 1, &[BackendId(0), BackendId(1)]);
         assert!(
             target.starts_with("/pdb/query/v4/resources?query="),
             "{target}"

@@ -10,28 +10,38 @@ use serde_json::Value;
 
 use crate::config::MergeStrategy;
 use crate::ids::BackendId;
-use crate::membership::Ownership;
+use crate::membership::{Ownership, Scope};
 use crate::query::{exclude_certnames, Params};
 
 /// Upstream targets longer than this go as POST with a JSON body (PuppetDB's Jetty refuses request
 /// headers over 8 KiB; the rest of the header block needs room too).
 pub(crate) const MAX_UPSTREAM_TARGET: usize = 6 * 1024;
 
-/// The ownership snapshot and the strategy that picks owners, for a node-scoped fan-out.
-pub(crate) type Pushdown = (Arc<Ownership>, MergeStrategy);
+/// The ownership snapshot, the strategy that picks owners and the scope of nodes the query sees,
+/// for a node-scoped fan-out.
+pub(crate) type Pushdown = (Arc<Ownership>, MergeStrategy, Scope);
 
-/// `query` with the certnames `backend` must not answer for excluded; `None` when nothing changes.
+/// The scope of nodes a query sees: every node state when it names `node_state` or when the
+/// entity has no implicit active filter (`history`: reports, events, event counts), else active
+/// nodes only.
+pub(crate) fn scope_of(raw_query: Option<&str>, history: bool) -> Scope {
+    if history || raw_query.is_some_and(|q| q.contains("node_state")) {
+        Scope::Any
+    } else {
+        Scope::Active
+    }
+}
+
+/// `query` with the certnames `backend` must not answer for excluded (owners among `asked`
+/// only); `None` when nothing changes.
 pub(crate) fn owned_query(
     query: Option<&Value>,
     pushdown: &Pushdown,
     backend: BackendId,
+    asked: &[BackendId],
 ) -> Option<Value> {
-    let (ownership, strategy) = pushdown;
-    let excluded: Vec<&str> = ownership
-        .excluded(backend, *strategy)
-        .iter()
-        .map(String::as_str)
-        .collect();
+    let (ownership, strategy, scope) = pushdown;
+    let excluded = ownership.excluded(backend, *strategy, *scope, asked);
     if excluded.is_empty() {
         return None;
     }

@@ -31,9 +31,11 @@ use std::time::{Duration, Instant};
 mod fixture;
 mod http;
 pub mod order;
+pub mod proxy;
 
 pub use fixture::{Fixture, FixtureCommand, FixtureNode, FixtureReport, NodeState};
 pub use http::{get, get_with_headers, raw_request, url_with_query, Response};
+pub use proxy::{Proxy, ProxyMode};
 
 /// How long a spawned pdbmux may take to accept connections.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -643,9 +645,44 @@ pub fn epoch_seconds(ts: &str) -> Option<i64> {
     Some(days * 86_400 + hh * 3600 + mm * 60 + ss)
 }
 
+/// A PuppetDB-style UTC timestamp with microseconds, `YYYY-MM-DDTHH:MM:SS.000000Z` (the form
+/// Puppetboard's daily chart sends), for seconds since the epoch.
+pub fn timestamp_micros(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.000000Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn timestamps_format_from_epoch_seconds() {
+        assert_eq!(timestamp_micros(0), "1970-01-01T00:00:00.000000Z");
+        assert_eq!(
+            timestamp_micros(1_709_296_215),
+            "2024-03-01T12:30:15.000000Z"
+        );
+        for secs in [951_782_400, 1_709_251_199, 1_796_034_372] {
+            assert_eq!(epoch_seconds(&timestamp_micros(secs)), Some(secs));
+        }
+    }
 
     #[test]
     fn versions_compare_segment_wise() {

@@ -97,8 +97,15 @@ impl CombineFanOut {
             _ if latest_report() => Some(MergeStrategy::Freshness),
             _ => None,
         };
+        let history = !matches!(
+            route,
+            Route::Merged(Entity::Nodes | Entity::Facts)
+                | Route::FactsByName { .. }
+                | Route::Resources
+        );
+        let scope = outbound::scope_of(raw_query, history);
         let pushdown = match (strategy, ownership) {
-            (Some(strategy), Some(ownership)) => Some((ownership, strategy)),
+            (Some(strategy), Some(ownership)) => Some((ownership, strategy, scope)),
             _ => None,
         };
         let upstreams = plan.upstream();
@@ -120,6 +127,7 @@ impl CombineFanOut {
         &self,
         backend: BackendId,
         part: usize,
+        asked: &[BackendId],
     ) -> (Method, String, Option<Bytes>) {
         let Some(upstream) = self.upstreams.get(part) else {
             return (Method::GET, self.path.clone(), None);
@@ -134,7 +142,8 @@ impl CombineFanOut {
             let query = params.query_text();
             let pushable = matches!(query, QueryText::Absent | QueryText::Ast(_));
             if pushable {
-                if let Some(owned) = outbound::owned_query(query.as_ast(), pushdown, backend) {
+                if let Some(owned) = outbound::owned_query(query.as_ast(), pushdown, backend, asked)
+                {
                     params.set("query", &owned.to_string());
                     rewritten = true;
                 }

@@ -234,8 +234,10 @@ impl RecordPlan {
             RecordKind::Facts => config.merge,
             _ => MergeStrategy::Freshness,
         };
+        let history = matches!(kind, RecordKind::Reports | RecordKind::Events);
+        let scope = outbound::scope_of(raw_query, history);
         let pushdown = match (node_scoped, ownership) {
-            (true, Some(ownership)) => Some((ownership, strategy)),
+            (true, Some(ownership)) => Some((ownership, strategy, scope)),
             _ => None,
         };
 
@@ -263,15 +265,19 @@ impl RecordPlan {
 
     /// The owner of `certname` for this merge, if the membership map knows it.
     pub(crate) fn owner(&self, certname: &str) -> Option<BackendId> {
-        let (ownership, strategy) = self.pushdown.as_ref()?;
+        let (ownership, strategy, scope) = self.pushdown.as_ref()?;
         ownership
-            .owners(certname)
+            .owners(certname, *scope)
             .map(|owners| owners.under(*strategy))
     }
 
     /// The upstream request for one backend: method, path and query, and a POST body when the
     /// rewritten query is too long for a URL.
-    pub(crate) fn upstream_request(&self, backend: BackendId) -> (Method, String, Option<Bytes>) {
+    pub(crate) fn upstream_request(
+        &self,
+        backend: BackendId,
+        asked: &[BackendId],
+    ) -> (Method, String, Option<Bytes>) {
         let mut params = self.params.clone();
         match self.kind {
             RecordKind::FactNames => {
@@ -309,7 +315,7 @@ impl RecordPlan {
             rewritten = true;
         }
         if let (Some(pushdown), true) = (&self.pushdown, pushable) {
-            if let Some(owned) = outbound::owned_query(query.as_ref(), pushdown, backend) {
+            if let Some(owned) = outbound::owned_query(query.as_ref(), pushdown, backend, asked) {
                 query = Some(owned);
                 rewritten = true;
             }

@@ -8,7 +8,7 @@ use http::{HeaderMap, HeaderValue, Method};
 use super::{Answer, Planned, RecordPlan};
 use crate::config::{BackendConfig, BackendUrl, Config, MergeStrategy, TlsFiles};
 use crate::ids::BackendId;
-use crate::membership::{BackendNodes, Ownership};
+use crate::membership::{BackendNodes, Member, Ownership};
 use crate::route::{classify, Route};
 use crate::ClientRequest;
 
@@ -32,7 +32,7 @@ fn ownership(a: &[(&str, &str)], b: &[(&str, &str)]) -> Arc<Ownership> {
     let nodes = |rows: &[(&str, &str)]| -> Option<BackendNodes> {
         Some(
             rows.iter()
-                .map(|(c, t)| ((*c).to_owned(), Some((*t).to_owned())))
+                .map(|(c, t)| ((*c).to_owned(), Member::active(Some(t))))
                 .collect(),
         )
     };
@@ -109,7 +109,8 @@ fn nodes_are_resorted_and_repaged_with_an_upstream_over_fetch() {
     let config = config();
     let target = "/pdb/query/v4/nodes?order_by=%5B%7B%22field%22%3A%22certname%22%2C%22order%22%3A%22desc%22%7D%5D&limit=2&offset=1&include_total=true";
     let plan = plan(&config, target, None).expect("plan");
-    let (method, upstream, body) = plan.upstream_request(BackendId(0));
+    let (method, upstream, body) =
+        plan.upstream_request(BackendId(0), &[BackendId(0), BackendId(1)]);
     assert_eq!((method, body), (Method::GET, None));
     assert!(upstream.contains("limit=3"), "{upstream}");
     assert!(!upstream.contains("offset"), "{upstream}");
@@ -154,8 +155,8 @@ fn ownership_is_pushed_into_each_backends_query() {
         Some(own),
     )
     .expect("plan");
-    let (_, to_a, _) = plan.upstream_request(BackendId(0));
-    let (_, to_b, _) = plan.upstream_request(BackendId(1));
+    let (_, to_a, _) = plan.upstream_request(BackendId(0), &[BackendId(0), BackendId(1)]);
+    let (_, to_b, _) = plan.upstream_request(BackendId(1), &[BackendId(0), BackendId(1)]);
     let decoded = |t: &str| {
         form_urlencoded::parse(t.split_once('?').map_or("", |(_, q)| q).as_bytes())
             .find(|(k, _)| k == "query")
@@ -202,14 +203,14 @@ fn a_long_rewritten_query_goes_upstream_as_post() {
         Some(ownership(&a, &b)),
     )
     .expect("plan");
-    let (method, path, body) = plan.upstream_request(BackendId(0));
+    let (method, path, body) = plan.upstream_request(BackendId(0), &[BackendId(0), BackendId(1)]);
     assert_eq!(method, Method::POST);
     assert_eq!(path, "/pdb/query/v4/nodes");
     let body: serde_json::Value = serde_json::from_slice(&body.expect("a body")).expect("json");
     assert_eq!(body["limit"], 5);
     assert_eq!(body["query"][0], "not");
     assert_eq!(body["query"][1][2][1].as_array().map(Vec::len), Some(400));
-    let (method, _, _) = plan.upstream_request(BackendId(1));
+    let (method, _, _) = plan.upstream_request(BackendId(1), &[BackendId(0), BackendId(1)]);
     assert_eq!(method, Method::GET, "b owns all of them");
 }
 
@@ -293,7 +294,7 @@ fn the_source_fact_path_is_synthesised() {
     let facts_b = r#"[{"certname":"n2","name":"k","value":1,"environment":"f"}]"#;
     let all = plan(&config, "/pdb/query/v4/facts/pdbmux_source", None).expect("plan");
     assert!(all
-        .upstream_request(BackendId(0))
+        .upstream_request(BackendId(0), &[BackendId(0), BackendId(1)])
         .1
         .starts_with("/pdb/query/v4/facts"));
     let (body, _) = merge(&all, &[(facts_a, None), (facts_b, None)]);
@@ -330,7 +331,7 @@ fn fact_names_union_sorted_and_paged_here() {
         None,
     )
     .expect("plan");
-    let (_, upstream, _) = plan.upstream_request(BackendId(0));
+    let (_, upstream, _) = plan.upstream_request(BackendId(0), &[BackendId(0), BackendId(1)]);
     assert_eq!(upstream, "/pdb/query/v4/fact-names");
     let (body, total) = merge(
         &plan,

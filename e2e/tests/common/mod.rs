@@ -109,3 +109,41 @@ pub fn direct_total(path: &str, params: &[(&str, &str)]) -> u64 {
         })
         .sum()
 }
+
+/// A pdbmux in front of every backend with extra PDBMUX_* variables.
+pub fn pdbmux_env(label: &str, vars: &[(&str, &str)]) -> Pdbmux {
+    pdbmux_at(
+        label,
+        &env()
+            .backends
+            .iter()
+            .map(|b| (b.name.as_str(), b.url.as_str()))
+            .collect::<Vec<_>>(),
+        vars,
+    )
+}
+
+/// A pdbmux in front of the given `(name, url)` backends with extra PDBMUX_* variables.
+pub fn pdbmux_at(label: &str, backends: &[(&str, &str)], vars: &[(&str, &str)]) -> Pdbmux {
+    let mut builder = env().pdbmux_with(backends).label(label);
+    for (k, v) in vars {
+        builder = builder.env(k, v);
+    }
+    builder
+        .spawn()
+        .unwrap_or_else(|e| panic!("start pdbmux in front of {backends:?} with {vars:?}: {e}"))
+}
+
+/// GET /healthz: its status and body.
+pub fn healthz(p: &Pdbmux) -> (u16, Value) {
+    let r = get(p, "/healthz", &[]);
+    (r.status, json_of(&r))
+}
+
+/// One backend's object in a /healthz body, by name.
+pub fn healthz_backend<'a>(body: &'a Value, name: &str) -> &'a Value {
+    body["backends"]
+        .as_array()
+        .and_then(|bs| bs.iter().find(|b| b["name"] == name))
+        .unwrap_or_else(|| panic!("no backend {name} in /healthz {body}"))
+}

@@ -1,0 +1,403 @@
+//! A TCP proxy inside the test process, in front of one backend: it lets a test make a real
+//! PuppetDB hang or go away without touching the PuppetDB itself (the other tests keep using it).
+//!
+//! Modes ([`ProxyMode`]):
+//! - `Forward`: bytes are copied both ways, as if pdbmux talked to the backend directly;
+//! - `Hang`: connections are accepted and requests read, but nothing is ever answered; a
+//!   connection that was forwarding when the proxy started hanging freezes too (pdbmux keeps
+//!   pooled connections, so a hang must reach them);
+//! - `Fail`: each connection's request head is read, its request line recorded
+//!   ([`Proxy::failed_requests`]) and the connection closed without an answer: a transport failure
+//!   that still shows which requests were sent;
+//! - `Closed`: the listening socket is closed, so connections are refused (a stopped server).
+//!
+//! Leaving `Forward` for `Fail` or `Closed`, and returning to `Forward`, closes every open
+//! connection, so no stale pooled connection survives a change.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use crate::Error;
+
+/// What the proxy does with connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Copy bytes both ways.
+    Forward,
+    /// Accept and read, never answer.
+    Hang,
+    /// Read the request head, record its request line, close without answering.
+    Fail,
+    /// Not listening: connections are refused.
+    Closed,
+}
+
+/// How often blocked sockets wake up to look at the mode.
+const TICK: Duration = Duration::from_millis(20);
+
+#[derive(Debug)]
+struct Shared {
+    mode: Mutex<ProxyMode>,
+    /// Bumped on every mode change: a pump started under an older generation stops forwarding.
+    generation: AtomicU64,
+    stop: AtomicBool,
+    /// Every open socket (both ends of each connection), to close them on a mode change.
+    sockets: Mutex<Vec<TcpStream>>,
+    /// Request lines seen in `Fail` mode.
+    failed: Mutex<Vec<String>>,
+    /// Connections accepted so far.
+    accepted: AtomicUsize,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    fn mode(&self) -> ProxyMode {
+        *lock(&self.mode)
+    }
+
+    fn register(&self, stream: &TcpStream) {
+        if let Ok(clone) = stream.try_clone() {
+            lock(&self.sockets).push(clone);
+        }
+    }
+
+    fn close_all(&self) {
+        for s in lock(&self.sockets).drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+}
+
+/// A proxy on a loopback port in front of `upstream`; stopped (every socket closed) on drop.
+#[derive(Debug)]
+pub struct Proxy {
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Starts a proxy in `Forward` mode in front of `upstream_url` (`http://host:port`).
+    pub fn start(upstream_url: &str) -> Result<Self, Error> {
+        let hostport = upstream_url
+            .strip_prefix("http://")
+            .unwrap_or(upstream_url)
+            .trim_end_matches('/');
+        let upstream: SocketAddr = hostport.parse().map_err(|e| Error::BadEnv {
+            name: "proxy upstream",
+            reason: format!("{upstream_url:?} is not http://<ip>:<port>: {e}"),
+        })?;
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(|source| Error::Io {
+            what: "bind the proxy".to_owned(),
+            source,
+        })?;
+        let addr = listener.local_addr().map_err(|source| Error::Io {
+            what: "the proxy's address".to_owned(),
+            source,
+        })?;
+        listener.set_nonblocking(true).map_err(|source| Error::Io {
+            what: "make the proxy's listener non-blocking".to_owned(),
+            source,
+        })?;
+        let shared = Arc::new(Shared {
+            mode: Mutex::new(ProxyMode::Forward),
+            generation: AtomicU64::new(0),
+            stop: AtomicBool::new(false),
+            sockets: Mutex::new(Vec::new()),
+            failed: Mutex::new(Vec::new()),
+            accepted: AtomicUsize::new(0),
+        });
+        let accept = {
+            let shared = Arc::clone(&shared);
+            thread::Builder::new()
+                .name(format!("proxy-{}", addr.port()))
+                .spawn(move || accept_loop(listener, addr, upstream, &shared))
+                .map_err(|source| Error::Io {
+                    what: "spawn the proxy thread".to_owned(),
+                    source,
+                })?
+        };
+        Ok(Self {
+            addr,
+            upstream,
+            shared,
+            accept: Some(accept),
+        })
+    }
+
+    /// `http://127.0.0.1:<port>`: the URL to give pdbmux instead of the backend's.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The backend it forwards to.
+    pub fn upstream(&self) -> SocketAddr {
+        self.upstream
+    }
+
+    /// The current mode.
+    pub fn mode(&self) -> ProxyMode {
+        self.shared.mode()
+    }
+
+    /// Switches the mode (see the module documentation for what happens to open connections).
+    /// Returns once the listener is in the new state (closed or listening again).
+    pub fn set_mode(&self, mode: ProxyMode) {
+        {
+            let mut current = lock(&self.shared.mode);
+            *current = mode;
+            self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        }
+        if mode != ProxyMode::Hang {
+            self.shared.close_all();
+        }
+        // The accept loop applies Closed / re-listen within a tick; wait until it has.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            let refused = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200))
+                .map(|s| {
+                    let _ = s.shutdown(Shutdown::Both);
+                })
+                .is_err();
+            if refused == (mode == ProxyMode::Closed) {
+                break;
+            }
+            thread::sleep(TICK);
+        }
+    }
+
+    /// Request lines received in `Fail` mode so far.
+    pub fn failed_requests(&self) -> Vec<String> {
+        lock(&self.shared.failed).clone()
+    }
+
+    /// Connections accepted so far (every mode but `Closed`).
+    pub fn accepted(&self) -> usize {
+        self.shared.accepted.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        self.shared.close_all();
+        if let Some(t) = self.accept.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn accept_loop(
+    listener: TcpListener,
+    addr: SocketAddr,
+    upstream: SocketAddr,
+    shared: &Arc<Shared>,
+) {
+    let mut listener = Some(listener);
+    while !shared.stop.load(Ordering::SeqCst) {
+        let mode = shared.mode();
+        if mode == ProxyMode::Closed {
+            // Dropping the listener refuses new connections (and resets any in the backlog).
+            listener = None;
+            thread::sleep(TICK / 4);
+            continue;
+        }
+        let Some(l) = listener.as_ref() else {
+            // std sets SO_REUSEADDR on Unix listeners, so the same port can be bound again.
+            match TcpListener::bind(addr).and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+                Ok(l) => listener = Some(l),
+                Err(_) => thread::sleep(TICK),
+            }
+            continue;
+        };
+        match l.accept() {
+            Ok((client, _)) => {
+                shared.accepted.fetch_add(1, Ordering::SeqCst);
+                let _ = client.set_nonblocking(false);
+                let _ = client.set_nodelay(true);
+                handle(client, upstream, shared, mode);
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => thread::sleep(TICK / 4),
+            Err(_) => thread::sleep(TICK),
+        }
+    }
+}
+
+fn handle(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>, mode: ProxyMode) {
+    match mode {
+        ProxyMode::Closed => {}
+        ProxyMode::Forward => {
+            let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(2)) else {
+                return; // the backend itself is down: the client sees the connection close
+            };
+            let _ = server.set_nodelay(true);
+            shared.register(&client);
+            shared.register(&server);
+            let generation = shared.generation.load(Ordering::SeqCst);
+            for (from, to) in [(&client, &server), (&server, &client)] {
+                let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
+                    return;
+                };
+                let shared = Arc::clone(shared);
+                let _ = thread::Builder::new()
+                    .name("proxy-pump".to_owned())
+                    .spawn(move || pump(from, to, &shared, generation));
+            }
+        }
+        ProxyMode::Hang => {
+            shared.register(&client);
+            let shared = Arc::clone(shared);
+            let _ = thread::Builder::new()
+                .name("proxy-hang".to_owned())
+                .spawn(move || discard(client, &shared));
+        }
+        ProxyMode::Fail => {
+            let shared = Arc::clone(shared);
+            let _ = thread::Builder::new()
+                .name("proxy-fail".to_owned())
+                .spawn(move || fail(client, &shared));
+        }
+    }
+}
+
+/// Copies `from` to `to` while the proxy is in the generation it started in; afterwards reads
+/// and drops (a frozen connection), until either side closes.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, generation: u64) {
+    let _ = from.set_read_timeout(Some(TICK));
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if shared.stop.load(Ordering::SeqCst) {
+            break;
+        }
+        match from.read(&mut buf) {
+            Ok(0) => {
+                let _ = to.shutdown(Shutdown::Write);
+                return;
+            }
+            Ok(n) => {
+                if shared.generation.load(Ordering::SeqCst) != generation {
+                    continue; // frozen: swallow
+                }
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+/// Reads and drops everything until the client or the proxy closes the connection.
+fn discard(mut client: TcpStream, shared: &Shared) {
+    let _ = client.set_read_timeout(Some(TICK));
+    let mut buf = [0u8; 16 * 1024];
+    while !shared.stop.load(Ordering::SeqCst) {
+        match client.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let _ = client.shutdown(Shutdown::Both);
+}
+
+/// Reads the request head (up to 2 s), records its request line and closes.
+fn fail(mut client: TcpStream, shared: &Shared) {
+    let _ = client.set_read_timeout(Some(TICK));
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match client.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => break,
+        }
+    }
+    let line = String::from_utf8_lossy(&head)
+        .split("\r\n")
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    if !line.is_empty() {
+        lock(&shared.failed).push(line);
+    }
+    let _ = client.shutdown(Shutdown::Both);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A one-shot HTTP server: answers every connection's first request with `body`.
+    fn server(body: &'static str) -> (SocketAddr, JoinHandle<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = l.local_addr().expect("addr");
+        let t = thread::spawn(move || {
+            for mut s in l.incoming().flatten().take(3) {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        (addr, t)
+    }
+
+    fn ask(addr: SocketAddr) -> std::io::Result<String> {
+        let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+        s.set_read_timeout(Some(Duration::from_millis(500)))?;
+        s.write_all(b"GET /x HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n")?;
+        let mut out = String::new();
+        s.read_to_string(&mut out)?;
+        Ok(out)
+    }
+
+    #[test]
+    fn forwards_fails_closes_and_hangs() {
+        let (up, _t) = server("hello");
+        let proxy = Proxy::start(&format!("http://{up}")).expect("proxy");
+        assert!(ask(proxy.addr()).expect("forwarded").ends_with("hello"));
+
+        proxy.set_mode(ProxyMode::Fail);
+        assert_eq!(ask(proxy.addr()).expect("closed without an answer"), "");
+        assert_eq!(proxy.failed_requests(), vec!["GET /x HTTP/1.1".to_owned()]);
+
+        proxy.set_mode(ProxyMode::Closed);
+        assert!(TcpStream::connect_timeout(&proxy.addr(), Duration::from_millis(300)).is_err());
+
+        proxy.set_mode(ProxyMode::Hang);
+        let err = ask(proxy.addr()).expect_err("no answer within the read timeout");
+        assert!(
+            matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut),
+            "{err}"
+        );
+
+        proxy.set_mode(ProxyMode::Forward);
+        assert!(ask(proxy.addr())
+            .expect("forwarded again")
+            .ends_with("hello"));
+    }
+}

@@ -1,0 +1,401 @@
+//! The backend health prober through pdbmux in front of two real PuppetDBs (run through
+//! `e2e/run`).
+//!
+//! Covered (spec "Backend health", issue 5): probed backends become `healthy`; a backend that
+//! starts hanging (a TCP proxy in this process accepts and never answers, the PuppetDB behind it
+//! untouched) is taken out after `health_probe_failures` probes, after which /nodes no longer
+//! waits on it (latency measured before, during and after) and says `X-Backends: 1/2`; it comes
+//! back after `health_probe_successes` probes once the proxy forwards again; a probe path that
+//! 404s from the start leaves the backends in service as `probe_unsupported`, even when one of
+//! them hangs; every backend down fails open (queries still go to all of them).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use common::{certname, direct_records, env, healthz, healthz_backend, pdbmux_at, records};
+use pdbmux_e2e::{Pdbmux, Proxy, ProxyMode, Response};
+use serde_json::Value;
+
+const NODES: &str = "/pdb/query/v4/nodes";
+/// The per-upstream request timeout these tests give pdbmux.
+const TIMEOUT_SECS: u64 = 3;
+
+/// Probing on: every second, 2 failures out, 2 successes back in; no response cache (every
+/// /nodes is a live fan-out).
+fn probe_vars<'a>(extra: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
+    let mut vars = vec![
+        ("PDBMUX_HEALTH_PROBE_ENABLED", "true"),
+        ("PDBMUX_HEALTH_PROBE_INTERVAL", "1s"),
+        ("PDBMUX_HEALTH_PROBE_TIMEOUT", "500ms"),
+        ("PDBMUX_HEALTH_PROBE_FAILURES", "2"),
+        ("PDBMUX_HEALTH_PROBE_SUCCESSES", "2"),
+        ("PDBMUX_TIMEOUT", "3s"),
+        ("PDBMUX_FACTS_TTL", "0"),
+    ];
+    for (k, v) in extra {
+        vars.retain(|(key, _)| key != k);
+        vars.push((k, v));
+    }
+    vars
+}
+
+fn proxy_for(url: &str) -> Proxy {
+    Proxy::start(url).unwrap_or_else(|e| panic!("start a proxy in front of {url}: {e}"))
+}
+
+/// Polls /healthz (every 100 ms) until `done` holds for its body; panics with the last body after
+/// `within`. Returns the body and every body seen.
+fn wait_healthz(
+    p: &Pdbmux,
+    what: &str,
+    within: Duration,
+    done: impl Fn(&Value) -> bool,
+) -> (Value, Vec<Value>) {
+    let deadline = Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let (_, body) = healthz(p);
+        seen.push(body.clone());
+        if done(&body) {
+            return (body, seen);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: not within {within:?}; last /healthz: {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn state<'a>(body: &'a Value, name: &str) -> &'a str {
+    healthz_backend(body, name)["state"].as_str().unwrap_or("?")
+}
+
+fn timed(p: &Pdbmux, path: &str) -> (Duration, Response) {
+    let start = Instant::now();
+    let r = p
+        .get(path)
+        .unwrap_or_else(|e| panic!("GET {path} through pdbmux: {e}"));
+    (start.elapsed(), r)
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn served_certnames(r: &Response) -> BTreeSet<String> {
+    records(r).iter().map(|n| certname(n).to_owned()).collect()
+}
+
+#[test]
+fn a_hanging_backend_is_taken_out_and_brought_back() {
+    let env = env();
+    let (first, second) = (env.first(), env.second());
+    let proxy = proxy_for(&second.url);
+    let proxied = proxy.url();
+    let p = pdbmux_at(
+        "health-hang",
+        &[
+            (first.name.as_str(), first.url.as_str()),
+            (second.name.as_str(), proxied.as_str()),
+        ],
+        &probe_vars(&[]),
+    );
+    let names = [first.name.as_str(), second.name.as_str()];
+    let (body, _) = wait_healthz(&p, "both backends healthy", Duration::from_secs(10), |b| {
+        names.iter().all(|n| state(b, n) == "healthy")
+    });
+    for n in names {
+        let b = healthz_backend(&body, n);
+        assert!(b["last_probe"].is_string(), "{n}: last_probe in {b}");
+        assert_eq!(b["reachable"], true, "{b}");
+    }
+
+    let mut before = Vec::new();
+    for _ in 0..5 {
+        let (d, r) = timed(&p, NODES);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(r.header("x-backends"), Some("2/2"), "{:?}", r.headers);
+        before.push(d);
+    }
+
+    proxy.set_mode(ProxyMode::Hang);
+    let hung_at = Instant::now();
+    // Until the prober has seen enough failed probes, a query still waits for the hung backend.
+    let (stalled, r) = timed(&p, NODES);
+    assert_eq!(r.status, 200, "{r:?}");
+    eprintln!(
+        "/nodes right after {} started hanging: {} (X-Backends {:?})",
+        second.name,
+        ms(stalled),
+        r.header("x-backends")
+    );
+
+    let (body, _) = wait_healthz(
+        &p,
+        &format!("{} unhealthy after 2 failed probes", second.name),
+        Duration::from_secs(20),
+        |b| state(b, &second.name) == "unhealthy",
+    );
+    let out_after = hung_at.elapsed();
+    let b = healthz_backend(&body, &second.name);
+    assert!(
+        b["consecutive_failures"].as_u64() >= Some(2),
+        "consecutive_failures in {b}"
+    );
+    assert!(b["last_error"].is_string(), "last_error in {b}");
+    assert_eq!(state(&body, &first.name), "healthy", "{body}");
+    // The reachability check still asks the hung backend.
+    assert_eq!(b["reachable"], false, "{b}");
+
+    let mut after = Vec::new();
+    let mut missing = BTreeSet::new();
+    let alone = direct_records(NODES, &[]).swap_remove(0);
+    let alone: BTreeSet<String> = alone.iter().map(|n| certname(n).to_owned()).collect();
+    for _ in 0..5 {
+        let (d, r) = timed(&p, NODES);
+        assert_eq!(r.status, 200, "{r:?}");
+        assert_eq!(
+            r.header("x-backends"),
+            Some("1/2"),
+            "only {} answers: {:?}",
+            first.name,
+            r.headers
+        );
+        // Checked at the end, so the latency and recovery checks run whatever this finds.
+        missing.extend(alone.difference(&served_certnames(&r)).cloned());
+        after.push(d);
+    }
+    let worst_after = after.iter().max().copied().unwrap_or_default();
+    eprintln!(
+        "/nodes latency: before the hang {:?}; while the prober still trusted {}: {}; \
+         after it was taken out ({} after the hang began): {:?}; timeout {TIMEOUT_SECS} s",
+        before.iter().map(|d| ms(*d)).collect::<Vec<_>>(),
+        second.name,
+        ms(stalled),
+        ms(out_after),
+        after.iter().map(|d| ms(*d)).collect::<Vec<_>>()
+    );
+    assert!(
+        worst_after < Duration::from_secs(TIMEOUT_SECS) / 3,
+        "/nodes still waits on the hung backend: {} (timeout {TIMEOUT_SECS} s)",
+        ms(worst_after)
+    );
+
+    // Forwarding again: back only after 2 consecutive successful probes.
+    proxy.set_mode(ProxyMode::Forward);
+    let resumed = Instant::now();
+    let (body, seen) = wait_healthz(
+        &p,
+        &format!("{} healthy again", second.name),
+        Duration::from_secs(15),
+        |b| state(b, &second.name) == "healthy",
+    );
+    let back_after = resumed.elapsed();
+    let b = healthz_backend(&body, &second.name);
+    assert!(
+        b["consecutive_successes"].as_u64() >= Some(2),
+        "readmitted after {} successes: {b}",
+        b["consecutive_successes"]
+    );
+    let one_success_seen = seen.iter().any(|s| {
+        let b = healthz_backend(s, &second.name);
+        b["state"] == "unhealthy" && b["consecutive_successes"] == 1
+    });
+    assert!(
+        one_success_seen,
+        "one successful probe did not readmit it (a state with 1 success was seen): {seen:?}"
+    );
+    eprintln!(
+        "{} healthy again {} after forwarding resumed",
+        second.name,
+        ms(back_after)
+    );
+    let (d, r) = timed(&p, NODES);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-backends"), Some("2/2"), "{:?}", r.headers);
+    eprintln!("/nodes after recovery: {}", ms(d));
+
+    assert!(
+        missing.is_empty(),
+        "/nodes while {} was out served only part of what {} holds: missing {missing:?} (the \
+         nodes both hold whose newer report is in {}: the surviving backend's records of them \
+         were held back, so they vanished from the merged view)",
+        second.name,
+        first.name,
+        second.name
+    );
+}
+
+#[test]
+fn a_probe_path_that_404s_leaves_backends_in_service() {
+    let env = env();
+    let (first, second) = (env.first(), env.second());
+    let proxy = proxy_for(&second.url);
+    let proxied = proxy.url();
+    let p = pdbmux_at(
+        "health-probe-404",
+        &[
+            (first.name.as_str(), first.url.as_str()),
+            (second.name.as_str(), proxied.as_str()),
+        ],
+        &probe_vars(&[
+            ("PDBMUX_HEALTH_PROBE_PATH", "/nope"),
+            ("PDBMUX_TIMEOUT", "1s"),
+        ]),
+    );
+    let names = [first.name.as_str(), second.name.as_str()];
+    // probe_unsupported from the first 404; the warning once the failure threshold is reached.
+    let (body, _) = wait_healthz(
+        &p,
+        "both backends probe_unsupported, 2 failed probes each",
+        Duration::from_secs(10),
+        |b| {
+            names.iter().all(|n| {
+                let b = healthz_backend(b, n);
+                b["state"] == "probe_unsupported" && b["consecutive_failures"].as_u64() >= Some(2)
+            })
+        },
+    );
+    for n in names {
+        let b = healthz_backend(&body, n);
+        assert_eq!(b["reachable"], true, "{b}");
+        assert!(b["last_error"].is_string(), "{n}: last_error in {b}");
+    }
+    let r = p.get(NODES).expect("GET /nodes");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-backends"), Some("2/2"), "{:?}", r.headers);
+    let warned = |n: &str| -> Vec<String> {
+        p.log()
+            .lines()
+            .filter(|l| l.contains("/nope") && l.contains(&format!("\"{n}\"")))
+            .map(str::to_owned)
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while names.iter().any(|n| warned(n).is_empty()) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(1200)); // another probe round: still one line
+    for n in names {
+        let lines = warned(n);
+        assert_eq!(
+            lines.len(),
+            1,
+            "the misconfigured probe of {n} is logged once, naming backend and path: {lines:#?}"
+        );
+        assert!(lines[0].contains("404"), "the status in {lines:?}");
+        eprintln!("{n}: {}", lines[0]);
+    }
+
+    // A probe that never answered gates nothing: a hanging backend stays in service.
+    proxy.set_mode(ProxyMode::Hang);
+    std::thread::sleep(Duration::from_millis(2500)); // more than 2 probe intervals
+    let (body, _) = wait_healthz(&p, "state after the hang", Duration::from_secs(5), |_| true);
+    assert_eq!(state(&body, &second.name), "probe_unsupported", "{body}");
+    let (d, r) = timed(&p, NODES);
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.header("x-backends"),
+        Some("1/2"),
+        "still asked, it timed out: {:?}",
+        r.headers
+    );
+    assert!(
+        d >= Duration::from_millis(900),
+        "/nodes must still wait for the hanging, ungated backend (timeout 1 s): {}",
+        ms(d)
+    );
+    eprintln!(
+        "/nodes with an ungated hanging backend: {} (timeout 1 s)",
+        ms(d)
+    );
+}
+
+#[test]
+fn every_backend_down_fails_open() {
+    let env = env();
+    let (first, second) = (env.first(), env.second());
+    let proxies = [proxy_for(&first.url), proxy_for(&second.url)];
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let p = pdbmux_at(
+        "health-all-down",
+        &[
+            (first.name.as_str(), urls[0].as_str()),
+            (second.name.as_str(), urls[1].as_str()),
+        ],
+        // 3 successes to come back: a wide window in which both are still marked down.
+        &probe_vars(&[("PDBMUX_HEALTH_PROBE_SUCCESSES", "3")]),
+    );
+    let names = [first.name.as_str(), second.name.as_str()];
+    wait_healthz(&p, "both backends healthy", Duration::from_secs(10), |b| {
+        names.iter().all(|n| state(b, n) == "healthy")
+    });
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Fail);
+    }
+    let (body, _) = wait_healthz(
+        &p,
+        "both backends unhealthy",
+        Duration::from_secs(15),
+        |b| names.iter().all(|n| state(b, n) == "unhealthy"),
+    );
+    let (status, _) = healthz(&p);
+    assert_eq!(status, 503, "/healthz with nothing reachable: {body}");
+
+    // Queries still go to every backend (they fail): the request reaches both proxies.
+    let r = p.get(NODES).expect("GET /nodes");
+    eprintln!(
+        "/nodes with every backend down: {} X-Backends {:?} {:?}",
+        r.status,
+        r.header("x-backends"),
+        r.body.chars().take(200).collect::<String>()
+    );
+    assert_eq!(r.status, 502, "every backend failed: {r:?}");
+    assert_eq!(r.header("x-backends"), Some("0/2"), "{:?}", r.headers);
+    for (proxy, n) in proxies.iter().zip(names) {
+        let asked: Vec<String> = proxy
+            .failed_requests()
+            .into_iter()
+            .filter(|l| l.starts_with(&format!("GET {NODES}")))
+            .collect();
+        assert!(
+            !asked.is_empty(),
+            "fail-open: {n} must still be asked for /nodes; it saw {:?}",
+            proxy.failed_requests()
+        );
+    }
+
+    // The backends answer again before the prober has readmitted them: fail-open serves both.
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Forward);
+    }
+    let r = p.get(NODES).expect("GET /nodes");
+    let (_, body) = healthz(&p);
+    let still_down: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| state(&body, n) == "unhealthy")
+        .collect();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.header("x-backends"),
+        Some("2/2"),
+        "both asked while marked down ({still_down:?}): {:?}",
+        r.headers
+    );
+    assert_eq!(
+        still_down.len(),
+        2,
+        "the check needs both still marked down after the query: {body}"
+    );
+    let merged = served_certnames(&r);
+    let all: BTreeSet<String> = direct_records(NODES, &[])
+        .iter()
+        .flatten()
+        .map(|n| certname(n).to_owned())
+        .collect();
+    assert_eq!(merged, all, "every active node of both backends");
+}
