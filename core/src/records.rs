@@ -54,7 +54,33 @@ impl<'a> Fields<'a> {
 
 /// A raw JSON string's value; `None` for any other JSON.
 pub fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<Cow<'_, str>>(raw.get()).ok()
+    serde_json::from_str::<Text<'_>>(raw.get()).ok().map(|t| t.0)
+}
+
+/// A JSON string borrowed from the input when it has no escapes (serde's own `Cow<str>` always
+/// allocates), owned otherwise.
+struct Text<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Text<'de> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl<'de> Visitor<'de> for TextVisitor {
+            type Value = Text<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON string")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, value: &'de str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Borrowed(value)))
+            }
+            fn visit_str<E: de::Error>(self, value: &str) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(value.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, value: String) -> Result<Self::Value, E> {
+                Ok(Text(Cow::Owned(value)))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor)
+    }
 }
 
 impl<'de: 'a, 'a> Deserialize<'de> for Fields<'a> {
@@ -67,7 +93,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Fields<'a> {
             }
             fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
                 let mut fields = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
+                while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
                     let value: &'de RawValue = map.next_value()?;
                     fields.push((key, value));
                 }
