@@ -12,10 +12,72 @@ help:
 	@echo "make e2e     end-to-end tests against two real PuppetDBs (installs them if missing)"
 	@echo "make demo    pdbmux in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
 
+# ---- release: static binaries, container image, version tags (README "Deployment") ----------
+# The version has one source: `version` under [workspace.package] in Cargo.toml, bumped by
+# make patch/minor/major. `make build VERSION=x` overrides it for the binary and the image tag.
+VERSION      := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version *= *"\([^"]*\)".*/\1/p' Cargo.toml)
+RUST_TARGET  ?= x86_64-unknown-linux-gnu
+# A target dir of its own: the static flags would otherwise invalidate target/release and the dev cache.
+STATIC_DIR   ?= target/static
+# The runtimes' binaries: pdbmux, plus pdbmux-smol once runtime-smol is a workspace member.
+BINS         ?= pdbmux $(if $(shell grep -s '"runtime-smol"' Cargo.toml),pdbmux-smol)
+IMAGE        ?= localhost/pdbmux
+IMAGE_CONTEXT ?= target/image-context
+CA_BUNDLE    ?= /etc/ssl/certs/ca-certificates.crt
+PODMAN       ?= podman --storage-driver vfs
+
+.PHONY: version static-test image-context image image-test deploy-check patch minor major
+
+version:
+	@echo $(VERSION)
+
+# glibc linked statically (+crt-static; the musl target is not installable here). RUSTFLAGS reach
+# only the --target build, not build scripts and proc macros.
 build:
-	$(CARGO) build --release --locked --bin pdbmux
+	RUSTFLAGS="-C target-feature=+crt-static" PDBMUX_BUILD_VERSION="$(VERSION)" \
+	  $(CARGO) build --release --locked --target $(RUST_TARGET) --target-dir $(STATIC_DIR) $(addprefix --bin ,$(BINS))
 	mkdir -p $(DIST)
-	cp target/release/pdbmux $(DIST)/
+	for b in $(BINS); do cp -f $(STATIC_DIR)/$(RUST_TARGET)/release/$$b $(DIST)/; done
+	@for b in $(BINS); do \
+	  file -b $(DIST)/$$b | grep -Eq 'static(-pie)? linked' || { echo "$(DIST)/$$b is not statically linked"; exit 1; }; \
+	  echo "$(DIST)/$$b: static, $$($(DIST)/$$b version)"; done
+
+# Static linking and host-name resolution (/etc/hosts, DNS) in a bare chroot; needs root.
+static-test:
+	for b in $(BINS); do bash deploy/test-static.sh $(DIST)/$$b || exit 1; done
+
+# The image's build context: the static binary, the build machine's CA bundle, deploy/image/etc.
+image-context:
+	@test -x $(DIST)/pdbmux || { echo "no $(DIST)/pdbmux: run make build first"; exit 1; }
+	@test -s $(CA_BUNDLE) || { echo "no CA bundle at $(CA_BUNDLE) (apt-get install ca-certificates)"; exit 1; }
+	rm -rf $(IMAGE_CONTEXT)
+	mkdir -p $(IMAGE_CONTEXT)/etc
+	cp $(DIST)/pdbmux $(IMAGE_CONTEXT)/pdbmux
+	cp $(CA_BUNDLE) $(IMAGE_CONTEXT)/ca-certificates.crt
+	cp deploy/image/etc/passwd deploy/image/etc/group deploy/image/etc/nsswitch.conf $(IMAGE_CONTEXT)/etc/
+
+image:
+	$(MAKE) build BINS=pdbmux
+	$(MAKE) image-context
+	@command -v podman >/dev/null || { apt-get update -q && apt-get install -y -q podman; }
+	$(PODMAN) build --layers=false --file Containerfile --build-arg VERSION="$(VERSION)" --tag $(IMAGE):$(VERSION) $(IMAGE_CONTEXT)
+	@echo "built $(IMAGE):$(VERSION)"
+
+# D13: the image's binary run from the mounted image root (podman image mount + chroot) against
+# the e2e PuppetDBs on loopback (started with e2e/run --backends-only when they are down). Root.
+image-test:
+	bash deploy/test-image.sh $(IMAGE):$(VERSION) $(VERSION)
+
+# deploy/kubernetes/ parsed and checked (deploy/manifest-check, a crate outside the workspace);
+# with dist/pdbmux present, `pdbmux config show` must accept the ConfigMap's file and the env vars.
+deploy-check:
+	PDBMUX_BIN="$(if $(wildcard $(DIST)/pdbmux),$(abspath $(DIST)/pdbmux))" \
+	  $(CARGO) test --locked --manifest-path deploy/manifest-check/Cargo.toml --target-dir target/deploy-check
+
+# Bump the version, commit Cargo.toml and Cargo.lock, create the annotated tag v<version>; refuses
+# on a dirty tree; never pushes.
+patch minor major:
+	bash deploy/release.sh $@
 
 test:
 	$(CARGO) test --workspace --locked

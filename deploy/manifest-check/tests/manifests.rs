@@ -1,0 +1,512 @@
+//! Checks `deploy/kubernetes/` (issue 9): every file parses; the Deployment runs 2 replicas with
+//! httpGet /healthz liveness and readiness probes whose timeout is above pdbmux's `timeout`, a
+//! grace period above the preStop pause plus the shutdown drain (timeout + 5 s), a memory limit
+//! above facts_cache_bytes (and room for one maximal fan-out beside a full cache), the ConfigMap
+//! mounted at /etc/pdbmux/config.yaml; the Service and PodDisruptionBudget select its pods; the
+//! env-var alternative carries the same guarantees with PDBMUX_* variables instead of the file.
+//!
+//! With `PDBMUX_BIN` set (make deploy-check sets it when dist/pdbmux exists), the ConfigMap's file
+//! and the alternative's env vars are also fed to `pdbmux config show`, which must accept them and
+//! report the same timeout, facts_cache_bytes and max_body_bytes as read here.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+
+use pdbmux_manifest_check::{
+    at, duration_secs, effective, int_at, kubernetes_dir, load, memory_bytes, seq_at, str_at,
+    Effective, DRAIN_GRACE_SECS,
+};
+use serde_yaml::Value;
+
+const CONFIG_PATH: &str = "/etc/pdbmux/config.yaml";
+/// Liveness must tolerate at least this long of failed probes (a backend outage is no reason to
+/// restart pdbmux).
+const MIN_LIVENESS_TOLERANCE_SECS: i64 = 120;
+
+/// The main directory's documents by kind (each kind once).
+fn main_documents() -> BTreeMap<String, Value> {
+    let dir = kubernetes_dir();
+    let mut by_kind = BTreeMap::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir)
+        .expect("deploy/kubernetes")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    assert!(!files.is_empty(), "no YAML in {}", dir.display());
+    for file in files {
+        for doc in load(&file).unwrap_or_else(|e| panic!("{e}")) {
+            let kind = str_at(&doc, "kind")
+                .unwrap_or_else(|| panic!("{}: a document without kind", file.display()))
+                .to_string();
+            assert!(
+                str_at(&doc, "apiVersion").is_some(),
+                "{}: {kind} without apiVersion",
+                file.display()
+            );
+            assert!(
+                by_kind.insert(kind.clone(), doc).is_none(),
+                "two {kind}s in deploy/kubernetes/ (alternatives belong in a subdirectory)"
+            );
+        }
+    }
+    by_kind
+}
+
+fn the_container(deployment: &Value) -> &Value {
+    let containers = seq_at(deployment, "spec.template.spec.containers");
+    assert_eq!(containers.len(), 1, "one container expected");
+    &containers[0]
+}
+
+fn env_of(container: &Value) -> Vec<(String, String)> {
+    seq_at(container, "env")
+        .iter()
+        .filter_map(|e| {
+            Some((
+                str_at(e, "name")?.to_string(),
+                str_at(e, "value")?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+fn labels_match(selector: Option<&Value>, labels: Option<&Value>) -> bool {
+    let (Some(selector), Some(labels)) = (
+        selector.and_then(Value::as_mapping),
+        labels.and_then(Value::as_mapping),
+    ) else {
+        return false;
+    };
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
+}
+
+/// Where the container sees the config file from `configmap` (None: not mounted).
+fn config_file_path(deployment: &Value, configmap: &Value) -> Option<String> {
+    let name = str_at(configmap, "metadata.name")?;
+    let volume = seq_at(deployment, "spec.template.spec.volumes")
+        .iter()
+        .find(|v| str_at(v, "configMap.name") == Some(name))?;
+    let volume_name = str_at(volume, "name")?;
+    let items = seq_at(volume, "configMap.items");
+    // the file name the key config.yaml gets inside the volume
+    let file = if items.is_empty() {
+        "config.yaml"
+    } else {
+        let item = items
+            .iter()
+            .find(|i| str_at(i, "key") == Some("config.yaml"))?;
+        str_at(item, "path")?
+    };
+    let mount = seq_at(the_container(deployment), "volumeMounts")
+        .iter()
+        .find(|m| str_at(m, "name") == Some(volume_name))?;
+    let mount_path = str_at(mount, "mountPath")?.trim_end_matches('/');
+    Some(match str_at(mount, "subPath") {
+        Some(sub) if sub == file => mount_path.to_string(),
+        Some(_) => return None,
+        None => format!("{mount_path}/{file}"),
+    })
+}
+
+/// Everything wrong with a pdbmux Deployment; `config` is the mounted file's content, if any.
+fn deployment_problems(deployment: &Value, config: Option<&Value>) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            problems.push(what);
+        }
+    };
+    check(
+        str_at(deployment, "kind") == Some("Deployment"),
+        "not a Deployment".into(),
+    );
+    check(
+        int_at(deployment, "spec.replicas") == Some(2),
+        format!(
+            "spec.replicas is {:?}, want 2",
+            at(deployment, "spec.replicas")
+        ),
+    );
+    check(
+        labels_match(
+            at(deployment, "spec.selector.matchLabels"),
+            at(deployment, "spec.template.metadata.labels"),
+        ),
+        "spec.selector.matchLabels does not select the pod template's labels".into(),
+    );
+    let container = the_container(deployment);
+    let env = env_of(container);
+    let settings = match effective(config, &env) {
+        Ok(s) => s,
+        Err(e) => {
+            problems.push(format!("pdbmux settings: {e}"));
+            return problems;
+        }
+    };
+    check(
+        settings.backends > 0,
+        "no backends configured (file or PDBMUX_BACKENDS)".into(),
+    );
+    check(
+        str_at(container, "image").is_some_and(|i| !i.is_empty()),
+        "no image".into(),
+    );
+    check(
+        at(container, "command").is_none(),
+        "command set: the image's entrypoint is the binary".into(),
+    );
+    let http_port = seq_at(container, "ports")
+        .iter()
+        .find(|p| str_at(p, "name") == Some("http"));
+    check(
+        http_port.and_then(|p| int_at(p, "containerPort")) == Some(8080),
+        "no container port named http on 8080".into(),
+    );
+
+    // Probes: httpGet /healthz (no shell in the image), answering within the probe's timeout
+    // even when a backend hangs (/healthz waits up to `timeout` for it).
+    for probe in ["readinessProbe", "livenessProbe"] {
+        let Some(p) = at(container, probe) else {
+            check(false, format!("no {probe}"));
+            continue;
+        };
+        check(
+            str_at(p, "httpGet.path") == Some("/healthz"),
+            format!("{probe}: httpGet.path is not /healthz"),
+        );
+        let port = at(p, "httpGet.port");
+        check(
+            port.and_then(Value::as_str) == Some("http")
+                || port.and_then(Value::as_i64) == Some(8080),
+            format!("{probe}: httpGet.port is not http/8080"),
+        );
+        check(
+            at(p, "exec").is_none(),
+            format!("{probe}: exec needs a shell"),
+        );
+        let timeout = int_at(p, "timeoutSeconds").unwrap_or(1);
+        check(
+            timeout as f64 > settings.timeout_secs,
+            format!(
+                "{probe}: timeoutSeconds {timeout} is not above pdbmux's timeout {}s",
+                settings.timeout_secs
+            ),
+        );
+    }
+    if let Some(p) = at(container, "livenessProbe") {
+        let tolerance =
+            int_at(p, "periodSeconds").unwrap_or(10) * int_at(p, "failureThreshold").unwrap_or(3);
+        check(
+            tolerance >= MIN_LIVENESS_TOLERANCE_SECS,
+            format!("livenessProbe restarts after {tolerance}s of failures: a backend outage would restart every replica (want >= {MIN_LIVENESS_TOLERANCE_SECS}s)"),
+        );
+    }
+
+    // Shutdown: preStop pause + drain (timeout + 5 s) within the grace period.
+    check(
+        at(container, "lifecycle.preStop.exec").is_none(),
+        "preStop exec needs a shell".into(),
+    );
+    let pause = int_at(container, "lifecycle.preStop.sleep.seconds").unwrap_or(0) as f64;
+    let grace = int_at(
+        deployment,
+        "spec.template.spec.terminationGracePeriodSeconds",
+    )
+    .unwrap_or(30);
+    let needed = pause + settings.timeout_secs + DRAIN_GRACE_SECS;
+    check(
+        grace as f64 > needed,
+        format!("terminationGracePeriodSeconds {grace} is not above preStop {pause}s + timeout {}s + {DRAIN_GRACE_SECS}s", settings.timeout_secs),
+    );
+
+    // Memory: above the cache, and room for one maximal fan-out beside a full cache.
+    match str_at(container, "resources.limits.memory").map(memory_bytes) {
+        Some(Ok(limit)) => {
+            let Effective {
+                facts_cache_bytes,
+                max_body_bytes,
+                backends,
+                ..
+            } = settings;
+            check(
+                limit > facts_cache_bytes,
+                format!("memory limit {limit} is not above facts_cache_bytes {facts_cache_bytes}"),
+            );
+            let fan_out = facts_cache_bytes + backends as u64 * max_body_bytes;
+            check(
+                limit > fan_out,
+                format!("memory limit {limit} does not fit facts_cache_bytes + {backends} x max_body_bytes = {fan_out}"),
+            );
+            match str_at(container, "resources.requests.memory").map(memory_bytes) {
+                Some(Ok(request)) => check(
+                    request <= limit && request > facts_cache_bytes,
+                    format!("memory request {request} should be above facts_cache_bytes and at most the limit"),
+                ),
+                _ => check(false, "no memory request".into()),
+            }
+        }
+        Some(Err(e)) => check(false, e),
+        None => check(false, "no memory limit".into()),
+    }
+
+    // Non-root (the image's USER is 65532; say so to the kubelet too).
+    let pod_sc = at(deployment, "spec.template.spec.securityContext");
+    let sc = |key: &str| {
+        at(container, &format!("securityContext.{key}")).or_else(|| pod_sc.and_then(|s| s.get(key)))
+    };
+    check(
+        sc("runAsNonRoot").and_then(Value::as_bool) == Some(true),
+        "runAsNonRoot is not true".into(),
+    );
+    check(
+        sc("runAsUser")
+            .and_then(Value::as_i64)
+            .is_some_and(|u| u != 0),
+        "runAsUser is not a non-root uid".into(),
+    );
+    problems
+}
+
+/// The ConfigMap's `config.yaml` text (a dotted path cannot name that key).
+fn configmap_text(configmap: &Value) -> &str {
+    at(configmap, "data")
+        .and_then(|d| d.get("config.yaml"))
+        .and_then(Value::as_str)
+        .expect("ConfigMap data[config.yaml]")
+}
+
+fn configmap_file(configmap: &Value) -> Value {
+    serde_yaml::from_str(configmap_text(configmap)).expect("ConfigMap config.yaml parses")
+}
+
+#[test]
+fn main_manifests() {
+    let docs = main_documents();
+    let kinds: Vec<_> = docs.keys().map(String::as_str).collect();
+    assert_eq!(
+        kinds,
+        ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
+    );
+    let deployment = &docs["Deployment"];
+    let configmap = &docs["ConfigMap"];
+    let config = configmap_file(configmap);
+
+    let problems = deployment_problems(deployment, Some(&config));
+    assert!(problems.is_empty(), "deployment.yaml: {problems:#?}");
+
+    // The ConfigMap's file is where pdbmux looks by default, and no env var points elsewhere.
+    assert_eq!(
+        config_file_path(deployment, configmap).as_deref(),
+        Some(CONFIG_PATH),
+        "the ConfigMap's config.yaml must appear as {CONFIG_PATH}"
+    );
+    let env = env_of(the_container(deployment));
+    assert!(
+        env.iter()
+            .all(|(k, v)| k != "PDBMUX_CONFIG" || v == CONFIG_PATH),
+        "PDBMUX_CONFIG points away from the mounted file"
+    );
+    let backends = seq_at(&config, "backends");
+    assert!(
+        !backends.is_empty(),
+        "the ConfigMap's file names no backend"
+    );
+    for b in backends {
+        assert!(
+            str_at(b, "name").is_some() && str_at(b, "url").is_some(),
+            "backend without name/url: {b:?}"
+        );
+    }
+
+    // The Service and the PodDisruptionBudget select the pods; the Service reaches port http.
+    let pod_labels = at(deployment, "spec.template.metadata.labels");
+    let service = &docs["Service"];
+    assert!(labels_match(at(service, "spec.selector"), pod_labels));
+    let port = &seq_at(service, "spec.ports")[0];
+    assert!(str_at(port, "targetPort") == Some("http") || int_at(port, "targetPort") == Some(8080));
+    let pdb = &docs["PodDisruptionBudget"];
+    assert!(labels_match(
+        at(pdb, "spec.selector.matchLabels"),
+        pod_labels
+    ));
+    assert!(
+        int_at(pdb, "spec.maxUnavailable") == Some(1)
+            || int_at(pdb, "spec.minAvailable") == Some(1),
+        "with 2 replicas the PodDisruptionBudget should keep one up"
+    );
+}
+
+#[test]
+fn env_alternative() {
+    let path = kubernetes_dir().join("alternatives/deployment-env.yaml");
+    let docs = load(&path).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(docs.len(), 1, "{}: one Deployment", path.display());
+    let deployment = &docs[0];
+    let problems = deployment_problems(deployment, None);
+    assert!(problems.is_empty(), "deployment-env.yaml: {problems:#?}");
+    let env = env_of(the_container(deployment));
+    assert!(env.iter().any(|(k, _)| k == "PDBMUX_BACKENDS"));
+    assert!(
+        seq_at(deployment, "spec.template.spec.volumes").is_empty(),
+        "the env-var alternative mounts no config file"
+    );
+    // Same name as the main Deployment: one replaces the other.
+    let main = &main_documents()["Deployment"];
+    assert_eq!(
+        str_at(deployment, "metadata.name"),
+        str_at(main, "metadata.name")
+    );
+}
+
+/// The checks are not vacuous: each broken copy of the main Deployment is caught.
+#[test]
+fn broken_deployments_are_caught() {
+    let docs = main_documents();
+    let config = configmap_file(&docs["ConfigMap"]);
+    let good = docs["Deployment"].clone();
+    let container = "spec.template.spec.containers.0";
+    let cases: &[(&str, &str, Value)] = &[
+        ("spec", "replicas", Value::from(1)),
+        (
+            "spec.template.spec",
+            "terminationGracePeriodSeconds",
+            Value::from(15),
+        ),
+        (
+            &format!("{container}.readinessProbe"),
+            "timeoutSeconds",
+            Value::from(1),
+        ),
+        (
+            &format!("{container}.livenessProbe"),
+            "failureThreshold",
+            Value::from(1),
+        ),
+        (
+            &format!("{container}.livenessProbe.httpGet"),
+            "path",
+            Value::from("/"),
+        ),
+        (
+            &format!("{container}.resources.limits"),
+            "memory",
+            Value::from("64Mi"),
+        ),
+        (
+            &format!("{container}.resources.limits"),
+            "memory",
+            Value::from("300Mi"),
+        ),
+        (
+            &format!("{container}.securityContext"),
+            "runAsUser",
+            Value::from(0),
+        ),
+    ];
+    for (parent, key, value) in cases {
+        let mut broken = good.clone();
+        let mut node = &mut broken;
+        for part in parent.split('.') {
+            node = match part.parse::<usize>() {
+                Ok(i) => &mut node[i],
+                Err(_) => &mut node[part],
+            };
+        }
+        node[*key] = value.clone();
+        let problems = deployment_problems(&broken, Some(&config));
+        assert!(
+            !problems.is_empty(),
+            "{parent}.{key} = {value:?} went unnoticed"
+        );
+    }
+    // A longer timeout in the file needs longer probe timeouts and grace.
+    let mut slow = config.clone();
+    slow["timeout"] = Value::from("30s");
+    assert!(deployment_problems(&good, Some(&slow)).len() >= 3);
+    // The mount path is checked too.
+    let mut moved = good.clone();
+    moved["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] =
+        Value::from("/config");
+    assert_ne!(
+        config_file_path(&moved, &docs["ConfigMap"]).as_deref(),
+        Some(CONFIG_PATH)
+    );
+}
+
+/// `pdbmux config show` accepts the ConfigMap's file and the alternative's env vars and reports
+/// the values the manifests are sized from. Skipped unless PDBMUX_BIN names a pdbmux binary.
+#[test]
+fn pdbmux_accepts_the_config() {
+    let Some(bin) = std::env::var_os("PDBMUX_BIN").filter(|b| !b.is_empty()) else {
+        eprintln!("PDBMUX_BIN not set: not running pdbmux config show");
+        return;
+    };
+    let docs = main_documents();
+    let config = configmap_file(&docs["ConfigMap"]);
+    let dir = std::env::temp_dir().join(format!("pdbmux-manifest-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let file = dir.join("config.yaml");
+    std::fs::write(&file, configmap_text(&docs["ConfigMap"])).expect("write config");
+
+    let from_file = config_show(
+        Path::new(&bin),
+        &["--config", file.to_str().expect("utf-8")],
+        &[],
+    );
+    let want = effective(Some(&config), &[]).expect("effective");
+    compare(&from_file, &want, "ConfigMap config.yaml");
+
+    let alternative = load(&kubernetes_dir().join("alternatives/deployment-env.yaml"))
+        .expect("deployment-env.yaml")
+        .remove(0);
+    let env = env_of(the_container(&alternative));
+    let from_env = config_show(Path::new(&bin), &[], &env);
+    let want = effective(None, &env).expect("effective");
+    compare(&from_env, &want, "deployment-env.yaml env");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn config_show(bin: &Path, args: &[&str], env: &[(String, String)]) -> BTreeMap<String, String> {
+    let home = std::env::temp_dir().join("pdbmux-manifest-check-home");
+    let output = Command::new(bin)
+        .args(args)
+        .args(["config", "show"])
+        .env_clear()
+        .env("HOME", &home)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("run pdbmux");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pdbmux config show {args:?} failed: {}{stdout}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+        .lines()
+        .filter_map(|l| {
+            let (key, rest) = l.split_once(" : ")?;
+            let value = rest.split("  (").next()?.trim();
+            Some((key.trim().to_string(), value.to_string()))
+        })
+        .collect()
+}
+
+fn compare(shown: &BTreeMap<String, String>, want: &Effective, what: &str) {
+    let timeout = duration_secs(&shown["timeout"]).expect("timeout shown");
+    assert_eq!(timeout, want.timeout_secs, "{what}: timeout");
+    assert_eq!(
+        shown["facts_cache_bytes"],
+        want.facts_cache_bytes.to_string(),
+        "{what}: facts_cache_bytes"
+    );
+    assert_eq!(
+        shown["max_body_bytes"],
+        want.max_body_bytes.to_string(),
+        "{what}: max_body_bytes"
+    );
+    let backends = shown.keys().filter(|k| k.starts_with("backends[")).count();
+    assert_eq!(backends, want.backends, "{what}: backends");
+}
