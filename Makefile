@@ -10,7 +10,9 @@ help:
 	@echo "make test    unit and conformance tests (fast; no PuppetDB needed)"
 	@echo "make lint    rustfmt, clippy -D warnings, and the core's sans-IO rules"
 	@echo "make e2e     end-to-end tests against two real PuppetDBs (installs them if missing)"
-	@echo "make demo    pdbmux in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
+	@echo "make demo    pdbmux and Puppetboard in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
+	@echo "make image   the container image (podman); make image-test checks it against real PuppetDBs"
+	@echo "make patch|minor|major   bump the version and tag it"
 
 # ---- release: static binaries, container image, version tags (README "Deployment") ----------
 # The version has one source: `version` under [workspace.package] in Cargo.toml, bumped by
