@@ -1,0 +1,142 @@
+//! `fakepdb`: a fake PuppetDB for the load benchmarks. It serves one backend of a
+//! [`SyntheticEstate`] from bytes rendered once at start:
+//!
+//! - `/pdb/query/v4/nodes` (any query): the membership extract (certname, report_timestamp);
+//! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend;
+//! - `/pdb/meta/v1/version` and `/status/v1/services`: small canned answers;
+//! - anything else: 404.
+//!
+//! HTTP/1.1 with keep-alive, one thread per connection, loopback only. It ignores the query (a
+//! real PuppetDB would apply pdbmux's ownership push-down and send fewer records; the merge then
+//! drops the records of nodes the backend does not own, which is the merge's own safety net).
+//! Prints `LISTEN <addr>` on stdout once it accepts connections.
+
+use std::error::Error;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+
+use pdbmux_bench::SyntheticEstate;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+struct Canned {
+    nodes: Vec<u8>,
+    facts: Vec<u8>,
+    version: Vec<u8>,
+    status: Vec<u8>,
+    not_found: Vec<u8>,
+}
+
+fn response(status: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+fn main() -> Result<()> {
+    let mut listen = "127.0.0.1:0".to_owned();
+    let mut backend = 0usize;
+    let mut spec = SyntheticEstate {
+        backends: 2,
+        nodes_per_backend: 50,
+        overlap: 10,
+        facts_per_node: 100,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--listen" => listen = value,
+            "--backend" => backend = value.parse()?,
+            "--nodes" => spec.nodes_per_backend = value.parse()?,
+            "--overlap" => spec.overlap = value.parse()?,
+            "--facts" => spec.facts_per_node = value.parse()?,
+            _ => return Err(format!("unknown flag {flag}; flags: --listen ADDR --backend N --nodes N --overlap N --facts N").into()),
+        }
+    }
+    if !listen.starts_with("127.")
+        && !listen.starts_with("[::1]")
+        && !listen.starts_with("localhost")
+    {
+        return Err("fakepdb listens on loopback only".into());
+    }
+    let json = "application/json;charset=utf-8";
+    let canned = Arc::new(Canned {
+        nodes: response("200 OK", json, &spec.membership_body(backend)),
+        facts: response("200 OK", json, &spec.facts_body(backend)),
+        version: response("200 OK", json, br#"{"version":"7.12.1"}"#),
+        status: response(
+            "200 OK",
+            json,
+            br#"{"puppetdb-status":{"state":"running"}}"#,
+        ),
+        not_found: response("404 Not Found", "text/plain", b"not found\n"),
+    });
+    let listener = TcpListener::bind(&listen)?;
+    println!("LISTEN {}", listener.local_addr()?);
+    std::io::stdout().flush()?;
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        let canned = Arc::clone(&canned);
+        std::thread::spawn(move || {
+            let _ = serve(stream, &canned);
+        });
+    }
+    Ok(())
+}
+
+/// Answers requests on one connection until the peer closes it.
+fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
+    stream.set_nodelay(true)?;
+    let mut writer = stream.try_clone()?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    loop {
+        line.clear();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        let target = line.split_whitespace().nth(1).unwrap_or("/").to_owned();
+        let mut length = 0usize;
+        let mut close = false;
+        loop {
+            line.clear();
+            if reader.read_line(&mut line)? == 0 {
+                return Ok(());
+            }
+            let header = line.trim_end();
+            if header.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = header.split_once(':') {
+                let value = value.trim();
+                if name.eq_ignore_ascii_case("content-length") {
+                    length = value.parse().unwrap_or(0);
+                } else if name.eq_ignore_ascii_case("connection") {
+                    close = value.eq_ignore_ascii_case("close");
+                }
+            }
+        }
+        if length > 0 {
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body)?;
+        }
+        let path = target.split('?').next().unwrap_or("/");
+        let answer = match path {
+            "/pdb/query/v4/nodes" => &canned.nodes,
+            "/pdb/query/v4/facts" => &canned.facts,
+            "/pdb/meta/v1/version" => &canned.version,
+            "/status/v1/services" => &canned.status,
+            _ => &canned.not_found,
+        };
+        writer.write_all(answer)?;
+        if close {
+            return Ok(());
+        }
+    }
+}

@@ -1,0 +1,834 @@
+//! `loadbench`: requests/s through the `pdbmux` binary, measured with wrk on loopback.
+//!
+//! 1. Worker threads (issue 3): two `fakepdb` backends serving 2 × 5,000 fact records, pdbmux
+//!    with the cache off (`PDBMUX_FACTS_TTL=0s`) and health probing off, run once with
+//!    `TOKIO_WORKER_THREADS=1` and once with `=2`; wrk on `/pdb/query/v4/facts`, so every request
+//!    is a full merge.
+//! 2. Cache hits (issue 6): the same backends serving a ~1 MiB merged `/facts` body, pdbmux with
+//!    the cache on (default workers), the entry warmed, then wrk on the cached URL; beside
+//!    Debian's nginx serving the same bytes as a static file on another loopback port, in the
+//!    same run.
+//!
+//! Each pdbmux run is a fresh process, so its peak RSS (`VmHWM`) is that run's. CPU time of every
+//! process is read from `/proc` before and after each wrk run, so the table shows how many cores
+//! each side actually got on this (shared, 2-core) machine.
+//!
+//! Everything it starts is stopped when it ends, also on error.
+
+use std::error::Error;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pdbmux_bench::SyntheticEstate;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+const FACTS: &str = "/pdb/query/v4/facts";
+
+#[derive(Debug, Clone)]
+struct Args {
+    pdbmux: PathBuf,
+    fakepdb: PathBuf,
+    nginx: PathBuf,
+    wrk: PathBuf,
+    duration: u64,
+    merge_connections: u32,
+    cache_connections: u32,
+    wrk_threads: u32,
+    /// Merge scenario: nodes per backend, shared nodes, facts per node.
+    merge_nodes: usize,
+    merge_overlap: usize,
+    facts: usize,
+    /// Cache scenario: the merged body's target size.
+    cache_bytes: usize,
+    /// CPU lists for `taskset`, if any.
+    pin_pdbmux: Option<String>,
+    pin_load: Option<String>,
+    only: Option<String>,
+}
+
+fn args() -> Result<Args> {
+    let exe_dir = std::env::current_exe()?
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    let mut args = Args {
+        pdbmux: exe_dir.join("pdbmux"),
+        fakepdb: exe_dir.join("fakepdb"),
+        nginx: PathBuf::from("/usr/sbin/nginx"),
+        wrk: PathBuf::from("wrk"),
+        duration: 10,
+        merge_connections: 32,
+        cache_connections: 64,
+        wrk_threads: 2,
+        merge_nodes: 50,
+        merge_overlap: 10,
+        facts: 100,
+        cache_bytes: 1 << 20,
+        pin_pdbmux: None,
+        pin_load: None,
+        only: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--pdbmux" => args.pdbmux = value.into(),
+            "--fakepdb" => args.fakepdb = value.into(),
+            "--nginx" => args.nginx = value.into(),
+            "--wrk" => args.wrk = value.into(),
+            "--duration" => args.duration = value.parse()?,
+            "--merge-connections" => args.merge_connections = value.parse()?,
+            "--cache-connections" => args.cache_connections = value.parse()?,
+            "--wrk-threads" => args.wrk_threads = value.parse()?,
+            "--merge-nodes" => args.merge_nodes = value.parse()?,
+            "--merge-overlap" => args.merge_overlap = value.parse()?,
+            "--facts" => args.facts = value.parse()?,
+            "--cache-bytes" => args.cache_bytes = value.parse()?,
+            "--pin-pdbmux" => args.pin_pdbmux = Some(value),
+            "--pin-load" => args.pin_load = Some(value),
+            "--only" => args.only = Some(value),
+            _ => return Err(format!("unknown flag {flag} (see bench/README.md)").into()),
+        }
+    }
+    Ok(args)
+}
+
+/// A child process stopped (SIGTERM, then SIGKILL) when dropped.
+struct Proc {
+    name: &'static str,
+    child: Child,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let pid = self.child.id().to_string();
+        let _ = Command::new("kill").args(["-TERM", &pid]).status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        eprintln!(
+            "{} (pid {pid}) did not stop on SIGTERM; killing it",
+            self.name
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `command` under `taskset -c cpus` when a CPU list is given.
+fn pinned(program: &Path, cpus: Option<&str>) -> Command {
+    match cpus {
+        Some(cpus) => {
+            let mut command = Command::new("taskset");
+            command.arg("-c").arg(cpus).arg(program);
+            command
+        }
+        None => Command::new(program),
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_listening(addr: SocketAddr, what: &str) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if TcpStream::connect(addr).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    Err(format!("{what} did not listen on {addr}").into())
+}
+
+/// Starts a fake backend and returns it with its address.
+fn start_fakepdb(
+    args: &Args,
+    backend: usize,
+    spec: &SyntheticEstate,
+) -> Result<(Proc, SocketAddr)> {
+    let mut command = pinned(&args.fakepdb, args.pin_load.as_deref());
+    command
+        .args(["--listen", "127.0.0.1:0", "--backend", &backend.to_string()])
+        .args(["--nodes", &spec.nodes_per_backend.to_string()])
+        .args(["--overlap", &spec.overlap.to_string()])
+        .args(["--facts", &spec.facts_per_node.to_string()])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", args.fakepdb.display()))?;
+    let stdout = child.stdout.take().ok_or("fakepdb stdout")?;
+    let proc = Proc {
+        name: "fakepdb",
+        child,
+    };
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let addr: SocketAddr = line
+        .trim()
+        .strip_prefix("LISTEN ")
+        .ok_or_else(|| format!("fakepdb said {line:?}"))?
+        .parse()?;
+    Ok((proc, addr))
+}
+
+/// Starts pdbmux in a clean environment (no config file, no inherited PDBMUX_* variables).
+fn start_pdbmux(
+    args: &Args,
+    backends: &[SocketAddr],
+    facts_ttl: &str,
+    workers: Option<u32>,
+    log: &Path,
+) -> Result<(Proc, SocketAddr)> {
+    let port = free_port()?;
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let backends = backends
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("pdb-{}=http://{a}", (b'a' + i as u8) as char))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut command = pinned(&args.pdbmux, args.pin_pdbmux.as_deref());
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PDBMUX_LISTEN", addr.to_string())
+        .env("PDBMUX_BACKENDS", backends)
+        .env("PDBMUX_FACTS_TTL", facts_ttl)
+        .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log)?);
+    if let Some(workers) = workers {
+        command.env("TOKIO_WORKER_THREADS", workers.to_string());
+    }
+    let child = command
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", args.pdbmux.display()))?;
+    let proc = Proc {
+        name: "pdbmux",
+        child,
+    };
+    wait_listening(addr, "pdbmux")?;
+    Ok((proc, addr))
+}
+
+/// A plain HTTP/1.1 GET with `Connection: close`: status, head, body.
+fn get(addr: SocketAddr, target: &str) -> Result<(u16, String, Vec<u8>)> {
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    write!(
+        stream,
+        "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let split = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or("no end of headers")?;
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let body = raw[split + 4..].to_vec();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or("no status")?;
+    if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        return Err("chunked answers are not handled here".into());
+    }
+    Ok((status, head, body))
+}
+
+fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.eq_ignore_ascii_case(name).then(|| value.trim())
+    })
+}
+
+/// `pid` and every descendant of it.
+fn process_tree(pid: u32) -> Vec<u32> {
+    let mut pids = vec![pid];
+    let mut i = 0;
+    while let Some(&current) = pids.get(i) {
+        i += 1;
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for entry in entries.flatten() {
+                let Some(child) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| n.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                if proc_stat(child).is_some_and(|(ppid, _, _)| ppid == current)
+                    && !pids.contains(&child)
+                {
+                    pids.push(child);
+                }
+            }
+        }
+    }
+    pids
+}
+
+/// CPU time (user + system) of `pid` and every descendant, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let total: u64 = process_tree(pid)
+        .into_iter()
+        .filter_map(proc_stat)
+        .map(|(_, utime, stime)| utime + stime)
+        .sum();
+    total as f64 / clock_ticks()
+}
+
+/// Peak RSS (VmHWM) of `pid` and its descendants, summed, in MiB.
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let kb: Vec<u64> = process_tree(pid)
+        .into_iter()
+        .filter_map(|p| status_kb(p, "VmHWM"))
+        .collect();
+    (!kb.is_empty()).then(|| kb.iter().sum::<u64>() as f64 / 1024.0)
+}
+
+/// (ppid, utime, stime) from /proc/<pid>/stat.
+fn proc_stat(pid: u32) -> Option<(u32, u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    Some((
+        fields.get(1)?.parse().ok()?,
+        fields.get(11)?.parse().ok()?,
+        fields.get(12)?.parse().ok()?,
+    ))
+}
+
+fn clock_ticks() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok()?.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// Busy and total jiffies of the whole machine (/proc/stat).
+fn machine_cpu() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let values: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    let total: u64 = values.iter().take(8).sum();
+    let idle = values.get(3).copied().unwrap_or(0) + values.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// A /proc/<pid>/status field in kB.
+fn status_kb(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|line| {
+        line.strip_prefix(field)?
+            .strip_prefix(':')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// How many threads of `pid` are tokio workers.
+fn tokio_workers(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|tasks| {
+            tasks
+                .flatten()
+                .filter(|task| {
+                    std::fs::read_to_string(task.path().join("comm"))
+                        // "tokio-rt-worker" (tokio >= 1.44) or "tokio-runtime-w" (older)
+                        .is_ok_and(|comm| {
+                            comm.starts_with("tokio-rt-worker")
+                                || comm.starts_with("tokio-runtime-w")
+                        })
+                })
+                .count()
+        })
+        .unwrap_or(0)
+}
+
+/// One wrk run's figures.
+#[derive(Debug, Clone, Default)]
+struct Load {
+    requests: u64,
+    bytes: u64,
+    seconds: f64,
+    p50_ms: f64,
+    p99_ms: f64,
+    errors: u64,
+    non_2xx: u64,
+    /// CPU seconds per wall second used by the server, by the other processes we started, and
+    /// by the whole machine.
+    server_cores: f64,
+    machine_cores: f64,
+}
+
+impl Load {
+    fn rps(&self) -> f64 {
+        self.requests as f64 / self.seconds.max(1e-9)
+    }
+
+    fn mb_s(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.seconds.max(1e-9)
+    }
+}
+
+const WRK_SCRIPT: &str = r#"
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format("WRKRESULT %d %d %d %d %d %d %d\n",
+    summary.requests, summary.bytes, summary.duration,
+    latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+"#;
+
+/// Runs wrk against `url`, measuring `server`'s CPU alongside.
+fn wrk(args: &Args, dir: &Path, url: &str, connections: u32, server: u32) -> Result<Load> {
+    let script = dir.join("report.lua");
+    std::fs::write(&script, WRK_SCRIPT)?;
+    let threads = args.wrk_threads.min(connections).max(1);
+    let mut command = pinned(&args.wrk, args.pin_load.as_deref());
+    command
+        .arg(format!("-t{threads}"))
+        .arg(format!("-c{connections}"))
+        .arg(format!("-d{}s", args.duration))
+        .args(["--timeout", "30s", "-s"])
+        .arg(&script)
+        .arg(url)
+        .stdin(Stdio::null());
+    let (busy0, total0) = machine_cpu();
+    let cpu0 = cpu_seconds(server);
+    let started = Instant::now();
+    let output = command.output().map_err(|e| format!("running wrk: {e}"))?;
+    let wall = started.elapsed().as_secs_f64();
+    let cpu1 = cpu_seconds(server);
+    let (busy1, total1) = machine_cpu();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("WRKRESULT "))
+        .ok_or_else(|| {
+            format!(
+                "wrk printed no result: {stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        })?;
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    if n.len() != 7 {
+        return Err(format!("unexpected wrk result {line:?}").into());
+    }
+    let cores = |busy: u64, total: u64| {
+        // jiffies of all CPUs over the wall time: how many cores were busy on average
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        busy as f64 / total.max(1) as f64 * cpus
+    };
+    Ok(Load {
+        requests: n[0],
+        bytes: n[1],
+        seconds: n[2] as f64 / 1e6,
+        p50_ms: n[3] as f64 / 1e3,
+        p99_ms: n[4] as f64 / 1e3,
+        errors: n[5],
+        non_2xx: n[6],
+        server_cores: (cpu1 - cpu0) / wall,
+        machine_cores: cores(busy1 - busy0, total1 - total0),
+    })
+}
+
+fn load_row(what: &str, load: &Load, rss_mb: Option<f64>, extra: &str) {
+    println!(
+        "{:<30} {:>9.1} {:>8.2} {:>8.2} {:>9.0} {:>7.2} {:>10.0} {:>8.2} {:>7} {:>9} {}",
+        what,
+        load.rps(),
+        load.p50_ms,
+        load.p99_ms,
+        load.mb_s(),
+        load.server_cores,
+        load.rps() / load.server_cores.max(1e-9),
+        load.machine_cores,
+        load.errors + load.non_2xx,
+        rss_mb.map_or("-".to_owned(), |mb| format!("{mb:.1}")),
+        extra
+    );
+}
+
+fn load_header() {
+    println!(
+        "{:<30} {:>9} {:>8} {:>8} {:>9} {:>7} {:>10} {:>8} {:>7} {:>9}",
+        "server",
+        "req/s",
+        "p50 ms",
+        "p99 ms",
+        "MB/s",
+        "srv cpu",
+        "req/srv-s",
+        "all cpu",
+        "errors",
+        "peak MiB"
+    );
+}
+
+fn temp_dir() -> Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!("pdbmux-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "met"
+    } else {
+        "NOT met"
+    }
+}
+
+/// Figure 2: requests/s at 1 and 2 worker threads, cache off.
+fn worker_threads(args: &Args, dir: &Path) -> Result<()> {
+    let spec = SyntheticEstate {
+        backends: 2,
+        nodes_per_backend: args.merge_nodes,
+        overlap: args.merge_overlap,
+        facts_per_node: args.facts,
+    };
+    let (_a, addr_a) = start_fakepdb(args, 0, &spec)?;
+    let (_b, addr_b) = start_fakepdb(args, 1, &spec)?;
+    let upstream_bytes = spec.facts_body(0).len() + spec.facts_body(1).len();
+    println!();
+    println!(
+        "== requests/s by worker threads (issue 3): GET {FACTS}, cache off (PDBMUX_FACTS_TTL=0s), probes off =="
+    );
+    println!(
+        "backends: 2 fakepdb, {} fact records each ({:.2} MB upstream per request); wrk -t{} -c{} -d{}s{}{}",
+        spec.nodes_per_backend * spec.facts_per_node,
+        upstream_bytes as f64 / 1e6,
+        args.wrk_threads.min(args.merge_connections),
+        args.merge_connections,
+        args.duration,
+        args.pin_pdbmux.as_ref().map_or(String::new(), |c| format!("; pdbmux on cpus {c}")),
+        args.pin_load.as_ref().map_or(String::new(), |c| format!("; wrk+fakepdb on cpus {c}")),
+    );
+    load_header();
+    let mut results = Vec::new();
+    for workers in [1u32, 2] {
+        let log = dir.join(format!("pdbmux-workers{workers}.log"));
+        let (pdbmux, addr) = start_pdbmux(args, &[addr_a, addr_b], "0s", Some(workers), &log)?;
+        let (status, head, body) = get(addr, FACTS)?;
+        let records = serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(&body)
+            .map(|v| v.len())
+            .unwrap_or(0);
+        if status != 200 || records != spec.merged_records() {
+            return Err(format!(
+                "warm-up: status {status}, {records} records (expected {}); {head}",
+                spec.merged_records()
+            )
+            .into());
+        }
+        let seen = tokio_workers(pdbmux.pid());
+        let load = wrk(
+            args,
+            dir,
+            &format!("http://{addr}{FACTS}"),
+            args.merge_connections,
+            pdbmux.pid(),
+        )?;
+        let rss = peak_rss_mib(pdbmux.pid());
+        load_row(
+            &format!("pdbmux TOKIO_WORKER_THREADS={workers}"),
+            &load,
+            rss,
+            &format!(
+                "({seen} tokio workers seen; merged body {:.2} MB)",
+                body.len() as f64 / 1e6
+            ),
+        );
+        if seen != workers as usize {
+            println!("  warning: expected {workers} tokio worker threads, saw {seen}");
+        }
+        results.push((workers, load, rss));
+        drop(pdbmux);
+    }
+    let (one, two) = (&results[0].1, &results[1].1);
+    let ratio = two.rps() / one.rps().max(1e-9);
+    let per_core = |l: &Load| l.rps() / l.server_cores.max(1e-9);
+    println!(
+        "2 workers / 1 worker: {ratio:.2}x req/s; pdbmux used {:.2} vs {:.2} cores; req/s per pdbmux core {:.1} vs {:.1} ({:.2}x)",
+        two.server_cores,
+        one.server_cores,
+        per_core(two),
+        per_core(one),
+        per_core(two) / per_core(one).max(1e-9)
+    );
+    println!(
+        "SUMMARY\t2 workers\treq/s, 2 workers: {:.1} (p50 {:.1} / p99 {:.1} ms)\t1 worker: {:.1} (p50 {:.1} / p99 {:.1} ms)\t{:.2}x\t>= 1.8x\t{}",
+        two.rps(), two.p50_ms, two.p99_ms, one.rps(), one.p50_ms, one.p99_ms, ratio, verdict(ratio >= 1.8)
+    );
+    println!(
+        "SUMMARY\t2 workers\treq/s per pdbmux CPU-second, 2 workers: {:.1} ({:.2} cores)\t1 worker: {:.1} ({:.2} cores)\t{:.2}x\t(info)\t-",
+        per_core(two), two.server_cores, per_core(one), one.server_cores, per_core(two) / per_core(one).max(1e-9)
+    );
+    for (workers, _, rss) in &results {
+        println!(
+            "SUMMARY\t2 workers\tpdbmux peak RSS, {workers} worker(s): {}\t-\t-\t(info)\t-",
+            rss.map_or("-".to_owned(), |mb| format!("{mb:.1} MiB"))
+        );
+    }
+    Ok(())
+}
+
+/// Figure 3: cache hits against nginx serving the same bytes.
+fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
+    // Size the estate so that the merged body is about `cache_bytes`.
+    let probe = SyntheticEstate {
+        backends: 2,
+        nodes_per_backend: 10,
+        overlap: 0,
+        facts_per_node: args.facts,
+    };
+    let per_node = probe.facts_body(0).len() as f64 / 10.0;
+    let total_nodes = (args.cache_bytes as f64 / per_node).round().max(2.0) as usize;
+    let overlap = total_nodes / 5;
+    let spec = SyntheticEstate {
+        backends: 2,
+        nodes_per_backend: (total_nodes + overlap).div_ceil(2),
+        overlap,
+        facts_per_node: args.facts,
+    };
+    let (_a, addr_a) = start_fakepdb(args, 0, &spec)?;
+    let (_b, addr_b) = start_fakepdb(args, 1, &spec)?;
+    let log = dir.join("pdbmux-cache.log");
+    let (pdbmux, addr) = start_pdbmux(args, &[addr_a, addr_b], "30s", None, &log)?;
+    let (status, head, body) = get(addr, FACTS)?;
+    if status != 200 || header(&head, "x-cache") != Some("miss") {
+        return Err(format!("cache warm-up: status {status}; {head}").into());
+    }
+    let (status, head, hit) = get(addr, FACTS)?;
+    if status != 200 || header(&head, "x-cache") != Some("hit") || hit != body {
+        return Err(format!(
+            "cache check: status {status}, expected a hit with the same body; {head}"
+        )
+        .into());
+    }
+
+    // nginx: the same bytes at the same path, as a static file.
+    let root = dir.join("html");
+    std::fs::create_dir_all(root.join("pdb/query/v4"))?;
+    std::fs::write(root.join("pdb/query/v4/facts"), &body)?;
+    let nginx_port = free_port()?;
+    let nginx_addr: SocketAddr = format!("127.0.0.1:{nginx_port}").parse()?;
+    // A second server block without sendfile: the same copy from user memory that pdbmux does,
+    // an informative row only.
+    let copy_addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let conf = dir.join("nginx.conf");
+    std::fs::write(
+        &conf,
+        format!(
+            "worker_processes auto;\n\
+             pid {dir}/nginx.pid;\n\
+             error_log {dir}/nginx-error.log warn;\n\
+             daemon off;\n\
+             events {{ worker_connections 1024; }}\n\
+             http {{\n\
+               access_log {dir}/nginx-access.log;\n\
+               sendfile on;\n\
+               tcp_nopush on;\n\
+               keepalive_requests 1000000;\n\
+               types {{ }}\n\
+               default_type \"application/json;charset=utf-8\";\n\
+               client_body_temp_path {dir}/client_body;\n\
+               proxy_temp_path {dir}/proxy;\n\
+               server {{ listen {nginx_addr}; root {root}; }}\n\
+               server {{ listen {copy_addr}; root {root}; sendfile off; }}\n\
+             }}\n",
+            dir = dir.display(),
+            root = root.display(),
+        ),
+    )?;
+    let mut command = pinned(&args.nginx, args.pin_pdbmux.as_deref());
+    command
+        .arg("-p")
+        .arg(dir)
+        .arg("-e")
+        .arg(dir.join("nginx-error.log"))
+        .arg("-c")
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let nginx = Proc {
+        name: "nginx",
+        child: command
+            .spawn()
+            .map_err(|e| format!("starting nginx: {e}"))?,
+    };
+    wait_listening(nginx_addr, "nginx")?;
+    for server in [nginx_addr, copy_addr] {
+        wait_listening(server, "nginx")?;
+        let (status, _, static_body) = get(server, FACTS)?;
+        if status != 200 || static_body != body {
+            return Err(format!(
+                "nginx on {server} answered {status} with {} bytes",
+                static_body.len()
+            )
+            .into());
+        }
+    }
+
+    println!();
+    println!(
+        "== cache hits (issue 6): GET {FACTS}, merged body {} bytes ({:.2} MiB), wrk -t{} -c{} -d{}s ==",
+        body.len(),
+        body.len() as f64 / 1048576.0,
+        args.wrk_threads.min(args.cache_connections),
+        args.cache_connections,
+        args.duration
+    );
+    println!("pdbmux: default worker threads, PDBMUX_FACTS_TTL=30s, entry warmed; nginx {}: worker_processes auto, sendfile on, same bytes as a static file", nginx_version(&args.nginx));
+    load_header();
+    // Warm again right before, so the entry stays fresh through the run (TTL 30 s).
+    let _ = get(addr, FACTS)?;
+    let hits = wrk(
+        args,
+        dir,
+        &format!("http://{addr}{FACTS}"),
+        args.cache_connections,
+        pdbmux.pid(),
+    )?;
+    let rss = peak_rss_mib(pdbmux.pid());
+    let (_, head, _) = get(addr, FACTS)?;
+    let still_hit = header(&head, "x-cache") == Some("hit");
+    load_row(
+        "pdbmux (cache hit)",
+        &hits,
+        rss,
+        if still_hit {
+            ""
+        } else {
+            "(entry was no longer a hit at the end)"
+        },
+    );
+    let static_load = wrk(
+        args,
+        dir,
+        &format!("http://{nginx_addr}{FACTS}"),
+        args.cache_connections,
+        nginx.pid(),
+    )?;
+    let nginx_rss = peak_rss_mib(nginx.pid());
+    load_row(
+        "nginx (static file)",
+        &static_load,
+        nginx_rss,
+        "(peak RSS: master + workers, summed)",
+    );
+    let copy_load = wrk(
+        args,
+        dir,
+        &format!("http://{copy_addr}{FACTS}"),
+        args.cache_connections,
+        nginx.pid(),
+    )?;
+    load_row(
+        "nginx, sendfile off (info)",
+        &copy_load,
+        None,
+        "(reads the file into user memory and writes it, as pdbmux writes its stored bytes)",
+    );
+    let ratio = hits.rps() / static_load.rps().max(1e-9);
+    println!("pdbmux / nginx: {ratio:.2}x req/s");
+    println!(
+        "SUMMARY\t3 cache\thit req/s: {:.0} (p50 {:.2} / p99 {:.2} ms, {:.0} MB/s)\tnginx: {:.0} (p50 {:.2} / p99 {:.2} ms, {:.0} MB/s)\t{:.2}x\t>= nginx\t{}",
+        hits.rps(), hits.p50_ms, hits.p99_ms, hits.mb_s(),
+        static_load.rps(), static_load.p50_ms, static_load.p99_ms, static_load.mb_s(),
+        ratio, verdict(ratio >= 1.0)
+    );
+    let per_core = |l: &Load| l.rps() / l.server_cores.max(1e-9);
+    println!(
+        "SUMMARY\t3 cache\thit req per pdbmux CPU-second: {:.0} ({:.2} cores)\tnginx: {:.0} ({:.2} cores)\t{:.2}x\t(info)\t-",
+        per_core(&hits),
+        hits.server_cores,
+        per_core(&static_load),
+        static_load.server_cores,
+        per_core(&hits) / per_core(&static_load).max(1e-9)
+    );
+    println!(
+        "SUMMARY\t3 cache\t(same hit run)\tnginx with sendfile off: {:.0} req/s, {:.0} per CPU-second\t{:.2}x\t(info)\t-",
+        copy_load.rps(),
+        per_core(&copy_load),
+        hits.rps() / copy_load.rps().max(1e-9)
+    );
+    let mib = |rss: Option<f64>| rss.map_or("-".to_owned(), |mb| format!("{mb:.1} MiB"));
+    println!(
+        "SUMMARY\t3 cache\tpdbmux peak RSS: {}\tnginx: {}\t-\t(info)\t-",
+        mib(rss),
+        mib(nginx_rss)
+    );
+    drop(nginx);
+    drop(pdbmux);
+    Ok(())
+}
+
+fn nginx_version(nginx: &Path) -> String {
+    Command::new(nginx)
+        .arg("-v")
+        .output()
+        .ok()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stderr)
+                .trim()
+                .replace("nginx version: ", "")
+        })
+        .unwrap_or_default()
+}
+
+fn main() -> Result<()> {
+    let args = args()?;
+    let dir = temp_dir()?;
+    let result = (|| -> Result<()> {
+        if args.only.as_deref() != Some("cache") {
+            worker_threads(&args, &dir)?;
+        }
+        if args.only.as_deref() != Some("workers") {
+            cache_hits(&args, &dir)?;
+        }
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}

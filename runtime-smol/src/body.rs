@@ -1,0 +1,160 @@
+//! Upstream bodies: read within `max_body_bytes` (whole, or held and streamed to the client), with
+//! the connection returned to its pool at a clean end; and the deadline on a streamed body.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use smol::io::{AsyncRead, AsyncReadExt};
+use smol::Timer;
+
+use crate::pool::Lease;
+
+/// The body went over `max_body_bytes`; carried inside an `io::Error`.
+#[derive(Debug, thiserror::Error)]
+#[error("body over {limit} bytes")]
+pub struct OverLimit {
+    /// The configured limit.
+    pub limit: u64,
+}
+
+/// An upstream answer's body, not yet read: async-h1's decoded body (Content-Length or chunked),
+/// bounded by the byte limit. At its end the connection goes back to the pool; dropped before
+/// then, the connection is closed.
+pub struct HeldBody {
+    body: Option<http_types::Body>,
+    lease: Option<Lease>,
+    read: u64,
+    limit: u64,
+    length: Option<u64>,
+}
+
+impl HeldBody {
+    /// Wraps a decoded body of `length` bytes if the backend declared it.
+    pub fn new(body: http_types::Body, lease: Lease, limit: u64, length: Option<u64>) -> HeldBody {
+        HeldBody {
+            body: Some(body),
+            lease: Some(lease),
+            read: 0,
+            limit,
+            length,
+        }
+    }
+
+    /// The length the backend declared (Content-Length), if any.
+    pub fn length(&self) -> Option<u64> {
+        self.length
+    }
+
+    /// Reads the whole body.
+    pub async fn read_all(mut self) -> io::Result<Bytes> {
+        let capacity = self.length.unwrap_or(0).min(self.limit);
+        let mut bytes = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
+        self.read_to_end(&mut bytes).await?;
+        Ok(bytes.into())
+    }
+
+    fn finish(&mut self) {
+        // The decoder holds a handle on the connection: drop it before the pool can hand the
+        // connection to anyone else.
+        self.body = None;
+        if let Some(lease) = self.lease.take() {
+            lease.release();
+        }
+    }
+}
+
+impl AsyncRead for HeldBody {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        let Some(body) = this.body.as_mut() else {
+            return Poll::Ready(Ok(0));
+        };
+        // One byte past the limit is enough to know the body is over it.
+        let room =
+            usize::try_from((this.limit - this.read).saturating_add(1)).unwrap_or(usize::MAX);
+        let wanted = buf.len().min(room);
+        let n = match ready!(Pin::new(body).poll_read(cx, &mut buf[..wanted])) {
+            Ok(n) => n,
+            Err(error) => {
+                this.body = None;
+                this.lease = None;
+                return Poll::Ready(Err(error));
+            }
+        };
+        if n == 0 {
+            if this.length.is_some_and(|length| this.read < length) {
+                this.body = None;
+                this.lease = None;
+                return Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed before the end of the body",
+                )));
+            }
+            this.finish();
+            return Poll::Ready(Ok(0));
+        }
+        this.read += n as u64;
+        if this.read > this.limit {
+            this.body = None;
+            this.lease = None;
+            return Poll::Ready(Err(io::Error::other(OverLimit { limit: this.limit })));
+        }
+        if this.length == Some(this.read) {
+            // Complete: release the connection now, as a reader bounded by the same length (the
+            // client response's body) never asks again.
+            this.finish();
+        }
+        Poll::Ready(Ok(n))
+    }
+}
+
+/// Streams a held body to the client until its end; going over the byte limit or past
+/// `deadline` is an error, so the client connection is aborted rather than sent a truncated 200.
+pub struct Deadlined {
+    inner: HeldBody,
+    timer: Timer,
+}
+
+impl Deadlined {
+    /// Bounds `inner` by `deadline`.
+    pub fn new(inner: HeldBody, deadline: Instant) -> Deadlined {
+        Deadlined {
+            inner,
+            timer: Timer::at(deadline),
+        }
+    }
+}
+
+impl AsyncRead for Deadlined {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_read(cx, buf) {
+            if let Err(error) = &result {
+                tracing::warn!("aborting a streamed response: {error}");
+            }
+            return Poll::Ready(result);
+        }
+        match std::future::Future::poll(Pin::new(&mut self.timer), cx) {
+            Poll::Ready(_) => {
+                tracing::warn!(
+                    "aborting a streamed response: upstream body not complete before the deadline"
+                );
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "upstream body not complete before the deadline",
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

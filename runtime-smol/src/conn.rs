@@ -1,0 +1,507 @@
+//! One client connection: HTTP/1.1 with keep-alive, a header-read timeout, and the client's going
+//! away noticed while its request is served.
+//!
+//! Request heads are read here with httparse rather than by `async_h1::accept`, whose decoder caps
+//! the head at 8 KiB (a larger one drops the connection without an answer, so there could be no
+//! 414 or 431 from the core), rebuilds the target through `url::Url` (resolving `..` and
+//! re-encoding: the core must judge the raw target), insists on a Host header and HTTP/1.1, and
+//! has no public setter for its header timeout. Responses are written by async-h1's encoder
+//! (Content-Length or chunked framing, Date). pdbmux serves GET only, so request bodies are never
+//! read: a declared length is skipped after the answer, anything else closes the connection.
+
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, StatusCode};
+use http_types::headers::{HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
+use pdbmux_core::{ClientRequest, Response, ResponseBody};
+use smol::channel::{Receiver, Sender};
+use smol::future::{self, FutureExt};
+use smol::io::{AsyncReadExt, AsyncWriteExt, BufReader, Cursor};
+use smol::{Async, Timer};
+
+use crate::body::Deadlined;
+use crate::estate_task::Shared;
+use crate::service::{self, Answer};
+
+/// How long a client may take to send a request's head (also the keep-alive idle limit).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most head bytes buffered. The core refuses targets over 8 KiB (414) and header blocks
+/// over 16 KiB (431); a head past this is refused here the same way (as hyper's buffer limit).
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// The most header fields parsed; the core refuses more than 100 (431), and so does this.
+const MAX_HEADERS: usize = 128;
+/// The largest request body skipped to keep a connection open; a larger one closes it.
+const MAX_SKIPPED_BODY: u64 = 1024 * 1024;
+/// Response bytes gathered per write.
+const WRITE_BUFFER: usize = 32 * 1024;
+/// How long a closing connection keeps reading what the client still sends, so that closing with
+/// unread input (a reset) does not destroy the answer on its way.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// What a connection task shares with the listener.
+#[derive(Clone)]
+pub struct Context {
+    /// The estate and upstream clients.
+    pub shared: Arc<Shared>,
+    /// Closed when the server starts shutting down.
+    pub closing: Receiver<()>,
+    /// Held while the connection is open; the listener waits for every clone to drop.
+    _open: Sender<()>,
+}
+
+impl Context {
+    /// The context of every connection; `open` is the sender whose clones the listener waits on.
+    pub fn new(shared: Arc<Shared>, closing: Receiver<()>, open: Sender<()>) -> Context {
+        Context {
+            shared,
+            closing,
+            _open: open,
+        }
+    }
+}
+
+/// A parsed request head.
+struct Head {
+    request: ClientRequest,
+    http11: bool,
+    keep_alive: bool,
+    body: RequestBody,
+}
+
+enum RequestBody {
+    None,
+    Length(u64),
+    /// Chunked or otherwise unframed: the connection closes after the answer.
+    Unskippable,
+}
+
+enum HeadRead {
+    Request(Head),
+    Refuse(StatusCode, &'static str),
+    Closed,
+}
+
+/// Serves requests on `stream` until the client closes it, it idles past the header timeout, or
+/// the server shuts down.
+pub async fn serve(stream: Async<TcpStream>, context: Context) {
+    // Bytes received and not yet consumed (a pipelined next request, a body to skip).
+    let mut pending: Vec<u8> = Vec::new();
+    loop {
+        let head = match read_head(&stream, &mut pending, &context.closing).await {
+            HeadRead::Request(head) => head,
+            HeadRead::Refuse(status, why) => {
+                let response = Response::text(status, format!("pdbmux: {why}"));
+                let answer = Answer {
+                    response,
+                    stream: None,
+                };
+                let _ = write(&stream, answer, false, true, false).await;
+                linger_close(&stream).await;
+                return;
+            }
+            HeadRead::Closed => return,
+        };
+        let skippable = match head.body {
+            RequestBody::None => true,
+            RequestBody::Length(n) => n <= MAX_SKIPPED_BODY,
+            RequestBody::Unskippable => false,
+        };
+        let handled = async { Some(service::handle(&context.shared, &head.request).await) };
+        let gone = async {
+            watch_client(&stream, &mut pending).await;
+            None
+        };
+        let Some(answer) = handled.or(gone).await else {
+            tracing::debug!(target = %head.request.target, "client went away; request dropped");
+            return;
+        };
+        let keep_alive = head.keep_alive && skippable && !context.closing.is_closed();
+        let head_only = head.request.method == http::Method::HEAD;
+        if let Err(error) = write(&stream, answer, keep_alive, head.http11, head_only).await {
+            tracing::debug!("connection ended: {error}");
+            return;
+        }
+        if !keep_alive {
+            if !pending.is_empty() || !matches!(head.body, RequestBody::None) {
+                linger_close(&stream).await;
+            }
+            return;
+        }
+        if let RequestBody::Length(length) = head.body {
+            if skip(&stream, &mut pending, length).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
+/// Reads the next request head, waiting at most [`HEADER_READ_TIMEOUT`]; an idle connection is
+/// closed as soon as the server starts shutting down.
+async fn read_head(
+    stream: &Async<TcpStream>,
+    pending: &mut Vec<u8>,
+    closing: &Receiver<()>,
+) -> HeadRead {
+    let mut timer = Timer::at(Instant::now() + HEADER_READ_TIMEOUT);
+    let mut chunk = vec![0u8; 8 * 1024];
+    loop {
+        if !pending.is_empty() {
+            match parse_head(pending) {
+                Parsed::Complete(head, length) => {
+                    pending.drain(..length);
+                    return HeadRead::Request(head);
+                }
+                Parsed::Invalid(status, why) => return HeadRead::Refuse(status, why),
+                Parsed::Partial if pending.len() >= MAX_HEAD_BYTES => {
+                    return if pending.contains(&b'\n') {
+                        HeadRead::Refuse(
+                            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                            "request header fields too large",
+                        )
+                    } else {
+                        HeadRead::Refuse(StatusCode::URI_TOO_LONG, "request target too long")
+                    };
+                }
+                Parsed::Partial => {}
+            }
+        }
+        let idle = pending.is_empty();
+        let read = async { Some((&*stream).read(&mut chunk).await) };
+        let timed_out = async {
+            (&mut timer).await;
+            None
+        };
+        let shut = async {
+            if idle {
+                let _ = closing.recv().await;
+            } else {
+                future::pending::<()>().await;
+            }
+            None
+        };
+        match read.or(timed_out).or(shut).await {
+            Some(Ok(0)) | Some(Err(_)) | None => return HeadRead::Closed,
+            Some(Ok(n)) => pending.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+enum Parsed {
+    Complete(Head, usize),
+    Partial,
+    Invalid(StatusCode, &'static str),
+}
+
+fn parse_head(bytes: &[u8]) -> Parsed {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut headers);
+    let length = match parsed.parse(bytes) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(httparse::Error::TooManyHeaders) => {
+            return Parsed::Invalid(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "too many request header fields",
+            )
+        }
+        Err(_) => return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request"),
+    };
+    let (Some(method), Some(target), Some(version)) = (parsed.method, parsed.path, parsed.version)
+    else {
+        return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request");
+    };
+    let Ok(method) = http::Method::from_bytes(method.as_bytes()) else {
+        return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request method");
+    };
+    let mut header_bytes = 0;
+    let (mut close, mut keep_alive, mut expect) = (false, false, false);
+    let mut body = RequestBody::None;
+    for header in parsed.headers.iter() {
+        header_bytes += header.name.len() + header.value.len() + 4;
+        let value = std::str::from_utf8(header.value).unwrap_or("");
+        if header.name.eq_ignore_ascii_case("connection") {
+            for token in value.split(',').map(str::trim) {
+                close |= token.eq_ignore_ascii_case("close");
+                keep_alive |= token.eq_ignore_ascii_case("keep-alive");
+            }
+        } else if header.name.eq_ignore_ascii_case("expect") {
+            expect = true;
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            body = RequestBody::Unskippable;
+        } else if header.name.eq_ignore_ascii_case("content-length") {
+            body = match (&body, value.trim().parse::<u64>()) {
+                (RequestBody::None, Ok(0)) => RequestBody::None,
+                (RequestBody::None, Ok(n)) => RequestBody::Length(n),
+                _ => RequestBody::Unskippable,
+            };
+        }
+    }
+    if expect && !matches!(body, RequestBody::None) {
+        // The client waits for a 100 Continue it never gets, and may never send the body.
+        body = RequestBody::Unskippable;
+    }
+    let http11 = version == 1;
+    let head = Head {
+        request: ClientRequest {
+            method,
+            target: target.to_owned(),
+            header_count: parsed.headers.len(),
+            header_bytes,
+        },
+        http11,
+        keep_alive: if http11 { !close } else { keep_alive && !close },
+        body,
+    };
+    Parsed::Complete(head, length)
+}
+
+/// Resolves when the client closes its side (or the connection fails) while its request is being
+/// served; what it sends meanwhile (a pipelined request) is kept in `pending`.
+async fn watch_client(stream: &Async<TcpStream>, pending: &mut Vec<u8>) {
+    let mut chunk = vec![0u8; 4 * 1024];
+    while pending.len() < MAX_HEAD_BYTES {
+        match (&*stream).read(&mut chunk).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => pending.extend_from_slice(&chunk[..n]),
+        }
+    }
+    // Enough buffered: stop reading (the answer will be written, or fail to be).
+    future::pending::<()>().await;
+}
+
+/// Reads past a request body of `length` bytes the handler did not need.
+async fn skip(stream: &Async<TcpStream>, pending: &mut Vec<u8>, length: u64) -> io::Result<()> {
+    let buffered = usize::try_from(length).map_or(pending.len(), |n| n.min(pending.len()));
+    pending.drain(..buffered);
+    let mut left = length - buffered as u64;
+    let mut chunk = vec![0u8; 16 * 1024];
+    let deadline = Instant::now() + HEADER_READ_TIMEOUT;
+    while left > 0 {
+        let want = usize::try_from(left).map_or(chunk.len(), |n| n.min(chunk.len()));
+        let read = async { (&*stream).read(&mut chunk[..want]).await };
+        let timed_out = async {
+            Timer::at(deadline).await;
+            Err(io::ErrorKind::TimedOut.into())
+        };
+        match read.or(timed_out).await? {
+            0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+            n => left -= n as u64,
+        }
+    }
+    Ok(())
+}
+
+/// Writes an answer with async-h1's encoder. A streamed body that fails (over the byte limit,
+/// past its deadline, the backend gone) ends in an error before its last chunk, and the caller
+/// closes the connection: the client never sees a clean, truncated end.
+async fn write(
+    stream: &Async<TcpStream>,
+    answer: Answer,
+    keep_alive: bool,
+    http11: bool,
+    head_only: bool,
+) -> io::Result<()> {
+    let answer = if http11 {
+        answer
+    } else {
+        // HTTP/1.0 has no chunked framing: read a streamed body whole to give it a length.
+        buffered(answer).await
+    };
+    let wire = to_wire(answer, keep_alive, http11);
+    let method = if head_only {
+        http_types::Method::Head
+    } else {
+        http_types::Method::Get
+    };
+    let mut encoder = async_h1::server::Encoder::new(wire, method);
+    let mut buffer = vec![0u8; WRITE_BUFFER];
+    let mut writer = stream;
+    loop {
+        let mut filled = encoder.read(&mut buffer).await?;
+        if filled == 0 {
+            break;
+        }
+        // Gather what is ready at once (the head and a whole body), then write it in one go.
+        let mut ended = false;
+        while buffer.len() - filled >= 1024 {
+            match future::poll_once(encoder.read(&mut buffer[filled..])).await {
+                Some(Ok(0)) => {
+                    ended = true;
+                    break;
+                }
+                Some(Ok(n)) => filled += n,
+                Some(Err(error)) => {
+                    writer.write_all(&buffer[..filled]).await?;
+                    return Err(error);
+                }
+                None => break,
+            }
+        }
+        writer.write_all(&buffer[..filled]).await?;
+        if ended {
+            break;
+        }
+    }
+    writer.flush().await
+}
+
+/// Reads a streamed body whole (for an HTTP/1.0 client); a failure becomes a 502.
+async fn buffered(answer: Answer) -> Answer {
+    let Some((held, deadline)) = answer.stream else {
+        return answer;
+    };
+    let mut body = Vec::new();
+    let mut reader = Deadlined::new(held, deadline);
+    match reader.read_to_end(&mut body).await {
+        Ok(_) => Answer {
+            response: Response {
+                body: ResponseBody::Full(body.into()),
+                ..answer.response
+            },
+            stream: None,
+        },
+        Err(error) => Answer {
+            response: Response::text(
+                StatusCode::BAD_GATEWAY,
+                format!("pdbmux: upstream body failed: {error}"),
+            ),
+            stream: None,
+        },
+    }
+}
+
+/// The core's response as an async-h1 (http-types) response.
+fn to_wire(answer: Answer, keep_alive: bool, http11: bool) -> http_types::Response {
+    let Answer { response, stream } = answer;
+    let status = http_types::StatusCode::try_from(response.status.as_u16())
+        .unwrap_or(http_types::StatusCode::BadGateway);
+    let mut wire = http_types::Response::new(status);
+    let body = match (response.body, stream) {
+        (ResponseBody::Upstream(_), Some((held, deadline))) => {
+            let length = held.length().and_then(|n| usize::try_from(n).ok());
+            http_types::Body::from_reader(BufReader::new(Deadlined::new(held, deadline)), length)
+        }
+        // `service::checked` pairs every streamed response with its body.
+        (ResponseBody::Upstream(_), None) => http_types::Body::empty(),
+        (ResponseBody::Full(bytes), _) => full(bytes),
+    };
+    wire.set_body(body);
+    // http-types gives a body a default content type; only the core's headers count.
+    wire.remove_header(CONTENT_TYPE);
+    copy_headers(&response.headers, &mut wire);
+    if !keep_alive {
+        wire.insert_header(CONNECTION, "close");
+    } else if !http11 {
+        wire.insert_header(CONNECTION, "keep-alive");
+    }
+    wire
+}
+
+fn full(bytes: Bytes) -> http_types::Body {
+    let length = bytes.len();
+    http_types::Body::from_reader(Cursor::new(bytes), Some(length))
+}
+
+fn copy_headers(headers: &HeaderMap, wire: &mut http_types::Response) {
+    for (name, value) in headers {
+        let converted = (
+            HeaderName::from_bytes(name.as_str().as_bytes().to_vec()),
+            HeaderValue::from_bytes(value.as_bytes().to_vec()),
+        );
+        match converted {
+            (Ok(name), Ok(value)) => wire.append_header(name, value),
+            _ => tracing::debug!("dropping response header {name}: its value is not ASCII"),
+        }
+    }
+}
+
+/// Closes the connection after reading (and discarding) what the client still sends, for up to
+/// [`LINGER`], so that closing with unread input does not reset the connection under the answer.
+async fn linger_close(stream: &Async<TcpStream>) {
+    let _ = stream.get_ref().shutdown(Shutdown::Write);
+    let mut chunk = vec![0u8; 16 * 1024];
+    let drain = async {
+        let mut total = 0usize;
+        while total < 1024 * 1024 {
+            match (&*stream).read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => total += n,
+            }
+        }
+    };
+    let limit = async {
+        Timer::after(LINGER).await;
+    };
+    drain.or(limit).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn complete(bytes: &str) -> (Head, usize) {
+        match parse_head(bytes.as_bytes()) {
+            Parsed::Complete(head, length) => (head, length),
+            Parsed::Partial => panic!("partial: {bytes:?}"),
+            Parsed::Invalid(status, why) => panic!("{status} {why}: {bytes:?}"),
+        }
+    }
+
+    #[test]
+    fn the_core_sees_the_raw_target_and_header_sizes() {
+        let raw = "GET /pdb/query/v4/../x?q=%22a%22 HTTP/1.1\r\nHost: h\r\nX-A: bc\r\n\r\nrest";
+        let (head, length) = complete(raw);
+        assert_eq!(length, raw.len() - "rest".len());
+        assert_eq!(head.request.target, "/pdb/query/v4/../x?q=%22a%22");
+        assert_eq!(head.request.header_count, 2);
+        // name + value + ": " + CRLF, as the tokio binary counts.
+        assert_eq!(head.request.header_bytes, (4 + 1 + 4) + (3 + 2 + 4));
+        assert!(head.http11 && head.keep_alive);
+        assert!(matches!(head.body, RequestBody::None));
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection_header() {
+        let (head, _) = complete("GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert!(!head.keep_alive);
+        let (head, _) = complete("GET / HTTP/1.0\r\n\r\n");
+        assert!(!head.http11 && !head.keep_alive);
+        let (head, _) = complete("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n");
+        assert!(head.keep_alive);
+    }
+
+    #[test]
+    fn request_bodies_are_skipped_only_when_their_length_is_known() {
+        let (head, _) = complete("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Length(5)));
+        let (head, _) = complete("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Unskippable));
+        let (head, _) =
+            complete("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Unskippable));
+        let (head, _) =
+            complete("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Unskippable));
+    }
+
+    #[test]
+    fn incomplete_malformed_and_overfull_heads() {
+        assert!(matches!(
+            parse_head(b"GET / HTTP/1.1\r\nHost: x\r\n"),
+            Parsed::Partial
+        ));
+        assert!(matches!(
+            parse_head(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"),
+            Parsed::Invalid(StatusCode::BAD_REQUEST, _)
+        ));
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: 1\r\n")).collect();
+        assert!(matches!(
+            parse_head(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()),
+            Parsed::Invalid(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, _)
+        ));
+    }
+}

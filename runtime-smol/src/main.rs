@@ -1,0 +1,31 @@
+//! `pdbmux-smol`: the minimal-footprint binary. A merging PuppetDB proxy on smol, async-h1 and
+//! futures-rustls, driving the same sans-IO core as `pdbmux` (tokio), with the same CLI and config.
+//!
+//! - [`serve`]: one `smol::Executor` run by a thread per core; the listener; SIGTERM/SIGINT
+//!   (async-signal) stop accepting, close idle connections and wait up to `timeout` + 5 s.
+//! - [`conn`]: a client connection. Heads read with httparse (raw target and header sizes go to
+//!   the core, which answers 414/431), 30 s header-read timeout, keep-alive, the client's leaving
+//!   noticed mid-request; answers written by async-h1's encoder.
+//! - [`service`]: admit through the estate, drive the request's `Exchange` on its own task (one
+//!   `smol::Timer` for its single deadline).
+//! - [`estate_task`]: the `Estate` behind a `Mutex`, driven by one background task woken through a
+//!   channel; waiters, flights on their own tasks (dropping a smol `Task` cancels it).
+//! - [`upstream`], [`pool`], [`body`]: request heads written verbatim, answers decoded by
+//!   async-h1, a bounded pool of keep-alive connections per backend (futures-rustls for https),
+//!   bodies bounded by `max_body_bytes` and, when streamed, by their deadline.
+
+mod body;
+mod conn;
+mod estate_task;
+mod pool;
+mod serve;
+mod service;
+mod upstream;
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    pdbmux_cli::run("pdbmux-smol", |settings| {
+        serve::run(settings).map_err(Into::into)
+    })
+}

@@ -1,0 +1,139 @@
+//! The executor and the listener: a smol executor on every core, HTTP/1.1 connections, and
+//! graceful shutdown on SIGTERM or SIGINT (stop accepting, let in-flight requests finish for up to
+//! `timeout` + 5 s, exit 0).
+
+use std::net::TcpListener;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::thread;
+use std::time::Duration;
+
+use async_signal::{Signal, Signals};
+use pdbmux_cli::Settings;
+use pdbmux_core::{ClockAnchor, Estate};
+use smol::channel;
+use smol::future::FutureExt;
+use smol::stream::StreamExt;
+use smol::{Async, Executor, Timer};
+
+use crate::conn;
+use crate::estate_task::{spawn_guarded, Shared};
+use crate::upstream::Upstreams;
+
+/// Extra time in-flight requests get after the upstream timeout when shutting down.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why serving stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// An executor thread could not start.
+    #[error("starting the executor threads: {0}")]
+    Threads(std::io::Error),
+    /// The signal handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+    /// The listen address could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        /// The configured address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A backend's client could not be built.
+    #[error(transparent)]
+    Client(#[from] crate::upstream::ClientSetupError),
+}
+
+/// Runs the server until a shutdown signal; the entry point of `pdbmux-smol serve`.
+///
+/// One `smol::Executor` is run by one thread per available core (this thread among them), so
+/// merges of different requests run on different cores at once. smol's own global executor
+/// (`smol::spawn`) would run a single thread unless `SMOL_THREADS` is set.
+pub fn run(settings: Settings) -> Result<(), ServeError> {
+    let threads = thread::available_parallelism().map_or(1, NonZeroUsize::get);
+    let executor = Arc::new(Executor::new());
+    // Dropping `stop` ends the other threads' loops.
+    let (stop, stopped) = channel::bounded::<()>(1);
+    for index in 1..threads {
+        let (executor, stopped) = (Arc::clone(&executor), stopped.clone());
+        thread::Builder::new()
+            .name(format!("pdbmux-smol-{index}"))
+            .spawn(move || smol::block_on(executor.run(stopped.recv())))
+            .map_err(ServeError::Threads)?;
+    }
+    let result = smol::block_on(executor.run(serve(Arc::clone(&executor), settings)));
+    drop(stop);
+    result
+}
+
+async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(), ServeError> {
+    let config = settings.config;
+    let upstreams = Upstreams::new(&config)?;
+    let mut signals = Signals::new([Signal::Term, Signal::Int]).map_err(ServeError::Signals)?;
+    let listener = TcpListener::bind(config.listen.as_str())
+        .and_then(Async::new)
+        .map_err(|source| ServeError::Bind {
+            addr: config.listen.clone(),
+            source,
+        })?;
+    let drain_limit = config.timeout + DRAIN_GRACE;
+    tracing::info!(
+        listen = %listener.get_ref().local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),
+        backends = %config.backends.iter().map(|b| format!("{}={}", b.name, b.url.base())).collect::<Vec<_>>().join(","),
+        config = %settings.config_source,
+        "pdbmux serving"
+    );
+    let clock = ClockAnchor {
+        instant: std::time::Instant::now(),
+        wall: std::time::SystemTime::now(),
+    };
+    let shared = Shared::new(Estate::new(config, clock), upstreams, Arc::clone(&executor));
+    let driver = shared.spawn_driver();
+    // `closing` is dropped when shutdown starts; every connection holds a clone of `open`.
+    let (closing, closing_watch) = channel::bounded::<()>(1);
+    let (open, drained) = channel::bounded::<()>(1);
+    let context = conn::Context::new(shared, closing_watch, open);
+    let signal = loop {
+        let accepted = async { Ok(listener.accept().await) };
+        let signalled = async { Err(signals.next().await) };
+        match accepted.or(signalled).await {
+            Ok(Ok((stream, peer))) => {
+                let _ = stream.get_ref().set_nodelay(true);
+                let context = context.clone();
+                spawn_guarded(&executor, "connection", async move {
+                    conn::serve(stream, context).await;
+                    tracing::trace!(%peer, "connection closed");
+                })
+                .detach();
+            }
+            Ok(Err(error)) => {
+                tracing::warn!("accept failed: {error}");
+                Timer::after(Duration::from_millis(50)).await;
+            }
+            Err(Some(Ok(Signal::Term))) => break "SIGTERM",
+            Err(_) => break "SIGINT",
+        }
+    };
+    tracing::info!(
+        "{signal}: no longer accepting; draining in-flight requests for up to {drain_limit:?}"
+    );
+    drop(listener);
+    drop(closing);
+    drop(context);
+    let all_closed = async {
+        let _ = drained.recv().await;
+        true
+    };
+    let limit = async {
+        Timer::after(drain_limit).await;
+        false
+    };
+    if all_closed.or(limit).await {
+        tracing::info!("drained; exiting");
+    } else {
+        tracing::warn!("drain limit reached; exiting with requests still in flight");
+    }
+    drop(driver);
+    Ok(())
+}

@@ -1,0 +1,380 @@
+//! The runtime cases both binaries must pass, against scripted raw-TCP backends: body limits while
+//! streaming, request limits, keep-alive, graceful shutdown and cancellation.
+//!
+//! Each case is a function of the binary under test; [`runtime_cases!`] turns the list into
+//! `#[test]`s for one binary. A new case is a function here plus its name in the macro.
+
+#![allow(dead_code, missing_docs, clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crate::support::{respond, FakeBackend, Pdbmux, Piece};
+
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut out = format!("{:x}\r\n", data.len()).into_bytes();
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+pub fn a_streamed_body_over_the_limit_aborts_the_connection(bin: &Path) {
+    let backend = FakeBackend::start(|_| {
+        let mut pieces = vec![Piece::Bytes(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+        )];
+        for _ in 0..10 {
+            pieces.push(Piece::Bytes(chunk(&[b' '; 500])));
+            pieces.push(Piece::Pause(Duration::from_millis(5)));
+        }
+        pieces.push(Piece::Bytes(b"0\r\n\r\n".to_vec()));
+        pieces
+    });
+    let pdbmux = Pdbmux::start(
+        bin,
+        &[
+            ("PDBMUX_BACKENDS", format!("a={}", backend.url())),
+            ("PDBMUX_MAX_BODY_BYTES", "2000".into()),
+        ],
+    );
+    let response = pdbmux.get("/pdb/query/v4/catalogs");
+    assert_eq!(response.status(), 200, "{}", response.text);
+    assert!(
+        !response.text.ends_with("0\r\n\r\n"),
+        "the client must not see a complete chunked body: {:?}",
+        &response.text[response.text.len().saturating_sub(40)..]
+    );
+    assert!(response.body().len() < 5000);
+}
+
+pub fn a_declared_length_over_the_limit_fails_that_backend_and_the_next_one_answers(bin: &Path) {
+    let big = FakeBackend::start(|_| respond("200 OK", "application/json", &" ".repeat(3000)));
+    let small = FakeBackend::start(|_| respond("200 OK", "application/json", "[1]"));
+    let pdbmux = Pdbmux::start(
+        bin,
+        &[
+            (
+                "PDBMUX_BACKENDS",
+                format!("a={},b={}", big.url(), small.url()),
+            ),
+            ("PDBMUX_MAX_BODY_BYTES", "2000".into()),
+        ],
+    );
+    let response = pdbmux.get("/pdb/query/v4/catalogs");
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.body(), "[1]");
+
+    let alone = Pdbmux::start(
+        bin,
+        &[
+            ("PDBMUX_BACKENDS", format!("a={}", big.url())),
+            ("PDBMUX_MAX_BODY_BYTES", "2000".into()),
+        ],
+    );
+    let response = alone.get("/pdb/query/v4/catalogs");
+    assert_eq!(response.status(), 502);
+    assert!(
+        response.body().contains("body over 2000 bytes"),
+        "{}",
+        response.body()
+    );
+}
+
+pub fn request_limits_are_enforced_before_any_backend_is_asked(bin: &Path) {
+    let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
+    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+
+    let long = format!("/pdb/query/v4/catalogs?query={}", "x".repeat(8200));
+    assert_eq!(pdbmux.get(&long).status(), 414);
+
+    let mut request = String::from(
+        "GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\n",
+    );
+    for i in 0..100 {
+        request.push_str(&format!("X-Filler-{i}: 1\r\n"));
+    }
+    request.push_str("\r\n");
+    assert_eq!(pdbmux.raw(&request).status(), 431);
+
+    let big_header = format!(
+        "GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\nX-Big: {}\r\n\r\n",
+        "y".repeat(17 * 1024)
+    );
+    assert_eq!(pdbmux.raw(&big_header).status(), 431);
+
+    let post = pdbmux.raw("POST /pdb/query/v4/nodes HTTP/1.1\r\nHost: pdbmux\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    assert_eq!(post.status(), 405);
+    assert_eq!(post.header("allow").as_deref(), Some("GET"));
+
+    for target in [
+        "/pdb/query/v4/../../pdb/admin/v1/archive",
+        "/pdb/query/v4/%2e%2e/x",
+        "/pdb/admin/v1/archive",
+        "/status/v1/services",
+    ] {
+        let status = pdbmux.get(target).status();
+        assert!(status == 400 || status == 404, "{target}: {status}");
+    }
+    assert!(
+        backend.request_lines().is_empty(),
+        "nothing may reach the backend: {:?}",
+        backend.request_lines()
+    );
+}
+
+pub fn sigterm_lets_in_flight_requests_finish_then_exits_zero(bin: &Path) {
+    let backend = FakeBackend::start(|_| {
+        let mut pieces = vec![Piece::Pause(Duration::from_millis(800))];
+        pieces.extend(respond("200 OK", "application/json", "[\"slow\"]"));
+        pieces
+    });
+    let mut pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let addr = pdbmux.addr;
+    let in_flight = thread::spawn(move || {
+        Pdbmux::raw_at(
+            addr,
+            "GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        )
+    });
+    thread::sleep(Duration::from_millis(200));
+    pdbmux.terminate();
+    let response = in_flight.join().unwrap();
+    assert_eq!(response.status(), 200, "{}", response.text);
+    assert_eq!(response.body(), "[\"slow\"]");
+    assert_eq!(pdbmux.wait_exit(Duration::from_secs(10)), Some(0));
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the listener is closed after shutdown"
+    );
+}
+
+pub fn a_client_that_leaves_releases_the_upstream_request(bin: &Path) {
+    let backend = FakeBackend::start(|_| {
+        let mut pieces = vec![Piece::Pause(Duration::from_millis(1500))];
+        pieces.extend(respond("200 OK", "application/json", "[]"));
+        pieces
+    });
+    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    {
+        use std::io::Write;
+        let mut stream = std::net::TcpStream::connect(pdbmux.addr).unwrap();
+        stream
+            .write_all(b"GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let started = Instant::now();
+        while backend.request_lines().is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "request never reached the backend"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+    // The client is gone: pdbmux drops the upstream request, so the backend sees its connection
+    // close as soon as it writes (or reads) again, well before a second request could reuse it.
+    let started = Instant::now();
+    while backend.connections_closed.load(Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the upstream connection was not released"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn a_streamed_body_past_its_deadline_aborts_the_connection(bin: &Path) {
+    let backend = FakeBackend::start(|_| {
+        vec![
+            Piece::Bytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+            ),
+            Piece::Bytes(chunk(b"[\"first\"")),
+            Piece::Pause(Duration::from_secs(4)),
+            Piece::Bytes(chunk(b"]")),
+            Piece::Bytes(b"0\r\n\r\n".to_vec()),
+        ]
+    });
+    let pdbmux = Pdbmux::start(
+        bin,
+        &[
+            ("PDBMUX_BACKENDS", format!("a={}", backend.url())),
+            ("PDBMUX_TIMEOUT", "1s".into()),
+        ],
+    );
+    let started = Instant::now();
+    let response = pdbmux.get("/pdb/query/v4/catalogs");
+    assert_eq!(response.status(), 200, "{}", response.text);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "the stream was not cut at its deadline: {:?}",
+        started.elapsed()
+    );
+    assert!(response.body().contains("first"), "{}", response.text);
+    assert!(
+        !response.text.ends_with("0\r\n\r\n") && !response.body().contains(']'),
+        "the client must not see a complete body: {:?}",
+        response.text
+    );
+}
+
+pub fn a_backend_closing_mid_body_aborts_the_connection(bin: &Path) {
+    let backend = FakeBackend::start(|_| {
+        vec![
+            Piece::Bytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n[\"partial\""
+                    .to_vec(),
+            ),
+            Piece::Close,
+        ]
+    });
+    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let response = pdbmux.get("/pdb/query/v4/catalogs");
+    assert_eq!(response.status(), 200, "{}", response.text);
+    match response.header("content-length") {
+        Some(length) => assert!(
+            response.body().len() < length.parse().unwrap(),
+            "the body must fall short of its length: {:?}",
+            response.text
+        ),
+        None => assert!(
+            !response.text.ends_with("0\r\n\r\n"),
+            "the client must not see a complete chunked body: {:?}",
+            response.text
+        ),
+    }
+}
+
+pub fn keep_alive_answers_pipelined_requests_in_order(bin: &Path) {
+    let backend = FakeBackend::start(|line| {
+        let body = if line.contains("first") { "[1]" } else { "[2]" };
+        respond("200 OK", "application/json", body)
+    });
+    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let both = pdbmux.raw(
+        "GET /pdb/query/v4/catalogs?first HTTP/1.1\r\nHost: x\r\n\r\n\
+         GET /pdb/query/v4/catalogs?second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(
+        both.text.matches("HTTP/1.1 200").count(),
+        2,
+        "{}",
+        both.text
+    );
+    let (first, second) = (both.text.find("[1]"), both.text.find("[2]"));
+    assert!(
+        first.is_some() && second.is_some() && first < second,
+        "answers out of order: {}",
+        both.text
+    );
+}
+
+pub fn upstream_connections_are_kept_alive_and_reused(bin: &Path) {
+    let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
+    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    for _ in 0..5 {
+        assert_eq!(pdbmux.get("/pdb/query/v4/catalogs").status(), 200);
+        thread::sleep(Duration::from_millis(50));
+    }
+    let opened = backend.connections_opened.load(Ordering::SeqCst);
+    assert!(
+        opened < 5,
+        "{opened} upstream connections for 5 sequential requests"
+    );
+}
+
+pub fn an_http10_client_gets_a_whole_body_without_chunks(bin: &Path) {
+    let backend = FakeBackend::start(|_| {
+        vec![
+            Piece::Bytes(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec(),
+            ),
+            Piece::Bytes(chunk(b"[\"a\",")),
+            Piece::Bytes(chunk(b"\"b\"]")),
+            Piece::Bytes(b"0\r\n\r\n".to_vec()),
+        ]
+    });
+    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let response = pdbmux.raw("GET /pdb/query/v4/catalogs HTTP/1.0\r\nHost: x\r\n\r\n");
+    assert_eq!(response.status(), 200, "{}", response.text);
+    assert_eq!(
+        response.header("transfer-encoding"),
+        None,
+        "{}",
+        response.text
+    );
+    assert_eq!(response.body(), "[\"a\",\"b\"]");
+}
+
+pub fn the_request_target_reaches_the_backend_verbatim(bin: &Path) {
+    let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
+    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let target = "/pdb/query/v4/catalogs?query=%5B%22%3D%22%2C%22certname%22%2C%22a%22%5D&limit=1";
+    assert_eq!(pdbmux.get(target).status(), 200);
+    assert_eq!(
+        backend.request_lines(),
+        vec![format!("GET {target} HTTP/1.1")]
+    );
+}
+
+pub fn shutdown_closes_idle_keep_alive_connections_at_once(bin: &Path) {
+    let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
+    let mut pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let mut idle = TcpStream::connect(pdbmux.addr).unwrap();
+    idle.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    idle.write_all(b"GET /pdb/query/v4/catalogs HTTP/1.1\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 1024];
+    while !String::from_utf8_lossy(&seen).ends_with("[]") {
+        let n = idle.read(&mut buffer).unwrap();
+        assert!(
+            n > 0,
+            "closed before the answer: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buffer[..n]);
+    }
+    let started = Instant::now();
+    pdbmux.terminate();
+    // The default timeout is 10 s: draining idle connections must not wait for it.
+    assert_eq!(pdbmux.wait_exit(Duration::from_secs(5)), Some(0));
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert!(
+        matches!(idle.read(&mut buffer), Ok(0) | Err(_)),
+        "the idle connection is closed"
+    );
+}
+
+/// `#[test]`s running every case against one binary, e.g.
+/// `runtime_cases!(env!("CARGO_BIN_EXE_pdbmux-smol"));` (`PDBMUX_RUNTIME_BIN` overrides it).
+macro_rules! runtime_cases {
+    ($binary:expr) => {
+        runtime_cases!(@each $binary;
+            a_streamed_body_over_the_limit_aborts_the_connection,
+            a_declared_length_over_the_limit_fails_that_backend_and_the_next_one_answers,
+            request_limits_are_enforced_before_any_backend_is_asked,
+            sigterm_lets_in_flight_requests_finish_then_exits_zero,
+            a_client_that_leaves_releases_the_upstream_request,
+            a_streamed_body_past_its_deadline_aborts_the_connection,
+            a_backend_closing_mid_body_aborts_the_connection,
+            keep_alive_answers_pipelined_requests_in_order,
+            upstream_connections_are_kept_alive_and_reused,
+            an_http10_client_gets_a_whole_body_without_chunks,
+            the_request_target_reaches_the_backend_verbatim,
+            shutdown_closes_idle_keep_alive_connections_at_once,
+        );
+    };
+    (@each $binary:expr; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                cases::$case(&support::binary($binary));
+            }
+        )*
+    };
+}
