@@ -54,7 +54,9 @@ impl<'a> Fields<'a> {
 
 /// A raw JSON string's value; `None` for any other JSON.
 pub fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<Text<'_>>(raw.get()).ok().map(|t| t.0)
+    serde_json::from_str::<Text<'_>>(raw.get())
+        .ok()
+        .map(|t| t.0)
 }
 
 /// A JSON string borrowed from the input when it has no escapes (serde's own `Cow<str>` always
