@@ -5,45 +5,20 @@
 
 use std::io;
 use std::panic::AssertUnwindSafe;
-use std::path::Path;
 use std::sync::Arc;
 
 use futures_rustls::TlsConnector;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use pdbmux_core::config::{BackendConfig, Config};
 use pdbmux_core::{BodyMode, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::ServerName;
 use smol::future::FutureExt;
 use smol::io::AsyncWriteExt;
 
 use crate::body::{HeldBody, OverLimit};
 use crate::pool::{Endpoint, Lease, Pool};
 
-/// Why a backend's client could not be built at startup.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientSetupError {
-    /// A TLS file could not be read or parsed.
-    #[error("backend {backend}: {what} {path}: {reason}")]
-    TlsFile {
-        /// The backend's name.
-        backend: String,
-        /// Which file (CA bundle, certificate, key).
-        what: &'static str,
-        /// The path.
-        path: String,
-        /// What went wrong.
-        reason: String,
-    },
-    /// rustls refused the configuration.
-    #[error("backend {backend}: tls setup: {reason}")]
-    Tls {
-        /// The backend's name.
-        backend: String,
-        /// What went wrong.
-        reason: String,
-    },
-}
+pub use pdbmux_tls::{error_chain, ClientSetupError};
 
 /// The clients for every backend, in configured order.
 pub struct Upstreams {
@@ -67,7 +42,7 @@ struct AttemptError {
 impl Upstreams {
     /// Builds one connection pool per backend; fails on unreadable TLS files.
     pub fn new(config: &Config) -> Result<Upstreams, ClientSetupError> {
-        let roots = native_roots();
+        let roots = pdbmux_tls::native_roots();
         let backends = config
             .backends
             .iter()
@@ -285,91 +260,18 @@ fn has_token(headers: &HeaderMap, token: &str) -> bool {
         .any(|t| t.trim().eq_ignore_ascii_case(token))
 }
 
-/// An error and its sources on one line, for logs and 502 bodies.
-pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
-fn native_roots() -> Vec<CertificateDer<'static>> {
-    let loaded = rustls_native_certs::load_native_certs();
-    for error in &loaded.errors {
-        tracing::debug!("loading system CA certificates: {error}");
-    }
-    loaded.certs
-}
-
 /// The TLS connector for an https backend: system roots plus its CA file, its client certificate.
 fn tls_for(
     backend: &BackendConfig,
-    system_roots: &[CertificateDer<'static>],
+    system_roots: &[rustls::pki_types::CertificateDer<'static>],
 ) -> Result<(TlsConnector, ServerName<'static>), ClientSetupError> {
-    let file_error = |what: &'static str, path: &Path, reason: String| ClientSetupError::TlsFile {
-        backend: backend.name.clone(),
-        what,
-        path: path.display().to_string(),
-        reason,
-    };
-    let tls_error = |reason: String| ClientSetupError::Tls {
-        backend: backend.name.clone(),
-        reason,
-    };
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add_parsable_certificates(system_roots.iter().cloned());
-    if let Some(path) = &backend.tls.ca_file {
-        let certs = read_certs(path).map_err(|reason| file_error("CA file", path, reason))?;
-        let (added, _) = roots.add_parsable_certificates(certs);
-        if added == 0 {
-            return Err(file_error("CA file", path, "no usable certificate".into()));
-        }
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls_error(e.to_string()))?
-        .with_root_certificates(roots);
-    let config = match (&backend.tls.cert_file, &backend.tls.key_file) {
-        (Some(cert_path), Some(key_path)) => {
-            let certs = read_certs(cert_path)
-                .map_err(|reason| file_error("certificate file", cert_path, reason))?;
-            // The key's contents never reach an error message or a log line.
-            let key = PrivateKeyDer::from_pem_file(key_path).map_err(|_| {
-                file_error("key file", key_path, "no readable PEM private key".into())
-            })?;
-            builder
-                .with_client_auth_cert(certs, key)
-                .map_err(|e| tls_error(e.to_string()))?
-        }
-        (None, None) => builder.with_no_client_auth(),
-        _ => {
-            return Err(tls_error(
-                "tls_cert_file and tls_key_file must be set together".into(),
-            ))
-        }
-    };
-    let name = ServerName::try_from(backend.url.host.clone())
-        .map_err(|e| tls_error(format!("server name {}: {e}", backend.url.host)))?;
+    let config = pdbmux_tls::client_config(backend, system_roots)?;
+    let name =
+        ServerName::try_from(backend.url.host.clone()).map_err(|e| ClientSetupError::Tls {
+            backend: backend.name.clone(),
+            reason: format!("server name {}: {e}", backend.url.host),
+        })?;
     Ok((TlsConnector::from(Arc::new(config)), name))
-}
-
-fn read_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| e.to_string())?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
-    if certs.is_empty() {
-        return Err("no PEM certificate found".into());
-    }
-    Ok(certs)
 }
 
 #[cfg(test)]
