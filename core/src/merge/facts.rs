@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 
 use super::rows::{sort_rows, Raw, Row};
-use super::{Answer, Merged, Provenance, RecordPlan};
+use super::{parse_answers, Answer, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
 use crate::records::{parse_array, write_array, Fields};
 
@@ -24,21 +24,10 @@ struct Record<'a> {
 }
 
 pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
-    let mut unusable = Vec::new();
-    let mut parsed = Vec::new();
-    for answer in answers {
-        match parse_array(answer.body) {
-            Ok(records) => parsed.push((answer.backend, records)),
-            Err(error) => unusable.push((answer.backend, format!("unparseable body: {error}"))),
-        }
-    }
-    if parsed.is_empty() {
-        return Merged {
-            response: None,
-            contributed: 0,
-            unusable,
-        };
-    }
+    let (parsed, unusable) = match parse_answers(answers) {
+        Ok(parsed) => parsed,
+        Err(unusable) => return Merged::nothing(unusable),
+    };
     let config = plan.config();
     let source_fact = config.source_fact.as_str();
     let drop_source = plan.provenance != Provenance::Off;

@@ -69,6 +69,39 @@ pub(crate) struct Merged {
     pub(crate) unusable: Vec<(BackendId, String)>,
 }
 
+/// A backend's records, parsed as raw JSON and borrowed from its body.
+pub(crate) type Parsed<'a> = Vec<(BackendId, Vec<&'a serde_json::value::RawValue>)>;
+
+/// Parses every answer's body as an array of raw records; a body that does not parse makes its
+/// backend unusable (D7). `Err` is the merge's result when no body parsed at all.
+pub(crate) fn parse_answers<'a>(
+    answers: &[Answer<'a>],
+) -> Result<(Parsed<'a>, Vec<(BackendId, String)>), Merged> {
+    let mut unusable = Vec::new();
+    let mut parsed = Vec::new();
+    for answer in answers {
+        match crate::records::parse_array(answer.body) {
+            Ok(records) => parsed.push((answer.backend, records)),
+            Err(error) => unusable.push((answer.backend, format!("unparseable body: {error}"))),
+        }
+    }
+    if parsed.is_empty() {
+        return Err(unusable);
+    }
+    Ok((parsed, unusable))
+}
+
+impl Merged {
+    /// No backend's answer was usable: the exchange answers with the status policy.
+    pub(crate) fn nothing(unusable: Vec<(BackendId, String)>) -> Merged {
+        Merged {
+            response: None,
+            contributed: 0,
+            unusable,
+        }
+    }
+}
+
 /// A planned record merge.
 #[derive(Debug)]
 pub(crate) struct RecordPlan {

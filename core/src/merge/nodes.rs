@@ -6,29 +6,18 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 
 use super::rows::{sort_rows, Raw, Row};
-use super::{Answer, Merged, RecordPlan};
+use super::{parse_answers, Answer, Merged, RecordPlan};
 use crate::membership::compare_report_timestamps;
-use crate::records::{parse_array, with_key, write_array, Fields};
+use crate::records::{with_key, write_array, Fields};
 
 /// The key naming the winning backend on each merged node record.
 pub(crate) const SOURCE_KEY: &str = "pdbmux_source";
 
 pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
-    let mut unusable = Vec::new();
-    let mut parsed = Vec::new();
-    for answer in answers {
-        match parse_array(answer.body) {
-            Ok(records) => parsed.push((answer.backend, records)),
-            Err(error) => unusable.push((answer.backend, format!("unparseable body: {error}"))),
-        }
-    }
-    if parsed.is_empty() {
-        return Merged {
-            response: None,
-            contributed: 0,
-            unusable,
-        };
-    }
+    let (parsed, unusable) = match parse_answers(answers) {
+        Ok(parsed) => parsed,
+        Err(unusable) => return Merged::nothing(unusable),
+    };
     let order = plan.order.as_ref();
     let mut rows: Vec<Option<(Row<'_>, Option<&str>)>> = Vec::new();
     let mut by_certname: HashMap<std::borrow::Cow<'_, str>, usize> = HashMap::new();

@@ -4,8 +4,8 @@
 use std::collections::HashSet;
 
 use super::rows::{sort_rows, Raw, Row};
-use super::{Answer, Merged, RecordPlan};
-use crate::records::{parse_array, write_array, Fields};
+use super::{parse_answers, Answer, Merged, RecordPlan};
+use crate::records::{write_array, Fields};
 use crate::sort::{Direction, OrderBy, OrderField};
 
 /// What makes two records the same record.
@@ -22,21 +22,10 @@ pub(crate) enum Identity {
 }
 
 pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identity) -> Merged {
-    let mut unusable = Vec::new();
-    let mut parsed = Vec::new();
-    for answer in answers {
-        match parse_array(answer.body) {
-            Ok(records) => parsed.push((answer.backend, records)),
-            Err(error) => unusable.push((answer.backend, format!("unparseable body: {error}"))),
-        }
-    }
-    if parsed.is_empty() {
-        return Merged {
-            response: None,
-            contributed: 0,
-            unusable,
-        };
-    }
+    let (parsed, unusable) = match parse_answers(answers) {
+        Ok(parsed) => parsed,
+        Err(unusable) => return Merged::nothing(unusable),
+    };
     let by_name = OrderBy {
         fields: vec![OrderField {
             field: "name".to_owned(),
