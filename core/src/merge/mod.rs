@@ -69,14 +69,17 @@ pub(crate) struct Merged {
     pub(crate) unusable: Vec<(BackendId, String)>,
 }
 
+/// Backends whose answers could not be used, with the reason.
+pub(crate) type Unusable = Vec<(BackendId, String)>;
+
 /// A backend's records, parsed as raw JSON and borrowed from its body.
 pub(crate) type Parsed<'a> = Vec<(BackendId, Vec<&'a serde_json::value::RawValue>)>;
 
 /// Parses every answer's body as an array of raw records; a body that does not parse makes its
-/// backend unusable (D7). `Err` is the merge's result when no body parsed at all.
+/// backend unusable (D7). `Err` holds every backend's reason when no body parsed at all.
 pub(crate) fn parse_answers<'a>(
     answers: &[Answer<'a>],
-) -> Result<(Parsed<'a>, Vec<(BackendId, String)>), Merged> {
+) -> Result<(Parsed<'a>, Unusable), Unusable> {
     let mut unusable = Vec::new();
     let mut parsed = Vec::new();
     for answer in answers {
@@ -93,7 +96,7 @@ pub(crate) fn parse_answers<'a>(
 
 impl Merged {
     /// No backend's answer was usable: the exchange answers with the status policy.
-    pub(crate) fn nothing(unusable: Vec<(BackendId, String)>) -> Merged {
+    pub(crate) fn nothing(unusable: Unusable) -> Merged {
         Merged {
             response: None,
             contributed: 0,
