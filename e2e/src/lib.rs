@@ -371,7 +371,7 @@ impl PdbmuxBuilder {
         self
     }
 
-    /// Starts pdbmux on a free loopback port and waits until it accepts connections.
+    /// Starts pdbmux on a loopback port it picks itself and waits until it accepts connections.
     ///
     /// Its environment holds only PATH, a fresh HOME/XDG_CONFIG_HOME (so no user config file is
     /// read; PDBMUX_CONFIG is unset), NO_COLOR=1 and the PDBMUX_* variables of this builder. stdout and
@@ -397,7 +397,9 @@ impl PdbmuxBuilder {
         let log_out = log
             .try_clone()
             .map_err(io_err(format!("clone {}", log_path.display())))?;
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+        // Port 0: pdbmux binds a free port itself and logs it, so parallel tests can never race
+        // for one (a port probed free here could be taken before pdbmux binds it).
+        let requested = SocketAddr::from(([127, 0, 0, 1], 0));
         let backends = self
             .backends
             .iter()
@@ -411,7 +413,7 @@ impl PdbmuxBuilder {
             .env("HOME", home.path())
             .env("XDG_CONFIG_HOME", &config_home)
             .env("PDBMUX_BACKENDS", &backends)
-            .env("PDBMUX_LISTEN", addr.to_string())
+            .env("PDBMUX_LISTEN", requested.to_string())
             // The log is a file: no terminal colours in it.
             .env("NO_COLOR", "1")
             .envs(&self.env)
@@ -424,7 +426,7 @@ impl PdbmuxBuilder {
             .map_err(io_err(format!("spawn {}", self.bin.display())))?;
         let mut pdbmux = Pdbmux {
             child,
-            addr,
+            addr: requested,
             log_path,
             _home: home,
         };
@@ -443,9 +445,22 @@ pub struct Pdbmux {
 }
 
 impl Pdbmux {
+    /// The address from pdbmux's startup line (`pdbmux serving listen=<addr>`), once logged.
+    fn logged_addr(&self) -> Option<SocketAddr> {
+        let text = fs::read_to_string(&self.log_path).ok()?;
+        let line = text.lines().find(|l| l.contains("pdbmux serving"))?;
+        let rest = &line[line.find("listen=")? + "listen=".len()..];
+        rest.split_whitespace().next()?.parse().ok()
+    }
+
     fn wait_ready(&mut self) -> Result<(), Error> {
         let deadline = Instant::now() + READY_TIMEOUT;
         loop {
+            if self.addr.port() == 0 {
+                if let Some(addr) = self.logged_addr() {
+                    self.addr = addr;
+                }
+            }
             if let Some(status) = self.child.try_wait().map_err(io_err("wait for pdbmux"))? {
                 return Err(Error::Exited {
                     status,
@@ -454,7 +469,9 @@ impl Pdbmux {
                     log_text: self.log(),
                 });
             }
-            if TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok() {
+            if self.addr.port() != 0
+                && TcpStream::connect_timeout(&self.addr, Duration::from_millis(200)).is_ok()
+            {
                 return Ok(());
             }
             if Instant::now() >= deadline {
