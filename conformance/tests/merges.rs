@@ -10,7 +10,9 @@ mod common;
 
 use common::{finish, harness, member_backend, members, URL_A, URL_B, URL_C};
 use http::{Method, StatusCode};
-use pdbmux_conformance::{decode_component, ms, FakeBackend, Harness, PuppetDb, Reply};
+use pdbmux_conformance::{
+    decoded_upstream, form_target, ms, FakeBackend, Harness, PuppetDb, Reply,
+};
 use pdbmux_core::membership::MEMBERSHIP_QUERY;
 use serde_json::{json, Value};
 
@@ -26,75 +28,13 @@ fn pdb(name: &str, url: &str, db: PuppetDb, latency: u64) -> FakeBackend {
     FakeBackend::puppetdb(name, url, db, ms(latency))
 }
 
-/// A GET target with these (unencoded) parameters, form-encoded.
-fn target(path: &str, params: &[(&str, &str)]) -> String {
-    if params.is_empty() {
-        return path.to_owned();
-    }
-    let query: Vec<String> = params
-        .iter()
-        .map(|(key, value)| format!("{key}={}", encode(value)))
-        .collect();
-    format!("{path}?{}", query.join("&"))
-}
-
-/// Form-encodes a parameter value (unreserved characters kept).
-fn encode(value: &str) -> String {
-    let mut out = String::new();
-    for byte in value.bytes() {
-        match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                out.push(char::from(byte))
-            }
-            _ => out.push_str(&format!("%{byte:02X}")),
-        }
-    }
-    out
-}
-
-/// Every upstream request, one per line, with its query string decoded (or its POST body).
-fn decoded_upstream(h: &Harness) -> String {
-    let mut out = String::new();
-    for sent in h.sends() {
-        let request = &sent.request;
-        let (path, query) = match request.path_and_query.split_once('?') {
-            Some((path, query)) => (path, Some(query)),
-            None => (request.path_and_query.as_str(), None),
-        };
-        let mut line = format!(
-            "{} {} -> {} {} {path}",
-            sent.machine, request.id, sent.backend_name, request.method
-        );
-        if let Some(query) = query {
-            let params: Vec<String> = query
-                .split('&')
-                .map(|piece| match piece.split_once('=') {
-                    Some((key, value)) => {
-                        format!("{}={}", decode_component(key), decode_component(value))
-                    }
-                    None => decode_component(piece),
-                })
-                .collect();
-            line.push_str(&format!(" ? {}", params.join(" & ")));
-        }
-        if let Some(body) = &request.body {
-            line.push_str(&format!(" body {}", String::from_utf8_lossy(body)));
-        }
-        if line.chars().count() > MAX_DECODED {
-            let total = line.len();
-            line = line.chars().take(MAX_DECODED).collect();
-            line.push_str(&format!("…({total} bytes)"));
-        }
-        out.push_str(&line);
-        out.push('\n');
-    }
-    out
-}
-
 /// Drives to quiescence; the transcript and the decoded upstream requests.
 fn run(h: &mut Harness) -> String {
     let transcript = finish(h);
-    format!("{transcript}--- upstream, decoded\n{}", decoded_upstream(h))
+    format!(
+        "{transcript}--- upstream, decoded\n{}",
+        decoded_upstream(&h, MAX_DECODED)
+    )
 }
 
 /// A response body as JSON.
@@ -189,7 +129,7 @@ fn nodes_dedupe_newer_wins_tie_to_configured_order_null_older() {
             vec![Reply::ok(b.to_string()).after(ms(2))],
         ),
     ]);
-    let c = h.get(&target(
+    let c = h.get(&form_target(
         "/pdb/query/v4/nodes",
         &[("order_by", r#"[{"field":"certname"}]"#)],
     ));
@@ -218,7 +158,7 @@ fn nodes_dedupe_newer_wins_tie_to_configured_order_null_older() {
 fn nodes_ownership_pushed_into_each_backends_query() {
     let (a, b) = shared_nodes();
     let mut h = harness(vec![pdb("pdb-a", URL_A, a, 4), pdb("pdb-b", URL_B, b, 2)]);
-    let c = h.get(&target(
+    let c = h.get(&form_target(
         "/pdb/query/v4/nodes",
         &[("order_by", r#"[{"field":"certname"}]"#)],
     ));
@@ -250,7 +190,7 @@ fn nodes_order_by_limit_offset_over_fetch_then_cut_after_the_merge() {
     let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 2)]);
     // Descending: NULL first (D11), then newest first. Whole estate:
     // a3(null), a1 10:05, b1 10:04, a2 10:03, b2 10:01, shared 10:00 (pdb-b's, newer).
-    let c = h.get(&target(
+    let c = h.get(&form_target(
         "/pdb/query/v4/nodes",
         &[
             (
@@ -284,8 +224,11 @@ fn nodes_include_total_x_records() {
     let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 2)]);
     // Unpaged: the merged count. Paged: the sum of the backends' X-Records, exact here because
     // ownership pushed down makes the backends' sets disjoint (D4).
-    let unpaged = h.get(&target("/pdb/query/v4/nodes", &[("include_total", "true")]));
-    let paged = h.get(&target(
+    let unpaged = h.get(&form_target(
+        "/pdb/query/v4/nodes",
+        &[("include_total", "true")],
+    ));
+    let paged = h.get(&form_target(
         "/pdb/query/v4/nodes",
         &[
             ("include_total", "true"),
@@ -312,7 +255,7 @@ fn nodes_long_ownership_exclusion_goes_upstream_as_post() {
         b = b.node(&certname(i), T10);
     }
     let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 2)]);
-    let c = h.get(&target(
+    let c = h.get(&form_target(
         "/pdb/query/v4/nodes",
         &[
             ("order_by", r#"[{"field":"certname"}]"#),
@@ -433,7 +376,7 @@ fn nodes_unanimous_400_replayed() {
             ],
         ),
     ]);
-    let c = h.get(&target(
+    let c = h.get(&form_target(
         "/pdb/query/v4/nodes",
         &[("query", r#"["=","name","x"]"#)],
     ));
@@ -501,7 +444,7 @@ fn facts_shared_node_owner_only_with_provenance() {
     let sends = exchange_sends(&h);
     assert_eq!(
         sends[0].request.path_and_query,
-        target(
+        form_target(
             "/pdb/query/v4/facts",
             &[("query", r#"["not",["in","certname",["array",["web1"]]]]"#)]
         )
@@ -580,7 +523,7 @@ fn gated(target: &str) -> (Harness, Value, String) {
 #[test]
 fn facts_gate_outer_name_constraint() {
     // Asks for the impostor by name too: it comes back from pdb-a and is dropped.
-    let (_, body, transcript) = gated(&target(
+    let (_, body, transcript) = gated(&form_target(
         "/pdb/query/v4/facts",
         &[(
             "query",
@@ -600,7 +543,7 @@ fn facts_gate_outer_name_constraint() {
 
 #[test]
 fn facts_gate_extract() {
-    let (_, body, transcript) = gated(&target(
+    let (_, body, transcript) = gated(&form_target(
         "/pdb/query/v4/facts",
         &[(
             "query",
@@ -643,7 +586,7 @@ fn facts_gate_pql() {
             vec![Reply::ok(b.to_string()).after(ms(2))],
         ),
     ]);
-    let request = target("/pdb/query/v4/facts", &[("query", pql)]);
+    let request = form_target("/pdb/query/v4/facts", &[("query", pql)]);
     let c = h.get(&request);
     let transcript = run(&mut h);
     assert_eq!(
@@ -661,7 +604,7 @@ fn facts_gate_pql() {
 
 #[test]
 fn facts_gate_paged() {
-    let (_, body, transcript) = gated(&target(
+    let (_, body, transcript) = gated(&form_target(
         "/pdb/query/v4/facts",
         &[("order_by", r#"[{"field":"certname"}]"#), ("limit", "3")],
     ));
@@ -732,7 +675,7 @@ fn facts_name_constraint_inside_a_subquery_still_injects() {
             vec![Reply::ok(b.to_string()).after(ms(2))],
         ),
     ]);
-    let c = h.get(&target("/pdb/query/v4/facts", &[("query", query)]));
+    let c = h.get(&form_target("/pdb/query/v4/facts", &[("query", query)]));
     let transcript = run(&mut h);
     assert_eq!(
         body_json(&h, c),
@@ -840,7 +783,7 @@ fn fact_names_union_sorted_paged_here_with_total() {
         ),
     ]);
     let whole = h.get("/pdb/query/v4/fact-names");
-    let paged = h.get(&target(
+    let paged = h.get(&form_target(
         "/pdb/query/v4/fact-names",
         &[
             ("order_by", r#"[{"field":"name","order":"desc"}]"#),
@@ -922,7 +865,7 @@ fn reports_dedupe_by_hash_resorted_repaged_total_summed() {
                 .after(ms(1))],
         ),
     ]);
-    let c = h.get(&target(
+    let c = h.get(&form_target(
         "/pdb/query/v4/reports",
         &[
             ("order_by", r#"[{"field":"end_time","order":"desc"}]"#),
@@ -985,7 +928,7 @@ fn facts_paged_window_is_exact_despite_an_upstream_source_fact() {
         .fact("web4", "os", "Debian", "production");
     let b = PuppetDb::new();
     let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 1)]);
-    let c = h.get(&target(
+    let c = h.get(&form_target(
         "/pdb/query/v4/facts",
         &[
             ("order_by", r#"[{"field":"certname"},{"field":"name"}]"#),
