@@ -33,7 +33,7 @@ fn run(h: &mut Harness) -> String {
     let transcript = finish(h);
     format!(
         "{transcript}--- upstream, decoded\n{}",
-        decoded_upstream(&h, MAX_DECODED)
+        decoded_upstream(h, MAX_DECODED)
     )
 }
 
