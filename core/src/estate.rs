@@ -216,25 +216,9 @@ impl Estate {
         if route == Route::Healthz {
             return Admission::Wait(self.join_reachability_check(now));
         }
-        if let Some(response) = crate::merge::local_answer(&route, request, &self.config) {
-            // Answered from the request and the configuration alone: no fan-out, no wait for
-            // the membership map.
-            let cached_path = self.cache.is_some()
-                && cache::cacheable(
-                    &route,
-                    request.path(),
-                    request.query(),
-                    &self.config.source_fact,
-                )
-                .is_some();
-            return Admission::Respond(if cached_path {
-                finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO, None)
-            } else {
-                response
-            });
-        }
-        let cacheable = match &self.cache {
-            Some(_) => cache::cacheable(
+        // A fresh entry answers before anything parses the query: a hit does no JSON work.
+        let keyed = match &self.cache {
+            Some(_) => cache::cache_key(
                 &route,
                 request.path(),
                 request.query(),
@@ -242,6 +226,32 @@ impl Estate {
             ),
             None => None,
         };
+        if let (Some(cache), Some(keyed)) = (&mut self.cache, &keyed) {
+            if let Lookup::Fresh(entry) = cache.lookup(now, &keyed.key) {
+                let age = now.saturating_duration_since(entry.stored_at);
+                let response = Response {
+                    status: http::StatusCode::OK,
+                    headers: entry.headers,
+                    body: ResponseBody::Full(entry.body),
+                };
+                return Admission::Respond(finish_cached(
+                    response,
+                    CacheStatus::Hit,
+                    age,
+                    keyed.value_filter.as_deref(),
+                ));
+            }
+        }
+        let cacheable = keyed.filter(|_| !cache::is_aggregate(request.query()));
+        if let Some(response) = crate::merge::local_answer(&route, request, &self.config) {
+            // Answered from the request and the configuration alone: no fan-out, no wait for
+            // the membership map.
+            return Admission::Respond(if cacheable.is_some() {
+                finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO, None)
+            } else {
+                response
+            });
+        }
         let Some(cacheable) = cacheable else {
             return match self.ownership_for(now, &route, request, resumed) {
                 Err(waiter) => Admission::Wait(waiter),
@@ -253,22 +263,6 @@ impl Estate {
                 )),
             };
         };
-        if let Some(cache) = &mut self.cache {
-            if let Lookup::Fresh(entry) = cache.lookup(now, &cacheable.key) {
-                let age = now.saturating_duration_since(entry.stored_at);
-                let response = Response {
-                    status: http::StatusCode::OK,
-                    headers: entry.headers,
-                    body: ResponseBody::Full(entry.body),
-                };
-                return Admission::Respond(finish_cached(
-                    response,
-                    CacheStatus::Hit,
-                    age,
-                    cacheable.value_filter.as_deref(),
-                ));
-            }
-        }
         if let Some(flight) = self.flight_keys.get(&cacheable.key).copied() {
             let waiter = WaiterId(self.waiter_ids.next());
             if let Some(flight) = self.flights.get_mut(&flight) {

@@ -64,6 +64,27 @@ pub fn cacheable(
     raw_query: Option<&str>,
     source_fact: &str,
 ) -> Option<Cacheable> {
+    cache_key(route, path, raw_query, source_fact).filter(|_| !is_aggregate(raw_query))
+}
+
+/// Whether a query takes the combining branch (an extract with a function column): such answers
+/// are never cached. Parses the query, so call it only when a fresh entry did not answer.
+pub fn is_aggregate(raw_query: Option<&str>) -> bool {
+    Params::parse(raw_query)
+        .query_text()
+        .as_ast()
+        .is_some_and(|ast| analyze(ast).has_function_column())
+}
+
+/// The key a cached-path request would be stored under, from the route and the parameters alone
+/// (no query analysis): what a lookup needs, so a hit does no JSON work. An aggregate gets a key
+/// too, but nothing is ever stored under it ([`is_aggregate`]).
+pub fn cache_key(
+    route: &Route,
+    path: &str,
+    raw_query: Option<&str>,
+    source_fact: &str,
+) -> Option<Cacheable> {
     let mut value_filter = None;
     let mut path = path.to_owned();
     match route {
@@ -82,11 +103,6 @@ pub fn cacheable(
         _ => return None,
     }
     let params = Params::parse(raw_query);
-    if let Some(ast) = params.query_text().as_ast() {
-        if analyze(ast).has_function_column() {
-            return None;
-        }
-    }
     let mut pairs: Vec<(&str, &str)> = params.iter().map(|p| (p.key(), p.value())).collect();
     pairs.sort_unstable();
     let canonical = form_urlencoded::Serializer::new(String::new())
