@@ -10,7 +10,7 @@ use http::HeaderValue;
 use crate::cache::{self, Cache, CacheStatus, Lookup, MemoryStore};
 use crate::clock::ClockAnchor;
 use crate::config::Config;
-use crate::exchange::Exchange;
+use crate::exchange::{Exchange, Prepared};
 use crate::health::{HealthTable, ProbeResult, ProbeSettings};
 use crate::healthz::{QueryRounds, ReachabilityCheck, Round, REACHABILITY_PATH};
 use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
@@ -243,7 +243,8 @@ impl Estate {
             }
         }
         let cacheable = keyed.filter(|_| !cache::is_aggregate(request.query()));
-        if let Some(response) = crate::merge::local_answer(&route, request, &self.config) {
+        let mut prepared = Prepared::new(&route, request.target.clone(), &self.config);
+        if let Some(response) = prepared.local_answer() {
             // Answered from the request and the configuration alone: no fan-out, no wait for
             // the membership map.
             return Admission::Respond(if cacheable.is_some() {
@@ -255,12 +256,7 @@ impl Estate {
         let Some(cacheable) = cacheable else {
             return match self.ownership_for(now, &route, request, resumed) {
                 Err(waiter) => Admission::Wait(waiter),
-                Ok(ownership) => Admission::Exchange(self.exchange(
-                    now,
-                    &route,
-                    request.target.clone(),
-                    ownership,
-                )),
+                Ok(ownership) => Admission::Exchange(self.exchange(now, prepared, ownership)),
             };
         };
         if let Some(flight) = self.flight_keys.get(&cacheable.key).copied() {
@@ -274,9 +270,13 @@ impl Estate {
             Err(waiter) => return Admission::Wait(waiter),
             Ok(ownership) => ownership,
         };
-        let fan_out_route =
-            classify(&ClientRequest::get(cacheable.target.clone())).unwrap_or(route);
-        let exchange = self.exchange(now, &fan_out_route, cacheable.target, ownership);
+        if cacheable.target != request.target {
+            // The provenance drilldown fetches the shared record set, without its value.
+            let fan_out_route =
+                classify(&ClientRequest::get(cacheable.target.clone())).unwrap_or(route);
+            prepared = Prepared::new(&fan_out_route, cacheable.target, &self.config);
+        }
+        let exchange = self.exchange(now, prepared, ownership);
         let flight = FlightId(self.flight_ids.next());
         let waiter = WaiterId(self.waiter_ids.next());
         self.flight_keys.insert(cacheable.key.clone(), flight);
@@ -320,15 +320,13 @@ impl Estate {
     fn exchange(
         &self,
         now: Instant,
-        route: &Route,
-        target: String,
+        prepared: Prepared,
         ownership: Option<Arc<Ownership>>,
     ) -> Exchange {
         Exchange::new(
             now,
             Arc::clone(&self.config),
-            route,
-            target,
+            prepared,
             &self.roster(),
             ownership,
         )

@@ -120,20 +120,83 @@ pub struct Exchange {
     round: Option<Round>,
 }
 
+/// A request read and planned, before the estate knows whether it must wait for the membership
+/// map: either answered already (a refusal, or an answer known from the configuration alone) or
+/// a plan to start with [`Exchange::new`]. Planning happens once per request.
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    route: Route,
+    target: String,
+    plan: Option<Plan>,
+    immediate: Option<Response>,
+}
+
+impl Prepared {
+    /// Reads and plans a classified request (`route` must not be [`Route::Healthz`]).
+    pub(crate) fn new(route: &Route, target: String, config: &Arc<Config>) -> Prepared {
+        let (path, raw_query) = match target.split_once('?') {
+            Some((path, query)) => (path, Some(query)),
+            None => (target.as_str(), None),
+        };
+        let mut immediate = None;
+        let combine = CombineFanOut::plan(route, path, raw_query, config);
+        let plan = match (route, combine) {
+            (_, Some(Ok(combine))) => Some(Plan::Combine(Box::new(combine))),
+            (_, Some(Err(refusal))) => {
+                immediate = Some(refusal);
+                None
+            }
+            (Route::Merged(_) | Route::FactsByName { .. }, None) => {
+                match RecordPlan::plan(route, path, raw_query, config) {
+                    Planned::FanOut(plan) => Some(Plan::Records(plan)),
+                    Planned::Respond(response) => {
+                        immediate = Some(response);
+                        None
+                    }
+                }
+            }
+            (Route::MetaVersion, None) => Some(Plan::FanOut(Merge::LowestVersion)),
+            (Route::ServerTime, None) => Some(Plan::FanOut(Merge::FirstInOrder)),
+            (Route::PassThrough | Route::Resources, None) => Some(Plan::FirstSuccess),
+            (Route::PerCertname { .. }, None) => Some(Plan::OwnerFirst),
+            (Route::ReportHash { .. }, None) => Some(Plan::Holder),
+            (Route::Metrics(metrics), None) => Some(Plan::Metrics(Box::new(MetricsPlan::plan(
+                *metrics, path, config,
+            )))),
+            (Route::Combined(_) | Route::Healthz, None) => None,
+        };
+        Prepared {
+            route: route.clone(),
+            target,
+            plan,
+            immediate,
+        }
+    }
+
+    /// The answer when the request needs no backend at all.
+    pub(crate) fn local_answer(&mut self) -> Option<Response> {
+        self.immediate.take()
+    }
+}
+
 impl Exchange {
-    /// Plans the upstream work for a classified request over the backends in `roster` (configured
-    /// order). `route` must not be [`Route::Healthz`], which the estate answers itself.
-    /// `ownership` is the membership snapshot for node-scoped routes (DECISIONS.md D4).
+    /// Starts a prepared request over the backends in `roster` (configured order), with
+    /// `ownership`, the membership snapshot for node-scoped routes (DECISIONS.md D4).
     pub(crate) fn new(
         now: Instant,
         config: Arc<Config>,
-        route: &Route,
-        target: String,
+        prepared: Prepared,
         roster: &[BackendId],
         ownership: Option<Arc<Ownership>>,
     ) -> Exchange {
+        let Prepared {
+            route,
+            target,
+            plan,
+            immediate,
+        } = prepared;
         let mut roster = roster.to_vec();
-        if let (Route::PerCertname { certname }, Some(ownership)) = (route, &ownership) {
+        if let (Route::PerCertname { certname }, Some(ownership)) = (&route, &ownership) {
             let certname = percent_encoding::percent_decode_str(certname).decode_utf8_lossy();
             let owners = ownership
                 .owners(&certname, Scope::Active)
@@ -146,44 +209,20 @@ impl Exchange {
                 }
             }
         }
-        let (path, raw_query) = match target.split_once('?') {
-            Some((path, query)) => (path, Some(query)),
-            None => (target.as_str(), None),
-        };
-        let mut immediate = None;
-        let combine = CombineFanOut::plan(route, path, raw_query, &config, ownership.clone());
-        let plan =
-            match (route, combine) {
-                (_, Some(Ok(combine))) => Some(Plan::Combine(Box::new(combine))),
-                (_, Some(Err(refusal))) => {
-                    immediate = Some(refusal);
-                    None
-                }
-                (Route::Merged(_) | Route::FactsByName { .. }, None) => {
-                    match RecordPlan::plan(route, path, raw_query, &config, ownership.clone()) {
-                        Planned::FanOut(plan) => Some(Plan::Records(plan)),
-                        Planned::Respond(response) => {
-                            immediate = Some(response);
-                            None
-                        }
-                    }
-                }
-                (Route::MetaVersion, None) => Some(Plan::FanOut(Merge::LowestVersion)),
-                (Route::ServerTime, None) => Some(Plan::FanOut(Merge::FirstInOrder)),
-                (Route::PassThrough | Route::Resources, None) => Some(Plan::FirstSuccess),
-                (Route::PerCertname { .. }, None) => Some(Plan::OwnerFirst),
-                (Route::ReportHash { .. }, None) => Some(Plan::Holder),
-                (Route::Metrics(metrics), None) => Some(Plan::Metrics(Box::new(
-                    MetricsPlan::plan(*metrics, path, &config, ownership.clone()),
-                ))),
-                (Route::Combined(_) | Route::Healthz, None) => None,
-            };
+        let mut plan = plan;
+        match &mut plan {
+            Some(Plan::Records(records)) => records.attach(ownership),
+            Some(Plan::Combine(combine)) => combine.attach(ownership),
+            Some(Plan::Metrics(metrics)) => metrics.attach(ownership),
+            _ => {}
+        }
         let parts = match &plan {
             Some(Plan::Combine(combine)) => combine.parts(),
             Some(Plan::Metrics(metrics)) => metrics.parts(),
             _ => 1,
         };
         let plan_missing = plan.is_none() && immediate.is_none();
+        let route = &route;
         let sends_all = matches!(
             plan,
             Some(

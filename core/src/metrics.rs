@@ -58,12 +58,7 @@ fn population_of(path: &str) -> Option<Population> {
 
 impl MetricsPlan {
     /// Plans a metrics request.
-    pub(crate) fn plan(
-        route: MetricsRoute,
-        path: &str,
-        config: &Config,
-        ownership: Option<Arc<Ownership>>,
-    ) -> MetricsPlan {
+    pub(crate) fn plan(route: MetricsRoute, path: &str, config: &Config) -> MetricsPlan {
         let population = match route {
             MetricsRoute::Read => population_of(path),
             MetricsRoute::List | MetricsRoute::V1Mbeans => None,
@@ -74,8 +69,15 @@ impl MetricsPlan {
             route,
             population,
             bare_value,
-            ownership,
+            ownership: None,
             strategy: config.merge,
+        }
+    }
+
+    /// Adds the membership snapshot the population MBeans are answered from.
+    pub(crate) fn attach(&mut self, ownership: Option<Arc<Ownership>>) {
+        if ownership.is_some() {
+            self.ownership = ownership;
         }
     }
 
@@ -210,7 +212,8 @@ mod tests {
     fn num_nodes_counts_each_certname_once() {
         let config = Config::with_backends(Vec::new());
         let path = "/metrics/v2/read/puppetlabs.puppetdb.population%3Aname%3Dnum-nodes";
-        let plan = MetricsPlan::plan(MetricsRoute::Read, path, &config, Some(ownership()));
+        let mut plan = MetricsPlan::plan(MetricsRoute::Read, path, &config);
+        plan.attach(Some(ownership()));
         assert_eq!(plan.parts(), 1);
         let a = envelope(
             "puppetlabs.puppetdb.population:name=num-nodes",
@@ -231,7 +234,8 @@ mod tests {
     fn num_resources_is_the_owned_count() {
         let config = Config::with_backends(Vec::new());
         let path = "/metrics/v2/read/puppetlabs.puppetdb.population:name=avg-resources-per-node";
-        let plan = MetricsPlan::plan(MetricsRoute::Read, path, &config, Some(ownership()));
+        let mut plan = MetricsPlan::plan(MetricsRoute::Read, path, &config);
+        plan.attach(Some(ownership()));
         assert_eq!(plan.parts(), 2);
         let (_, target, _) =
             plan.upstream_request(path, BackendId(1), 1, &[BackendId(0), BackendId(1)]);
@@ -259,7 +263,7 @@ mod tests {
     fn other_mbeans_are_merged_as_they_are() {
         let config = Config::with_backends(Vec::new());
         let path = "/metrics/v2/read/java.lang:type=Memory";
-        let plan = MetricsPlan::plan(MetricsRoute::Read, path, &config, None);
+        let plan = MetricsPlan::plan(MetricsRoute::Read, path, &config);
         let a = envelope(
             "java.lang:type=Memory",
             json!({"HeapMemoryUsage": {"used": 5}}),

@@ -9,7 +9,7 @@ use http::{HeaderValue, Method, StatusCode};
 use super::{CombineKind, CombinePlan, Part, Upstream, UpstreamPath, EVENT_COUNTS_PATH};
 use crate::config::{Config, MergeStrategy};
 use crate::ids::BackendId;
-use crate::membership::Ownership;
+use crate::membership::{Ownership, Scope};
 use crate::message::Response;
 use crate::outbound::{self, Pushdown};
 use crate::query::{Params, QueryText};
@@ -22,6 +22,8 @@ pub(crate) struct CombineFanOut {
     plan: CombinePlan,
     upstreams: Vec<Upstream>,
     path: String,
+    /// For a node-scoped combine, the owners' strategy and the query's scope of nodes.
+    node_scope: Option<(MergeStrategy, Scope)>,
     pushdown: Option<Pushdown>,
 }
 
@@ -69,7 +71,6 @@ impl CombineFanOut {
         path: &str,
         raw_query: Option<&str>,
         config: &Arc<Config>,
-        ownership: Option<Arc<Ownership>>,
     ) -> Option<Result<CombineFanOut, Response>> {
         let params = Params::parse(raw_query);
         let kind = combine_kind(route, &params)?;
@@ -104,17 +105,22 @@ impl CombineFanOut {
                 | Route::Resources
         );
         let scope = outbound::scope_of(raw_query, history);
-        let pushdown = match (strategy, ownership) {
-            (Some(strategy), Some(ownership)) => Some((ownership, strategy, scope)),
-            _ => None,
-        };
+        let node_scope = strategy.map(|strategy| (strategy, scope));
         let upstreams = plan.upstream();
         Some(Ok(CombineFanOut {
             plan,
             upstreams,
             path: path.to_owned(),
-            pushdown,
+            node_scope,
+            pushdown: None,
         }))
+    }
+
+    /// Adds the membership snapshot a node-scoped combine pushes down.
+    pub(crate) fn attach(&mut self, ownership: Option<Arc<Ownership>>) {
+        if let (Some((strategy, scope)), Some(ownership)) = (self.node_scope, ownership) {
+            self.pushdown = Some((ownership, strategy, scope));
+        }
     }
 
     /// How many upstream requests each backend gets.

@@ -20,7 +20,7 @@ use percent_encoding::percent_decode_str;
 
 use crate::config::{Config, MergeStrategy};
 use crate::ids::BackendId;
-use crate::membership::Ownership;
+use crate::membership::{Ownership, Scope};
 use crate::message::Response;
 use crate::outbound;
 use crate::query::{analyze, Analysis, Params, QueryText};
@@ -118,6 +118,9 @@ pub(crate) struct RecordPlan {
     pub(crate) window: Window,
     pub(crate) include_total: bool,
     pub(crate) provenance: Provenance,
+    /// For a node-scoped merge, the strategy that picks owners and the scope of nodes the query
+    /// sees; [`RecordPlan::attach`] adds the snapshot.
+    node_scope: Option<(MergeStrategy, Scope)>,
     /// The ownership snapshot and the strategy that picks owners, for node-scoped merges.
     pushdown: Option<outbound::Pushdown>,
 }
@@ -128,28 +131,6 @@ pub(crate) enum Planned {
     FanOut(Box<RecordPlan>),
     /// Answer without asking any backend (a refusal, or an answer known from config alone).
     Respond(Response),
-}
-
-/// The answer to a record route that needs no backend at all (a refusal, or an answer known
-/// from the configuration alone), if it is one; `None` for every other route.
-pub(crate) fn local_answer(
-    route: &Route,
-    request: &crate::ClientRequest,
-    config: &Arc<Config>,
-) -> Option<Response> {
-    match crate::combine::CombineFanOut::plan(route, request.path(), request.query(), config, None)
-    {
-        Some(Err(refusal)) => return Some(refusal),
-        Some(Ok(_)) => return None,
-        None => {}
-    }
-    if !matches!(route, Route::Merged(_) | Route::FactsByName { .. }) {
-        return None;
-    }
-    match RecordPlan::plan(route, request.path(), request.query(), config, None) {
-        Planned::Respond(response) => Some(response),
-        Planned::FanOut(_) => None,
-    }
 }
 
 /// A 400 in PuppetDB's style (plain text).
@@ -164,7 +145,6 @@ impl RecordPlan {
         path: &str,
         raw_query: Option<&str>,
         config: &Arc<Config>,
-        ownership: Option<Arc<Ownership>>,
     ) -> Planned {
         let params = Params::parse(raw_query);
         let query = params.query_text();
@@ -272,10 +252,7 @@ impl RecordPlan {
         };
         let history = matches!(kind, RecordKind::Reports | RecordKind::Events);
         let scope = outbound::scope_of(raw_query, history);
-        let pushdown = match (node_scoped, ownership) {
-            (true, Some(ownership)) => Some((ownership, strategy, scope)),
-            _ => None,
-        };
+        let node_scope = node_scoped.then_some((strategy, scope));
 
         Planned::FanOut(Box::new(RecordPlan {
             kind,
@@ -288,8 +265,17 @@ impl RecordPlan {
             window,
             include_total,
             provenance,
-            pushdown,
+            node_scope,
+            pushdown: None,
         }))
+    }
+
+    /// Adds the membership snapshot a node-scoped merge pushes down (planning happens before the
+    /// estate knows whether it must wait for one).
+    pub(crate) fn attach(&mut self, ownership: Option<Arc<Ownership>>) {
+        if let (Some((strategy, scope)), Some(ownership)) = (self.node_scope, ownership) {
+            self.pushdown = Some((ownership, strategy, scope));
+        }
     }
 
     /// Whether the outer query projects columns (an extract): rows keep their shape untouched.

@@ -46,8 +46,11 @@ fn plan(
 ) -> Result<RecordPlan, String> {
     let request = ClientRequest::get(target);
     let route: Route = classify(&request).map_err(|e| e.to_string())?;
-    match RecordPlan::plan(&route, request.path(), request.query(), config, ownership) {
-        Planned::FanOut(plan) => Ok(*plan),
+    match RecordPlan::plan(&route, request.path(), request.query(), config) {
+        Planned::FanOut(mut plan) => {
+            plan.attach(ownership);
+            Ok(*plan)
+        }
         Planned::Respond(response) => Err(format!(
             "{} {}",
             response.status.as_u16(),
