@@ -21,7 +21,9 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use common::{certname, direct, direct_records, env, get, json_of, pdbmux, records, x_records};
+use common::{
+    certname, direct, direct_records, env, get, json_of, newer_wins, pdbmux, records, x_records,
+};
 use pdbmux_e2e::order::{compare_values, instant, window};
 use pdbmux_e2e::{epoch_seconds, marker, timestamp_micros, AccessLog, Backend, Pdbmux, Response};
 use serde_json::{json, Map, Value};
@@ -83,27 +85,6 @@ fn combined_rows(p: &Pdbmux, path: &str, query: &Value) -> Vec<Value> {
 }
 
 // --- ownership (D4) ---------------------------------------------------------------------------
-
-fn report_instant(record: &Value) -> Option<(i64, u32)> {
-    record["report_timestamp"].as_str().and_then(instant)
-}
-
-/// Per certname the backend index holding the strictly newer report_timestamp (none is older than
-/// any; a tie to the earlier backend) and that backend's record.
-fn newer_wins(answers: &[Vec<Value>]) -> BTreeMap<String, (usize, Value)> {
-    let mut out: BTreeMap<String, (usize, Value)> = BTreeMap::new();
-    for (i, recs) in answers.iter().enumerate() {
-        for rec in recs {
-            match out.get(certname(rec)) {
-                Some((_, held)) if report_instant(rec) <= report_instant(held) => {}
-                _ => {
-                    out.insert(certname(rec).to_owned(), (i, rec.clone()));
-                }
-            }
-        }
-    }
-    out
-}
 
 /// The /nodes winners among active nodes (the freshness owners), cross-checked with the fixture.
 fn active_winners() -> BTreeMap<String, (usize, Value)> {

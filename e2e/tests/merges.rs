@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::{
     certname, certname_query, direct, direct_records, direct_total, env, get, json_of, multiset,
-    node_of, pdbmux, records, x_records,
+    newer_wins, node_of, pdbmux, records, x_records,
 };
 use pdbmux_e2e::order::{self, order_by_param, sort_keys, sort_records, window, OrderField};
 use pdbmux_e2e::{closed_backend_url, Backend, Pdbmux, Response};
@@ -100,27 +100,6 @@ fn is_source(record: &Value, source: &str) -> bool {
 
 // --- reference merges (from the backends' own answers) ----------------------------------------
 
-fn report_instant(record: &Value) -> Option<(i64, u32)> {
-    record["report_timestamp"].as_str().and_then(order::instant)
-}
-
-/// The /nodes rule: per certname the record with the strictly newer report_timestamp (none is
-/// older than any), a tie going to the earlier backend. certname -> (backend index, record).
-fn merge_nodes(answers: &[Vec<Value>]) -> BTreeMap<String, (usize, Value)> {
-    let mut out: BTreeMap<String, (usize, Value)> = BTreeMap::new();
-    for (i, recs) in answers.iter().enumerate() {
-        for rec in recs {
-            match out.get(certname(rec)) {
-                Some((_, held)) if report_instant(rec) <= report_instant(held) => {}
-                _ => {
-                    out.insert(certname(rec).to_owned(), (i, rec.clone()));
-                }
-            }
-        }
-    }
-    out
-}
-
 /// The merged node records: each winner with `pdbmux_source` naming its backend.
 fn stamped_nodes(merged: &BTreeMap<String, (usize, Value)>, names: &[&str]) -> Vec<Value> {
     merged
@@ -182,7 +161,7 @@ enum Strategy {
 fn owners(strategy: Strategy) -> BTreeMap<String, usize> {
     let answers = direct_records(NODES, &[]);
     let owners: BTreeMap<String, usize> = match strategy {
-        Strategy::Freshness => merge_nodes(&answers)
+        Strategy::Freshness => newer_wins(&answers)
             .into_iter()
             .map(|(c, (i, _))| (c, i))
             .collect(),
@@ -386,7 +365,7 @@ fn windows_for(n: usize) -> Vec<(usize, Option<usize>)> {
 fn nodes_serve_every_active_node_once_and_the_newer_report_wins() {
     let env = env();
     let names = names();
-    let expected = merge_nodes(&direct_records(NODES, &[]));
+    let expected = newer_wins(&direct_records(NODES, &[]));
     // The reference agrees with the fixture: the active nodes, and each one's winner.
     assert_eq!(
         fixture_only(expected.keys().map(String::as_str)),
@@ -453,7 +432,7 @@ fn nodes_deactivated_ones_only_with_a_node_state_query() {
     // (D4's ownership over every node state). A node deactivated in one backend and active in
     // another with a newer report is active, so a node_state query sees it in one state only.
     let any_q = json!(["=", "node_state", "any"]).to_string();
-    let owned = merge_nodes(&direct_records(NODES, &[("query", any_q.as_str())]));
+    let owned = newer_wins(&direct_records(NODES, &[("query", any_q.as_str())]));
     let inactive = |rec: &Value| !rec["deactivated"].is_null() || !rec["expired"].is_null();
     for state in ["any", "inactive"] {
         let q = json!(["=", "node_state", state]).to_string();
@@ -485,7 +464,7 @@ fn nodes_deactivated_ones_only_with_a_node_state_query() {
 #[test]
 fn nodes_paging_windows_follow_postgresql_order() {
     let names = names();
-    let expected = stamped_nodes(&merge_nodes(&direct_records(NODES, &[])), &names);
+    let expected = stamped_nodes(&newer_wins(&direct_records(NODES, &[])), &names);
     assert!(
         expected.iter().any(|r| r["report_timestamp"].is_null()),
         "a node without a report (null report_timestamp) to place"
@@ -515,7 +494,7 @@ fn nodes_paging_windows_follow_postgresql_order() {
     // Paging a filtered query.
     let q = json!(["~", "certname", "^both-"]).to_string();
     let expected_q = stamped_nodes(
-        &merge_nodes(&direct_records(NODES, &[("query", &q)])),
+        &newer_wins(&direct_records(NODES, &[("query", &q)])),
         &names,
     );
     check_paging(
@@ -1685,7 +1664,7 @@ fn a_dead_backend_leaves_the_survivors_records() {
         let mut answers = vec![Vec::new(), Vec::new()];
 
         answers[at] = survivor(NODES);
-        let expected = stamped_nodes(&merge_nodes(&answers), &names);
+        let expected = stamped_nodes(&newer_wins(&answers), &names);
         assert_eq!(
             multiset(&through(NODES)),
             multiset(&expected),

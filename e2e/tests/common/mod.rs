@@ -147,3 +147,26 @@ pub fn healthz_backend<'a>(body: &'a Value, name: &str) -> &'a Value {
         .and_then(|bs| bs.iter().find(|b| b["name"] == name))
         .unwrap_or_else(|| panic!("no backend {name} in /healthz {body}"))
 }
+
+/// The /nodes rule, computed from the backends' own answers (configured order): per certname the
+/// record with the strictly newer report_timestamp (none is older than any), a tie going to the
+/// earlier backend. certname -> (backend index, record).
+pub fn newer_wins(answers: &[Vec<Value>]) -> std::collections::BTreeMap<String, (usize, Value)> {
+    let report_instant = |record: &Value| {
+        record["report_timestamp"]
+            .as_str()
+            .and_then(pdbmux_e2e::order::instant)
+    };
+    let mut out: std::collections::BTreeMap<String, (usize, Value)> = Default::default();
+    for (i, recs) in answers.iter().enumerate() {
+        for rec in recs {
+            match out.get(certname(rec)) {
+                Some((_, held)) if report_instant(rec) <= report_instant(held) => {}
+                _ => {
+                    out.insert(certname(rec).to_owned(), (i, rec.clone()));
+                }
+            }
+        }
+    }
+    out
+}
