@@ -88,10 +88,11 @@ lint: lint-core
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 
-# The core stays sans-IO: no async runtime, HTTP stack or config loader in its dependency tree,
+# The core stays sans-IO: no async runtime, HTTP stack, config loader or OS-call crate (rustix,
+# memmap2: those live in sealed/) in its dependency tree,
 # no unsafe code, and no clock or sleep (clippy.toml's disallowed-methods, enforced by clippy above).
 lint-core:
-	@deps=$$($(CARGO) tree -p pdbmux-core -e normal --prefix none --locked | grep -Eo '^(tokio|smol|hyper|hyper-util|async-h1|async-std|futures|futures-util|figment) ' | sort -u | tr '\n' ' '); \
+	@deps=$$($(CARGO) tree -p pdbmux-core -e normal --prefix none --locked | grep -Eo '^(tokio|smol|hyper|hyper-util|async-h1|async-std|futures|futures-util|figment|rustix|memmap2) ' | sort -u | tr '\n' ' '); \
 	if [ -n "$$deps" ]; then echo "core depends on I/O or config crates: $$deps"; exit 1; fi
 	@grep -q '^#!\[forbid(unsafe_code)\]' core/src/lib.rs || { echo "core/src/lib.rs must #![forbid(unsafe_code)]"; exit 1; }
 	@for m in std::time::Instant::now std::time::SystemTime::now std::thread::sleep; do \

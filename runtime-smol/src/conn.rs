@@ -6,11 +6,13 @@
 //! 414 or 431 from the core), rebuilds the target through `url::Url` (resolving `..` and
 //! re-encoding: the core must judge the raw target), insists on a Host header and HTTP/1.1, and
 //! has no public setter for its header timeout. Responses are written by async-h1's encoder
-//! (Content-Length or chunked framing, Date). pdbmux serves GET only, so request bodies are never
+//! (Content-Length or chunked framing, Date); a sealed body (a large cached one, see
+//! `pdbmux_sealed`) follows its head by `sendfile` instead of through the encoder. pdbmux serves GET only, so request bodies are never
 //! read: a declared length is skipped after the answer, anything else closes the connection.
 
 use std::io;
 use std::net::{Shutdown, TcpStream};
+use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -311,7 +313,16 @@ async fn write(
         // HTTP/1.0 has no chunked framing: read a streamed body whole to give it a length.
         buffered(answer).await
     };
+    let sealed = match &answer.response.body {
+        ResponseBody::Full(body) if !head_only => {
+            pdbmux_sealed::find(body).map(|sealed| (sealed, body.clone()))
+        }
+        _ => None,
+    };
     let wire = to_wire(answer, keep_alive, http11);
+    if let Some((sealed, body)) = sealed {
+        return write_sealed(stream, wire, sealed, body).await;
+    }
     let method = if head_only {
         http_types::Method::Head
     } else {
@@ -347,6 +358,44 @@ async fn write(
         }
     }
     writer.flush().await
+}
+
+/// Writes an answer whose body is sealed (a large cached body, see `pdbmux_sealed`): the head
+/// from async-h1's encoder (as for HEAD: the same Content-Length, no body), sent with `MSG_MORE`,
+/// then the body from its memfd with `sendfile`, so its bytes are never copied out of user
+/// memory. `body` keeps the sealed mapping (and so the memfd's registration) alive meanwhile.
+async fn write_sealed(
+    stream: &Async<TcpStream>,
+    wire: http_types::Response,
+    mut sealed: pdbmux_sealed::Sealed,
+    body: Bytes,
+) -> io::Result<()> {
+    let mut head = Vec::new();
+    async_h1::server::Encoder::new(wire, http_types::Method::Head)
+        .read_to_end(&mut head)
+        .await?;
+    let mut written = 0;
+    while written < head.len() {
+        let rest = [io::IoSlice::new(&head[written..])];
+        let n = stream
+            .write_with(|socket| pdbmux_sealed::send_head(socket.as_fd(), &rest))
+            .await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        written += n;
+    }
+    while !sealed.is_empty() {
+        let n = stream
+            .write_with(|socket| pdbmux_sealed::send_sealed(socket.as_fd(), &sealed))
+            .await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        sealed.advance(n);
+    }
+    drop(body);
+    Ok(())
 }
 
 /// Reads a streamed body whole (for an HTTP/1.0 client); a failure becomes a 502.

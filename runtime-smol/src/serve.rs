@@ -11,6 +11,7 @@ use std::time::Duration;
 use async_signal::{Signal, Signals};
 use pdbmux_cli::Settings;
 use pdbmux_core::{ClockAnchor, Estate};
+use pdbmux_sealed::SealingStore;
 use smol::channel;
 use smol::future::FutureExt;
 use smol::stream::StreamExt;
@@ -88,7 +89,9 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
         instant: std::time::Instant::now(),
         wall: std::time::SystemTime::now(),
     };
-    let shared = Shared::new(Estate::new(config, clock), upstreams, Arc::clone(&executor));
+    let store = Box::new(SealingStore::new(config.facts_cache_bytes));
+    let estate = Estate::with_store(config, clock, store);
+    let shared = Shared::new(estate, upstreams, Arc::clone(&executor));
     let driver = shared.spawn_driver();
     // `closing` is dropped when shutdown starts; every connection holds a clone of `open`.
     let (closing, closing_watch) = channel::bounded::<()>(1);

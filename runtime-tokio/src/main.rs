@@ -2,6 +2,7 @@
 
 mod body;
 mod estate_task;
+mod sealed_io;
 mod serve;
 mod service;
 mod upstream;

@@ -1,5 +1,7 @@
 //! The listener: HTTP/1.1 with keep-alive and a header-read timeout, graceful shutdown on SIGTERM
 //! or SIGINT (stop accepting, let in-flight requests finish for up to `timeout` + 5 s, exit 0).
+//! Large cached bodies are stored sealed ([`SealingStore`]) and sent with `sendfile` by each
+//! connection's [`SealedIo`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,9 +11,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use pdbmux_cli::Settings;
 use pdbmux_core::{ClockAnchor, Estate};
+use pdbmux_sealed::SealingStore;
 use tokio::net::TcpListener;
 
 use crate::estate_task::Shared;
+use crate::sealed_io::SealedIo;
 use crate::service;
 use crate::upstream::Upstreams;
 
@@ -68,7 +72,8 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
         instant: std::time::Instant::now(),
         wall: std::time::SystemTime::now(),
     };
-    let shared = Shared::new(Estate::new(config, clock), upstreams);
+    let store = Box::new(SealingStore::new(config.facts_cache_bytes));
+    let shared = Shared::new(Estate::with_store(config, clock, store), upstreams);
     let driver = shared.spawn_driver();
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -92,7 +97,7 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                 let _ = stream.set_nodelay(true);
                 let shared = Arc::clone(&shared);
                 let connection = http.serve_connection(
-                    TokioIo::new(stream),
+                    TokioIo::new(SealedIo::new(stream)),
                     service_fn(move |request| service::handle(Arc::clone(&shared), request)),
                 );
                 let connection = graceful.watch(connection);

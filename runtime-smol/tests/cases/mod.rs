@@ -350,6 +350,99 @@ pub fn shutdown_closes_idle_keep_alive_connections_at_once(bin: &Path) {
     );
 }
 
+/// Splits pipelined responses read off one connection: (head, body) pairs by Content-Length.
+fn split_responses(mut bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let end = bytes
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a complete head")
+            + 4;
+        let head = String::from_utf8_lossy(&bytes[..end]).to_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length:"))
+            .expect("a Content-Length")
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(bytes.len() >= end + length, "a truncated body: {head}");
+        out.push((head, bytes[end..end + length].to_vec()));
+        bytes = &bytes[end + length..];
+    }
+    out
+}
+
+/// A merged body large enough to be stored sealed (pdbmux_sealed's 256 KiB threshold; on Linux
+/// the log says it was) is served byte-identical from the cache (by sendfile), on a keep-alive
+/// connection whose next answer still frames.
+pub fn a_large_cached_body_is_served_identical_on_a_hit(bin: &Path) {
+    let certname = "node-1.example.com";
+    let facts: Vec<String> = (0..700)
+        .map(|n| {
+            format!(
+                r#"{{"certname":"{certname}","environment":"production","name":"fact_{n:04}","value":"{}"}}"#,
+                "v".repeat(500 + n % 7)
+            )
+        })
+        .collect();
+    let facts = format!("[{}]", facts.join(","));
+    let membership = format!(
+        r#"[{{"certname":"{certname}","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}}]"#
+    );
+    let backend = FakeBackend::start(move |line| {
+        if line.contains("/pdb/query/v4/nodes") {
+            respond("200 OK", "application/json", &membership)
+        } else if line.contains("/pdb/query/v4/fact-names") {
+            respond("200 OK", "application/json", r#"["fact_0000"]"#)
+        } else {
+            respond("200 OK", "application/json", &facts)
+        }
+    });
+    let mut pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let get = "GET /pdb/query/v4/facts HTTP/1.1\r\nHost: x\r\n\r\n";
+    let mut stream = TcpStream::connect(pdbmux.addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream.write_all(get.as_bytes()).unwrap();
+    stream.write_all(get.as_bytes()).unwrap();
+    stream
+        .write_all(b"GET /pdb/query/v4/fact-names HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut bytes = Vec::new();
+    stream.read_to_end(&mut bytes).unwrap();
+    let responses = split_responses(&bytes);
+    assert_eq!(responses.len(), 3, "three answers on one connection");
+    let (miss_head, miss) = &responses[0];
+    let (hit_head, hit) = &responses[1];
+    assert!(
+        miss_head.starts_with("http/1.1 200"),
+        "{miss_head}{}",
+        String::from_utf8_lossy(miss)
+    );
+    assert!(miss_head.contains("x-cache: miss"), "{miss_head}");
+    assert!(hit_head.contains("x-cache: hit"), "{hit_head}");
+    assert!(miss.len() >= 256 * 1024, "{} bytes", miss.len());
+    assert!(miss == hit, "the hit's body differs from the miss's");
+    assert!(
+        miss.windows(certname.len())
+            .filter(|w| *w == certname.as_bytes())
+            .count()
+            > 700,
+        "the merged records"
+    );
+    let (names_head, names) = &responses[2];
+    assert!(names_head.starts_with("http/1.1 200"), "{names_head}");
+    assert_eq!(names, br#"["fact_0000","pdbmux_source"]"#);
+    drop(stream);
+    let log = pdbmux.stderr();
+    if cfg!(target_os = "linux") {
+        assert!(log.contains("cache body sealed"), "{log}");
+    }
+}
+
 /// `#[test]`s running every case against one binary, e.g.
 /// `runtime_cases!(env!("CARGO_BIN_EXE_pdbmux-smol"));` (`PDBMUX_RUNTIME_BIN` overrides it).
 macro_rules! runtime_cases {
@@ -367,6 +460,7 @@ macro_rules! runtime_cases {
             an_http10_client_gets_a_whole_body_without_chunks,
             the_request_target_reaches_the_backend_verbatim,
             shutdown_closes_idle_keep_alive_connections_at_once,
+            a_large_cached_body_is_served_identical_on_a_hit,
         );
     };
     (@each $binary:expr; $($case:ident),* $(,)?) => {

@@ -1,0 +1,307 @@
+//! The client connection's byte stream: a tokio `TcpStream` that sends sealed cache bodies with
+//! `sendfile(2)`.
+//!
+//! hyper's HTTP/1 writer queues a response body's `Bytes` as they are (no copy into its own
+//! buffer) when the IO says it writes vectored, and hands them to `poll_write_vectored` behind
+//! the head. Each slice is looked up with [`pdbmux_sealed::find`]: one that lies in a sealed
+//! mapping (a large cached body, see `pdbmux_sealed`) is sent from its memfd with `sendfile`, so
+//! its bytes go from the page cache to the socket without being copied out of user memory;
+//! anything before it (the head) is written first with `MSG_MORE` and that count returned, so
+//! that hyper's next call starts at the sealed slice. A short `sendfile` returns its count;
+//! hyper advances and calls again with the rest of the slice, which is still inside the
+//! mapping. Slices not in a sealed mapping go through the plain vectored write.
+
+use std::io::{self, IoSlice};
+use std::os::fd::AsFd;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use pdbmux_sealed::Sealed;
+use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
+use tokio::net::TcpStream;
+
+/// What a connection sent which way (for tests and debug logs).
+#[derive(Debug, Default)]
+pub struct WriteCounts {
+    /// `sendfile` calls that sent something.
+    pub sendfile_calls: AtomicU64,
+    /// Bytes sent with `sendfile`.
+    pub sendfile_bytes: AtomicU64,
+    /// Bytes written from user memory (heads, small and unsealed bodies).
+    pub written_bytes: AtomicU64,
+}
+
+/// A client connection's stream; see the module docs.
+#[derive(Debug)]
+pub struct SealedIo {
+    stream: TcpStream,
+    counts: Arc<WriteCounts>,
+}
+
+impl SealedIo {
+    /// Wraps an accepted connection.
+    pub fn new(stream: TcpStream) -> SealedIo {
+        SealedIo {
+            stream,
+            counts: Arc::default(),
+        }
+    }
+
+    /// This connection's counters (shared: they keep counting after the stream moves into hyper).
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub fn counts(&self) -> Arc<WriteCounts> {
+        Arc::clone(&self.counts)
+    }
+
+    /// Runs a non-blocking socket call once the socket is writable, until it does not block.
+    fn poll_socket(
+        &self,
+        cx: &mut Context<'_>,
+        mut call: impl FnMut(&TcpStream) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.stream.poll_write_ready(cx))?;
+            // try_io clears the readiness on WouldBlock, so the next poll_write_ready registers
+            // this task's waker instead of spinning.
+            match self
+                .stream
+                .try_io(Interest::WRITABLE, || call(&self.stream))
+            {
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+                result => return Poll::Ready(result),
+            }
+        }
+    }
+
+    fn poll_sendfile(&self, cx: &mut Context<'_>, sealed: &Sealed) -> Poll<io::Result<usize>> {
+        let sent = ready!(self.poll_socket(cx, |stream| {
+            pdbmux_sealed::send_sealed(stream.as_fd(), sealed)
+        }))?;
+        self.counts.sendfile_calls.fetch_add(1, Ordering::Relaxed);
+        self.counts
+            .sendfile_bytes
+            .fetch_add(sent as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(sent))
+    }
+
+    fn poll_plain(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let written = ready!(Pin::new(&mut self.stream).poll_write_vectored(cx, bufs))?;
+        self.counts
+            .written_bytes
+            .fetch_add(written as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(written))
+    }
+}
+
+impl AsyncRead for SealedIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for SealedIo {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_write_vectored(cx, &[IoSlice::new(buf)])
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let Some((index, sealed)) = bufs
+            .iter()
+            .enumerate()
+            .find_map(|(index, buf)| Some((index, pdbmux_sealed::find(buf)?)))
+        else {
+            return self.poll_plain(cx, bufs);
+        };
+        if index == 0 {
+            return self.poll_sendfile(cx, &sealed);
+        }
+        // The head (and anything else) before the sealed slice: written on its own, held back
+        // by MSG_MORE to leave with the body's first segment.
+        let before = &bufs[..index];
+        let written = ready!(self.poll_socket(cx, |stream| {
+            pdbmux_sealed::send_head(stream.as_fd(), before)
+        }))?;
+        self.counts
+            .written_bytes
+            .fetch_add(written as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(written))
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        // hyper then queues body `Bytes` instead of copying them into its own buffer, so a
+        // sealed body reaches poll_write_vectored as a slice of its mapping.
+        true
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::convert::Infallible;
+    use std::io::{Read, Write};
+    use std::net::SocketAddr;
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use hyper::service::service_fn;
+    use hyper_util::rt::TokioIo;
+    use tokio::net::{TcpListener, TcpSocket};
+
+    use super::*;
+
+    fn pattern(len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i * 31 % 253) as u8).collect()
+    }
+
+    /// A listener whose accepted sockets inherit a small send buffer, so that one `sendfile`
+    /// cannot take a whole large body.
+    fn small_buffer_listener() -> TcpListener {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(16 * 1024).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        socket.listen(8).unwrap()
+    }
+
+    /// Serves one connection with hyper over [`SealedIo`], answering every request with `body`;
+    /// returns the connection's counters once it is closed.
+    async fn serve_one(listener: TcpListener, body: Bytes) -> Arc<WriteCounts> {
+        let (stream, _) = listener.accept().await.unwrap();
+        let io = SealedIo::new(stream);
+        let counts = io.counts();
+        let service = service_fn(move |_request| {
+            let body = body.clone();
+            async move { Ok::<_, Infallible>(hyper::Response::new(Full::new(body))) }
+        });
+        hyper::server::conn::http1::Builder::new()
+            .serve_connection(TokioIo::new(io), service)
+            .await
+            .unwrap();
+        counts
+    }
+
+    /// A slow blocking client: asks `requests` times on one connection (the last asks to
+    /// close), reads everything with small reads and pauses, and returns each answer's body.
+    fn slow_client(addr: SocketAddr, requests: usize, body_len: usize) -> Vec<Vec<u8>> {
+        let mut stream = std::net::TcpStream::connect(addr).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut bodies = Vec::new();
+        for n in 0..requests {
+            let close = if n + 1 == requests {
+                "Connection: close\r\n"
+            } else {
+                ""
+            };
+            write!(stream, "GET / HTTP/1.1\r\nHost: x\r\n{close}\r\n").unwrap();
+            let mut seen = Vec::new();
+            let mut chunk = [0u8; 4096];
+            let head_end = loop {
+                if let Some(at) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                    break at + 4;
+                }
+                let read = stream.read(&mut chunk).unwrap();
+                assert!(read > 0, "closed inside the head");
+                seen.extend_from_slice(&chunk[..read]);
+            };
+            let head = String::from_utf8_lossy(&seen[..head_end]).to_lowercase();
+            assert!(head.starts_with("http/1.1 200"), "{head}");
+            assert!(
+                head.contains(&format!("content-length: {body_len}\r\n")),
+                "{head}"
+            );
+            let mut reads = 0;
+            while seen.len() < head_end + body_len {
+                let read = stream.read(&mut chunk).unwrap();
+                assert!(read > 0, "closed inside the body");
+                seen.extend_from_slice(&chunk[..read]);
+                reads += 1;
+                if reads % 16 == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+            assert_eq!(seen.len(), head_end + body_len, "nothing past the body");
+            bodies.push(seen.split_off(head_end));
+        }
+        let mut rest = Vec::new();
+        stream.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty(), "the server closes after the last answer");
+        bodies
+    }
+
+    #[tokio::test]
+    async fn a_sealed_body_goes_out_by_sendfile_in_short_pieces_and_arrives_whole() {
+        let original = pattern(600 * 1024 + 3);
+        let body = pdbmux_sealed::seal(Bytes::from(original.clone()));
+        assert!(pdbmux_sealed::find(&body).is_some(), "the body is sealed");
+        let listener = small_buffer_listener();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_one(listener, body));
+        let len = original.len();
+        let bodies = tokio::task::spawn_blocking(move || slow_client(addr, 2, len))
+            .await
+            .unwrap();
+        let counts = server.await.unwrap();
+        assert_eq!(bodies.len(), 2);
+        for received in bodies {
+            assert!(received == original, "the received body differs");
+        }
+        let calls = counts.sendfile_calls.load(Ordering::Relaxed);
+        assert_eq!(
+            counts.sendfile_bytes.load(Ordering::Relaxed),
+            2 * len as u64,
+            "every body byte by sendfile"
+        );
+        assert!(calls > 2, "short sendfiles were continued ({calls} calls)");
+        let written = counts.written_bytes.load(Ordering::Relaxed);
+        assert!(
+            written > 0 && written < 1024,
+            "only the heads written: {written}"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unsealed_body_goes_through_the_plain_write() {
+        let original = pattern(300 * 1024);
+        // A sealed body elsewhere in the process: the lookup runs, and finds nothing for this one.
+        let _sealed = pdbmux_sealed::seal(Bytes::from(pattern(300 * 1024)));
+        let listener = small_buffer_listener();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_one(listener, Bytes::from(original.clone())));
+        let len = original.len();
+        let bodies = tokio::task::spawn_blocking(move || slow_client(addr, 1, len))
+            .await
+            .unwrap();
+        let counts = server.await.unwrap();
+        assert!(bodies[0] == original, "the received body differs");
+        assert_eq!(counts.sendfile_calls.load(Ordering::Relaxed), 0);
+        assert!(counts.written_bytes.load(Ordering::Relaxed) > len as u64);
+    }
+}

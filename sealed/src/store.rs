@@ -1,0 +1,81 @@
+//! The cache store the runtimes use: the core's memory store, with large bodies sealed.
+
+use std::time::{Duration, Instant};
+
+use pdbmux_core::cache::{CacheStore, CachedResponse, MemoryStore, StoreStats};
+
+use crate::{seal, SEAL_THRESHOLD};
+
+/// [`MemoryStore`] (the same budget, eviction and counters), except that a body of at least
+/// [`SEAL_THRESHOLD`] bytes is stored sealed ([`seal`]), so that hits and stale serves of it
+/// can be sent with `sendfile`. Sealing happens in `put`, once per stored answer.
+#[derive(Debug)]
+pub struct SealingStore {
+    inner: MemoryStore,
+    budget: u64,
+}
+
+impl SealingStore {
+    /// An empty store with a budget of `budget` body bytes (`facts_cache_bytes`).
+    pub fn new(budget: u64) -> SealingStore {
+        SealingStore {
+            inner: MemoryStore::new(budget),
+            budget,
+        }
+    }
+}
+
+impl CacheStore for SealingStore {
+    fn get(&mut self, key: &str) -> Option<CachedResponse> {
+        self.inner.get(key)
+    }
+
+    fn put(&mut self, key: String, mut value: CachedResponse) -> Vec<String> {
+        let size = value.body.len();
+        // A body over the whole budget is not stored: do not seal it for nothing.
+        if size >= SEAL_THRESHOLD && size as u64 <= self.budget {
+            value.body = seal(value.body);
+        }
+        self.inner.put(key, value)
+    }
+
+    fn stats(&self, now: Instant, ttl: Duration) -> StoreStats {
+        self.inner.stats(now, ttl)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::disallowed_methods)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+    use http::HeaderMap;
+
+    fn entry(body: Vec<u8>) -> CachedResponse {
+        CachedResponse {
+            body: Bytes::from(body),
+            headers: HeaderMap::new(),
+            stored_at: Instant::now(),
+        }
+    }
+
+    #[test]
+    fn large_bodies_are_stored_sealed_and_small_ones_as_they_are() {
+        let mut store = SealingStore::new(4 << 20);
+        let large: Vec<u8> = (0..SEAL_THRESHOLD + 3).map(|i| i as u8).collect();
+        store.put("large".into(), entry(large.clone()));
+        store.put("small".into(), entry(vec![b'x'; 100]));
+        let hit = store.get("large").unwrap();
+        assert_eq!(&hit.body[..], &large[..]);
+        assert_eq!(
+            crate::find(&hit.body).is_some(),
+            cfg!(target_os = "linux"),
+            "sealed where memfds exist"
+        );
+        assert!(crate::find(&store.get("small").unwrap().body).is_none());
+        assert_eq!(
+            store.stats(Instant::now(), Duration::from_secs(30)).bytes,
+            (SEAL_THRESHOLD + 3 + 100) as u64
+        );
+    }
+}
