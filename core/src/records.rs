@@ -3,7 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 
-use serde::de::{self, Deserializer, MapAccess, Visitor};
+use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
@@ -19,8 +19,8 @@ pub struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
 
 impl<'a> Fields<'a> {
     /// Reads a record's top-level keys; `None` when the record is not an object.
-    pub fn of(record: &'a RawValue) -> Option<Fields<'a>> {
-        serde_json::from_str(record.get()).ok()
+    pub fn of(record: &'a str) -> Option<Fields<'a>> {
+        serde_json::from_str(record).ok()
     }
 
     /// The raw value of `name`, if present.
@@ -54,9 +54,72 @@ impl<'a> Fields<'a> {
 
 /// A raw JSON string's value; `None` for any other JSON.
 pub fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
-    serde_json::from_str::<Text<'_>>(raw.get())
-        .ok()
-        .map(|t| t.0)
+    let text = raw.get();
+    // A raw value is valid JSON, so a string without a backslash is exactly its quoted bytes.
+    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        if !inner.contains('\\') {
+            return Some(Cow::Borrowed(inner));
+        }
+    }
+    serde_json::from_str::<Text<'_>>(text).ok().map(|t| t.0)
+}
+
+/// The raw values of `names` among a record's top-level keys (the first occurrence of each),
+/// reading only as far into the record as the last of them: the hot path of merges that need a
+/// few fields of every record and none of its (possibly large) other values. All `None` when the
+/// record is not an object.
+pub fn pick<'a, const N: usize>(record: &'a str, names: [&str; N]) -> [Option<&'a RawValue>; N] {
+    let mut found = [None; N];
+    let mut deserializer = serde_json::Deserializer::from_str(record);
+    // Stopping early leaves entries unread, which serde_json then reports as an error; the record
+    // was validated whole when its body was parsed, so that error says nothing and is ignored.
+    let _ = Picker {
+        names: &names,
+        found: &mut found,
+    }
+    .deserialize(&mut deserializer);
+    found
+}
+
+/// Fills `found` with the raw values of `names` from one JSON object, stopping once all are found.
+struct Picker<'p, 'a, const N: usize> {
+    names: &'p [&'p str; N],
+    found: &'p mut [Option<&'a RawValue>; N],
+}
+
+impl<'de, const N: usize> DeserializeSeed<'de> for Picker<'_, 'de, N> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de, const N: usize> Visitor<'de> for Picker<'_, 'de, N> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
+        let mut missing = N;
+        while missing > 0 {
+            let Some(Text(key)) = map.next_key::<Text<'de>>()? else {
+                break;
+            };
+            match self.names.iter().position(|name| *name == key) {
+                Some(index) if self.found[index].is_none() => {
+                    self.found[index] = Some(map.next_value()?);
+                    missing -= 1;
+                }
+                _ => {
+                    map.next_value::<de::IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A JSON string borrowed from the input when it has no escapes (serde's own `Cow<str>` always
@@ -108,6 +171,159 @@ impl<'de: 'a, 'a> Deserialize<'de> for Fields<'a> {
     }
 }
 
+/// One record of a body: its raw text, written out byte for byte if it is kept, and the raw
+/// values of the top-level keys a merge asked for (`None` when absent).
+#[derive(Debug, Clone, Copy)]
+pub struct Picked<'a, const N: usize> {
+    /// The record's JSON text, exactly as the backend sent it.
+    pub text: &'a str,
+    /// The asked-for fields, in the order of the names asked for.
+    pub fields: [Option<&'a RawValue>; N],
+}
+
+/// Parses a body that must be a JSON array, reading the fields `names` of each record in the same
+/// pass that validates it (D7: the whole body is validated). Use it for merges that need a few
+/// fields of every record: the common body of objects costs one parse; a body with any other
+/// element (or not UTF-8) takes two, with the same result.
+pub fn parse_picked<'a, const N: usize>(
+    body: &'a [u8],
+    names: [&str; N],
+) -> Result<Vec<Picked<'a, N>>, serde_json::Error> {
+    if let Some(records) = std::str::from_utf8(body)
+        .ok()
+        .and_then(|text| parse_objects(text, &names))
+    {
+        return Ok(records);
+    }
+    Ok(parse_array(body)?
+        .into_iter()
+        .map(|raw| Picked {
+            text: raw.get(),
+            fields: pick(raw.get(), names),
+        })
+        .collect())
+}
+
+/// The one-pass parse of an array of objects; `None` when the body is anything else.
+///
+/// serde_json does not say where an element starts or ends, so the record's text is recovered
+/// from positions it does give: each value is borrowed from `body`, a record ends at the `}`
+/// after its last value (after its `{` when it has none), and the next one starts at the `{`
+/// after that, past whitespace and the comma.
+fn parse_objects<'a, const N: usize>(
+    body: &'a str,
+    names: &[&str; N],
+) -> Option<Vec<Picked<'a, N>>> {
+    let mut deserializer = serde_json::Deserializer::from_str(body);
+    let records = ObjectsSeed { body, names }
+        .deserialize(&mut deserializer)
+        .ok()?;
+    deserializer.end().ok()?;
+    Some(records)
+}
+
+/// Whitespace as JSON defines it.
+fn is_json_space(byte: u8) -> bool {
+    matches!(byte, b' ' | b'\t' | b'\n' | b'\r')
+}
+
+/// The index of the first byte of `body` at or after `from` that is not whitespace (or, with
+/// `comma`, a comma): the next structural character of a validated body.
+fn skip_space(body: &str, from: usize, comma: bool) -> Option<usize> {
+    body.as_bytes()
+        .get(from..)?
+        .iter()
+        .position(|&byte| !(is_json_space(byte) || (comma && byte == b',')))
+        .map(|offset| from + offset)
+}
+
+/// Reads the outer array for [`parse_objects`].
+struct ObjectsSeed<'p, 'a, const N: usize> {
+    body: &'a str,
+    names: &'p [&'p str; N],
+}
+
+impl<'de, const N: usize> DeserializeSeed<'de> for ObjectsSeed<'_, 'de, N> {
+    type Value = Vec<Picked<'de, N>>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de, const N: usize> Visitor<'de> for ObjectsSeed<'_, 'de, N> {
+    type Value = Vec<Picked<'de, N>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON array of objects")
+    }
+
+    fn visit_seq<S: de::SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
+        let lost = || de::Error::custom("record position not recovered");
+        let base = self.body.as_ptr() as usize;
+        let mut records = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        // Just past the `[`: the body starts with it, after whitespace.
+        let mut cursor = skip_space(self.body, 0, false).ok_or_else(lost)? + 1;
+        while let Some((fields, last)) = seq.next_element_seed(ObjectSeed { names: self.names })? {
+            let start = skip_space(self.body, cursor, true).ok_or_else(lost)?;
+            let after_last = match last {
+                Some(value) => {
+                    let offset = (value.get().as_ptr() as usize)
+                        .checked_sub(base)
+                        .filter(|offset| *offset >= start && *offset < self.body.len())
+                        .ok_or_else(lost)?;
+                    offset + value.get().len()
+                }
+                None => start + 1,
+            };
+            let close = skip_space(self.body, after_last, false).ok_or_else(lost)?;
+            let text = self.body.get(start..=close).ok_or_else(lost)?;
+            if !(text.starts_with('{') && text.ends_with('}')) {
+                return Err(lost());
+            }
+            records.push(Picked { text, fields });
+            cursor = close + 1;
+        }
+        Ok(records)
+    }
+}
+
+/// Reads one object for [`ObjectsSeed`]: the asked-for fields and the last value.
+struct ObjectSeed<'p, const N: usize> {
+    names: &'p [&'p str; N],
+}
+
+type ObjectRead<'de, const N: usize> = ([Option<&'de RawValue>; N], Option<&'de RawValue>);
+
+impl<'de, const N: usize> DeserializeSeed<'de> for ObjectSeed<'_, N> {
+    type Value = ObjectRead<'de, N>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_map(self)
+    }
+}
+
+impl<'de, const N: usize> Visitor<'de> for ObjectSeed<'_, N> {
+    type Value = ObjectRead<'de, N>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
+        let mut fields = [None; N];
+        let mut last = None;
+        while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
+            let value: &'de RawValue = map.next_value()?;
+            if let Some(index) = self.names.iter().position(|name| *name == key) {
+                fields[index].get_or_insert(value);
+            }
+            last = Some(value);
+        }
+        Ok((fields, last))
+    }
+}
+
 /// Writes `records` as one JSON array, each record byte for byte.
 pub fn write_array<'r>(records: impl IntoIterator<Item = &'r str>, capacity: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(capacity + 2);
@@ -123,8 +339,8 @@ pub fn write_array<'r>(records: impl IntoIterator<Item = &'r str>, capacity: usi
 }
 
 /// A record object with one more key appended, the original bytes untouched before it.
-pub fn with_key(record: &RawValue, key: &str, value: &str) -> String {
-    let text = record.get().trim_end();
+pub fn with_key(record: &str, key: &str, value: &str) -> String {
+    let text = record.trim_end();
     let body = text.strip_suffix('}').unwrap_or(text).trim_end();
     let key = serde_json::to_string(key).unwrap_or_default();
     let value = serde_json::to_string(value).unwrap_or_default();
@@ -140,7 +356,7 @@ mod tests {
     fn fields_are_read_without_touching_values() {
         let body = br#"[{"certname":"web\u00e91","report_timestamp":"2026-11-30T07:04:00.123Z","facts":{"a":[1,2]},"n":null}]"#;
         let records = parse_array(body).expect("valid");
-        let fields = Fields::of(records[0]).expect("object");
+        let fields = Fields::of(records[0].get()).expect("object");
         assert_eq!(fields.str("certname").as_deref(), Some("web\u{e9}1"));
         assert_eq!(
             fields.raw("facts").map(RawValue::get),
@@ -148,7 +364,7 @@ mod tests {
         );
         assert_eq!(fields.str("n"), None);
         assert!(fields.raw("missing").is_none());
-        assert!(Fields::of(RawValue::from_string("[1]".into()).as_deref().expect("raw")).is_none());
+        assert!(Fields::of("[1]").is_none());
     }
 
     #[test]
@@ -162,10 +378,155 @@ mod tests {
         let records =
             parse_array(br#"[{"certname":"a", "t":"2026-11-30T07:04:00.1Z" },{}]"#).expect("valid");
         assert_eq!(
-            with_key(records[0], "pdbmux_source", "pdb-a"),
+            with_key(records[0].get(), "pdbmux_source", "pdb-a"),
             r#"{"certname":"a", "t":"2026-11-30T07:04:00.1Z","pdbmux_source":"pdb-a"}"#
         );
-        assert_eq!(with_key(records[1], "k", "v\""), r#"{"k":"v\""}"#);
+        assert_eq!(with_key(records[1].get(), "k", "v\""), r#"{"k":"v\""}"#);
         assert_eq!(write_array(["1", "{}"], 4), b"[1,{}]");
+    }
+
+    #[test]
+    fn strings_without_escapes_are_borrowed_and_escaped_ones_decoded() {
+        let raw = |text: &str| RawValue::from_string(text.to_owned()).expect("json");
+        assert!(matches!(
+            raw_str(&raw(r#""web1""#)),
+            Some(Cow::Borrowed("web1"))
+        ));
+        assert_eq!(
+            raw_str(&raw(r#""a\"b\u00e9""#)).as_deref(),
+            Some("a\"b\u{e9}")
+        );
+        assert_eq!(raw_str(&raw(r#""""#)).as_deref(), Some(""));
+        assert_eq!(raw_str(&raw("null")), None);
+        assert_eq!(raw_str(&raw("12")), None);
+    }
+
+    #[test]
+    fn picking_stops_at_the_last_name_asked_for() {
+        let record = r#"{"certname":"a","name":"n","name":"second","value":{"deep":[1,"}"]}}"#;
+        let [certname, name, missing] = pick(record, ["certname", "name", "missing"]);
+        assert_eq!(certname.map(RawValue::get), Some(r#""a""#));
+        assert_eq!(name.map(RawValue::get), Some(r#""n""#));
+        assert!(missing.is_none());
+        assert!(pick("[1]", ["certname"])[0].is_none());
+    }
+
+    #[test]
+    fn one_pass_parse_recovers_each_record_byte_for_byte() {
+        let body = " [ {\"certname\" : \"a\" , \"name\":\"x\"} ,\n{ } ,{\"k\\u0065y\":1,\"certname\":\"b\\u00e9\"}\t]\n";
+        let records = parse_objects(body, &["certname", "name"]).expect("one pass");
+        let texts: Vec<&str> = records.iter().map(|r| r.text).collect();
+        assert_eq!(
+            texts,
+            [
+                "{\"certname\" : \"a\" , \"name\":\"x\"}",
+                "{ }",
+                "{\"k\\u0065y\":1,\"certname\":\"b\\u00e9\"}"
+            ]
+        );
+        assert_eq!(records[0].fields[1].map(RawValue::get), Some("\"x\""));
+        assert!(records[1].fields.iter().all(Option::is_none));
+        assert_eq!(
+            records[2].fields[0].map(RawValue::get),
+            Some("\"b\\u00e9\"")
+        );
+    }
+
+    #[test]
+    fn bodies_that_are_not_arrays_of_objects_take_the_general_parse() {
+        let records =
+            parse_picked(br#"[1,{"certname":"a"},"s",[{}]]"#, ["certname"]).expect("valid");
+        let texts: Vec<&str> = records.iter().map(|r| r.text).collect();
+        assert_eq!(texts, ["1", r#"{"certname":"a"}"#, r#""s""#, "[{}]"]);
+        assert_eq!(records[1].fields[0].map(RawValue::get), Some(r#""a""#));
+        assert!(parse_picked(br#"[{"certname":"a"},{"cert"#, ["certname"]).is_err());
+        assert!(parse_picked(br#"[{"a":1}] x"#, ["a"]).is_err());
+        assert!(parse_picked(b"{}", ["a"]).is_err());
+        assert!(parse_picked(b"[\xff]", ["a"]).is_err());
+    }
+
+    /// A JSON value of bounded depth, as text with arbitrary whitespace around its tokens.
+    fn json_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let space = prop::sample::select(vec!["", " ", "\n", "\t ", "\r\n"]);
+        let key = prop::sample::select(vec![
+            "certname",
+            "name",
+            "value",
+            "environment",
+            "k\\u0065y",
+            "na\\\"me",
+            "",
+        ]);
+        let leaf = prop_oneof![
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            Just("-1.5e3".to_owned()),
+            "[a-z\\]\\}{,:é]{0,6}".prop_map(|s| serde_json::to_string(&s).unwrap_or_default()),
+            Just("\"x\\\"}\\\\\"".to_owned()),
+        ];
+        leaf.prop_recursive(3, 24, 4, move |inner| {
+            prop_oneof![
+                prop::collection::vec((space.clone(), inner.clone()), 0..4).prop_map(|items| {
+                    let items: Vec<String> = items
+                        .into_iter()
+                        .map(|(s, v)| format!("{s}{v}{s}"))
+                        .collect();
+                    format!("[{}]", items.join(","))
+                }),
+                prop::collection::vec((space.clone(), key.clone(), inner), 0..5).prop_map(
+                    |entries| {
+                        let entries: Vec<String> = entries
+                            .into_iter()
+                            .map(|(s, k, v)| format!("{s}\"{k}\"{s}:{s}{v}{s}"))
+                            .collect();
+                        format!("{{{}}}", entries.join(","))
+                    }
+                ),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        /// The one-pass parse agrees with parsing the array and then each record: same records,
+        /// same text, same fields, on any body (arrays of anything, whitespace anywhere).
+        #[test]
+        fn one_pass_parse_agrees_with_two_passes(
+            elements in proptest::collection::vec(json_text(), 0..6),
+            space in proptest::sample::select(vec!["", " ", "\n "]),
+        ) {
+            let separator = format!("{space},{space}");
+            let anything = format!("{space}[{space}{}{space}]{space}", elements.join(&separator));
+            // Every element an object (the one-pass path), the generated values inside.
+            let objects: Vec<String> = elements
+                .iter()
+                .enumerate()
+                .map(|(i, e)| match i % 3 {
+                    0 => format!("{{{space}\"certname\"{space}:{e},\"value\":{e}{space}}}"),
+                    1 => format!("{{{space}}}"),
+                    _ => format!("{{\"k\\u0065y\":{e},{space}\"name\":{space}{e}}}"),
+                })
+                .collect();
+            let objects = format!("[{}]", objects.join(&separator));
+            proptest::prop_assert!(
+                parse_objects(&objects, &["certname", "name", "key"]).is_some(),
+                "an array of objects takes the one-pass path"
+            );
+            for body in [anything, objects] {
+            let names = ["certname", "name", "key"];
+            let picked = parse_picked(body.as_bytes(), names).expect("valid JSON");
+            let raws = parse_array(body.as_bytes()).expect("valid JSON");
+            proptest::prop_assert_eq!(picked.len(), raws.len());
+            for (picked, raw) in picked.iter().zip(&raws) {
+                proptest::prop_assert_eq!(picked.text, raw.get());
+                let fields = Fields::of(raw.get());
+                for (index, name) in names.iter().enumerate() {
+                    let expected = fields.as_ref().and_then(|f| f.raw(name)).map(RawValue::get);
+                    proptest::prop_assert_eq!(picked.fields[index].map(RawValue::get), expected);
+                }
+            }
+            }
+        }
     }
 }

@@ -12,19 +12,67 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 
 use super::rows::{sort_rows, Raw, Row};
-use super::{parse_answers, Answer, Merged, Provenance, RecordPlan};
+use super::{parse_answers_with, Answer, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
-use crate::records::{parse_array, write_array, Fields};
+use crate::records::{parse_array, parse_picked, raw_str, write_array, Fields};
+use crate::sort::OrderBy;
 
-struct Record<'a> {
-    backend: usize,
-    raw: &'a RawValue,
-    fields: Option<Fields<'a>>,
-    certname: Option<Cow<'a, str>>,
+/// Where pass 1 put an upstream record.
+#[derive(Clone, Copy)]
+enum Place {
+    /// Named like the provenance fact: dropped.
+    Dropped,
+    /// No certname to group it by: kept as it is.
+    Loose,
+    /// One of this node's records (an index into [`Nodes::list`]).
+    Node(usize),
+}
+
+/// A node seen in the answers: the backends that returned it (in answer order), the one whose
+/// records are kept, that backend's last record of it (answer index, record index), and the
+/// environment of its first kept record.
+struct Node<'a> {
+    certname: Cow<'a, str>,
+    holders: Vec<usize>,
+    owner: Option<usize>,
+    last: Option<(usize, usize)>,
+    environment: Option<Option<&'a RawValue>>,
+}
+
+/// The nodes of a merge, indexed by certname. Records come grouped by node, so the index is
+/// consulted only when the certname changes from the record before.
+#[derive(Default)]
+struct Nodes<'a> {
+    list: Vec<Node<'a>>,
+    index: HashMap<Cow<'a, str>, usize>,
+}
+
+impl<'a> Nodes<'a> {
+    /// The node named `certname`, noting that `backend` returned it.
+    fn seen(&mut self, certname: Cow<'a, str>, backend: usize) -> usize {
+        let next = self.list.len();
+        let node = *self.index.entry(certname.clone()).or_insert(next);
+        if node == next {
+            self.list.push(Node {
+                certname,
+                holders: Vec::with_capacity(2),
+                owner: None,
+                last: None,
+                environment: None,
+            });
+        }
+        let holders = &mut self.list[node].holders;
+        if !holders.contains(&backend) {
+            holders.push(backend);
+        }
+        node
+    }
 }
 
 pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
-    let (parsed, unusable) = match parse_answers(answers) {
+    let (parsed, unusable) = match parse_answers_with(answers, |body| {
+        parse_picked(body, ["certname", "name", "environment"])
+    }) {
         Ok(parsed) => parsed,
         Err(unusable) => return Merged::nothing(unusable),
     };
@@ -32,106 +80,122 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
     let source_fact = config.source_fact.as_str();
     let drop_source = plan.provenance != Provenance::Off;
 
-    // Pass 1: read each record once; note which backends returned each node.
-    let mut records: Vec<Record<'_>> = Vec::new();
-    let mut holders: HashMap<Cow<'_, str>, Vec<usize>> = HashMap::new();
+    // Pass 1: place each record; note which backends returned each node.
+    let mut nodes = Nodes::default();
     let mut dropped = 0usize;
-    for (backend, raws) in &parsed {
-        for raw in raws {
-            let fields = Fields::of(raw);
-            if drop_source
-                && fields.as_ref().and_then(|f| f.str("name")).as_deref() == Some(source_fact)
-            {
+    let mut places: Vec<Vec<Place>> = Vec::with_capacity(parsed.len());
+    for (backend, records) in &parsed {
+        let mut backend_places = Vec::with_capacity(records.len());
+        // The raw certname of the record before, and its node.
+        let mut previous: Option<(&str, usize)> = None;
+        for record in records {
+            let [certname, name, _] = record.fields;
+            let place = if drop_source && name.and_then(raw_str).as_deref() == Some(source_fact) {
                 dropped += 1;
-                continue;
-            }
-            let certname = fields.as_ref().and_then(|f| f.str("certname"));
-            if let Some(certname) = &certname {
-                let held = holders.entry(certname.clone()).or_default();
-                if held.last() != Some(&backend.0) {
-                    held.push(backend.0);
+                Place::Dropped
+            } else {
+                match (certname, previous) {
+                    (Some(raw), Some((last, node))) if raw.get() == last => Place::Node(node),
+                    (Some(raw), _) => match raw_str(raw) {
+                        Some(certname) => {
+                            let node = nodes.seen(certname, backend.0);
+                            previous = Some((raw.get(), node));
+                            Place::Node(node)
+                        }
+                        None => Place::Loose,
+                    },
+                    (None, _) => Place::Loose,
                 }
-            }
-            records.push(Record {
-                backend: backend.0,
-                raw,
-                fields,
-                certname,
-            });
+            };
+            backend_places.push(place);
         }
+        places.push(backend_places);
     }
     if dropped > 0 {
         tracing::info!("dropped {dropped} upstream fact records named {source_fact} (the synthetic provenance fact)");
     }
 
-    // Pass 2: keep each node's records from its effective owner only.
-    let owner_of = |certname: &str| -> Option<usize> {
-        let held = holders.get(certname)?;
-        match plan.owner(certname) {
-            Some(BackendId(owner)) if held.contains(&owner) => Some(owner),
-            _ => held.first().copied(),
-        }
-    };
-    let order = plan.order.as_ref();
-    let mut rows: Vec<Row<'_>> = Vec::with_capacity(records.len());
-    let mut node_rows: Vec<(Cow<'_, str>, usize, Option<&RawValue>)> = Vec::new();
-    let mut last_row: HashMap<Cow<'_, str>, usize> = HashMap::new();
-    for record in &records {
-        if let Some(certname) = &record.certname {
-            if owner_of(certname) != Some(record.backend) {
-                continue;
+    // Each node's effective owner (the map's owner when it returned the node, else the first
+    // backend that did) and the owner's last record of it.
+    for node in &mut nodes.list {
+        node.owner = match plan.owner(&node.certname) {
+            Some(BackendId(owner)) if node.holders.contains(&owner) => Some(owner),
+            _ => node.holders.first().copied(),
+        };
+    }
+    for (answer, ((backend, _), backend_places)) in parsed.iter().zip(&places).enumerate() {
+        for (index, place) in backend_places.iter().enumerate() {
+            if let Place::Node(node) = *place {
+                let node = &mut nodes.list[node];
+                if node.owner == Some(backend.0) {
+                    node.last = Some((answer, index));
+                }
             }
-            if !last_row.contains_key(certname) {
-                let environment = record.fields.as_ref().and_then(|f| f.raw("environment"));
-                node_rows.push((certname.clone(), record.backend, environment));
-            }
-            last_row.insert(certname.clone(), rows.len());
         }
-        rows.push(Row::new(
-            record.backend,
-            Raw::Borrowed(record.raw),
-            record.fields.as_ref(),
-            order,
-        ));
     }
 
-    // Provenance: one synthetic record per node, after the node's last record.
-    let synthetic: Vec<(usize, Row<'_>)> = match &plan.provenance {
-        Provenance::Inject | Provenance::SyntheticOnly { .. } => node_rows
+    // Pass 2: keep each node's records from its owner only, with the provenance record after
+    // the node's last one (or, answering only provenance records, in place of its first).
+    let order = plan.order.as_ref();
+    let (upstream, synthetic) = match &plan.provenance {
+        Provenance::Off | Provenance::DropOnly => (true, None),
+        Provenance::Inject => (true, Some(None)),
+        Provenance::SyntheticOnly { value } => (false, Some(value.as_deref())),
+    };
+    let mut rows: Vec<Row<'_>> = Vec::with_capacity(
+        parsed
             .iter()
-            .filter_map(|(certname, backend, environment)| {
-                let name = config.backends.get(*backend)?.name.as_str();
-                if let Provenance::SyntheticOnly { value: Some(value) } = &plan.provenance {
-                    if value != name {
-                        return None;
+            .map(|(_, records)| records.len())
+            .sum::<usize>()
+            + nodes.list.len(),
+    );
+    for (answer, ((backend, records), backend_places)) in parsed.iter().zip(&places).enumerate() {
+        for (index, (record, place)) in records.iter().zip(backend_places).enumerate() {
+            let mut provenance_due = None;
+            match *place {
+                Place::Dropped => continue,
+                Place::Loose => {}
+                Place::Node(node_index) => {
+                    let node = &mut nodes.list[node_index];
+                    if node.owner != Some(backend.0) {
+                        continue;
+                    }
+                    let first = node.environment.is_none();
+                    let environment = *node.environment.get_or_insert(record.fields[2]);
+                    let due = if upstream {
+                        node.last == Some((answer, index))
+                    } else {
+                        first
+                    };
+                    if due {
+                        provenance_due = Some((node_index, environment));
                     }
                 }
-                let raw = synthetic_record(certname, source_fact, name, *environment)?;
-                let fields = Fields::of(&raw).map(|f| owned_fields(&f));
-                let row = Row::new(*backend, Raw::Owned(raw), None, None);
-                let row = match (order, fields) {
-                    (Some(order), Some(fields)) => Row {
-                        key: Some(crate::sort::sort_key(order, |field| {
-                            fields
-                                .iter()
-                                .find(|(k, _)| k == field)
-                                .map(|(_, v)| v.as_ref())
-                        })),
-                        ..row
-                    },
-                    _ => row,
-                };
-                Some((last_row.get(certname).copied().unwrap_or(0), row))
-            })
-            .collect(),
-        _ => Vec::new(),
-    };
-    let rows = match &plan.provenance {
-        Provenance::SyntheticOnly { .. } => synthetic.into_iter().map(|(_, row)| row).collect(),
-        _ if synthetic.is_empty() => rows,
-        _ => interleave(rows, synthetic),
-    };
-    let mut rows = rows;
+            }
+            if upstream {
+                let fields = order.and_then(|_| Fields::of(record.text));
+                rows.push(Row::new(
+                    backend.0,
+                    Raw::Borrowed(record.text),
+                    fields.as_ref(),
+                    order,
+                ));
+            }
+            if let (Some(only), Some((node_index, environment))) = (synthetic, provenance_due) {
+                let certname = &nodes.list[node_index].certname;
+                let name = config.backends.get(backend.0).map(|b| b.name.as_str());
+                if let Some(name) = name.filter(|name| only.is_none_or(|only| only == *name)) {
+                    rows.extend(provenance_row(
+                        certname,
+                        source_fact,
+                        (backend.0, name),
+                        environment,
+                        order,
+                    ));
+                }
+            }
+        }
+    }
     let merged = rows.len();
     sort_rows(&mut rows, order);
     let rows = plan.window.apply(rows);
@@ -145,20 +209,32 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
     }
 }
 
-/// `rows` with each synthetic row placed right after the row index it names.
-fn interleave<'a>(rows: Vec<Row<'a>>, synthetic: Vec<(usize, Row<'a>)>) -> Vec<Row<'a>> {
-    let mut after: HashMap<usize, Vec<Row<'a>>> = HashMap::new();
-    for (index, row) in synthetic {
-        after.entry(index).or_default().push(row);
-    }
-    let mut out = Vec::with_capacity(rows.len() + after.len());
-    for (index, row) in rows.into_iter().enumerate() {
-        out.push(row);
-        if let Some(extra) = after.remove(&index) {
-            out.extend(extra);
-        }
-    }
-    out
+/// The provenance row of one node: its synthetic record naming the backend, with its sort key
+/// when the request orders.
+fn provenance_row(
+    certname: &str,
+    source_fact: &str,
+    (backend, name): (usize, &str),
+    environment: Option<&RawValue>,
+    order: Option<&OrderBy>,
+) -> Option<Row<'static>> {
+    let raw = synthetic_record(certname, source_fact, name, environment)?;
+    let key = order.map(|order| {
+        let fields = Fields::of(raw.get())
+            .map(|f| owned_fields(&f))
+            .unwrap_or_default();
+        crate::sort::sort_key(order, |field| {
+            fields
+                .iter()
+                .find(|(key, _)| key == field)
+                .map(|(_, value)| value.as_ref())
+        })
+    });
+    Some(Row {
+        backend,
+        raw: Raw::Owned(raw),
+        key,
+    })
 }
 
 /// The synthetic fact record: all four keys, the environment copied from the node's own facts.
@@ -195,7 +271,12 @@ pub(crate) fn filter_source_records(body: &[u8], value: &str) -> (bytes::Bytes, 
     };
     let kept: Vec<&str> = records
         .iter()
-        .filter(|raw| Fields::of(raw).and_then(|f| f.str("value")).as_deref() == Some(value))
+        .filter(|raw| {
+            Fields::of(raw.get())
+                .and_then(|f| f.str("value"))
+                .as_deref()
+                == Some(value)
+        })
         .map(|raw| raw.get())
         .collect();
     let count = kept.len();

@@ -80,10 +80,18 @@ pub(crate) type Parsed<'a> = Vec<(BackendId, Vec<&'a serde_json::value::RawValue
 pub(crate) fn parse_answers<'a>(
     answers: &[Answer<'a>],
 ) -> Result<(Parsed<'a>, Unusable), Unusable> {
+    parse_answers_with(answers, crate::records::parse_array)
+}
+
+/// [`parse_answers`] with another parse of each body (one that also reads fields, say).
+pub(crate) fn parse_answers_with<'a, T>(
+    answers: &[Answer<'a>],
+    parse: impl Fn(&'a [u8]) -> Result<T, serde_json::Error>,
+) -> Result<(Vec<(BackendId, T)>, Unusable), Unusable> {
     let mut unusable = Vec::new();
     let mut parsed = Vec::new();
     for answer in answers {
-        match crate::records::parse_array(answer.body) {
+        match parse(answer.body) {
             Ok(records) => parsed.push((answer.backend, records)),
             Err(error) => unusable.push((answer.backend, format!("unparseable body: {error}"))),
         }

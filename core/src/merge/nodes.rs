@@ -23,13 +23,18 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
     let mut by_certname: HashMap<std::borrow::Cow<'_, str>, usize> = HashMap::new();
     for (backend, records) in &parsed {
         for record in records {
-            let fields = Fields::of(record);
+            let fields = Fields::of(record.get());
             let certname = fields.as_ref().and_then(|f| f.str("certname"));
             let timestamp = fields
                 .as_ref()
                 .and_then(|f| f.raw("report_timestamp"))
                 .map(RawValue::get);
-            let row = Row::new(backend.0, Raw::Borrowed(record), fields.as_ref(), order);
+            let row = Row::new(
+                backend.0,
+                Raw::Borrowed(record.get()),
+                fields.as_ref(),
+                order,
+            );
             let Some(certname) = certname else {
                 rows.push(Some((row, timestamp)));
                 continue;

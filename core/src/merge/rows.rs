@@ -12,14 +12,14 @@ use crate::sort::{self, OrderBy, SortKey};
 /// node with its `pdbmux_source` key).
 #[derive(Debug)]
 pub(crate) enum Raw<'a> {
-    Borrowed(&'a RawValue),
+    Borrowed(&'a str),
     Owned(Box<RawValue>),
 }
 
 impl Raw<'_> {
     pub(crate) fn get(&self) -> &str {
         match self {
-            Raw::Borrowed(raw) => raw.get(),
+            Raw::Borrowed(raw) => raw,
             Raw::Owned(raw) => raw.get(),
         }
     }

@@ -42,7 +42,7 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
     let mut rows: Vec<Row<'_>> = Vec::new();
     for (backend, records) in &parsed {
         for record in records {
-            let fields = Fields::of(record);
+            let fields = Fields::of(record.get());
             let key = match identity {
                 Identity::Verbatim => Some(match &fields {
                     Some(fields) => fields.identity_without("report_receive_time"),
@@ -64,7 +64,7 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
             }
             rows.push(Row::new(
                 backend.0,
-                Raw::Borrowed(record),
+                Raw::Borrowed(record.get()),
                 fields.as_ref(),
                 order,
             ));
