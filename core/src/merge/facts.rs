@@ -11,7 +11,7 @@ use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 
-use super::rows::{sort_rows, Raw, Row};
+use super::rows::{Collected, Raw, Row};
 use super::{parse_answers_with, Answer, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
 use crate::records::{parse_array, parse_picked, raw_str, write_array, Fields};
@@ -142,12 +142,15 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
         Provenance::Inject => (true, Some(None)),
         Provenance::SyntheticOnly { value } => (false, Some(value.as_deref())),
     };
-    let mut rows: Vec<Row<'_>> = Vec::with_capacity(
+    let mut rows = Collected::new(
+        order,
+        plan.window,
         parsed
             .iter()
             .map(|(_, records)| records.len())
             .sum::<usize>()
             + nodes.list.len(),
+        answers.iter().map(|answer| answer.body.len()).sum(),
     );
     for (answer, ((backend, records), backend_places)) in parsed.iter().zip(&places).enumerate() {
         for (index, (record, place)) in records.iter().zip(backend_places).enumerate() {
@@ -185,22 +188,21 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
                 let certname = &nodes.list[node_index].certname;
                 let name = config.backends.get(backend.0).map(|b| b.name.as_str());
                 if let Some(name) = name.filter(|name| only.is_none_or(|only| only == *name)) {
-                    rows.extend(provenance_row(
+                    let row = provenance_row(
                         certname,
                         source_fact,
                         (backend.0, name),
                         environment,
                         order,
-                    ));
+                    );
+                    if let Some(row) = row {
+                        rows.push(row);
+                    }
                 }
             }
         }
     }
-    let merged = rows.len();
-    sort_rows(&mut rows, order);
-    let rows = plan.window.apply(rows);
-    let capacity = rows.iter().map(|r| r.raw.get().len() + 1).sum();
-    let body = write_array(rows.iter().map(|r| r.raw.get()), capacity);
+    let (body, merged) = rows.finish(order, plan.window);
     let total = plan.total(merged, answers);
     Merged {
         response: Some(plan.respond(body, total)),
