@@ -64,6 +64,12 @@ pub fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     serde_json::from_str::<Text<'_>>(text).ok().map(|t| t.0)
 }
 
+/// Whether a raw JSON value is the string `expected`. Most other strings are told apart by length
+/// alone: a JSON string's text is never shorter than its value plus the two quotes.
+pub fn is_str(raw: &RawValue, expected: &str) -> bool {
+    raw.get().len() >= expected.len() + 2 && raw_str(raw).as_deref() == Some(expected)
+}
+
 /// The raw values of `names` among a record's top-level keys (the first occurrence of each),
 /// reading only as far into the record as the last of them: the hot path of merges that need a
 /// few fields of every record and none of its (possibly large) other values. All `None` when the
@@ -399,6 +405,11 @@ mod tests {
         assert_eq!(raw_str(&raw(r#""""#)).as_deref(), Some(""));
         assert_eq!(raw_str(&raw("null")), None);
         assert_eq!(raw_str(&raw("12")), None);
+        assert!(is_str(&raw(r#""pdbmux_source""#), "pdbmux_source"));
+        assert!(is_str(&raw(r#""pdbmux\u005fsource""#), "pdbmux_source"));
+        assert!(!is_str(&raw(r#""pdbmux""#), "pdbmux_source"));
+        assert!(!is_str(&raw(r#""a\nb""#), "a\\nb"));
+        assert!(!is_str(&raw("null"), "null"));
     }
 
     #[test]

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 use super::rows::{Collected, Raw, Row};
 use super::{parse_answers_with, Answer, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
-use crate::records::{parse_array, parse_picked, raw_str, write_array, Fields};
+use crate::records::{is_str, parse_array, parse_picked, raw_str, write_array, Fields};
 use crate::sort::OrderBy;
 
 /// Where pass 1 put an upstream record.
@@ -90,7 +90,7 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
         let mut previous: Option<(&str, usize)> = None;
         for record in records {
             let [certname, name, _] = record.fields;
-            let place = if drop_source && name.and_then(raw_str).as_deref() == Some(source_fact) {
+            let place = if drop_source && name.is_some_and(|name| is_str(name, source_fact)) {
                 dropped += 1;
                 Place::Dropped
             } else {
