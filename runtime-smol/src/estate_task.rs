@@ -170,6 +170,7 @@ impl Shared {
                 },
                 |(response, _)| response,
             );
+            let response = pdbmux_sealed::seal_flight_answer(response);
             // Our own handle: detach it so removing it does not cancel the running task.
             let own = shared.flights().remove(&flight);
             if let Some(own) = own {

@@ -129,6 +129,7 @@ impl Shared {
         let mut flights = self.flights();
         let task = tokio::spawn(async move {
             let (response, _) = crate::service::drive(&shared, exchange).await;
+            let response = pdbmux_sealed::seal_flight_answer(response);
             shared.flights().remove(&flight);
             shared
                 .estate()

@@ -13,6 +13,9 @@
 //!   copy); everything else is written as usual.
 //! - [`SealingStore`] is the cache store the runtimes give the core ([`pdbmux_core::Estate::with_store`]):
 //!   the core's memory store, with bodies of at least [`SEAL_THRESHOLD`] bytes sealed when stored.
+//!   The runtimes seal a flight's answer on the flight's task ([`seal_flight_answer`]) before the
+//!   estate stores it, so the store finds it sealed already and the estate's lock is not held
+//!   while a body is copied into a memfd.
 //!
 //! On other platforms than Linux nothing is sealed: [`seal`] returns the body as it is and
 //! [`find`] never finds anything, so the runtimes' plain write path serves every byte.
@@ -63,6 +66,19 @@ pub fn seal(body: Bytes) -> Bytes {
             body
         }
     }
+}
+
+/// A flight's answer, its body sealed when it is a success large enough to be worth it, so that
+/// the cache stores it as it is ([`SealingStore`] does not seal a body twice) and the sealing
+/// happens on the flight's own task rather than under the estate's lock; the miss is then sent
+/// with `sendfile` too. The runtimes call it when a flight's exchange has answered.
+pub fn seal_flight_answer(mut response: pdbmux_core::Response) -> pdbmux_core::Response {
+    if let pdbmux_core::ResponseBody::Full(body) = &mut response.body {
+        if response.status.is_success() && body.len() >= SEAL_THRESHOLD && find(body).is_none() {
+            *body = seal(std::mem::take(body));
+        }
+    }
+    response
 }
 
 /// Where `slice` lies when it is inside a live sealed mapping (made by [`seal`]): the memfd and

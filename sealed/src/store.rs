@@ -8,7 +8,8 @@ use crate::{seal, SEAL_THRESHOLD};
 
 /// [`MemoryStore`] (the same budget, eviction and counters), except that a body of at least
 /// [`SEAL_THRESHOLD`] bytes is stored sealed ([`seal`]), so that hits and stale serves of it
-/// can be sent with `sendfile`. Sealing happens in `put`, once per stored answer.
+/// can be sent with `sendfile`. A body the runtime sealed already ([`crate::seal_flight_answer`])
+/// is stored as it is.
 #[derive(Debug)]
 pub struct SealingStore {
     inner: MemoryStore,
@@ -33,7 +34,10 @@ impl CacheStore for SealingStore {
     fn put(&mut self, key: String, mut value: CachedResponse) -> Vec<String> {
         let size = value.body.len();
         // A body over the whole budget is not stored: do not seal it for nothing.
-        if size >= SEAL_THRESHOLD && size as u64 <= self.budget {
+        if size >= SEAL_THRESHOLD
+            && size as u64 <= self.budget
+            && crate::find(&value.body).is_none()
+        {
             value.body = seal(value.body);
         }
         self.inner.put(key, value)
@@ -77,5 +81,41 @@ mod tests {
             store.stats(Instant::now(), Duration::from_secs(30)).bytes,
             (SEAL_THRESHOLD + 3 + 100) as u64
         );
+    }
+
+    #[test]
+    fn a_flight_answer_is_sealed_once_and_stored_as_it_is() {
+        let large: Vec<u8> = (0..SEAL_THRESHOLD).map(|i| (i % 251) as u8).collect();
+        let answer = |status: http::StatusCode, body: &[u8]| pdbmux_core::Response {
+            status,
+            headers: HeaderMap::new(),
+            body: pdbmux_core::ResponseBody::Full(Bytes::copy_from_slice(body)),
+        };
+        let body_of = |response: &pdbmux_core::Response| match &response.body {
+            pdbmux_core::ResponseBody::Full(body) => body.clone(),
+            other => panic!("unexpected body {other:?}"),
+        };
+        let sealed = body_of(&crate::seal_flight_answer(answer(
+            http::StatusCode::OK,
+            &large,
+        )));
+        assert_eq!(&sealed[..], &large[..]);
+        assert_eq!(crate::find(&sealed).is_some(), cfg!(target_os = "linux"));
+        // Errors and small bodies stay on the heap.
+        let error = crate::seal_flight_answer(answer(http::StatusCode::BAD_GATEWAY, &large));
+        assert!(crate::find(&body_of(&error)).is_none());
+        let small = crate::seal_flight_answer(answer(http::StatusCode::OK, b"[]"));
+        assert!(crate::find(&body_of(&small)).is_none());
+        // The store keeps the sealed body it is given instead of sealing a second copy.
+        let mut store = SealingStore::new(4 << 20);
+        store.put(
+            "k".into(),
+            CachedResponse {
+                body: sealed.clone(),
+                headers: HeaderMap::new(),
+                stored_at: Instant::now(),
+            },
+        );
+        assert_eq!(store.get("k").unwrap().body.as_ptr(), sealed.as_ptr());
     }
 }
