@@ -7,8 +7,9 @@
 //! re-encoding: the core must judge the raw target), insists on a Host header and HTTP/1.1, and
 //! has no public setter for its header timeout. Responses are written by async-h1's encoder
 //! (Content-Length or chunked framing, Date); a sealed body (a large cached one, see
-//! `pdbmux_sealed`) follows its head by `sendfile` instead of through the encoder. pdbmux serves GET only, so request bodies are never
-//! read: a declared length is skipped after the answer, anything else closes the connection.
+//! `pdbmux_sealed`) follows its head by `sendfile` instead of through the encoder. pdbmux serves
+//! GET only, so request bodies are never read: a declared length is skipped after the answer,
+//! anything else closes the connection.
 
 use std::io;
 use std::net::{Shutdown, TcpStream};
