@@ -70,10 +70,9 @@ pub fn is_str(raw: &RawValue, expected: &str) -> bool {
     raw.get().len() >= expected.len() + 2 && raw_str(raw).as_deref() == Some(expected)
 }
 
-/// The raw values of `names` among a record's top-level keys (the first occurrence of each),
-/// reading only as far into the record as the last of them: the hot path of merges that need a
-/// few fields of every record and none of its (possibly large) other values. All `None` when the
-/// record is not an object.
+/// The raw values of `names` among a validated record's top-level keys (the first occurrence of
+/// each), reading only as far into the record as the last of them. All `None` when the record is
+/// not an object. [`parse_picked`] uses it for bodies its one-pass parse does not take.
 pub fn pick<'a, const N: usize>(record: &'a str, names: [&str; N]) -> [Option<&'a RawValue>; N] {
     let mut found = [None; N];
     let mut deserializer = serde_json::Deserializer::from_str(record);
