@@ -12,6 +12,7 @@ pub mod duration;
 pub mod env;
 pub mod init;
 mod keys;
+mod limits;
 pub mod load;
 pub mod logging;
 pub mod show;
@@ -192,6 +193,9 @@ where
                     cap = %duration::format(pdbmux_core::config::FACTS_TTL_CAP),
                     "facts_ttl is above the cap; clamped"
                 );
+            }
+            if let Some((before, after)) = limits::raise_open_files_limit() {
+                tracing::info!("open files limit raised from {before} to {after}");
             }
             match serve(settings) {
                 Ok(()) => 0,
