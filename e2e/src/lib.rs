@@ -486,6 +486,17 @@ impl Pdbmux {
         }
     }
 
+    /// What pdbmux's open file descriptors point at (`/proc/<pid>/fd` links, Linux only), to
+    /// see from outside which memfds it holds.
+    pub fn open_files(&self) -> Result<Vec<String>, Error> {
+        let dir = format!("/proc/{}/fd", self.child.id());
+        let entries = fs::read_dir(&dir).map_err(io_err("list pdbmux's descriptors"))?;
+        Ok(entries
+            .filter_map(|entry| fs::read_link(entry.ok()?.path()).ok())
+            .map(|target| target.display().to_string())
+            .collect())
+    }
+
     /// The address pdbmux listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -7,7 +7,9 @@
 //! without the headers; facts_ttl 0 (no headers, /healthz cache backend none, every request
 //! asked upstream); stale on failure only (both backends behind TCP proxies in this process,
 //! cut after the TTL: the earlier body with X-Cache stale; one backend left: a live partial
-//! answer instead), the /healthz cache object (entries, serving_stale, stale_served).
+//! answer instead), the /healthz cache object (entries, serving_stale, stale_served); a /facts
+//! answer over 256 KiB kept in a sealed memfd (seen in /proc/<pid>/fd) and its hits, one after
+//! another and 20 from four clients at once, byte-identical to the miss.
 
 mod common;
 
@@ -169,6 +171,68 @@ fn cached_paths_miss_then_hit_with_a_growing_age() {
     assert!(cache["bytes"].as_u64() > Some(0), "{cache}");
     assert_eq!(cache["serving_stale"], false, "{cache}");
     assert_eq!(cache["stale_served"], 0, "{cache}");
+}
+
+/// The memfds pdbmux holds for sealed cache bodies (`pdbmux_sealed` names them so).
+fn sealed_bodies(p: &Pdbmux) -> usize {
+    p.open_files()
+        .expect("pdbmux's descriptors")
+        .iter()
+        .filter(|target| target.starts_with("/memfd:pdbmux-cache-body"))
+        .count()
+}
+
+#[test]
+fn a_large_answer_is_kept_sealed_and_hits_are_byte_identical() {
+    // The fixture's package-inventory fact makes the whole /facts answer larger than the
+    // threshold above which a cached body goes into a sealed memfd and hits go out by sendfile.
+    const SEAL_THRESHOLD: usize = 256 * 1024;
+    let p = pdbmux_env("cache-sealed", &[("PDBMUX_FACTS_TTL", "10s")]);
+    let tag = marker("cache-sealed");
+    let q = not_certname(&tag);
+    let params = [("query", q.as_str())];
+    assert_eq!(sealed_bodies(&p), 0, "nothing cached yet");
+    let miss = cached(&p, FACTS, &params, "miss");
+    assert!(
+        miss.body.len() >= SEAL_THRESHOLD,
+        "the fixture's /facts answer is {} bytes, below the sealing threshold",
+        miss.body.len()
+    );
+    let records = json_of(&miss);
+    assert!(
+        records.as_array().is_some_and(|r| !r.is_empty()),
+        "{records}"
+    );
+    let fresh = cached(&p, FACTS, &params, "hit");
+    assert_eq!(fresh.body, miss.body, "the hit is the miss, byte for byte");
+    assert_eq!(sealed_bodies(&p), 1, "{:?}", p.open_files());
+    // Many hits on one connection each and on several at once stay whole.
+    let hits: Vec<Response> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..4)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..5)
+                        .map(|_| p.get_query(FACTS, &params).expect("a hit"))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|client| client.join().expect("a client thread"))
+            .collect()
+    });
+    for hit in hits {
+        assert_eq!(hit.status, 200);
+        assert_eq!(hit.header("x-cache"), Some("hit"));
+        assert!(
+            hit.body == miss.body,
+            "a concurrent hit differs from the stored body"
+        );
+    }
+    // Small answers stay in ordinary memory.
+    cached(&p, NODES, &params, "miss");
+    assert_eq!(sealed_bodies(&p), 1, "{:?}", p.open_files());
 }
 
 #[test]
