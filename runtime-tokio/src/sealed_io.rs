@@ -49,8 +49,8 @@ impl SealedIo {
         }
     }
 
-    /// This connection's counters (shared: they keep counting after the stream moves into hyper).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// This connection's counters (shared: they keep counting after the stream moves into hyper;
+    /// the listener logs them at debug when the connection ends).
     pub fn counts(&self) -> Arc<WriteCounts> {
         Arc::clone(&self.counts)
     }

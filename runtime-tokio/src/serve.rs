@@ -3,6 +3,7 @@
 //! Large cached bodies are stored sealed ([`SealingStore`]) and sent with `sendfile` by each
 //! connection's [`SealedIo`].
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,15 +97,22 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                 };
                 let _ = stream.set_nodelay(true);
                 let shared = Arc::clone(&shared);
+                let io = SealedIo::new(stream);
+                let counts = io.counts();
                 let connection = http.serve_connection(
-                    TokioIo::new(SealedIo::new(stream)),
+                    TokioIo::new(io),
                     service_fn(move |request| service::handle(Arc::clone(&shared), request)),
                 );
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
-                    if let Err(error) = connection.await {
-                        tracing::debug!(%peer, "connection ended: {error}");
-                    }
+                    let ended = connection.await;
+                    tracing::debug!(
+                        %peer,
+                        sendfile_bytes = counts.sendfile_bytes.load(Ordering::Relaxed),
+                        written_bytes = counts.written_bytes.load(Ordering::Relaxed),
+                        "connection ended{}",
+                        ended.err().map_or_else(String::new, |error| format!(": {error}"))
+                    );
                 });
             }
             signal = &mut shutdown => {
