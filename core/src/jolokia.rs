@@ -19,14 +19,14 @@
 
 use std::borrow::Cow;
 use std::collections::HashMap;
-use std::fmt;
 
 use percent_encoding::percent_decode_str;
-use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Number, Value};
+
+use crate::records::Fields;
 
 /// The outcome of merging the metrics bodies of the backends that answered HTTP 2xx.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -306,7 +306,7 @@ fn parse(raw: &RawValue) -> Result<Node<'_>, serde_json::Error> {
     if !raw.get().trim_start().starts_with('{') {
         return Ok(Node::Raw(raw));
     }
-    let RawEntries(raw_entries) = serde_json::from_str(raw.get())?;
+    let raw_entries = serde_json::from_str::<Fields<'_>>(raw.get())?.into_entries();
     let mut entries: Entries<'_> = Vec::with_capacity(raw_entries.len());
     let mut index: HashMap<Cow<'_, str>, usize> = HashMap::with_capacity(raw_entries.len());
     for (key, value) in raw_entries {
@@ -320,32 +320,6 @@ fn parse(raw: &RawValue) -> Result<Node<'_>, serde_json::Error> {
         }
     }
     Ok(Node::Object(entries))
-}
-
-/// An object's entries with raw values, in document order.
-struct RawEntries<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
-
-impl<'de: 'a, 'a> Deserialize<'de> for RawEntries<'a> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct EntriesVisitor;
-        impl<'de> Visitor<'de> for EntriesVisitor {
-            type Value = RawEntries<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some(key) = map.next_key::<Cow<'de, str>>()? {
-                    let value: &'de RawValue = map.next_value()?;
-                    entries.push((key, value));
-                }
-                Ok(RawEntries(entries))
-            }
-        }
-        deserializer
-            .deserialize_map(EntriesVisitor)
-            .map_err(de::Error::custom)
-    }
 }
 
 fn field<'n, 'a>(entries: &'n Entries<'a>, name: &str) -> Option<&'n Node<'a>> {

@@ -23,6 +23,17 @@ impl<'a> Fields<'a> {
         serde_json::from_str(record).ok()
     }
 
+    /// The fields in document order (a repeated key as often as it appears), for code that
+    /// rebuilds or walks a record rather than looking fields up.
+    pub fn entries(&self) -> &[(Cow<'a, str>, &'a RawValue)] {
+        &self.0
+    }
+
+    /// The fields in document order, keys kept as read (borrowed unless they had escapes).
+    pub fn into_entries(self) -> Vec<(Cow<'a, str>, &'a RawValue)> {
+        self.0
+    }
+
     /// The raw value of `name`, if present.
     pub fn raw(&self, name: &str) -> Option<&'a RawValue> {
         self.0
@@ -370,6 +381,29 @@ mod tests {
         assert_eq!(fields.str("n"), None);
         assert!(fields.raw("missing").is_none());
         assert!(Fields::of("[1]").is_none());
+    }
+
+    #[test]
+    fn entries_keep_key_order_and_raw_values() {
+        let fields = Fields::of(r#"{"b":1, "a":{"x": [1]},"c\u0041":null}"#).expect("object");
+        let entries: Vec<(&str, &str)> = fields
+            .entries()
+            .iter()
+            .map(|(k, v)| (k.as_ref(), v.get()))
+            .collect();
+        assert_eq!(
+            entries,
+            [("b", "1"), ("a", r#"{"x": [1]}"#), ("cA", "null")]
+        );
+        let owned = fields.into_entries();
+        assert!(
+            matches!(owned[0].0, Cow::Borrowed("b")),
+            "plain keys are borrowed"
+        );
+        assert!(
+            matches!(owned[2].0, Cow::Owned(_)),
+            "escaped keys are decoded"
+        );
     }
 
     #[test]

@@ -15,11 +15,12 @@ use serde_json::value::RawValue;
 use serde_json::Number;
 
 use super::counts_filter::CountsFilter;
-use super::object::{into_raw, write_object, Object};
+use super::object::{into_raw, write_object};
 use super::values::{canonical, is_null, Total};
 use super::{CombineError, Mode, PlanError};
 use crate::merge::Window;
 use crate::query::Params;
+use crate::records::Fields;
 use crate::sort::{self, OrderBy, OrderEntity, PagingError, SummarizeBy};
 
 /// The columns that name the subject; every other column is a count.
@@ -70,7 +71,7 @@ pub(super) const EVENT_COUNTS_LOCAL: [&str; 5] = [
 /// One backend's event-counts row, read and checked.
 pub(super) struct CountRow<'a> {
     raw: &'a RawValue,
-    object: Object<'a>,
+    object: Fields<'a>,
     key: String,
 }
 
@@ -79,13 +80,13 @@ pub(super) fn parse<'a>(rows: &[&'a RawValue]) -> Result<Vec<CountRow<'a>>, Comb
     rows.iter()
         .enumerate()
         .map(|(index, raw)| {
-            let object = Object::of(raw).ok_or(CombineError::NotAnObject { index })?;
+            let object = Fields::of(raw.get()).ok_or(CombineError::NotAnObject { index })?;
             let (Some(subject_type), Some(subject)) =
-                (object.get("subject_type"), object.get("subject"))
+                (object.raw("subject_type"), object.raw("subject"))
             else {
                 return Err(CombineError::NoSubject { index });
             };
-            for (column, value) in &object.0 {
+            for (column, value) in object.entries() {
                 if !SUBJECT_COLUMNS.contains(&column.as_ref())
                     && !is_null(value)
                     && serde_json::from_str::<Number>(value.get()).is_err()
@@ -127,7 +128,7 @@ impl Subject<'_> {
         let mut entries: Vec<(&str, String)> = self
             .first
             .object
-            .0
+            .entries()
             .iter()
             .map(|(name, raw)| {
                 let text = match SUBJECT_COLUMNS.contains(&name.as_ref()) {
@@ -138,7 +139,7 @@ impl Subject<'_> {
             })
             .collect();
         for (name, total) in &self.counts {
-            if self.first.object.get(name).is_none() {
+            if self.first.object.raw(name).is_none() {
                 entries.push((name.as_ref(), total.json()));
             }
         }
@@ -157,7 +158,7 @@ pub(super) fn merge<'a>(
     for row in backends.into_iter().flatten() {
         let counted: Vec<(Cow<'a, str>, &'a RawValue)> = row
             .object
-            .0
+            .entries()
             .iter()
             .filter(|(name, _)| !SUBJECT_COLUMNS.contains(&name.as_ref()))
             .map(|(name, value)| (name.clone(), *value))
@@ -205,12 +206,12 @@ pub(super) fn event_counts(
     let rows: Vec<Box<RawValue>> = subjects.iter().map(Subject::write).collect();
     let count = rows.len();
     let rows = sort::sort_stable(rows, order, |row| {
-        let object = Object::of(row).unwrap_or_default();
-        let subject = object.get("subject").and_then(Object::of);
+        let object = Fields::of(row.get()).unwrap_or_default();
+        let subject = object.raw("subject").and_then(|s| Fields::of(s.get()));
         sort::sort_key(order, |field| match field {
-            "certname" | "containing_class" | "resource_title" => subject.as_ref()?.get("title"),
-            "resource_type" => subject.as_ref()?.get("type"),
-            other => object.get(other),
+            "certname" | "containing_class" | "resource_title" => subject.as_ref()?.raw("title"),
+            "resource_type" => subject.as_ref()?.raw("type"),
+            other => object.raw(other),
         })
     });
     (window.apply(rows), count)

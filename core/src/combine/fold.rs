@@ -8,14 +8,15 @@ use serde_json::value::RawValue;
 use serde_json::Number;
 
 use super::extract::{Fold, Rule};
-use super::object::{into_raw, write_object, Object};
+use super::object::{into_raw, write_object};
 use super::values::{average, canonical, float_json, is_null, Extreme, Total};
 use super::CombineError;
+use crate::records::Fields;
 
 /// One backend's row, read and checked.
 pub(super) struct Parsed<'a> {
     raw: &'a RawValue,
-    object: Object<'a>,
+    object: Fields<'a>,
     key: String,
 }
 
@@ -41,9 +42,9 @@ pub(super) fn parse<'a>(
     rows.iter()
         .enumerate()
         .map(|(index, raw)| {
-            let object = Object::of(raw).ok_or(CombineError::NotAnObject { index })?;
+            let object = Fields::of(raw.get()).ok_or(CombineError::NotAnObject { index })?;
             for (column, rule) in &fold.aggregates {
-                if let (Rule::Add, Some(value)) = (rule, object.get(column)) {
+                if let (Rule::Add, Some(value)) = (rule, object.raw(column)) {
                     if !is_null(value) && serde_json::from_str::<Number>(value.get()).is_err() {
                         return Err(CombineError::NotANumber {
                             index,
@@ -60,9 +61,9 @@ pub(super) fn parse<'a>(
 
 /// The row's non-aggregate columns (plain fields and their `_2` copies, row functions, helper
 /// `group_by` columns), by name, as canonical text.
-fn group_key(fold: &Fold, object: &Object<'_>) -> String {
+fn group_key(fold: &Fold, object: &Fields<'_>) -> String {
     let mut parts: Vec<(&str, String)> = object
-        .0
+        .entries()
         .iter()
         .filter(|(name, _)| !fold.aggregates.iter().any(|(column, _)| column == name))
         .map(|(name, value)| (name.as_ref(), canonical(value)))
@@ -107,7 +108,7 @@ pub(super) fn fold_rows(fold: &Fold, backends: Vec<Vec<Parsed<'_>>>) -> Vec<Box<
         let Group { first, rows, accs } = &mut groups[at];
         let object = later.as_ref().map_or(&first.object, |row| &row.object);
         for ((column, rule), acc) in fold.aggregates.iter().zip(accs.iter_mut()) {
-            let Some(value) = object.get(column) else {
+            let Some(value) = object.raw(column) else {
                 continue;
             };
             match (rule, acc) {
@@ -155,7 +156,7 @@ fn write_group(fold: &Fold, group: &Group<'_>) -> Box<RawValue> {
     };
     let mut entries: Vec<(&str, String)> = Vec::new();
     let mut avg_written = false;
-    for (name, raw) in &group.first.object.0 {
+    for (name, raw) in group.first.object.entries() {
         let name = name.as_ref();
         if fold.avg && matches!(name, "sum" | "count") {
             if !avg_written {
@@ -184,9 +185,9 @@ pub(super) fn drop_helpers(fold: &Fold, rows: Vec<Box<RawValue>>) -> Vec<Box<Raw
     }
     rows.into_iter()
         .map(|row| {
-            let object = Object::of(&row).unwrap_or_default();
+            let object = Fields::of(row.get()).unwrap_or_default();
             let entries = object
-                .0
+                .entries()
                 .iter()
                 .filter(|(name, _)| !fold.helpers.iter().any(|helper| helper == name))
                 .map(|(name, raw)| (name.as_ref(), raw.get().to_owned()));

@@ -388,8 +388,8 @@ fn combine_extract(
         _ => count,
     };
     let rows = sort::sort_stable(rows, &plan.order, |row| {
-        let object = object::Object::of(row).unwrap_or_default();
-        sort::sort_key(&plan.order, |field| object.get(field))
+        let object = crate::records::Fields::of(row.get()).unwrap_or_default();
+        sort::sort_key(&plan.order, |field| object.raw(field))
     });
     let rows = plan.window.apply(rows);
     let rows = match &plan.fold {
