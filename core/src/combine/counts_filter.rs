@@ -13,8 +13,10 @@ use serde_json::{Number, Value};
 
 use super::values::Total;
 
-/// The count columns a filter may name: the four basic ones and PE's corrective split.
-const COUNT_FIELDS: [&str; 8] = [
+/// The count columns of `/event-counts` rows, in PuppetDB's order (`query/aggregate_event_counts.clj`
+/// `get-aggregate-sql`: failures, skips, then successes and noops or PE's corrective split): what
+/// a filter may name, and the order of the aggregate's summary columns.
+pub(super) const COUNT_FIELDS: [&str; 8] = [
     "failures",
     "skips",
     "successes",

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 use serde_json::Number;
 
-use super::counts_filter::CountsFilter;
+use super::counts_filter::{CountsFilter, COUNT_FIELDS};
 use super::object::{into_raw, write_object};
 use super::values::{canonical, is_null, Total};
 use super::{CombineError, Mode, PlanError};
@@ -25,19 +25,6 @@ use crate::sort::{self, OrderBy, OrderEntity, PagingError, SummarizeBy};
 
 /// The columns that name the subject; every other column is a count.
 const SUBJECT_COLUMNS: [&str; 2] = ["subject_type", "subject"];
-
-/// The summary columns in PuppetDB's order (`query/aggregate_event_counts.clj`
-/// `get-aggregate-sql`: failures, skips, then successes and noops or PE's split), before `total`.
-const SUMMARY_ORDER: [&str; 8] = [
-    "failures",
-    "skips",
-    "successes",
-    "noops",
-    "intentional_successes",
-    "corrective_successes",
-    "intentional_noops",
-    "corrective_noops",
-];
 
 /// The parameters `/aggregate-event-counts` accepts (PuppetDB 7.12.1 `http/handlers.clj`
 /// `agg-event-counts-routes`: global params plus these; 8.x adds `timeout`). Anything else,
@@ -231,13 +218,13 @@ pub(super) fn summary(summarize_by: &str, subjects: &[Subject<'_>]) -> String {
         }
     }
     if columns.is_empty() {
-        columns.extend_from_slice(&SUMMARY_ORDER[..4]);
+        columns.extend_from_slice(&COUNT_FIELDS[..4]);
     }
     let rank = |name: &str| {
-        SUMMARY_ORDER
+        COUNT_FIELDS
             .iter()
             .position(|known| *known == name)
-            .unwrap_or(SUMMARY_ORDER.len())
+            .unwrap_or(COUNT_FIELDS.len())
     };
     // Stable: columns PuppetDB does not name keep their first-seen order, after the known ones.
     columns.sort_by_key(|name| rank(name));

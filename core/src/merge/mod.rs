@@ -30,17 +30,6 @@ use crate::sort::{self, OrderBy, OrderEntity};
 pub(crate) use facts::filter_source_records;
 pub(crate) use rows::Window;
 
-/// Which record merge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum RecordKind {
-    Nodes,
-    Facts,
-    FactNames,
-    Environments,
-    Reports,
-    Events,
-}
-
 /// What the provenance fact does for this request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Provenance {
@@ -116,7 +105,8 @@ impl Merged {
 /// A planned record merge.
 #[derive(Debug)]
 pub(crate) struct RecordPlan {
-    pub(crate) kind: RecordKind,
+    /// Which merge: the entity of the route (`/facts/<name>` merges as facts).
+    pub(crate) kind: Entity,
     config: Arc<Config>,
     upstream_path: String,
     params: Params,
@@ -159,14 +149,7 @@ impl RecordPlan {
         let analysis = query.as_ast().map(analyze);
         let source_fact = config.source_fact.as_str();
         let (kind, upstream_path, facts_path_name) = match route {
-            Route::Merged(Entity::Nodes) => (RecordKind::Nodes, path.to_owned(), None),
-            Route::Merged(Entity::Facts) => (RecordKind::Facts, path.to_owned(), None),
-            Route::Merged(Entity::FactNames) => (RecordKind::FactNames, path.to_owned(), None),
-            Route::Merged(Entity::Environments) => {
-                (RecordKind::Environments, path.to_owned(), None)
-            }
-            Route::Merged(Entity::Reports) => (RecordKind::Reports, path.to_owned(), None),
-            Route::Merged(Entity::Events) => (RecordKind::Events, path.to_owned(), None),
+            Route::Merged(entity) => (*entity, path.to_owned(), None),
             Route::FactsByName { name, value } => {
                 let decoded = percent_decode_str(name).decode_utf8_lossy().into_owned();
                 if decoded == source_fact {
@@ -174,13 +157,9 @@ impl RecordPlan {
                     let value = value
                         .as_ref()
                         .map(|v| percent_decode_str(v).decode_utf8_lossy().into_owned());
-                    (
-                        RecordKind::Facts,
-                        "/pdb/query/v4/facts".to_owned(),
-                        Some(value),
-                    )
+                    (Entity::Facts, "/pdb/query/v4/facts".to_owned(), Some(value))
                 } else {
-                    (RecordKind::Facts, path.to_owned(), None)
+                    (Entity::Facts, path.to_owned(), None)
                 }
             }
             _ => {
@@ -192,16 +171,16 @@ impl RecordPlan {
         };
 
         let order_entity = match kind {
-            RecordKind::Nodes => OrderEntity::Nodes {
+            Entity::Nodes => OrderEntity::Nodes {
                 include_facts_expiration: params
                     .get("include_facts_expiration")
                     .is_some_and(|v| v.eq_ignore_ascii_case("true")),
             },
-            RecordKind::Facts => OrderEntity::Facts,
-            RecordKind::FactNames => OrderEntity::FactNames,
-            RecordKind::Environments => OrderEntity::Environments,
-            RecordKind::Reports => OrderEntity::Reports,
-            RecordKind::Events => OrderEntity::Events,
+            Entity::Facts => OrderEntity::Facts,
+            Entity::FactNames => OrderEntity::FactNames,
+            Entity::Environments => OrderEntity::Environments,
+            Entity::Reports => OrderEntity::Reports,
+            Entity::Events => OrderEntity::Events,
         };
         let paging = match sort::parse_paging(
             params.get("order_by"),
@@ -219,7 +198,7 @@ impl RecordPlan {
         let (limit, offset) = (paging.limit, paging.offset.unwrap_or(0));
         let window = Window { offset, limit };
 
-        let provenance = if kind != RecordKind::Facts || !config.source_fact_enabled {
+        let provenance = if kind != Entity::Facts || !config.source_fact_enabled {
             match facts_path_name {
                 // The synthetic path answers [] while injection is off.
                 Some(_) => return Planned::Respond(Response::json(StatusCode::OK, "[]")),
@@ -251,14 +230,14 @@ impl RecordPlan {
             }
         };
 
-        let node_scoped = matches!(kind, RecordKind::Nodes | RecordKind::Facts)
-            || (matches!(kind, RecordKind::Reports | RecordKind::Events)
+        let node_scoped = matches!(kind, Entity::Nodes | Entity::Facts)
+            || (matches!(kind, Entity::Reports | Entity::Events)
                 && analysis.as_ref().is_some_and(|a| a.uses_latest_report));
         let strategy = match kind {
-            RecordKind::Facts => config.merge,
+            Entity::Facts => config.merge,
             _ => MergeStrategy::Freshness,
         };
-        let history = matches!(kind, RecordKind::Reports | RecordKind::Events);
+        let history = matches!(kind, Entity::Reports | Entity::Events);
         let scope = outbound::scope_of(raw_query, history);
         let node_scope = node_scoped.then_some((strategy, scope));
 
@@ -310,7 +289,7 @@ impl RecordPlan {
     ) -> (Method, String, Option<Bytes>) {
         let mut params = self.params.clone();
         match self.kind {
-            RecordKind::FactNames => {
+            Entity::FactNames => {
                 // The merged list is paged here; each backend sends its whole list.
                 params.remove("limit");
                 params.remove("offset");
@@ -335,7 +314,7 @@ impl RecordPlan {
         let mut query = self.query.as_ast().cloned();
         // A paged /facts window must not lose records to the provenance drop after the backend
         // cut it: ask the backends not to return records of that name at all.
-        if self.kind == RecordKind::Facts
+        if self.kind == Entity::Facts
             && self.provenance != Provenance::Off
             && self.window.is_paged()
             && pushable
@@ -361,12 +340,12 @@ impl RecordPlan {
     /// Merges the backends' answers (configured order) into one response.
     pub(crate) fn merge(&self, answers: &[Answer<'_>]) -> Merged {
         match self.kind {
-            RecordKind::Nodes => nodes::merge(self, answers),
-            RecordKind::Facts => facts::merge(self, answers),
-            RecordKind::FactNames => names::merge(self, answers),
-            RecordKind::Environments => union::merge(self, answers, union::Identity::Name),
-            RecordKind::Reports => union::merge(self, answers, union::Identity::Hash),
-            RecordKind::Events => union::merge(self, answers, union::Identity::Verbatim),
+            Entity::Nodes => nodes::merge(self, answers),
+            Entity::Facts => facts::merge(self, answers),
+            Entity::FactNames => names::merge(self, answers),
+            Entity::Environments => union::merge(self, answers, union::Identity::Name),
+            Entity::Reports => union::merge(self, answers, union::Identity::Hash),
+            Entity::Events => union::merge(self, answers, union::Identity::Verbatim),
         }
     }
 
