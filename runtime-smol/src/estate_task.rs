@@ -8,13 +8,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use pdbmux_core::{
-    Admission, ClientRequest, Estate, EstateOutput, Exchange, FlightId, Response, UpstreamId,
-    WaiterId,
+    Admission, ClientRequest, Estate, EstateOutput, Exchange, FlightId, Response, Round,
+    UpstreamId, UpstreamRequest, WaiterId,
 };
 use smol::channel::{self, Receiver, Sender};
 use smol::future::FutureExt;
 use smol::{Executor, Task};
 
+use pdbmux_driver::UpstreamResult;
+
+use crate::body::HeldBody;
 use crate::upstream::Upstreams;
 
 /// What a request handler does next; see [`Shared::admit`].
@@ -156,7 +159,7 @@ impl Shared {
         // Held across the spawn so the task cannot remove its entry before it is inserted.
         let mut flights = self.flights();
         let task = self.spawn("flight", async move {
-            let driven = AssertUnwindSafe(crate::service::drive(&shared, exchange))
+            let driven = AssertUnwindSafe(pdbmux_driver::drive(&*shared, exchange))
                 .catch_unwind()
                 .await;
             // A panic would leave the flight's waiters waiting: answer them with a 500.
@@ -307,4 +310,25 @@ pub fn spawn_guarded<T: Send + 'static>(
             }
         }
     })
+}
+
+/// Exchanges run on smol: pdbmux's own upstream pool, async-io's timer, rounds into the estate.
+impl pdbmux_driver::Transport for Shared {
+    type Held = HeldBody;
+
+    fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> impl Future<Output = UpstreamResult<HeldBody>> + Send {
+        let upstreams = Arc::clone(&self.upstreams);
+        async move { upstreams.send(&request).await }
+    }
+
+    async fn sleep_until(&self, deadline: Instant) {
+        smol::Timer::at(deadline).await;
+    }
+
+    fn round(&self, round: Round) {
+        self.estate().handle_round(Instant::now(), round);
+    }
 }

@@ -1,16 +1,10 @@
 //! One client request end to end: admit it through the estate and drive its exchange on this
 //! task, to the core's response (plus the held upstream body it streams, if any).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures_util::future::{AbortHandle, Abortable};
-use futures_util::stream::{FuturesUnordered, StreamExt};
-use pdbmux_core::{
-    ClientRequest, Exchange, ExchangeOutput, Response, ResponseBody, UpstreamFailure, UpstreamId,
-};
-use smol::future::FutureExt;
+use pdbmux_core::{ClientRequest, Response, ResponseBody};
 use smol::Timer;
 
 use crate::body::HeldBody;
@@ -34,7 +28,7 @@ pub async fn handle(shared: &Arc<Shared>, client_request: &ClientRequest) -> Ans
         match admission {
             Admitted::Respond(response) => break checked(response, None),
             Admitted::Exchange(exchange) => {
-                let (response, held) = drive(shared, exchange).await;
+                let (response, held) = pdbmux_driver::drive(&**shared, exchange).await;
                 break checked(response, held);
             }
             Admitted::Wait(ticket) => match ticket.wait().await {
@@ -82,85 +76,6 @@ fn checked(response: Response, stream: Option<(HeldBody, Instant)>) -> Answer {
             response,
             stream: None,
         },
-    }
-}
-
-type UpstreamResult = Result<(pdbmux_core::UpstreamResponse, Option<HeldBody>), UpstreamFailure>;
-
-/// Drives an exchange to its response on the current task, with the held upstream body when the
-/// response streams one. Upstream requests run concurrently inside this task; dropping it (client
-/// gone, flight cancelled) drops them all and closes their connections.
-pub async fn drive(
-    shared: &Shared,
-    mut exchange: Exchange,
-) -> (Response, Option<(HeldBody, Instant)>) {
-    let mut in_flight = FuturesUnordered::new();
-    let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
-    let mut held: BTreeMap<UpstreamId, (HeldBody, Instant)> = BTreeMap::new();
-    let mut deadlines: BTreeMap<UpstreamId, Instant> = BTreeMap::new();
-    loop {
-        while let Some(output) = exchange.poll_output() {
-            match output {
-                ExchangeOutput::Send(request) => {
-                    let (handle, registration) = AbortHandle::new_pair();
-                    aborts.insert(request.id, handle);
-                    deadlines.insert(request.id, request.deadline);
-                    let upstreams = Arc::clone(&shared.upstreams);
-                    let id = request.id;
-                    in_flight.push(Abortable::new(
-                        async move {
-                            let result: UpstreamResult = upstreams.send(&request).await;
-                            (id, result)
-                        },
-                        registration,
-                    ));
-                }
-                ExchangeOutput::Cancel(id) => {
-                    if let Some(handle) = aborts.remove(&id) {
-                        handle.abort();
-                    }
-                    held.remove(&id);
-                }
-                ExchangeOutput::Respond(response) => {
-                    let stream = match &response.body {
-                        ResponseBody::Upstream(id) => held.remove(id),
-                        ResponseBody::Full(_) => None,
-                    };
-                    return (response, stream);
-                }
-            }
-        }
-        let deadline = exchange.poll_timeout();
-        // `None` from an empty set would end the race at once; wait for the deadline instead.
-        let answered = async {
-            match in_flight.next().await {
-                Some(finished) => Some(finished),
-                None => std::future::pending().await,
-            }
-        };
-        let timed_out = async {
-            sleep_until(deadline).await;
-            None
-        };
-        match answered.or(timed_out).await {
-            Some(Ok((id, result))) => {
-                aborts.remove(&id);
-                let now = Instant::now();
-                match result {
-                    Ok((response, held_body)) => {
-                        if let Some(body) = held_body {
-                            let deadline = deadlines.get(&id).copied().unwrap_or(now);
-                            held.insert(id, (body, deadline));
-                        }
-                        exchange.handle_upstream_response(now, id, response);
-                    }
-                    Err(failure) => exchange.handle_upstream_failure(now, id, failure),
-                }
-            }
-            // Aborted: its answer is no longer wanted.
-            Some(Err(_)) => {}
-            None => exchange.handle_timeout(Instant::now()),
-        }
     }
 }
 

@@ -2,17 +2,20 @@
 //! (upstream requests it sends itself, answers to waiting clients) and its one deadline.
 
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use pdbmux_core::{
     Admission, ClientRequest, Estate, EstateOutput, Exchange, FlightId, Response, Round,
-    UpstreamId, WaiterId,
+    UpstreamId, UpstreamRequest, WaiterId,
 };
 use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 
-use crate::upstream::Upstreams;
+use pdbmux_driver::UpstreamResult;
+
+use crate::upstream::{HeldBody, Upstreams};
 
 /// What a request handler does next; see [`Shared::admit`].
 pub enum Admitted {
@@ -101,11 +104,6 @@ impl Shared {
         self.admit_with(now, request, Estate::readmit)
     }
 
-    /// Reports a finished merged fan-out for `/healthz`.
-    pub fn round(&self, round: Round) {
-        self.estate().handle_round(Instant::now(), round);
-    }
-
     fn waiter_gone(&self, waiter: WaiterId) {
         self.waiters().remove(&waiter);
         self.estate().handle_waiter_gone(Instant::now(), waiter);
@@ -128,7 +126,7 @@ impl Shared {
         // Held across the spawn so the task cannot remove its entry before it is inserted.
         let mut flights = self.flights();
         let task = tokio::spawn(async move {
-            let (response, _) = crate::service::drive(&shared, exchange).await;
+            let (response, _) = pdbmux_driver::drive(&*shared, exchange).await;
             let response = pdbmux_sealed::seal_flight_answer(response);
             shared.flights().remove(&flight);
             shared
@@ -244,5 +242,26 @@ impl Shared {
                 () = crate::service::sleep_until(deadline) => self.estate().handle_timeout(Instant::now()),
             }
         }
+    }
+}
+
+/// Exchanges run on tokio: hyper-util's pooled clients, tokio's timer, rounds into the estate.
+impl pdbmux_driver::Transport for Shared {
+    type Held = HeldBody;
+
+    fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> impl Future<Output = UpstreamResult<HeldBody>> + Send {
+        let upstreams = Arc::clone(&self.upstreams);
+        async move { upstreams.send(&request).await }
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep_until(deadline.into())
+    }
+
+    fn round(&self, round: Round) {
+        self.estate().handle_round(Instant::now(), round);
     }
 }

@@ -1,17 +1,12 @@
 //! One client request end to end: admit it through the estate, drive its exchange on this task,
 //! and turn the core's response into a hyper response.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
-use futures_util::future::{AbortHandle, Abortable};
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use hyper::body::Incoming;
-use pdbmux_core::{
-    ClientRequest, Exchange, ExchangeOutput, Response, ResponseBody, UpstreamFailure, UpstreamId,
-};
+use pdbmux_core::{ClientRequest, Response, ResponseBody};
 
 use crate::body;
 use crate::estate_task::{Admitted, Shared, WaiterEvent};
@@ -29,7 +24,7 @@ pub async fn handle(
         match admission {
             Admitted::Respond(response) => break into_hyper(response, None),
             Admitted::Exchange(exchange) => {
-                let (response, held) = drive(&shared, exchange).await;
+                let (response, held) = pdbmux_driver::drive(&*shared, exchange).await;
                 break into_hyper(response, held);
             }
             Admitted::Wait(ticket) => match ticket.wait().await {
@@ -75,79 +70,6 @@ fn client_request(request: &http::Request<Incoming>) -> ClientRequest {
         target,
         header_count: request.headers().len(),
         header_bytes,
-    }
-}
-
-type UpstreamResult = Result<(pdbmux_core::UpstreamResponse, Option<HeldBody>), UpstreamFailure>;
-
-/// Drives an exchange to its response on the current task, with the held upstream body when the
-/// response streams one. Upstream requests run concurrently inside this task; dropping it (client
-/// gone, flight cancelled) drops them all and releases their connections.
-pub async fn drive(
-    shared: &Shared,
-    mut exchange: Exchange,
-) -> (Response, Option<(HeldBody, Instant)>) {
-    let mut in_flight = FuturesUnordered::new();
-    let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
-    let mut held: BTreeMap<UpstreamId, (HeldBody, Instant)> = BTreeMap::new();
-    let mut deadlines: BTreeMap<UpstreamId, Instant> = BTreeMap::new();
-    loop {
-        while let Some(output) = exchange.poll_output() {
-            match output {
-                ExchangeOutput::Send(request) => {
-                    let (handle, registration) = AbortHandle::new_pair();
-                    aborts.insert(request.id, handle);
-                    deadlines.insert(request.id, request.deadline);
-                    let upstreams = shared.upstreams.clone();
-                    let id = request.id;
-                    in_flight.push(Abortable::new(
-                        async move {
-                            let result: UpstreamResult = upstreams.send(&request).await;
-                            (id, result)
-                        },
-                        registration,
-                    ));
-                }
-                ExchangeOutput::Cancel(id) => {
-                    if let Some(handle) = aborts.remove(&id) {
-                        handle.abort();
-                    }
-                    held.remove(&id);
-                }
-                ExchangeOutput::Respond(response) => {
-                    for handle in aborts.values() {
-                        handle.abort();
-                    }
-                    let stream = match &response.body {
-                        ResponseBody::Upstream(id) => held.remove(id),
-                        ResponseBody::Full(_) => None,
-                    };
-                    if let Some(round) = exchange.round() {
-                        shared.round(round);
-                    }
-                    return (response, stream);
-                }
-            }
-        }
-        let deadline = exchange.poll_timeout();
-        tokio::select! {
-            Some(finished) = in_flight.next() => {
-                let Ok((id, result)) = finished else { continue };
-                aborts.remove(&id);
-                let now = Instant::now();
-                match result {
-                    Ok((response, held_body)) => {
-                        if let Some(body) = held_body {
-                            let deadline = deadlines.get(&id).copied().unwrap_or(now);
-                            held.insert(id, (body, deadline));
-                        }
-                        exchange.handle_upstream_response(now, id, response);
-                    }
-                    Err(failure) => exchange.handle_upstream_failure(now, id, failure),
-                }
-            }
-            () = sleep_until(deadline) => exchange.handle_timeout(Instant::now()),
-        }
     }
 }
 

@@ -443,6 +443,42 @@ pub fn a_large_cached_body_is_served_identical_on_a_hit(bin: &Path) {
     }
 }
 
+/// A fan-out that one backend fails is counted as a partial round in `/healthz` (the runtime
+/// hands each exchange's round to the estate when it answers).
+pub fn a_partial_fan_out_is_counted_in_healthz(bin: &Path) {
+    let good = FakeBackend::start(|line| {
+        if line.contains("/pdb/query/v4/fact-names") {
+            respond("200 OK", "application/json", r#"["kernel"]"#)
+        } else {
+            respond("200 OK", "application/json", r#"{"version":"7.12.1"}"#)
+        }
+    });
+    let failing = FakeBackend::start(|line| {
+        if line.contains("/pdb/query/v4/fact-names") {
+            respond("500 Server Error", "text/plain", "boom")
+        } else {
+            respond("200 OK", "application/json", r#"{"version":"7.12.1"}"#)
+        }
+    });
+    let pdbmux = Pdbmux::start(
+        bin,
+        &[
+            (
+                "PDBMUX_BACKENDS",
+                format!("a={},b={}", good.url(), failing.url()),
+            ),
+            ("PDBMUX_FACTS_TTL", "0s".to_owned()),
+        ],
+    );
+    let names = pdbmux.get("/pdb/query/v4/fact-names");
+    assert_eq!(names.status(), 200, "{}", names.body());
+    assert_eq!(names.header("x-backends").as_deref(), Some("1/2"));
+    let healthz = pdbmux.get("/healthz");
+    let body: serde_json::Value = serde_json::from_str(healthz.body()).unwrap();
+    assert_eq!(body["query"]["partial_rounds"], 1, "{body}");
+    assert_eq!(body["query"]["partial"], true, "{body}");
+}
+
 /// `#[test]`s running every case against one binary, e.g.
 /// `runtime_cases!(env!("CARGO_BIN_EXE_pdbmux-smol"));` (`PDBMUX_RUNTIME_BIN` overrides it).
 macro_rules! runtime_cases {
@@ -461,6 +497,7 @@ macro_rules! runtime_cases {
             the_request_target_reaches_the_backend_verbatim,
             shutdown_closes_idle_keep_alive_connections_at_once,
             a_large_cached_body_is_served_identical_on_a_hit,
+            a_partial_fan_out_is_counted_in_healthz,
         );
     };
     (@each $binary:expr; $($case:ident),* $(,)?) => {

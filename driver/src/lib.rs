@@ -1,0 +1,122 @@
+//! # pdbmux-driver
+//!
+//! The one async loop both binaries run per exchange: send what the core asks for, feed the
+//! answers and timeouts back, and stop at its response. The runtime supplies a [`Transport`]
+//! (its upstream client, its timer, and where finished rounds go); everything else — which
+//! requests are in flight, which are cancelled, which answer's body is held for streaming — is
+//! the same on every runtime and lives here, so the binaries cannot drift apart.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::pin;
+use std::time::Instant;
+
+use futures_util::future::{self, AbortHandle, Abortable, Either};
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use pdbmux_core::{
+    Exchange, ExchangeOutput, Response, ResponseBody, Round, UpstreamFailure, UpstreamId,
+    UpstreamRequest, UpstreamResponse,
+};
+
+/// One upstream answer as a runtime's client gives it: the response, and its body still held
+/// (unread) when the core asked to stream it.
+pub type UpstreamResult<H> = Result<(UpstreamResponse, Option<H>), UpstreamFailure>;
+
+/// What a runtime gives [`drive`].
+pub trait Transport {
+    /// An upstream body held open for streaming to the client.
+    type Held;
+
+    /// Sends one upstream request. The future is polled on the exchange's own task, beside the
+    /// others, and dropped (closing its connection) when the core cancels it or answers.
+    fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> impl Future<Output = UpstreamResult<Self::Held>> + Send;
+
+    /// Resolves at `deadline`.
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send;
+
+    /// Receives the exchange's finished fan-out round, for `/healthz` (reported when it answers).
+    fn round(&self, round: Round);
+}
+
+/// Drives `exchange` to its response on the current task, with the held upstream body (and the
+/// instant it must be complete by) when the response streams one. Upstream requests run
+/// concurrently inside this future; dropping it (client gone, flight cancelled) drops them all and
+/// releases their connections.
+pub async fn drive<T: Transport>(
+    transport: &T,
+    mut exchange: Exchange,
+) -> (Response, Option<(T::Held, Instant)>) {
+    let mut in_flight = FuturesUnordered::new();
+    let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
+    let mut held: BTreeMap<UpstreamId, (T::Held, Instant)> = BTreeMap::new();
+    let mut deadlines: BTreeMap<UpstreamId, Instant> = BTreeMap::new();
+    loop {
+        while let Some(output) = exchange.poll_output() {
+            match output {
+                ExchangeOutput::Send(request) => {
+                    let (handle, registration) = AbortHandle::new_pair();
+                    let id = request.id;
+                    aborts.insert(id, handle);
+                    deadlines.insert(id, request.deadline);
+                    let sent = transport.send(request);
+                    in_flight.push(Abortable::new(
+                        async move { (id, sent.await) },
+                        registration,
+                    ));
+                }
+                ExchangeOutput::Cancel(id) => {
+                    if let Some(handle) = aborts.remove(&id) {
+                        handle.abort();
+                    }
+                    held.remove(&id);
+                }
+                ExchangeOutput::Respond(response) => {
+                    let stream = match &response.body {
+                        ResponseBody::Upstream(id) => held.remove(id),
+                        ResponseBody::Full(_) => None,
+                    };
+                    if let Some(round) = exchange.round() {
+                        transport.round(round);
+                    }
+                    return (response, stream);
+                }
+            }
+        }
+        let deadline = exchange.poll_timeout();
+        // An empty set would end the race at once; wait for the deadline instead.
+        let answered = pin!(async {
+            match in_flight.next().await {
+                Some(finished) => finished,
+                None => future::pending().await,
+            }
+        });
+        let timer = pin!(async {
+            match deadline {
+                Some(deadline) => transport.sleep_until(deadline).await,
+                None => future::pending().await,
+            }
+        });
+        match future::select(answered, timer).await {
+            Either::Left((Ok((id, result)), _)) => {
+                aborts.remove(&id);
+                let now = Instant::now();
+                match result {
+                    Ok((response, held_body)) => {
+                        if let Some(body) = held_body {
+                            let deadline = deadlines.get(&id).copied().unwrap_or(now);
+                            held.insert(id, (body, deadline));
+                        }
+                        exchange.handle_upstream_response(now, id, response);
+                    }
+                    Err(failure) => exchange.handle_upstream_failure(now, id, failure),
+                }
+            }
+            // Aborted: its answer is no longer wanted.
+            Either::Left((Err(_), _)) => {}
+            Either::Right(((), _)) => exchange.handle_timeout(Instant::now()),
+        }
+    }
+}
