@@ -81,63 +81,6 @@ pub fn is_str(raw: &RawValue, expected: &str) -> bool {
     raw.get().len() >= expected.len() + 2 && raw_str(raw).as_deref() == Some(expected)
 }
 
-/// The raw values of `names` among a validated record's top-level keys (the first occurrence of
-/// each), reading only as far into the record as the last of them. All `None` when the record is
-/// not an object. [`parse_picked`] uses it for bodies its one-pass parse does not take.
-pub fn pick<'a, const N: usize>(record: &'a str, names: [&str; N]) -> [Option<&'a RawValue>; N] {
-    let mut found = [None; N];
-    let mut deserializer = serde_json::Deserializer::from_str(record);
-    // Stopping early leaves entries unread, which serde_json then reports as an error; the record
-    // was validated whole when its body was parsed, so that error says nothing and is ignored.
-    let _ = Picker {
-        names: &names,
-        found: &mut found,
-    }
-    .deserialize(&mut deserializer);
-    found
-}
-
-/// Fills `found` with the raw values of `names` from one JSON object, stopping once all are found.
-struct Picker<'p, 'a, const N: usize> {
-    names: &'p [&'p str; N],
-    found: &'p mut [Option<&'a RawValue>; N],
-}
-
-impl<'de, const N: usize> DeserializeSeed<'de> for Picker<'_, 'de, N> {
-    type Value = ();
-
-    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
-        deserializer.deserialize_map(self)
-    }
-}
-
-impl<'de, const N: usize> Visitor<'de> for Picker<'_, 'de, N> {
-    type Value = ();
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<(), M::Error> {
-        let mut missing = N;
-        while missing > 0 {
-            let Some(Text(key)) = map.next_key::<Text<'de>>()? else {
-                break;
-            };
-            match self.names.iter().position(|name| *name == key) {
-                Some(index) if self.found[index].is_none() => {
-                    self.found[index] = Some(map.next_value()?);
-                    missing -= 1;
-                }
-                _ => {
-                    map.next_value::<de::IgnoredAny>()?;
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
 /// A JSON string borrowed from the input when it has no escapes (serde's own `Cow<str>` always
 /// allocates), owned otherwise.
 struct Text<'de>(Cow<'de, str>);
@@ -213,9 +156,12 @@ pub fn parse_picked<'a, const N: usize>(
     }
     Ok(parse_array(body)?
         .into_iter()
-        .map(|raw| Picked {
-            text: raw.get(),
-            fields: pick(raw.get(), names),
+        .map(|raw| {
+            let fields = Fields::of(raw.get()).unwrap_or_default();
+            Picked {
+                text: raw.get(),
+                fields: names.map(|name| fields.raw(name)),
+            }
         })
         .collect())
 }
@@ -443,16 +389,6 @@ mod tests {
         assert!(!is_str(&raw(r#""pdbmux""#), "pdbmux_source"));
         assert!(!is_str(&raw(r#""a\nb""#), "a\\nb"));
         assert!(!is_str(&raw("null"), "null"));
-    }
-
-    #[test]
-    fn picking_stops_at_the_last_name_asked_for() {
-        let record = r#"{"certname":"a","name":"n","name":"second","value":{"deep":[1,"}"]}}"#;
-        let [certname, name, missing] = pick(record, ["certname", "name", "missing"]);
-        assert_eq!(certname.map(RawValue::get), Some(r#""a""#));
-        assert_eq!(name.map(RawValue::get), Some(r#""n""#));
-        assert!(missing.is_none());
-        assert!(pick("[1]", ["certname"])[0].is_none());
     }
 
     #[test]
