@@ -486,15 +486,12 @@ impl Pdbmux {
         }
     }
 
-    /// What pdbmux's open file descriptors point at (`/proc/<pid>/fd` links, Linux only), to
-    /// see from outside which memfds it holds.
-    pub fn open_files(&self) -> Result<Vec<String>, Error> {
-        let dir = format!("/proc/{}/fd", self.child.id());
-        let entries = fs::read_dir(&dir).map_err(io_err("list pdbmux's descriptors"))?;
-        Ok(entries
-            .filter_map(|entry| fs::read_link(entry.ok()?.path()).ok())
-            .map(|target| target.display().to_string())
-            .collect())
+    /// pdbmux's memory mappings, one `/proc/<pid>/maps` line each (Linux only), to see from
+    /// outside where it keeps its sealed cache bodies.
+    pub fn memory_maps(&self) -> Result<Vec<String>, Error> {
+        let path = format!("/proc/{}/maps", self.child.id());
+        let maps = fs::read_to_string(&path).map_err(io_err("read pdbmux's memory maps"))?;
+        Ok(maps.lines().map(str::to_owned).collect())
     }
 
     /// The address pdbmux listens on.

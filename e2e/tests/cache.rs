@@ -8,8 +8,8 @@
 //! asked upstream); stale on failure only (both backends behind TCP proxies in this process,
 //! cut after the TTL: the earlier body with X-Cache stale; one backend left: a live partial
 //! answer instead), the /healthz cache object (entries, serving_stale, stale_served); a /facts
-//! answer over 256 KiB kept in a sealed memfd (seen in /proc/<pid>/fd) and its hits, one after
-//! another and 20 from four clients at once, byte-identical to the miss.
+//! answer over 256 KiB kept in a sealed (read-only anonymous) mapping, seen in /proc/<pid>/maps,
+//! and its hits, one after another and 20 from four clients at once, byte-identical to the miss.
 
 mod common;
 
@@ -173,20 +173,32 @@ fn cached_paths_miss_then_hit_with_a_growing_age() {
     assert_eq!(cache["stale_served"], 0, "{cache}");
 }
 
-/// The memfds pdbmux holds for sealed cache bodies (`pdbmux_sealed` names them so).
+/// The mappings pdbmux holds for sealed cache bodies: read-only, private, anonymous (no file,
+/// inode 0) and at least the sealing threshold long. Nothing else in pdbmux maps memory so.
 fn sealed_bodies(p: &Pdbmux) -> usize {
-    p.open_files()
-        .expect("pdbmux's descriptors")
+    p.memory_maps()
+        .expect("pdbmux's memory maps")
         .iter()
-        .filter(|target| target.starts_with("/memfd:pdbmux-cache-body"))
+        .filter(|line| {
+            // start-end perms offset dev inode [path]
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let Some((start, end)) = fields[0].split_once('-') else {
+                return false;
+            };
+            let len = usize::from_str_radix(end, 16).unwrap_or(0)
+                - usize::from_str_radix(start, 16).unwrap_or(0);
+            fields.len() == 5 && fields[1] == "r--p" && fields[4] == "0" && len >= SEAL_THRESHOLD
+        })
         .count()
 }
+
+/// The body length from which pdbmux keeps a cached body sealed (`pdbmux_sealed::SEAL_THRESHOLD`).
+const SEAL_THRESHOLD: usize = 256 * 1024;
 
 #[test]
 fn a_large_answer_is_kept_sealed_and_hits_are_byte_identical() {
     // The fixture's package-inventory fact makes the whole /facts answer larger than the
-    // threshold above which a cached body goes into a sealed memfd and hits go out by sendfile.
-    const SEAL_THRESHOLD: usize = 256 * 1024;
+    // threshold above which a cached body is sealed and hits go out through the pipe.
     let p = pdbmux_env("cache-sealed", &[("PDBMUX_FACTS_TTL", "10s")]);
     let tag = marker("cache-sealed");
     let q = not_certname(&tag);
@@ -205,7 +217,7 @@ fn a_large_answer_is_kept_sealed_and_hits_are_byte_identical() {
     );
     let fresh = cached(&p, FACTS, &params, "hit");
     assert_eq!(fresh.body, miss.body, "the hit is the miss, byte for byte");
-    assert_eq!(sealed_bodies(&p), 1, "{:?}", p.open_files());
+    assert_eq!(sealed_bodies(&p), 1, "{:?}", p.memory_maps());
     // Many hits on one connection each and on several at once stay whole.
     let hits: Vec<Response> = std::thread::scope(|scope| {
         let clients: Vec<_> = (0..4)
@@ -232,7 +244,7 @@ fn a_large_answer_is_kept_sealed_and_hits_are_byte_identical() {
     }
     // Small answers stay in ordinary memory.
     cached(&p, NODES, &params, "miss");
-    assert_eq!(sealed_bodies(&p), 1, "{:?}", p.open_files());
+    assert_eq!(sealed_bodies(&p), 1, "{:?}", p.memory_maps());
 }
 
 #[test]

@@ -7,7 +7,8 @@
 //! re-encoding: the core must judge the raw target), insists on a Host header and HTTP/1.1, and
 //! has no public setter for its header timeout. Responses are written by async-h1's encoder
 //! (Content-Length or chunked framing, Date); a sealed body (a large cached one, see
-//! `pdbmux_sealed`) follows its head by `sendfile` instead of through the encoder. pdbmux serves
+//! `pdbmux_sealed`) follows its head through the connection's pipe (`vmsplice`, `splice`: its
+//! pages are handed to the socket by reference) instead of through the encoder. pdbmux serves
 //! GET only, so request bodies are never read: a declared length is skipped after the answer,
 //! anything else closes the connection.
 
@@ -21,6 +22,7 @@ use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_types::headers::{HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
 use pdbmux_core::{ClientRequest, Response, ResponseBody};
+use pdbmux_sealed::SealedSender;
 use smol::channel::{Receiver, Sender};
 use smol::future::{self, FutureExt};
 use smol::io::{AsyncReadExt, AsyncWriteExt, BufReader, Cursor};
@@ -93,6 +95,8 @@ enum HeadRead {
 pub async fn serve(stream: Async<TcpStream>, context: Context) {
     // Bytes received and not yet consumed (a pipelined next request, a body to skip).
     let mut pending: Vec<u8> = Vec::new();
+    // Sends sealed bodies; its pipe is made on the first one and kept for the connection.
+    let mut sender = SealedSender::new();
     loop {
         let head = match read_head(&stream, &mut pending, &context.closing).await {
             HeadRead::Request(head) => head,
@@ -102,7 +106,7 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
                     response,
                     stream: None,
                 };
-                let _ = write(&stream, answer, false, true, false).await;
+                let _ = write(&stream, &mut sender, answer, false, true, false).await;
                 linger_close(&stream).await;
                 return;
             }
@@ -124,7 +128,15 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
         };
         let keep_alive = head.keep_alive && skippable && !context.closing.is_closed();
         let head_only = head.request.method == http::Method::HEAD;
-        if let Err(error) = write(&stream, answer, keep_alive, head.http11, head_only).await {
+        let written = write(
+            &stream,
+            &mut sender,
+            answer,
+            keep_alive,
+            head.http11,
+            head_only,
+        );
+        if let Err(error) = written.await {
             tracing::debug!("connection ended: {error}");
             return;
         }
@@ -303,6 +315,7 @@ async fn skip(stream: &Async<TcpStream>, pending: &mut Vec<u8>, length: u64) -> 
 /// closes the connection: the client never sees a clean, truncated end.
 async fn write(
     stream: &Async<TcpStream>,
+    sender: &mut SealedSender,
     answer: Answer,
     keep_alive: bool,
     http11: bool,
@@ -315,14 +328,14 @@ async fn write(
         buffered(answer).await
     };
     let sealed = match &answer.response.body {
-        ResponseBody::Full(body) if !head_only => {
-            pdbmux_sealed::find(body).map(|sealed| (sealed, body.clone()))
+        ResponseBody::Full(body) if !head_only && pdbmux_sealed::find(body).is_some() => {
+            Some(body.clone())
         }
         _ => None,
     };
     let wire = to_wire(answer, keep_alive, http11);
-    if let Some((sealed, body)) = sealed {
-        return write_sealed(stream, wire, sealed, body).await;
+    if let Some(body) = sealed {
+        return write_sealed(stream, sender, wire, &body).await;
     }
     let method = if head_only {
         http_types::Method::Head
@@ -363,14 +376,18 @@ async fn write(
 
 /// Writes an answer whose body is sealed (a large cached body, see `pdbmux_sealed`): the head
 /// from async-h1's encoder (as for HEAD: the same Content-Length, no body), sent with `MSG_MORE`,
-/// then the body from its memfd with `sendfile`, so its bytes are never copied out of user
-/// memory. `body` keeps the sealed mapping (and so the memfd's registration) alive meanwhile.
+/// then the body through `sender`'s pipe, so its bytes are never copied out of user memory;
+/// returns once the pipe is empty. `body` is a clone of the answer's, so the mapping outlives
+/// the sends.
 async fn write_sealed(
     stream: &Async<TcpStream>,
+    sender: &mut SealedSender,
     wire: http_types::Response,
-    mut sealed: pdbmux_sealed::Sealed,
-    body: Bytes,
+    body: &Bytes,
 ) -> io::Result<()> {
+    let Some(mut sealed) = pdbmux_sealed::find(body) else {
+        return Err(io::Error::other("the body is no longer sealed"));
+    };
     let mut head = Vec::new();
     async_h1::server::Encoder::new(wire, http_types::Method::Head)
         .read_to_end(&mut head)
@@ -388,15 +405,16 @@ async fn write_sealed(
     }
     while !sealed.is_empty() {
         let n = stream
-            .write_with(|socket| pdbmux_sealed::send_sealed(socket.as_fd(), &sealed))
+            .write_with(|socket| sender.send(socket.as_fd(), sealed))
             .await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         sealed.advance(n);
     }
-    drop(body);
-    Ok(())
+    stream
+        .write_with(|socket| sender.flush(socket.as_fd()))
+        .await
 }
 
 /// Reads a streamed body whole (for an HTTP/1.0 client); a failure becomes a 502.

@@ -16,6 +16,7 @@ use smol::future::FutureExt;
 use smol::{Executor, Task};
 
 use pdbmux_driver::UpstreamResult;
+use pdbmux_sealed::Sealer;
 
 use crate::body::HeldBody;
 use crate::upstream::Upstreams;
@@ -71,14 +72,18 @@ pub struct Shared {
     wake: Sender<()>,
     woken: Receiver<()>,
     executor: Arc<Executor<'static>>,
+    /// Seals flights' answers before the estate stores them (the store's own sealer).
+    sealer: Sealer,
     /// The upstream clients, one per backend.
     pub upstreams: Arc<Upstreams>,
 }
 
 impl Shared {
-    /// Wraps a fresh estate and the upstream clients; tasks go to `executor`.
+    /// Wraps a fresh estate, the sealer of its store and the upstream clients; tasks go to
+    /// `executor`.
     pub fn new(
         estate: Estate,
+        sealer: Sealer,
         upstreams: Upstreams,
         executor: Arc<Executor<'static>>,
     ) -> Arc<Shared> {
@@ -90,6 +95,7 @@ impl Shared {
             wake,
             woken,
             executor,
+            sealer,
             upstreams: Arc::new(upstreams),
         })
     }
@@ -173,7 +179,7 @@ impl Shared {
                 },
                 |(response, _)| response,
             );
-            let response = pdbmux_sealed::seal_flight_answer(response);
+            let response = shared.sealer.seal_flight_answer(response);
             // Our own handle: detach it so removing it does not cancel the running task.
             let own = shared.flights().remove(&flight);
             if let Some(own) = own {

@@ -89,9 +89,10 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
         instant: std::time::Instant::now(),
         wall: std::time::SystemTime::now(),
     };
-    let store = Box::new(SealingStore::new(config.facts_cache_bytes));
-    let estate = Estate::with_store(config, clock, store);
-    let shared = Shared::new(estate, upstreams, Arc::clone(&executor));
+    let store = SealingStore::new(config.facts_cache_bytes);
+    let sealer = store.sealer();
+    let estate = Estate::with_store(config, clock, Box::new(store));
+    let shared = Shared::new(estate, sealer, upstreams, Arc::clone(&executor));
     let driver = shared.spawn_driver();
     // `closing` is dropped when shutdown starts; every connection holds a clone of `open`.
     let (closing, closing_watch) = channel::bounded::<()>(1);

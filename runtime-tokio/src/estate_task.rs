@@ -14,6 +14,7 @@ use tokio::sync::{oneshot, Notify};
 use tokio::task::JoinHandle;
 
 use pdbmux_driver::UpstreamResult;
+use pdbmux_sealed::Sealer;
 
 use crate::upstream::{HeldBody, Upstreams};
 
@@ -65,18 +66,21 @@ pub struct Shared {
     waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>>,
     flights: Mutex<BTreeMap<FlightId, tokio::task::AbortHandle>>,
     wake: Notify,
+    /// Seals flights' answers before the estate stores them (the store's own sealer).
+    sealer: Sealer,
     /// The upstream clients, one per backend.
     pub upstreams: Arc<Upstreams>,
 }
 
 impl Shared {
-    /// Wraps a fresh estate and the upstream clients.
-    pub fn new(estate: Estate, upstreams: Upstreams) -> Arc<Shared> {
+    /// Wraps a fresh estate, the sealer of its store and the upstream clients.
+    pub fn new(estate: Estate, sealer: Sealer, upstreams: Upstreams) -> Arc<Shared> {
         Arc::new(Shared {
             estate: Mutex::new(estate),
             waiters: Mutex::new(BTreeMap::new()),
             flights: Mutex::new(BTreeMap::new()),
             wake: Notify::new(),
+            sealer,
             upstreams: Arc::new(upstreams),
         })
     }
@@ -127,7 +131,7 @@ impl Shared {
         let mut flights = self.flights();
         let task = tokio::spawn(async move {
             let (response, _) = pdbmux_driver::drive(&*shared, exchange).await;
-            let response = pdbmux_sealed::seal_flight_answer(response);
+            let response = shared.sealer.seal_flight_answer(response);
             shared.flights().remove(&flight);
             shared
                 .estate()

@@ -1,34 +1,36 @@
-//! The client connection's byte stream: a tokio `TcpStream` that sends sealed cache bodies with
-//! `sendfile(2)`.
+//! The client connection's byte stream: a tokio `TcpStream` that sends sealed cache bodies by
+//! reference, through the connection's pipe ([`SealedSender`]).
 //!
 //! hyper's HTTP/1 writer queues a response body's `Bytes` as they are (no copy into its own
 //! buffer) when the IO says it writes vectored, and hands them to `poll_write_vectored` behind
 //! the head. Each slice is looked up with [`pdbmux_sealed::find`]: one that lies in a sealed
-//! mapping (a large cached body, see `pdbmux_sealed`) is sent from its memfd with `sendfile`, so
-//! its bytes go from the page cache to the socket without being copied out of user memory;
+//! mapping (a large cached body, see `pdbmux_sealed`) is handed to the kernel with `vmsplice`
+//! and `splice`, so its bytes reach the socket without being copied out of user memory;
 //! anything before it (the head) is written first with `MSG_MORE` and that count returned, so
-//! that hyper's next call starts at the sealed slice. A short `sendfile` returns its count;
-//! hyper advances and calls again with the rest of the slice, which is still inside the
-//! mapping. Slices not in a sealed mapping go through the plain vectored write.
+//! that hyper's next call starts at the sealed slice. A short send returns its count; hyper
+//! advances and calls again with the rest of the slice, which is still inside the mapping.
+//! Bytes the socket could not take yet wait in the pipe, and go out before anything else is
+//! written and when hyper flushes or shuts the stream down. Slices not in a sealed mapping go
+//! through the plain vectored write.
 
 use std::io::{self, IoSlice};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 
-use pdbmux_sealed::Sealed;
+use pdbmux_sealed::{Sealed, SealedSender};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 
 /// What a connection sent which way (for tests and debug logs).
 #[derive(Debug, Default)]
 pub struct WriteCounts {
-    /// `sendfile` calls that sent something.
-    pub sendfile_calls: AtomicU64,
-    /// Bytes sent with `sendfile`.
-    pub sendfile_bytes: AtomicU64,
+    /// Bytes of sealed bodies sent by reference (`vmsplice` and `splice`).
+    pub spliced_bytes: AtomicU64,
+    /// Times the socket was full while sealed bytes were still in the pipe.
+    pub pipe_waits: AtomicU64,
     /// Bytes written from user memory (heads, small and unsealed bodies).
     pub written_bytes: AtomicU64,
 }
@@ -37,7 +39,25 @@ pub struct WriteCounts {
 #[derive(Debug)]
 pub struct SealedIo {
     stream: TcpStream,
+    sender: SealedSender,
     counts: Arc<WriteCounts>,
+}
+
+/// Runs a non-blocking call on `stream`'s socket once it is writable, until it does not block.
+fn poll_socket<T>(
+    stream: &TcpStream,
+    cx: &mut Context<'_>,
+    mut call: impl FnMut(BorrowedFd<'_>) -> io::Result<T>,
+) -> Poll<io::Result<T>> {
+    loop {
+        ready!(stream.poll_write_ready(cx))?;
+        // try_io clears the readiness on WouldBlock, so the next poll_write_ready registers
+        // this task's waker instead of spinning.
+        match stream.try_io(Interest::WRITABLE, || call(stream.as_fd())) {
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
+            result => return Poll::Ready(result),
+        }
+    }
 }
 
 impl SealedIo {
@@ -45,6 +65,7 @@ impl SealedIo {
     pub fn new(stream: TcpStream) -> SealedIo {
         SealedIo {
             stream,
+            sender: SealedSender::new(),
             counts: Arc::default(),
         }
     }
@@ -55,35 +76,33 @@ impl SealedIo {
         Arc::clone(&self.counts)
     }
 
-    /// Runs a non-blocking socket call once the socket is writable, until it does not block.
-    fn poll_socket(
-        &self,
-        cx: &mut Context<'_>,
-        mut call: impl FnMut(&TcpStream) -> io::Result<usize>,
-    ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_write_ready(cx))?;
-            // try_io clears the readiness on WouldBlock, so the next poll_write_ready registers
-            // this task's waker instead of spinning.
-            match self
-                .stream
-                .try_io(Interest::WRITABLE, || call(&self.stream))
-            {
-                Err(error) if error.kind() == io::ErrorKind::WouldBlock => continue,
-                result => return Poll::Ready(result),
-            }
+    /// Sends what a sealed body left in the pipe; ready once the pipe is empty.
+    fn poll_pending(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.sender.pending() == 0 {
+            return Poll::Ready(Ok(()));
         }
+        let SealedIo {
+            stream,
+            sender,
+            counts,
+        } = self;
+        poll_socket(stream, cx, |socket| {
+            let flushed = sender.flush(socket);
+            if matches!(&flushed, Err(error) if error.kind() == io::ErrorKind::WouldBlock) {
+                counts.pipe_waits.fetch_add(1, Ordering::Relaxed);
+            }
+            flushed
+        })
     }
 
-    fn poll_sendfile(&self, cx: &mut Context<'_>, sealed: &Sealed) -> Poll<io::Result<usize>> {
-        let sent = ready!(self.poll_socket(cx, |stream| {
-            pdbmux_sealed::send_sealed(stream.as_fd(), sealed)
-        }))?;
-        self.counts.sendfile_calls.fetch_add(1, Ordering::Relaxed);
+    fn poll_sealed(&mut self, cx: &mut Context<'_>, sealed: Sealed<'_>) -> Poll<io::Result<usize>> {
+        ready!(self.poll_pending(cx))?;
+        let SealedIo { stream, sender, .. } = self;
+        let taken = ready!(poll_socket(stream, cx, |socket| sender.send(socket, sealed)))?;
         self.counts
-            .sendfile_bytes
-            .fetch_add(sent as u64, Ordering::Relaxed);
-        Poll::Ready(Ok(sent))
+            .spliced_bytes
+            .fetch_add(taken as u64, Ordering::Relaxed);
+        Poll::Ready(Ok(taken))
     }
 
     fn poll_plain(
@@ -91,6 +110,7 @@ impl SealedIo {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        ready!(self.poll_pending(cx))?;
         let written = ready!(Pin::new(&mut self.stream).poll_write_vectored(cx, bufs))?;
         self.counts
             .written_bytes
@@ -131,13 +151,14 @@ impl AsyncWrite for SealedIo {
             return self.poll_plain(cx, bufs);
         };
         if index == 0 {
-            return self.poll_sendfile(cx, &sealed);
+            return self.poll_sealed(cx, sealed);
         }
         // The head (and anything else) before the sealed slice: written on its own, held back
         // by MSG_MORE to leave with the body's first segment.
+        ready!(self.poll_pending(cx))?;
         let before = &bufs[..index];
-        let written = ready!(self.poll_socket(cx, |stream| {
-            pdbmux_sealed::send_head(stream.as_fd(), before)
+        let written = ready!(poll_socket(&self.stream, cx, |socket| {
+            pdbmux_sealed::send_head(socket, before)
         }))?;
         self.counts
             .written_bytes
@@ -152,10 +173,12 @@ impl AsyncWrite for SealedIo {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_pending(cx))?;
         Pin::new(&mut self.stream).poll_flush(cx)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        ready!(self.poll_pending(cx))?;
         Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
@@ -180,8 +203,8 @@ mod tests {
         (0..len).map(|i| (i * 31 % 253) as u8).collect()
     }
 
-    /// A listener whose accepted sockets inherit a small send buffer, so that one `sendfile`
-    /// cannot take a whole large body.
+    /// A listener whose accepted sockets inherit a small send buffer, so that one send cannot
+    /// take a whole large body.
     fn small_buffer_listener() -> TcpListener {
         let socket = TcpSocket::new_v4().unwrap();
         socket.set_send_buffer_size(16 * 1024).unwrap();
@@ -257,9 +280,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_sealed_body_goes_out_by_sendfile_in_short_pieces_and_arrives_whole() {
+    async fn a_sealed_body_goes_out_through_the_pipe_in_short_pieces_and_arrives_whole() {
         let original = pattern(600 * 1024 + 3);
-        let body = pdbmux_sealed::seal(Bytes::from(original.clone()));
+        let body = pdbmux_sealed::Sealer::new(u64::MAX).seal(Bytes::from(original.clone()));
         assert!(pdbmux_sealed::find(&body).is_some(), "the body is sealed");
         let listener = small_buffer_listener();
         let addr = listener.local_addr().unwrap();
@@ -273,13 +296,13 @@ mod tests {
         for received in bodies {
             assert!(received == original, "the received body differs");
         }
-        let calls = counts.sendfile_calls.load(Ordering::Relaxed);
         assert_eq!(
-            counts.sendfile_bytes.load(Ordering::Relaxed),
+            counts.spliced_bytes.load(Ordering::Relaxed),
             2 * len as u64,
-            "every body byte by sendfile"
+            "every body byte through the pipe"
         );
-        assert!(calls > 2, "short sendfiles were continued ({calls} calls)");
+        let waits = counts.pipe_waits.load(Ordering::Relaxed);
+        assert!(waits > 2, "a full socket was waited for ({waits} times)");
         let written = counts.written_bytes.load(Ordering::Relaxed);
         assert!(
             written > 0 && written < 1024,
@@ -291,7 +314,7 @@ mod tests {
     async fn an_unsealed_body_goes_through_the_plain_write() {
         let original = pattern(300 * 1024);
         // A sealed body elsewhere in the process: the lookup runs, and finds nothing for this one.
-        let _sealed = pdbmux_sealed::seal(Bytes::from(pattern(300 * 1024)));
+        let _sealed = pdbmux_sealed::Sealer::new(u64::MAX).seal(Bytes::from(pattern(300 * 1024)));
         let listener = small_buffer_listener();
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(serve_one(listener, Bytes::from(original.clone())));
@@ -301,7 +324,7 @@ mod tests {
             .unwrap();
         let counts = server.await.unwrap();
         assert!(bodies[0] == original, "the received body differs");
-        assert_eq!(counts.sendfile_calls.load(Ordering::Relaxed), 0);
+        assert_eq!(counts.spliced_bytes.load(Ordering::Relaxed), 0);
         assert!(counts.written_bytes.load(Ordering::Relaxed) > len as u64);
     }
 }

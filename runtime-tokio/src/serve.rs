@@ -1,6 +1,6 @@
 //! The listener: HTTP/1.1 with keep-alive and a header-read timeout, graceful shutdown on SIGTERM
 //! or SIGINT (stop accepting, let in-flight requests finish for up to `timeout` + 5 s, exit 0).
-//! Large cached bodies are stored sealed ([`SealingStore`]) and sent with `sendfile` by each
+//! Large cached bodies are stored sealed ([`SealingStore`]) and sent by reference by each
 //! connection's [`SealedIo`].
 
 use std::sync::atomic::Ordering;
@@ -73,8 +73,10 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
         instant: std::time::Instant::now(),
         wall: std::time::SystemTime::now(),
     };
-    let store = Box::new(SealingStore::new(config.facts_cache_bytes));
-    let shared = Shared::new(Estate::with_store(config, clock, store), upstreams);
+    let store = SealingStore::new(config.facts_cache_bytes);
+    let sealer = store.sealer();
+    let estate = Estate::with_store(config, clock, Box::new(store));
+    let shared = Shared::new(estate, sealer, upstreams);
     let driver = shared.spawn_driver();
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
@@ -108,7 +110,7 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                     let ended = connection.await;
                     tracing::debug!(
                         %peer,
-                        sendfile_bytes = counts.sendfile_bytes.load(Ordering::Relaxed),
+                        spliced_bytes = counts.spliced_bytes.load(Ordering::Relaxed),
                         written_bytes = counts.written_bytes.load(Ordering::Relaxed),
                         "connection ended{}",
                         ended.err().map_or_else(String::new, |error| format!(": {error}"))

@@ -1,27 +1,32 @@
 //! # pdbmux-sealed
 //!
-//! Large cached bodies kept in sealed memory, so that a cache hit can hand them to the client's
-//! socket with `sendfile(2)` instead of copying them out of user memory, as nginx does with a
-//! static file and `sendfile on`.
+//! Large cached bodies kept in sealed memory, so that a cache hit hands the body's pages to the
+//! client's socket by reference instead of copying them out of user memory for every response,
+//! as nginx does for a static file with `sendfile on`.
 //!
-//! - [`seal`] copies a body into its own memfd, seals it (no write, no shrink, no grow, no
-//!   further seals), maps it read-only and returns it as a [`Bytes`] owned by that mapping. While
-//!   the mapping lives, a process-wide registry maps its address range to the memfd.
+//! - [`Sealer::seal`] copies a body into its own anonymous mapping, makes it read-only for good and
+//!   returns it as a [`Bytes`] owned by that mapping. While the mapping lives, a process-wide
+//!   registry holds its address range.
 //! - [`find`] answers, for any byte slice about to be written to a socket, whether it lies in a
-//!   live sealed mapping, and where ([`Sealed`]): the runtimes' connection writers call it and
-//!   send such a slice with [`send_sealed`] (the file's pages go to the socket, no user-space
-//!   copy); everything else is written as usual.
+//!   live sealed mapping ([`Sealed`]): the runtimes' connection writers call it and send such a
+//!   slice with their connection's [`SealedSender`] (`vmsplice(2)` into a pipe, `splice(2)` on
+//!   to the socket: the pages are referenced, never copied); everything else is written as usual.
 //! - [`SealingStore`] is the cache store the runtimes give the core ([`pdbmux_core::Estate::with_store`]):
 //!   the core's memory store, with bodies of at least [`SEAL_THRESHOLD`] bytes sealed when stored.
-//!   The runtimes seal a flight's answer on the flight's task ([`seal_flight_answer`]) before the
+//!   The runtimes seal a flight's answer on the flight's task ([`Sealer::seal_flight_answer`]) before the
 //!   estate stores it, so the store finds it sealed already and the estate's lock is not held
-//!   while a body is copied into a memfd.
+//!   while a body is copied.
 //!
-//! On other platforms than Linux nothing is sealed: [`seal`] returns the body as it is and
+//! Why not a memfd and `sendfile`: the kernel reads a memfd (shared memory) for `sendfile` one
+//! 4 KiB page at a time with a page-cache lookup and lock each, which cost a 1 MiB hit more
+//! CPU than nginx spends sending its file; `vmsplice` takes the pages straight from the
+//! mapping's page tables. See bench/README.md, figure 3.
+//!
+//! On other platforms than Linux nothing is sealed: [`Sealer::seal`] returns the body as it is and
 //! [`find`] never finds anything, so the runtimes' plain write path serves every byte.
 //!
-//! Every failure to seal (out of file descriptors, out of memory, a kernel without memfd) keeps
-//! the heap body and is logged at debug: sealing is an optimisation, never a reason to fail.
+//! Every failure to seal (out of memory, out of mappings) keeps the heap body and is logged at
+//! debug: sealing is an optimisation, never a reason to fail.
 
 #![deny(unsafe_code)]
 
@@ -36,54 +41,206 @@ use linux as imp;
 #[cfg(not(target_os = "linux"))]
 use other as imp;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
 use bytes::Bytes;
 
-pub use imp::{send_head, send_sealed, Sealed};
+pub use imp::{send_head, Sealed, SealedSender};
 pub use store::SealingStore;
 
-/// Bodies at least this long are sealed when stored. Below it the copy `sendfile` saves is
-/// small beside the syscalls it costs (memfd, write, seals, mmap, and one more write per
-/// response, since the head is sent separately), and every sealed body holds a file descriptor
-/// and a mapping for as long as it is cached; `/facts` answers worth it are far larger.
+/// Bodies at least this long are sealed when stored. Below it the copy a sealed send saves is
+/// small beside the syscalls it costs (mmap, mprotect, and per response a separate write of the
+/// head, a `vmsplice` and a `splice`), and every sealed body holds a mapping of its own for as
+/// long as it is cached; `/facts` answers worth it are far larger.
 pub const SEAL_THRESHOLD: usize = 256 * 1024;
 
-/// `body` in its own sealed, read-only memfd mapping, registered for [`find`]; on any failure
-/// (or on a platform without memfds) `body` itself, with the reason logged at debug.
-pub fn seal(body: Bytes) -> Bytes {
-    match imp::seal(&body) {
-        Ok(sealed) => {
-            tracing::debug!(
-                bytes = body.len(),
-                "cache body sealed in a memfd for sendfile"
-            );
-            sealed
-        }
-        Err(error) => {
-            tracing::debug!(
-                bytes = body.len(),
-                "keeping a cache body on the heap: sealing it failed: {error}"
-            );
-            body
-        }
+/// Seals bodies, and decides which of them go in transparent huge pages.
+///
+/// The kernel's per-page work for a sealed send (finding each page, taking and later dropping a
+/// reference on it) is done once per huge page instead of once per 4 KiB page, which is what
+/// lets a hit keep up with nginx sending a file from the page cache (whose large folios get the
+/// same saving). A huge page is all or nothing, so a body in them is padded to a whole number
+/// of them: that is done only for a body at least half a huge page long (the padding is never
+/// more than the body), only while the padding of all live sealed bodies stays within a quarter
+/// of the cache's budget, and only when the kernel hands out huge pages to mappings that ask
+/// (`/sys/kernel/mm/transparent_hugepage/enabled` is `always` or `madvise`). Every other body
+/// is sealed in ordinary pages. Clones share the padding count.
+#[derive(Debug, Clone)]
+pub struct Sealer {
+    padding: Arc<Padding>,
+}
+
+#[derive(Debug)]
+struct Padding {
+    huge_page: Option<usize>,
+    allowance: usize,
+    used: AtomicUsize,
+}
+
+/// Padding reserved for one sealed body; given back when its mapping goes.
+#[derive(Debug)]
+struct PaddingClaim {
+    padding: Arc<Padding>,
+    bytes: usize,
+}
+
+impl Drop for PaddingClaim {
+    fn drop(&mut self) {
+        self.padding.used.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
 
-/// A flight's answer, its body sealed when it is a success large enough to be worth it, so that
-/// the cache stores it as it is ([`SealingStore`] does not seal a body twice) and the sealing
-/// happens on the flight's own task rather than under the estate's lock; the miss is then sent
-/// with `sendfile` too. The runtimes call it when a flight's exchange has answered.
-pub fn seal_flight_answer(mut response: pdbmux_core::Response) -> pdbmux_core::Response {
-    if let pdbmux_core::ResponseBody::Full(body) = &mut response.body {
-        if response.status.is_success() && body.len() >= SEAL_THRESHOLD && find(body).is_none() {
-            *body = seal(std::mem::take(body));
-        }
-    }
-    response
+/// How a body is laid out: in huge pages (the mapping's length, and the padding it holds) or not.
+#[derive(Debug)]
+struct HugePages {
+    mapped: usize,
+    claim: PaddingClaim,
 }
 
-/// Where `slice` lies when it is inside a live sealed mapping (made by [`seal`]): the memfd and
-/// the offset to send it from. `None` for an empty slice and for any other memory. Cheap when no
-/// sealed body is alive (one atomic load); otherwise one short lock of the registry.
-pub fn find(slice: &[u8]) -> Option<Sealed> {
+impl Sealer {
+    /// A sealer for a cache of `budget` body bytes (`facts_cache_bytes`), using huge pages when
+    /// the kernel offers them.
+    pub fn new(budget: u64) -> Sealer {
+        Sealer::with_huge_page(budget, imp::huge_page_size())
+    }
+
+    fn with_huge_page(budget: u64, huge_page: Option<usize>) -> Sealer {
+        Sealer {
+            padding: Arc::new(Padding {
+                huge_page,
+                allowance: usize::try_from(budget / 4).unwrap_or(usize::MAX),
+                used: AtomicUsize::new(0),
+            }),
+        }
+    }
+
+    /// Bytes of padding the live sealed bodies hold (see the type's docs).
+    pub fn padding(&self) -> usize {
+        self.padding.used.load(Ordering::Relaxed)
+    }
+
+    fn huge_pages_for(&self, len: usize) -> Option<HugePages> {
+        let huge_page = self.padding.huge_page?;
+        if len < huge_page / 2 {
+            return None;
+        }
+        let mapped = len.checked_next_multiple_of(huge_page)?;
+        let bytes = mapped - len;
+        let allowance = self.padding.allowance;
+        self.padding
+            .used
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |used| {
+                used.checked_add(bytes).filter(|&after| after <= allowance)
+            })
+            .ok()?;
+        Some(HugePages {
+            mapped,
+            claim: PaddingClaim {
+                padding: Arc::clone(&self.padding),
+                bytes,
+            },
+        })
+    }
+
+    /// `body` in its own sealed (read-only for good) mapping, registered for [`find`]; on any
+    /// failure (or on a platform other than Linux) `body` itself, with the reason logged at
+    /// debug.
+    pub fn seal(&self, body: Bytes) -> Bytes {
+        let huge_pages = self.huge_pages_for(body.len());
+        let huge = huge_pages.is_some();
+        match imp::seal(&body, huge_pages) {
+            Ok(sealed) => {
+                tracing::debug!(
+                    bytes = body.len(),
+                    huge_pages = huge,
+                    "cache body sealed in a read-only mapping"
+                );
+                sealed
+            }
+            Err(error) => {
+                tracing::debug!(
+                    bytes = body.len(),
+                    "keeping a cache body on the heap: sealing it failed: {error}"
+                );
+                body
+            }
+        }
+    }
+
+    /// A flight's answer, its body sealed when it is a success large enough to be worth it, so
+    /// that the cache stores it as it is ([`SealingStore`] does not seal a body twice) and the
+    /// sealing happens on the flight's own task rather than under the estate's lock; the miss
+    /// is then sent from the sealed mapping too. The runtimes call it when a flight's exchange
+    /// has answered.
+    pub fn seal_flight_answer(&self, mut response: pdbmux_core::Response) -> pdbmux_core::Response {
+        if let pdbmux_core::ResponseBody::Full(body) = &mut response.body {
+            if response.status.is_success() && body.len() >= SEAL_THRESHOLD && find(body).is_none()
+            {
+                *body = self.seal(std::mem::take(body));
+            }
+        }
+        response
+    }
+}
+
+/// `slice` as a [`Sealed`] when it lies inside a live sealed mapping (made by [`Sealer::seal`]); `None`
+/// for an empty slice and for any other memory. Cheap when no sealed body is alive (one atomic
+/// load); otherwise one short lock of the registry.
+pub fn find(slice: &[u8]) -> Option<Sealed<'_>> {
     imp::find(slice)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const HUGE: usize = 2 << 20;
+
+    fn body(len: usize) -> Bytes {
+        (0..len)
+            .map(|i| (i % 253) as u8)
+            .collect::<Vec<u8>>()
+            .into()
+    }
+
+    #[test]
+    fn bodies_of_half_a_huge_page_or_more_are_padded_within_a_quarter_of_the_budget() {
+        // A budget of 8 MiB allows 2 MiB (one huge page) of padding.
+        let sealer = Sealer::with_huge_page(8 << 20, Some(HUGE));
+        let small = sealer.seal(body(HUGE / 2 - 1));
+        assert_eq!(sealer.padding(), 0, "under half a huge page: no padding");
+        let first = sealer.seal(body(HUGE + HUGE / 2));
+        assert_eq!(sealer.padding(), HUGE / 2, "padded to two huge pages");
+        let second = sealer.seal(body(HUGE / 2));
+        assert_eq!(sealer.padding(), HUGE, "the allowance is used up");
+        let third = sealer.seal(body(HUGE + HUGE / 2));
+        assert_eq!(sealer.padding(), HUGE, "over the allowance: small pages");
+        for (sealed, len) in [
+            (&small, HUGE / 2 - 1),
+            (&first, HUGE + HUGE / 2),
+            (&second, HUGE / 2),
+            (&third, HUGE + HUGE / 2),
+        ] {
+            assert_eq!(sealed.len(), len);
+            assert!(sealed[..] == body(len)[..], "a {len}-byte body reads back");
+            assert_eq!(cfg!(target_os = "linux"), find(sealed).is_some());
+        }
+        let slice = first.slice(10..20);
+        drop(first);
+        assert_eq!(sealer.padding(), HUGE, "a slice keeps the padding");
+        drop(slice);
+        assert_eq!(sealer.padding(), HUGE / 2, "given back with the mapping");
+        drop(second);
+        assert_eq!(sealer.padding(), 0);
+    }
+
+    #[test]
+    fn without_huge_pages_nothing_is_padded() {
+        let sealer = Sealer::with_huge_page(u64::MAX, None);
+        let sealed = sealer.seal(body(HUGE + 1));
+        assert_eq!(sealer.padding(), 0);
+        assert!(sealed[..] == body(HUGE + 1)[..]);
+    }
 }

@@ -1,80 +1,83 @@
-//! The Linux implementation: memfd, seals, a read-only shared mapping, the registry of live
-//! mappings, and `sendfile(2)` / `sendmsg(2, MSG_MORE)` on a non-blocking socket.
+//! The Linux implementation: sealed bodies in read-only anonymous mappings (in transparent huge
+//! pages where the [`crate::Sealer`] chose them), the registry of live ones, and the pipe through which a connection moves their pages to its socket with
+//! `vmsplice(2)` and `splice(2)`.
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
 
 use bytes::Bytes;
-use memmap2::{Mmap, MmapOptions};
-use rustix::fs::{MemfdFlags, SealFlags};
+use memmap2::{Mmap, MmapMut};
 use rustix::net::{SendAncillaryBuffer, SendFlags};
+use rustix::pipe::{IoSliceRaw, PipeFlags, SpliceFlags};
 
-/// The seals every body gets, all of them before it is mapped: its contents and length can never
-/// change again, and no seal can be removed (F_SEAL_SEAL forbids changing the set).
-const SEALS: SealFlags = SealFlags::SHRINK
-    .union(SealFlags::GROW)
-    .union(SealFlags::WRITE)
-    .union(SealFlags::SEAL);
+use crate::{HugePages, PaddingClaim};
 
-/// One live mapping: its length and its memfd.
-struct Region {
-    len: usize,
-    fd: Arc<OwnedFd>,
-}
-
-/// Live sealed mappings by start address. An entry is added when a mapping is made and removed
-/// by its owner's `Drop`, before the mapping goes away, so an address range found here is mapped.
-static REGISTRY: Mutex<BTreeMap<usize, Region>> = Mutex::new(BTreeMap::new());
+/// Live sealed mappings: start address to length. An entry is added once a mapping is read-only
+/// and removed by its owner's `Drop` before the mapping goes away, so a range found here is
+/// mapped and can never change.
+static REGISTRY: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
 /// How many entries `REGISTRY` has, so that [`find`] skips the lock when there are none.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
-fn registry() -> MutexGuard<'static, BTreeMap<usize, Region>> {
+/// The capacities a new pipe asks for, in turn: with 2 MiB a body of up to 2 MiB takes one
+/// `vmsplice` and (when the socket's buffer has room) one `splice`. Linux's default is 64 KiB;
+/// an unprivileged process may grow its pipes to `/proc/sys/fs/pipe-max-size` (1 MiB by default)
+/// until all its pipes together pass `pipe-user-pages-soft` (64 MiB by default). A pipe that
+/// cannot grow keeps its size and works the same, with more calls per body.
+const PIPE_CAPACITIES: [usize; 2] = [2 << 20, 1 << 20];
+/// Below this a pipe costs more calls than the copy it saves: such a send writes from the
+/// mapping instead.
+const MIN_PIPE_CAPACITY: usize = 64 * 1024;
+/// Idle pipes kept for later sends; more are closed when they empty.
+const MAX_IDLE_PIPES: usize = 16;
+
+fn registry() -> MutexGuard<'static, BTreeMap<usize, usize>> {
     // The map stays consistent even if a holder panicked: every critical section is one map call.
     REGISTRY
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A part of a live sealed mapping, as [`find`] found it: what `sendfile` needs to send it.
-#[derive(Debug, Clone)]
-pub struct Sealed {
-    fd: Arc<OwnedFd>,
-    offset: u64,
-    len: usize,
+/// A slice [`find`] found inside a live sealed mapping: what [`SealedSender::send`] may hand to
+/// the kernel by reference. It borrows the slice, so the mapping outlives it.
+#[derive(Debug, Clone, Copy)]
+pub struct Sealed<'a> {
+    bytes: &'a [u8],
 }
 
-impl Sealed {
+impl Sealed<'_> {
     /// Bytes in this part.
     pub fn len(&self) -> usize {
-        self.len
+        self.bytes.len()
     }
 
     /// Whether this part is empty ([`find`] never returns one that is).
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.bytes.is_empty()
     }
 
     /// The same part without its first `n` bytes (after a short send).
     pub fn advance(&mut self, n: usize) {
-        let n = n.min(self.len);
-        self.offset += n as u64;
-        self.len -= n;
+        self.bytes = &self.bytes[n.min(self.bytes.len())..];
     }
 }
 
 /// The owner of a sealed body's mapping: `Bytes::from_owner` keeps it alive while any clone or
-/// slice of the body is. Dropping it removes the registry entry, then unmaps (field drop).
+/// slice of the body is. Dropping it removes the registry entry, then unmaps and gives back the
+/// padding (field drops).
 struct SealedBody {
     map: Mmap,
+    /// The body's length; the mapping may be longer (padded to whole huge pages).
+    len: usize,
+    _padding: Option<PaddingClaim>,
 }
 
 impl AsRef<[u8]> for SealedBody {
     fn as_ref(&self) -> &[u8] {
-        &self.map
+        &self.map[..self.len]
     }
 }
 
@@ -86,71 +89,236 @@ impl Drop for SealedBody {
     }
 }
 
-/// Copies `body` into a new sealed memfd, maps it and registers the mapping.
-pub fn seal(body: &[u8]) -> io::Result<Bytes> {
+/// Where the kernel says how large a transparent huge page is and whether mappings get them.
+const THP: &str = "/sys/kernel/mm/transparent_hugepage";
+
+/// The size of a transparent huge page when the kernel gives them to mappings that ask for
+/// them (`enabled` is `always` or `madvise`); `None` when it does not, or cannot say.
+pub fn huge_page_size() -> Option<usize> {
+    let enabled = std::fs::read_to_string(format!("{THP}/enabled")).ok()?;
+    if !(enabled.contains("[always]") || enabled.contains("[madvise]")) {
+        return None;
+    }
+    let size = std::fs::read_to_string(format!("{THP}/hpage_pmd_size")).ok()?;
+    size.trim().parse().ok().filter(|&size: &usize| size > 0)
+}
+
+/// Copies `body` into a new anonymous mapping (padded to whole huge pages and advised to use
+/// them, when `huge_pages` says so), makes it read-only and registers it.
+pub(crate) fn seal(body: &[u8], huge_pages: Option<HugePages>) -> io::Result<Bytes> {
     if body.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "an empty body is not sealed",
         ));
     }
-    let fd = rustix::fs::memfd_create(
-        "pdbmux-cache-body",
-        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-    )?;
-    let mut file = File::from(fd);
-    file.write_all(body)?;
-    rustix::fs::fcntl_add_seals(&file, SEALS)?;
-    if rustix::fs::fstat(&file)?.st_size != body.len() as i64 {
-        return Err(io::Error::other("the memfd's length is not the body's"));
+    let mut map = MmapMut::map_anon(huge_pages.as_ref().map_or(body.len(), |huge| huge.mapped))?;
+    if huge_pages.is_some() {
+        // Before the first write, so that the pages are huge from the start. Linux places an
+        // anonymous mapping whose length is a whole number of huge pages on a huge-page
+        // boundary. Advice the kernel does not take only costs the padding.
+        if let Err(error) = map.advise(memmap2::Advice::HugePage) {
+            tracing::debug!("a sealed body stays in small pages: MADV_HUGEPAGE failed: {error}");
+        }
     }
-    // SAFETY: `Mmap` hands out the mapped file as a `&[u8]`, which is sound only while nobody can
-    // change or shorten the file under it. This memfd was made here, is known only to this
-    // process (CLOEXEC, never passed on), and carries F_SEAL_WRITE (no write(2), no writable
-    // shared mapping), F_SEAL_SHRINK (no truncation, so no SIGBUS on a vanished page),
-    // F_SEAL_GROW and F_SEAL_SEAL (the seals can never be lifted) — all added above, before this
-    // mapping, and seals belong to the file itself, so they bind every descriptor of it,
-    // /proc/<pid>/fd included. Its length was checked to be `body.len()`. The mapping is read-only
-    // and private to `SealedBody`, which unmaps it only when the last `Bytes` of it is gone.
-    #[allow(unsafe_code)]
-    let map = unsafe { MmapOptions::new().len(body.len()).map(&file)? };
-    let fd = Arc::new(OwnedFd::from(file));
-    let start = map.as_ptr() as usize;
-    let previous = registry().insert(start, Region { len: map.len(), fd });
+    map[..body.len()].copy_from_slice(body);
+    // mprotect(PROT_READ): from here on nothing in this process can write these pages (nothing
+    // here ever calls mprotect on it again), and the mapping is private to `SealedBody`.
+    let map = map.make_read_only()?;
+    let previous = registry().insert(map.as_ptr() as usize, body.len());
     debug_assert!(previous.is_none(), "a live mapping at the same address");
     if previous.is_none() {
         LIVE.fetch_add(1, Ordering::Relaxed);
     }
-    Ok(Bytes::from_owner(SealedBody { map }))
+    Ok(Bytes::from_owner(SealedBody {
+        map,
+        len: body.len(),
+        _padding: huge_pages.map(|huge| huge.claim),
+    }))
 }
 
 /// See [`crate::find`].
-pub fn find(slice: &[u8]) -> Option<Sealed> {
+pub fn find(slice: &[u8]) -> Option<Sealed<'_>> {
     if slice.is_empty() || LIVE.load(Ordering::Relaxed) == 0 {
         return None;
     }
     let addr = slice.as_ptr() as usize;
     let registry = registry();
-    let (&start, region) = registry.range(..=addr).next_back()?;
-    let offset = addr - start;
-    (offset.checked_add(slice.len())? <= region.len).then(|| Sealed {
-        fd: Arc::clone(&region.fd),
-        offset: offset as u64,
-        len: slice.len(),
-    })
+    let (&start, &len) = registry.range(..=addr).next_back()?;
+    ((addr - start).checked_add(slice.len())? <= len).then_some(Sealed { bytes: slice })
 }
 
-/// Sends (part of) `sealed` to a non-blocking `socket` with one `sendfile(2)`: the count sent,
-/// which may be short, or `WouldBlock` when the socket's buffer is full. The caller waits for
-/// writability and calls again with the rest ([`Sealed::advance`]).
-pub fn send_sealed(socket: BorrowedFd<'_>, sealed: &Sealed) -> io::Result<usize> {
-    let mut offset = sealed.offset;
-    Ok(rustix::fs::sendfile(
-        socket,
-        &*sealed.fd,
-        Some(&mut offset),
-        sealed.len,
-    )?)
+/// A pipe for sealed sends; it goes back to [`IDLE_PIPES`] whenever it is empty.
+#[derive(Debug)]
+struct Pipe {
+    read: OwnedFd,
+    write: OwnedFd,
+    capacity: usize,
+}
+
+/// Empty pipes, ready for the next sealed send of any connection, so that pipes exist for the
+/// sends under way rather than for every open connection.
+static IDLE_PIPES: Mutex<Vec<Pipe>> = Mutex::new(Vec::new());
+
+impl Pipe {
+    /// An idle pipe, or a new one.
+    fn take() -> io::Result<Pipe> {
+        let idle = IDLE_PIPES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop();
+        idle.map_or_else(Pipe::new, Ok)
+    }
+
+    fn new() -> io::Result<Pipe> {
+        let (read, write) = rustix::pipe::pipe_with(PipeFlags::CLOEXEC | PipeFlags::NONBLOCK)?;
+        let grown = PIPE_CAPACITIES
+            .iter()
+            .find_map(|&capacity| rustix::pipe::fcntl_setpipe_size(&write, capacity).ok());
+        let capacity = match grown {
+            Some(capacity) => capacity,
+            None => {
+                tracing::debug!("a new pipe keeps its size: the kernel would not grow it");
+                rustix::pipe::fcntl_getpipe_size(&write)?
+            }
+        };
+        Ok(Pipe {
+            read,
+            write,
+            capacity,
+        })
+    }
+
+    /// Gives an empty pipe back for other sends (closed instead when enough are idle).
+    fn put_back(self) {
+        let mut idle = IDLE_PIPES
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if idle.len() < MAX_IDLE_PIPES {
+            idle.push(self);
+        }
+    }
+}
+
+/// One connection's way of sending sealed bodies: `vmsplice` hands the kernel references to the
+/// body's pages (no copy) in a pipe, and `splice` moves them on to the socket, where they stay
+/// referenced until the peer has acknowledged them; the mapping being read-only for good is
+/// what makes that safe. Bytes the socket could not take yet stay in the pipe
+/// ([`SealedSender::pending`]) and go first on the next call ([`SealedSender::flush`]), so
+/// the runtime must flush before it writes anything else to the socket and when it is asked to
+/// flush or shut down. The pipe is borrowed from a process-wide set of idle pipes for as long as
+/// it holds bytes. Where the kernel keeps a new pipe tiny (an unprivileged process past
+/// `/proc/sys/fs/pipe-user-pages-soft` gets two pages), the body is written from the mapping
+/// with `send` instead, a copy as for any other body, rather than in 8 KiB steps.
+#[derive(Debug, Default)]
+pub struct SealedSender {
+    pipe: Option<Pipe>,
+    pending: usize,
+}
+
+impl SealedSender {
+    /// A sender (pipes are borrowed when there is something to send).
+    pub fn new() -> SealedSender {
+        SealedSender::default()
+    }
+
+    /// Bytes already taken from a body (counted as written) that are still in the pipe.
+    pub fn pending(&self) -> usize {
+        self.pending
+    }
+
+    /// Moves the pipe's pending bytes to the non-blocking `socket`: `Ok` once none are left,
+    /// `WouldBlock` when the socket's buffer is full (wait for writability and call again).
+    pub fn flush(&mut self, socket: BorrowedFd<'_>) -> io::Result<()> {
+        if let Some(pipe) = &self.pipe {
+            while self.pending > 0 {
+                let moved = rustix::pipe::splice(
+                    &pipe.read,
+                    None,
+                    socket,
+                    None,
+                    self.pending,
+                    SpliceFlags::NONBLOCK,
+                )?;
+                if moved == 0 {
+                    return Err(io::ErrorKind::WriteZero.into());
+                }
+                self.pending -= moved;
+            }
+        }
+        if let Some(pipe) = self.pipe.take() {
+            pipe.put_back();
+        }
+        Ok(())
+    }
+
+    /// Sends the start of `sealed` to the non-blocking `socket`: flushes what is pending first
+    /// (its `WouldBlock` is returned as is), then takes up to a pipe's capacity of `sealed`
+    /// into the pipe and moves as much of it on as the socket accepts. The count taken: those
+    /// bytes are on their way (the rest of them [`SealedSender::pending`]); call again with
+    /// the rest of `sealed` ([`Sealed::advance`]).
+    pub fn send(&mut self, socket: BorrowedFd<'_>, sealed: Sealed<'_>) -> io::Result<usize> {
+        self.flush(socket)?;
+        let pipe = Pipe::take()?;
+        if pipe.capacity < MIN_PIPE_CAPACITY {
+            pipe.put_back();
+            return Ok(rustix::net::send(socket, sealed.bytes, SendFlags::empty())?);
+        }
+        let pipe = self.pipe.insert(pipe);
+        let chunk = &sealed.bytes[..sealed.len().min(pipe.capacity)];
+        // SAFETY: vmsplice without SPLICE_F_GIFT puts references to the pages under `chunk`
+        // in the pipe; they are read when the socket sends them, and again on a retransmit,
+        // until the peer acknowledges them. That is sound only if those pages never change:
+        // `chunk` lies in a sealed mapping (`Sealed` is only made by `find`, which checked the
+        // registry), which was made read-only before it was registered and is never made
+        // writable again; when its last `Bytes` goes it is unmapped, and the pages the kernel
+        // still references stay allocated, unchanged, until it lets go of them. `pipe.write` is
+        // the pipe's write end, so the kernel only reads `chunk`.
+        #[allow(unsafe_code)]
+        let taken = unsafe {
+            rustix::pipe::vmsplice(
+                &pipe.write,
+                &[IoSliceRaw::from_slice(chunk)],
+                SpliceFlags::NONBLOCK,
+            )?
+        };
+        self.pending = taken;
+        // More of the body follows: let the kernel fill whole segments across the calls.
+        let more = if taken < sealed.len() {
+            SpliceFlags::MORE
+        } else {
+            SpliceFlags::empty()
+        };
+        match rustix::pipe::splice(
+            &pipe.read,
+            None,
+            socket,
+            None,
+            taken,
+            SpliceFlags::NONBLOCK | more,
+        ) {
+            Ok(moved) => self.pending -= moved,
+            Err(rustix::io::Errno::AGAIN) => {}
+            Err(error) => return Err(error.into()),
+        }
+        if self.pending == 0 {
+            if let Some(pipe) = self.pipe.take() {
+                pipe.put_back();
+            }
+        }
+        Ok(taken)
+    }
+}
+
+impl Drop for SealedSender {
+    fn drop(&mut self) {
+        // A pipe still holding bytes (the connection ended mid-body) is closed with them.
+        if self.pending == 0 {
+            if let Some(pipe) = self.pipe.take() {
+                pipe.put_back();
+            }
+        }
+    }
 }
 
 /// Writes `bufs` to a non-blocking `socket` with `MSG_MORE`: for what precedes a sealed body
@@ -168,78 +336,225 @@ pub fn send_head(socket: BorrowedFd<'_>, bufs: &[IoSlice<'_>]) -> io::Result<usi
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use std::io::Read;
+    use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsFd;
+    use std::thread;
+
     use super::*;
 
     fn body(len: usize) -> Vec<u8> {
         (0..len).map(|i| (i * 7 % 251) as u8).collect()
     }
 
-    fn live_fd(sealed: &Bytes) -> Arc<OwnedFd> {
-        Arc::clone(&find(sealed).expect("registered").fd)
+    fn registered(start: usize) -> bool {
+        registry().contains_key(&start)
+    }
+
+    /// A connected pair on loopback: the sending side non-blocking with a small send buffer
+    /// (so one call cannot take a large body), the receiving side blocking.
+    fn small_buffer_pair() -> (TcpStream, TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let receiver = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (sender, _) = listener.accept().unwrap();
+        rustix::net::sockopt::set_socket_send_buffer_size(&sender, 16 * 1024).unwrap();
+        sender.set_nonblocking(true).unwrap();
+        (sender, receiver)
+    }
+
+    fn read_exactly(mut receiver: TcpStream, len: usize) -> thread::JoinHandle<Vec<u8>> {
+        thread::spawn(move || {
+            let mut received = vec![0; len];
+            receiver.read_exact(&mut received).unwrap();
+            received
+        })
+    }
+
+    /// Sends all of `sealed` and flushes, waiting (briefly sleeping) whenever the socket is
+    /// full; returns how many times bytes were left in the pipe when a call returned.
+    fn send_all(sender: &mut SealedSender, socket: &TcpStream, mut sealed: Sealed<'_>) -> usize {
+        let mut left_pending = 0;
+        while !sealed.is_empty() {
+            match sender.send(socket.as_fd(), sealed) {
+                Ok(taken) => sealed.advance(taken),
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    thread::sleep(std::time::Duration::from_millis(1))
+                }
+                Err(error) => panic!("send: {error}"),
+            }
+            if sender.pending() > 0 {
+                left_pending += 1;
+            }
+        }
+        flush_all(sender, socket);
+        left_pending
+    }
+
+    fn flush_all(sender: &mut SealedSender, socket: &TcpStream) {
+        loop {
+            match sender.flush(socket.as_fd()) {
+                Ok(()) => return,
+                Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                    thread::sleep(std::time::Duration::from_millis(1))
+                }
+                Err(error) => panic!("flush: {error}"),
+            }
+        }
     }
 
     #[test]
     fn a_sealed_body_reads_back_identical_and_is_found_anywhere_inside() {
         let original = body(300 * 1024 + 17);
-        let sealed = seal(&original).unwrap();
+        let sealed = seal(&original, None).unwrap();
         assert_eq!(&sealed[..], &original[..]);
-        let whole = find(&sealed).expect("the whole body is sealed");
-        assert_eq!((whole.offset, whole.len()), (0, original.len()));
-        let part = find(&sealed[1000..2000]).expect("a slice of it too");
-        assert_eq!((part.offset, part.len()), (1000, 1000));
-        let tail = sealed.slice(original.len() - 5..);
         assert_eq!(
-            find(&tail).map(|s| (s.offset, s.len)),
-            Some((original.len() as u64 - 5, 5))
+            find(&sealed).expect("the whole body is sealed").len(),
+            original.len()
         );
+        assert_eq!(
+            find(&sealed[1000..2000]).expect("a slice of it too").len(),
+            1000
+        );
+        let tail = sealed.slice(original.len() - 5..);
+        assert_eq!(find(&tail).map(|found| found.len()), Some(5));
         assert!(find(&original).is_none(), "the heap copy is not sealed");
         assert!(find(&sealed[..0]).is_none(), "an empty slice never is");
     }
 
+    /// The lines /proc/self/smaps has for the mapping that holds `addr`: its range and
+    /// permissions first, then its fields.
+    fn smaps_of(addr: usize) -> Vec<String> {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut lines = smaps.lines().peekable();
+        while let Some(line) = lines.next() {
+            let Some((from, to)) = line.split(' ').next().and_then(|r| r.split_once('-')) else {
+                continue;
+            };
+            let (Ok(from), Ok(to)) = (
+                usize::from_str_radix(from, 16),
+                usize::from_str_radix(to, 16),
+            ) else {
+                continue;
+            };
+            if (from..to).contains(&addr) {
+                let mut block = vec![line.to_owned()];
+                let is_field = |next: &&str| {
+                    let name = next.split_whitespace().next().unwrap_or_default();
+                    name.ends_with(':')
+                };
+                while let Some(field) = lines.next_if(is_field) {
+                    block.push(field.to_owned());
+                }
+                return block;
+            }
+        }
+        panic!("no mapping holds {addr:x}");
+    }
+
     #[test]
-    fn the_memfd_refuses_writes_truncation_and_growth_after_sealing() {
-        let sealed = seal(&body(4096)).unwrap();
-        let fd = live_fd(&sealed);
-        let seals = rustix::fs::fcntl_get_seals(&*fd).unwrap();
-        assert!(seals.contains(SEALS), "{seals:?}");
-        assert!(
-            rustix::io::pwrite(&*fd, b"x", 0).is_err(),
-            "write after F_SEAL_WRITE"
+    fn the_mapping_is_read_only() {
+        let sealed = seal(&body(8192), None).unwrap();
+        let block = smaps_of(sealed.as_ptr() as usize);
+        let permissions = block[0].split(' ').nth(1).unwrap();
+        assert!(permissions.starts_with("r--"), "{block:?}");
+    }
+
+    #[test]
+    fn a_padded_body_starts_on_a_huge_page_and_asks_for_huge_pages() {
+        let Some(huge) = huge_page_size() else {
+            eprintln!("this kernel gives mappings no transparent huge pages: nothing to check");
+            return;
+        };
+        let sealer = crate::Sealer::new(u64::MAX);
+        let sealed = sealer.seal(Bytes::from(body(huge / 2 + 1)));
+        assert_eq!(sealer.padding(), huge / 2 - 1);
+        assert_eq!(
+            sealed.as_ptr() as usize % huge,
+            0,
+            "on a huge-page boundary"
         );
+        let block = smaps_of(sealed.as_ptr() as usize);
+        let flags = block
+            .iter()
+            .find_map(|line| line.strip_prefix("VmFlags:"))
+            .expect("smaps lists VmFlags");
         assert!(
-            rustix::fs::ftruncate(&*fd, 10).is_err(),
-            "shrink after F_SEAL_SHRINK"
+            flags.split_whitespace().any(|flag| flag == "hg"),
+            "MADV_HUGEPAGE: {block:?}"
         );
-        assert!(
-            rustix::fs::ftruncate(&*fd, 1 << 20).is_err(),
-            "grow after F_SEAL_GROW"
-        );
-        assert!(
-            rustix::fs::fcntl_add_seals(&*fd, SealFlags::FUTURE_WRITE).is_err(),
-            "no more seals after F_SEAL_SEAL"
-        );
-        assert_eq!(&sealed[..], &body(4096)[..], "contents unchanged");
+        assert!(sealed[..] == body(huge / 2 + 1)[..]);
     }
 
     #[test]
     fn the_registry_entry_goes_with_the_last_clone() {
-        let sealed = seal(&body(8192)).unwrap();
-        let fd = live_fd(&sealed);
-        assert_eq!(Arc::strong_count(&fd), 2, "the registry's and this one");
+        let sealed = seal(&body(8192), None).unwrap();
+        let start = sealed.as_ptr() as usize;
         let clone = sealed.slice(100..200);
         drop(sealed);
-        assert_eq!(Arc::strong_count(&fd), 2, "a slice keeps the entry");
+        assert!(registered(start), "a slice keeps the entry");
         assert!(find(&clone).is_some());
         drop(clone);
-        assert_eq!(
-            Arc::strong_count(&fd),
-            1,
-            "the entry is gone with the last slice"
-        );
+        assert!(!registered(start), "the entry is gone with the last slice");
     }
 
     #[test]
     fn an_empty_body_is_refused() {
-        assert!(seal(&[]).is_err());
+        assert!(seal(&[], None).is_err());
+    }
+
+    #[test]
+    fn a_body_larger_than_the_socket_buffer_arrives_whole_through_the_pipe() {
+        let original = body(600 * 1024 + 3);
+        let sealed = seal(&original, None).unwrap();
+        let (socket, receiver) = small_buffer_pair();
+        let reader = read_exactly(receiver, 2 * original.len());
+        let mut sender = SealedSender::new();
+        let mut left_pending = 0;
+        for _ in 0..2 {
+            left_pending += send_all(&mut sender, &socket, find(&sealed).unwrap());
+            assert_eq!(sender.pending(), 0, "flushed");
+            assert!(
+                sender.pipe.is_none(),
+                "an empty pipe goes back to the idle ones"
+            );
+        }
+        let received = reader.join().unwrap();
+        assert!(
+            received[..original.len()] == original[..],
+            "first copy differs"
+        );
+        assert!(
+            received[original.len()..] == original[..],
+            "second copy differs"
+        );
+        assert!(left_pending > 0, "the small buffer left bytes in the pipe");
+    }
+
+    #[test]
+    fn bytes_in_the_pipe_keep_their_value_after_the_body_is_gone() {
+        let original = body(512 * 1024);
+        let sealed = seal(&original, None).unwrap();
+        let (socket, receiver) = small_buffer_pair();
+        let mut sender = SealedSender::new();
+        // Nothing reads yet: the socket takes its buffer's worth, the pipe holds the rest.
+        let taken = sender.send(socket.as_fd(), find(&sealed).unwrap()).unwrap();
+        assert!(sender.pending() > 0, "the pipe holds bytes");
+        assert!(
+            sender.pipe.is_some(),
+            "and stays with the connection meanwhile"
+        );
+        drop(sealed);
+        // New bodies, likely in the memory just unmapped, with other bytes.
+        let others: Vec<Bytes> = (0..4)
+            .map(|_| seal(&vec![0xAA; 512 * 1024], None).unwrap())
+            .collect();
+        let reader = read_exactly(receiver, taken);
+        flush_all(&mut sender, &socket);
+        let received = reader.join().unwrap();
+        assert!(
+            received[..] == original[..taken],
+            "the pipe's bytes changed"
+        );
+        drop(others);
     }
 }

@@ -4,16 +4,17 @@ use std::time::{Duration, Instant};
 
 use pdbmux_core::cache::{CacheStore, CachedResponse, MemoryStore, StoreStats};
 
-use crate::{seal, SEAL_THRESHOLD};
+use crate::{Sealer, SEAL_THRESHOLD};
 
 /// [`MemoryStore`] (the same budget, eviction and counters), except that a body of at least
-/// [`SEAL_THRESHOLD`] bytes is stored sealed ([`seal`]), so that hits and stale serves of it
-/// can be sent with `sendfile`. A body the runtime sealed already ([`crate::seal_flight_answer`])
+/// [`SEAL_THRESHOLD`] bytes is stored sealed ([`Sealer::seal`]), so that hits and stale serves of it
+/// are sent from the sealed mapping. A body the runtime sealed already ([`crate::seal_flight_answer`])
 /// is stored as it is.
 #[derive(Debug)]
 pub struct SealingStore {
     inner: MemoryStore,
     budget: u64,
+    sealer: Sealer,
 }
 
 impl SealingStore {
@@ -22,7 +23,14 @@ impl SealingStore {
         SealingStore {
             inner: MemoryStore::new(budget),
             budget,
+            sealer: Sealer::new(budget),
         }
+    }
+
+    /// The store's sealer, for the runtimes to seal flights' answers with
+    /// ([`Sealer::seal_flight_answer`]): the padding it allows is shared with the store's.
+    pub fn sealer(&self) -> Sealer {
+        self.sealer.clone()
     }
 }
 
@@ -38,7 +46,7 @@ impl CacheStore for SealingStore {
             && size as u64 <= self.budget
             && crate::find(&value.body).is_none()
         {
-            value.body = seal(value.body);
+            value.body = self.sealer.seal(value.body);
         }
         self.inner.put(key, value)
     }
@@ -74,7 +82,7 @@ mod tests {
         assert_eq!(
             crate::find(&hit.body).is_some(),
             cfg!(target_os = "linux"),
-            "sealed where memfds exist"
+            "sealed on Linux"
         );
         assert!(crate::find(&store.get("small").unwrap().body).is_none());
         assert_eq!(
@@ -95,19 +103,17 @@ mod tests {
             pdbmux_core::ResponseBody::Full(body) => body.clone(),
             other => panic!("unexpected body {other:?}"),
         };
-        let sealed = body_of(&crate::seal_flight_answer(answer(
-            http::StatusCode::OK,
-            &large,
-        )));
+        let mut store = SealingStore::new(4 << 20);
+        let sealer = store.sealer();
+        let sealed = body_of(&sealer.seal_flight_answer(answer(http::StatusCode::OK, &large)));
         assert_eq!(&sealed[..], &large[..]);
         assert_eq!(crate::find(&sealed).is_some(), cfg!(target_os = "linux"));
         // Errors and small bodies stay on the heap.
-        let error = crate::seal_flight_answer(answer(http::StatusCode::BAD_GATEWAY, &large));
+        let error = sealer.seal_flight_answer(answer(http::StatusCode::BAD_GATEWAY, &large));
         assert!(crate::find(&body_of(&error)).is_none());
-        let small = crate::seal_flight_answer(answer(http::StatusCode::OK, b"[]"));
+        let small = sealer.seal_flight_answer(answer(http::StatusCode::OK, b"[]"));
         assert!(crate::find(&body_of(&small)).is_none());
         // The store keeps the sealed body it is given instead of sealing a second copy.
-        let mut store = SealingStore::new(4 << 20);
         store.put(
             "k".into(),
             CachedResponse {

@@ -375,7 +375,7 @@ fn split_responses(mut bytes: &[u8]) -> Vec<(String, Vec<u8>)> {
 }
 
 /// A merged body large enough to be stored sealed (pdbmux_sealed's 256 KiB threshold; on Linux
-/// the log says it was) is served byte-identical from the cache (by sendfile), on a keep-alive
+/// the log says it was) is served byte-identical from the cache (through the connection's pipe), on a keep-alive
 /// connection whose next answer still frames.
 pub fn a_large_cached_body_is_served_identical_on_a_hit(bin: &Path) {
     let certname = "node-1.example.com";
