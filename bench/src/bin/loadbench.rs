@@ -42,8 +42,10 @@ struct Args {
     merge_nodes: usize,
     merge_overlap: usize,
     facts: usize,
-    /// Cache scenario: the merged body's target size.
+    /// Cache scenario: the merged body's target size, and how many rounds of one pdbmux run
+    /// and one nginx run (in alternating order) to take the medians of.
     cache_bytes: usize,
+    cache_rounds: usize,
     /// CPU lists for `taskset`, if any.
     pin_pdbmux: Option<String>,
     pin_load: Option<String>,
@@ -68,6 +70,7 @@ fn args() -> Result<Args> {
         merge_overlap: 10,
         facts: 100,
         cache_bytes: 1 << 20,
+        cache_rounds: 3,
         pin_pdbmux: None,
         pin_load: None,
         only: None,
@@ -88,6 +91,7 @@ fn args() -> Result<Args> {
             "--merge-overlap" => args.merge_overlap = value.parse()?,
             "--facts" => args.facts = value.parse()?,
             "--cache-bytes" => args.cache_bytes = value.parse()?,
+            "--cache-rounds" => args.cache_rounds = value.parse::<usize>()?.max(1),
             "--pin-pdbmux" => args.pin_pdbmux = Some(value),
             "--pin-load" => args.pin_load = Some(value),
             "--only" => args.only = Some(value),
@@ -378,6 +382,13 @@ fn tokio_workers(pid: u32) -> usize {
                 .count()
         })
         .unwrap_or(0)
+}
+
+/// The run with the median request rate (the upper one of the middle two).
+fn median_run(runs: &[Load]) -> Load {
+    let mut sorted = runs.to_vec();
+    sorted.sort_by(|a, b| a.rps().total_cmp(&b.rps()));
+    sorted.get(sorted.len() / 2).cloned().unwrap_or_default()
 }
 
 /// One wrk run's figures.
@@ -720,43 +731,58 @@ fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
         args.duration
     );
     println!("pdbmux: default worker threads, PDBMUX_FACTS_TTL=30s, entry warmed; nginx {}: worker_processes auto, sendfile on, same bytes as a static file", nginx_version(&args.nginx));
+    println!(
+        "{} rounds of one run each, in alternating order (the machine drifts); the figures are the medians",
+        args.cache_rounds
+    );
     load_header();
-    // Warm again right before, so the entry stays fresh through the run (TTL 30 s).
-    let _ = get(addr, FACTS)?;
-    let hits = wrk(
-        args,
-        dir,
-        &format!("http://{addr}{FACTS}"),
-        args.cache_connections,
-        pdbmux.pid(),
-    )?;
-    let rss = peak_rss_mib(pdbmux.pid());
-    let (_, head, _) = get(addr, FACTS)?;
-    let still_hit = header(&head, "x-cache") == Some("hit");
-    load_row(
-        "pdbmux (cache hit)",
-        &hits,
-        rss,
-        if still_hit {
-            ""
-        } else {
-            "(entry was no longer a hit at the end)"
-        },
-    );
-    let static_load = wrk(
-        args,
-        dir,
-        &format!("http://{nginx_addr}{FACTS}"),
-        args.cache_connections,
-        nginx.pid(),
-    )?;
-    let nginx_rss = peak_rss_mib(nginx.pid());
-    load_row(
-        "nginx (static file)",
-        &static_load,
-        nginx_rss,
-        "(peak RSS: master + workers, summed)",
-    );
+    let (mut hit_runs, mut static_runs) = (Vec::new(), Vec::new());
+    let mut nginx_rss = None;
+    let mut rss = None;
+    for round in 1..=args.cache_rounds {
+        for pdbmux_turn in [round % 2 == 1, round % 2 == 0] {
+            if pdbmux_turn {
+                // Warm right before: a run longer than the TTL (30 s) sees one refresh.
+                let _ = get(addr, FACTS)?;
+                let hits = wrk(
+                    args,
+                    dir,
+                    &format!("http://{addr}{FACTS}"),
+                    args.cache_connections,
+                    pdbmux.pid(),
+                )?;
+                rss = peak_rss_mib(pdbmux.pid());
+                let (_, head, _) = get(addr, FACTS)?;
+                let note = if header(&head, "x-cache") == Some("hit") {
+                    String::new()
+                } else {
+                    "(entry was no longer a hit at the end)".to_owned()
+                };
+                load_row(&format!("pdbmux (cache hit) #{round}"), &hits, rss, &note);
+                hit_runs.push(hits);
+            } else {
+                let static_load = wrk(
+                    args,
+                    dir,
+                    &format!("http://{nginx_addr}{FACTS}"),
+                    args.cache_connections,
+                    nginx.pid(),
+                )?;
+                nginx_rss = peak_rss_mib(nginx.pid());
+                load_row(
+                    &format!("nginx (static file) #{round}"),
+                    &static_load,
+                    nginx_rss,
+                    "(peak RSS: master + workers, summed)",
+                );
+                static_runs.push(static_load);
+            }
+        }
+    }
+    let hits = median_run(&hit_runs);
+    let static_load = median_run(&static_runs);
+    load_row("pdbmux (cache hit), median", &hits, rss, "");
+    load_row("nginx (static file), median", &static_load, nginx_rss, "");
     let copy_load = wrk(
         args,
         dir,
@@ -771,7 +797,15 @@ fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
         "(reads the file into user memory and writes it, as pdbmux writes its stored bytes)",
     );
     let ratio = hits.rps() / static_load.rps().max(1e-9);
-    println!("pdbmux / nginx: {ratio:.2}x req/s");
+    let rounds: Vec<String> = hit_runs
+        .iter()
+        .zip(&static_runs)
+        .map(|(hit, file)| format!("{:.2}x", hit.rps() / file.rps().max(1e-9)))
+        .collect();
+    println!(
+        "pdbmux / nginx: {ratio:.2}x req/s (medians); by round: {}",
+        rounds.join(" ")
+    );
     println!(
         "SUMMARY\t3 cache\thit req/s: {:.0} (p50 {:.2} / p99 {:.2} ms, {:.0} MB/s)\tnginx: {:.0} (p50 {:.2} / p99 {:.2} ms, {:.0} MB/s)\t{:.2}x\t>= nginx\t{}",
         hits.rps(), hits.p50_ms, hits.p99_ms, hits.mb_s(),
