@@ -1,8 +1,8 @@
 //! Process limits a server needs raised before it starts accepting.
 
 /// Raises this process's soft limit on open files to its hard limit, where the platform has such
-/// limits. Every client connection, pooled upstream connection and sealed cache body holds a file
-/// descriptor, and the usual default soft limit (1024) is reached long before the hard one;
+/// limits. Every client connection and pooled upstream connection holds a file descriptor, and
+/// every sealed send under way two (its pipe), and the usual default soft limit (1024) is reached long before the hard one;
 /// servers raise it themselves (nginx's `worker_rlimit_nofile`, Go's runtime). Returns the soft
 /// limit before and after when it was raised; `None` when it was already at the hard limit or
 /// could not be read or changed (the server then runs with what it has).

@@ -95,7 +95,7 @@ enum HeadRead {
 pub async fn serve(stream: Async<TcpStream>, context: Context) {
     // Bytes received and not yet consumed (a pipelined next request, a body to skip).
     let mut pending: Vec<u8> = Vec::new();
-    // Sends sealed bodies; its pipe is made on the first one and kept for the connection.
+    // Sends sealed bodies, through pipes it borrows while they hold bytes.
     let mut sender = SealedSender::new();
     loop {
         let head = match read_head(&stream, &mut pending, &context.closing).await {
@@ -327,15 +327,14 @@ async fn write(
         // HTTP/1.0 has no chunked framing: read a streamed body whole to give it a length.
         buffered(answer).await
     };
-    let sealed = match &answer.response.body {
-        ResponseBody::Full(body) if !head_only && pdbmux_sealed::find(body).is_some() => {
-            Some(body.clone())
-        }
+    // The body's `Bytes` (cheap to clone) outlives the answer, which goes into the encoder.
+    let full_body = match &answer.response.body {
+        ResponseBody::Full(body) if !head_only => Some(body.clone()),
         _ => None,
     };
     let wire = to_wire(answer, keep_alive, http11);
-    if let Some(body) = sealed {
-        return write_sealed(stream, sender, wire, &body).await;
+    if let Some(sealed) = full_body.as_deref().and_then(pdbmux_sealed::find) {
+        return write_sealed(stream, sender, wire, sealed).await;
     }
     let method = if head_only {
         http_types::Method::Head
@@ -377,17 +376,13 @@ async fn write(
 /// Writes an answer whose body is sealed (a large cached body, see `pdbmux_sealed`): the head
 /// from async-h1's encoder (as for HEAD: the same Content-Length, no body), sent with `MSG_MORE`,
 /// then the body through `sender`'s pipe, so its bytes are never copied out of user memory;
-/// returns once the pipe is empty. `body` is a clone of the answer's, so the mapping outlives
-/// the sends.
+/// returns once the pipe is empty.
 async fn write_sealed(
     stream: &Async<TcpStream>,
     sender: &mut SealedSender,
     wire: http_types::Response,
-    body: &Bytes,
+    mut sealed: pdbmux_sealed::Sealed<'_>,
 ) -> io::Result<()> {
-    let Some(mut sealed) = pdbmux_sealed::find(body) else {
-        return Err(io::Error::other("the body is no longer sealed"));
-    };
     let mut head = Vec::new();
     async_h1::server::Encoder::new(wire, http_types::Method::Head)
         .read_to_end(&mut head)

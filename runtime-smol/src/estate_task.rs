@@ -165,21 +165,27 @@ impl Shared {
         // Held across the spawn so the task cannot remove its entry before it is inserted.
         let mut flights = self.flights();
         let task = self.spawn("flight", async move {
-            let driven = AssertUnwindSafe(pdbmux_driver::drive(&*shared, exchange))
-                .catch_unwind()
-                .await;
+            let driven = AssertUnwindSafe(async {
+                let (response, _) = pdbmux_driver::drive(&*shared, exchange).await;
+                // Copying a large body into huge pages may make the kernel compact memory:
+                // not on an executor thread.
+                if shared.sealer.is_worth_sealing(&response) {
+                    let sealer = shared.sealer.clone();
+                    smol::unblock(move || sealer.seal_flight_answer(response)).await
+                } else {
+                    response
+                }
+            })
+            .catch_unwind()
+            .await;
             // A panic would leave the flight's waiters waiting: answer them with a 500.
-            let response = driven.map_or_else(
-                |_| {
-                    tracing::error!("flight {flight} panicked");
-                    Response::text(
-                        http::StatusCode::INTERNAL_SERVER_ERROR,
-                        "pdbmux: internal error",
-                    )
-                },
-                |(response, _)| response,
-            );
-            let response = shared.sealer.seal_flight_answer(response);
+            let response = driven.unwrap_or_else(|_| {
+                tracing::error!("flight {flight} panicked");
+                Response::text(
+                    http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "pdbmux: internal error",
+                )
+            });
             // Our own handle: detach it so removing it does not cancel the running task.
             let own = shared.flights().remove(&flight);
             if let Some(own) = own {

@@ -131,7 +131,7 @@ impl Shared {
         let mut flights = self.flights();
         let task = tokio::spawn(async move {
             let (response, _) = pdbmux_driver::drive(&*shared, exchange).await;
-            let response = shared.sealer.seal_flight_answer(response);
+            let response = seal_flight_answer(&shared.sealer, response).await;
             shared.flights().remove(&flight);
             shared
                 .estate()
@@ -267,5 +267,25 @@ impl pdbmux_driver::Transport for Shared {
 
     fn round(&self, round: Round) {
         self.estate().handle_round(Instant::now(), round);
+    }
+}
+
+/// Seals a flight's answer ([`Sealer::seal_flight_answer`]) on tokio's blocking pool when there
+/// is something to seal: copying a large body into huge pages may make the kernel compact
+/// memory, which must not stall a worker thread and the connections on it.
+async fn seal_flight_answer(sealer: &Sealer, response: Response) -> Response {
+    if !sealer.is_worth_sealing(&response) {
+        return response;
+    }
+    let sealer = sealer.clone();
+    match tokio::task::spawn_blocking(move || sealer.seal_flight_answer(response)).await {
+        Ok(response) => response,
+        Err(error) => {
+            tracing::error!("sealing a flight's answer failed: {error}");
+            Response::text(
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "pdbmux: internal error",
+            )
+        }
     }
 }

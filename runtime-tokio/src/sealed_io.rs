@@ -9,8 +9,10 @@
 //! anything before it (the head) is written first with `MSG_MORE` and that count returned, so
 //! that hyper's next call starts at the sealed slice. A short send returns its count; hyper
 //! advances and calls again with the rest of the slice, which is still inside the mapping.
-//! Bytes the socket could not take yet wait in the pipe, and go out before anything else is
-//! written and when hyper flushes or shuts the stream down. Slices not in a sealed mapping go
+//! Bytes the socket could not take yet wait in the pipe, and the call that took them reports
+//! them to hyper only once the pipe is empty (it answers `Pending` until then, and hyper calls
+//! again with the same slice): hyper must not take a response as written while part of it is
+//! in a pipe that would be closed with the connection. Slices not in a sealed mapping go
 //! through the plain vectored write.
 
 use std::io::{self, IoSlice};
@@ -27,8 +29,9 @@ use tokio::net::TcpStream;
 /// What a connection sent which way (for tests and debug logs).
 #[derive(Debug, Default)]
 pub struct WriteCounts {
-    /// Bytes of sealed bodies sent by reference (`vmsplice` and `splice`).
-    pub spliced_bytes: AtomicU64,
+    /// Bytes of sealed bodies sent (by reference through a pipe, or copied from the mapping
+    /// when no usable pipe could be had).
+    pub sealed_bytes: AtomicU64,
     /// Times the socket was full while sealed bytes were still in the pipe.
     pub pipe_waits: AtomicU64,
     /// Bytes written from user memory (heads, small and unsealed bodies).
@@ -40,6 +43,9 @@ pub struct WriteCounts {
 pub struct SealedIo {
     stream: TcpStream,
     sender: SealedSender,
+    /// A sealed send that took bytes the pipe still holds: the address its slice starts at (only
+    /// compared with the next call's) and the count to report once the pipe is empty.
+    unreported: Option<(usize, usize)>,
     counts: Arc<WriteCounts>,
 }
 
@@ -66,6 +72,7 @@ impl SealedIo {
         SealedIo {
             stream,
             sender: SealedSender::new(),
+            unreported: None,
             counts: Arc::default(),
         }
     }
@@ -85,6 +92,7 @@ impl SealedIo {
             stream,
             sender,
             counts,
+            ..
         } = self;
         poll_socket(stream, cx, |socket| {
             let flushed = sender.flush(socket);
@@ -95,13 +103,37 @@ impl SealedIo {
         })
     }
 
-    fn poll_sealed(&mut self, cx: &mut Context<'_>, sealed: Sealed<'_>) -> Poll<io::Result<usize>> {
+    /// Sends the start of a sealed slice that begins at address `at`; the count is reported
+    /// once none of it is left in the pipe.
+    fn poll_sealed(
+        &mut self,
+        cx: &mut Context<'_>,
+        sealed: Sealed<'_>,
+        at: usize,
+    ) -> Poll<io::Result<usize>> {
         ready!(self.poll_pending(cx))?;
         let SealedIo { stream, sender, .. } = self;
         let taken = ready!(poll_socket(stream, cx, |socket| sender.send(socket, sealed)))?;
         self.counts
-            .spliced_bytes
+            .sealed_bytes
             .fetch_add(taken as u64, Ordering::Relaxed);
+        self.unreported = Some((at, taken));
+        self.poll_unreported(cx, at)
+    }
+
+    /// Reports the sealed send that took bytes from the slice at `at`, once the pipe is empty;
+    /// an error when hyper writes anything else first (its bytes would follow the pipe's).
+    fn poll_unreported(&mut self, cx: &mut Context<'_>, at: usize) -> Poll<io::Result<usize>> {
+        let Some((from, taken)) = self.unreported else {
+            return Poll::Ready(Err(io::Error::other("no sealed send to report")));
+        };
+        if from != at {
+            return Poll::Ready(Err(io::Error::other(
+                "a sealed send was not resumed with the same bytes",
+            )));
+        }
+        ready!(self.poll_pending(cx))?;
+        self.unreported = None;
         Poll::Ready(Ok(taken))
     }
 
@@ -143,6 +175,10 @@ impl AsyncWrite for SealedIo {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if self.unreported.is_some() {
+            let at = bufs.first().map_or(0, |buf| buf.as_ptr() as usize);
+            return self.poll_unreported(cx, at);
+        }
         let Some((index, sealed)) = bufs
             .iter()
             .enumerate()
@@ -151,7 +187,8 @@ impl AsyncWrite for SealedIo {
             return self.poll_plain(cx, bufs);
         };
         if index == 0 {
-            return self.poll_sealed(cx, sealed);
+            let at = bufs[0].as_ptr() as usize;
+            return self.poll_sealed(cx, sealed, at);
         }
         // The head (and anything else) before the sealed slice: written on its own, held back
         // by MSG_MORE to leave with the body's first segment.
@@ -297,7 +334,7 @@ mod tests {
             assert!(received == original, "the received body differs");
         }
         assert_eq!(
-            counts.spliced_bytes.load(Ordering::Relaxed),
+            counts.sealed_bytes.load(Ordering::Relaxed),
             2 * len as u64,
             "every body byte through the pipe"
         );
@@ -307,6 +344,44 @@ mod tests {
         assert!(
             written > 0 && written < 1024,
             "only the heads written: {written}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_sealed_write_is_reported_only_once_the_pipe_is_empty() {
+        let original = pattern(600 * 1024);
+        let body = pdbmux_sealed::Sealer::new(u64::MAX).seal(Bytes::from(original.clone()));
+        let listener = small_buffer_listener();
+        let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut io = SealedIo::new(stream);
+        let mut write = |buf: &[u8]| {
+            let waker = std::task::Waker::noop();
+            let mut cx = Context::from_waker(waker);
+            Pin::new(&mut io).poll_write(&mut cx, buf)
+        };
+        // Nobody reads yet: the socket takes its buffer's worth, the pipe holds the rest, and
+        // the write is not reported.
+        assert!(write(&body).is_pending());
+        assert!(
+            matches!(write(&body[1..]), Poll::Ready(Err(_))),
+            "other bytes may not overtake the pipe's"
+        );
+        let reader = std::thread::spawn(move || {
+            let mut received = Vec::new();
+            client.read_to_end(&mut received).unwrap();
+            received
+        });
+        let taken = std::future::poll_fn(|cx| Pin::new(&mut io).poll_write(cx, &body))
+            .await
+            .unwrap();
+        assert!(taken > 0 && taken <= original.len());
+        assert_eq!(io.sender.pending(), 0, "reported once the pipe is empty");
+        drop(io);
+        let received = reader.join().unwrap();
+        assert!(
+            received == original[..taken],
+            "the bytes reported are the bytes sent"
         );
     }
 
@@ -324,7 +399,7 @@ mod tests {
             .unwrap();
         let counts = server.await.unwrap();
         assert!(bodies[0] == original, "the received body differs");
-        assert_eq!(counts.spliced_bytes.load(Ordering::Relaxed), 0);
+        assert_eq!(counts.sealed_bytes.load(Ordering::Relaxed), 0);
         assert!(counts.written_bytes.load(Ordering::Relaxed) > len as u64);
     }
 }

@@ -110,7 +110,7 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                     let ended = connection.await;
                     tracing::debug!(
                         %peer,
-                        spliced_bytes = counts.spliced_bytes.load(Ordering::Relaxed),
+                        sealed_bytes = counts.sealed_bytes.load(Ordering::Relaxed),
                         written_bytes = counts.written_bytes.load(Ordering::Relaxed),
                         "connection ended{}",
                         ended.err().map_or_else(String::new, |error| format!(": {error}"))

@@ -91,9 +91,11 @@ impl Drop for PaddingClaim {
     }
 }
 
-/// How a body is laid out: in huge pages (the mapping's length, and the padding it holds) or not.
+/// A body to be laid out in huge pages: their size, the body's length padded to whole ones, and
+/// the padding claimed for it.
 #[derive(Debug)]
 struct HugePages {
+    huge_page: usize,
     mapped: usize,
     claim: PaddingClaim,
 }
@@ -135,6 +137,7 @@ impl Sealer {
             })
             .ok()?;
         Some(HugePages {
+            huge_page,
             mapped,
             claim: PaddingClaim {
                 padding: Arc::clone(&self.padding),
@@ -168,15 +171,23 @@ impl Sealer {
         }
     }
 
-    /// A flight's answer, its body sealed when it is a success large enough to be worth it, so
-    /// that the cache stores it as it is ([`SealingStore`] does not seal a body twice) and the
-    /// sealing happens on the flight's own task rather than under the estate's lock; the miss
-    /// is then sent from the sealed mapping too. The runtimes call it when a flight's exchange
-    /// has answered.
+    /// Whether [`Sealer::seal_flight_answer`] would seal `response`'s body: a success, whole,
+    /// at least [`SEAL_THRESHOLD`] long and not sealed yet. The runtimes seal only such answers
+    /// off their worker threads.
+    pub fn is_worth_sealing(&self, response: &pdbmux_core::Response) -> bool {
+        matches!(&response.body, pdbmux_core::ResponseBody::Full(body)
+            if response.status.is_success() && body.len() >= SEAL_THRESHOLD && find(body).is_none())
+    }
+
+    /// A flight's answer, its body sealed when it is worth it ([`Sealer::is_worth_sealing`]),
+    /// so that the cache stores it as it is ([`SealingStore`] does not seal a body twice) and
+    /// the sealing happens before the estate's lock is taken; the miss is then sent from the
+    /// sealed mapping too. The runtimes call it when a flight's exchange has answered, on a
+    /// thread that may block: copying a large body and faulting in huge pages can make the
+    /// kernel compact memory.
     pub fn seal_flight_answer(&self, mut response: pdbmux_core::Response) -> pdbmux_core::Response {
-        if let pdbmux_core::ResponseBody::Full(body) = &mut response.body {
-            if response.status.is_success() && body.len() >= SEAL_THRESHOLD && find(body).is_none()
-            {
+        if self.is_worth_sealing(&response) {
+            if let pdbmux_core::ResponseBody::Full(body) = &mut response.body {
                 *body = self.seal(std::mem::take(body));
             }
         }
@@ -206,6 +217,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(target_os = "linux")]
     fn bodies_of_half_a_huge_page_or_more_are_padded_within_a_quarter_of_the_budget() {
         // A budget of 8 MiB allows 2 MiB (one huge page) of padding.
         let sealer = Sealer::with_huge_page(8 << 20, Some(HUGE));

@@ -70,20 +70,31 @@ impl Sealed<'_> {
 /// padding (field drops).
 struct SealedBody {
     map: Mmap,
-    /// The body's length; the mapping may be longer (padded to whole huge pages).
+    /// Where the body starts in the mapping (on a huge-page boundary when it is in huge pages).
+    offset: usize,
+    /// The body's length; the mapping is longer when the body is padded to whole huge pages.
     len: usize,
     _padding: Option<PaddingClaim>,
 }
 
+impl SealedBody {
+    fn body(&self) -> &[u8] {
+        &self.map[self.offset..self.offset + self.len]
+    }
+}
+
 impl AsRef<[u8]> for SealedBody {
     fn as_ref(&self) -> &[u8] {
-        &self.map[..self.len]
+        self.body()
     }
 }
 
 impl Drop for SealedBody {
     fn drop(&mut self) {
-        if registry().remove(&(self.map.as_ptr() as usize)).is_some() {
+        if registry()
+            .remove(&(self.body().as_ptr() as usize))
+            .is_some()
+        {
             LIVE.fetch_sub(1, Ordering::Relaxed);
         }
     }
@@ -103,38 +114,50 @@ pub fn huge_page_size() -> Option<usize> {
     size.trim().parse().ok().filter(|&size: &usize| size > 0)
 }
 
-/// Copies `body` into a new anonymous mapping (padded to whole huge pages and advised to use
-/// them, when `huge_pages` says so), makes it read-only and registers it.
-pub(crate) fn seal(body: &[u8], huge_pages: Option<HugePages>) -> io::Result<Bytes> {
+/// Copies `body` into a new anonymous mapping (in huge pages, padded to whole ones, when
+/// `huge_pages` says so), makes it read-only and registers it.
+pub(crate) fn seal(body: &[u8], mut huge_pages: Option<HugePages>) -> io::Result<Bytes> {
     if body.is_empty() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             "an empty body is not sealed",
         ));
     }
-    let mut map = MmapMut::map_anon(huge_pages.as_ref().map_or(body.len(), |huge| huge.mapped))?;
-    if huge_pages.is_some() {
-        // Before the first write, so that the pages are huge from the start. Linux places an
-        // anonymous mapping whose length is a whole number of huge pages on a huge-page
-        // boundary. Advice the kernel does not take only costs the padding.
-        if let Err(error) = map.advise(memmap2::Advice::HugePage) {
-            tracing::debug!("a sealed body stays in small pages: MADV_HUGEPAGE failed: {error}");
+    let (mut map, offset) = match &huge_pages {
+        Some(huge) => {
+            // One huge page more than the padded body, so that a huge-page boundary lies inside
+            // wherever the kernel puts it; the slack around the body is never touched, so it
+            // takes address space only.
+            let map = MmapMut::map_anon(huge.mapped + huge.huge_page)?;
+            let start = map.as_ptr() as usize;
+            let offset = start.next_multiple_of(huge.huge_page) - start;
+            // Before the first write, so that the pages are huge from the start.
+            if let Err(error) = map.advise_range(memmap2::Advice::HugePage, offset, huge.mapped) {
+                tracing::debug!(
+                    "a sealed body stays in small pages: MADV_HUGEPAGE failed: {error}"
+                );
+                // Small pages beyond the body are never touched: no padding is held.
+                huge_pages = None;
+            }
+            (map, offset)
         }
-    }
-    map[..body.len()].copy_from_slice(body);
+        None => (MmapMut::map_anon(body.len())?, 0),
+    };
+    map[offset..offset + body.len()].copy_from_slice(body);
     // mprotect(PROT_READ): from here on nothing in this process can write these pages (nothing
     // here ever calls mprotect on it again), and the mapping is private to `SealedBody`.
-    let map = map.make_read_only()?;
-    let previous = registry().insert(map.as_ptr() as usize, body.len());
+    let sealed = SealedBody {
+        map: map.make_read_only()?,
+        offset,
+        len: body.len(),
+        _padding: huge_pages.map(|huge| huge.claim),
+    };
+    let previous = registry().insert(sealed.body().as_ptr() as usize, body.len());
     debug_assert!(previous.is_none(), "a live mapping at the same address");
     if previous.is_none() {
         LIVE.fetch_add(1, Ordering::Relaxed);
     }
-    Ok(Bytes::from_owner(SealedBody {
-        map,
-        len: body.len(),
-        _padding: huge_pages.map(|huge| huge.claim),
-    }))
+    Ok(Bytes::from_owner(sealed))
 }
 
 /// See [`crate::find`].
@@ -160,13 +183,17 @@ struct Pipe {
 /// sends under way rather than for every open connection.
 static IDLE_PIPES: Mutex<Vec<Pipe>> = Mutex::new(Vec::new());
 
+fn idle_pipes() -> MutexGuard<'static, Vec<Pipe>> {
+    // A push or a pop: the list stays consistent even if a holder panicked.
+    IDLE_PIPES
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl Pipe {
     /// An idle pipe, or a new one.
     fn take() -> io::Result<Pipe> {
-        let idle = IDLE_PIPES
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .pop();
+        let idle = idle_pipes().pop();
         idle.map_or_else(Pipe::new, Ok)
     }
 
@@ -189,13 +216,19 @@ impl Pipe {
         })
     }
 
-    /// Gives an empty pipe back for other sends (closed instead when enough are idle).
+    /// Whether sending through this pipe beats copying (see [`MIN_PIPE_CAPACITY`]).
+    fn is_worth_it(&self) -> bool {
+        self.capacity >= MIN_PIPE_CAPACITY
+    }
+
+    /// Gives an empty pipe back for other sends; closed instead when enough are idle, or when
+    /// it is too small to be worth using.
     fn put_back(self) {
-        let mut idle = IDLE_PIPES
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if idle.len() < MAX_IDLE_PIPES {
-            idle.push(self);
+        if self.is_worth_it() {
+            let mut idle = idle_pipes();
+            if idle.len() < MAX_IDLE_PIPES {
+                idle.push(self);
+            }
         }
     }
 }
@@ -205,11 +238,12 @@ impl Pipe {
 /// referenced until the peer has acknowledged them; the mapping being read-only for good is
 /// what makes that safe. Bytes the socket could not take yet stay in the pipe
 /// ([`SealedSender::pending`]) and go first on the next call ([`SealedSender::flush`]), so
-/// the runtime must flush before it writes anything else to the socket and when it is asked to
-/// flush or shut down. The pipe is borrowed from a process-wide set of idle pipes for as long as
-/// it holds bytes. Where the kernel keeps a new pipe tiny (an unprivileged process past
-/// `/proc/sys/fs/pipe-user-pages-soft` gets two pages), the body is written from the mapping
-/// with `send` instead, a copy as for any other body, rather than in 8 KiB steps.
+/// the runtime must flush before it writes anything else to the socket, and must not take the
+/// bytes as sent before the pipe is empty. The pipe is borrowed from a process-wide set of idle
+/// pipes for as long as it holds bytes. When no usable pipe can be had (out of descriptors, or
+/// an unprivileged process past `/proc/sys/fs/pipe-user-pages-soft`, whose new pipes get two
+/// pages), the body is written from the mapping with `send` instead, a copy as for any other
+/// body.
 #[derive(Debug, Default)]
 pub struct SealedSender {
     pipe: Option<Pipe>,
@@ -222,9 +256,18 @@ impl SealedSender {
         SealedSender::default()
     }
 
-    /// Bytes already taken from a body (counted as written) that are still in the pipe.
+    /// Bytes already taken from a body that are still in the pipe.
     pub fn pending(&self) -> usize {
         self.pending
+    }
+
+    /// Gives the pipe back once it is empty.
+    fn release_if_empty(&mut self) {
+        if self.pending == 0 {
+            if let Some(pipe) = self.pipe.take() {
+                pipe.put_back();
+            }
+        }
     }
 
     /// Moves the pipe's pending bytes to the non-blocking `socket`: `Ok` once none are left,
@@ -246,9 +289,7 @@ impl SealedSender {
                 self.pending -= moved;
             }
         }
-        if let Some(pipe) = self.pipe.take() {
-            pipe.put_back();
-        }
+        self.release_if_empty();
         Ok(())
     }
 
@@ -259,21 +300,25 @@ impl SealedSender {
     /// the rest of `sealed` ([`Sealed::advance`]).
     pub fn send(&mut self, socket: BorrowedFd<'_>, sealed: Sealed<'_>) -> io::Result<usize> {
         self.flush(socket)?;
-        let pipe = Pipe::take()?;
-        if pipe.capacity < MIN_PIPE_CAPACITY {
-            pipe.put_back();
-            return Ok(rustix::net::send(socket, sealed.bytes, SendFlags::empty())?);
-        }
-        let pipe = self.pipe.insert(pipe);
+        let pipe = match Pipe::take() {
+            Ok(pipe) if pipe.is_worth_it() => self.pipe.insert(pipe),
+            unusable => {
+                if let Err(error) = unusable {
+                    tracing::debug!("a sealed body is copied: no pipe for it: {error}");
+                }
+                return Ok(rustix::net::send(socket, sealed.bytes, SendFlags::empty())?);
+            }
+        };
         let chunk = &sealed.bytes[..sealed.len().min(pipe.capacity)];
         // SAFETY: vmsplice without SPLICE_F_GIFT puts references to the pages under `chunk`
         // in the pipe; they are read when the socket sends them, and again on a retransmit,
         // until the peer acknowledges them. That is sound only if those pages never change:
         // `chunk` lies in a sealed mapping (`Sealed` is only made by `find`, which checked the
-        // registry), which was made read-only before it was registered and is never made
-        // writable again; when its last `Bytes` goes it is unmapped, and the pages the kernel
-        // still references stay allocated, unchanged, until it lets go of them. `pipe.write` is
-        // the pipe's write end, so the kernel only reads `chunk`.
+        // registry, and borrows the slice, so the mapping stays mapped through this call),
+        // which was made read-only before it was registered and is never made writable again;
+        // when its last `Bytes` goes it is unmapped, and the pages the kernel still references
+        // stay allocated, unchanged, until it lets go of them. `pipe.write` is the pipe's write
+        // end, so the kernel only reads `chunk`.
         #[allow(unsafe_code)]
         let taken = unsafe {
             rustix::pipe::vmsplice(
@@ -301,11 +346,7 @@ impl SealedSender {
             Err(rustix::io::Errno::AGAIN) => {}
             Err(error) => return Err(error.into()),
         }
-        if self.pending == 0 {
-            if let Some(pipe) = self.pipe.take() {
-                pipe.put_back();
-            }
-        }
+        self.release_if_empty();
         Ok(taken)
     }
 }
@@ -313,11 +354,7 @@ impl SealedSender {
 impl Drop for SealedSender {
     fn drop(&mut self) {
         // A pipe still holding bytes (the connection ended mid-body) is closed with them.
-        if self.pending == 0 {
-            if let Some(pipe) = self.pipe.take() {
-                pipe.put_back();
-            }
-        }
+        self.release_if_empty();
     }
 }
 
