@@ -1,15 +1,24 @@
 //! # pdbmux-driver
 //!
-//! The one async loop both binaries run per exchange: send what the core asks for, feed the
-//! answers and timeouts back, and stop at its response. The runtime supplies a [`Transport`]
-//! (its upstream client, its timer, and where finished rounds go); everything else — which
-//! requests are in flight, which are cancelled, which answer's body is held for streaming — is
-//! the same on every runtime and lives here, so the binaries cannot drift apart.
+//! What both binaries run around the sans-IO core, so that they cannot drift apart:
+//!
+//! - [`drive`], the async loop of one exchange: send what the core asks for, feed the answers
+//!   and timeouts back, and stop at its response. It runs on a [`Transport`] (an upstream
+//!   client, a timer, and where finished rounds go); which requests are in flight, which are
+//!   cancelled, which answer's body is held for streaming is decided here.
+//! - [`EstateHost`], the estate shared by every connection: admitting requests, the queue of
+//!   waiting clients, single-flight tasks and their cancellation, and the task that drives the
+//!   estate's own outputs and deadline. It runs on a [`Runtime`] (the above, plus a task
+//!   spawner and a blocking pool).
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::pin;
 use std::time::Instant;
+
+mod host;
+
+pub use host::{Admitted, EstateHost, Runtime, Task, WaitTicket, WaiterEvent};
 
 use futures_util::future::{self, AbortHandle, Abortable, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};

@@ -29,7 +29,7 @@ use smol::io::{AsyncReadExt, AsyncWriteExt, BufReader, Cursor};
 use smol::{Async, Timer};
 
 use crate::body::Deadlined;
-use crate::estate_task::Shared;
+use crate::runtime::Host;
 use crate::service::{self, Answer};
 
 /// How long a client may take to send a request's head (also the keep-alive idle limit).
@@ -51,7 +51,7 @@ const LINGER: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct Context {
     /// The estate and upstream clients.
-    pub shared: Arc<Shared>,
+    pub host: Arc<Host>,
     /// Closed when the server starts shutting down.
     pub closing: Receiver<()>,
     /// Held while the connection is open; the listener waits for every clone to drop.
@@ -60,9 +60,9 @@ pub struct Context {
 
 impl Context {
     /// The context of every connection; `open` is the sender whose clones the listener waits on.
-    pub fn new(shared: Arc<Shared>, closing: Receiver<()>, open: Sender<()>) -> Context {
+    pub fn new(host: Arc<Host>, closing: Receiver<()>, open: Sender<()>) -> Context {
         Context {
-            shared,
+            host,
             closing,
             _open: open,
         }
@@ -117,7 +117,7 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
             RequestBody::Length(n) => n <= MAX_SKIPPED_BODY,
             RequestBody::Unskippable => false,
         };
-        let handled = async { Some(service::handle(&context.shared, &head.request).await) };
+        let handled = async { Some(service::handle(&context.host, &head.request).await) };
         let gone = async {
             watch_client(&stream, &mut pending).await;
             None

@@ -6,18 +6,18 @@
 //! - [`conn`]: a client connection. Heads read with httparse (raw target and header sizes go to
 //!   the core, which answers 414/431), 30 s header-read timeout, keep-alive, the client's leaving
 //!   noticed mid-request; answers written by async-h1's encoder.
-//! - [`service`]: admit through the estate, drive the request's `Exchange` on its own task (one
-//!   `smol::Timer` for its single deadline).
-//! - [`estate_task`]: the `Estate` behind a `Mutex`, driven by one background task woken through a
-//!   channel; waiters, flights on their own tasks (dropping a smol `Task` cancels it).
+//! - [`service`]: answer a request through the estate host (`pdbmux_driver::EstateHost`, shared
+//!   with `pdbmux`), which drives its `Exchange` on the request's own task.
+//! - [`runtime`]: what the host runs on here: smol tasks (panics caught; dropping one cancels
+//!   it), `smol::Timer`, smol's blocking pool, and the upstream clients.
 //! - [`upstream`], [`pool`], [`body`]: request heads written verbatim, answers decoded by
 //!   async-h1, a bounded pool of keep-alive connections per backend (futures-rustls for https),
 //!   bodies bounded by `max_body_bytes` and, when streamed, by their deadline.
 
 mod body;
 mod conn;
-mod estate_task;
 mod pool;
+mod runtime;
 mod serve;
 mod service;
 mod upstream;

@@ -18,7 +18,7 @@ use smol::stream::StreamExt;
 use smol::{Async, Executor, Timer};
 
 use crate::conn;
-use crate::estate_task::{spawn_guarded, Shared};
+use crate::runtime::{spawn_guarded, Host, Smol};
 use crate::upstream::Upstreams;
 
 /// Extra time in-flight requests get after the upstream timeout when shutting down.
@@ -92,12 +92,12 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
     let store = SealingStore::new(config.facts_cache_bytes);
     let sealer = store.sealer();
     let estate = Estate::with_store(config, clock, Box::new(store));
-    let shared = Shared::new(estate, sealer, upstreams, Arc::clone(&executor));
-    let driver = shared.spawn_driver();
+    let host = Host::new(estate, sealer, Smol::new(upstreams, Arc::clone(&executor)));
+    let driver = host.spawn_driver();
     // `closing` is dropped when shutdown starts; every connection holds a clone of `open`.
     let (closing, closing_watch) = channel::bounded::<()>(1);
     let (open, drained) = channel::bounded::<()>(1);
-    let context = conn::Context::new(shared, closing_watch, open);
+    let context = conn::Context::new(host, closing_watch, open);
     let signal = loop {
         let accepted = async { Ok(listener.accept().await) };
         let signalled = async { Err(signals.next().await) };
@@ -138,6 +138,6 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
     } else {
         tracing::warn!("drain limit reached; exiting with requests still in flight");
     }
-    drop(driver);
+    pdbmux_driver::Task::cancel(driver);
     Ok(())
 }

@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pdbmux_core::{ClientRequest, Response, ResponseBody};
-use smol::Timer;
 
 use crate::body::HeldBody;
-use crate::estate_task::{Admitted, Shared, WaiterEvent};
+use crate::runtime::Host;
 
 /// The answer to a client: the core's response, and for [`ResponseBody::Upstream`] the held body
 /// to stream with the instant it must be complete by.
@@ -21,33 +20,10 @@ pub struct Answer {
 
 /// Answers one client request and writes its access log line. Never fails: every outcome is a
 /// response. Dropping the future (the client went away) drops its upstream requests.
-pub async fn handle(shared: &Arc<Shared>, client_request: &ClientRequest) -> Answer {
+pub async fn handle(host: &Arc<Host>, client_request: &ClientRequest) -> Answer {
     let started = Instant::now();
-    let mut admission = shared.admit(started, client_request);
-    let answer = loop {
-        match admission {
-            Admitted::Respond(response) => break checked(response, None),
-            Admitted::Exchange(exchange) => {
-                let (response, held) = pdbmux_driver::drive(&**shared, exchange).await;
-                break checked(response, held);
-            }
-            Admitted::Wait(ticket) => match ticket.wait().await {
-                Some(WaiterEvent::Respond(response)) => break checked(response, None),
-                Some(WaiterEvent::Resume) => {
-                    admission = shared.readmit(Instant::now(), client_request)
-                }
-                None => {
-                    break checked(
-                        Response::text(
-                            http::StatusCode::SERVICE_UNAVAILABLE,
-                            "pdbmux: shutting down",
-                        ),
-                        None,
-                    )
-                }
-            },
-        }
-    };
+    let (response, held) = host.answer(client_request).await;
+    let answer = checked(response, held);
     tracing::info!(
         target: "pdbmux::access",
         method = %client_request.method,
@@ -76,15 +52,5 @@ fn checked(response: Response, stream: Option<(HeldBody, Instant)>) -> Answer {
             response,
             stream: None,
         },
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-pub async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => {
-            Timer::at(deadline).await;
-        }
-        None => std::future::pending().await,
     }
 }

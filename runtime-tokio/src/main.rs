@@ -1,7 +1,7 @@
 //! `pdbmux`: the production binary. A merging PuppetDB proxy on tokio, hyper and rustls.
 
 mod body;
-mod estate_task;
+mod runtime;
 mod sealed_io;
 mod serve;
 mod service;

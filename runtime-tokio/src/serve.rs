@@ -15,7 +15,7 @@ use pdbmux_core::{ClockAnchor, Estate};
 use pdbmux_sealed::SealingStore;
 use tokio::net::TcpListener;
 
-use crate::estate_task::Shared;
+use crate::runtime::{Host, Tokio};
 use crate::sealed_io::SealedIo;
 use crate::service;
 use crate::upstream::Upstreams;
@@ -76,8 +76,8 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
     let store = SealingStore::new(config.facts_cache_bytes);
     let sealer = store.sealer();
     let estate = Estate::with_store(config, clock, Box::new(store));
-    let shared = Shared::new(estate, sealer, upstreams);
-    let driver = shared.spawn_driver();
+    let host = Host::new(estate, sealer, Tokio::new(upstreams));
+    let driver = host.spawn_driver();
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -98,12 +98,12 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                     }
                 };
                 let _ = stream.set_nodelay(true);
-                let shared = Arc::clone(&shared);
+                let host = Arc::clone(&host);
                 let io = SealedIo::new(stream);
                 let counts = io.counts();
                 let connection = http.serve_connection(
                     TokioIo::new(io),
-                    service_fn(move |request| service::handle(Arc::clone(&shared), request)),
+                    service_fn(move |request| service::handle(Arc::clone(&host), request)),
                 );
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
@@ -128,7 +128,7 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
         Ok(()) => tracing::info!("drained; exiting"),
         Err(_) => tracing::warn!("drain limit reached; exiting with requests still in flight"),
     }
-    driver.abort();
+    pdbmux_driver::Task::cancel(driver);
     Ok(())
 }
 

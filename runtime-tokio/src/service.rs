@@ -9,41 +9,18 @@ use hyper::body::Incoming;
 use pdbmux_core::{ClientRequest, Response, ResponseBody};
 
 use crate::body;
-use crate::estate_task::{Admitted, Shared, WaiterEvent};
+use crate::runtime::Host;
 use crate::upstream::HeldBody;
 
 /// Answers one client request. Never fails: every outcome is an HTTP response.
 pub async fn handle(
-    shared: Arc<Shared>,
+    host: Arc<Host>,
     request: http::Request<Incoming>,
 ) -> Result<http::Response<body::ResponseBody>, Infallible> {
     let started = Instant::now();
     let client_request = client_request(&request);
-    let mut admission = shared.admit(started, &client_request);
-    let response = loop {
-        match admission {
-            Admitted::Respond(response) => break into_hyper(response, None),
-            Admitted::Exchange(exchange) => {
-                let (response, held) = pdbmux_driver::drive(&*shared, exchange).await;
-                break into_hyper(response, held);
-            }
-            Admitted::Wait(ticket) => match ticket.wait().await {
-                Some(WaiterEvent::Respond(response)) => break into_hyper(response, None),
-                Some(WaiterEvent::Resume) => {
-                    admission = shared.readmit(Instant::now(), &client_request)
-                }
-                None => {
-                    break into_hyper(
-                        Response::text(
-                            http::StatusCode::SERVICE_UNAVAILABLE,
-                            "pdbmux: shutting down",
-                        ),
-                        None,
-                    )
-                }
-            },
-        }
-    };
+    let (response, held) = host.answer(&client_request).await;
+    let response = into_hyper(response, held);
     tracing::info!(
         target: "pdbmux::access",
         method = %client_request.method,
@@ -70,14 +47,6 @@ fn client_request(request: &http::Request<Incoming>) -> ClientRequest {
         target,
         header_count: request.headers().len(),
         header_bytes,
-    }
-}
-
-/// Sleeps until `deadline`, or forever without one.
-pub async fn sleep_until(deadline: Option<Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline.into()).await,
-        None => std::future::pending().await,
     }
 }
 

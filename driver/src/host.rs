@@ -1,0 +1,412 @@
+//! The shared estate behind a short-held lock, and the task that drives its outputs (upstream
+//! requests it sends itself, answers to waiting clients, flights to start and cancel) and its one
+//! deadline: the same on every runtime, which supplies a [`Runtime`] (its upstream client, timer,
+//! task spawner and blocking pool).
+
+use std::collections::BTreeMap;
+use std::future::{self, Future};
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::Poll;
+use std::time::Instant;
+
+use futures_channel::oneshot;
+use futures_util::future::{Either, FutureExt};
+use futures_util::task::AtomicWaker;
+use pdbmux_core::{
+    Admission, ClientRequest, Estate, EstateOutput, Exchange, FlightId, Response, Round,
+    UpstreamRequest, WaiterId,
+};
+use pdbmux_sealed::Sealer;
+
+use crate::{Transport, UpstreamResult};
+
+/// What a runtime gives the estate host.
+pub trait Runtime: Send + Sync + 'static {
+    /// An upstream body held open for streaming to the client.
+    type Held: Send + 'static;
+    /// A spawned task.
+    type Task: Task;
+
+    /// Sends one upstream request (see [`Transport::send`]).
+    fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> impl Future<Output = UpstreamResult<Self::Held>> + Send;
+
+    /// Resolves at `deadline`.
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send;
+
+    /// Runs `future` on its own task; a panic in it ends that task only.
+    fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) -> Self::Task;
+
+    /// Runs `work` where it may block (a blocking pool), not on an async worker thread.
+    fn unblock<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> T + Send + 'static,
+    ) -> impl Future<Output = T> + Send;
+}
+
+/// A spawned task's handle.
+pub trait Task: Send + 'static {
+    /// Stops the task at its next await (its future is dropped, releasing what it holds).
+    fn cancel(self);
+    /// Lets the task run on without this handle.
+    fn detach(self);
+    /// Whether the task has ended.
+    fn is_finished(&self) -> bool;
+}
+
+/// What a request handler does next; see [`EstateHost::admit`].
+pub enum Admitted<R: Runtime> {
+    /// Answer right away.
+    Respond(Response),
+    /// Drive this exchange on the request's own task.
+    Exchange(Exchange),
+    /// Wait for the estate's word.
+    Wait(WaitTicket<R>),
+}
+
+/// A client's place in the estate's queue: resolves to the estate's word. Dropping it before
+/// then (the client went away) tells the estate, so a flight nobody waits for is cancelled.
+pub struct WaitTicket<R: Runtime> {
+    host: Arc<EstateHost<R>>,
+    waiter: WaiterId,
+    receiver: Option<oneshot::Receiver<WaiterEvent>>,
+}
+
+impl<R: Runtime> WaitTicket<R> {
+    /// Waits for the estate's word; `None` when the estate is gone (shutting down).
+    pub async fn wait(mut self) -> Option<WaiterEvent> {
+        let receiver = self.receiver.take()?;
+        receiver.await.ok()
+    }
+}
+
+impl<R: Runtime> Drop for WaitTicket<R> {
+    fn drop(&mut self) {
+        if self.receiver.is_some() {
+            self.host.waiter_gone(self.waiter);
+        }
+    }
+}
+
+/// What the estate tells a waiting request.
+pub enum WaiterEvent {
+    /// Answer with this.
+    Respond(Response),
+    /// Admit the request again ([`EstateHost::readmit`]).
+    Resume,
+}
+
+/// Wakes the estate's driver: a wake-up while it is busy is kept for its next wait.
+#[derive(Default)]
+struct Wake {
+    pending: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Wake {
+    fn notify(&self) {
+        self.pending.store(true, Ordering::Release);
+        self.waker.wake();
+    }
+
+    async fn notified(&self) {
+        future::poll_fn(|cx| {
+            self.waker.register(cx.waker());
+            if self.pending.swap(false, Ordering::AcqRel) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+}
+
+/// The estate as every connection task of a runtime shares it.
+pub struct EstateHost<R: Runtime> {
+    estate: Mutex<Estate>,
+    waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>>,
+    flights: Mutex<BTreeMap<FlightId, R::Task>>,
+    wake: Wake,
+    /// Seals flights' answers before the estate stores them (the store's own sealer).
+    sealer: Sealer,
+    runtime: R,
+}
+
+/// Takes a lock whose holder may have panicked: every critical section here is one call on the
+/// estate or one map operation, so the state is as it was between two calls; keep going.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<R: Runtime> EstateHost<R> {
+    /// Wraps a fresh estate, the sealer of its store and the runtime.
+    pub fn new(estate: Estate, sealer: Sealer, runtime: R) -> Arc<EstateHost<R>> {
+        Arc::new(EstateHost {
+            estate: Mutex::new(estate),
+            waiters: Mutex::new(BTreeMap::new()),
+            flights: Mutex::new(BTreeMap::new()),
+            wake: Wake::default(),
+            sealer,
+            runtime,
+        })
+    }
+
+    /// Answers one client request: admits it, drives its exchange on this task or waits for
+    /// the estate (a flight, the first membership map), admits it again when told to. The
+    /// response, with the held upstream body and its deadline when it streams one.
+    pub async fn answer(
+        self: &Arc<Self>,
+        request: &ClientRequest,
+    ) -> (Response, Option<(R::Held, Instant)>) {
+        let mut admission = self.admit_with(Instant::now(), request, Estate::admit);
+        loop {
+            match admission {
+                Admitted::Respond(response) => return (response, None),
+                Admitted::Exchange(exchange) => return crate::drive(&**self, exchange).await,
+                Admitted::Wait(ticket) => match ticket.wait().await {
+                    Some(WaiterEvent::Respond(response)) => return (response, None),
+                    Some(WaiterEvent::Resume) => {
+                        admission = self.admit_with(Instant::now(), request, Estate::readmit)
+                    }
+                    None => {
+                        let response = Response::text(
+                            http::StatusCode::SERVICE_UNAVAILABLE,
+                            "pdbmux: shutting down",
+                        );
+                        return (response, None);
+                    }
+                },
+            }
+        }
+    }
+
+    /// Starts the task that drives the estate; cancel it to stop it.
+    pub fn spawn_driver(self: &Arc<Self>) -> R::Task {
+        let host = Arc::clone(self);
+        self.runtime.spawn(async move { host.run_driver().await })
+    }
+
+    fn estate(&self) -> MutexGuard<'_, Estate> {
+        lock(&self.estate)
+    }
+
+    fn waiter_gone(&self, waiter: WaiterId) {
+        lock(&self.waiters).remove(&waiter);
+        self.estate().handle_waiter_gone(Instant::now(), waiter);
+        self.wake.notify();
+    }
+
+    fn ticket(self: &Arc<Self>, waiter: WaiterId) -> WaitTicket<R> {
+        let (sender, receiver) = oneshot::channel();
+        lock(&self.waiters).insert(waiter, sender);
+        WaitTicket {
+            host: Arc::clone(self),
+            waiter,
+            receiver: Some(receiver),
+        }
+    }
+
+    fn admit_with(
+        self: &Arc<Self>,
+        now: Instant,
+        request: &ClientRequest,
+        admit: fn(&mut Estate, Instant, &ClientRequest) -> Admission,
+    ) -> Admitted<R> {
+        let mut estate = self.estate();
+        let admission = admit(&mut estate, now, request);
+        // The admission may have queued upstream requests (a membership refresh).
+        let wake = !matches!(admission, Admission::Respond(_));
+        let admitted = match admission {
+            Admission::Respond(response) => Admitted::Respond(response),
+            Admission::Exchange(exchange) => Admitted::Exchange(exchange),
+            // Registered before the lock is released, so the driver cannot answer first.
+            Admission::Wait(waiter) => Admitted::Wait(self.ticket(waiter)),
+            Admission::Flight {
+                flight,
+                waiter,
+                exchange,
+            } => {
+                let ticket = self.ticket(waiter);
+                self.spawn_flight(flight, exchange);
+                Admitted::Wait(ticket)
+            }
+        };
+        drop(estate);
+        if wake {
+            self.wake.notify();
+        }
+        admitted
+    }
+
+    /// Runs a flight's exchange on its own task and reports its response to the estate.
+    fn spawn_flight(self: &Arc<Self>, flight: FlightId, exchange: Exchange) {
+        let host = Arc::clone(self);
+        // Held across the spawn so the task cannot remove its entry before it is inserted.
+        let mut flights = lock(&self.flights);
+        let task = self.runtime.spawn(async move {
+            let answered = AssertUnwindSafe(async {
+                let (response, _) = crate::drive(&*host, exchange).await;
+                host.sealed(response).await
+            })
+            .catch_unwind()
+            .await;
+            // A panic would leave the flight's waiters waiting: answer them with a 500.
+            let response = answered.unwrap_or_else(|_| {
+                tracing::error!("flight {flight} panicked");
+                Response::text(
+                    http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "pdbmux: internal error",
+                )
+            });
+            // Our own handle: detached, so that letting go of it does not cancel this task.
+            let own = lock(&host.flights).remove(&flight);
+            if let Some(own) = own {
+                own.detach();
+            }
+            host.estate()
+                .handle_flight_done(Instant::now(), flight, response);
+            host.wake.notify();
+        });
+        flights.insert(flight, task);
+    }
+
+    /// A flight's answer sealed ([`Sealer::seal_flight_answer`]) when there is something to
+    /// seal, on the runtime's blocking pool: copying a large body into huge pages may make the
+    /// kernel compact memory, which must not stall a worker thread and the connections on it.
+    async fn sealed(&self, response: Response) -> Response {
+        if !self.sealer.is_worth_sealing(&response) {
+            return response;
+        }
+        let sealer = self.sealer.clone();
+        self.runtime
+            .unblock(move || sealer.seal_flight_answer(response))
+            .await
+    }
+
+    fn tell(&self, waiter: WaiterId, event: WaiterEvent) {
+        let sender = lock(&self.waiters).remove(&waiter);
+        if let Some(sender) = sender {
+            // The client may have gone; nothing to do then.
+            let _ = sender.send(event);
+        }
+    }
+
+    async fn run_driver(self: Arc<Self>) {
+        let mut sends = BTreeMap::new();
+        loop {
+            let (outputs, deadline) = {
+                let mut estate = self.estate();
+                let outputs: Vec<EstateOutput> =
+                    std::iter::from_fn(|| estate.poll_output()).collect();
+                (outputs, estate.poll_timeout())
+            };
+            for output in outputs {
+                match output {
+                    EstateOutput::Send(request) => {
+                        let id = request.id;
+                        let task = self.runtime.spawn(self.send_for_estate(request));
+                        sends.retain(|_, task: &mut R::Task| !task.is_finished());
+                        sends.insert(id, task);
+                    }
+                    EstateOutput::Cancel(id) => {
+                        if let Some(task) = sends.remove(&id) {
+                            task.cancel();
+                        }
+                    }
+                    EstateOutput::Respond { waiter, response } => {
+                        self.tell(waiter, WaiterEvent::Respond(response))
+                    }
+                    EstateOutput::Resume { waiter } => self.tell(waiter, WaiterEvent::Resume),
+                    EstateOutput::CancelFlight(flight) => {
+                        // Taken out first: cancelling may drop the flight's future right here.
+                        let task = lock(&self.flights).remove(&flight);
+                        if let Some(task) = task {
+                            task.cancel();
+                        }
+                    }
+                }
+            }
+            let woken = pin!(self.wake.notified());
+            let timer = pin!(async {
+                match deadline {
+                    Some(deadline) => self.runtime.sleep_until(deadline).await,
+                    None => future::pending().await,
+                }
+            });
+            if let Either::Right(_) = futures_util::future::select(woken, timer).await {
+                self.estate().handle_timeout(Instant::now());
+            }
+        }
+    }
+
+    /// An upstream request the estate sends itself (membership, health), answered into it.
+    fn send_for_estate(
+        self: &Arc<Self>,
+        request: UpstreamRequest,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let host = Arc::clone(self);
+        async move {
+            let id = request.id;
+            let result = host.runtime.send(request).await;
+            let now = Instant::now();
+            {
+                let mut estate = host.estate();
+                match result {
+                    Ok((response, _)) => estate.handle_upstream_response(now, id, response),
+                    Err(failure) => estate.handle_upstream_failure(now, id, failure),
+                }
+            }
+            host.wake.notify();
+        }
+    }
+}
+
+/// Exchanges run on the host's runtime, and hand their rounds to the estate.
+impl<R: Runtime> Transport for EstateHost<R> {
+    type Held = R::Held;
+
+    fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> impl Future<Output = UpstreamResult<R::Held>> + Send {
+        self.runtime.send(request)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {
+        self.runtime.sleep_until(deadline)
+    }
+
+    fn round(&self, round: Round) {
+        self.estate().handle_round(Instant::now(), round);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::{Context, Waker};
+
+    use super::Wake;
+
+    #[test]
+    fn a_wake_up_is_kept_until_the_next_wait_and_used_once() {
+        let wake = Wake::default();
+        let mut cx = Context::from_waker(Waker::noop());
+        wake.notify();
+        wake.notify();
+        assert!(pin!(wake.notified()).poll(&mut cx).is_ready(), "kept");
+        let mut next = pin!(wake.notified());
+        assert!(next.as_mut().poll(&mut cx).is_pending(), "used once");
+        wake.notify();
+        assert!(next.poll(&mut cx).is_ready(), "a wake-up while waiting");
+    }
+}

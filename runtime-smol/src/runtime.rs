@@ -1,0 +1,94 @@
+//! The estate host's runtime on smol: pdbmux's own upstream pool, async-io's timer, the
+//! executor's tasks (panics caught) and smol's blocking pool (see [`pdbmux_driver::Runtime`]).
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pdbmux_core::UpstreamRequest;
+use pdbmux_driver::UpstreamResult;
+use smol::future::FutureExt;
+use smol::{Executor, Task};
+
+use crate::body::HeldBody;
+use crate::upstream::Upstreams;
+
+/// The estate as this binary's connections share it.
+pub type Host = pdbmux_driver::EstateHost<Smol>;
+
+/// smol's executor, with the upstream clients.
+pub struct Smol {
+    upstreams: Arc<Upstreams>,
+    executor: Arc<Executor<'static>>,
+}
+
+impl Smol {
+    /// The runtime the host uses: tasks go to `executor`, upstream requests to `upstreams`.
+    pub fn new(upstreams: Upstreams, executor: Arc<Executor<'static>>) -> Smol {
+        Smol {
+            upstreams: Arc::new(upstreams),
+            executor,
+        }
+    }
+}
+
+/// A smol task; dropping it cancels it, so the host's handles are kept until they end.
+pub struct SmolTask(Task<Option<()>>);
+
+impl pdbmux_driver::Task for SmolTask {
+    fn cancel(self) {
+        drop(self.0);
+    }
+
+    fn detach(self) {
+        self.0.detach();
+    }
+
+    fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+}
+
+impl pdbmux_driver::Runtime for Smol {
+    type Held = HeldBody;
+    type Task = SmolTask;
+
+    fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> impl Future<Output = UpstreamResult<HeldBody>> + Send {
+        let upstreams = Arc::clone(&self.upstreams);
+        async move { upstreams.send(&request).await }
+    }
+
+    async fn sleep_until(&self, deadline: Instant) {
+        smol::Timer::at(deadline).await;
+    }
+
+    fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) -> SmolTask {
+        SmolTask(spawn_guarded(&self.executor, "estate", future))
+    }
+
+    async fn unblock<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> T {
+        smol::unblock(work).await
+    }
+}
+
+/// Spawns `future` on `executor`, catching a panic so that it ends that task only (logged): an
+/// uncaught panic would unwind through the executor thread.
+pub fn spawn_guarded<T: Send + 'static>(
+    executor: &Executor<'static>,
+    what: &'static str,
+    future: impl Future<Output = T> + Send + 'static,
+) -> Task<Option<T>> {
+    executor.spawn(async move {
+        match AssertUnwindSafe(future).catch_unwind().await {
+            Ok(value) => Some(value),
+            Err(_) => {
+                tracing::error!("a {what} task panicked");
+                None
+            }
+        }
+    })
+}

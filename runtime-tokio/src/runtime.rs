@@ -1,0 +1,73 @@
+//! The estate host's runtime on tokio: hyper-util's pooled clients, tokio's timer, tasks and
+//! blocking pool (see [`pdbmux_driver::Runtime`]).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+use pdbmux_core::UpstreamRequest;
+use pdbmux_driver::UpstreamResult;
+use tokio::task::JoinHandle;
+
+use crate::upstream::{HeldBody, Upstreams};
+
+/// The estate as this binary's connections share it.
+pub type Host = pdbmux_driver::EstateHost<Tokio>;
+
+/// tokio, with the upstream clients.
+pub struct Tokio {
+    upstreams: Arc<Upstreams>,
+}
+
+impl Tokio {
+    /// The runtime the host uses, sending upstream requests with `upstreams`.
+    pub fn new(upstreams: Upstreams) -> Tokio {
+        Tokio {
+            upstreams: Arc::new(upstreams),
+        }
+    }
+}
+
+/// A tokio task; dropping the handle lets it run on.
+pub struct TokioTask(JoinHandle<()>);
+
+impl pdbmux_driver::Task for TokioTask {
+    fn cancel(self) {
+        self.0.abort();
+    }
+
+    fn detach(self) {}
+
+    fn is_finished(&self) -> bool {
+        self.0.is_finished()
+    }
+}
+
+impl pdbmux_driver::Runtime for Tokio {
+    type Held = HeldBody;
+    type Task = TokioTask;
+
+    fn send(
+        &self,
+        request: UpstreamRequest,
+    ) -> impl Future<Output = UpstreamResult<HeldBody>> + Send {
+        let upstreams = Arc::clone(&self.upstreams);
+        async move { upstreams.send(&request).await }
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep_until(deadline.into())
+    }
+
+    fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) -> TokioTask {
+        TokioTask(tokio::spawn(future))
+    }
+
+    async fn unblock<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> T {
+        match tokio::task::spawn_blocking(work).await {
+            Ok(value) => value,
+            // Carried on to the awaiting task, as if `work` had run there.
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
+    }
+}
