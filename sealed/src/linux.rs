@@ -7,6 +7,7 @@ use std::io::{self, IoSlice};
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use memmap2::{Mmap, MmapMut};
@@ -33,6 +34,8 @@ const PIPE_CAPACITIES: [usize; 2] = [2 << 20, 1 << 20];
 const MIN_PIPE_CAPACITY: usize = 64 * 1024;
 /// Idle pipes kept for later sends; more are closed when they empty.
 const MAX_IDLE_PIPES: usize = 16;
+/// How long sends copy after the kernel gave a tiny pipe, before a new pipe is tried again.
+const TINY_PIPE_BACKOFF: Duration = Duration::from_secs(1);
 
 fn registry() -> MutexGuard<'static, BTreeMap<usize, usize>> {
     // The map stays consistent even if a holder panicked: every critical section is one map call.
@@ -183,6 +186,10 @@ struct Pipe {
 /// sends under way rather than for every open connection.
 static IDLE_PIPES: Mutex<Vec<Pipe>> = Mutex::new(Vec::new());
 
+/// When a new pipe last came out too small to use: for [`TINY_PIPE_BACKOFF`] after that, sends
+/// copy without making (and closing) a pipe each time.
+static TINY_PIPE_AT: Mutex<Option<Instant>> = Mutex::new(None);
+
 fn idle_pipes() -> MutexGuard<'static, Vec<Pipe>> {
     // A push or a pop: the list stays consistent even if a holder panicked.
     IDLE_PIPES
@@ -190,11 +197,33 @@ fn idle_pipes() -> MutexGuard<'static, Vec<Pipe>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
+fn tiny_pipe_at() -> MutexGuard<'static, Option<Instant>> {
+    TINY_PIPE_AT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl Pipe {
-    /// An idle pipe, or a new one.
-    fn take() -> io::Result<Pipe> {
-        let idle = idle_pipes().pop();
-        idle.map_or_else(Pipe::new, Ok)
+    /// An idle pipe, or a new one worth using; `None` when the kernel has lately given only
+    /// tiny ones (the body is copied then).
+    fn take() -> io::Result<Option<Pipe>> {
+        if let Some(pipe) = idle_pipes().pop() {
+            return Ok(Some(pipe));
+        }
+        if tiny_pipe_at().is_some_and(|at| at.elapsed() < TINY_PIPE_BACKOFF) {
+            return Ok(None);
+        }
+        let pipe = Pipe::new()?;
+        if pipe.is_worth_it() {
+            return Ok(Some(pipe));
+        }
+        tracing::debug!(
+            capacity = pipe.capacity,
+            "sealed bodies are copied for a while: the kernel gives only tiny pipes \
+             (/proc/sys/fs/pipe-user-pages-soft)"
+        );
+        *tiny_pipe_at() = Some(Instant::now());
+        Ok(None)
     }
 
     fn new() -> io::Result<Pipe> {
@@ -204,10 +233,7 @@ impl Pipe {
             .find_map(|&capacity| rustix::pipe::fcntl_setpipe_size(&write, capacity).ok());
         let capacity = match grown {
             Some(capacity) => capacity,
-            None => {
-                tracing::debug!("a new pipe keeps its size: the kernel would not grow it");
-                rustix::pipe::fcntl_getpipe_size(&write)?
-            }
+            None => rustix::pipe::fcntl_getpipe_size(&write)?,
         };
         Ok(Pipe {
             read,
@@ -301,7 +327,7 @@ impl SealedSender {
     pub fn send(&mut self, socket: BorrowedFd<'_>, sealed: Sealed<'_>) -> io::Result<usize> {
         self.flush(socket)?;
         let pipe = match Pipe::take() {
-            Ok(pipe) if pipe.is_worth_it() => self.pipe.insert(pipe),
+            Ok(Some(pipe)) => self.pipe.insert(pipe),
             unusable => {
                 if let Err(error) = unusable {
                     tracing::debug!("a sealed body is copied: no pipe for it: {error}");
