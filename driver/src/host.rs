@@ -59,7 +59,7 @@ pub trait Task: Send + 'static {
     fn is_finished(&self) -> bool;
 }
 
-/// What a request handler does next; see [`EstateHost::admit`].
+/// What admitting a request gives ([`EstateHost::answer`] acts on it).
 pub enum Admitted<R: Runtime> {
     /// Answer right away.
     Respond(Response),
@@ -97,7 +97,7 @@ impl<R: Runtime> Drop for WaitTicket<R> {
 pub enum WaiterEvent {
     /// Answer with this.
     Respond(Response),
-    /// Admit the request again ([`EstateHost::readmit`]).
+    /// What the request waited for (a membership refresh) is ready: admit it again.
     Resume,
 }
 

@@ -4,29 +4,31 @@
 //! client's socket by reference instead of copying them out of user memory for every response,
 //! as nginx does for a static file with `sendfile on`.
 //!
-//! - [`Sealer::seal`] copies a body into its own anonymous mapping, makes it read-only for good and
-//!   returns it as a [`Bytes`] owned by that mapping. While the mapping lives, a process-wide
-//!   registry holds its address range.
+//! - [`Sealer::seal`] copies a body into its own anonymous mapping (in transparent huge pages
+//!   when it is large enough, see [`Sealer`]), makes it read-only for good and returns it as a
+//!   [`Bytes`] owned by that mapping. While the mapping lives, a process-wide registry holds its
+//!   address range.
 //! - [`find`] answers, for any byte slice about to be written to a socket, whether it lies in a
 //!   live sealed mapping ([`Sealed`]): the runtimes' connection writers call it and send such a
 //!   slice with their connection's [`SealedSender`] (`vmsplice(2)` into a pipe, `splice(2)` on
 //!   to the socket: the pages are referenced, never copied); everything else is written as usual.
-//! - [`SealingStore`] is the cache store the runtimes give the core ([`pdbmux_core::Estate::with_store`]):
-//!   the core's memory store, with bodies of at least [`SEAL_THRESHOLD`] bytes sealed when stored.
-//!   The runtimes seal a flight's answer on the flight's task ([`Sealer::seal_flight_answer`]) before the
-//!   estate stores it, so the store finds it sealed already and the estate's lock is not held
-//!   while a body is copied.
+//! - [`SealingStore`] is the cache store the runtimes give the core
+//!   ([`pdbmux_core::Estate::with_store`]): the core's memory store, with bodies of at least
+//!   [`SEAL_THRESHOLD`] bytes sealed when stored. The runtimes seal a flight's answer
+//!   ([`Sealer::seal_flight_answer`], on their blocking pool) before the estate stores it, so
+//!   the store finds it sealed already and the estate's lock is not held while a body is copied.
 //!
 //! Why not a memfd and `sendfile`: the kernel reads a memfd (shared memory) for `sendfile` one
 //! 4 KiB page at a time with a page-cache lookup and lock each, which cost a 1 MiB hit more
 //! CPU than nginx spends sending its file; `vmsplice` takes the pages straight from the
-//! mapping's page tables. See bench/README.md, figure 3.
+//! mapping's page tables, and from huge pages once per 2 MiB. See bench/README.md, figure 3.
 //!
-//! On other platforms than Linux nothing is sealed: [`Sealer::seal`] returns the body as it is and
-//! [`find`] never finds anything, so the runtimes' plain write path serves every byte.
+//! On other platforms than Linux nothing is sealed: [`Sealer::seal`] returns the body as it is
+//! and [`find`] never finds anything, so the runtimes' plain write path serves every byte.
 //!
 //! Every failure to seal (out of memory, out of mappings) keeps the heap body and is logged at
-//! debug: sealing is an optimisation, never a reason to fail.
+//! debug, and a send that cannot have a pipe copies instead: sealing is an optimisation, never a
+//! reason to fail.
 
 #![deny(unsafe_code)]
 
@@ -196,9 +198,9 @@ impl Sealer {
     }
 }
 
-/// `slice` as a [`Sealed`] when it lies inside a live sealed mapping (made by [`Sealer::seal`]); `None`
-/// for an empty slice and for any other memory. Cheap when no sealed body is alive (one atomic
-/// load); otherwise one short lock of the registry.
+/// `slice` as a [`Sealed`] when it lies inside a live sealed mapping (made by [`Sealer::seal`]);
+/// `None` for an empty slice and for any other memory. Cheap when no sealed body is alive (one
+/// atomic load); otherwise one short lock of the registry.
 pub fn find(slice: &[u8]) -> Option<Sealed<'_>> {
     imp::find(slice)
 }

@@ -1,6 +1,7 @@
 //! The Linux implementation: sealed bodies in read-only anonymous mappings (in transparent huge
-//! pages where the [`crate::Sealer`] chose them), the registry of live ones, and the pipe through which a connection moves their pages to its socket with
-//! `vmsplice(2)` and `splice(2)`.
+//! pages where the [`crate::Sealer`] chose them), the registry of live ones, and the pipes
+//! through which a connection moves their pages to its socket with `vmsplice(2)` and
+//! `splice(2)`.
 
 use std::collections::BTreeMap;
 use std::io::{self, IoSlice};
@@ -20,7 +21,7 @@ use crate::{HugePages, PaddingClaim};
 /// and removed by its owner's `Drop` before the mapping goes away, so a range found here is
 /// mapped and can never change.
 static REGISTRY: Mutex<BTreeMap<usize, usize>> = Mutex::new(BTreeMap::new());
-/// How many entries `REGISTRY` has, so that [`find`] skips the lock when there are none.
+/// How many entries `REGISTRY` has, so that [`crate::find`] skips the lock when there are none.
 static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 /// The capacities a new pipe asks for, in turn: with 2 MiB a body of up to 2 MiB takes one
@@ -44,7 +45,7 @@ fn registry() -> MutexGuard<'static, BTreeMap<usize, usize>> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// A slice [`find`] found inside a live sealed mapping: what [`SealedSender::send`] may hand to
+/// A slice [`crate::find`] found inside a live sealed mapping: what [`SealedSender::send`] may hand to
 /// the kernel by reference. It borrows the slice, so the mapping outlives it.
 #[derive(Debug, Clone, Copy)]
 pub struct Sealed<'a> {
@@ -57,7 +58,7 @@ impl Sealed<'_> {
         self.bytes.len()
     }
 
-    /// Whether this part is empty ([`find`] never returns one that is).
+    /// Whether this part is empty ([`crate::find`] never returns one that is).
     pub fn is_empty(&self) -> bool {
         self.bytes.is_empty()
     }

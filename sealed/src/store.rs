@@ -7,9 +7,9 @@ use pdbmux_core::cache::{CacheStore, CachedResponse, MemoryStore, StoreStats};
 use crate::{Sealer, SEAL_THRESHOLD};
 
 /// [`MemoryStore`] (the same budget, eviction and counters), except that a body of at least
-/// [`SEAL_THRESHOLD`] bytes is stored sealed ([`Sealer::seal`]), so that hits and stale serves of it
-/// are sent from the sealed mapping. A body the runtime sealed already ([`Sealer::seal_flight_answer`])
-/// is stored as it is.
+/// [`SEAL_THRESHOLD`] bytes is stored sealed ([`Sealer::seal`]), so that hits and stale serves of
+/// it are sent from the sealed mapping. A body the runtime sealed already
+/// ([`Sealer::seal_flight_answer`]) is stored as it is.
 #[derive(Debug)]
 pub struct SealingStore {
     inner: MemoryStore,
