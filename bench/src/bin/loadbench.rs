@@ -663,8 +663,8 @@ fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
     std::fs::write(root.join("pdb/query/v4/facts"), &body)?;
     let nginx_port = free_port()?;
     let nginx_addr: SocketAddr = format!("127.0.0.1:{nginx_port}").parse()?;
-    // A second server block without sendfile: the same copy from user memory that pdbmux does,
-    // an informative row only.
+    // A second server block without sendfile: a copy from user memory for every response, as
+    // pdbmux writes bodies it has not sealed (under 256 KiB); an informative row only.
     let copy_addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let conf = dir.join("nginx.conf");
     std::fs::write(
@@ -794,7 +794,7 @@ fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
         "nginx, sendfile off (info)",
         &copy_load,
         None,
-        "(reads the file into user memory and writes it, as pdbmux writes its stored bytes)",
+        "(reads the file into user memory and writes it, as pdbmux writes unsealed bodies)",
     );
     let ratio = hits.rps() / static_load.rps().max(1e-9);
     let rounds: Vec<String> = hit_runs
