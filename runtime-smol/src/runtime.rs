@@ -67,7 +67,7 @@ impl pdbmux_driver::Runtime for Smol {
     }
 
     fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) -> SmolTask {
-        SmolTask(spawn_guarded(&self.executor, "estate", future))
+        SmolTask(spawn_guarded(&self.executor, "estate host", future))
     }
 
     async fn unblock<T: Send + 'static>(&self, work: impl FnOnce() -> T + Send + 'static) -> T {
@@ -86,7 +86,7 @@ pub fn spawn_guarded<T: Send + 'static>(
         match AssertUnwindSafe(future).catch_unwind().await {
             Ok(value) => Some(value),
             Err(_) => {
-                tracing::error!("a {what} task panicked");
+                tracing::error!("{what} task panicked");
                 None
             }
         }
