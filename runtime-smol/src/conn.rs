@@ -12,6 +12,7 @@
 //! GET only, so request bodies are never read: a declared length is skipped after the answer,
 //! anything else closes the connection.
 
+use std::future::Future;
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsFd;
@@ -34,6 +35,10 @@ use crate::service::{self, Answer};
 
 /// How long a client may take to send a request's head (also the keep-alive idle limit).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a write may wait while the client takes no bytes before the connection is dropped
+/// (nginx's `send_timeout`): a client that stops reading cannot hold its connection, buffers and
+/// pipe for ever, and one that keeps reading, however slowly, is never cut.
+const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most head bytes buffered. The core refuses targets over 8 KiB (414) and header blocks
 /// over 16 KiB (431); a head past this is refused here the same way (as hyper's buffer limit).
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -343,7 +348,6 @@ async fn write(
     };
     let mut encoder = async_h1::server::Encoder::new(wire, method);
     let mut buffer = vec![0u8; WRITE_BUFFER];
-    let mut writer = stream;
     loop {
         let mut filled = encoder.read(&mut buffer).await?;
         if filled == 0 {
@@ -359,18 +363,43 @@ async fn write(
                 }
                 Some(Ok(n)) => filled += n,
                 Some(Err(error)) => {
-                    writer.write_all(&buffer[..filled]).await?;
+                    write_all(stream, &buffer[..filled]).await?;
                     return Err(error);
                 }
                 None => break,
             }
         }
-        writer.write_all(&buffer[..filled]).await?;
+        write_all(stream, &buffer[..filled]).await?;
         if ended {
             break;
         }
     }
-    writer.flush().await
+    Ok(())
+}
+
+/// Fails with `TimedOut` when `write` has not completed within `timeout`. Each write given here
+/// completes as soon as the client takes some bytes, so this bounds how long it takes none.
+async fn within<T>(timeout: Duration, write: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+    let expired = async {
+        Timer::after(timeout).await;
+        Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the client took no bytes for {timeout:?}"),
+        ))
+    };
+    write.or(expired).await
+}
+
+/// Writes all of `bytes`, one `write` (and one send timeout) at a time.
+async fn write_all(mut stream: &Async<TcpStream>, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        let n = within(SEND_TIMEOUT, stream.write(bytes)).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        bytes = &bytes[n..];
+    }
+    Ok(())
 }
 
 /// Writes an answer whose body is sealed (a large cached body, see `pdbmux_sealed`): the head
@@ -390,26 +419,32 @@ async fn write_sealed(
     let mut written = 0;
     while written < head.len() {
         let rest = [io::IoSlice::new(&head[written..])];
-        let n = stream
-            .write_with(|socket| pdbmux_sealed::send_head(socket.as_fd(), &rest))
-            .await?;
+        let sent = stream.write_with(|socket| pdbmux_sealed::send_head(socket.as_fd(), &rest));
+        let n = within(SEND_TIMEOUT, sent).await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         written += n;
     }
     while !sealed.is_empty() {
-        let n = stream
-            .write_with(|socket| sender.send(socket.as_fd(), sealed))
-            .await?;
+        drain(stream, sender).await?;
+        let sent = stream.write_with(|socket| sender.send(socket.as_fd(), sealed));
+        let n = within(SEND_TIMEOUT, sent).await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         sealed.advance(n);
     }
-    stream
-        .write_with(|socket| sender.flush(socket.as_fd()))
-        .await
+    drain(stream, sender).await
+}
+
+/// Sends what `sender`'s pipe still holds, one `splice` (and one send timeout) at a time.
+async fn drain(stream: &Async<TcpStream>, sender: &mut SealedSender) -> io::Result<()> {
+    while sender.pending() > 0 {
+        let moved = stream.write_with(|socket| sender.flush_some(socket.as_fd()));
+        within(SEND_TIMEOUT, moved).await?;
+    }
+    Ok(())
 }
 
 /// Reads a streamed body whole (for an HTTP/1.0 client); a failure becomes a 502.
@@ -505,6 +540,27 @@ async fn linger_close(stream: &Async<TcpStream>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn a_write_the_client_takes_nothing_of_times_out() {
+        smol::block_on(async {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let _silent = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+            let stream = Async::new(listener.accept().unwrap().0).unwrap();
+            let chunk = vec![1u8; 64 * 1024];
+            let timeout = Duration::from_millis(300);
+            let started = Instant::now();
+            // Writes go through until the buffers are full; then one waits, and times out.
+            let error = loop {
+                if let Err(error) = within(timeout, (&stream).write(&chunk)).await {
+                    break error;
+                }
+            };
+            assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
+            assert!(started.elapsed() >= timeout);
+        });
+    }
 
     fn complete(bytes: &str) -> (Head, usize) {
         match parse_head(bytes.as_bytes()) {

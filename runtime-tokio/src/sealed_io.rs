@@ -14,17 +14,25 @@
 //! again with the same slice): hyper must not take a response as written while part of it is
 //! in a pipe that would be closed with the connection. Slices not in a sealed mapping go
 //! through the plain vectored write.
+//!
+//! Writes are bounded by a send timeout: when the client has taken no bytes for that long while
+//! a write waits, the write fails with `TimedOut` and hyper drops the connection (nginx's
+//! `send_timeout`), so that a client that stops reading cannot hold its connection, buffers and
+//! pipe for ever. A client that keeps taking bytes, however slowly, is never cut.
 
+use std::future::Future;
 use std::io::{self, IoSlice};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
+use std::time::Duration;
 
 use pdbmux_sealed::{Sealed, SealedSender};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::Sleep;
 
 /// What a connection sent which way (for tests and debug logs).
 #[derive(Debug, Default)]
@@ -46,6 +54,10 @@ pub struct SealedIo {
     /// A sealed send that took bytes the pipe still holds: the address its slice starts at (only
     /// compared with the next call's) and the count to report once the pipe is empty.
     unreported: Option<(usize, usize)>,
+    send_timeout: Duration,
+    /// Armed when a write starts waiting for the client, disarmed when one completes.
+    stall: Option<Pin<Box<Sleep>>>,
+    stalled: bool,
     counts: Arc<WriteCounts>,
 }
 
@@ -67,14 +79,53 @@ fn poll_socket<T>(
 }
 
 impl SealedIo {
-    /// Wraps an accepted connection.
-    pub fn new(stream: TcpStream) -> SealedIo {
+    /// Wraps an accepted connection whose writes may each wait `send_timeout` for the client.
+    pub fn new(stream: TcpStream, send_timeout: Duration) -> SealedIo {
         SealedIo {
             stream,
             sender: SealedSender::new(),
             unreported: None,
+            send_timeout,
+            stall: None,
+            stalled: false,
             counts: Arc::default(),
         }
+    }
+
+    /// Bytes handed to the socket so far (written, or spliced out of the pipe).
+    fn sent(&self) -> u64 {
+        let handed = self.counts.written_bytes.load(Ordering::Relaxed)
+            + self.counts.sealed_bytes.load(Ordering::Relaxed);
+        handed.saturating_sub(self.sender.pending() as u64)
+    }
+
+    /// `poll` as it is, except that a write left waiting while the client takes no bytes (none
+    /// handed to the socket since `sent_before`, nor since the wait began) for the send timeout
+    /// becomes a `TimedOut` error.
+    fn bounded<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        sent_before: u64,
+        poll: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if poll.is_ready() {
+            self.stalled = false;
+            return poll;
+        }
+        let deadline = tokio::time::Instant::now() + self.send_timeout;
+        let restart = !self.stalled || self.sent() != sent_before;
+        self.stalled = true;
+        let stall = self
+            .stall
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        if restart {
+            stall.as_mut().reset(deadline);
+        }
+        ready!(stall.as_mut().poll(cx));
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("the client took no bytes for {:?}", self.send_timeout),
+        )))
     }
 
     /// This connection's counters (shared: they keep counting after the stream moves into hyper;
@@ -175,6 +226,38 @@ impl AsyncWrite for SealedIo {
         cx: &mut Context<'_>,
         bufs: &[IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        let before = self.sent();
+        let written = self.poll_write_unbounded(cx, bufs);
+        self.bounded(cx, before, written)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        // hyper then queues body `Bytes` instead of copying them into its own buffer, so a
+        // sealed body reaches poll_write_vectored as a slice of its mapping.
+        true
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let before = self.sent();
+        let flushed = self.poll_pending(cx);
+        self.bounded(cx, before, flushed)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let before = self.sent();
+        let flushed = self.poll_pending(cx);
+        ready!(self.bounded(cx, before, flushed))?;
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
+impl SealedIo {
+    /// A vectored write as the module docs describe it, without the send timeout.
+    fn poll_write_unbounded(
+        &mut self,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
         if self.unreported.is_some() {
             let at = bufs.first().map_or(0, |buf| buf.as_ptr() as usize);
             return self.poll_unreported(cx, at);
@@ -201,22 +284,6 @@ impl AsyncWrite for SealedIo {
             .written_bytes
             .fetch_add(written as u64, Ordering::Relaxed);
         Poll::Ready(Ok(written))
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        // hyper then queues body `Bytes` instead of copying them into its own buffer, so a
-        // sealed body reaches poll_write_vectored as a slice of its mapping.
-        true
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.poll_pending(cx))?;
-        Pin::new(&mut self.stream).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        ready!(self.poll_pending(cx))?;
-        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -253,7 +320,7 @@ mod tests {
     /// returns the connection's counters once it is closed.
     async fn serve_one(listener: TcpListener, body: Bytes) -> Arc<WriteCounts> {
         let (stream, _) = listener.accept().await.unwrap();
-        let io = SealedIo::new(stream);
+        let io = SealedIo::new(stream, Duration::from_secs(60));
         let counts = io.counts();
         let service = service_fn(move |_request| {
             let body = body.clone();
@@ -354,7 +421,7 @@ mod tests {
         let listener = small_buffer_listener();
         let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (stream, _) = listener.accept().await.unwrap();
-        let mut io = SealedIo::new(stream);
+        let mut io = SealedIo::new(stream, Duration::from_secs(60));
         let mut write = |buf: &[u8]| {
             let waker = std::task::Waker::noop();
             let mut cx = Context::from_waker(waker);
@@ -382,6 +449,59 @@ mod tests {
         assert!(
             received == original[..taken],
             "the bytes reported are the bytes sent"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_client_that_takes_no_bytes_is_timed_out_and_a_slow_one_is_not() {
+        use tokio::io::AsyncWriteExt;
+        let timeout = Duration::from_millis(300);
+        let listener = small_buffer_listener();
+        let addr = listener.local_addr().unwrap();
+
+        // Never reads: the buffers fill, then the write fails once it has waited `timeout`.
+        let _silent = std::net::TcpStream::connect(addr).unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut io = SealedIo::new(stream, timeout);
+        let chunk = vec![7u8; 64 * 1024];
+        let started = std::time::Instant::now();
+        let error = loop {
+            if let Err(error) = io.write(&chunk).await {
+                break error;
+            }
+        };
+        let waited = started.elapsed();
+        assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
+        assert!(
+            waited >= timeout && waited < timeout + Duration::from_secs(5),
+            "{waited:?}"
+        );
+
+        // Reads 16 KiB every 5 ms: 1 MiB takes longer than the timeout in all, but no write
+        // waits that long (on loopback the window opens in steps of up to 64 KiB), so it goes
+        // through whole.
+        let mut slow = std::net::TcpStream::connect(addr).unwrap();
+        let (stream, _) = listener.accept().await.unwrap();
+        let mut io = SealedIo::new(stream, timeout);
+        let reader = std::thread::spawn(move || {
+            let mut received = Vec::new();
+            let mut buf = [0u8; 16 * 1024];
+            while received.len() < 1024 * 1024 {
+                let read = slow.read(&mut buf).unwrap();
+                assert!(read > 0, "closed early");
+                received.extend_from_slice(&buf[..read]);
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            received
+        });
+        let body = pattern(1024 * 1024);
+        let started = std::time::Instant::now();
+        io.write_all(&body).await.expect("a slow reader is served");
+        io.flush().await.unwrap();
+        assert!(reader.join().unwrap() == body);
+        assert!(
+            started.elapsed() > timeout,
+            "the whole took longer than one wait may"
         );
     }
 

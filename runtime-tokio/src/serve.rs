@@ -22,6 +22,9 @@ use crate::upstream::Upstreams;
 
 /// How long a client may take to send a request's headers (also the keep-alive idle limit).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a write may wait for the client to take any bytes before the connection is dropped
+/// (nginx's `send_timeout`).
+const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Extra time in-flight requests get after the upstream timeout when shutting down.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
@@ -99,7 +102,7 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                 };
                 let _ = stream.set_nodelay(true);
                 let host = Arc::clone(&host);
-                let io = SealedIo::new(stream);
+                let io = SealedIo::new(stream, SEND_TIMEOUT);
                 let counts = io.counts();
                 let connection = http.serve_connection(
                     TokioIo::new(io),

@@ -300,24 +300,38 @@ impl SealedSender {
     /// Moves the pipe's pending bytes to the non-blocking `socket`: `Ok` once none are left,
     /// `WouldBlock` when the socket's buffer is full (wait for writability and call again).
     pub fn flush(&mut self, socket: BorrowedFd<'_>) -> io::Result<()> {
-        if let Some(pipe) = &self.pipe {
-            while self.pending > 0 {
-                let moved = rustix::pipe::splice(
-                    &pipe.read,
-                    None,
-                    socket,
-                    None,
-                    self.pending,
-                    SpliceFlags::NONBLOCK,
-                )?;
-                if moved == 0 {
-                    return Err(io::ErrorKind::WriteZero.into());
-                }
-                self.pending -= moved;
-            }
+        while self.pending > 0 {
+            self.flush_some(socket)?;
         }
         self.release_if_empty();
         Ok(())
+    }
+
+    /// Moves what the non-blocking `socket` takes now of the pipe's pending bytes, with one
+    /// `splice`: the count (0 when nothing is pending), or `WouldBlock` when it takes none. For
+    /// a caller that wants to see each step's progress (a send timeout).
+    pub fn flush_some(&mut self, socket: BorrowedFd<'_>) -> io::Result<usize> {
+        let Some(pipe) = &self.pipe else {
+            return Ok(0);
+        };
+        if self.pending == 0 {
+            self.release_if_empty();
+            return Ok(0);
+        }
+        let moved = rustix::pipe::splice(
+            &pipe.read,
+            None,
+            socket,
+            None,
+            self.pending,
+            SpliceFlags::NONBLOCK,
+        )?;
+        if moved == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        self.pending -= moved;
+        self.release_if_empty();
+        Ok(moved)
     }
 
     /// Sends the start of `sealed` to the non-blocking `socket`: flushes what is pending first

@@ -51,6 +51,11 @@ impl SealedSender {
         Ok(())
     }
 
+    /// Nothing is ever pending.
+    pub fn flush_some(&mut self, _socket: BorrowedFd<'_>) -> io::Result<usize> {
+        Ok(0)
+    }
+
     /// Unsupported here.
     pub fn send(&mut self, _socket: BorrowedFd<'_>, _sealed: Sealed<'_>) -> io::Result<usize> {
         Err(io::Error::new(
