@@ -1,5 +1,5 @@
 //! The client connection's byte stream: a tokio `TcpStream` that sends sealed cache bodies by
-//! reference, through the connection's pipe ([`SealedSender`]).
+//! reference, through a pipe it borrows while the pipe holds bytes ([`SealedSender`]).
 //!
 //! hyper's HTTP/1 writer queues a response body's `Bytes` as they are (no copy into its own
 //! buffer) when the IO says it writes vectored, and hands them to `poll_write_vectored` behind
