@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use http::HeaderValue;
 
-use crate::cache::{self, Cache, CacheStatus, CacheStore, Lookup, MemoryStore};
+use crate::cache::{self, Cache, CacheStatus, Lookup, MemoryStore};
 use crate::clock::ClockAnchor;
 use crate::config::Config;
 use crate::exchange::{Exchange, Prepared};
@@ -121,17 +121,13 @@ impl Estate {
     /// A fresh estate for this configuration, caching in a [`MemoryStore`] of
     /// `facts_cache_bytes`. `clock` maps instants to wall time for `/healthz`.
     pub fn new(config: Config, clock: ClockAnchor) -> Estate {
-        let store = Box::new(MemoryStore::new(config.facts_cache_bytes));
-        Estate::with_store(config, clock, store)
-    }
-
-    /// As [`Estate::new`], caching merged answers in `store` instead: how a runtime chooses where
-    /// stored bodies live (both runtimes keep large ones in sealed memory they can hand to the
-    /// kernel, see the `pdbmux-sealed` crate). `store` is expected to keep `facts_cache_bytes`; it is dropped unused when
-    /// `facts_ttl` is zero (no cache). Call it once, at start, like `new`.
-    pub fn with_store(config: Config, clock: ClockAnchor, store: Box<dyn CacheStore>) -> Estate {
         let backends = config.backends.len();
-        let cache = (!config.facts_ttl.is_zero()).then(|| Cache::new(store, config.facts_ttl));
+        let cache = (!config.facts_ttl.is_zero()).then(|| {
+            Cache::new(
+                Box::new(MemoryStore::new(config.facts_cache_bytes)),
+                config.facts_ttl,
+            )
+        });
         let health = HealthTable::new(clock.instant, ProbeSettings::from_config(&config), backends);
         Estate {
             health,

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_signal::{Signal, Signals};
 use pdbmux_cli::Settings;
 use pdbmux_core::{ClockAnchor, Estate};
-use pdbmux_sealed::SealingStore;
+use pdbmux_sealed::Sealer;
 use smol::channel;
 use smol::future::FutureExt;
 use smol::stream::StreamExt;
@@ -89,9 +89,8 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
         instant: std::time::Instant::now(),
         wall: std::time::SystemTime::now(),
     };
-    let store = SealingStore::new(config.facts_cache_bytes);
-    let sealer = store.sealer();
-    let estate = Estate::with_store(config, clock, Box::new(store));
+    let sealer = Sealer::new(config.facts_cache_bytes);
+    let estate = Estate::new(config, clock);
     let host = Host::new(estate, sealer, Smol::new(upstreams, Arc::clone(&executor)));
     let driver = host.spawn_driver();
     // `closing` is dropped when shutdown starts; every connection holds a clone of `open`.

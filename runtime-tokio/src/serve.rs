@@ -1,7 +1,7 @@
 //! The listener: HTTP/1.1 with keep-alive and a header-read timeout, graceful shutdown on SIGTERM
 //! or SIGINT (stop accepting, let in-flight requests finish for up to `timeout` + 5 s, exit 0).
-//! Large cached bodies are stored sealed ([`SealingStore`]) and sent by reference by each
-//! connection's [`SealedIo`].
+//! Large cached bodies are sealed ([`Sealer`]) and sent by reference by each connection's
+//! [`SealedIo`].
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -12,7 +12,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use pdbmux_cli::Settings;
 use pdbmux_core::{ClockAnchor, Estate};
-use pdbmux_sealed::SealingStore;
+use pdbmux_sealed::Sealer;
 use tokio::net::TcpListener;
 
 use crate::runtime::{Host, Tokio};
@@ -76,9 +76,8 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
         instant: std::time::Instant::now(),
         wall: std::time::SystemTime::now(),
     };
-    let store = SealingStore::new(config.facts_cache_bytes);
-    let sealer = store.sealer();
-    let estate = Estate::with_store(config, clock, Box::new(store));
+    let sealer = Sealer::new(config.facts_cache_bytes);
+    let estate = Estate::new(config, clock);
     let host = Host::new(estate, sealer, Tokio::new(upstreams));
     let driver = host.spawn_driver();
     let graceful = GracefulShutdown::new();

@@ -12,11 +12,10 @@
 //!   live sealed mapping ([`Sealed`]): the runtimes' connection writers call it and send such a
 //!   slice with their connection's [`SealedSender`] (`vmsplice(2)` into a pipe, `splice(2)` on
 //!   to the socket: the pages are referenced, never copied); everything else is written as usual.
-//! - [`SealingStore`] is the cache store the runtimes give the core
-//!   ([`pdbmux_core::Estate::with_store`]): the core's memory store, with bodies of at least
-//!   [`SEAL_THRESHOLD`] bytes sealed when stored. The runtimes seal a flight's answer
-//!   ([`Sealer::seal_flight_answer`], on their blocking pool) before the estate stores it, so
-//!   the store finds it sealed already and the estate's lock is not held while a body is copied.
+//! - The runtimes seal a flight's answer ([`Sealer::seal_flight_answer`], on their blocking
+//!   pool) before handing it to the estate, which stores it in the core's memory store as it
+//!   is: every cached body comes from a flight, so it is sealed once, off the estate's lock,
+//!   and the miss goes out from the sealed mapping too.
 //!
 //! Why not a memfd and `sendfile`: the kernel reads a memfd (shared memory) for `sendfile` one
 //! 4 KiB page at a time with a page-cache lookup and lock each, which cost a 1 MiB hit more
@@ -36,7 +35,6 @@
 mod linux;
 #[cfg(not(target_os = "linux"))]
 mod other;
-mod store;
 
 #[cfg(target_os = "linux")]
 use linux as imp;
@@ -49,7 +47,6 @@ use std::sync::Arc;
 use bytes::Bytes;
 
 pub use imp::{send_head, Sealed, SealedSender};
-pub use store::SealingStore;
 
 /// Bodies at least this long are sealed when stored. Below it the copy a sealed send saves is
 /// small beside the syscalls it costs (mmap, mprotect, and per response a separate write of the
@@ -70,6 +67,8 @@ pub const SEAL_THRESHOLD: usize = 256 * 1024;
 /// is sealed in ordinary pages. Clones share the padding count.
 #[derive(Debug, Clone)]
 pub struct Sealer {
+    /// The cache's budget (`facts_cache_bytes`): a larger body is not stored, so not sealed.
+    budget: u64,
     padding: Arc<Padding>,
 }
 
@@ -112,6 +111,7 @@ impl Sealer {
 
     fn with_huge_page(budget: u64, huge_page: Option<usize>) -> Sealer {
         Sealer {
+            budget,
             padding: Arc::new(Padding {
                 huge_page,
                 allowance: usize::try_from(budget / 4).unwrap_or(usize::MAX),
@@ -174,18 +174,21 @@ impl Sealer {
         }
     }
 
-    /// Whether [`Sealer::seal_flight_answer`] would seal `response`'s body: a success, whole,
-    /// at least [`SEAL_THRESHOLD`] long and not sealed yet. The runtimes seal only such answers
-    /// off their worker threads.
+    /// Whether [`Sealer::seal_flight_answer`] would seal `response`'s body: a success (what the
+    /// cache stores), whole, at least [`SEAL_THRESHOLD`] long, within the cache's budget (a
+    /// larger body is not stored) and not sealed yet. The runtimes seal only such answers off
+    /// their worker threads.
     pub fn is_worth_sealing(&self, response: &pdbmux_core::Response) -> bool {
         matches!(&response.body, pdbmux_core::ResponseBody::Full(body)
-            if response.status.is_success() && body.len() >= SEAL_THRESHOLD && find(body).is_none())
+            if response.status.is_success()
+                && body.len() >= SEAL_THRESHOLD
+                && body.len() as u64 <= self.budget
+                && find(body).is_none())
     }
 
     /// A flight's answer, its body sealed when it is worth it ([`Sealer::is_worth_sealing`]),
-    /// so that the cache stores it as it is ([`SealingStore`] does not seal a body twice) and
-    /// the sealing happens before the estate's lock is taken; the miss is then sent from the
-    /// sealed mapping too. The runtimes call it when a flight's exchange has answered, on a
+    /// before the estate stores it (as it is); the miss is then sent from the sealed mapping
+    /// too. The runtimes call it when a flight's exchange has answered, on a
     /// thread that may block: copying a large body and faulting in huge pages can make the
     /// kernel compact memory.
     pub fn seal_flight_answer(&self, mut response: pdbmux_core::Response) -> pdbmux_core::Response {
@@ -206,8 +209,10 @@ pub fn find(slice: &[u8]) -> Option<Sealed<'_>> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
+#[allow(clippy::unwrap_used, clippy::disallowed_methods)]
 mod tests {
+    use pdbmux_core::cache::CacheStore;
+
     use super::*;
 
     const HUGE: usize = 2 << 20;
@@ -249,6 +254,46 @@ mod tests {
         assert_eq!(sealer.padding(), HUGE / 2, "given back with the mapping");
         drop(second);
         assert_eq!(sealer.padding(), 0);
+    }
+
+    #[test]
+    fn a_flight_answer_is_sealed_when_the_cache_would_keep_it() {
+        let large: Vec<u8> = (0..SEAL_THRESHOLD).map(|i| (i % 251) as u8).collect();
+        let answer = |status: http::StatusCode, body: &[u8]| pdbmux_core::Response {
+            status,
+            headers: http::HeaderMap::new(),
+            body: pdbmux_core::ResponseBody::Full(Bytes::copy_from_slice(body)),
+        };
+        let body_of = |response: &pdbmux_core::Response| match &response.body {
+            pdbmux_core::ResponseBody::Full(body) => body.clone(),
+            other => panic!("unexpected body {other:?}"),
+        };
+        let sealer = Sealer::new(4 << 20);
+        let sealed = body_of(&sealer.seal_flight_answer(answer(http::StatusCode::OK, &large)));
+        assert_eq!(&sealed[..], &large[..]);
+        assert_eq!(find(&sealed).is_some(), cfg!(target_os = "linux"));
+        // Errors and small bodies stay on the heap.
+        let error = sealer.seal_flight_answer(answer(http::StatusCode::BAD_GATEWAY, &large));
+        assert!(find(&body_of(&error)).is_none());
+        let small = sealer.seal_flight_answer(answer(http::StatusCode::OK, b"[]"));
+        assert!(find(&body_of(&small)).is_none());
+        // A body over the cache's budget is not stored, so not sealed either.
+        let tight = Sealer::new(SEAL_THRESHOLD as u64 - 1);
+        let over = tight.seal_flight_answer(answer(http::StatusCode::OK, &large));
+        assert!(find(&body_of(&over)).is_none());
+        // The core's store keeps the sealed body it is given, as it is.
+        let mut store = pdbmux_core::cache::MemoryStore::new(4 << 20);
+        store.put(
+            "k".into(),
+            pdbmux_core::cache::CachedResponse {
+                body: sealed.clone(),
+                headers: http::HeaderMap::new(),
+                stored_at: std::time::Instant::now(),
+            },
+        );
+        let kept = store.get("k").expect("stored");
+        assert_eq!(kept.body.as_ptr(), sealed.as_ptr());
+        assert_eq!(find(&kept.body).is_some(), cfg!(target_os = "linux"));
     }
 
     #[test]
