@@ -52,21 +52,6 @@ pub struct Cacheable {
     pub value_filter: Option<String>,
 }
 
-/// Decides whether a classified request is cached, and under which key.
-///
-/// The key is the path plus every query parameter, decoded and re-encoded, keys sorted ascending
-/// and a repeated parameter's values sorted too, so parameter order never splits entries. The
-/// provenance drilldown `/facts/<source_fact>/<value>` keys without its `<value>`: every value
-/// shares the one record set.
-pub fn cacheable(
-    route: &Route,
-    path: &str,
-    raw_query: Option<&str>,
-    source_fact: &str,
-) -> Option<Cacheable> {
-    cache_key(route, path, raw_query, source_fact).filter(|_| !is_aggregate(raw_query))
-}
-
 /// Whether a query takes the combining branch (an extract with a function column): such answers
 /// are never cached. Parses the query, so call it only when a fresh entry did not answer.
 pub fn is_aggregate(raw_query: Option<&str>) -> bool {
@@ -76,9 +61,15 @@ pub fn is_aggregate(raw_query: Option<&str>) -> bool {
         .is_some_and(|ast| analyze(ast).has_function_column())
 }
 
-/// The key a cached-path request would be stored under, from the route and the parameters alone
-/// (no query analysis): what a lookup needs, so a hit does no JSON work. An aggregate gets a key
-/// too, but nothing is ever stored under it ([`is_aggregate`]).
+/// The key a cached-path request is stored under (`None` for a path that is never cached), from
+/// the route and the parameters alone (no query analysis): what a lookup needs, so a hit does
+/// no JSON work. An aggregate gets a key too, but nothing is ever stored under it
+/// ([`is_aggregate`]).
+///
+/// The key is the path plus every query parameter, decoded and re-encoded, keys sorted ascending
+/// and a repeated parameter's values sorted too, so parameter order never splits entries. The
+/// provenance drilldown `/facts/<source_fact>/<value>` keys without its `<value>`: every value
+/// shares the one record set.
 pub fn cache_key(
     route: &Route,
     path: &str,
@@ -239,7 +230,8 @@ mod tests {
     fn key(target: &str) -> Option<Cacheable> {
         let request = ClientRequest::get(target);
         let route = classify(&request).ok()?;
-        cacheable(&route, request.path(), request.query(), "pdbmux_source")
+        cache_key(&route, request.path(), request.query(), "pdbmux_source")
+            .filter(|_| !is_aggregate(request.query()))
     }
 
     #[test]
