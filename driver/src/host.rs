@@ -60,7 +60,7 @@ pub trait Task: Send + 'static {
 }
 
 /// What admitting a request gives ([`EstateHost::answer`] acts on it).
-pub enum Admitted<R: Runtime> {
+enum Admitted<R: Runtime> {
     /// Answer right away.
     Respond(Response),
     /// Drive this exchange on the request's own task.
@@ -71,7 +71,7 @@ pub enum Admitted<R: Runtime> {
 
 /// A client's place in the estate's queue: resolves to the estate's word. Dropping it before
 /// then (the client went away) tells the estate, so a flight nobody waits for is cancelled.
-pub struct WaitTicket<R: Runtime> {
+struct WaitTicket<R: Runtime> {
     host: Arc<EstateHost<R>>,
     waiter: WaiterId,
     receiver: Option<oneshot::Receiver<WaiterEvent>>,
@@ -79,7 +79,7 @@ pub struct WaitTicket<R: Runtime> {
 
 impl<R: Runtime> WaitTicket<R> {
     /// Waits for the estate's word; `None` when the estate is gone (shutting down).
-    pub async fn wait(mut self) -> Option<WaiterEvent> {
+    async fn wait(mut self) -> Option<WaiterEvent> {
         let receiver = self.receiver.take()?;
         receiver.await.ok()
     }
@@ -94,7 +94,7 @@ impl<R: Runtime> Drop for WaitTicket<R> {
 }
 
 /// What the estate tells a waiting request.
-pub enum WaiterEvent {
+enum WaiterEvent {
     /// Answer with this.
     Respond(Response),
     /// What the request waited for (a membership refresh) is ready: admit it again.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 mod host;
 
-pub use host::{Admitted, EstateHost, Runtime, Task, WaitTicket, WaiterEvent};
+pub use host::{EstateHost, Runtime, Task};
 
 use futures_util::future::{self, AbortHandle, Abortable, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};

@@ -19,7 +19,7 @@ pub type Host = pdbmux_driver::EstateHost<Smol>;
 
 /// smol's executor, with the upstream clients.
 pub struct Smol {
-    upstreams: Arc<Upstreams>,
+    upstreams: Upstreams,
     executor: Arc<Executor<'static>>,
 }
 
@@ -27,7 +27,7 @@ impl Smol {
     /// The runtime the host uses: tasks go to `executor`, upstream requests to `upstreams`.
     pub fn new(upstreams: Upstreams, executor: Arc<Executor<'static>>) -> Smol {
         Smol {
-            upstreams: Arc::new(upstreams),
+            upstreams,
             executor,
         }
     }
@@ -54,12 +54,8 @@ impl pdbmux_driver::Runtime for Smol {
     type Held = HeldBody;
     type Task = SmolTask;
 
-    fn send(
-        &self,
-        request: UpstreamRequest,
-    ) -> impl Future<Output = UpstreamResult<HeldBody>> + Send {
-        let upstreams = Arc::clone(&self.upstreams);
-        async move { upstreams.send(&request).await }
+    async fn send(&self, request: UpstreamRequest) -> UpstreamResult<HeldBody> {
+        self.upstreams.send(&request).await
     }
 
     async fn sleep_until(&self, deadline: Instant) {

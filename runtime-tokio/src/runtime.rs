@@ -2,7 +2,6 @@
 //! blocking pool (see [`pdbmux_driver::Runtime`]).
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Instant;
 
 use pdbmux_core::UpstreamRequest;
@@ -16,15 +15,13 @@ pub type Host = pdbmux_driver::EstateHost<Tokio>;
 
 /// tokio, with the upstream clients.
 pub struct Tokio {
-    upstreams: Arc<Upstreams>,
+    upstreams: Upstreams,
 }
 
 impl Tokio {
     /// The runtime the host uses, sending upstream requests with `upstreams`.
     pub fn new(upstreams: Upstreams) -> Tokio {
-        Tokio {
-            upstreams: Arc::new(upstreams),
-        }
+        Tokio { upstreams }
     }
 }
 
@@ -47,12 +44,8 @@ impl pdbmux_driver::Runtime for Tokio {
     type Held = HeldBody;
     type Task = TokioTask;
 
-    fn send(
-        &self,
-        request: UpstreamRequest,
-    ) -> impl Future<Output = UpstreamResult<HeldBody>> + Send {
-        let upstreams = Arc::clone(&self.upstreams);
-        async move { upstreams.send(&request).await }
+    async fn send(&self, request: UpstreamRequest) -> UpstreamResult<HeldBody> {
+        self.upstreams.send(&request).await
     }
 
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {
