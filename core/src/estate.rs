@@ -271,11 +271,10 @@ impl Estate {
             Err(waiter) => return Admission::Wait(waiter),
             Ok(ownership) => ownership,
         };
-        if cacheable.target != request.target {
+        if let Some(target) = cacheable.fan_out_target {
             // The provenance drilldown fetches the shared record set, without its value.
-            let fan_out_route =
-                classify(&ClientRequest::get(cacheable.target.clone())).unwrap_or(route);
-            prepared = Prepared::new(&fan_out_route, cacheable.target, &self.config);
+            let fan_out_route = classify(&ClientRequest::get(target.clone())).unwrap_or(route);
+            prepared = Prepared::new(&fan_out_route, target, &self.config);
         }
         let exchange = self.exchange(now, prepared, ownership);
         let flight = FlightId(self.flight_ids.next());

@@ -46,8 +46,9 @@ impl CacheStatus {
 pub struct Cacheable {
     /// The canonical key.
     pub key: String,
-    /// The fan-out target (the drilldown's `<value>` removed).
-    pub target: String,
+    /// For the provenance drilldown, the target to fan out to instead of the request's (its
+    /// `<value>` removed); `None` for every other request.
+    pub fan_out_target: Option<String>,
     /// `/facts/<source_fact>/<value>`: the value applied to the shared entry.
     pub value_filter: Option<String>,
 }
@@ -77,7 +78,7 @@ pub fn cache_key(
     source_fact: &str,
 ) -> Option<Cacheable> {
     let mut value_filter = None;
-    let mut path = path.to_owned();
+    let mut drilldown_path = None;
     match route {
         Route::Merged(Entity::Nodes | Entity::Facts | Entity::FactNames) => {}
         Route::FactsByName { name, value } => {
@@ -88,7 +89,7 @@ pub fn cache_key(
                         .decode_utf8_lossy()
                         .into_owned(),
                 );
-                path = format!("/pdb/query/v4/facts/{name}");
+                drilldown_path = Some(format!("/pdb/query/v4/facts/{name}"));
             }
         }
         _ => return None,
@@ -99,18 +100,19 @@ pub fn cache_key(
     let canonical = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(pairs)
         .finish();
+    let key_path = drilldown_path.as_deref().unwrap_or(path);
     let key = if canonical.is_empty() {
-        path.clone()
+        key_path.to_owned()
     } else {
-        format!("{path}?{canonical}")
+        format!("{key_path}?{canonical}")
     };
-    let target = match raw_query {
+    let fan_out_target = drilldown_path.map(|path| match raw_query {
         Some(query) => format!("{path}?{query}"),
         None => path,
-    };
+    });
     Some(Cacheable {
         key,
-        target,
+        fan_out_target,
         value_filter,
     })
 }
@@ -279,9 +281,13 @@ mod tests {
         assert_eq!(one.key, all.key);
         assert_eq!(other.key, all.key);
         assert_eq!(one.value_filter.as_deref(), Some("pdb-a"));
-        assert_eq!(one.target, "/pdb/query/v4/facts/pdbmux_source?query=%5B%5D");
+        assert_eq!(
+            one.fan_out_target.as_deref(),
+            Some("/pdb/query/v4/facts/pdbmux_source?query=%5B%5D")
+        );
         let kernel = key("/pdb/query/v4/facts/kernel/Linux").expect("cached");
         assert_eq!(kernel.value_filter, None);
+        assert_eq!(kernel.fan_out_target, None, "fans out to its own target");
         assert_eq!(kernel.key, "/pdb/query/v4/facts/kernel/Linux");
     }
 
