@@ -69,10 +69,13 @@ impl<'a> Nodes<'a> {
     }
 }
 
+/// The fields the merge reads from each record, in the pass that validates the body: what
+/// placing it needs, and every column a `/facts` request can order by, so that a sort key needs
+/// no second parse.
+const PICKED: [&str; 4] = ["certname", "name", "environment", "value"];
+
 pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
-    let (parsed, unusable) = match parse_answers_with(answers, |body| {
-        parse_picked(body, ["certname", "name", "environment"])
-    }) {
+    let (parsed, unusable) = match parse_answers_with(answers, |body| parse_picked(body, PICKED)) {
         Ok(parsed) => parsed,
         Err(unusable) => return Merged::nothing(unusable),
     };
@@ -89,7 +92,7 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
         // The raw certname of the record before, and its node.
         let mut previous: Option<(&str, usize)> = None;
         for record in records {
-            let [certname, name, _] = record.fields;
+            let [certname, name, _, _] = record.fields;
             let place = if drop_source && name.is_some_and(|name| is_str(name, source_fact)) {
                 dropped += 1;
                 Place::Dropped
@@ -176,12 +179,14 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
                 }
             }
             if upstream {
-                let fields = order.and_then(|_| Fields::of(record.text));
                 rows.push(Row::new(
                     backend.0,
                     Raw::Borrowed(record.text),
-                    fields.as_ref(),
                     order,
+                    |field| {
+                        let index = PICKED.iter().position(|picked| *picked == field)?;
+                        record.fields[index]
+                    },
                 ));
             }
             if let (Some(only), Some((node_index, environment))) = (synthetic, provenance_due) {
@@ -222,15 +227,8 @@ fn provenance_row(
 ) -> Option<Row<'static>> {
     let raw = synthetic_record(certname, source_fact, name, environment)?;
     let key = order.map(|order| {
-        let fields = Fields::of(raw.get())
-            .map(|f| owned_fields(&f))
-            .unwrap_or_default();
-        crate::sort::sort_key(order, |field| {
-            fields
-                .iter()
-                .find(|(key, _)| key == field)
-                .map(|(_, value)| value.as_ref())
-        })
+        let fields = Fields::of(raw.get());
+        crate::sort::sort_key(order, |field| fields.as_ref()?.raw(field))
     });
     Some(Row {
         backend,
@@ -255,14 +253,6 @@ fn synthetic_record(
         environment
     );
     RawValue::from_string(text).ok()
-}
-
-/// Copies a record's fields out of a borrow of its own text (the synthetic record owns it).
-fn owned_fields(fields: &Fields<'_>) -> Vec<(String, Box<RawValue>)> {
-    ["certname", "name", "value", "environment"]
-        .iter()
-        .filter_map(|key| Some(((*key).to_owned(), fields.raw(key)?.to_owned())))
-        .collect()
 }
 
 /// The provenance drilldown's filter on a shared `/facts/<source_fact>` record set: the records

@@ -29,12 +29,9 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
                 .as_ref()
                 .and_then(|f| f.raw("report_timestamp"))
                 .map(RawValue::get);
-            let row = Row::new(
-                backend.0,
-                Raw::Borrowed(record.get()),
-                fields.as_ref(),
-                order,
-            );
+            let row = Row::new(backend.0, Raw::Borrowed(record.get()), order, |name| {
+                fields.as_ref().and_then(|f| f.raw(name))
+            });
             let Some(certname) = certname else {
                 rows.push(Some((row, timestamp)));
                 continue;

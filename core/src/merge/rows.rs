@@ -5,7 +5,7 @@ use std::cmp::Ordering;
 
 use serde_json::value::RawValue;
 
-use crate::records::{write_array, Fields};
+use crate::records::write_array;
 use crate::sort::{self, OrderBy, SortKey};
 
 /// A record's raw JSON: borrowed from a backend's body, or built by pdbmux (a synthetic fact, a
@@ -35,17 +35,14 @@ pub(crate) struct Row<'a> {
 }
 
 impl<'a> Row<'a> {
-    /// A row, with its sort key when the request orders.
-    pub(crate) fn new(
+    /// A row, with its sort key when the request orders (`field` gives a field's raw value).
+    pub(crate) fn new<'f>(
         backend: usize,
         raw: Raw<'a>,
-        fields: Option<&Fields<'_>>,
         order: Option<&OrderBy>,
+        field: impl Fn(&str) -> Option<&'f RawValue>,
     ) -> Row<'a> {
-        let key = order.map(|order| match fields {
-            Some(fields) => sort::sort_key(order, |name| fields.raw(name)),
-            None => sort::sort_key(order, |_| None),
-        });
+        let key = order.map(|order| sort::sort_key(order, field));
         Row { backend, raw, key }
     }
 }

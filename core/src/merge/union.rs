@@ -65,8 +65,8 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
             rows.push(Row::new(
                 backend.0,
                 Raw::Borrowed(record.get()),
-                fields.as_ref(),
                 order,
+                |name| fields.as_ref().and_then(|f| f.raw(name)),
             ));
         }
     }
