@@ -19,8 +19,8 @@
 
 use http::Method;
 use pdbmux_conformance::{
-    excluded_certnames, fact_record, matches, ms, node_record, read_asking, sort_records, window,
-    Asked, Dir, FakeBackend, Harness, Machine, PuppetDb, SentRequest,
+    excluded_certnames, fact_record, form_encode, matches, ms, node_record, read_asking,
+    sort_records, window, Asked, Dir, FakeBackend, Harness, Machine, PuppetDb, SentRequest,
 };
 use pdbmux_core::config::MergeStrategy;
 use proptest::prelude::*;
@@ -275,23 +275,10 @@ fn fact_order() -> impl Strategy<Value = Vec<(&'static str, Dir)>> {
     prop_oneof![1 => Just(Vec::new()), 3 => ordered]
 }
 
-/// Form-encodes a parameter value.
-fn encode(value: &str) -> String {
-    value
-        .bytes()
-        .map(|byte| match byte {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                char::from(byte).to_string()
-            }
-            _ => format!("%{byte:02X}"),
-        })
-        .collect()
-}
-
 fn target(path: &str, query: Option<&Value>, paging: &Paging) -> String {
     let mut params = Vec::new();
     if let Some(query) = query {
-        params.push(format!("query={}", encode(&query.to_string())));
+        params.push(format!("query={}", form_encode(&query.to_string())));
     }
     if !paging.order_by.is_empty() {
         let fields: Vec<Value> = paging
@@ -301,7 +288,7 @@ fn target(path: &str, query: Option<&Value>, paging: &Paging) -> String {
             .collect();
         params.push(format!(
             "order_by={}",
-            encode(&Value::Array(fields).to_string())
+            form_encode(&Value::Array(fields).to_string())
         ));
     }
     if let Some(limit) = paging.limit {

@@ -76,9 +76,7 @@ impl MetricsPlan {
 
     /// Adds the membership snapshot the population MBeans are answered from.
     pub(crate) fn attach(&mut self, ownership: Option<Arc<Ownership>>) {
-        if ownership.is_some() {
-            self.ownership = ownership;
-        }
+        self.ownership = ownership;
     }
 
     /// Upstream requests per backend: the metrics request itself, plus the owned resource count
