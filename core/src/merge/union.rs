@@ -3,9 +3,9 @@
 
 use std::collections::HashSet;
 
-use super::rows::{sort_rows, Raw, Row};
+use super::rows::{Collected, Raw, Row};
 use super::{parse_answers, Answer, Merged, RecordPlan};
-use crate::records::{write_array, Fields};
+use crate::records::Fields;
 use crate::sort::{Direction, OrderBy, OrderField};
 
 /// What makes two records the same record.
@@ -39,7 +39,12 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
         (_, None) => None,
     };
     let mut seen: HashSet<String> = HashSet::new();
-    let mut rows: Vec<Row<'_>> = Vec::new();
+    let mut rows = Collected::new(
+        order,
+        plan.window,
+        parsed.iter().map(|(_, records)| records.len()).sum(),
+        answers.iter().map(|answer| answer.body.len()).sum(),
+    );
     for (backend, records) in &parsed {
         for record in records {
             let fields = Fields::of(record.get());
@@ -70,11 +75,7 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
             ));
         }
     }
-    let merged = rows.len();
-    sort_rows(&mut rows, order);
-    let rows = plan.window.apply(rows);
-    let capacity = rows.iter().map(|r| r.raw.get().len() + 1).sum();
-    let body = write_array(rows.iter().map(|r| r.raw.get()), capacity);
+    let (body, merged) = rows.finish(order, plan.window);
     let total = plan.total(merged, answers);
     Merged {
         response: Some(plan.respond(body, total)),
