@@ -34,7 +34,7 @@ use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::time::Sleep;
 
-/// What a connection sent which way (for tests and debug logs).
+/// What a connection sent which way: logged at debug when it ends, and read by tests.
 #[derive(Debug, Default)]
 pub struct WriteCounts {
     /// Bytes of sealed bodies sent (by reference through a pipe, or copied from the mapping

@@ -113,6 +113,7 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                     tracing::debug!(
                         %peer,
                         sealed_bytes = counts.sealed_bytes.load(Ordering::Relaxed),
+                        pipe_waits = counts.pipe_waits.load(Ordering::Relaxed),
                         written_bytes = counts.written_bytes.load(Ordering::Relaxed),
                         "connection ended{}",
                         ended.err().map_or_else(String::new, |error| format!(": {error}"))
