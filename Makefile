@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DIST  ?= dist
 
-.PHONY: help build test lint lint-core lint-portable e2e demo
+.PHONY: help build test lint lint-core lint-portable e2e demo bench-latency
 
 help:
 	@echo "make build   release binaries into $(DIST)/"
@@ -12,6 +12,7 @@ help:
 	@echo "make lint-portable   clippy of pdbmux-sealed for a non-Linux target (rustup adds its std)"
 	@echo "make e2e     end-to-end tests against two real PuppetDBs (installs them if missing)"
 	@echo "make demo    pdbmux and Puppetboard in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
+	@echo "make bench-latency   Puppetboard's questions through pdbmux against real PuppetDBs (bench/latency)"
 	@echo "make image   the container image (podman); make image-test checks it against real PuppetDBs"
 	@echo "make patch|minor|major   bump the version and tag it"
 
@@ -113,3 +114,6 @@ e2e:
 
 demo:
 	bash e2e/demo
+
+bench-latency:
+	bash bench/latency/run.sh

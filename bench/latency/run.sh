@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Latency against real PuppetDBs (issue 16's figure): for each overlap level, three PuppetDB 7.12.1
+# servers on loopback (started by e2e/run with a state dir of their own), a synthetic estate split
+# across two of them and whole in the third, pdbmux (release build, cache off) over the two, and
+# latency.py asking all four Puppetboard's questions in interleaved rounds.
+#
+#   bash bench/latency/run.sh                # 2,000 nodes at 20% and at 60% held by both
+#   NODES=500 OVERLAPS="0.2" ROUNDS=5 bash bench/latency/run.sh
+#   ONLY="overview" bash bench/latency/run.sh   # only questions whose name starts so
+#
+# Environment: NODES (2000), FACTS (150), OVERLAPS ("0.2 0.6"), ROUNDS (15), ONLY, PDBMUX_BIN
+# (default target/release/pdbmux, built here), KEEP=1 (leave the PuppetDBs running afterwards).
+# Loopback only; every process it starts is stopped before it exits unless KEEP=1.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+NODES=${NODES:-2000}
+FACTS=${FACTS:-150}
+OVERLAPS=${OVERLAPS:-0.2 0.6}
+ROUNDS=${ROUNDS:-15}
+STATE=${PDBMUX_BENCH_STATE:-$PWD/bench/.state}
+PORTS=${PDBMUX_BENCH_PORTS:-19080 19081 19443 19082}
+MUX_PORT=${PDBMUX_BENCH_LISTEN_PORT:-19900}
+
+if [[ -z ${PDBMUX_BIN:-} ]]; then
+  echo "bench: building pdbmux (release)" >&2
+  cargo build --release --locked -p pdbmux-runtime-tokio --bin pdbmux >&2
+  PDBMUX_BIN=target/release/pdbmux
+fi
+
+MUX_PID=""
+stop_all() {
+  [[ -n $MUX_PID ]] && kill "$MUX_PID" 2>/dev/null && wait "$MUX_PID" 2>/dev/null || true
+  MUX_PID=""
+  if [[ ${KEEP:-0} != 1 && -f $STATE/pids ]]; then
+    # shellcheck disable=SC2046
+    kill $(cat "$STATE/pids") 2>/dev/null || true
+    rm -f "$STATE/pids"
+  fi
+}
+trap stop_all EXIT
+
+for overlap in $OVERLAPS; do
+  echo "bench: $NODES nodes, $FACTS facts each, $overlap held by both: starting three PuppetDBs" >&2
+  stop_all
+  PDBMUX_E2E_STATE=$STATE PDBMUX_E2E_DB_PREFIX=pdbmux_bench PDBMUX_E2E_PORTS=$PORTS \
+    bash e2e/run --backends-only --no-fixture --no-puppetboard >"$STATE.log" 2>&1 ||
+    { tail -n 30 "$STATE.log" >&2; exit 1; }
+  # shellcheck disable=SC1091
+  source "$STATE/env.sh"
+  estate=$STATE/estate-$overlap.json
+  python3 bench/latency/estate.py --backends "$PDBMUX_E2E_BACKENDS" --union "$PDBMUX_E2E_UNION" \
+    --nodes "$NODES" --facts "$FACTS" --shared "$overlap" --out "$estate"
+  env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$PDBMUX_E2E_BACKENDS" \
+    PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_FACTS_TTL=0 PDBMUX_LOG_LEVEL=warn \
+    "$PDBMUX_BIN" serve >"$STATE/pdbmux.log" 2>&1 &
+  MUX_PID=$!
+  for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$MUX_PORT") 2>/dev/null && break; sleep 0.1; done
+  echo
+  echo "== $NODES nodes, $overlap held by both ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  python3 bench/latency/latency.py --estate "$estate" --pdbmux "http://127.0.0.1:$MUX_PORT" \
+    --rounds "$ROUNDS" ${ONLY:+--only "$ONLY"} --json "$STATE/latency-$overlap.json"
+done
