@@ -8,8 +8,8 @@ use bytes::Bytes;
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, BodyMode, ClientRequest, ClockAnchor, Estate, EstateOutput, Exchange,
-    ExchangeOutput, FlightId, Response, ResponseBody, UpstreamBody, UpstreamId, UpstreamRequest,
-    UpstreamResponse, WaiterId,
+    ExchangeOutput, FlightId, Planned, Response, ResponseBody, UpstreamBody, UpstreamId,
+    UpstreamRequest, UpstreamResponse, WaiterId,
 };
 
 use crate::error::HarnessError;
@@ -200,7 +200,8 @@ impl Harness {
             ));
         }
         self.log(line);
-        let admission = self.estate.admit(self.now, &request);
+        let planned = pdbmux_core::plan(&request, self.estate.config());
+        let admission = self.estate.admit(self.now, planned);
         self.clients.push(Client {
             request,
             submitted: self.elapsed(),
@@ -241,14 +242,13 @@ impl Harness {
     }
 
     /// The estate resumed a waiting client: admit its request again.
-    fn resume(&mut self, waiter: WaiterId) {
+    fn resume(&mut self, waiter: WaiterId, planned: Planned) {
         let Some(id) = self.waiters.remove(&waiter) else {
             return self.fail(HarnessError::UnknownWaiter(waiter.to_string()));
         };
         self.log(format!("{id} resume ({waiter})"));
         self.clients[id.0].waiter = None;
-        let request = self.clients[id.0].request.clone();
-        let admission = self.estate.readmit(self.now, &request);
+        let admission = self.estate.readmit(self.now, planned);
         self.admitted(id, admission);
     }
 
@@ -591,7 +591,7 @@ impl Harness {
                                 None => self.fail(HarnessError::UnknownWaiter(waiter.to_string())),
                             }
                         }
-                        EstateOutput::Resume { waiter } => self.resume(waiter),
+                        EstateOutput::Resume { waiter, planned } => self.resume(waiter, *planned),
                         EstateOutput::CancelFlight(flight) => self.cancel_flight(flight),
                     }
                 }
@@ -607,12 +607,12 @@ impl Harness {
                         ExchangeOutput::Send(request) => self.on_send(machine, request),
                         ExchangeOutput::Cancel(id) => self.on_cancel(machine, id),
                         ExchangeOutput::Respond(response) => {
-                            let round = self.clients[client.0]
+                            let report = self.clients[client.0]
                                 .exchange
                                 .as_ref()
-                                .and_then(Exchange::round);
-                            if let Some(round) = round {
-                                self.estate.handle_round(self.now, round);
+                                .map(Exchange::report);
+                            if let Some(report) = report {
+                                self.estate.handle_report(self.now, report);
                             }
                             self.record_response(client, response)
                         }
@@ -630,9 +630,8 @@ impl Harness {
                         ExchangeOutput::Send(request) => self.on_send(machine, request),
                         ExchangeOutput::Cancel(id) => self.on_cancel(machine, id),
                         ExchangeOutput::Respond(response) => {
-                            if let Some(round) = self.flights.get(&flight).and_then(Exchange::round)
-                            {
-                                self.estate.handle_round(self.now, round);
+                            if let Some(exchange) = self.flights.get(&flight) {
+                                self.estate.handle_report(self.now, exchange.report());
                             }
                             self.flights.remove(&flight);
                             self.log(format!("{flight} done: {}", response.status.as_u16()));
@@ -844,7 +843,7 @@ mod tests {
     #[test]
     fn a_client_that_left_has_no_response() {
         let mut h = one_backend(vec![Reply::never()]);
-        let c = h.get("/pdb/query/v4/inventory");
+        let c = h.get("/pdb/query/v4/catalog-inputs");
         assert_eq!(h.disconnect(c), Ok(()));
         assert_eq!(h.drive_bounded(10), Ok(0));
         assert!(matches!(

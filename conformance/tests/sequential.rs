@@ -7,8 +7,8 @@ use common::{finish, harness, member_backend, members, node_404, URL_A, URL_B, U
 use http::StatusCode;
 use pdbmux_conformance::{ms, FakeBackend, Reply};
 
-const INVENTORY: &str =
-    "/pdb/query/v4/inventory?query=%5B%22%3D%22%2C%22certname%22%2C%22web1%22%5D";
+const PASS_THROUGH: &str =
+    "/pdb/query/v4/catalog-inputs?query=%5B%22%3D%22%2C%22certname%22%2C%22web1%22%5D";
 
 #[test]
 fn pass_through_first_404_then_second_200_streamed() {
@@ -27,7 +27,7 @@ fn pass_through_first_404_then_second_200_streamed() {
                 .after(ms(3))],
         ),
     ]);
-    let c = h.get(INVENTORY);
+    let c = h.get(PASS_THROUGH);
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::OK);
@@ -38,7 +38,7 @@ fn pass_through_first_404_then_second_200_streamed() {
     assert!(h
         .sends()
         .iter()
-        .all(|s| s.request.path_and_query == INVENTORY));
+        .all(|s| s.request.path_and_query == PASS_THROUGH));
     insta::assert_snapshot!(transcript);
 }
 
@@ -74,7 +74,7 @@ fn pass_through_all_reject_first_error_replayed() {
             [Reply::json(StatusCode::INTERNAL_SERVER_ERROR, r#"{"error":"b"}"#).after(ms(2))],
         ),
     ]);
-    let c = h.get(INVENTORY);
+    let c = h.get(PASS_THROUGH);
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::BAD_REQUEST);
@@ -88,7 +88,7 @@ fn pass_through_none_answered_502() {
         FakeBackend::queue("pdb-a", URL_A, [Reply::refused().after(ms(1))]),
         FakeBackend::queue("pdb-b", URL_B, [Reply::never()]),
     ]);
-    let c = h.get(INVENTORY);
+    let c = h.get(PASS_THROUGH);
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.status, StatusCode::BAD_GATEWAY);
@@ -326,7 +326,7 @@ fn late_held_answer_after_cancel_is_cancelled_again() {
         FakeBackend::queue("pdb-b", URL_B, [Reply::ok(r#"["b"]"#).after(ms(5))]),
     ]);
     h.set_late_answers(true);
-    let c = h.get(INVENTORY);
+    let c = h.get(PASS_THROUGH);
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.body_str(), r#"["b"]"#);

@@ -7,20 +7,21 @@ use std::time::Instant;
 
 use http::HeaderValue;
 
+use crate::broadcast::Broadcast;
 use crate::cache::{self, Cache, CacheStatus, Lookup, MemoryStore};
 use crate::clock::ClockAnchor;
 use crate::config::Config;
-use crate::exchange::{Exchange, Prepared};
+use crate::corrections::Corrections;
+use crate::exchange::{Exchange, ExchangeReport};
+use crate::fanout::Context;
 use crate::health::{HealthTable, ProbeResult, ProbeSettings};
-use crate::healthz::{QueryRounds, ReachabilityCheck, Round, REACHABILITY_PATH};
+use crate::healthz::{QueryRounds, ReachabilityCheck, REACHABILITY_PATH};
 use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
-use crate::legs::Legs;
 use crate::membership::{parse_membership, BackendNodes, Ownership, MEMBERSHIP_QUERY};
 use crate::merge::filter_source_records;
-use crate::message::{
-    ClientRequest, Response, ResponseBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
-};
-use crate::route::{classify, CountEndpoint, Entity, Route};
+use crate::message::{Response, ResponseBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::policy::{Planned, Work};
+use crate::status::{Failure, Unusable};
 
 /// What to do with a client request; returned by [`Estate::admit`].
 #[derive(Debug)]
@@ -46,7 +47,7 @@ pub enum Admission {
 }
 
 /// What the [`Estate`] asks of the runtime; drain with [`Estate::poll_output`].
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub enum EstateOutput {
     /// Send this request upstream; report the answer to [`Estate::handle_upstream_response`] or
     /// [`Estate::handle_upstream_failure`].
@@ -60,10 +61,13 @@ pub enum EstateOutput {
         /// The answer.
         response: Response,
     },
-    /// What the waiter waited for is ready: admit its request again with [`Estate::readmit`].
+    /// What the waiter waited for (the first membership map) is ready: admit its request again
+    /// with [`Estate::readmit`].
     Resume {
         /// Who is waiting.
         waiter: WaiterId,
+        /// Its request, as planned.
+        planned: Box<Planned>,
     },
     /// Every participant of this flight left: abort its task, releasing its upstream requests.
     CancelFlight(FlightId),
@@ -77,23 +81,26 @@ struct Flight {
     participants: BTreeMap<WaiterId, Option<String>>,
 }
 
-/// The membership map's state: each backend's last good answer and the snapshot built from them.
+/// The membership map's state: each backend's last good answer, the snapshot built from them,
+/// and the corrections learned against that snapshot.
 #[derive(Debug)]
 struct Membership {
     per_backend: Vec<Option<BackendNodes>>,
     snapshot: Arc<Ownership>,
+    corrections: Arc<Corrections>,
+    generations: Counter,
     refreshed_at: Option<Instant>,
     refresh: Option<MembershipRefresh>,
 }
 
 #[derive(Debug)]
 struct MembershipRefresh {
-    legs: Legs,
-    waiters: Vec<WaiterId>,
+    calls: Broadcast,
+    waiters: Vec<(WaiterId, Box<Planned>)>,
 }
 
-/// The state every request shares: configuration, the membership map and the `/healthz` check in
-/// flight (and, as pdbmux grows, backend health and the cache index).
+/// The state every request shares: configuration, backend health, the membership map, the cache
+/// and its flights, and the `/healthz` check in flight.
 ///
 /// Contract: after every `admit` or `handle_*` call, drain [`Estate::poll_output`] until `None`,
 /// then read [`Estate::poll_timeout`]; call [`Estate::handle_timeout`] when it passes. `now` never
@@ -145,6 +152,8 @@ impl Estate {
             membership: Membership {
                 per_backend: vec![None; backends],
                 snapshot: Ownership::empty(),
+                corrections: Arc::new(Corrections::new(0)),
+                generations: Counter::default(),
                 refreshed_at: None,
                 refresh: None,
             },
@@ -157,17 +166,17 @@ impl Estate {
         &self.config
     }
 
-    /// Takes in a client request: refuses it, hands back an [`Exchange`] to drive, or registers a
-    /// waiter the estate answers (or resumes) itself.
-    pub fn admit(&mut self, now: Instant, request: &ClientRequest) -> Admission {
-        let admission = self.admit_inner(now, request, false);
+    /// Takes in a request planned with [`crate::plan`]: answers it, hands back an [`Exchange`] to
+    /// drive, or registers a waiter the estate answers (or resumes) itself.
+    pub fn admit(&mut self, now: Instant, planned: Planned) -> Admission {
+        let admission = self.admit_inner(now, planned, false);
         self.send_due_probes(now);
         admission
     }
 
     /// Admits a request again after [`EstateOutput::Resume`]; it no longer waits for a refresh.
-    pub fn readmit(&mut self, now: Instant, request: &ClientRequest) -> Admission {
-        let admission = self.admit_inner(now, request, true);
+    pub fn readmit(&mut self, now: Instant, planned: Planned) -> Admission {
+        let admission = self.admit_inner(now, planned, true);
         self.send_due_probes(now);
         admission
     }
@@ -191,43 +200,38 @@ impl Estate {
 
     fn record_probe(&mut self, now: Instant, backend: BackendId, result: ProbeResult) {
         for transition in self.health.record(now, backend, result) {
-            let name = crate::policy::backend_name(&self.config.backends, transition.backend());
+            let name = crate::status::backend_name(&self.config.backends, transition.backend());
             transition.log(name);
         }
     }
 
-    /// A merged fan-out finished: how many backends were asked and contributed (for `/healthz`).
-    pub fn handle_round(&mut self, now: Instant, round: Round) {
-        self.rounds.record(now, round);
+    /// A finished exchange's report ([`Exchange::report`]): its round for `/healthz`, and the
+    /// corrections it learned, kept while their membership snapshot is current.
+    pub fn handle_report(&mut self, now: Instant, report: ExchangeReport) {
+        if let Some(round) = report.round {
+            self.rounds.record(now, round);
+        }
+        if let Some((generation, learned)) = report.learned {
+            let corrections = &mut self.membership.corrections;
+            *corrections = corrections.with(generation, learned);
+        }
     }
 
-    fn admit_inner(&mut self, now: Instant, request: &ClientRequest, resumed: bool) -> Admission {
-        let route = match classify(request) {
-            Ok(route) => route,
-            Err(refusal) => {
-                let mut response = Response::text(refusal.status(), format!("pdbmux: {refusal}"));
-                if refusal.status() == http::StatusCode::METHOD_NOT_ALLOWED {
-                    response
-                        .headers
-                        .insert(http::header::ALLOW, HeaderValue::from_static("GET"));
-                }
-                return Admission::Respond(response);
-            }
+    fn admit_inner(&mut self, now: Instant, planned: Planned, resumed: bool) -> Admission {
+        // A request planned against another configuration (reloaded meanwhile) is planned again.
+        let planned = if Arc::ptr_eq(&planned.config, &self.config) {
+            planned
+        } else {
+            crate::policy::plan(
+                &crate::ClientRequest::get(planned.target.clone()),
+                &self.config,
+            )
         };
-        if route == Route::Healthz {
+        if matches!(planned.work, Work::Healthz) {
             return Admission::Wait(self.join_reachability_check(now));
         }
-        // A fresh entry answers before anything parses the query: a hit does no JSON work.
-        let keyed = match &self.cache {
-            Some(_) => cache::cache_key(
-                &route,
-                request.path(),
-                request.query(),
-                &self.config.source_fact,
-            ),
-            None => None,
-        };
-        if let (Some(cache), Some(keyed)) = (&mut self.cache, &keyed) {
+        // A fresh entry answers before anything else: a hit does no JSON work.
+        if let (Some(cache), Some(keyed)) = (&mut self.cache, &planned.cache) {
             if let Lookup::Fresh(entry) = cache.lookup(now, &keyed.key) {
                 let age = now.saturating_duration_since(entry.stored_at);
                 let response = Response {
@@ -243,40 +247,61 @@ impl Estate {
                 ));
             }
         }
-        let cacheable = keyed.filter(|_| !cache::is_aggregate(request.query()));
-        let mut prepared = Prepared::new(&route, request.target.clone(), &self.config);
-        if let Some(response) = prepared.local_answer() {
-            // Answered from the request and the configuration alone: no fan-out, no wait for
-            // the membership map.
-            return Admission::Respond(if cacheable.is_some() {
-                finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO, None)
-            } else {
-                response
-            });
-        }
-        let Some(cacheable) = cacheable else {
-            return match self.ownership_for(now, &route, request, resumed) {
-                Err(waiter) => Admission::Wait(waiter),
-                Ok(ownership) => Admission::Exchange(self.exchange(now, prepared, ownership)),
-            };
+        let cacheable = planned.cache.clone().filter(|_| self.cache.is_some());
+        let needs_ownership = planned.needs_ownership();
+        let plan = match planned.work {
+            Work::Local(response) => {
+                // Answered from the request and the configuration alone: no fan-out, no wait
+                // for the membership map.
+                return Admission::Respond(if cacheable.is_some() {
+                    finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO, None)
+                } else {
+                    response
+                });
+            }
+            Work::Healthz => return Admission::Wait(self.join_reachability_check(now)),
+            Work::Fanout(plan) => plan,
         };
-        if let Some(flight) = self.flight_keys.get(&cacheable.key).copied() {
-            let waiter = WaiterId(self.waiter_ids.next());
-            if let Some(flight) = self.flights.get_mut(&flight) {
-                flight.participants.insert(waiter, cacheable.value_filter);
-                return Admission::Wait(waiter);
+        if let Some(cacheable) = &cacheable {
+            if let Some(flight) = self.flight_keys.get(&cacheable.key).copied() {
+                let waiter = WaiterId(self.waiter_ids.next());
+                if let Some(flight) = self.flights.get_mut(&flight) {
+                    flight
+                        .participants
+                        .insert(waiter, cacheable.value_filter.clone());
+                    return Admission::Wait(waiter);
+                }
             }
         }
-        let ownership = match self.ownership_for(now, &route, request, resumed) {
-            Err(waiter) => return Admission::Wait(waiter),
-            Ok(ownership) => ownership,
+        let ownership = if needs_ownership {
+            self.refresh_membership_if_due(now);
+            if self.membership.refreshed_at.is_none() && !resumed {
+                if let Some(refresh) = &mut self.membership.refresh {
+                    let waiter = WaiterId(self.waiter_ids.next());
+                    let planned = Planned {
+                        config: planned.config,
+                        target: planned.target,
+                        cache: planned.cache,
+                        work: Work::Fanout(plan),
+                    };
+                    refresh.waiters.push((waiter, Box::new(planned)));
+                    return Admission::Wait(waiter);
+                }
+            }
+            Some(Arc::clone(&self.membership.snapshot))
+        } else {
+            None
         };
-        if let Some(target) = cacheable.fan_out_target {
-            // The provenance drilldown fetches the shared record set, without its value.
-            let fan_out_route = classify(&ClientRequest::get(target.clone())).unwrap_or(route);
-            prepared = Prepared::new(&fan_out_route, target, &self.config);
-        }
-        let exchange = self.exchange(now, prepared, ownership);
+        let context = Context {
+            config: Arc::clone(&self.config),
+            roster: self.health.roster(),
+            ownership,
+            corrections: Arc::clone(&self.membership.corrections),
+        };
+        let exchange = Exchange::new(now, context, planned.target, plan);
+        let Some(cacheable) = cacheable else {
+            return Admission::Exchange(exchange);
+        };
         let flight = FlightId(self.flight_ids.next());
         let waiter = WaiterId(self.waiter_ids.next());
         self.flight_keys.insert(cacheable.key.clone(), flight);
@@ -292,44 +317,6 @@ impl Estate {
             waiter,
             exchange,
         }
-    }
-
-    /// The ownership snapshot a route needs, or the waiter registered on the first membership
-    /// refresh when there is no snapshot yet.
-    fn ownership_for(
-        &mut self,
-        now: Instant,
-        route: &Route,
-        request: &ClientRequest,
-        resumed: bool,
-    ) -> Result<Option<Arc<Ownership>>, WaiterId> {
-        if !needs_ownership(route, request) {
-            return Ok(None);
-        }
-        self.refresh_membership_if_due(now);
-        if self.membership.refreshed_at.is_none() && !resumed {
-            if let Some(refresh) = &mut self.membership.refresh {
-                let waiter = WaiterId(self.waiter_ids.next());
-                refresh.waiters.push(waiter);
-                return Err(waiter);
-            }
-        }
-        Ok(Some(Arc::clone(&self.membership.snapshot)))
-    }
-
-    fn exchange(
-        &self,
-        now: Instant,
-        prepared: Prepared,
-        ownership: Option<Arc<Ownership>>,
-    ) -> Exchange {
-        Exchange::new(
-            now,
-            Arc::clone(&self.config),
-            prepared,
-            &self.roster(),
-            ownership,
-        )
     }
 
     /// A flight's exchange responded: store or fall back to the stale entry, and answer every
@@ -379,12 +366,6 @@ impl Estate {
         (response, CacheStatus::Miss, std::time::Duration::ZERO)
     }
 
-    /// The backends a request asks, in configured order: those the prober believes up, or all
-    /// of them when it believes none is (fail open).
-    fn roster(&self) -> Vec<BackendId> {
-        self.health.roster()
-    }
-
     /// Every configured backend (the `/healthz` reachability check asks them all).
     fn all_backends(&self) -> Vec<BackendId> {
         (0..self.config.backends.len()).map(BackendId).collect()
@@ -398,8 +379,8 @@ impl Estate {
         if !due || self.membership.refresh.is_some() {
             return;
         }
-        let roster = self.roster();
-        let (legs, requests) = Legs::send(
+        let roster = self.health.roster();
+        let (calls, requests) = Broadcast::send(
             &mut self.upstream_ids,
             &roster,
             MEMBERSHIP_QUERY,
@@ -408,7 +389,7 @@ impl Estate {
         self.outputs
             .extend(requests.into_iter().map(EstateOutput::Send));
         self.membership.refresh = Some(MembershipRefresh {
-            legs,
+            calls,
             waiters: Vec::new(),
         });
     }
@@ -420,7 +401,7 @@ impl Estate {
             return waiter;
         }
         let roster = self.all_backends();
-        let (legs, requests) = Legs::send(
+        let (calls, requests) = Broadcast::send(
             &mut self.upstream_ids,
             &roster,
             REACHABILITY_PATH,
@@ -430,7 +411,7 @@ impl Estate {
             .extend(requests.into_iter().map(EstateOutput::Send));
         self.reachability = Some(ReachabilityCheck {
             waiters: vec![waiter],
-            legs,
+            calls,
         });
         self.finish(now);
         waiter
@@ -449,10 +430,10 @@ impl Estate {
             return;
         }
         if let Some(check) = &mut self.reachability {
-            check.legs.record_response(id, &response);
+            check.calls.record_response(id, &response);
         }
         if let Some(refresh) = &mut self.membership.refresh {
-            refresh.legs.record_response(id, &response);
+            refresh.calls.record_response(id, &response);
         }
         self.finish(now);
     }
@@ -470,10 +451,10 @@ impl Estate {
             return;
         }
         if let Some(check) = &mut self.reachability {
-            check.legs.record_failure(id, &failure);
+            check.calls.record_failure(id, &failure);
         }
         if let Some(refresh) = &mut self.membership.refresh {
-            refresh.legs.record_failure(id, &failure);
+            refresh.calls.record_failure(id, &failure);
         }
         self.finish(now);
     }
@@ -499,7 +480,7 @@ impl Estate {
             check.waiters.retain(|w| *w != waiter);
         }
         if let Some(refresh) = &mut self.membership.refresh {
-            refresh.waiters.retain(|w| *w != waiter);
+            refresh.waiters.retain(|(w, _)| *w != waiter);
         }
     }
 
@@ -519,10 +500,10 @@ impl Estate {
         self.send_due_probes(now);
         let mut expired = Vec::new();
         if let Some(check) = &mut self.reachability {
-            expired.extend(check.legs.expire(now));
+            expired.extend(check.calls.expire(now));
         }
         if let Some(refresh) = &mut self.membership.refresh {
-            expired.extend(refresh.legs.expire(now));
+            expired.extend(refresh.calls.expire(now));
         }
         if !expired.is_empty() {
             self.outputs
@@ -538,12 +519,12 @@ impl Estate {
 
     /// The one next deadline the runtime must wake the estate at, if any.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let reachability = self.reachability.as_ref().and_then(|c| c.legs.deadline());
+        let reachability = self.reachability.as_ref().and_then(|c| c.calls.deadline());
         let membership = self
             .membership
             .refresh
             .as_ref()
-            .and_then(|r| r.legs.deadline());
+            .and_then(|r| r.calls.deadline());
         [reachability, membership, self.health.next_deadline()]
             .into_iter()
             .flatten()
@@ -560,7 +541,7 @@ impl Estate {
         if self
             .reachability
             .as_ref()
-            .is_some_and(|c| c.legs.is_complete())
+            .is_some_and(|c| c.calls.is_complete())
         {
             if let Some(check) = self.reachability.take() {
                 let cache = self.cache.as_ref().map(|c| c.report(now));
@@ -588,7 +569,7 @@ impl Estate {
             .membership
             .refresh
             .as_ref()
-            .is_some_and(|r| r.legs.is_complete())
+            .is_some_and(|r| r.calls.is_complete())
         {
             if let Some(refresh) = self.membership.refresh.take() {
                 self.apply_membership(now, refresh);
@@ -597,50 +578,33 @@ impl Estate {
     }
 
     fn apply_membership(&mut self, now: Instant, refresh: MembershipRefresh) {
-        for leg in &refresh.legs.0 {
-            let parsed = match &leg.result {
-                Some(Ok(body)) => {
-                    parse_membership(body).ok_or_else(|| "unparseable body".to_owned())
-                }
-                Some(Err(reason)) => Err(reason.clone()),
-                None => Err("no answer".to_owned()),
+        for call in &refresh.calls.0 {
+            let parsed = match &call.result {
+                Some(Ok(body)) => parse_membership(body).ok_or_else(|| {
+                    Failure::Unusable(Unusable::Unparseable("not a membership answer".to_owned()))
+                }),
+                Some(Err(failure)) => Err(failure.clone()),
+                None => Err(Failure::Upstream(UpstreamFailure::Timeout)),
             };
             match parsed {
-                Ok(nodes) => self.membership.per_backend[leg.backend.0] = Some(nodes),
-                Err(reason) => tracing::warn!(
-                    backend = crate::policy::backend_name(&self.config.backends, leg.backend),
-                    "membership refresh failed; keeping this backend's previous entries: {reason}"
+                Ok(nodes) => self.membership.per_backend[call.backend.0] = Some(nodes),
+                Err(failure) => tracing::warn!(
+                    backend = crate::status::backend_name(&self.config.backends, call.backend),
+                    "membership refresh failed; keeping this backend's previous entries: {failure}"
                 ),
             }
         }
-        self.membership.snapshot = Arc::new(Ownership::build(&self.membership.per_backend));
+        let generation = self.membership.generations.next();
+        self.membership.snapshot =
+            Arc::new(Ownership::build(&self.membership.per_backend, generation));
+        self.membership.corrections = Arc::new(Corrections::new(generation));
         self.membership.refreshed_at = Some(now);
         self.outputs.extend(
             refresh
                 .waiters
                 .into_iter()
-                .map(|waiter| EstateOutput::Resume { waiter }),
+                .map(|(waiter, planned)| EstateOutput::Resume { waiter, planned }),
         );
-    }
-}
-
-/// Whether answering `route` needs node ownership (DECISIONS.md D4): node-scoped entities, the
-/// per-certname routes, and any query that uses `latest_report?`.
-fn needs_ownership(route: &Route, request: &ClientRequest) -> bool {
-    let query = request.query().unwrap_or_default();
-    match route {
-        Route::Merged(Entity::Nodes | Entity::Facts)
-        | Route::FactsByName { .. }
-        | Route::PerCertname { .. } => true,
-        // Only aggregates on /resources are merged (and so node-scoped, D4).
-        Route::Resources => query.contains("function"),
-        // The population MBeans count the estate's nodes once (D9).
-        Route::Metrics(_) => crate::metrics::reads_population(request.path()),
-        Route::Merged(Entity::Reports | Entity::Events)
-        | Route::Combined(CountEndpoint::EventCounts | CountEndpoint::AggregateEventCounts) => {
-            query.contains("latest_report")
-        }
-        _ => false,
     }
 }
 

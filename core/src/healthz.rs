@@ -6,12 +6,12 @@
 use http::StatusCode;
 use serde::Serialize;
 
+use crate::broadcast::Broadcast;
 use crate::cache::CacheReport;
 use crate::clock::ClockAnchor;
 use crate::config::Config;
 use crate::health::BackendHealthReport;
 use crate::ids::WaiterId;
-use crate::legs::Legs;
 use crate::message::Response;
 use crate::scrub::scrub_addresses;
 
@@ -56,7 +56,7 @@ impl QueryRounds {
 #[derive(Debug)]
 pub(crate) struct ReachabilityCheck {
     pub(crate) waiters: Vec<WaiterId>,
-    pub(crate) legs: Legs,
+    pub(crate) calls: Broadcast,
 }
 
 impl ReachabilityCheck {
@@ -70,14 +70,14 @@ impl ReachabilityCheck {
         clock: &ClockAnchor,
     ) -> Response {
         let backends: Vec<BackendReport<'_>> = self
-            .legs
+            .calls
             .0
             .iter()
             .map(|leg| {
                 let error = match &leg.result {
                     Some(Err(error)) => Some(
                         String::from_utf8_lossy(&scrub_addresses(
-                            error.as_bytes(),
+                            error.to_string().as_bytes(),
                             &config.backends,
                         ))
                         .into_owned(),

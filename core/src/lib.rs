@@ -34,36 +34,43 @@
 
 #![forbid(unsafe_code)]
 
+mod aggregate;
+mod broadcast;
 pub mod cache;
 pub mod clock;
-pub(crate) mod combine;
 pub mod config;
+mod corrections;
+pub mod entity;
 mod estate;
 mod exchange;
+mod fanout;
 pub mod health;
 mod healthz;
 mod ids;
 pub mod jolokia;
-mod legs;
 pub mod membership;
 mod merge;
 mod message;
 pub mod meta;
-mod metrics;
 mod outbound;
-pub mod policy;
+mod ownership;
+mod policy;
 pub mod query;
 pub mod records;
 pub mod route;
 pub mod scrub;
+mod sequence;
 pub mod sort;
+pub mod status;
 
 pub use clock::ClockAnchor;
 pub use estate::{Admission, Estate, EstateOutput};
-pub use exchange::{forwarded_headers, Exchange, ExchangeOutput, X_BACKENDS, X_RECORDS};
+pub use exchange::{Exchange, ExchangeOutput, ExchangeReport, X_BACKENDS, X_RECORDS};
 pub use healthz::{Round, REACHABILITY_PATH};
 pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
     BodyMode, ClientRequest, Response, ResponseBody, UpstreamBody, UpstreamFailure,
     UpstreamRequest, UpstreamResponse, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,
 };
+pub use policy::{plan, Planned};
+pub use sequence::forwarded_headers;

@@ -1,15 +1,21 @@
-//! The membership map (DECISIONS.md D4): which backends hold each certname, with its
-//! `report_timestamp` and whether it is active there, and from it the owner of every node.
+//! The membership map (docs/merging.md, "Who owns a node"): which backends hold each certname,
+//! with its `report_timestamp`, `facts_timestamp` and whether it is active there, and from it the
+//! owner of every node.
 //!
-//! Built from `["extract",["certname","report_timestamp","deactivated","expired"],
-//! ["=","node_state","any"]]` on every backend's `/nodes`, reused for `freshness_ttl`, refreshed
-//! by one fan-out at a time. A backend that fails a refresh keeps the entries of its last good one.
+//! Built from `["extract",["certname","report_timestamp","facts_timestamp","deactivated",
+//! "expired"],["=","node_state","any"]]` on every backend's `/nodes`, reused for `freshness_ttl`,
+//! refreshed by one fan-out at a time. A backend that fails a refresh keeps the entries of its
+//! last good one.
 //!
 //! Ownership has two scopes. Queries that see active nodes only (the default of `/nodes`,
-//! `/facts`, `/resources`) weigh only the backends where the node is active; queries over every
-//! node state (`node_state` named in the query, report and event history with `latest_report?`)
-//! weigh every backend holding it, so a node deactivated in one backend and active in another
-//! still counts once.
+//! `/facts`, `/resources` and the other node-owned entities) weigh only the backends where the
+//! node is active; queries over every node state (`node_state` named in the query, `/catalogs`,
+//! report and event history with `latest_report?`) weigh every backend holding it, so a node
+//! deactivated in one backend and active in another still counts once.
+//!
+//! The owner under `merge: freshness` is the backend with the newer `report_timestamp`; on a tie
+//! the one with the newer `facts_timestamp` (the same report stored in both backends, the facts
+//! fresher in one); only then the first in configured order.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -22,24 +28,50 @@ use crate::ids::BackendId;
 use crate::sort::parse_instant;
 
 /// The upstream path and query that fetches one backend's membership.
-pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22facts_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
 
 /// One node as one backend holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
     /// Its latest report's end time (`None`: no report).
     pub report_timestamp: Option<String>,
+    /// When that backend received its facts (`None`: no facts).
+    pub facts_timestamp: Option<String>,
     /// Neither deactivated nor expired there.
     pub active: bool,
 }
 
 impl Member {
-    /// An active node with this report timestamp.
+    /// An active node with this report timestamp and no facts timestamp.
     pub fn active(report_timestamp: Option<&str>) -> Member {
         Member {
             report_timestamp: report_timestamp.map(str::to_owned),
+            facts_timestamp: None,
             active: true,
         }
+    }
+
+    /// The same node with this facts timestamp.
+    #[must_use]
+    pub fn with_facts_timestamp(mut self, facts_timestamp: Option<&str>) -> Member {
+        self.facts_timestamp = facts_timestamp.map(str::to_owned);
+        self
+    }
+
+    /// Whether this holding is fresher than `other` (D14): the newer report, then the newer
+    /// facts; `false` on a full tie (configured order decides).
+    fn is_fresher_than(&self, other: &Member) -> bool {
+        let by_report = compare_timestamps(
+            self.report_timestamp.as_deref(),
+            other.report_timestamp.as_deref(),
+        );
+        let by_facts = || {
+            compare_timestamps(
+                self.facts_timestamp.as_deref(),
+                other.facts_timestamp.as_deref(),
+            )
+        };
+        by_report.then_with(by_facts) == Ordering::Greater
     }
 }
 
@@ -50,6 +82,8 @@ pub type BackendNodes = BTreeMap<String, Member>;
 struct MembershipRow {
     certname: String,
     report_timestamp: Option<String>,
+    #[serde(default)]
+    facts_timestamp: Option<String>,
     #[serde(default)]
     deactivated: Option<String>,
     #[serde(default)]
@@ -67,6 +101,7 @@ pub fn parse_membership(body: &[u8]) -> Option<BackendNodes> {
                     row.certname,
                     Member {
                         report_timestamp: row.report_timestamp,
+                        facts_timestamp: row.facts_timestamp,
                         active,
                     },
                 )
@@ -87,7 +122,8 @@ pub enum Scope {
 /// Who owns one certname under each strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owners {
-    /// The backend with the newer report_timestamp (null is older than any; ties to configured order).
+    /// The backend with the fresher holding (newer report, then newer facts; null is older than
+    /// any timestamp; full ties to configured order).
     pub freshness: BackendId,
     /// The first backend in configured order that holds the node.
     pub first: BackendId,
@@ -103,37 +139,48 @@ impl Owners {
     }
 }
 
-/// Ownership within one scope: each certname's owners, and the shared certnames each backend
+/// One certname within one scope: its owners and every backend holding it (configured order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    owners: Owners,
+    holders: Box<[BackendId]>,
+}
+
+/// Ownership within one scope: each certname's entry, and the shared certnames each backend
 /// holds with the backend that owns them.
 #[derive(Debug, Default)]
 struct View {
-    owners: BTreeMap<String, Owners>,
+    entries: BTreeMap<String, Entry>,
     shared: Vec<Vec<(String, Owners)>>,
+    held: Vec<usize>,
 }
 
 impl View {
     fn build(per_backend: &[Option<BackendNodes>], scope: Scope) -> View {
-        let mut holders: BTreeMap<&str, Vec<(BackendId, Option<&str>)>> = BTreeMap::new();
+        let mut holders: BTreeMap<&str, Vec<(BackendId, &Member)>> = BTreeMap::new();
+        let mut held = vec![0; per_backend.len()];
         for (index, nodes) in per_backend.iter().enumerate() {
             for (certname, member) in nodes.iter().flatten() {
                 if scope == Scope::Active && !member.active {
                     continue;
                 }
+                held[index] += 1;
                 holders
                     .entry(certname.as_str())
                     .or_default()
-                    .push((BackendId(index), member.report_timestamp.as_deref()));
+                    .push((BackendId(index), member));
             }
         }
         let mut view = View {
-            owners: BTreeMap::new(),
+            entries: BTreeMap::new(),
             shared: vec![Vec::new(); per_backend.len()],
+            held,
         };
         for (certname, held) in holders {
             let first = held[0].0;
             let mut freshness = held[0];
             for candidate in &held[1..] {
-                if compare_report_timestamps(candidate.1, freshness.1) == Ordering::Greater {
+                if candidate.1.is_fresher_than(freshness.1) {
                     freshness = *candidate;
                 }
             }
@@ -146,7 +193,9 @@ impl View {
                     view.shared[backend.0].push((certname.to_owned(), owners));
                 }
             }
-            view.owners.insert(certname.to_owned(), owners);
+            let holders = held.iter().map(|(backend, _)| *backend).collect();
+            view.entries
+                .insert(certname.to_owned(), Entry { owners, holders });
         }
         view
     }
@@ -155,18 +204,26 @@ impl View {
 /// An immutable snapshot of node ownership, shared by every exchange admitted while it is current.
 #[derive(Debug, Default)]
 pub struct Ownership {
+    generation: u64,
     active: View,
     any: View,
 }
 
 impl Ownership {
     /// Builds the snapshot from each backend's nodes (index = configured order; `None` = never
-    /// answered).
-    pub fn build(per_backend: &[Option<BackendNodes>]) -> Ownership {
+    /// answered). `generation` tells snapshots apart: what was learned against one snapshot (a
+    /// correction, docs/merging.md) is valid for that snapshot only.
+    pub fn build(per_backend: &[Option<BackendNodes>], generation: u64) -> Ownership {
         Ownership {
+            generation,
             active: View::build(per_backend, Scope::Active),
             any: View::build(per_backend, Scope::Any),
         }
+    }
+
+    /// Which snapshot this is (see [`Ownership::build`]).
+    pub fn generation(&self) -> u64 {
+        self.generation
     }
 
     fn view(&self, scope: Scope) -> &View {
@@ -178,13 +235,21 @@ impl Ownership {
 
     /// The owners of a certname within `scope`, if any backend held it at the last refresh.
     pub fn owners(&self, certname: &str, scope: Scope) -> Option<Owners> {
-        self.view(scope).owners.get(certname).copied()
+        self.view(scope).entries.get(certname).map(|e| e.owners)
+    }
+
+    /// Every backend holding `certname` within `scope` (configured order; empty when none).
+    pub fn holders(&self, certname: &str, scope: Scope) -> &[BackendId] {
+        self.view(scope)
+            .entries
+            .get(certname)
+            .map_or(&[][..], |e| &e.holders[..])
     }
 
     /// The certnames `backend` holds but another backend owns (under `strategy`, within
-    /// `scope`): the list pushed into that backend's query so it answers only for its own nodes.
-    /// Only owners among `asked` count: a node whose owner this fan-out does not ask (the prober
-    /// took it out) is answered by the others that hold it.
+    /// `scope`): what that backend must not answer for. Only owners among `asked` count: a node
+    /// whose owner this fan-out does not ask (the prober took it out) is answered by the others
+    /// that hold it.
     pub fn excluded(
         &self,
         backend: BackendId,
@@ -192,22 +257,40 @@ impl Ownership {
         scope: Scope,
         asked: &[BackendId],
     ) -> Vec<&str> {
+        self.shared(backend, scope)
+            .filter(|(_, owners)| {
+                let owner = owners.under(strategy);
+                owner != backend && asked.contains(&owner)
+            })
+            .map(|(certname, _)| certname)
+            .collect()
+    }
+
+    /// The certnames `backend` holds that another backend holds too (within `scope`), sorted:
+    /// the only nodes whose history can be stored twice (docs/merging.md, "History counted once").
+    pub fn shared_with_others(&self, backend: BackendId, scope: Scope) -> Vec<&str> {
+        self.shared(backend, scope)
+            .map(|(certname, _)| certname)
+            .collect()
+    }
+
+    fn shared(&self, backend: BackendId, scope: Scope) -> impl Iterator<Item = (&str, Owners)> {
         self.view(scope)
             .shared
             .get(backend.0)
             .map_or(&[][..], Vec::as_slice)
             .iter()
-            .filter(|(_, owners)| {
-                let owner = owners.under(strategy);
-                owner != backend && asked.contains(&owner)
-            })
-            .map(|(certname, _)| certname.as_str())
-            .collect()
+            .map(|(certname, owners)| (certname.as_str(), *owners))
+    }
+
+    /// How many certnames `backend` holds within `scope`.
+    pub fn held(&self, backend: BackendId, scope: Scope) -> usize {
+        self.view(scope).held.get(backend.0).copied().unwrap_or(0)
     }
 
     /// How many distinct active certnames the estate holds.
     pub fn node_count(&self) -> usize {
-        self.active.owners.len()
+        self.active.entries.len()
     }
 
     /// An empty snapshot, for requests admitted before any refresh succeeded.
@@ -216,8 +299,8 @@ impl Ownership {
     }
 }
 
-/// Orders report timestamps: null is older than any timestamp; instants compare as instants.
-pub(crate) fn compare_report_timestamps(a: Option<&str>, b: Option<&str>) -> Ordering {
+/// Orders two timestamps: null is older than any timestamp; instants compare as instants.
+pub(crate) fn compare_timestamps(a: Option<&str>, b: Option<&str>) -> Ordering {
     match (a, b) {
         (None, None) => Ordering::Equal,
         (None, Some(_)) => Ordering::Less,
@@ -264,7 +347,7 @@ mod tests {
             ("null-in-a", Some("2000-01-01T00:00:00.000Z")),
             ("both-null", None),
         ]);
-        let ownership = Ownership::build(&[a, b]);
+        let ownership = Ownership::build(&[a, b], 1);
         let (a, b) = (BackendId(0), BackendId(1));
         let owner = |c: &str| {
             ownership
@@ -309,11 +392,56 @@ mod tests {
     }
 
     #[test]
+    fn a_report_tie_goes_to_the_fresher_facts_then_to_configured_order() {
+        let report = Some("2026-11-30T08:00:00.000Z");
+        let member = |facts: Option<&str>| Member::active(report).with_facts_timestamp(facts);
+        let a: BackendNodes = [
+            ("facts-newer-in-b", member(Some("2026-11-30T08:01:00.000Z"))),
+            ("facts-newer-in-a", member(Some("2026-11-30T08:05:00.000Z"))),
+            ("facts-tie", member(Some("2026-11-30T08:01:00.000Z"))),
+            ("facts-null-in-a", member(None)),
+        ]
+        .into_iter()
+        .map(|(c, m)| (c.to_owned(), m))
+        .collect();
+        let b: BackendNodes = [
+            ("facts-newer-in-b", member(Some("2026-11-30T08:02:00.000Z"))),
+            (
+                "facts-newer-in-a",
+                member(Some("2026-11-30T09:00:00.000+02:00")),
+            ),
+            ("facts-tie", member(Some("2026-11-30T08:01:00.000Z"))),
+            ("facts-null-in-a", member(Some("2020-01-01T00:00:00.000Z"))),
+        ]
+        .into_iter()
+        .map(|(c, m)| (c.to_owned(), m))
+        .collect();
+        let ownership = Ownership::build(&[Some(a), Some(b)], 1);
+        let owner = |c: &str| ownership.owners(c, Scope::Active).map(|o| o.freshness);
+        assert_eq!(owner("facts-newer-in-b"), Some(BackendId(1)));
+        assert_eq!(
+            owner("facts-newer-in-a"),
+            Some(BackendId(0)),
+            "09:00+02:00 is 07:00Z"
+        );
+        assert_eq!(owner("facts-tie"), Some(BackendId(0)));
+        assert_eq!(owner("facts-null-in-a"), Some(BackendId(1)));
+        assert_eq!(
+            ownership.holders("facts-tie", Scope::Active),
+            [BackendId(0), BackendId(1)]
+        );
+        assert_eq!(ownership.held(BackendId(1), Scope::Active), 4);
+    }
+
+    #[test]
     fn an_owner_not_asked_excludes_nothing() {
-        let ownership = Ownership::build(&[
-            nodes(&[("n", Some("2026-11-30T08:00:00.000Z"))]),
-            nodes(&[("n", Some("2026-11-30T09:00:00.000Z"))]),
-        ]);
+        let ownership = Ownership::build(
+            &[
+                nodes(&[("n", Some("2026-11-30T08:00:00.000Z"))]),
+                nodes(&[("n", Some("2026-11-30T09:00:00.000Z"))]),
+            ],
+            1,
+        );
         let fresh = MergeStrategy::Freshness;
         assert_eq!(
             ownership.excluded(BackendId(0), fresh, Scope::Active, &BOTH),
@@ -331,7 +459,7 @@ mod tests {
             member.active = false;
         }
         let b = nodes(&[("moved", Some("2026-11-30T09:00:00.000Z"))]);
-        let ownership = Ownership::build(&[Some(a), b]);
+        let ownership = Ownership::build(&[Some(a), b], 1);
         let fresh = MergeStrategy::Freshness;
         assert_eq!(
             ownership.owners("moved", Scope::Active).map(|o| o.first),
@@ -352,7 +480,7 @@ mod tests {
 
     #[test]
     fn a_backend_that_never_answered_holds_nothing() {
-        let ownership = Ownership::build(&[None, nodes(&[("x", None)])]);
+        let ownership = Ownership::build(&[None, nodes(&[("x", None)])], 1);
         assert_eq!(
             ownership.owners("x", Scope::Active).map(|o| o.freshness),
             Some(BackendId(1))

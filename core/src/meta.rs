@@ -1,8 +1,113 @@
-//! `/pdb/meta/v1/version`: the lowest version any backend runs.
+//! The meta routes: `/pdb/meta/v1/version` (the lowest version any backend runs) and
+//! `/pdb/meta/v1/server-time` (the first backend in configured order that answers).
 
 use std::cmp::Ordering;
 
+use http::StatusCode;
 use serde::Deserialize;
+
+use crate::fanout::{everyone, CallState, Calls, Context, Outbound, Plan, Step, Verdict};
+use crate::ids::BackendId;
+use crate::message::Response;
+use crate::sequence::verbatim;
+use crate::status::{Outcome, Unusable};
+
+/// `/pdb/meta/v1/version` asked of every backend; the lowest version among those that answered
+/// one.
+#[derive(Debug)]
+pub(crate) struct LowestVersion {
+    target: String,
+}
+
+impl LowestVersion {
+    /// The plan for this target.
+    pub(crate) fn new(target: String) -> LowestVersion {
+        LowestVersion { target }
+    }
+}
+
+impl Plan for LowestVersion {
+    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
+        everyone(context)
+    }
+
+    fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
+        Outbound::get(self.target.clone())
+    }
+
+    fn progress(&mut self, calls: &Calls, _context: &Context) -> Step {
+        if !calls.all_done() {
+            return Step::Wait;
+        }
+        let mut versions = Vec::new();
+        let mut unusable = Vec::new();
+        for call in &calls.0 {
+            if let CallState::Done(Outcome::Success { body, .. }) = &call.state {
+                match parse_version_body(body) {
+                    Some(version) => versions.push(version),
+                    None => unusable.push((call.backend, Unusable::Version)),
+                }
+            }
+        }
+        let Some(lowest) = lowest_version(versions.iter().map(String::as_str)) else {
+            return Step::Done(Verdict::Unanswered { part: 0, unusable });
+        };
+        let body = serde_json::json!({ "version": lowest }).to_string();
+        Step::Done(Verdict::Merged {
+            response: Response::json(StatusCode::OK, body),
+            contributed: versions.len(),
+            unusable,
+        })
+    }
+}
+
+/// `/pdb/meta/v1/server-time` asked of every backend; the first success in configured order,
+/// served as soon as it is known.
+#[derive(Debug)]
+pub(crate) struct FirstInOrder {
+    target: String,
+}
+
+impl FirstInOrder {
+    /// The plan for this target.
+    pub(crate) fn new(target: String) -> FirstInOrder {
+        FirstInOrder { target }
+    }
+}
+
+impl Plan for FirstInOrder {
+    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
+        everyone(context)
+    }
+
+    fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
+        Outbound::get(self.target.clone())
+    }
+
+    fn progress(&mut self, calls: &Calls, _context: &Context) -> Step {
+        for call in &calls.0 {
+            match &call.state {
+                CallState::Pending { .. } | CallState::Held { .. } => return Step::Wait,
+                CallState::Done(Outcome::Success {
+                    status,
+                    headers,
+                    body,
+                }) => {
+                    return Step::Done(Verdict::Merged {
+                        response: verbatim(*status, headers, body),
+                        contributed: 1,
+                        unusable: Vec::new(),
+                    })
+                }
+                CallState::Done(_) => {}
+            }
+        }
+        Step::Done(Verdict::Unanswered {
+            part: 0,
+            unusable: Vec::new(),
+        })
+    }
+}
 
 #[derive(Deserialize)]
 struct VersionBody {

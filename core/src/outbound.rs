@@ -1,60 +1,21 @@
-//! Building the upstream request a fan-out sends one backend: node ownership pushed into the
-//! query (DECISIONS.md D4), and a POST with a JSON body when the rewritten query is too long for a
-//! URL. Shared by record merges and combined aggregates.
-
-use std::sync::Arc;
+//! Writing the upstream request a fan-out sends one backend: the path and parameters as a GET,
+//! or a POST with a JSON body when pdbmux rewrote the query and it grew too long for a URL
+//! (docs/merging.md, "Ownership pushed into the query"). Shared by every plan that rewrites.
 
 use bytes::Bytes;
 use http::Method;
 use serde_json::Value;
 
-use crate::config::MergeStrategy;
-use crate::ids::BackendId;
-use crate::membership::{Ownership, Scope};
-use crate::query::{exclude_certnames, Params};
+use crate::fanout::Outbound;
+use crate::query::Params;
 
 /// Upstream targets longer than this go as POST with a JSON body (PuppetDB's Jetty refuses request
 /// headers over 8 KiB; the rest of the header block needs room too).
 pub(crate) const MAX_UPSTREAM_TARGET: usize = 6 * 1024;
 
-/// The ownership snapshot, the strategy that picks owners and the scope of nodes the query sees,
-/// for a node-scoped fan-out.
-pub(crate) type Pushdown = (Arc<Ownership>, MergeStrategy, Scope);
-
-/// The scope of nodes a query sees: every node state when it names `node_state` or when the
-/// entity has no implicit active filter (`history`: reports, events, event counts), else active
-/// nodes only.
-pub(crate) fn scope_of(raw_query: Option<&str>, history: bool) -> Scope {
-    if history || raw_query.is_some_and(|q| q.contains("node_state")) {
-        Scope::Any
-    } else {
-        Scope::Active
-    }
-}
-
-/// `query` with the certnames `backend` must not answer for excluded (owners among `asked`
-/// only); `None` when nothing changes.
-pub(crate) fn owned_query(
-    query: Option<&Value>,
-    pushdown: &Pushdown,
-    backend: BackendId,
-    asked: &[BackendId],
-) -> Option<Value> {
-    let (ownership, strategy, scope) = pushdown;
-    let excluded = ownership.excluded(backend, *strategy, *scope, asked);
-    if excluded.is_empty() {
-        return None;
-    }
-    exclude_certnames(query, &excluded)
-}
-
-/// The method, target and body for `path` with `params`. `rewritten` says pdbmux changed the
-/// query: only then can the target grow past a URL's limit and go as POST instead.
-pub(crate) fn request(
-    path: &str,
-    params: &Params,
-    rewritten: bool,
-) -> (Method, String, Option<Bytes>) {
+/// The request for `path` with `params`. `rewritten` says pdbmux changed the query: only then can
+/// the target grow past a URL's limit and go as POST instead.
+pub(crate) fn request(path: &str, params: &Params, rewritten: bool) -> Outbound {
     let query_string = params.to_query_string();
     let target = if query_string.is_empty() {
         path.to_owned()
@@ -63,8 +24,22 @@ pub(crate) fn request(
     };
     if rewritten && target.len() > MAX_UPSTREAM_TARGET {
         if let Ok(body) = params.to_json_body() {
-            return (Method::POST, path.to_owned(), Some(Bytes::from(body)));
+            return Outbound {
+                method: Method::POST,
+                path_and_query: path.to_owned(),
+                body: Some(Bytes::from(body)),
+                ..Outbound::get(String::new())
+            };
         }
     }
-    (Method::GET, target, None)
+    Outbound::get(target)
+}
+
+/// A request of `path` with `query` as its only parameter, and the key a correction learned
+/// from it is kept under (docs/merging.md, "Corrections").
+pub(crate) fn query_only(path: &str, query: &Value) -> (Outbound, String) {
+    let text = query.to_string();
+    let mut params = Params::default();
+    params.set("query", &text);
+    (request(path, &params, true), format!("{path}?query={text}"))
 }

@@ -1,136 +1,245 @@
-//! The status policy: what a fan-out answers when some or all backends fail.
+//! The route-policy table: everything the core decides about a request from its route and its
+//! query, decided in one place, once per request, before the estate is touched.
 //!
-//! Every backend in a fan-out is asked the same question, so a status every one of them answered
-//! with is the estate's own answer and is replayed; 502 is kept for backends that disagree or did
-//! not answer at all.
+//! Call [`plan`] on every client request (outside whatever lock guards the [`crate::Estate`]):
+//! it classifies the route (the allowlist), parses the parameters and the query AST once, and
+//! picks the way the request is answered ([`crate::fanout::Plan`]), whether it needs the
+//! membership map, and the key it is cached under. Hand the result to
+//! [`crate::Estate::admit`].
 
-use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, StatusCode};
+use std::sync::Arc;
 
-use crate::config::BackendConfig;
-use crate::ids::BackendId;
-use crate::message::{Response, UpstreamFailure, TEXT_CONTENT_TYPE};
-use crate::scrub::scrub_addresses;
+use http::{HeaderValue, StatusCode};
 
-/// One backend's part in a fan-out, once it is over.
-#[derive(Debug, Clone)]
-pub enum Outcome {
-    /// A 2xx with a usable body.
-    Success {
-        /// Its status (200, or another 2xx).
-        status: StatusCode,
-        /// Its headers (for X-Records and the like).
-        headers: HeaderMap,
-        /// The whole body.
-        body: Bytes,
-    },
-    /// A status of 400 or above: the backend refused or failed the request and said why.
-    Rejected(Rejection),
-    /// No usable answer: transport failure, timeout, an oversized or unparseable body, or a status
-    /// that is neither success nor error.
-    Failed(String),
+use crate::aggregate::AggregatePlan;
+use crate::cache::{self, Cacheable};
+use crate::config::Config;
+use crate::fanout::Plan;
+use crate::jolokia::JolokiaPlan;
+use crate::merge::RecordPlan;
+use crate::message::{ClientRequest, Response};
+use crate::meta::{FirstInOrder, LowestVersion};
+use crate::query::{analyze, Params};
+use crate::route::{classify, Route};
+use crate::sequence::{Holder, Sequence};
+
+/// A request read and planned once: what [`crate::Estate::admit`] takes.
+#[derive(Debug)]
+pub struct Planned {
+    pub(crate) config: Arc<Config>,
+    pub(crate) target: String,
+    pub(crate) cache: Option<Cacheable>,
+    pub(crate) work: Work,
 }
 
-/// An error answer a backend gave, kept so it can be replayed.
-#[derive(Debug, Clone)]
-pub struct Rejection {
-    /// The backend's status (400 or above).
-    pub status: StatusCode,
-    /// The backend's content type, if it sent one.
-    pub content_type: Option<HeaderValue>,
-    /// The backend's body.
-    pub body: Bytes,
+/// What answers a planned request.
+#[derive(Debug)]
+pub(crate) enum Work {
+    /// Answered from the request and the configuration alone: a refusal, a 400, an answer
+    /// known without asking (the provenance path of an unknown backend).
+    Local(Response),
+    /// `/healthz`, which the estate answers itself.
+    Healthz,
+    /// Backends are asked: drive this plan in an [`crate::Exchange`].
+    Fanout(Box<dyn Plan>),
 }
 
-impl Outcome {
-    /// The outcome of a failed upstream request.
-    pub fn failure(failure: &UpstreamFailure) -> Outcome {
-        Outcome::Failed(failure.to_string())
+impl Planned {
+    /// Whether answering needs the membership map.
+    pub(crate) fn needs_ownership(&self) -> bool {
+        matches!(&self.work, Work::Fanout(plan) if plan.needs_ownership())
+    }
+}
+
+/// Plans one client request with `config`: the table every route's policy is read from.
+pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
+    let planned = |cache, work| Planned {
+        config: Arc::clone(config),
+        target: request.target.clone(),
+        cache,
+        work,
+    };
+    let route = match classify(request) {
+        Ok(route) => route,
+        Err(refusal) => {
+            let mut response = Response::text(refusal.status(), format!("pdbmux: {refusal}"));
+            if refusal.status() == StatusCode::METHOD_NOT_ALLOWED {
+                response
+                    .headers
+                    .insert(http::header::ALLOW, HeaderValue::from_static("GET"));
+            }
+            return planned(None, Work::Local(response));
+        }
+    };
+    let target = request.target.clone();
+    let work = match &route {
+        Route::Healthz => return planned(None, Work::Healthz),
+        Route::PerCertname { certname } => {
+            Work::Fanout(Box::new(Sequence::owner_first(target, certname)))
+        }
+        Route::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
+        Route::ReportHash { .. } => Work::Fanout(Box::new(Holder::new(target))),
+        Route::MetaVersion => Work::Fanout(Box::new(LowestVersion::new(target))),
+        Route::ServerTime => Work::Fanout(Box::new(FirstInOrder::new(target))),
+        Route::Metrics(route) => {
+            Work::Fanout(Box::new(JolokiaPlan::plan(*route, target, config.merge)))
+        }
+        Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
+            return plan_query(request, &route, config);
+        }
+    };
+    planned(None, work)
+}
+
+/// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
+/// cached when the entity's record sets are.
+fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> Planned {
+    let Some(entity) = route.entity() else {
+        return Planned {
+            config: Arc::clone(config),
+            target: request.target.clone(),
+            cache: None,
+            work: Work::Fanout(Box::new(Sequence::first_success(request.target.clone()))),
+        };
+    };
+    let params = Params::parse(request.query());
+    let query = params.query_text();
+    let analysis = query.as_ast().map(analyze);
+    let path = request.path();
+    let aggregate = AggregatePlan::plan(entity, path, &params, &query, analysis.as_ref(), config);
+    let combines = aggregate.is_some();
+    let cached = entity.is_cached() && !combines && !config.facts_ttl.is_zero();
+    let cacheable = match cached {
+        true => cache::cache_key(route, path, request.query(), &config.source_fact),
+        false => None,
+    };
+    let work = match aggregate {
+        Some(Ok(aggregate)) => Work::Fanout(Box::new(aggregate)),
+        Some(Err(refusal)) => Work::Local(refusal),
+        None => {
+            let shared = params.clone();
+            let plan = RecordPlan::plan(
+                route,
+                entity,
+                path,
+                params,
+                query.clone(),
+                analysis.clone(),
+                config,
+            );
+            // The provenance drilldown fetches the shared record set, without its value (which
+            // is applied to the shared answer, docs/merging.md "Provenance").
+            let drilldown = cacheable
+                .as_ref()
+                .and_then(|c| c.fan_out_target.as_deref())
+                .and_then(|target| Some((classify(&ClientRequest::get(target)).ok()?, target)));
+            match (plan, drilldown) {
+                (Err(response), _) => Work::Local(*response),
+                (Ok(_), Some((route, target))) => {
+                    let path = target.split('?').next().unwrap_or(target);
+                    match RecordPlan::plan(&route, entity, path, shared, query, analysis, config) {
+                        Ok(plan) => Work::Fanout(Box::new(plan)),
+                        Err(response) => Work::Local(*response),
+                    }
+                }
+                (Ok(plan), None) => Work::Fanout(Box::new(plan)),
+            }
+        }
+    };
+    Planned {
+        config: Arc::clone(config),
+        target: request.target.clone(),
+        cache: cacheable,
+        work,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BackendConfig, BackendUrl, TlsFiles};
+
+    fn config() -> Arc<Config> {
+        let backend = |name: &str, port| BackendConfig {
+            name: name.into(),
+            url: BackendUrl {
+                scheme: "http".into(),
+                host: "127.0.0.1".into(),
+                port: Some(port),
+            },
+            tls: TlsFiles::default(),
+        };
+        Arc::new(Config::with_backends(vec![
+            backend("pdb-a", 1),
+            backend("pdb-b", 2),
+        ]))
     }
 
-    /// A one-line description for logs and 502 bodies.
-    pub fn describe(&self) -> String {
-        match self {
-            Outcome::Success { .. } => "ok".to_owned(),
-            Outcome::Rejected(rejection) => format!("answered {}", rejection.status.as_u16()),
-            Outcome::Failed(reason) => reason.clone(),
+    #[test]
+    fn the_table_decides_ownership_and_caching_once() {
+        let config = config();
+        let cases: &[(&str, bool, bool)] = &[
+            // target, needs the membership map, cached
+            ("/pdb/query/v4/nodes", true, true),
+            ("/pdb/query/v4/facts", true, true),
+            ("/pdb/query/v4/fact-names", false, true),
+            ("/pdb/query/v4/environments", false, false),
+            ("/pdb/query/v4/reports", false, false),
+            ("/pdb/query/v4/catalogs", true, false),
+            ("/pdb/query/v4/resources", true, false),
+            ("/pdb/query/v4/resources/File", true, false),
+            ("/pdb/query/v4/factsets", true, false),
+            ("/pdb/query/v4/packages", false, false),
+            ("/pdb/query/v4/package-inventory", true, false),
+            (
+                "/pdb/query/v4/reports?query=%5B%22%3D%22%2C%22latest_report%3F%22%2Ctrue%5D",
+                true,
+                false,
+            ),
+            (
+                "/pdb/query/v4/reports?query=%5B%22%3D%22%2C%22certname%22%2C%22a%22%5D",
+                true,
+                false,
+            ),
+            (
+                "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%5B%22function%22%2C%22count%22%5D%5D%5D",
+                true,
+                false,
+            ),
+            ("/pdb/query/v4/catalog-inputs", false, false),
+            ("/pdb/query/v4/nodes/web1", true, false),
+            ("/pdb/meta/v1/version", false, false),
+            ("/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes", true, false),
+            ("/metrics/v2/list", false, false),
+        ];
+        for (target, ownership, cached) in cases {
+            let planned = plan(&ClientRequest::get(*target), &config);
+            assert_eq!(planned.needs_ownership(), *ownership, "{target}");
+            assert_eq!(planned.cache.is_some(), *cached, "{target}");
+        }
+        assert!(matches!(
+            plan(&ClientRequest::get("/healthz"), &config).work,
+            Work::Healthz
+        ));
+        assert!(matches!(
+            plan(&ClientRequest::get("/pdb/admin/v1/archive"), &config).work,
+            Work::Local(_)
+        ));
+    }
+
+    #[test]
+    fn every_entity_is_merged_on_its_own_path() {
+        let config = config();
+        for entity in crate::entity::ALL {
+            let target = match entity {
+                crate::entity::Entity::EventCounts
+                | crate::entity::Entity::AggregateEventCounts => {
+                    format!("{}?summarize_by=certname", entity.path())
+                }
+                _ => entity.path(),
+            };
+            let planned = plan(&ClientRequest::get(target), &config);
+            assert!(matches!(planned.work, Work::Fanout(_)), "{entity:?}");
         }
     }
-}
-
-/// What a fan-out with no usable success answers.
-#[derive(Debug, Clone)]
-pub enum FailureVerdict {
-    /// Every backend answered the same error status: replay the first one's answer.
-    Unanimous(Response),
-    /// Backends disagreed or some answered nothing: 502.
-    BadGateway(Response),
-}
-
-impl FailureVerdict {
-    /// The response to send.
-    pub fn into_response(self) -> Response {
-        match self {
-            FailureVerdict::Unanimous(response) | FailureVerdict::BadGateway(response) => response,
-        }
-    }
-}
-
-/// Decides the answer of a fan-out in which no backend succeeded.
-///
-/// `outcomes` holds every asked backend's outcome in configured order. A status every backend
-/// answered with (400 and up) is replayed from the first of them, with backend addresses replaced
-/// by names; anything else is a 502 naming each backend's failure.
-pub fn failure_verdict(
-    outcomes: &[(BackendId, Outcome)],
-    backends: &[BackendConfig],
-) -> FailureVerdict {
-    let mut rejections = outcomes.iter().map(|(_, outcome)| match outcome {
-        Outcome::Rejected(rejection) => Some(rejection),
-        _ => None,
-    });
-    let first = rejections.next().flatten();
-    if let Some(first) = first {
-        if rejections.all(|r| r.is_some_and(|r| r.status == first.status)) {
-            return FailureVerdict::Unanimous(replay(first, backends));
-        }
-    }
-    FailureVerdict::BadGateway(bad_gateway(outcomes, backends))
-}
-
-/// Replays a backend's error answer: its status, content type and body, addresses scrubbed.
-pub fn replay(rejection: &Rejection, backends: &[BackendConfig]) -> Response {
-    let body = scrub_addresses(&rejection.body, backends);
-    let mut headers = HeaderMap::new();
-    if let Some(content_type) = &rejection.content_type {
-        headers.insert(http::header::CONTENT_TYPE, content_type.clone());
-    }
-    Response {
-        status: rejection.status,
-        headers,
-        body: crate::message::ResponseBody::Full(Bytes::from(body)),
-    }
-}
-
-/// A 502 naming what each asked backend did.
-pub fn bad_gateway(outcomes: &[(BackendId, Outcome)], backends: &[BackendConfig]) -> Response {
-    let parts: Vec<String> = outcomes
-        .iter()
-        .map(|(id, outcome)| format!("{}: {}", backend_name(backends, *id), outcome.describe()))
-        .collect();
-    let message = format!(
-        "pdbmux: no usable answer from any backend ({})",
-        parts.join("; ")
-    );
-    let scrubbed = scrub_addresses(message.as_bytes(), backends);
-    Response::with_body(StatusCode::BAD_GATEWAY, TEXT_CONTENT_TYPE, {
-        let mut body = scrubbed;
-        body.push(b'\n');
-        body
-    })
-}
-
-/// The configured name of a backend.
-pub fn backend_name(backends: &[BackendConfig], id: BackendId) -> &str {
-    backends.get(id.0).map_or("?", |b| b.name.as_str())
 }

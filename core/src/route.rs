@@ -6,6 +6,7 @@
 
 use http::{Method, StatusCode};
 
+use crate::entity::Entity;
 use crate::message::ClientRequest;
 
 /// The longest request target accepted (D6); longer gets 414.
@@ -14,32 +15,6 @@ pub const MAX_TARGET_BYTES: usize = 8 * 1024;
 pub const MAX_HEADER_BYTES: usize = 16 * 1024;
 /// The most request header fields accepted (D6); more gets 431.
 pub const MAX_HEADER_COUNT: usize = 100;
-
-/// An entity whose records are merged across backends.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Entity {
-    /// `/nodes`: dedupe by certname, newer report_timestamp wins.
-    Nodes,
-    /// `/facts`: node-level ownership plus provenance.
-    Facts,
-    /// `/fact-names`: sorted union of names.
-    FactNames,
-    /// `/environments`: union by name (D3).
-    Environments,
-    /// `/reports`: union deduped by hash.
-    Reports,
-    /// `/events`: union deduped by the verbatim record.
-    Events,
-}
-
-/// The event-count endpoints, whose rows are combined per subject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum CountEndpoint {
-    /// `/event-counts`.
-    EventCounts,
-    /// `/aggregate-event-counts` (computed from merged event counts, D5).
-    AggregateEventCounts,
-}
 
 /// Which Jolokia metrics route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -66,9 +41,9 @@ pub enum ReportPart {
 /// How a served route is answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
-    /// A record set merged across backends (`/nodes`, `/facts`, `/fact-names`, `/environments`,
-    /// `/reports`, `/events`).
-    Merged(Entity),
+    /// `/pdb/query/v4/<entity>`: answered for the whole estate (docs/merging.md, entity by
+    /// entity).
+    Query(Entity),
     /// `/facts/<name>` or `/facts/<name>/<value>`; segments are kept raw, as received.
     FactsByName {
         /// The raw `<name>` segment.
@@ -76,10 +51,9 @@ pub enum Route {
         /// The raw `<value>` segment, if present (may contain `%2F`).
         value: Option<String>,
     },
-    /// `/resources`: combined when the query aggregates, otherwise passed through.
-    Resources,
-    /// `/event-counts` and `/aggregate-event-counts`.
-    Combined(CountEndpoint),
+    /// `/resources/<type>` or `/resources/<type>/<title>`: resources with the path's constraints,
+    /// merged like `/resources`.
+    ResourcesByType,
     /// `/nodes/<certname>...`, `/factsets/<certname>...`, `/catalogs/<certname>...`: asked of
     /// the owner first, then the others.
     PerCertname {
@@ -106,17 +80,27 @@ pub enum Route {
 }
 
 impl Route {
-    /// The short class name used in logs and transcripts.
+    /// The short class name used in logs and transcripts: a bounded set, one per way of
+    /// answering.
     pub fn class(&self) -> &'static str {
         match self {
-            Route::Merged(_) | Route::FactsByName { .. } => "merged",
-            Route::Resources | Route::Combined(_) => "combined",
+            Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => "query",
             Route::PerCertname { .. } => "per-certname",
             Route::ReportHash { .. } => "report-hash",
             Route::PassThrough => "pass-through",
             Route::MetaVersion | Route::ServerTime => "meta",
             Route::Metrics(_) => "metrics",
             Route::Healthz => "healthz",
+        }
+    }
+
+    /// The entity whose records answer this route, if it is merged: `/facts/<name>` is facts.
+    pub fn entity(&self) -> Option<Entity> {
+        match self {
+            Route::Query(entity) => Some(*entity),
+            Route::FactsByName { .. } => Some(Entity::Facts),
+            Route::ResourcesByType => Some(Entity::Resources),
+            _ => None,
         }
     }
 }
@@ -245,15 +229,9 @@ fn allowlisted(segments: &[&str]) -> Option<Route> {
 /// The route for a path under `/pdb/query/v4`; anything without a merge rule passes through.
 fn query_route(rest: &[&str]) -> Route {
     match rest {
-        ["nodes"] => Route::Merged(Entity::Nodes),
-        ["facts"] => Route::Merged(Entity::Facts),
-        ["fact-names"] => Route::Merged(Entity::FactNames),
-        ["environments"] => Route::Merged(Entity::Environments),
-        ["reports"] => Route::Merged(Entity::Reports),
-        ["events"] => Route::Merged(Entity::Events),
-        ["resources"] => Route::Resources,
-        ["event-counts"] => Route::Combined(CountEndpoint::EventCounts),
-        ["aggregate-event-counts"] => Route::Combined(CountEndpoint::AggregateEventCounts),
+        [segment] if Entity::from_segment(segment).is_some() => {
+            Entity::from_segment(segment).map_or(Route::PassThrough, Route::Query)
+        }
         ["facts", name] => Route::FactsByName {
             name: (*name).to_owned(),
             value: None,
@@ -262,6 +240,7 @@ fn query_route(rest: &[&str]) -> Route {
             name: (*name).to_owned(),
             value: Some((*value).to_owned()),
         },
+        ["resources", _] | ["resources", _, _] => Route::ResourcesByType,
         ["nodes" | "factsets" | "catalogs", certname, ..] => Route::PerCertname {
             certname: (*certname).to_owned(),
         },
@@ -295,17 +274,27 @@ mod tests {
     #[test]
     fn every_table_row_is_classified() {
         let cases: &[(&str, &str)] = &[
-            ("/pdb/query/v4/nodes", "merged"),
-            ("/pdb/query/v4/facts?query=%5B%5D", "merged"),
-            ("/pdb/query/v4/facts/osfamily", "merged"),
-            ("/pdb/query/v4/facts/osfamily/Debian", "merged"),
-            ("/pdb/query/v4/fact-names", "merged"),
-            ("/pdb/query/v4/environments", "merged"),
-            ("/pdb/query/v4/reports", "merged"),
-            ("/pdb/query/v4/events", "merged"),
-            ("/pdb/query/v4/resources", "combined"),
-            ("/pdb/query/v4/event-counts", "combined"),
-            ("/pdb/query/v4/aggregate-event-counts", "combined"),
+            ("/pdb/query/v4/nodes", "query"),
+            ("/pdb/query/v4/facts?query=%5B%5D", "query"),
+            ("/pdb/query/v4/facts/osfamily", "query"),
+            ("/pdb/query/v4/facts/osfamily/Debian", "query"),
+            ("/pdb/query/v4/fact-names", "query"),
+            ("/pdb/query/v4/environments", "query"),
+            ("/pdb/query/v4/reports", "query"),
+            ("/pdb/query/v4/events", "query"),
+            ("/pdb/query/v4/resources", "query"),
+            ("/pdb/query/v4/event-counts", "query"),
+            ("/pdb/query/v4/aggregate-event-counts", "query"),
+            ("/pdb/query/v4/factsets", "query"),
+            ("/pdb/query/v4/catalogs", "query"),
+            ("/pdb/query/v4/edges", "query"),
+            ("/pdb/query/v4/fact-contents", "query"),
+            ("/pdb/query/v4/fact-paths", "query"),
+            ("/pdb/query/v4/inventory", "query"),
+            ("/pdb/query/v4/packages", "query"),
+            ("/pdb/query/v4/package-inventory", "query"),
+            ("/pdb/query/v4/producers", "query"),
+            ("/pdb/query/v4/catalog-inputs", "pass-through"),
             ("/pdb/query/v4/nodes/web1.example.com", "per-certname"),
             ("/pdb/query/v4/nodes/web1/facts/kernel", "per-certname"),
             ("/pdb/query/v4/factsets/web1", "per-certname"),
@@ -315,9 +304,9 @@ mod tests {
             ("/pdb/query/v4/reports/abc123/metrics", "report-hash"),
             ("/pdb/query/v4", "pass-through"),
             ("/pdb/query/v4?query=nodes%20%7B%7D", "pass-through"),
-            ("/pdb/query/v4/inventory", "pass-through"),
-            ("/pdb/query/v4/resources/File/foo", "pass-through"),
-            ("/pdb/query/v4/fact-contents", "pass-through"),
+            ("/pdb/query/v4/resources/File/foo", "query"),
+            ("/pdb/query/v4/resources/File", "query"),
+            ("/pdb/query/v4/resources/File/a/b", "pass-through"),
             ("/pdb/meta/v1/version", "meta"),
             ("/pdb/meta/v1/server-time", "meta"),
             (

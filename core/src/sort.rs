@@ -61,6 +61,11 @@ pub enum ColumnKind {
     /// A text column holding serialized JSON (events `new_value`/`old_value`): the compact JSON
     /// text byte-wise, as PostgreSQL sorts the stored text (`null` is the text `null`).
     JsonText,
+    /// A fact path as `/fact-contents` stores it (`text[]`): element-wise, each element (a
+    /// string or an array index) compared as text, then shorter first.
+    PathArray,
+    /// A fact path as `/fact-paths` stores it: the elements joined by `#~` and compared as text.
+    EncodedPath,
     /// Not a known column (a function alias such as `count`, a query-only field): keyed by the
     /// value's JSON type.
     Other,
@@ -145,6 +150,18 @@ pub enum OrderEntity {
     Factsets,
     /// `/inventory`.
     Inventory,
+    /// `/fact-contents`.
+    FactContents,
+    /// `/fact-paths` (`depth` orders but is not projected: it is the path's length less one).
+    FactPaths,
+    /// `/edges`.
+    Edges,
+    /// `/packages`.
+    Packages,
+    /// `/package-inventory`.
+    PackageInventory,
+    /// `/producers` (`name` only).
+    Producers,
 }
 
 // The lists are in the order PuppetDB 7.12.1 names them in "Supported columns are ...".
@@ -287,6 +304,18 @@ const FACTSETS: &[&str] = &[
     "environment",
 ];
 const INVENTORY: &[&str] = &["certname", "timestamp", "environment", "facts", "trusted"];
+const FACT_CONTENTS: &[&str] = &["certname", "environment", "path", "name", "value"];
+const FACT_PATHS: &[&str] = &["type", "path", "name", "depth"];
+const EDGES: &[&str] = &[
+    "certname",
+    "relationship",
+    "source_title",
+    "source_type",
+    "target_title",
+    "target_type",
+];
+const PACKAGES: &[&str] = &["package_name", "version", "provider"];
+const PACKAGE_INVENTORY: &[&str] = &["certname", "package_name", "version", "provider"];
 
 /// The columns an entity accepts in the URL `order_by`, in the order PuppetDB lists them in its
 /// "Supported columns" error. Use it to validate or to document; [`parse_order_by`] already checks.
@@ -299,7 +328,7 @@ pub fn orderable_fields(entity: OrderEntity) -> &'static [&'static str] {
             include_facts_expiration: true,
         } => NODES_WITH_EXPIRATION,
         OrderEntity::Facts => FACTS,
-        OrderEntity::FactNames | OrderEntity::Environments => NAME_ONLY,
+        OrderEntity::FactNames | OrderEntity::Environments | OrderEntity::Producers => NAME_ONLY,
         OrderEntity::Reports => REPORTS,
         OrderEntity::Events => EVENTS,
         OrderEntity::EventCounts(SummarizeBy::Certname) => EVENT_COUNTS_CERTNAME,
@@ -309,6 +338,11 @@ pub fn orderable_fields(entity: OrderEntity) -> &'static [&'static str] {
         OrderEntity::Catalogs => CATALOGS,
         OrderEntity::Factsets => FACTSETS,
         OrderEntity::Inventory => INVENTORY,
+        OrderEntity::FactContents => FACT_CONTENTS,
+        OrderEntity::FactPaths => FACT_PATHS,
+        OrderEntity::Edges => EDGES,
+        OrderEntity::Packages => PACKAGES,
+        OrderEntity::PackageInventory => PACKAGE_INVENTORY,
     }
 }
 
@@ -316,7 +350,9 @@ pub fn orderable_fields(entity: OrderEntity) -> &'static [&'static str] {
 /// [`OrderField`] for an order that did not come through [`parse_order_by`], such as an in-query
 /// `["order_by", ...]`; a name that is not a column (a function alias) gets [`ColumnKind::Other`].
 pub fn column_kind(entity: OrderEntity, field: &str) -> ColumnKind {
-    use ColumnKind::{Boolean, JsonText, Jsonb, Number, Other, Text, TextArray, Timestamp};
+    use ColumnKind::{
+        Boolean, EncodedPath, JsonText, Jsonb, Number, Other, PathArray, Text, TextArray, Timestamp,
+    };
     let timestamp = match entity {
         OrderEntity::Nodes { .. } => &[
             "deactivated",
@@ -371,6 +407,10 @@ pub fn column_kind(entity: OrderEntity, field: &str) -> ColumnKind {
         (OrderEntity::Resources, "parameters") => Jsonb,
         (OrderEntity::Resources, "tag") => Other,
         (OrderEntity::Factsets, "facts") | (OrderEntity::Inventory, "facts" | "trusted") => Jsonb,
+        (OrderEntity::FactContents, "value") => Jsonb,
+        (OrderEntity::FactContents, "path") => PathArray,
+        (OrderEntity::FactPaths, "path") => EncodedPath,
+        (OrderEntity::FactPaths, "depth") => Number,
         _ if orderable_fields(entity).contains(&field) => Text,
         _ => Other,
     }
@@ -840,7 +880,36 @@ fn key_part(raw: &str, kind: ColumnKind) -> KeyPart {
     match serde_json::from_str::<Jsonb>(raw) {
         Err(_) => KeyPart::Null,
         Ok(v) if kind == ColumnKind::Jsonb => KeyPart::Jsonb(v),
+        Ok(Jsonb::Arr(items)) if kind == ColumnKind::PathArray => KeyPart::List(
+            items
+                .into_vec()
+                .into_iter()
+                .map(|item| match path_element(&item) {
+                    Some(text) => KeyPart::Text(text.into_bytes().into_boxed_slice()),
+                    None => KeyPart::Null,
+                })
+                .collect(),
+        ),
+        Ok(Jsonb::Arr(items)) if kind == ColumnKind::EncodedPath => {
+            let elements: Option<Vec<String>> = items.iter().map(path_element).collect();
+            match elements {
+                Some(elements) => {
+                    KeyPart::Text(elements.join("#~").into_bytes().into_boxed_slice())
+                }
+                None => KeyPart::Null,
+            }
+        }
         Ok(v) => KeyPart::from_json(v, kind),
+    }
+}
+
+/// One element of a fact path as PuppetDB stores it: a key, or an array index as its digits.
+fn path_element(element: &Jsonb) -> Option<String> {
+    match element {
+        Jsonb::Str(s) => Some(s.to_string()),
+        Jsonb::Num(Num::I(i)) => Some(i.to_string()),
+        Jsonb::Num(Num::U(u)) => Some(u.to_string()),
+        _ => None,
     }
 }
 

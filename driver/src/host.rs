@@ -15,9 +15,10 @@ use std::time::Instant;
 use futures_channel::oneshot;
 use futures_util::future::{Either, FutureExt};
 use futures_util::task::AtomicWaker;
+use pdbmux_core::config::Config;
 use pdbmux_core::{
-    Admission, ClientRequest, Estate, EstateOutput, Exchange, FlightId, Response, Round,
-    UpstreamRequest, WaiterId,
+    Admission, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId, Planned,
+    Response, UpstreamRequest, WaiterId,
 };
 use pdbmux_sealed::Sealer;
 
@@ -98,7 +99,7 @@ enum WaiterEvent {
     /// Answer with this.
     Respond(Response),
     /// What the request waited for (a membership refresh) is ready: admit it again.
-    Resume,
+    Resume(Box<Planned>),
 }
 
 /// Wakes the estate's driver: a wake-up while it is busy is kept for its next wait.
@@ -130,6 +131,8 @@ impl Wake {
 /// The estate as every connection task of a runtime shares it.
 pub struct EstateHost<R: Runtime> {
     estate: Mutex<Estate>,
+    /// The configuration requests are planned with, outside the estate's lock.
+    config: Arc<Config>,
     waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>>,
     flights: Mutex<BTreeMap<FlightId, R::Task>>,
     wake: Wake,
@@ -150,6 +153,7 @@ impl<R: Runtime> EstateHost<R> {
     /// Wraps a fresh estate, the sealer of its store and the runtime.
     pub fn new(estate: Estate, sealer: Sealer, runtime: R) -> Arc<EstateHost<R>> {
         Arc::new(EstateHost {
+            config: Arc::clone(estate.config()),
             estate: Mutex::new(estate),
             waiters: Mutex::new(BTreeMap::new()),
             flights: Mutex::new(BTreeMap::new()),
@@ -166,15 +170,17 @@ impl<R: Runtime> EstateHost<R> {
         self: &Arc<Self>,
         request: &ClientRequest,
     ) -> (Response, Option<(R::Held, Instant)>) {
-        let mut admission = self.admit_with(Instant::now(), request, Estate::admit);
+        // Planned once, before the estate's lock is taken.
+        let planned = pdbmux_core::plan(request, &self.config);
+        let mut admission = self.admit_with(Instant::now(), planned, Estate::admit);
         loop {
             match admission {
                 Admitted::Respond(response) => return (response, None),
                 Admitted::Exchange(exchange) => return crate::drive(&**self, exchange).await,
                 Admitted::Wait(ticket) => match ticket.wait().await {
                     Some(WaiterEvent::Respond(response)) => return (response, None),
-                    Some(WaiterEvent::Resume) => {
-                        admission = self.admit_with(Instant::now(), request, Estate::readmit)
+                    Some(WaiterEvent::Resume(planned)) => {
+                        admission = self.admit_with(Instant::now(), *planned, Estate::readmit)
                     }
                     None => {
                         let response = Response::text(
@@ -217,11 +223,11 @@ impl<R: Runtime> EstateHost<R> {
     fn admit_with(
         self: &Arc<Self>,
         now: Instant,
-        request: &ClientRequest,
-        admit: fn(&mut Estate, Instant, &ClientRequest) -> Admission,
+        planned: Planned,
+        admit: fn(&mut Estate, Instant, Planned) -> Admission,
     ) -> Admitted<R> {
         let mut estate = self.estate();
-        let admission = admit(&mut estate, now, request);
+        let admission = admit(&mut estate, now, planned);
         // The admission may have queued upstream requests (a membership refresh).
         let wake = !matches!(admission, Admission::Respond(_));
         let admitted = match admission {
@@ -324,7 +330,9 @@ impl<R: Runtime> EstateHost<R> {
                     EstateOutput::Respond { waiter, response } => {
                         self.tell(waiter, WaiterEvent::Respond(response))
                     }
-                    EstateOutput::Resume { waiter } => self.tell(waiter, WaiterEvent::Resume),
+                    EstateOutput::Resume { waiter, planned } => {
+                        self.tell(waiter, WaiterEvent::Resume(planned))
+                    }
                     EstateOutput::CancelFlight(flight) => {
                         // Taken out first: cancelling may drop the flight's future right here.
                         let task = lock(&self.flights).remove(&flight);
@@ -384,8 +392,8 @@ impl<R: Runtime> Transport for EstateHost<R> {
         self.runtime.sleep_until(deadline)
     }
 
-    fn round(&self, round: Round) {
-        self.estate().handle_round(Instant::now(), round);
+    fn report(&self, report: ExchangeReport) {
+        self.estate().handle_report(Instant::now(), report);
     }
 }
 

@@ -23,7 +23,7 @@ pub use host::{EstateHost, Runtime, Task};
 use futures_util::future::{self, AbortHandle, Abortable, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use pdbmux_core::{
-    Exchange, ExchangeOutput, Response, ResponseBody, Round, UpstreamFailure, UpstreamId,
+    Exchange, ExchangeOutput, ExchangeReport, Response, ResponseBody, UpstreamFailure, UpstreamId,
     UpstreamRequest, UpstreamResponse,
 };
 
@@ -46,8 +46,9 @@ pub trait Transport {
     /// Resolves at `deadline`.
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send;
 
-    /// Receives the exchange's finished fan-out round, for `/healthz` (reported when it answers).
-    fn round(&self, round: Round);
+    /// Receives what the exchange tells the estate once it answered (its `/healthz` round, the
+    /// corrections it learned).
+    fn report(&self, report: ExchangeReport);
 }
 
 /// Drives `exchange` to its response on the current task, with the held upstream body (and the
@@ -87,9 +88,7 @@ pub async fn drive<T: Transport>(
                         ResponseBody::Upstream(id) => held.remove(id),
                         ResponseBody::Full(_) => None,
                     };
-                    if let Some(round) = exchange.round() {
-                        transport.round(round);
-                    }
+                    transport.report(exchange.report());
                     return (response, stream);
                 }
             }

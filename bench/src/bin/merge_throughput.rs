@@ -95,8 +95,8 @@ fn ready_estate(now: Instant, membership: &[Bytes]) -> Result<Estate> {
             wall: SystemTime::now(),
         },
     );
-    let request = ClientRequest::get(FACTS);
-    match estate.admit(now, &request) {
+    let planned = pdbmux_core::plan(&ClientRequest::get(FACTS), estate.config());
+    match estate.admit(now, planned) {
         Admission::Wait(_) => {}
         other => {
             return Err(format!("expected to wait for the membership map, got {other:?}").into())
@@ -139,11 +139,13 @@ fn ready_estate(now: Instant, membership: &[Bytes]) -> Result<Estate> {
 
 /// Drives one `/facts` exchange (admitted under `estate`'s lock) to its response.
 fn merge_once(estate: &Mutex<Estate>, now: Instant, facts: &[Bytes]) -> Result<Response> {
-    let request = ClientRequest::get(FACTS);
+    // Planned outside the lock, as the driver does.
+    let config = Arc::clone(estate.lock().map_err(|_| "estate lock poisoned")?.config());
+    let planned = pdbmux_core::plan(&ClientRequest::get(FACTS), &config);
     let admission = estate
         .lock()
         .map_err(|_| "estate lock poisoned")?
-        .admit(now, &request);
+        .admit(now, planned);
     let Admission::Exchange(mut exchange) = admission else {
         return Err(format!("expected an exchange, got {admission:?}").into());
     };

@@ -14,7 +14,7 @@ use http::{HeaderMap, HeaderValue};
 pub use store::{CacheStore, CachedResponse, MemoryStore, StoreStats};
 
 use crate::query::{analyze, Params};
-use crate::route::{Entity, Route};
+use crate::route::Route;
 
 /// Header saying where a cached-path response came from: `hit`, `miss` or `stale`.
 pub const X_CACHE: http::HeaderName = http::HeaderName::from_static("x-cache");
@@ -80,7 +80,7 @@ pub fn cache_key(
     let mut value_filter = None;
     let mut drilldown_path = None;
     match route {
-        Route::Merged(Entity::Nodes | Entity::Facts | Entity::FactNames) => {}
+        Route::Query(entity) if entity.is_cached() => {}
         Route::FactsByName { name, value } => {
             let decoded = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
             if let (true, Some(value)) = (decoded == source_fact, value) {

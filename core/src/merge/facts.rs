@@ -1,19 +1,21 @@
 //! `/facts` and `/facts/<name>[/<value>]`: node-level granularity. Each node's facts come from one
 //! backend, its owner; the synthetic provenance fact names it.
 //!
-//! The owner is the membership map's (freshness or static, pushed upstream by D4) when that
-//! backend returned the node's facts, else the first backend in configured order that did, so a
-//! node only one backend holds always appears. Upstream records named like the provenance fact
-//! are dropped on every shape while it is enabled.
+//! The owner is the membership map's (freshness or static) when this request asks it: its
+//! records are kept and every other backend's copy dropped, even when the owner returned none
+//! (its facts do not match the query). A node the map does not know, or whose owner is not
+//! asked, is taken from the first backend in configured order that returned it. Upstream
+//! records named like the provenance fact are dropped on every shape while it is enabled.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 
-use super::rows::{Collected, Raw, Row};
-use super::{parse_answers_with, Answer, Merged, Provenance, RecordPlan};
+use super::rows::{Collected, Page, Raw, Row};
+use super::{parse_answers, Answer, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
+use crate::ownership::{Holding, Owning};
 use crate::records::{is_str, parse_array, parse_picked, raw_str, write_array, Fields};
 use crate::sort::OrderBy;
 
@@ -33,7 +35,7 @@ enum Place {
 /// environment of its first kept record.
 struct Node<'a> {
     certname: Cow<'a, str>,
-    holders: Vec<usize>,
+    holders: Vec<(usize, Holding)>,
     owner: Option<usize>,
     last: Option<(usize, usize)>,
     environment: Option<Option<&'a RawValue>>,
@@ -48,8 +50,13 @@ struct Nodes<'a> {
 }
 
 impl<'a> Nodes<'a> {
-    /// The node named `certname`, noting that `backend` returned it.
-    fn seen(&mut self, certname: Cow<'a, str>, backend: usize) -> usize {
+    /// The node named `certname`, noting that `backend` returned it and whose copy that is.
+    fn seen(
+        &mut self,
+        certname: Cow<'a, str>,
+        backend: usize,
+        owning: Option<Owning<'_>>,
+    ) -> usize {
         let next = self.list.len();
         let node = *self.index.entry(certname.clone()).or_insert(next);
         if node == next {
@@ -61,9 +68,12 @@ impl<'a> Nodes<'a> {
                 environment: None,
             });
         }
-        let holders = &mut self.list[node].holders;
-        if !holders.contains(&backend) {
-            holders.push(backend);
+        let node_ref = &mut self.list[node];
+        if !node_ref.holders.iter().any(|(b, _)| *b == backend) {
+            let holding = owning.map_or(Holding::Unknown, |o| {
+                o.holding(BackendId(backend), &node_ref.certname)
+            });
+            node_ref.holders.push((backend, holding));
         }
         node
     }
@@ -74,8 +84,12 @@ impl<'a> Nodes<'a> {
 /// no second parse.
 const PICKED: [&str; 4] = ["certname", "name", "environment", "value"];
 
-pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
-    let (parsed, unusable) = match parse_answers_with(answers, |body| parse_picked(body, PICKED)) {
+pub(crate) fn merge(
+    plan: &RecordPlan,
+    answers: &[Answer<'_>],
+    owning: Option<Owning<'_>>,
+) -> Merged {
+    let (parsed, unusable) = match parse_answers(answers, |body| parse_picked(body, PICKED)) {
         Ok(parsed) => parsed,
         Err(unusable) => return Merged::nothing(unusable),
     };
@@ -87,7 +101,8 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
     let mut nodes = Nodes::default();
     let mut dropped = 0usize;
     let mut places: Vec<Vec<Place>> = Vec::with_capacity(parsed.len());
-    for (backend, records) in &parsed {
+    for (answer, records) in &parsed {
+        let backend = answer.backend;
         let mut backend_places = Vec::with_capacity(records.len());
         // The raw certname of the record before, and its node.
         let mut previous: Option<(&str, usize)> = None;
@@ -101,7 +116,7 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
                     (Some(raw), Some((last, node))) if raw.get() == last => Place::Node(node),
                     (Some(raw), _) => match raw_str(raw) {
                         Some(certname) => {
-                            let node = nodes.seen(certname, backend.0);
+                            let node = nodes.seen(certname, backend.0, owning);
                             previous = Some((raw.get(), node));
                             Place::Node(node)
                         }
@@ -118,15 +133,17 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
         tracing::info!("dropped {dropped} upstream fact records named {source_fact} (the synthetic provenance fact)");
     }
 
-    // Each node's effective owner (the map's owner when it returned the node, else the first
-    // backend that did) and the owner's last record of it.
+    // Each node's kept copy: its owner's; none when an asked owner did not return it; else the
+    // first backend's that did. And the owner's last record of it.
     for node in &mut nodes.list {
-        node.owner = match plan.owner(&node.certname) {
-            Some(BackendId(owner)) if node.holders.contains(&owner) => Some(owner),
-            _ => node.holders.first().copied(),
+        node.owner = match node.holders.iter().find(|(_, h)| *h == Holding::Own) {
+            Some((owner, _)) => Some(*owner),
+            None if node.holders.iter().any(|(_, h)| *h == Holding::Other) => None,
+            None => node.holders.first().map(|(b, _)| *b),
         };
     }
-    for (answer, ((backend, _), backend_places)) in parsed.iter().zip(&places).enumerate() {
+    for (answer, ((this, _), backend_places)) in parsed.iter().zip(&places).enumerate() {
+        let backend = this.backend;
         for (index, place) in backend_places.iter().enumerate() {
             if let Place::Node(node) = *place {
                 let node = &mut nodes.list[node];
@@ -155,7 +172,17 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
             + nodes.list.len(),
         answers.iter().map(|answer| answer.body.len()).sum(),
     );
-    for (answer, ((backend, records), backend_places)) in parsed.iter().zip(&places).enumerate() {
+    let mut pages = Vec::with_capacity(parsed.len());
+    for (answer, ((this, records), backend_places)) in parsed.iter().zip(&places).enumerate() {
+        let backend = this.backend;
+        let mut page = Page::new(backend.0, this.limit);
+        page.returned = records.len();
+        if let (Some(order), Some(record)) = (order, records.last()) {
+            page.last_key = Some(crate::sort::sort_key(order, |field| {
+                let index = PICKED.iter().position(|picked| *picked == field)?;
+                record.fields[index]
+            }));
+        }
         for (index, (record, place)) in records.iter().zip(backend_places).enumerate() {
             let mut provenance_due = None;
             match *place {
@@ -179,6 +206,7 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
                 }
             }
             if upstream {
+                page.kept += 1;
                 rows.push(Row::new(
                     backend.0,
                     Raw::Borrowed(record.text),
@@ -206,11 +234,10 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
                 }
             }
         }
+        pages.push(page);
     }
-    let (body, merged) = rows.finish(order, plan.window);
-    let total = plan.total(merged, answers);
     Merged {
-        response: Some(plan.respond(body, total)),
+        body: rows.finish(order, plan.window, &pages),
         contributed: parsed.len(),
         unusable,
     }

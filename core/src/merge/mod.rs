@@ -1,34 +1,54 @@
-//! Record merges: `/nodes`, `/facts`, `/facts/<name>[/<value>]`, `/fact-names`, `/environments`,
-//! `/reports` and `/events`.
+//! Record merges: every entity whose answer is a set of records (docs/merging.md, the entity
+//! table): `/nodes`, the node-owned entities (`/facts` with its provenance, `/fact-contents`,
+//! `/factsets`, `/catalogs`, `/edges`, `/resources`, `/inventory`, `/package-inventory`), the
+//! unions (`/reports`, `/events`, `/environments`, `/producers`, `/fact-paths`, `/packages`)
+//! and `/fact-names`.
 //!
-//! A [`RecordPlan`] reads the request once (paging, query shape, provenance gates), builds each
-//! backend's upstream request (over-fetching `offset + limit`, pushing node ownership down,
-//! DECISIONS.md D4), and merges the answers into one body: deduped, re-sorted in PostgreSQL's
-//! order (D11) and re-paged.
+//! A [`RecordPlan`] reads the request once (paging, query shape, provenance gates), asks each
+//! backend for `offset + limit` records and never an offset, and merges the answers into one
+//! body: each node's records from its owner, each distinct record once, re-sorted in
+//! PostgreSQL's order and re-paged. How ownership is made exact without making the backends
+//! slower is in docs/merging.md ("What it costs"): an unpaged answer drops other owners' copies
+//! here; a paged one over-fetches, drops, and asks a backend again with ownership pushed into
+//! its query only when its page came up short; a query pinned to certnames goes to their owners
+//! only; totals are corrected with counts learned once per membership snapshot.
 
 mod facts;
 mod names;
 mod nodes;
+mod owned;
 mod rows;
 mod union;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 use percent_encoding::percent_decode_str;
+use serde_json::Value;
 
-use crate::config::{Config, MergeStrategy};
+use crate::config::Config;
+use crate::corrections::Learned;
+use crate::entity::{Entity, MergeRule};
+use crate::fanout::{Calls, Context, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
-use crate::membership::{Ownership, Scope};
 use crate::message::Response;
 use crate::outbound;
-use crate::query::{analyze, Analysis, Params, QueryText};
-use crate::route::{Entity, Route};
-use crate::sort::{self, OrderBy, OrderEntity};
+use crate::ownership::{narrow, NodeScope, Owning};
+use crate::query::{self, Analysis, Params, QueryText};
+use crate::route::Route;
+use crate::sort::{self, OrderBy};
+use crate::status::Unusable;
 
 pub(crate) use facts::filter_source_records;
-pub(crate) use rows::Window;
+pub(crate) use rows::{Unfilled, Window};
+
+/// The first round's records.
+const RECORDS: usize = 0;
+/// A correction of the total (docs/merging.md, "Corrections").
+const CORRECTION: usize = 1;
+/// A page asked again with ownership pushed down, after the first came up short.
+const PUSHED: usize = 2;
 
 /// What the provenance fact does for this request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,46 +63,83 @@ pub(crate) enum Provenance {
     SyntheticOnly { value: Option<String> },
 }
 
+/// How a node-owned merge makes each node's records its owner's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Technique {
+    /// Every answer is whole (unpaged): other owners' copies are dropped here.
+    Drop,
+    /// Paged: each backend over-fetches, other owners' copies are dropped here, and a backend
+    /// whose page came up short is asked again with ownership pushed down.
+    OverFetch,
+    /// The records do not name their node (a projection without `certname`): ownership is
+    /// pushed into every backend's query.
+    Pushdown,
+}
+
 /// One backend's usable answer.
 pub(crate) struct Answer<'a> {
     pub(crate) backend: BackendId,
     pub(crate) headers: &'a HeaderMap,
     pub(crate) body: &'a Bytes,
+    /// The limit this answer was asked for (`None`: unlimited).
+    pub(crate) limit: Option<u64>,
 }
 
-/// The result of merging: the response and how many backends contributed, or the backends whose
-/// bodies could not be used (counted as failed, D7).
+/// A merge's result: the body and the merged count (before the window), or the backends whose
+/// pages came up short; and the backends whose bodies could not be used (counted as failed, D7).
 pub(crate) struct Merged {
-    pub(crate) response: Option<Response>,
+    pub(crate) body: Result<(Vec<u8>, usize), Unfilled>,
     pub(crate) contributed: usize,
-    pub(crate) unusable: Vec<(BackendId, String)>,
+    pub(crate) unusable: Unusables,
 }
 
 /// Backends whose answers could not be used, with the reason.
-pub(crate) type Unusable = Vec<(BackendId, String)>;
+pub(crate) type Unusables = Vec<(BackendId, Unusable)>;
 
-/// A backend's records, parsed as raw JSON and borrowed from its body.
-pub(crate) type Parsed<'a> = Vec<(BackendId, Vec<&'a serde_json::value::RawValue>)>;
-
-/// Parses every answer's body as an array of raw records; a body that does not parse makes its
-/// backend unusable (D7). `Err` holds every backend's reason when no body parsed at all.
-pub(crate) fn parse_answers<'a>(
-    answers: &[Answer<'a>],
-) -> Result<(Parsed<'a>, Unusable), Unusable> {
-    parse_answers_with(answers, crate::records::parse_array)
+impl Merged {
+    /// No backend's answer was usable: the exchange answers with the status policy.
+    pub(crate) fn nothing(unusable: Unusables) -> Merged {
+        Merged {
+            body: Ok((Vec::new(), 0)),
+            contributed: 0,
+            unusable,
+        }
+    }
 }
 
-/// [`parse_answers`] with another parse of each body (one that also reads fields, say).
-pub(crate) fn parse_answers_with<'a, T>(
-    answers: &[Answer<'a>],
+/// One backend this merge asks.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    backend: BackendId,
+    limit: Option<u64>,
+    push: bool,
+}
+
+/// A correction this merge needs from one backend: its request, the key it is kept under, and
+/// whether the estate already knew the answer.
+#[derive(Debug)]
+struct Correction {
+    backend: BackendId,
+    outbound: Outbound,
+    key: String,
+    known: Option<Bytes>,
+}
+
+/// A backend's records, parsed as raw JSON and borrowed from its body.
+pub(crate) type Parsed<'a, T> = Vec<(&'a Answer<'a>, T)>;
+
+/// Parses every answer's body with `parse`; a body that does not parse makes its backend
+/// unusable (D7). `Err` holds every backend's reason when no body parsed at all.
+pub(crate) fn parse_answers<'a, T>(
+    answers: &'a [Answer<'a>],
     parse: impl Fn(&'a [u8]) -> Result<T, serde_json::Error>,
-) -> Result<(Vec<(BackendId, T)>, Unusable), Unusable> {
+) -> Result<(Parsed<'a, T>, Unusables), Unusables> {
     let mut unusable = Vec::new();
     let mut parsed = Vec::new();
     for answer in answers {
         match parse(answer.body) {
-            Ok(records) => parsed.push((answer.backend, records)),
-            Err(error) => unusable.push((answer.backend, format!("unparseable body: {error}"))),
+            Ok(records) => parsed.push((answer, records)),
+            Err(error) => unusable.push((answer.backend, Unusable::Unparseable(error.to_string()))),
         }
     }
     if parsed.is_empty() {
@@ -91,22 +148,11 @@ pub(crate) fn parse_answers_with<'a, T>(
     Ok((parsed, unusable))
 }
 
-impl Merged {
-    /// No backend's answer was usable: the exchange answers with the status policy.
-    pub(crate) fn nothing(unusable: Unusable) -> Merged {
-        Merged {
-            response: None,
-            contributed: 0,
-            unusable,
-        }
-    }
-}
-
 /// A planned record merge.
 #[derive(Debug)]
 pub(crate) struct RecordPlan {
-    /// Which merge: the entity of the route (`/facts/<name>` merges as facts).
-    pub(crate) kind: Entity,
+    /// Which entity's records: the route's (`/facts/<name>` merges as facts).
+    pub(crate) entity: Entity,
     config: Arc<Config>,
     upstream_path: String,
     params: Params,
@@ -116,19 +162,18 @@ pub(crate) struct RecordPlan {
     pub(crate) window: Window,
     pub(crate) include_total: bool,
     pub(crate) provenance: Provenance,
-    /// For a node-scoped merge, the strategy that picks owners and the scope of nodes the query
-    /// sees; [`RecordPlan::attach`] adds the snapshot.
-    node_scope: Option<(MergeStrategy, Scope)>,
-    /// The ownership snapshot and the strategy that picks owners, for node-scoped merges.
-    pushdown: Option<outbound::Pushdown>,
-}
-
-/// What planning decided.
-pub(crate) enum Planned {
-    /// Fan out and merge.
-    FanOut(Box<RecordPlan>),
-    /// Answer without asking any backend (a refusal, or an answer known from config alone).
-    Respond(Response),
+    /// For a node-owned merge (and history with `latest_report?`): whose records are kept, and
+    /// how that is made exact.
+    owned: Option<(NodeScope, Technique)>,
+    /// A paged history total, corrected for reports stored in several backends (D16).
+    history_total: bool,
+    /// The backends asked, the limit each was asked for, and whether ownership was pushed into
+    /// its first request; set by [`Plan::start`].
+    asked: Vec<Asked>,
+    /// Backends in the roster that hold none of the certnames the query is pinned to.
+    excused: usize,
+    /// The corrections the total needs; set by [`Plan::start`].
+    corrections: Vec<Correction>,
 }
 
 /// A 400 in PuppetDB's style (plain text).
@@ -137,19 +182,19 @@ fn bad_request(message: impl Into<String>) -> Response {
 }
 
 impl RecordPlan {
-    /// Plans a record merge for a merged route, or answers it directly.
+    /// Plans a record merge for a route of `entity`, or answers it directly (a 400, or an answer
+    /// known from the configuration alone).
     pub(crate) fn plan(
         route: &Route,
+        entity: Entity,
         path: &str,
-        raw_query: Option<&str>,
+        params: Params,
+        query: QueryText,
+        analysis: Option<Analysis>,
         config: &Arc<Config>,
-    ) -> Planned {
-        let params = Params::parse(raw_query);
-        let query = params.query_text();
-        let analysis = query.as_ast().map(analyze);
+    ) -> Result<RecordPlan, Box<Response>> {
         let source_fact = config.source_fact.as_str();
-        let (kind, upstream_path, facts_path_name) = match route {
-            Route::Merged(entity) => (*entity, path.to_owned(), None),
+        let (upstream_path, facts_path_name) = match route {
             Route::FactsByName { name, value } => {
                 let decoded = percent_decode_str(name).decode_utf8_lossy().into_owned();
                 if decoded == source_fact {
@@ -157,51 +202,39 @@ impl RecordPlan {
                     let value = value
                         .as_ref()
                         .map(|v| percent_decode_str(v).decode_utf8_lossy().into_owned());
-                    (Entity::Facts, "/pdb/query/v4/facts".to_owned(), Some(value))
+                    (Entity::Facts.path(), Some(value))
                 } else {
-                    (Entity::Facts, path.to_owned(), None)
+                    (path.to_owned(), None)
                 }
             }
-            _ => {
-                return Planned::Respond(Response::text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "pdbmux: not a record route",
-                ))
-            }
+            _ => (path.to_owned(), None),
         };
-
-        let order_entity = match kind {
-            Entity::Nodes => OrderEntity::Nodes {
-                include_facts_expiration: params
-                    .get("include_facts_expiration")
-                    .is_some_and(|v| v.eq_ignore_ascii_case("true")),
-            },
-            Entity::Facts => OrderEntity::Facts,
-            Entity::FactNames => OrderEntity::FactNames,
-            Entity::Environments => OrderEntity::Environments,
-            Entity::Reports => OrderEntity::Reports,
-            Entity::Events => OrderEntity::Events,
-        };
-        let paging = match sort::parse_paging(
+        let include_facts_expiration = params
+            .get("include_facts_expiration")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+        let order_entity = entity
+            .order_entity(include_facts_expiration)
+            .ok_or_else(|| Box::new(bad_request("pdbmux: not a record route")))?;
+        let paging = sort::parse_paging(
             params.get("order_by"),
             params.get("limit"),
             params.get("offset"),
             order_entity,
-        ) {
-            Ok(paging) => paging,
-            Err(error) => return Planned::Respond(bad_request(error.to_string())),
-        };
+        )
+        .map_err(|error| Box::new(bad_request(error.to_string())))?;
         let order = (!paging.order_by.is_empty()).then_some(paging.order_by);
         let include_total = params
             .get("include_total")
             .is_some_and(sort::parse_include_total);
-        let (limit, offset) = (paging.limit, paging.offset.unwrap_or(0));
-        let window = Window { offset, limit };
+        let window = Window {
+            offset: paging.offset.unwrap_or(0),
+            limit: paging.limit,
+        };
 
-        let provenance = if kind != Entity::Facts || !config.source_fact_enabled {
+        let provenance = if entity != Entity::Facts || !config.source_fact_enabled {
             match facts_path_name {
                 // The synthetic path answers [] while injection is off.
-                Some(_) => return Planned::Respond(Response::json(StatusCode::OK, "[]")),
+                Some(_) => return Err(Box::new(Response::json(StatusCode::OK, "[]"))),
                 None => Provenance::Off,
             }
         } else {
@@ -214,35 +247,51 @@ impl RecordPlan {
             } || window.is_paged();
             match facts_path_name {
                 Some(value) => {
-                    if gated {
-                        return Planned::Respond(Response::json(StatusCode::OK, "[]"));
-                    }
-                    if let Some(value) = &value {
-                        if !config.backends.iter().any(|b| &b.name == value) {
-                            return Planned::Respond(Response::json(StatusCode::OK, "[]"));
-                        }
+                    let known = value
+                        .as_ref()
+                        .is_none_or(|value| config.backends.iter().any(|b| &b.name == value));
+                    if gated || !known {
+                        return Err(Box::new(Response::json(StatusCode::OK, "[]")));
                     }
                     Provenance::SyntheticOnly { value }
                 }
-                None if route != &Route::Merged(Entity::Facts) => Provenance::DropOnly,
+                None if route != &Route::Query(Entity::Facts) => Provenance::DropOnly,
                 None if gated => Provenance::DropOnly,
                 None => Provenance::Inject,
             }
         };
 
-        let node_scoped = matches!(kind, Entity::Nodes | Entity::Facts)
-            || (matches!(kind, Entity::Reports | Entity::Events)
-                && analysis.as_ref().is_some_and(|a| a.uses_latest_report));
-        let strategy = match kind {
-            Entity::Facts => config.merge,
-            _ => MergeStrategy::Freshness,
+        let raw_query = params.get("query");
+        let latest_report = analysis.as_ref().is_some_and(|a| a.uses_latest_report);
+        let node_owned = entity.is_node_owned() || (entity.is_history() && latest_report);
+        let names_node = match analysis.as_ref() {
+            Some(a) if !a.plain_columns.is_empty() || a.has_function_column() => {
+                a.plain_columns.iter().any(|c| c == "certname")
+            }
+            _ => true,
         };
-        let history = matches!(kind, Entity::Reports | Entity::Events);
-        let scope = outbound::scope_of(raw_query, history);
-        let node_scope = node_scoped.then_some((strategy, scope));
+        let pushable = match &query {
+            QueryText::Absent => true,
+            QueryText::Ast(_) => !analysis.as_ref().is_some_and(|a| a.in_query_paging),
+            QueryText::Pql(_) | QueryText::Malformed(_) => false,
+        };
+        let technique = match (names_node, window.is_paged(), pushable) {
+            (true, false, _) | (true, true, false) => Some(Technique::Drop),
+            (true, true, true) => Some(Technique::OverFetch),
+            (false, _, true) => Some(Technique::Pushdown),
+            (false, _, false) => None,
+        };
+        let owned = match (node_owned, technique) {
+            (true, Some(technique)) => {
+                Some((NodeScope::of(entity, config.merge, raw_query), technique))
+            }
+            _ => None,
+        };
+        let history_total =
+            entity.is_history() && include_total && window.is_paged() && pushable && !node_owned;
 
-        Planned::FanOut(Box::new(RecordPlan {
-            kind,
+        Ok(RecordPlan {
+            entity,
             config: Arc::clone(config),
             upstream_path,
             params,
@@ -252,17 +301,12 @@ impl RecordPlan {
             window,
             include_total,
             provenance,
-            node_scope,
-            pushdown: None,
-        }))
-    }
-
-    /// Adds the membership snapshot a node-scoped merge pushes down (planning happens before the
-    /// estate knows whether it must wait for one).
-    pub(crate) fn attach(&mut self, ownership: Option<Arc<Ownership>>) {
-        if let (Some((strategy, scope)), Some(ownership)) = (self.node_scope, ownership) {
-            self.pushdown = Some((ownership, strategy, scope));
-        }
+            owned,
+            history_total,
+            asked: Vec::new(),
+            excused: 0,
+            corrections: Vec::new(),
+        })
     }
 
     /// Whether the outer query projects columns (an extract): rows keep their shape untouched.
@@ -272,61 +316,87 @@ impl RecordPlan {
             .is_some_and(|a| !a.plain_columns.is_empty() || a.has_function_column())
     }
 
-    /// The owner of `certname` for this merge, if the membership map knows it.
-    pub(crate) fn owner(&self, certname: &str) -> Option<BackendId> {
-        let (ownership, strategy, scope) = self.pushdown.as_ref()?;
-        ownership
-            .owners(certname, *scope)
-            .map(|owners| owners.under(*strategy))
+    fn pinned(&self) -> Option<&[String]> {
+        self.analysis
+            .as_ref()
+            .and_then(|a| a.pinned_certnames.as_deref())
     }
 
-    /// The upstream request for one backend: method, path and query, and a POST body when the
-    /// rewritten query is too long for a URL.
-    pub(crate) fn upstream_request(
-        &self,
-        backend: BackendId,
-        asked: &[BackendId],
-    ) -> (Method, String, Option<Bytes>) {
+    /// Ownership as this request sees it, when it merges node-owned records.
+    fn owning<'a>(&self, context: &'a Context, asked: &'a [BackendId]) -> Option<Owning<'a>> {
+        let (scope, _) = self.owned?;
+        Some(Owning {
+            ownership: context.ownership.as_deref()?,
+            scope,
+            asked,
+        })
+    }
+
+    fn asked_ids(&self) -> Vec<BackendId> {
+        self.asked.iter().map(|a| a.backend).collect()
+    }
+
+    /// The parameters every request of this merge starts from: no offset, `limit`, and the
+    /// provenance rewrite of a paged `/facts` window.
+    fn base_params(&self, limit: Option<u64>) -> (Params, Option<Value>, bool) {
         let mut params = self.params.clone();
-        match self.kind {
-            Entity::FactNames => {
-                // The merged list is paged here; each backend sends its whole list.
-                params.remove("limit");
-                params.remove("offset");
-                params.remove("include_total");
+        if self.entity == Entity::FactNames {
+            // The merged list is paged here; each backend sends its whole list.
+            for key in ["limit", "offset", "include_total"] {
+                params.remove(key);
             }
-            _ => {
-                params.remove("offset");
-                match self.window.upstream_limit() {
-                    Some(limit) => params.set("limit", &limit.to_string()),
-                    None => {
-                        params.remove("limit");
-                    }
+        } else {
+            params.remove("offset");
+            match limit {
+                Some(limit) => params.set("limit", &limit.to_string()),
+                None => {
+                    params.remove("limit");
                 }
             }
         }
+        let mut query = self.query.as_ast().cloned();
         let mut rewritten = false;
-        let pushable = match &self.query {
+        // A paged /facts window must not lose records to the provenance drop after the backend
+        // cut it: ask the backends not to return records of that name at all.
+        if self.entity == Entity::Facts
+            && self.provenance != Provenance::Off
+            && self.window.is_paged()
+            && self.pushable()
+        {
+            let clause = serde_json::json!(["not", ["=", "name", self.config.source_fact]]);
+            query = Some(query::add_clause(query.as_ref(), clause));
+            rewritten = true;
+        }
+        (params, query, rewritten)
+    }
+
+    fn pushable(&self) -> bool {
+        match &self.query {
             QueryText::Absent => true,
             QueryText::Ast(_) => !self.analysis.as_ref().is_some_and(|a| a.in_query_paging),
             QueryText::Pql(_) | QueryText::Malformed(_) => false,
-        };
-        let mut query = self.query.as_ast().cloned();
-        // A paged /facts window must not lose records to the provenance drop after the backend
-        // cut it: ask the backends not to return records of that name at all.
-        if self.kind == Entity::Facts
-            && self.provenance != Provenance::Off
-            && self.window.is_paged()
-            && pushable
-        {
-            let clause = serde_json::json!(["not", ["=", "name", self.config.source_fact]]);
-            query = Some(crate::query::add_clause(query.as_ref(), clause));
-            rewritten = true;
         }
-        if let (Some(pushdown), true) = (&self.pushdown, pushable) {
-            if let Some(owned) = outbound::owned_query(query.as_ref(), pushdown, backend, asked) {
-                query = Some(owned);
-                rewritten = true;
+    }
+
+    /// The request of one backend's records; `push` adds the nodes it must not answer for.
+    fn records_request(
+        &self,
+        backend: BackendId,
+        limit: Option<u64>,
+        push: bool,
+        context: &Context,
+    ) -> Outbound {
+        let (mut params, mut query, mut rewritten) = self.base_params(limit);
+        if push {
+            let asked = self.asked_ids();
+            if let Some(owning) = self.owning(context, &asked) {
+                let excluded = owning.excluded(backend, self.pinned());
+                if let Some(owned) = query::exclude_certnames(query.as_ref(), &excluded) {
+                    if !excluded.is_empty() {
+                        query = Some(owned);
+                        rewritten = true;
+                    }
+                }
             }
         }
         if rewritten {
@@ -337,15 +407,87 @@ impl RecordPlan {
         outbound::request(&self.upstream_path, &params, rewritten)
     }
 
-    /// Merges the backends' answers (configured order) into one response.
-    pub(crate) fn merge(&self, answers: &[Answer<'_>]) -> Merged {
-        match self.kind {
-            Entity::Nodes => nodes::merge(self, answers),
-            Entity::Facts => facts::merge(self, answers),
-            Entity::FactNames => names::merge(self, answers),
-            Entity::Environments => union::merge(self, answers, union::Identity::Name),
-            Entity::Reports => union::merge(self, answers, union::Identity::Hash),
-            Entity::Events => union::merge(self, answers, union::Identity::Verbatim),
+    /// The correction one backend is asked for, with its cache key, if the total needs one:
+    /// the count of its records of nodes other backends own (node-owned totals), or the hashes
+    /// of its reports of nodes other backends hold too (history totals, D16).
+    fn correction(&self, backend: BackendId, context: &Context) -> Option<(Outbound, String)> {
+        let asked = self.asked_ids();
+        let ownership = context.ownership.as_deref()?;
+        if let (Some(owning), true) = (self.owning(context, &asked), self.corrects_owned_total()) {
+            let excluded = owning.excluded(backend, self.pinned());
+            if excluded.is_empty() {
+                return None;
+            }
+            let query = query::count_among(self.query.as_ast(), &excluded)?;
+            return Some(outbound::query_only(&self.upstream_path, &query));
+        }
+        if self.history_total {
+            let mut shared = ownership.shared_with_others(backend, crate::membership::Scope::Any);
+            if let Some(pinned) = self.pinned() {
+                shared.retain(|c| pinned.binary_search_by(|p| p.as_str().cmp(c)).is_ok());
+            }
+            if shared.is_empty() {
+                return None;
+            }
+            let clause = query::only_certnames_clause(&shared);
+            let filter = query::add_clause(self.history_filter().as_ref(), clause);
+            let query = match self.entity {
+                Entity::Events => serde_json::json!([
+                    "extract",
+                    [["function", "count"], "report"],
+                    filter,
+                    ["group_by", "report"]
+                ]),
+                _ => serde_json::json!(["extract", ["hash"], filter]),
+            };
+            return Some(outbound::query_only(&self.upstream_path, &query));
+        }
+        None
+    }
+
+    /// Whether a node-owned total is corrected by counting: a paged, over-fetched total.
+    fn corrects_owned_total(&self) -> bool {
+        self.include_total && matches!(self.owned, Some((_, Technique::OverFetch)))
+    }
+
+    /// The filter of a history query (its outer extract's, or the query).
+    fn history_filter(&self) -> Option<Value> {
+        query::outer_filter(self.query.as_ast()?).cloned()
+    }
+
+    /// The body `backend`'s correction was answered with: known to the estate already, or
+    /// answered in this exchange; `Some(Err(()))` when it was asked and failed, `None` when the
+    /// backend needs none.
+    fn correction_body<'a>(
+        &'a self,
+        calls: &'a Calls,
+        backend: BackendId,
+    ) -> Option<Result<&'a Bytes, ()>> {
+        let correction = self.corrections.iter().find(|c| c.backend == backend)?;
+        if let Some(known) = &correction.known {
+            return Some(Ok(known));
+        }
+        Some(
+            calls
+                .success(backend, CORRECTION)
+                .map(|(_, body)| body)
+                .ok_or(()),
+        )
+    }
+
+    /// Merges the backends' answers (configured order).
+    fn merge(&self, answers: &[Answer<'_>], owning: Option<Owning<'_>>) -> Merged {
+        match self.entity.merge_rule() {
+            MergeRule::Node => nodes::merge(self, answers, owning),
+            MergeRule::Owned if self.entity == Entity::Facts => facts::merge(self, answers, owning),
+            MergeRule::Owned => owned::merge(self, answers, owning),
+            MergeRule::Union(identity) => union::merge(self, answers, identity, owning),
+            MergeRule::Names => names::merge(self, answers),
+            MergeRule::Counts => Merged {
+                body: Ok((b"[]".to_vec(), 0)),
+                contributed: 0,
+                unusable: Vec::new(),
+            },
         }
     }
 
@@ -354,33 +496,271 @@ impl RecordPlan {
         &self.config
     }
 
-    /// The JSON response for a merged body, with X-Records when a total was asked for.
-    pub(crate) fn respond(&self, body: Vec<u8>, total: Option<u64>) -> Response {
+    /// The total to report, for a paged request: each backend's `X-Records`, less what its
+    /// correction says it holds for others (node-owned) or what is stored twice (history).
+    fn paged_total(&self, answers: &[&Answer<'_>], calls: &Calls) -> Result<u64, BackendId> {
+        let mut total: u64 = 0;
+        let mut twice: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+        for answer in answers {
+            let records = answer
+                .headers
+                .get(crate::exchange::X_RECORDS)
+                .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+            total = total.saturating_add(records);
+            let pushed = calls.get(answer.backend, PUSHED).is_some()
+                || self
+                    .asked
+                    .iter()
+                    .any(|a| a.backend == answer.backend && a.push);
+            if pushed && self.owned.is_some() {
+                continue;
+            }
+            let Some(body) = self.correction_body(calls, answer.backend) else {
+                continue;
+            };
+            let body = body.map_err(|()| answer.backend)?;
+            let rows: Vec<serde_json::Map<String, Value>> =
+                serde_json::from_slice(body).map_err(|_| answer.backend)?;
+            if self.history_total {
+                for row in rows {
+                    let (key, count) = match self.entity {
+                        Entity::Events => (
+                            row.get("report").and_then(Value::as_str),
+                            row.get("count").and_then(Value::as_u64).unwrap_or(0),
+                        ),
+                        _ => (row.get("hash").and_then(Value::as_str), 1),
+                    };
+                    if let Some(key) = key {
+                        let entry = twice.entry(key.to_owned()).or_insert((0, count));
+                        entry.0 += 1;
+                    }
+                }
+            } else {
+                let count = rows
+                    .first()
+                    .and_then(|row| row.get("count"))
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0);
+                total = total.saturating_sub(count);
+            }
+        }
+        for (copies, count) in twice.into_values() {
+            total = total.saturating_sub((copies as u64).saturating_sub(1).saturating_mul(count));
+        }
+        Ok(total)
+    }
+}
+
+impl Plan for RecordPlan {
+    fn needs_ownership(&self) -> bool {
+        self.owned.is_some() || self.history_total || self.pinned().is_some()
+    }
+
+    fn counts_rounds(&self) -> bool {
+        true
+    }
+
+    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
+        let mut asked = context.roster.clone();
+        if let (Some(pinned), Some(ownership)) = (self.pinned(), context.ownership.as_deref()) {
+            let scope = self.owned.map(|(scope, _)| scope);
+            let narrowed = narrow(&context.roster, ownership, scope, pinned);
+            if !narrowed.is_empty() {
+                asked = narrowed;
+            }
+        }
+        self.excused = context.roster.len() - asked.len();
+        let reach = self.window.upstream_limit();
+        let technique = self.owned.map(|(_, technique)| technique);
+        let limits: Vec<Asked> = asked
+            .iter()
+            .map(|&backend| {
+                let (limit, push) = match (reach, technique, self.owning(context, &asked)) {
+                    (Some(reach), Some(Technique::OverFetch), Some(owning)) => {
+                        match owning.over_fetch(backend, reach, self.pinned()) {
+                            Some(limit) => (Some(limit), false),
+                            None => (Some(reach), true),
+                        }
+                    }
+                    (reach, technique, _) => (reach, technique == Some(Technique::Pushdown)),
+                };
+                Asked {
+                    backend,
+                    limit,
+                    push,
+                }
+            })
+            .collect();
+        self.asked = limits;
+        let mut calls = Vec::new();
+        let mut corrections = Vec::new();
+        for &Asked { backend, push, .. } in &self.asked.clone() {
+            calls.push((backend, RECORDS));
+            if push && self.owned.is_some() {
+                // Its answer's own total is exact.
+                continue;
+            }
+            let Some((outbound, key)) = self.correction(backend, context) else {
+                continue;
+            };
+            let known = context.ownership.as_deref().and_then(|ownership| {
+                context
+                    .corrections
+                    .get(ownership.generation(), backend, &key)
+                    .cloned()
+            });
+            if known.is_none() {
+                calls.push((backend, CORRECTION));
+            }
+            corrections.push(Correction {
+                backend,
+                outbound,
+                key,
+                known,
+            });
+        }
+        self.corrections = corrections;
+        calls
+    }
+
+    fn request(&self, backend: BackendId, part: usize, context: &Context) -> Outbound {
+        let asked = self.asked.iter().find(|a| a.backend == backend).copied();
+        let (limit, push) = asked.map_or((None, false), |a| (a.limit, a.push));
+        match part {
+            CORRECTION => match self.corrections.iter().find(|c| c.backend == backend) {
+                Some(correction) => correction.outbound.clone(),
+                None => self.records_request(backend, limit, false, context),
+            },
+            PUSHED => self.records_request(backend, self.window.upstream_limit(), true, context),
+            _ => self.records_request(backend, limit, push, context),
+        }
+    }
+
+    fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
+        if !calls.all_done() {
+            return Step::Wait;
+        }
+        let asked = self.asked_ids();
+        let mut answers = Vec::new();
+        let mut unusable: Unusables = Vec::new();
+        for &Asked { backend, limit, .. } in &self.asked {
+            let (part, limit) = match calls.get(backend, PUSHED) {
+                Some(_) => (PUSHED, self.window.upstream_limit()),
+                None => (RECORDS, limit),
+            };
+            let Some((headers, body)) = calls.success(backend, part) else {
+                continue;
+            };
+            if calls.get(backend, CORRECTION).is_some()
+                && calls.success(backend, CORRECTION).is_none()
+            {
+                unusable.push((backend, Unusable::IncompleteParts));
+                continue;
+            }
+            answers.push(Answer {
+                backend,
+                headers,
+                body,
+                limit,
+            });
+        }
+        let owning = self.owning(context, &asked);
+        let merged = self.merge(&answers, owning);
+        unusable.extend(merged.unusable);
+        let (body, count) = match merged.body {
+            Ok(body) => body,
+            Err(Unfilled(short)) => {
+                let again: Vec<(BackendId, usize)> = short
+                    .into_iter()
+                    .map(BackendId)
+                    .filter(|b| calls.get(*b, PUSHED).is_none())
+                    .map(|b| (b, PUSHED))
+                    .collect();
+                if !again.is_empty() && self.pushable() {
+                    return Step::Call(again);
+                }
+                // Nothing left to ask (not pushable): the page as the answers fill it.
+                match self.merge_unchecked(&answers, owning) {
+                    Some(body) => body,
+                    None => {
+                        return Step::Done(Verdict::Unanswered {
+                            part: RECORDS,
+                            unusable,
+                        })
+                    }
+                }
+            }
+        };
+        if merged.contributed == 0 {
+            return Step::Done(Verdict::Unanswered {
+                part: RECORDS,
+                unusable,
+            });
+        }
+        let usable: Vec<&Answer<'_>> = answers
+            .iter()
+            .filter(|a| !unusable.iter().any(|(b, _)| *b == a.backend))
+            .collect();
+        let total = if !self.include_total {
+            None
+        } else if !self.window.is_paged() || self.entity == Entity::FactNames {
+            Some(count as u64)
+        } else {
+            match self.paged_total(&usable, calls) {
+                Ok(total) => Some(total),
+                Err(backend) => {
+                    unusable.push((backend, Unusable::IncompleteParts));
+                    None
+                }
+            }
+        };
         let mut response = Response::json(StatusCode::OK, body);
-        if let (true, Some(total)) = (self.include_total, total) {
+        if let Some(total) = total {
             if let Ok(value) = HeaderValue::from_str(&total.to_string()) {
                 response.headers.insert(crate::exchange::X_RECORDS, value);
             }
         }
-        response
+        Step::Done(Verdict::Merged {
+            response,
+            contributed: merged.contributed + self.excused,
+            unusable,
+        })
     }
 
-    /// The total to report: the merged count when the request is not paged (exact), else the sum
-    /// of the backends' X-Records (an upper bound where records can repeat across backends).
-    pub(crate) fn total(&self, merged: usize, answers: &[Answer<'_>]) -> Option<u64> {
-        if !self.include_total {
-            return None;
-        }
-        if !self.window.is_paged() {
-            return Some(merged as u64);
-        }
-        Some(
-            answers
-                .iter()
-                .filter_map(|a| a.headers.get(crate::exchange::X_RECORDS))
-                .filter_map(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
-                .sum(),
-        )
+    fn learned(&self, calls: &Calls) -> Vec<Learned> {
+        self.corrections
+            .iter()
+            .filter(|c| c.known.is_none())
+            .filter_map(|c| {
+                let (_, body) = calls.success(c.backend, CORRECTION)?;
+                Some(Learned {
+                    backend: c.backend,
+                    target: c.key.clone(),
+                    body: body.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
+impl RecordPlan {
+    /// The merge without the page check (when a short page cannot be asked again).
+    fn merge_unchecked(
+        &self,
+        answers: &[Answer<'_>],
+        owning: Option<Owning<'_>>,
+    ) -> Option<(Vec<u8>, usize)> {
+        let unlimited: Vec<Answer<'_>> = answers
+            .iter()
+            .map(|a| Answer {
+                backend: a.backend,
+                headers: a.headers,
+                body: a.body,
+                limit: None,
+            })
+            .collect();
+        self.merge(&unlimited, owning).body.ok()
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use super::{Answer, Merged, RecordPlan};
 use crate::sort::Direction;
+use crate::status::Unusable;
 
 pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
     let mut unusable = Vec::new();
@@ -17,15 +18,11 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
                 contributed += 1;
                 names.extend(list);
             }
-            Err(error) => unusable.push((answer.backend, format!("unparseable body: {error}"))),
+            Err(error) => unusable.push((answer.backend, Unusable::Unparseable(error.to_string()))),
         }
     }
     if contributed == 0 {
-        return Merged {
-            response: None,
-            contributed,
-            unusable,
-        };
+        return Merged::nothing(unusable);
     }
     let config = plan.config();
     if config.source_fact_enabled {
@@ -44,9 +41,8 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
     };
     let window = plan.window.apply(ordered);
     let body = serde_json::to_vec(&window).unwrap_or_else(|_| b"[]".to_vec());
-    let response = plan.respond(body, plan.include_total.then_some(merged as u64));
     Merged {
-        response: Some(response),
+        body: Ok((body, merged)),
         contributed,
         unusable,
     }

@@ -1,62 +1,113 @@
-//! `/nodes`: dedupe by certname; the strictly newer `report_timestamp` wins, ties to configured
-//! order; each merged record gains a `pdbmux_source` key naming the winner.
+//! `/nodes`: one record per certname, the owner's (the fresher holding: newer report, then newer
+//! facts, then configured order); each merged record gains a `pdbmux_source` key naming it.
+//! A node the membership map does not know is deduped the same way from the records themselves.
 
 use std::collections::HashMap;
 
 use serde_json::value::RawValue;
 
-use super::rows::{sort_rows, Raw, Row};
+use super::rows::{check_filled, sort_rows, Page, Raw, Row};
 use super::{parse_answers, Answer, Merged, RecordPlan};
-use crate::membership::compare_report_timestamps;
-use crate::records::{with_key, write_array, Fields};
+use crate::membership::compare_timestamps;
+use crate::ownership::{Holding, Owning};
+use crate::records::{parse_array, with_key, write_array, Fields};
 
 /// The key naming the winning backend on each merged node record.
 pub(crate) const SOURCE_KEY: &str = "pdbmux_source";
 
-pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
-    let (parsed, unusable) = match parse_answers(answers) {
+/// A kept node record: its row, its report and facts timestamps (raw JSON) for deduping a node
+/// the map does not know, and the page it came from.
+struct Kept<'a> {
+    row: Row<'a>,
+    freshness: (Option<&'a str>, Option<&'a str>),
+    page: usize,
+}
+
+pub(crate) fn merge(
+    plan: &RecordPlan,
+    answers: &[Answer<'_>],
+    owning: Option<Owning<'_>>,
+) -> Merged {
+    let (parsed, unusable) = match parse_answers(answers, parse_array) {
         Ok(parsed) => parsed,
         Err(unusable) => return Merged::nothing(unusable),
     };
     let order = plan.order.as_ref();
-    let mut rows: Vec<Option<(Row<'_>, Option<&str>)>> = Vec::new();
+    let mut pages: Vec<Page> = Vec::with_capacity(parsed.len());
+    let mut kept: Vec<Option<Kept<'_>>> = Vec::new();
     let mut by_certname: HashMap<std::borrow::Cow<'_, str>, usize> = HashMap::new();
-    for (backend, records) in &parsed {
+    for (answer, records) in &parsed {
+        let backend = answer.backend;
+        let page_index = pages.len();
+        let mut page = Page::new(backend.0, answer.limit);
         for record in records {
             let fields = Fields::of(record.get());
             let certname = fields.as_ref().and_then(|f| f.str("certname"));
-            let timestamp = fields
-                .as_ref()
-                .and_then(|f| f.raw("report_timestamp"))
-                .map(RawValue::get);
+            let stamp = |name: &str| fields.as_ref().and_then(|f| f.raw(name)).map(RawValue::get);
+            let freshness = (stamp("report_timestamp"), stamp("facts_timestamp"));
             let row = Row::new(backend.0, Raw::Borrowed(record.get()), order, |name| {
                 fields.as_ref().and_then(|f| f.raw(name))
             });
+            page.returned += 1;
+            page.last_key = row.key.clone();
+            let holding = match (&certname, owning) {
+                (Some(certname), Some(owning)) => owning.holding(backend, certname),
+                _ => Holding::Unknown,
+            };
+            if holding == Holding::Other {
+                continue;
+            }
             let Some(certname) = certname else {
-                rows.push(Some((row, timestamp)));
+                kept.push(Some(Kept {
+                    row,
+                    freshness,
+                    page: page_index,
+                }));
+                page.kept += 1;
                 continue;
             };
             match by_certname.get(&certname) {
                 Some(&index) => {
-                    let newer = rows[index].as_ref().is_some_and(|(_, kept)| {
-                        compare_report_timestamps(json_str(timestamp), json_str(*kept)).is_gt()
-                    });
-                    if newer {
-                        rows[index] = None;
-                        by_certname.insert(certname, rows.len());
-                        rows.push(Some((row, timestamp)));
+                    let fresher = holding == Holding::Own
+                        || kept[index]
+                            .as_ref()
+                            .is_some_and(|earlier| is_fresher(freshness, earlier.freshness));
+                    if fresher {
+                        if let Some(earlier) = kept[index].take() {
+                            pages[earlier.page].kept -= 1;
+                        }
+                        by_certname.insert(certname, kept.len());
+                        kept.push(Some(Kept {
+                            row,
+                            freshness,
+                            page: page_index,
+                        }));
+                        page.kept += 1;
                     }
                 }
                 None => {
-                    by_certname.insert(certname, rows.len());
-                    rows.push(Some((row, timestamp)));
+                    by_certname.insert(certname, kept.len());
+                    kept.push(Some(Kept {
+                        row,
+                        freshness,
+                        page: page_index,
+                    }));
+                    page.kept += 1;
                 }
             }
         }
+        pages.push(page);
     }
-    let mut rows: Vec<Row<'_>> = rows.into_iter().flatten().map(|(row, _)| row).collect();
-    let merged = rows.len();
+    let mut rows: Vec<Row<'_>> = kept.into_iter().flatten().map(|k| k.row).collect();
     sort_rows(&mut rows, order);
+    if let Err(unfilled) = check_filled(&rows, order, plan.window, &pages) {
+        return Merged {
+            body: Err(unfilled),
+            contributed: parsed.len(),
+            unusable,
+        };
+    }
+    let merged = rows.len();
     let rows = plan.window.apply(rows);
     let stamp = !plan.is_projection();
     let backends = &plan.config().backends;
@@ -72,12 +123,22 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
         .collect();
     let capacity = records.iter().map(String::len).sum::<usize>() + records.len();
     let body = write_array(records.iter().map(String::as_str), capacity);
-    let total = plan.total(merged, answers);
     Merged {
-        response: Some(plan.respond(body, total)),
+        body: Ok((body, merged)),
         contributed: parsed.len(),
         unusable,
     }
+}
+
+/// Whether a node record with these raw timestamps (report, facts) is fresher than the one kept:
+/// the newer report, then the newer facts; a full tie keeps the earlier backend's.
+fn is_fresher(
+    (report, facts): (Option<&str>, Option<&str>),
+    (kept_report, kept_facts): (Option<&str>, Option<&str>),
+) -> bool {
+    compare_timestamps(json_str(report), json_str(kept_report))
+        .then_with(|| compare_timestamps(json_str(facts), json_str(kept_facts)))
+        .is_gt()
 }
 
 /// A raw JSON timestamp (`"…"` or `null`) as text; `None` for null or anything else.

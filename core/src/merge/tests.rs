@@ -5,11 +5,15 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 
-use super::{Answer, Planned, RecordPlan};
+use super::{RecordPlan, RECORDS};
 use crate::config::{BackendConfig, BackendUrl, Config, MergeStrategy, TlsFiles};
+use crate::corrections::Corrections;
+use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, Verdict};
 use crate::ids::BackendId;
 use crate::membership::{BackendNodes, Member, Ownership};
+use crate::query::{analyze, Params};
 use crate::route::{classify, Route};
+use crate::status::Outcome;
 use crate::ClientRequest;
 
 fn config() -> Arc<Config> {
@@ -36,67 +40,123 @@ fn ownership(a: &[(&str, &str)], b: &[(&str, &str)]) -> Arc<Ownership> {
                 .collect(),
         )
     };
-    Arc::new(Ownership::build(&[nodes(a), nodes(b)]))
+    Arc::new(Ownership::build(&[nodes(a), nodes(b)], 1))
 }
 
 fn plan(
     config: &Arc<Config>,
     target: &str,
     ownership: Option<Arc<Ownership>>,
-) -> Result<RecordPlan, String> {
+) -> Result<Planned, String> {
     let request = ClientRequest::get(target);
     let route: Route = classify(&request).map_err(|e| e.to_string())?;
-    match RecordPlan::plan(&route, request.path(), request.query(), config) {
-        Planned::FanOut(mut plan) => {
-            plan.attach(ownership);
-            Ok(*plan)
-        }
-        Planned::Respond(response) => Err(format!(
+    let entity = route.entity().ok_or("not a query route")?;
+    let params = Params::parse(request.query());
+    let query = params.query_text();
+    let analysis = query.as_ast().map(analyze);
+    let mut plan = RecordPlan::plan(
+        &route,
+        entity,
+        request.path(),
+        params,
+        query,
+        analysis,
+        config,
+    )
+    .map_err(|response| {
+        format!(
             "{} {}",
             response.status.as_u16(),
             String::from_utf8_lossy(response.full_body().map_or(&[][..], |b| &b[..]))
+        )
+    })?;
+    let context = Context {
+        config: Arc::clone(config),
+        roster: vec![BackendId(0), BackendId(1)],
+        corrections: Arc::new(Corrections::new(
+            ownership.as_ref().map_or(0, |o| o.generation()),
         )),
+        ownership,
+    };
+    let first = plan.start(&context);
+    Ok(Planned {
+        plan,
+        context,
+        first,
+    })
+}
+
+/// A started plan, its context and its first calls.
+struct Planned {
+    plan: RecordPlan,
+    context: Context,
+    first: Vec<(BackendId, usize)>,
+}
+
+impl Planned {
+    /// The request of a first-round call.
+    fn upstream(&self, backend: usize) -> crate::fanout::Outbound {
+        self.plan
+            .request(BackendId(backend), RECORDS, &self.context)
     }
 }
 
-/// Merges bodies (with optional X-Records) and returns (body, X-Records, X-contributed).
-fn merge(plan: &RecordPlan, bodies: &[(&str, Option<u64>)]) -> (String, Option<String>) {
-    let owned: Vec<(HeaderMap, Bytes)> = bodies
-        .iter()
-        .map(|(body, total)| {
-            let mut headers = HeaderMap::new();
-            if let Some(total) = total {
-                headers.insert("x-records", HeaderValue::from(*total));
-            }
-            (headers, Bytes::copy_from_slice(body.as_bytes()))
-        })
-        .collect();
-    let answers: Vec<Answer<'_>> = owned
-        .iter()
-        .enumerate()
-        .map(|(i, (headers, body))| Answer {
-            backend: BackendId(i),
-            headers,
-            body,
-        })
-        .collect();
-    let merged = plan.merge(&answers);
-    let response = merged.response.expect("a response");
-    let body = String::from_utf8(response.full_body().expect("full").to_vec()).expect("utf-8");
-    let total = response
-        .headers
-        .get("x-records")
-        .map(|v| v.to_str().unwrap_or("?").to_owned());
-    (body, total)
+/// A merged body and its X-Records.
+type Answered = (String, Option<String>);
+
+/// Merges bodies (with optional X-Records) given as the first round's answers; returns (body,
+/// X-Records), or the calls the plan asks for next.
+fn progress(
+    planned: &mut Planned,
+    bodies: &[(&str, Option<u64>)],
+) -> Result<Answered, Vec<(BackendId, usize)>> {
+    let calls = Calls(
+        bodies
+            .iter()
+            .enumerate()
+            .map(|(i, (body, total))| {
+                let mut headers = HeaderMap::new();
+                if let Some(total) = total {
+                    headers.insert("x-records", HeaderValue::from(*total));
+                }
+                Call {
+                    backend: BackendId(i),
+                    part: RECORDS,
+                    state: CallState::Done(Outcome::Success {
+                        status: http::StatusCode::OK,
+                        headers,
+                        body: Bytes::copy_from_slice(body.as_bytes()),
+                    }),
+                }
+            })
+            .collect(),
+    );
+    match planned.plan.progress(&calls, &planned.context) {
+        Step::Done(Verdict::Merged { response, .. }) => {
+            let body =
+                String::from_utf8(response.full_body().expect("full").to_vec()).expect("utf-8");
+            let total = response
+                .headers
+                .get("x-records")
+                .map(|v| v.to_str().unwrap_or("?").to_owned());
+            Ok((body, total))
+        }
+        Step::Call(more) => Err(more),
+        other => panic!("not merged: {other:?}"),
+    }
+}
+
+fn merge(planned: &mut Planned, bodies: &[(&str, Option<u64>)]) -> (String, Option<String>) {
+    progress(planned, bodies).unwrap_or_else(|more| panic!("asks again: {more:?}"))
 }
 
 #[test]
 fn nodes_dedupe_newer_wins_ties_to_configured_order_and_stamp_the_source() {
     let config = config();
-    let plan = plan(&config, "/pdb/query/v4/nodes", None).expect("plan");
+    let mut plan = plan(&config, "/pdb/query/v4/nodes", None).expect("plan");
     let a = r#"[{"certname":"both","report_timestamp":"2026-11-30T08:00:00.000Z"},{"certname":"tie","report_timestamp":"2026-11-30T08:00:00.000Z"},{"certname":"only-a","report_timestamp":null}]"#;
     let b = r#"[{"certname":"both","report_timestamp":"2026-11-30T09:00:00.000Z"},{"certname":"tie","report_timestamp":"2026-11-30T09:00:00.000+01:00"}]"#;
-    let (body, _) = merge(&plan, &[(a, None), (b, None)]);
+    let (body, _) = merge(&mut plan, &[(a, None), (b, None)]);
     assert_eq!(
         body,
         concat!(
@@ -111,15 +171,15 @@ fn nodes_dedupe_newer_wins_ties_to_configured_order_and_stamp_the_source() {
 fn nodes_are_resorted_and_repaged_with_an_upstream_over_fetch() {
     let config = config();
     let target = "/pdb/query/v4/nodes?order_by=%5B%7B%22field%22%3A%22certname%22%2C%22order%22%3A%22desc%22%7D%5D&limit=2&offset=1&include_total=true";
-    let plan = plan(&config, target, None).expect("plan");
-    let (method, upstream, body) =
-        plan.upstream_request(BackendId(0), &[BackendId(0), BackendId(1)]);
-    assert_eq!((method, body), (Method::GET, None));
+    let mut plan = plan(&config, target, None).expect("plan");
+    let upstream = plan.upstream(0);
+    assert_eq!((upstream.method, upstream.body), (Method::GET, None));
+    let upstream = upstream.path_and_query;
     assert!(upstream.contains("limit=3"), "{upstream}");
     assert!(!upstream.contains("offset"), "{upstream}");
     let a = r#"[{"certname":"e"},{"certname":"c"},{"certname":"a"}]"#;
     let b = r#"[{"certname":"d"},{"certname":"b"}]"#;
-    let (body, total) = merge(&plan, &[(a, Some(3)), (b, Some(2))]);
+    let (body, total) = merge(&mut plan, &[(a, Some(3)), (b, Some(2))]);
     assert_eq!(
         body,
         r#"[{"certname":"d","pdbmux_source":"pdb-b"},{"certname":"c","pdbmux_source":"pdb-a"}]"#
@@ -131,9 +191,9 @@ fn nodes_are_resorted_and_repaged_with_an_upstream_over_fetch() {
 fn a_projection_keeps_its_row_shape() {
     let config = config();
     let target = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%5D%5D";
-    let plan = plan(&config, target, None).expect("plan");
+    let mut plan = plan(&config, target, None).expect("plan");
     let (body, _) = merge(
-        &plan,
+        &mut plan,
         &[
             (r#"[{"certname":"a"}]"#, None),
             (r#"[{"certname":"a"},{"certname":"b"}]"#, None),
@@ -142,8 +202,14 @@ fn a_projection_keeps_its_row_shape() {
     assert_eq!(body, r#"[{"certname":"a"},{"certname":"b"}]"#);
 }
 
+fn decoded_query(target: &str) -> Option<String> {
+    form_urlencoded::parse(target.split_once('?').map_or("", |(_, q)| q).as_bytes())
+        .find(|(k, _)| k == "query")
+        .map(|(_, v)| v.into_owned())
+}
+
 #[test]
-fn ownership_is_pushed_into_each_backends_query() {
+fn an_unpaged_answer_drops_other_owners_copies_here() {
     let config = config();
     let own = ownership(
         &[
@@ -152,28 +218,112 @@ fn ownership_is_pushed_into_each_backends_query() {
         ],
         &[("moved", "2026-11-30T09:00:00.000Z")],
     );
-    let plan = plan(
-        &config,
-        "/pdb/query/v4/facts?query=%5B%22%3D%22%2C%22certname%22%2C%22x%22%5D",
-        Some(own),
-    )
-    .expect("plan");
-    let (_, to_a, _) = plan.upstream_request(BackendId(0), &[BackendId(0), BackendId(1)]);
-    let (_, to_b, _) = plan.upstream_request(BackendId(1), &[BackendId(0), BackendId(1)]);
-    let decoded = |t: &str| {
-        form_urlencoded::parse(t.split_once('?').map_or("", |(_, q)| q).as_bytes())
-            .find(|(k, _)| k == "query")
-            .map(|(_, v)| v.into_owned())
+    let target = "/pdb/query/v4/facts?query=%5B%22%3D%22%2C%22name%22%2C%22kernel%22%5D";
+    let mut plan = plan(&config, target, Some(own)).expect("plan");
+    for backend in [0, 1] {
+        assert_eq!(
+            decoded_query(&plan.upstream(backend).path_and_query).as_deref(),
+            Some(r#"["=","name","kernel"]"#),
+            "no clause upstream"
+        );
+    }
+    let a = r#"[{"certname":"moved","name":"kernel","value":"old","environment":"e"},{"certname":"a-only","name":"kernel","value":"a","environment":"e"}]"#;
+    let (body, _) = merge(&mut plan, &[(a, None), ("[]", None)]);
+    assert_eq!(
+        body, r#"[{"certname":"a-only","name":"kernel","value":"a","environment":"e"}]"#,
+        "moved's owner (b) was asked and has no such fact: a's stale copy is not the answer"
+    );
+}
+
+#[test]
+fn a_paged_answer_over_fetches_and_asks_a_short_page_again_with_ownership_pushed_down() {
+    let config = config();
+    // a holds n1..n4, b owns n1 and n2 (newer there).
+    let own = ownership(
+        &[
+            ("n1", "2026-11-30T08:00:00.000Z"),
+            ("n2", "2026-11-30T08:00:00.000Z"),
+            ("n3", "2026-11-30T08:00:00.000Z"),
+            ("n4", "2026-11-30T08:00:00.000Z"),
+            ("n5", "2026-11-30T08:00:00.000Z"),
+            ("n6", "2026-11-30T08:00:00.000Z"),
+            ("n7", "2026-11-30T08:00:00.000Z"),
+            ("n8", "2026-11-30T08:00:00.000Z"),
+        ],
+        &[
+            ("n1", "2026-11-30T09:00:00.000Z"),
+            ("n2", "2026-11-30T09:00:00.000Z"),
+        ],
+    );
+    let order = "order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D";
+    let target = format!("/pdb/query/v4/nodes?{order}&limit=2");
+    let mut plan = plan(&config, &target, Some(own)).expect("plan");
+    // a owns 6 of its 8: asked for 2 + 2 * 2 * 5 / (6 * 4) + 4 = 6; b owns all it holds: 2.
+    assert!(plan.upstream(0).path_and_query.contains("limit=6"));
+    assert!(plan.upstream(1).path_and_query.contains("limit=2"));
+    assert_eq!(decoded_query(&plan.upstream(0).path_and_query), None);
+    let node = |c: &str| format!(r#"{{"certname":"{c}"}}"#);
+    let a_page = format!(
+        "[{},{},{},{},{},{}]",
+        node("n1"),
+        node("n2"),
+        node("n3"),
+        node("n4"),
+        node("n5"),
+        node("n6")
+    );
+    let b_page = format!("[{},{}]", node("n1"), node("n2"));
+    let (body, _) = merge(&mut plan, &[(&a_page, None), (&b_page, None)]);
+    assert_eq!(
+        body,
+        r#"[{"certname":"n1","pdbmux_source":"pdb-b"},{"certname":"n2","pdbmux_source":"pdb-b"}]"#
+    );
+    // Facts are many records per node: a's page of ten is all of n1's, which b owns. Its
+    // records after the page may belong in the window, so it is asked again, pushed down.
+    let own = ownership(
+        &[
+            ("n1", "2026-11-30T08:00:00.000Z"),
+            ("n2", "2026-11-30T08:00:00.000Z"),
+        ],
+        &[("n1", "2026-11-30T09:00:00.000Z")],
+    );
+    let target = format!("/pdb/query/v4/facts?{order}&limit=3");
+    let mut plan = self::plan(&config, &target, Some(own)).expect("plan");
+    // a owns one of its two nodes: 3 + 3 * 1 * 5 / (1 * 4) + 4.
+    assert!(plan.upstream(0).path_and_query.contains("limit=10"));
+    let fact = |c: &str, i: usize| {
+        format!(r#"{{"certname":"{c}","name":"f{i:02}","value":{i},"environment":"e"}}"#)
     };
-    assert_eq!(
-        decoded(&to_a).as_deref(),
-        Some(r#"["and",["=","certname","x"],["not",["in","certname",["array",["moved"]]]]]"#)
+    let a_page: Vec<String> = (0..10).map(|i| fact("n1", i)).collect();
+    let a_page = format!("[{}]", a_page.join(","));
+    let b_page = format!("[{},{}]", fact("n1", 0), fact("n1", 1));
+    let asked = progress(&mut plan, &[(&a_page, None), (&b_page, None)]).expect_err("short");
+    assert_eq!(asked, [(BackendId(0), super::PUSHED)]);
+    let again = plan
+        .plan
+        .request(BackendId(0), super::PUSHED, &plan.context);
+    assert!(
+        again.path_and_query.contains("limit=3"),
+        "{}",
+        again.path_and_query
     );
-    assert_eq!(
-        decoded(&to_b).as_deref(),
-        Some(r#"["=","certname","x"]"#),
-        "b owns everything it holds"
+    let query = decoded_query(&again.path_and_query).unwrap_or_default();
+    assert!(
+        query.contains(r#"["not",["in","certname",["array",["n1"]]]]"#),
+        "{query}"
     );
+}
+
+#[test]
+fn a_pinned_query_goes_to_the_owner_only() {
+    let config = config();
+    let own = ownership(
+        &[("moved", "2026-11-30T08:00:00.000Z")],
+        &[("moved", "2026-11-30T09:00:00.000Z")],
+    );
+    let target = "/pdb/query/v4/facts?query=%5B%22%3D%22%2C%22certname%22%2C%22moved%22%5D";
+    let plan = plan(&config, target, Some(own)).expect("plan");
+    assert_eq!(plan.first, [(BackendId(1), RECORDS)]);
 }
 
 #[test]
@@ -200,21 +350,22 @@ fn a_long_rewritten_query_goes_upstream_as_post() {
         .iter()
         .map(|(c, t)| (c.as_str(), t.as_str()))
         .collect();
+    // a owns none of the nodes it holds: ownership is pushed down at once, not over-fetched.
     let plan = plan(
         &config,
         "/pdb/query/v4/nodes?limit=5",
         Some(ownership(&a, &b)),
     )
     .expect("plan");
-    let (method, path, body) = plan.upstream_request(BackendId(0), &[BackendId(0), BackendId(1)]);
-    assert_eq!(method, Method::POST);
-    assert_eq!(path, "/pdb/query/v4/nodes");
-    let body: serde_json::Value = serde_json::from_slice(&body.expect("a body")).expect("json");
+    let upstream = plan.upstream(0);
+    assert_eq!(upstream.method, Method::POST);
+    assert_eq!(upstream.path_and_query, "/pdb/query/v4/nodes");
+    let body: serde_json::Value =
+        serde_json::from_slice(&upstream.body.expect("a body")).expect("json");
     assert_eq!(body["limit"], 5);
     assert_eq!(body["query"][0], "not");
     assert_eq!(body["query"][1][2][1].as_array().map(Vec::len), Some(400));
-    let (method, _, _) = plan.upstream_request(BackendId(1), &[BackendId(0), BackendId(1)]);
-    assert_eq!(method, Method::GET, "b owns all of them");
+    assert_eq!(plan.upstream(1).method, Method::GET, "b owns all of them");
 }
 
 #[test]
@@ -224,10 +375,10 @@ fn facts_come_from_the_owner_with_one_provenance_record_per_node() {
         &[("moved", "2026-11-30T08:00:00.000Z")],
         &[("moved", "2026-11-30T09:00:00.000Z")],
     );
-    let plan = plan(&config, "/pdb/query/v4/facts", Some(own)).expect("plan");
+    let mut plan = plan(&config, "/pdb/query/v4/facts", Some(own)).expect("plan");
     let a = r#"[{"certname":"moved","name":"kernel","value":"Linux","environment":"production"},{"certname":"a1","name":"kernel","value":"Linux","environment":"dev"},{"certname":"a1","name":"pdbmux_source","value":"fake","environment":"dev"}]"#;
     let b = r#"[{"certname":"moved","name":"kernel","value":"Linux","environment":"staging"},{"certname":"moved","name":"os","value":{"family":"Debian"},"environment":"staging"}]"#;
-    let (body, _) = merge(&plan, &[(a, None), (b, None)]);
+    let (body, _) = merge(&mut plan, &[(a, None), (b, None)]);
     assert_eq!(
         body,
         concat!(
@@ -241,22 +392,22 @@ fn facts_come_from_the_owner_with_one_provenance_record_per_node() {
 }
 
 #[test]
-fn a_node_whose_owner_returned_nothing_still_appears() {
+fn a_node_whose_owner_is_not_asked_comes_from_the_first_holder() {
     let config = config();
     let own = ownership(
         &[("n", "2026-11-30T08:00:00.000Z")],
         &[("n", "2026-11-30T09:00:00.000Z")],
     );
-    let plan = plan(&config, "/pdb/query/v4/facts", Some(own)).expect("plan");
+    let mut plan = plan(&config, "/pdb/query/v4/facts", Some(own)).expect("plan");
+    // The prober took b out: only a is asked, and a's copy is the answer.
+    plan.context.roster = vec![BackendId(0)];
+    plan.first = plan.plan.start(&plan.context);
     let (body, _) = merge(
-        &plan,
-        &[
-            (
-                r#"[{"certname":"n","name":"k","value":1,"environment":null}]"#,
-                None,
-            ),
-            ("[]", None),
-        ],
+        &mut plan,
+        &[(
+            r#"[{"certname":"n","name":"k","value":1,"environment":null}]"#,
+            None,
+        )],
     );
     assert_eq!(
         body,
@@ -275,8 +426,8 @@ fn provenance_gates() {
         "/pdb/query/v4/facts?limit=10",
         "/pdb/query/v4/facts/k",
     ] {
-        let plan = plan(&config, target, None).expect("plan");
-        let (body, _) = merge(&plan, &[(facts, None), ("[]", None)]);
+        let mut plan = plan(&config, target, None).expect("plan");
+        let (body, _) = merge(&mut plan, &[(facts, None), ("[]", None)]);
         assert_eq!(
             body, r#"[{"certname":"n","name":"k","value":1,"environment":"e"}]"#,
             "{target}"
@@ -285,8 +436,8 @@ fn provenance_gates() {
     let mut off = (*config).clone();
     off.source_fact_enabled = false;
     let off = Arc::new(off);
-    let plan = plan(&off, "/pdb/query/v4/facts", None).expect("plan");
-    let (body, _) = merge(&plan, &[(facts, None), ("[]", None)]);
+    let mut plan = plan(&off, "/pdb/query/v4/facts", None).expect("plan");
+    let (body, _) = merge(&mut plan, &[(facts, None), ("[]", None)]);
     assert_eq!(body, facts, "injection off: records untouched");
 }
 
@@ -295,18 +446,18 @@ fn the_source_fact_path_is_synthesised() {
     let config = config();
     let facts_a = r#"[{"certname":"n1","name":"k","value":1,"environment":"e"}]"#;
     let facts_b = r#"[{"certname":"n2","name":"k","value":1,"environment":"f"}]"#;
-    let all = plan(&config, "/pdb/query/v4/facts/pdbmux_source", None).expect("plan");
+    let mut all = plan(&config, "/pdb/query/v4/facts/pdbmux_source", None).expect("plan");
     assert!(all
-        .upstream_request(BackendId(0), &[BackendId(0), BackendId(1)])
-        .1
+        .upstream(0)
+        .path_and_query
         .starts_with("/pdb/query/v4/facts"));
-    let (body, _) = merge(&all, &[(facts_a, None), (facts_b, None)]);
+    let (body, _) = merge(&mut all, &[(facts_a, None), (facts_b, None)]);
     assert_eq!(
         body,
         r#"[{"certname":"n1","name":"pdbmux_source","value":"pdb-a","environment":"e"},{"certname":"n2","name":"pdbmux_source","value":"pdb-b","environment":"f"}]"#
     );
-    let one = plan(&config, "/pdb/query/v4/facts/pdbmux_source/pdb-b", None).expect("plan");
-    let (body, _) = merge(&one, &[(facts_a, None), (facts_b, None)]);
+    let mut one = plan(&config, "/pdb/query/v4/facts/pdbmux_source/pdb-b", None).expect("plan");
+    let (body, _) = merge(&mut one, &[(facts_a, None), (facts_b, None)]);
     assert_eq!(
         body,
         r#"[{"certname":"n2","name":"pdbmux_source","value":"pdb-b","environment":"f"}]"#
@@ -328,16 +479,15 @@ fn the_source_fact_path_is_synthesised() {
 #[test]
 fn fact_names_union_sorted_and_paged_here() {
     let config = config();
-    let plan = plan(
+    let mut plan = plan(
         &config,
         "/pdb/query/v4/fact-names?limit=3&offset=1&include_total=true",
         None,
     )
     .expect("plan");
-    let (_, upstream, _) = plan.upstream_request(BackendId(0), &[BackendId(0), BackendId(1)]);
-    assert_eq!(upstream, "/pdb/query/v4/fact-names");
+    assert_eq!(plan.upstream(0).path_and_query, "/pdb/query/v4/fact-names");
     let (body, total) = merge(
-        &plan,
+        &mut plan,
         &[(r#"["b","kernel","a"]"#, None), (r#"["os","b"]"#, None)],
     );
     assert_eq!(body, r#"["b","kernel","os"]"#);
@@ -351,18 +501,18 @@ fn fact_names_union_sorted_and_paged_here() {
 #[test]
 fn reports_dedupe_by_hash_and_events_by_record() {
     let config = config();
-    let reports = plan(&config, "/pdb/query/v4/reports", None).expect("plan");
+    let mut reports = plan(&config, "/pdb/query/v4/reports", None).expect("plan");
     let (body, _) = merge(
-        &reports,
+        &mut reports,
         &[
             (r#"[{"hash":"h1","x":1},{"hash":"h2"}]"#, None),
             (r#"[{"hash":"h1","x":2},{"hash":"h3"}]"#, None),
         ],
     );
     assert_eq!(body, r#"[{"hash":"h1","x":1},{"hash":"h2"},{"hash":"h3"}]"#);
-    let events = plan(&config, "/pdb/query/v4/events", None).expect("plan");
+    let mut events = plan(&config, "/pdb/query/v4/events", None).expect("plan");
     let (body, _) = merge(
-        &events,
+        &mut events,
         &[
             (r#"[{"a":1},{"a":2}]"#, None),
             (r#"[{"a":1},{"a":3}]"#, None),
@@ -370,7 +520,7 @@ fn reports_dedupe_by_hash_and_events_by_record() {
     );
     assert_eq!(body, r#"[{"a":1},{"a":2},{"a":3}]"#);
     let (body, _) = merge(
-        &events,
+        &mut events,
         &[
             (
                 r#"[{"a":1,"report_receive_time":"2026-11-30T10:00:00.001Z"}]"#,
@@ -386,9 +536,9 @@ fn reports_dedupe_by_hash_and_events_by_record() {
         body, r#"[{"a":1,"report_receive_time":"2026-11-30T10:00:00.001Z"},{"a":1,"b":2}]"#,
         "each backend stamps its own receive time on the same event"
     );
-    let environments = plan(&config, "/pdb/query/v4/environments", None).expect("plan");
+    let mut environments = plan(&config, "/pdb/query/v4/environments", None).expect("plan");
     let (body, _) = merge(
-        &environments,
+        &mut environments,
         &[
             (r#"[{"name":"production"},{"name":"dev"}]"#, None),
             (r#"[{"name":"staging"},{"name":"production"}]"#, None),
@@ -422,9 +572,9 @@ fn static_merge_uses_the_first_holder() {
         &[("n", "2026-11-30T08:00:00.000Z")],
         &[("n", "2026-11-30T09:00:00.000Z")],
     );
-    let plan = plan(&config, "/pdb/query/v4/facts", Some(own)).expect("plan");
+    let mut plan = plan(&config, "/pdb/query/v4/facts", Some(own)).expect("plan");
     let (body, _) = merge(
-        &plan,
+        &mut plan,
         &[
             (
                 r#"[{"certname":"n","name":"k","value":"a","environment":"e"}]"#,

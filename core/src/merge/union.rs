@@ -1,28 +1,27 @@
-//! Union merges: `/reports` (deduped by hash), `/events` (deduped by the verbatim record) and
-//! `/environments` (deduped by name, sorted by name unless the request orders otherwise).
+//! Union merges: every backend's records, each distinct record once. `/reports` dedupes on the
+//! hash, `/events`, `/fact-paths` and `/packages` on the record (less each backend's own receive
+//! time), `/environments` and `/producers` on the name (sorted by name unless the request orders
+//! otherwise). History asked with `latest_report?` is a node's own: other owners' copies are
+//! dropped as in the node-owned merges.
 
 use std::collections::HashSet;
 
-use super::rows::{Collected, Raw, Row};
+use serde_json::value::RawValue;
+
+use super::rows::{Collected, Page, Raw, Row};
 use super::{parse_answers, Answer, Merged, RecordPlan};
-use crate::records::Fields;
-use crate::sort::{Direction, OrderBy, OrderField};
+use crate::entity::{Entity, Identity};
+use crate::ownership::{Holding, Owning};
+use crate::records::{parse_array, Fields};
+use crate::sort::{ColumnKind, Direction, OrderBy, OrderField};
 
-/// What makes two records the same record.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Identity {
-    /// The `hash` field (reports are immutable; the same report can be stored in two backends).
-    Hash,
-    /// The record's exact bytes except `report_receive_time` (events carry no id of their own;
-    /// a node reporting to two backends stores identical events in each, but each backend stamps
-    /// its own receive time).
-    Verbatim,
-    /// The `name` field (environments).
-    Name,
-}
-
-pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identity) -> Merged {
-    let (parsed, unusable) = match parse_answers(answers) {
+pub(crate) fn merge(
+    plan: &RecordPlan,
+    answers: &[Answer<'_>],
+    identity: Identity,
+    owning: Option<Owning<'_>>,
+) -> Merged {
+    let (parsed, unusable) = match parse_answers(answers, parse_array) {
         Ok(parsed) => parsed,
         Err(unusable) => return Merged::nothing(unusable),
     };
@@ -30,7 +29,7 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
         fields: vec![OrderField {
             field: "name".to_owned(),
             direction: Direction::Ascending,
-            kind: crate::sort::ColumnKind::Text,
+            kind: ColumnKind::Text,
         }],
     };
     let order = match (identity, plan.order.as_ref()) {
@@ -38,6 +37,8 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
         (Identity::Name, None) => Some(&by_name),
         (_, None) => None,
     };
+    let depth_ordered = plan.entity == Entity::FactPaths
+        && order.is_some_and(|o| o.fields.iter().any(|f| f.field == "depth"));
     let mut seen: HashSet<String> = HashSet::new();
     let mut rows = Collected::new(
         order,
@@ -45,9 +46,35 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
         parsed.iter().map(|(_, records)| records.len()).sum(),
         answers.iter().map(|answer| answer.body.len()).sum(),
     );
-    for (backend, records) in &parsed {
-        for record in records {
+    let mut pages = Vec::with_capacity(parsed.len());
+    for (answer, records) in &parsed {
+        let backend = answer.backend;
+        let mut page = Page::new(backend.0, answer.limit);
+        page.returned = records.len();
+        for (index, record) in records.iter().enumerate() {
             let fields = Fields::of(record.get());
+            let depth = if depth_ordered {
+                fact_path_depth(fields.as_ref())
+            } else {
+                None
+            };
+            let lookup = |name: &str| match (name, &depth) {
+                ("depth", Some(depth)) => Some(&**depth),
+                _ => fields.as_ref().and_then(|f| f.raw(name)),
+            };
+            if index + 1 == records.len() {
+                page.last_key = order.map(|order| crate::sort::sort_key(order, lookup));
+            }
+            if let (Some(owning), Some(certname)) =
+                (owning, fields.as_ref().and_then(|f| f.str("certname")))
+            {
+                if owning.holding(backend, &certname) == Holding::Other {
+                    continue;
+                }
+            }
+            // A record deduped away is still one the page filled: its copy is kept and sorts
+            // where it does.
+            page.kept += 1;
             let key = match identity {
                 Identity::Verbatim => Some(match &fields {
                     Some(fields) => fields.identity_without("report_receive_time"),
@@ -71,15 +98,21 @@ pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>], identity: Identit
                 backend.0,
                 Raw::Borrowed(record.get()),
                 order,
-                |name| fields.as_ref().and_then(|f| f.raw(name)),
+                lookup,
             ));
         }
+        pages.push(page);
     }
-    let (body, merged) = rows.finish(order, plan.window);
-    let total = plan.total(merged, answers);
     Merged {
-        response: Some(plan.respond(body, total)),
+        body: rows.finish(order, plan.window, &pages),
         contributed: parsed.len(),
         unusable,
     }
+}
+
+/// A `/fact-paths` record's `depth` (its path's length less one), which orders but is not
+/// projected.
+fn fact_path_depth(fields: Option<&Fields<'_>>) -> Option<Box<RawValue>> {
+    let path: Vec<serde_json::Value> = serde_json::from_str(fields?.raw("path")?.get()).ok()?;
+    RawValue::from_string(path.len().saturating_sub(1).to_string()).ok()
 }

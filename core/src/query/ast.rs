@@ -71,6 +71,10 @@ pub struct Analysis {
     pub uses_latest_report: bool,
     /// A top-level `from` carries `limit`, `offset` or `order_by` clauses.
     pub in_query_paging: bool,
+    /// The certnames the outer query is pinned to: `["=","certname",c]` or
+    /// `["in","certname",["array",[...]]]` as the query or one of the conjuncts of its outer
+    /// `and` (several pins intersect). Sorted and deduped; `None` when the query is not pinned.
+    pub pinned_certnames: Option<Vec<String>>,
 }
 
 impl Analysis {
@@ -115,6 +119,7 @@ pub fn analyze(ast: &Value) -> Analysis {
         outer_name_constraint: outer_name_constraint(ast),
         uses_latest_report: mentions_latest_report(ast),
         in_query_paging: in_query_paging(ast),
+        pinned_certnames: pinned_certnames(ast),
         ..Analysis::default()
     };
     if let Some(extract) = outer_extract(ast) {
@@ -287,6 +292,60 @@ fn mentions_latest_report(node: &Value) -> bool {
     items.iter().any(mentions_latest_report)
 }
 
+/// The filter the outer query applies: the query itself, or what a top-level `from` and an
+/// outer extract filter by; `None` when there is none (a bare extract, paging alone).
+pub(crate) fn outer_filter(ast: &Value) -> Option<&Value> {
+    match form(ast) {
+        Some(("from", items)) => items
+            .get(2)
+            .filter(|q| !is_paging(q))
+            .and_then(outer_filter),
+        Some(("extract", items)) => extract_filter(items),
+        _ => Some(ast),
+    }
+}
+
+fn pinned_certnames(ast: &Value) -> Option<Vec<String>> {
+    let mut pins: Option<Vec<String>> = None;
+    let filter = outer_filter(ast)?;
+    let conjuncts: Vec<&Value> = match form(filter) {
+        Some(("and", items)) => items.iter().skip(1).collect(),
+        _ => vec![filter],
+    };
+    for conjunct in conjuncts {
+        let Some(mut found) = certname_pin(conjunct) else {
+            continue;
+        };
+        found.sort_unstable();
+        found.dedup();
+        pins = Some(match pins {
+            None => found,
+            Some(previous) => previous.into_iter().filter(|c| found.contains(c)).collect(),
+        });
+    }
+    pins
+}
+
+/// The certnames one conjunct pins: `["=","certname","c"]` or an `in` over an `array`.
+fn certname_pin(node: &Value) -> Option<Vec<String>> {
+    let (op, items) = form(node)?;
+    if items.get(1).and_then(Value::as_str) != Some("certname") || items.len() != 3 {
+        return None;
+    }
+    match op {
+        "=" => Some(vec![items[2].as_str()?.to_owned()]),
+        "in" => match form(&items[2])? {
+            ("array", array) if array.len() == 2 => array[1]
+                .as_array()?
+                .iter()
+                .map(|c| c.as_str().map(str::to_owned))
+                .collect(),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn in_query_paging(ast: &Value) -> bool {
     match form(ast) {
         Some(("from", items)) => items.iter().skip(2).any(is_paging),
@@ -423,6 +482,55 @@ mod tests {
                 },
             ]
         );
+    }
+
+    #[test]
+    fn certname_pins_of_the_outer_query() {
+        let pins = |ast: Value| analyze(&ast).pinned_certnames;
+        assert_eq!(pins(json!(["=", "certname", "a"])), Some(vec!["a".into()]));
+        assert_eq!(
+            pins(json!([
+                "and",
+                ["=", "certname", "b"],
+                ["=", "environment", "x"]
+            ])),
+            Some(vec!["b".into()])
+        );
+        assert_eq!(
+            pins(json!(["in", "certname", ["array", ["c", "a", "c"]]])),
+            Some(vec!["a".into(), "c".into()])
+        );
+        assert_eq!(
+            pins(json!([
+                "and",
+                ["in", "certname", ["array", ["a", "b"]]],
+                ["=", "certname", "b"]
+            ])),
+            Some(vec!["b".into()])
+        );
+        assert_eq!(
+            pins(json!(["extract", ["name"], ["=", "certname", "a"]])),
+            Some(vec!["a".into()])
+        );
+        assert_eq!(
+            pins(json!([
+                "from",
+                "facts",
+                ["=", "certname", "a"],
+                ["limit", 1]
+            ])),
+            Some(vec!["a".into()])
+        );
+        for unpinned in [
+            json!(["or", ["=", "certname", "a"], ["=", "certname", "b"]]),
+            json!(["not", ["=", "certname", "a"]]),
+            json!(["~", "certname", "a"]),
+            json!(["in", "certname", ["extract", "certname", ["select_nodes"]]]),
+            json!(["=", "certname", 1]),
+            json!(["=", "name", "certname"]),
+        ] {
+            assert_eq!(pins(unpinned.clone()), None, "{unpinned}");
+        }
     }
 
     #[test]

@@ -19,16 +19,20 @@
 //! Everything here is pure: no I/O, no clock, and no panics on client input.
 
 mod ast;
-mod combine;
+mod foldable;
 #[cfg(test)]
 mod gate_vectors;
 mod params;
 mod rewrite;
 
+pub(crate) use ast::outer_filter;
 pub use ast::{analyze, Analysis, FunctionColumn, GroupByItem};
-pub use combine::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
+pub use foldable::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
 pub use params::{JsonBodyError, Param, Params};
-pub use rewrite::{add_clause, exclude_certnames, ownership_clause, rewrite_avg};
+pub use rewrite::{
+    add_clause, count_among, exclude_certnames, only_certnames_clause, ownership_clause,
+    rewrite_avg,
+};
 
 use serde_json::Value;
 

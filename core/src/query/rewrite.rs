@@ -37,6 +37,42 @@ pub fn exclude_certnames(query: Option<&Value>, certnames: &[&str]) -> Option<Va
     })
 }
 
+/// `["in","certname",["array",[...]]]`: the clause a correction adds to ask about these
+/// certnames only (docs/merging.md, "Corrections").
+pub fn only_certnames_clause(certnames: &[&str]) -> Value {
+    json!(["in", "certname", ["array", certnames]])
+}
+
+/// The count of what `query` matches among `certnames`:
+/// `["extract",[["function","count"]], <query's filter and the in-clause>]`. The filter is the
+/// query itself, or the filter of its outer extract. `None` for a query whose rows are not its
+/// records (an outer extract with `group_by`, a `from`): such a total cannot be corrected by
+/// counting records.
+pub fn count_among(query: Option<&Value>, certnames: &[&str]) -> Option<Value> {
+    let clause = only_certnames_clause(certnames);
+    let filter = match query {
+        None => clause,
+        Some(query) => match form(query) {
+            Some(("extract", items)) => {
+                if items
+                    .iter()
+                    .skip(2)
+                    .any(|i| form(i).is_some_and(|(op, _)| op == "group_by"))
+                {
+                    return None;
+                }
+                match items.get(2) {
+                    None | Some(Value::Null) => clause,
+                    Some(filter) => json!(["and", filter, clause]),
+                }
+            }
+            Some(("from", _)) => return None,
+            _ => json!(["and", query, clause]),
+        },
+    };
+    Some(json!(["extract", [["function", "count"]], filter]))
+}
+
 /// Adds `clause` as a conjunct of `query` (the clause alone when there is no query), the way
 /// [`exclude_certnames`] does. Use it for any other criterion pdbmux pushes upstream.
 pub fn add_clause(query: Option<&Value>, clause: Value) -> Value {

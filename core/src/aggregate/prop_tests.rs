@@ -262,7 +262,7 @@ proptest! {
             .into_iter()
             .map(|rec| Rec { backend: rec.backend % backends, ..rec })
             .collect();
-        let plan = CombinePlan::plan(
+        let plan = CombinePlan::from_params(
             CombineKind::Extract(crate::sort::OrderEntity::Facts),
             &with_query(&ast(&query), ""),
         )

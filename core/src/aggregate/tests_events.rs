@@ -4,13 +4,13 @@ use super::tests::{encode, run, run_parts, upstream};
 use super::*;
 
 fn plan(kind: CombineKind, raw: &str) -> CombinePlan {
-    CombinePlan::plan(kind, &Params::parse(Some(raw)))
+    CombinePlan::from_params(kind, &Params::parse(Some(raw)))
         .expect("plannable")
         .expect("combined")
 }
 
 fn refusal(kind: CombineKind, raw: &str) -> String {
-    CombinePlan::plan(kind, &Params::parse(Some(raw)))
+    CombinePlan::from_params(kind, &Params::parse(Some(raw)))
         .expect_err("refused")
         .to_string()
 }
@@ -260,10 +260,7 @@ fn aggregate_leaves_a_backend_with_one_bad_body_out_of_every_summary() {
             records: None,
         },
     ]);
-    assert_eq!(
-        combined.unusable,
-        [(1, CombineError::NoSubject { index: 0 })]
-    );
+    assert_eq!(combined.unusable, [(1, Unusable::NoSubject { index: 0 })]);
     assert_eq!(
         String::from_utf8(combined.body).expect("utf-8"),
         r#"[{"summarize_by":"certname","failures":1,"skips":1,"successes":1,"noops":0,"total":2},{"summarize_by":"containing_class","failures":0,"skips":0,"successes":0,"noops":0,"total":0}]"#
@@ -272,16 +269,7 @@ fn aggregate_leaves_a_backend_with_one_bad_body_out_of_every_summary() {
         bodies: &good[..1],
         records: None,
     }]);
-    assert_eq!(
-        short.unusable,
-        [(
-            0,
-            CombineError::Bodies {
-                expected: 2,
-                got: 1
-            }
-        )]
-    );
+    assert_eq!(short.unusable, [(0, Unusable::IncompleteParts)]);
 }
 
 #[test]
@@ -333,7 +321,7 @@ fn event_count_rows_must_have_a_subject_and_numbers() {
         combined.unusable,
         [(
             1,
-            CombineError::NotANumber {
+            Unusable::NotANumber {
                 index: 0,
                 column: "failures".into()
             }

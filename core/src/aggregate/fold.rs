@@ -10,8 +10,8 @@ use serde_json::Number;
 use super::extract::{Fold, Rule};
 use super::object::{into_raw, write_object};
 use super::values::{average, canonical, float_json, is_null, Extreme, Total};
-use super::CombineError;
 use crate::records::Fields;
+use crate::status::Unusable;
 
 /// One backend's row, read and checked.
 pub(super) struct Parsed<'a> {
@@ -35,18 +35,15 @@ struct Group<'a> {
 
 /// Reads and checks one backend's rows: each must be an object whose additive columns hold
 /// numbers or null. A failure leaves the whole backend out (D7).
-pub(super) fn parse<'a>(
-    fold: &Fold,
-    rows: &[&'a RawValue],
-) -> Result<Vec<Parsed<'a>>, CombineError> {
+pub(super) fn parse<'a>(fold: &Fold, rows: &[&'a RawValue]) -> Result<Vec<Parsed<'a>>, Unusable> {
     rows.iter()
         .enumerate()
         .map(|(index, raw)| {
-            let object = Fields::of(raw.get()).ok_or(CombineError::NotAnObject { index })?;
+            let object = Fields::of(raw.get()).ok_or(Unusable::NotAnObject { index })?;
             for (column, rule) in &fold.aggregates {
                 if let (Rule::Add, Some(value)) = (rule, object.raw(column)) {
                     if !is_null(value) && serde_json::from_str::<Number>(value.get()).is_err() {
-                        return Err(CombineError::NotANumber {
+                        return Err(Unusable::NotANumber {
                             index,
                             column: column.clone(),
                         });

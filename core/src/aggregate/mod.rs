@@ -11,8 +11,6 @@
 //!    pushed down (D4).
 //! 3. [`CombinePlan::combine`] folds the backends' answers (configured order) into the body.
 
-// Until the exchange calls it (the lead wires it in); the tests use every item.
-
 mod counts_filter;
 mod event_counts;
 mod extract;
@@ -33,12 +31,13 @@ use serde_json::value::RawValue;
 use self::counts_filter::CountsFilter;
 use self::extract::ExtractPlan;
 use crate::merge::Window;
-use crate::query::{analyze, CombineRefusal, Params};
+use crate::query::{CombineRefusal, Params};
 use crate::records::{parse_array, write_array};
 use crate::sort::{self, OrderBy, OrderEntity, PagingError};
+use crate::status::Unusable;
 
 pub(crate) use self::counts_filter::CountsFilterError;
-pub(crate) use self::fanout::{BackendParts, CombineFanOut};
+pub(crate) use self::fanout::AggregatePlan;
 
 /// The path `/aggregate-event-counts` is answered from (D5).
 pub(crate) const EVENT_COUNTS_PATH: &str = "/pdb/query/v4/event-counts";
@@ -91,42 +90,6 @@ pub(crate) enum PlanError {
     },
 }
 
-/// Why one backend's answer cannot be folded; that backend is left out (counted as failed, D7).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum CombineError {
-    /// The body is not a complete JSON array.
-    #[error("unparseable body: {0}")]
-    Unparseable(String),
-    /// A row is not a JSON object.
-    #[error("row {index} is not an object")]
-    NotAnObject {
-        /// The row's position in the body.
-        index: usize,
-    },
-    /// A count or sum column holds something other than a number or null.
-    #[error("row {index} column {column} is not a number")]
-    NotANumber {
-        /// The row's position in the body.
-        index: usize,
-        /// The column.
-        column: String,
-    },
-    /// An event-counts row without `subject_type` and `subject`.
-    #[error("event-counts row {index} has no subject")]
-    NoSubject {
-        /// The row's position in the body.
-        index: usize,
-    },
-    /// Not one body per planned upstream request.
-    #[error("expected {expected} bodies, got {got}")]
-    Bodies {
-        /// [`CombinePlan::upstream`]'s length.
-        expected: usize,
-        /// What the answer carried.
-        got: usize,
-    },
-}
-
 /// Where an upstream request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UpstreamPath {
@@ -162,7 +125,7 @@ pub(crate) struct Combined {
     /// `X-Records` to send: `Some` only when the request asked for a total.
     pub(crate) total: Option<u64>,
     /// Backends (index into the parts) whose answers were left out, and why.
-    pub(crate) unusable: Vec<(usize, CombineError)>,
+    pub(crate) unusable: Vec<(usize, Unusable)>,
 }
 
 /// A planned combine: built from the request before any fan-out.
@@ -197,21 +160,20 @@ impl CombinePlan {
     pub(crate) fn plan(
         kind: CombineKind,
         params: &Params,
+        query: Option<(&serde_json::Value, &crate::query::Analysis)>,
     ) -> Result<Option<CombinePlan>, PlanError> {
         let include_total = params
             .get("include_total")
             .is_some_and(sort::parse_include_total);
         let mode = match kind {
             CombineKind::Extract(entity) => {
-                let query = params.query_text();
-                let Some(ast) = query.as_ast() else {
+                let Some((ast, analysis)) = query else {
                     return Ok(None);
                 };
-                let analysis = analyze(ast);
                 if !analysis.has_function_column() {
                     return Ok(None);
                 }
-                Mode::Extract(extract::plan(entity, params, ast, &analysis)?)
+                Mode::Extract(extract::plan(entity, params, ast, analysis)?)
             }
             CombineKind::EventCounts => event_counts::plan_event_counts(params)?,
             CombineKind::AggregateEventCounts => event_counts::plan_aggregate(params)?,
@@ -221,6 +183,17 @@ impl CombinePlan {
             mode,
             include_total,
         }))
+    }
+
+    /// [`CombinePlan::plan`] with the query read from `params`, as a request's planning reads it.
+    #[cfg(test)]
+    pub(crate) fn from_params(
+        kind: CombineKind,
+        params: &Params,
+    ) -> Result<Option<CombinePlan>, PlanError> {
+        let query = params.query_text();
+        let analysis = query.as_ast().map(crate::query::analyze);
+        CombinePlan::plan(kind, params, query.as_ast().zip(analysis.as_ref()))
     }
 
     /// The requests each backend gets, in the order [`Part::bodies`] answers them: one, except
@@ -290,15 +263,14 @@ impl CombinePlan {
         let mut usable: Vec<(usize, Vec<Vec<&RawValue>>)> = Vec::new();
         for (index, part) in parts.iter().enumerate() {
             if part.bodies.len() != expected {
-                let got = part.bodies.len();
-                unusable.push((index, CombineError::Bodies { expected, got }));
+                unusable.push((index, Unusable::IncompleteParts));
                 continue;
             }
             let parsed: Result<Vec<_>, _> =
                 part.bodies.iter().map(|body| parse_array(body)).collect();
             match parsed {
                 Ok(bodies) => usable.push((index, bodies)),
-                Err(error) => unusable.push((index, CombineError::Unparseable(error.to_string()))),
+                Err(error) => unusable.push((index, Unusable::Unparseable(error.to_string()))),
             }
         }
         let (body, total) = match &self.mode {
@@ -358,7 +330,7 @@ fn combine_extract(
     plan: &ExtractPlan,
     parts: &[Part<'_>],
     usable: Vec<(usize, Vec<Vec<&RawValue>>)>,
-    unusable: &mut Vec<(usize, CombineError)>,
+    unusable: &mut Vec<(usize, Unusable)>,
 ) -> (Vec<u8>, u64) {
     let rows: Vec<Box<RawValue>> = match &plan.fold {
         Some(fold_plan) => {

@@ -8,30 +8,31 @@ use http::Method;
 
 use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::message::{BodyMode, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::status::{Failure, Rejected};
 
 /// One backend's part: its request and, once known, its result.
 #[derive(Debug)]
-pub(crate) struct Leg {
+pub(crate) struct BroadcastCall {
     pub(crate) backend: BackendId,
     pub(crate) id: UpstreamId,
     pub(crate) deadline: Instant,
-    /// `Ok(body)` for a 2xx; `Err(reason)` for anything else.
-    pub(crate) result: Option<Result<Bytes, String>>,
+    /// `Ok(body)` for a 2xx; why not for anything else.
+    pub(crate) result: Option<Result<Bytes, Failure>>,
 }
 
-/// A set of legs sent together.
+/// One request to each of several backends, sent together.
 #[derive(Debug)]
-pub(crate) struct Legs(pub(crate) Vec<Leg>);
+pub(crate) struct Broadcast(pub(crate) Vec<BroadcastCall>);
 
-impl Legs {
-    /// Plans one GET of `path_and_query` per backend; returns the legs and the requests to send.
+impl Broadcast {
+    /// Plans one GET of `path_and_query` per backend; returns the calls and the requests to send.
     pub(crate) fn send(
         ids: &mut Counter,
         backends: &[BackendId],
         path_and_query: &str,
         deadline: Instant,
-    ) -> (Legs, Vec<UpstreamRequest>) {
-        let mut legs = Vec::with_capacity(backends.len());
+    ) -> (Broadcast, Vec<UpstreamRequest>) {
+        let mut calls = Vec::with_capacity(backends.len());
         let mut requests = Vec::with_capacity(backends.len());
         for &backend in backends {
             let id = UpstreamId(ids.next());
@@ -44,21 +45,21 @@ impl Legs {
                 body_mode: BodyMode::Buffer,
                 deadline,
             });
-            legs.push(Leg {
+            calls.push(BroadcastCall {
                 backend,
                 id,
                 deadline,
                 result: None,
             });
         }
-        (Legs(legs), requests)
+        (Broadcast(calls), requests)
     }
 
-    /// Records an answer; returns whether the ID belonged to these legs.
+    /// Records an answer; returns whether the ID belonged to these calls.
     pub(crate) fn record_response(&mut self, id: UpstreamId, response: &UpstreamResponse) -> bool {
         let result = match (&response.body, response.status.is_success()) {
             (UpstreamBody::Full(body), true) => Ok(body.clone()),
-            (UpstreamBody::Held, true) => Err("unexpected held body".to_owned()),
+            (UpstreamBody::Held, true) => Err(Failure::HeldBody(response.status)),
             (body, false) => {
                 let detail = match body {
                     UpstreamBody::Full(body) => {
@@ -68,59 +69,57 @@ impl Legs {
                     }
                     UpstreamBody::Held => String::new(),
                 };
-                let status = response.status.as_u16();
-                Err(if detail.is_empty() {
-                    format!("answered {status}")
-                } else {
-                    format!("answered {status}: {detail}")
-                })
+                Err(Failure::Rejected(Rejected {
+                    status: response.status,
+                    detail,
+                }))
             }
         };
         self.record(id, result)
     }
 
-    /// Records a failure; returns whether the ID belonged to these legs.
+    /// Records a failure; returns whether the ID belonged to these calls.
     pub(crate) fn record_failure(&mut self, id: UpstreamId, failure: &UpstreamFailure) -> bool {
-        self.record(id, Err(failure.to_string()))
+        self.record(id, Err(failure.clone().into()))
     }
 
-    fn record(&mut self, id: UpstreamId, result: Result<Bytes, String>) -> bool {
+    fn record(&mut self, id: UpstreamId, result: Result<Bytes, Failure>) -> bool {
         match self
             .0
             .iter_mut()
-            .find(|leg| leg.id == id && leg.result.is_none())
+            .find(|call| call.id == id && call.result.is_none())
         {
-            Some(leg) => {
-                leg.result = Some(result);
+            Some(call) => {
+                call.result = Some(result);
                 true
             }
             None => false,
         }
     }
 
-    /// Marks legs past their deadline as timed out; returns their IDs (to cancel).
+    /// Marks calls past their deadline as timed out; returns their IDs (to cancel).
     pub(crate) fn expire(&mut self, now: Instant) -> Vec<UpstreamId> {
         let mut expired = Vec::new();
-        for leg in &mut self.0 {
-            if leg.result.is_none() && leg.deadline <= now {
-                leg.result = Some(Err(UpstreamFailure::Timeout.to_string()));
-                expired.push(leg.id);
+        for call in &mut self.0 {
+            if call.result.is_none() && call.deadline <= now {
+                call.result = Some(Err(UpstreamFailure::Timeout.into()));
+                expired.push(call.id);
             }
         }
         expired
     }
 
-    /// The earliest deadline of an unanswered leg.
+    /// The earliest deadline of an unanswered call.
     pub(crate) fn deadline(&self) -> Option<Instant> {
         self.0
             .iter()
-            .filter(|leg| leg.result.is_none())
-            .map(|leg| leg.deadline)
+            .filter(|call| call.result.is_none())
+            .map(|call| call.deadline)
             .min()
     }
 
-    /// Whether every leg has a result.
+    /// Whether every call has a result.
     pub(crate) fn is_complete(&self) -> bool {
-        self.0.iter().all(|leg| leg.result.is_some())
+        self.0.iter().all(|call| call.result.is_some())
     }
 }

@@ -1,26 +1,30 @@
-//! The Jolokia metrics routes as a fan-out: every backend's envelope merged (see
+//! The Jolokia metrics routes as a plan: every backend's envelope merged (see
 //! [`crate::jolokia`]), and the population MBeans answered for the estate as a whole
-//! (DECISIONS.md D9): `num-nodes` is the number of distinct active certnames in the membership
-//! map, `num-resources` the resource count with node ownership pushed down (so a node two
-//! backends hold is counted once), and `avg-resources-per-node` their quotient.
+//! (docs/merging.md, "Metrics"): `num-nodes` is the number of distinct active certnames in the
+//! membership map, `num-resources` every catalog's resources, inactive nodes' included, as
+//! PuppetDB counts them, each node's counted once (from its owner), and
+//! `avg-resources-per-node` their quotient.
 
-use std::sync::Arc;
-
-use bytes::Bytes;
-use http::{Method, StatusCode};
+use http::StatusCode;
 use serde_json::{json, Value};
 
-use crate::config::Config;
+use crate::config::MergeStrategy;
+use crate::fanout::{everyone, Calls, Context, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
 use crate::jolokia::{self, JolokiaMerge};
-use crate::membership::{Ownership, Scope};
+use crate::membership::Scope;
 use crate::message::Response;
-use crate::outbound::{self, Pushdown};
-use crate::query::Params;
+use crate::outbound;
+use crate::ownership::{NodeScope, Owning};
 use crate::route::MetricsRoute;
+use crate::status::Unusable;
 
 const POPULATION: &str = "puppetlabs.puppetdb.population:name=";
 const RESOURCE_COUNT_PATH: &str = "/pdb/query/v4/resources";
+/// The Jolokia request itself.
+const ENVELOPE: usize = 0;
+/// The owned resource count the population MBeans are answered from.
+const RESOURCE_COUNT: usize = 1;
 
 /// Which population figure a request reads, if it reads one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,18 +36,13 @@ enum Population {
 
 /// A planned metrics fan-out.
 #[derive(Debug)]
-pub(crate) struct MetricsPlan {
+pub(crate) struct JolokiaPlan {
     route: MetricsRoute,
+    target: String,
     population: Option<Population>,
     /// Whether the attribute path reads `Value` itself (a bare number) rather than the object.
     bare_value: bool,
-    ownership: Option<Arc<Ownership>>,
-    strategy: crate::config::MergeStrategy,
-}
-
-/// Whether a metrics request reads a population MBean, so its answer needs the membership map.
-pub(crate) fn reads_population(path: &str) -> bool {
-    population_of(path).is_some()
+    strategy: MergeStrategy,
 }
 
 fn population_of(path: &str) -> Option<Population> {
@@ -56,74 +55,46 @@ fn population_of(path: &str) -> Option<Population> {
     }
 }
 
-impl MetricsPlan {
-    /// Plans a metrics request.
-    pub(crate) fn plan(route: MetricsRoute, path: &str, config: &Config) -> MetricsPlan {
+impl JolokiaPlan {
+    /// Plans a metrics request for `target` (path and query, as received).
+    pub(crate) fn plan(
+        route: MetricsRoute,
+        target: String,
+        strategy: MergeStrategy,
+    ) -> JolokiaPlan {
+        let path = target
+            .split_once('?')
+            .map_or(target.as_str(), |(path, _)| path);
         let population = match route {
             MetricsRoute::Read => population_of(path),
             MetricsRoute::List | MetricsRoute::V1Mbeans => None,
         };
         let bare_value =
             jolokia::attribute_of(path).is_some_and(|a| a.eq_ignore_ascii_case("value"));
-        MetricsPlan {
+        JolokiaPlan {
             route,
+            target,
             population,
             bare_value,
-            ownership: None,
-            strategy: config.merge,
+            strategy,
         }
     }
 
-    /// Adds the membership snapshot the population MBeans are answered from.
-    pub(crate) fn attach(&mut self, ownership: Option<Arc<Ownership>>) {
-        self.ownership = ownership;
-    }
-
-    /// Upstream requests per backend: the metrics request itself, plus the owned resource count
-    /// when the answer needs it.
-    pub(crate) fn parts(&self) -> usize {
-        match self.population {
-            Some(Population::Resources | Population::ResourcesPerNode) => 2,
-            _ => 1,
-        }
-    }
-
-    /// The request for one backend's part (part 0 is the client's own target, verbatim).
-    pub(crate) fn upstream_request(
-        &self,
-        target: &str,
-        backend: BackendId,
-        part: usize,
-        asked: &[BackendId],
-    ) -> (Method, String, Option<Bytes>) {
-        if part == 0 {
-            return (Method::GET, target.to_owned(), None);
-        }
-        let count = json!(["extract", [["function", "count"]]]);
-        let query = match &self.ownership {
-            Some(ownership) => {
-                let pushdown: Pushdown = (Arc::clone(ownership), self.strategy, Scope::Active);
-                outbound::owned_query(Some(&count), &pushdown, backend, asked).unwrap_or(count)
-            }
-            None => count,
-        };
-        let params = Params::parse(Some(&format!(
-            "query={}",
-            percent_encoding::utf8_percent_encode(
-                &query.to_string(),
-                percent_encoding::NON_ALPHANUMERIC
-            )
-        )));
-        outbound::request(RESOURCE_COUNT_PATH, &params, true)
+    fn counts_resources(&self) -> bool {
+        matches!(
+            self.population,
+            Some(Population::Resources | Population::ResourcesPerNode)
+        )
     }
 
     /// Merges the answers: `envelopes` are the 2xx metrics bodies in configured order,
     /// `resource_counts` the owned resource counts (for the population MBeans). `None` when no
     /// body was usable.
-    pub(crate) fn respond(
+    fn respond(
         &self,
         envelopes: &[&[u8]],
         resource_counts: &[&[u8]],
+        nodes: Option<usize>,
     ) -> Option<(Response, usize)> {
         let merged = match self.route {
             MetricsRoute::V1Mbeans => jolokia::merge_v1(envelopes),
@@ -140,7 +111,7 @@ impl MetricsPlan {
             }
             JolokiaMerge::NothingUsable => return None,
         };
-        let body = match self.population_value(resource_counts) {
+        let body = match self.population_value(resource_counts, nodes) {
             Some(value) => {
                 let value = if self.bare_value {
                     value
@@ -154,9 +125,9 @@ impl MetricsPlan {
         Some((Response::json(StatusCode::OK, body), contributed))
     }
 
-    fn population_value(&self, resource_counts: &[&[u8]]) -> Option<Value> {
+    fn population_value(&self, resource_counts: &[&[u8]], nodes: Option<usize>) -> Option<Value> {
         let population = self.population?;
-        let nodes = self.ownership.as_ref()?.node_count() as u64;
+        let nodes = nodes? as u64;
         let resources = || -> Option<u64> {
             let mut total = 0u64;
             for body in resource_counts {
@@ -180,10 +151,85 @@ impl MetricsPlan {
     }
 }
 
+impl Plan for JolokiaPlan {
+    fn needs_ownership(&self) -> bool {
+        self.population.is_some()
+    }
+
+    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
+        let mut calls = everyone(context);
+        if self.counts_resources() {
+            calls.extend(context.roster.iter().map(|b| (*b, RESOURCE_COUNT)));
+        }
+        calls
+    }
+
+    fn request(&self, backend: BackendId, part: usize, context: &Context) -> Outbound {
+        if part == ENVELOPE {
+            return Outbound::get(self.target.clone());
+        }
+        // Every catalog's resources, as PuppetDB's own metric counts them: inactive nodes'
+        // too, each node's once.
+        let all = json!(["=", "node_state", "any"]);
+        let owning = context.ownership.as_deref().map(|ownership| Owning {
+            ownership,
+            scope: NodeScope {
+                strategy: self.strategy,
+                scope: Scope::Any,
+            },
+            asked: &context.roster,
+        });
+        let excluded: Vec<&str> = owning.map_or_else(Vec::new, |o| o.excluded(backend, None));
+        let filter = crate::query::exclude_certnames(Some(&all), &excluded).unwrap_or(all);
+        let count = json!(["extract", [["function", "count"]], filter]);
+        outbound::query_only(RESOURCE_COUNT_PATH, &count).0
+    }
+
+    fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
+        if !calls.all_done() {
+            return Step::Wait;
+        }
+        let envelopes: Vec<&[u8]> = context
+            .roster
+            .iter()
+            .filter_map(|b| calls.success(*b, ENVELOPE).map(|(_, body)| &body[..]))
+            .collect();
+        let counts: Vec<&[u8]> = context
+            .roster
+            .iter()
+            .filter_map(|b| calls.success(*b, RESOURCE_COUNT).map(|(_, body)| &body[..]))
+            .collect();
+        let nodes = context.ownership.as_ref().map(|o| o.node_count());
+        match self.respond(&envelopes, &counts, nodes) {
+            Some((response, contributed)) => Step::Done(Verdict::Merged {
+                response,
+                contributed,
+                unusable: Vec::new(),
+            }),
+            None => {
+                let unusable = context
+                    .roster
+                    .iter()
+                    .filter(|b| calls.success(**b, ENVELOPE).is_some())
+                    .map(|b| (*b, Unusable::Jolokia))
+                    .collect();
+                Step::Done(Verdict::Unanswered {
+                    part: ENVELOPE,
+                    unusable,
+                })
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
-    use crate::membership::{BackendNodes, Member};
+    use crate::config::Config;
+    use crate::corrections::Corrections;
+    use crate::membership::{BackendNodes, Member, Ownership};
 
     fn ownership() -> Arc<Ownership> {
         let nodes = |names: &[&str]| -> Option<BackendNodes> {
@@ -194,10 +240,10 @@ mod tests {
                     .collect(),
             )
         };
-        Arc::new(Ownership::build(&[
-            nodes(&["a", "shared"]),
-            nodes(&["shared", "b", "c"]),
-        ]))
+        Arc::new(Ownership::build(
+            &[nodes(&["a", "shared"]), nodes(&["shared", "b", "c"])],
+            1,
+        ))
     }
 
     fn envelope(mbean: &str, value: Value) -> Vec<u8> {
@@ -206,13 +252,18 @@ mod tests {
             .into_bytes()
     }
 
+    fn plan(path: &str) -> JolokiaPlan {
+        JolokiaPlan::plan(
+            MetricsRoute::Read,
+            path.to_owned(),
+            MergeStrategy::Freshness,
+        )
+    }
+
     #[test]
     fn num_nodes_counts_each_certname_once() {
-        let config = Config::with_backends(Vec::new());
-        let path = "/metrics/v2/read/puppetlabs.puppetdb.population%3Aname%3Dnum-nodes";
-        let mut plan = MetricsPlan::plan(MetricsRoute::Read, path, &config);
-        plan.attach(Some(ownership()));
-        assert_eq!(plan.parts(), 1);
+        let plan = plan("/metrics/v2/read/puppetlabs.puppetdb.population%3Aname%3Dnum-nodes");
+        assert!(!plan.counts_resources());
         let a = envelope(
             "puppetlabs.puppetdb.population:name=num-nodes",
             json!({"Value": 2}),
@@ -221,7 +272,8 @@ mod tests {
             "puppetlabs.puppetdb.population:name=num-nodes",
             json!({"Value": 3}),
         );
-        let (response, contributed) = plan.respond(&[&a, &b], &[]).expect("merged");
+        let nodes = Some(ownership().node_count());
+        let (response, contributed) = plan.respond(&[&a, &b], &[], nodes).expect("merged");
         let body: Value =
             serde_json::from_slice(response.full_body().expect("full")).expect("json");
         assert_eq!(body["value"], json!({"Value": 4}), "5 summed, 4 distinct");
@@ -229,18 +281,24 @@ mod tests {
     }
 
     #[test]
-    fn num_resources_is_the_owned_count() {
-        let config = Config::with_backends(Vec::new());
+    fn num_resources_counts_every_node_state_once() {
         let path = "/metrics/v2/read/puppetlabs.puppetdb.population:name=avg-resources-per-node";
-        let mut plan = MetricsPlan::plan(MetricsRoute::Read, path, &config);
-        plan.attach(Some(ownership()));
-        assert_eq!(plan.parts(), 2);
-        let (_, target, _) =
-            plan.upstream_request(path, BackendId(1), 1, &[BackendId(0), BackendId(1)]);
+        let plan = plan(path);
+        let context = Context {
+            config: Arc::new(Config::with_backends(Vec::new())),
+            roster: vec![BackendId(0), BackendId(1)],
+            ownership: Some(ownership()),
+            corrections: Arc::new(Corrections::new(1)),
+        };
+        let outbound = plan.request(BackendId(1), RESOURCE_COUNT, &context);
+        let target = percent_encoding::percent_decode_str(&outbound.path_and_query)
+            .decode_utf8_lossy()
+            .into_owned();
         assert!(
             target.starts_with("/pdb/query/v4/resources?query="),
             "{target}"
         );
+        assert!(target.contains("\"node_state\",\"any\""), "{target}");
         assert!(
             target.contains("shared"),
             "b does not own the shared node: {target}"
@@ -250,7 +308,11 @@ mod tests {
             json!({"Value": 10.0}),
         );
         let (response, _) = plan
-            .respond(&[&a], &[br#"[{"count":30}]"#, br#"[{"count":50}]"#])
+            .respond(
+                &[&a],
+                &[br#"[{"count":30}]"#, br#"[{"count":50}]"#],
+                Some(4),
+            )
             .expect("merged");
         let body: Value =
             serde_json::from_slice(response.full_body().expect("full")).expect("json");
@@ -259,9 +321,7 @@ mod tests {
 
     #[test]
     fn other_mbeans_are_merged_as_they_are() {
-        let config = Config::with_backends(Vec::new());
-        let path = "/metrics/v2/read/java.lang:type=Memory";
-        let plan = MetricsPlan::plan(MetricsRoute::Read, path, &config);
+        let plan = plan("/metrics/v2/read/java.lang:type=Memory");
         let a = envelope(
             "java.lang:type=Memory",
             json!({"HeapMemoryUsage": {"used": 5}}),
@@ -270,7 +330,7 @@ mod tests {
             "java.lang:type=Memory",
             json!({"HeapMemoryUsage": {"used": 7}}),
         );
-        let (response, _) = plan.respond(&[&a, &b], &[]).expect("merged");
+        let (response, _) = plan.respond(&[&a, &b], &[], None).expect("merged");
         let body: Value =
             serde_json::from_slice(response.full_body().expect("full")).expect("json");
         assert_eq!(body["value"]["HeapMemoryUsage"]["used"], json!(12));

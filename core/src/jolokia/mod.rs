@@ -512,5 +512,9 @@ fn combine(rule: Rule, numbers: &[Number]) -> Option<Number> {
     Number::from_f64(result)
 }
 
+mod population;
+
+pub(crate) use population::JolokiaPlan;
+
 #[cfg(test)]
 mod tests;

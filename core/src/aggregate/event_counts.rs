@@ -17,11 +17,12 @@ use serde_json::Number;
 use super::counts_filter::{CountsFilter, COUNT_FIELDS};
 use super::object::{into_raw, write_object};
 use super::values::{canonical, is_null, Total};
-use super::{CombineError, Mode, PlanError};
+use super::{Mode, PlanError};
 use crate::merge::Window;
 use crate::query::Params;
 use crate::records::Fields;
 use crate::sort::{self, OrderBy, OrderEntity, PagingError, SummarizeBy};
+use crate::status::Unusable;
 
 /// The columns that name the subject; every other column is a count.
 const SUBJECT_COLUMNS: [&str; 2] = ["subject_type", "subject"];
@@ -63,22 +64,22 @@ pub(super) struct CountRow<'a> {
 }
 
 /// Reads and checks one backend's rows: objects with a subject, counts numbers or null.
-pub(super) fn parse<'a>(rows: &[&'a RawValue]) -> Result<Vec<CountRow<'a>>, CombineError> {
+pub(super) fn parse<'a>(rows: &[&'a RawValue]) -> Result<Vec<CountRow<'a>>, Unusable> {
     rows.iter()
         .enumerate()
         .map(|(index, raw)| {
-            let object = Fields::of(raw.get()).ok_or(CombineError::NotAnObject { index })?;
+            let object = Fields::of(raw.get()).ok_or(Unusable::NotAnObject { index })?;
             let (Some(subject_type), Some(subject)) =
                 (object.raw("subject_type"), object.raw("subject"))
             else {
-                return Err(CombineError::NoSubject { index });
+                return Err(Unusable::NoSubject { index });
             };
             for (column, value) in object.entries() {
                 if !SUBJECT_COLUMNS.contains(&column.as_ref())
                     && !is_null(value)
                     && serde_json::from_str::<Number>(value.get()).is_err()
                 {
-                    return Err(CombineError::NotANumber {
+                    return Err(Unusable::NotANumber {
                         index,
                         column: column.clone().into_owned(),
                     });
@@ -340,7 +341,7 @@ fn counts_filter(params: &Params) -> Result<Option<CountsFilter>, PlanError> {
 /// backend with a body that does not read is moved to `unusable`.
 pub(super) fn read_counts<'a>(
     usable: Vec<(usize, Vec<Vec<&'a RawValue>>)>,
-    unusable: &mut Vec<(usize, CombineError)>,
+    unusable: &mut Vec<(usize, Unusable)>,
 ) -> Vec<Vec<Vec<CountRow<'a>>>> {
     let mut backends = Vec::new();
     for (index, bodies) in usable {

@@ -1,0 +1,188 @@
+//! The one interface every way of answering a request implements: which upstream calls it makes,
+//! what it does as their answers arrive, and the verdict it reaches. The [`crate::Exchange`] owns
+//! the calls (their IDs, deadlines, cancellation) and the headers and counters every answer gets;
+//! a [`Plan`] owns only PuppetDB meaning.
+//!
+//! A plan numbers its calls to each backend itself (`part`): most make one call per backend
+//! (part 0); some ask a backend several things at once (an aggregate's correction, the Jolokia
+//! resource count) or ask again in a second round (a page the first answers could not fill).
+
+use std::fmt;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+
+use crate::config::Config;
+use crate::corrections::{Corrections, Learned};
+use crate::ids::{BackendId, UpstreamId};
+use crate::membership::Ownership;
+use crate::message::{BodyMode, Response};
+use crate::status::{Outcome, Unusable};
+
+/// One upstream request as a plan writes it; the exchange adds the ID and the deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Outbound {
+    pub(crate) method: Method,
+    pub(crate) path_and_query: String,
+    /// The JSON body of a POST (a rewritten query too long for a URL).
+    pub(crate) body: Option<Bytes>,
+    pub(crate) body_mode: BodyMode,
+}
+
+impl Outbound {
+    /// A buffered GET of `path_and_query`.
+    pub(crate) fn get(path_and_query: impl Into<String>) -> Outbound {
+        Outbound {
+            method: Method::GET,
+            path_and_query: path_and_query.into(),
+            body: None,
+            body_mode: BodyMode::Buffer,
+        }
+    }
+}
+
+/// What a plan reads besides the answers: the configuration, the backends this request may ask
+/// (in service, configured order), the membership snapshot when the plan needs one, and the
+/// corrections learned against that snapshot.
+#[derive(Debug, Clone)]
+pub(crate) struct Context {
+    pub(crate) config: Arc<Config>,
+    pub(crate) roster: Vec<BackendId>,
+    pub(crate) ownership: Option<Arc<Ownership>>,
+    pub(crate) corrections: Arc<Corrections>,
+}
+
+/// Where one call stands.
+#[derive(Debug)]
+pub(crate) enum CallState {
+    /// Asked; waiting until `deadline`.
+    Pending {
+        id: UpstreamId,
+        deadline: std::time::Instant,
+    },
+    /// A 2xx whose body the runtime holds, to stream.
+    Held {
+        id: UpstreamId,
+        status: StatusCode,
+        headers: HeaderMap,
+    },
+    /// Over.
+    Done(Outcome),
+}
+
+/// One upstream call of an exchange.
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub(crate) backend: BackendId,
+    pub(crate) part: usize,
+    pub(crate) state: CallState,
+}
+
+/// An exchange's calls so far, in the order they were made.
+#[derive(Debug, Default)]
+pub(crate) struct Calls(pub(crate) Vec<Call>);
+
+impl Calls {
+    /// Whether every call has an answer.
+    pub(crate) fn all_done(&self) -> bool {
+        self.0
+            .iter()
+            .all(|call| !matches!(call.state, CallState::Pending { .. }))
+    }
+
+    /// The call to `backend` for `part`, if one was made.
+    pub(crate) fn get(&self, backend: BackendId, part: usize) -> Option<&Call> {
+        self.0
+            .iter()
+            .find(|call| call.backend == backend && call.part == part)
+    }
+
+    /// The 2xx answer of that call, if it has one.
+    pub(crate) fn success(&self, backend: BackendId, part: usize) -> Option<(&HeaderMap, &Bytes)> {
+        match &self.get(backend, part)?.state {
+            CallState::Done(Outcome::Success { headers, body, .. }) => Some((headers, body)),
+            _ => None,
+        }
+    }
+
+    /// The outcome of every finished call for `part`, for the status policy.
+    pub(crate) fn outcomes(&self, part: usize) -> Vec<(BackendId, Outcome)> {
+        self.0
+            .iter()
+            .filter(|call| call.part == part)
+            .filter_map(|call| match &call.state {
+                CallState::Done(outcome) => Some((call.backend, outcome.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// What a plan does after an answer.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Wait for more answers.
+    Wait,
+    /// Make these calls too: `(backend, part)`, each written by [`Plan::request`].
+    Call(Vec<(BackendId, usize)>),
+    /// The answer is known.
+    Done(Verdict),
+}
+
+/// How a plan answers.
+#[derive(Debug)]
+pub(crate) enum Verdict {
+    /// The estate's answer, built from `contributed` backends: those whose records went in,
+    /// and those the membership map shows hold nothing the request asks about (so they were not
+    /// asked). Gets `X-Backends` and counts as a round on `/healthz`.
+    Merged {
+        response: Response,
+        contributed: usize,
+        unusable: Vec<(BackendId, Unusable)>,
+    },
+    /// No backend gave a usable answer: the status policy decides from the calls for `part`,
+    /// the unusable ones counted as failed.
+    Unanswered {
+        part: usize,
+        unusable: Vec<(BackendId, Unusable)>,
+    },
+    /// One backend's answer, as it is (a pass-through, the owner's node, the holder's report).
+    Verbatim(Response),
+}
+
+/// A way of answering a request: one per plan kind (record merges, aggregates, Jolokia, meta,
+/// pass-through and per-certname sequences, report holders). Built by [`crate::policy`] once
+/// per request; driven by the exchange.
+pub(crate) trait Plan: fmt::Debug + Send {
+    /// Whether answering needs the membership map (node ownership, docs/merging.md).
+    fn needs_ownership(&self) -> bool {
+        false
+    }
+
+    /// Whether its merged answers are query rounds, counted by `/healthz`'s query object (the
+    /// record merges and aggregates; not meta or Jolokia).
+    fn counts_rounds(&self) -> bool {
+        false
+    }
+
+    /// The first calls, `(backend, part)`, over the backends in `context.roster`.
+    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)>;
+
+    /// The request one call sends.
+    fn request(&self, backend: BackendId, part: usize, context: &Context) -> Outbound;
+
+    /// Looks at the calls after one of them finished (or timed out).
+    fn progress(&mut self, calls: &Calls, context: &Context) -> Step;
+
+    /// Corrections learned from this exchange's answers, to keep for the rest of the
+    /// membership snapshot (docs/merging.md, "Corrections"); read once the exchange responded.
+    fn learned(&self, _calls: &Calls) -> Vec<Learned> {
+        Vec::new()
+    }
+}
+
+/// Every backend in the roster, part 0: the first round of a plan that asks everyone once.
+pub(crate) fn everyone(context: &Context) -> Vec<(BackendId, usize)> {
+    context.roster.iter().map(|backend| (*backend, 0)).collect()
+}

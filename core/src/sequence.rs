@@ -1,0 +1,246 @@
+//! The routes one backend answers verbatim: pass-through (backends in configured order, the first
+//! success streamed), per-certname (the node's owner first, the first answer other than 404
+//! stands) and report-hash (every backend at once, whichever holds the report).
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+use percent_encoding::percent_decode_str;
+
+use crate::fanout::{everyone, CallState, Calls, Context, Outbound, Plan, Step, Verdict};
+use crate::ids::BackendId;
+use crate::membership::Scope;
+use crate::message::{BodyMode, Response, ResponseBody};
+use crate::status::{self, Outcome, Rejection};
+
+/// Backends asked one at a time; the first success is the answer, streamed when it is a held
+/// body.
+#[derive(Debug)]
+pub(crate) struct Sequence {
+    target: String,
+    /// The certname of a per-certname route: its owner is asked first, and an answer other than
+    /// 404 stands (the owner's refusal is the answer, not a reason to ask the others).
+    owner_of: Option<String>,
+    order: Vec<BackendId>,
+}
+
+impl Sequence {
+    /// Pass-through: backends in configured order, the first success streamed; when every one
+    /// refuses, the first refusal is replayed.
+    pub(crate) fn first_success(target: String) -> Sequence {
+        Sequence {
+            target,
+            owner_of: None,
+            order: Vec::new(),
+        }
+    }
+
+    /// Per-certname: the owner of the raw certname segment first.
+    pub(crate) fn owner_first(target: String, raw_certname: &str) -> Sequence {
+        Sequence {
+            target,
+            owner_of: Some(
+                percent_decode_str(raw_certname)
+                    .decode_utf8_lossy()
+                    .into_owned(),
+            ),
+            order: Vec::new(),
+        }
+    }
+}
+
+impl Plan for Sequence {
+    fn needs_ownership(&self) -> bool {
+        self.owner_of.is_some()
+    }
+
+    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
+        self.order = context.roster.clone();
+        if let (Some(certname), Some(ownership)) = (&self.owner_of, &context.ownership) {
+            let owners = ownership
+                .owners(certname, Scope::Active)
+                .or_else(|| ownership.owners(certname, Scope::Any));
+            if let Some(owners) = owners {
+                let owner = owners.under(context.config.merge);
+                if let Some(position) = self.order.iter().position(|b| *b == owner) {
+                    let owner = self.order.remove(position);
+                    self.order.insert(0, owner);
+                }
+            }
+        }
+        self.order
+            .first()
+            .map(|b| vec![(*b, 0)])
+            .unwrap_or_default()
+    }
+
+    fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
+        Outbound {
+            body_mode: BodyMode::StreamSuccess,
+            ..Outbound::get(self.target.clone())
+        }
+    }
+
+    fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
+        let owner_first = self.owner_of.is_some();
+        for backend in &self.order {
+            let Some(call) = calls.get(*backend, 0) else {
+                return Step::Call(vec![(*backend, 0)]);
+            };
+            match &call.state {
+                CallState::Pending { .. } => return Step::Wait,
+                CallState::Held {
+                    id,
+                    status,
+                    headers,
+                } => {
+                    return Step::Done(Verdict::Verbatim(Response {
+                        status: *status,
+                        headers: forwarded_headers(headers),
+                        body: ResponseBody::Upstream(*id),
+                    }))
+                }
+                CallState::Done(Outcome::Success {
+                    status,
+                    headers,
+                    body,
+                }) => {
+                    return Step::Done(Verdict::Verbatim(verbatim(*status, headers, body)));
+                }
+                CallState::Done(Outcome::Rejected(rejection))
+                    if owner_first && rejection.status != StatusCode::NOT_FOUND =>
+                {
+                    let response = status::replay(rejection, &context.config.backends);
+                    return Step::Done(Verdict::Verbatim(response));
+                }
+                CallState::Done(_) => {}
+            }
+        }
+        // Every backend was asked and none succeeded: replay the first error answer (a 404 for
+        // per-certname routes), or 502 when nobody answered.
+        let outcomes = calls.outcomes(0);
+        let first_rejection = outcomes.iter().find_map(|(_, outcome)| match outcome {
+            Outcome::Rejected(rejection) => Some(rejection),
+            _ => None,
+        });
+        Step::Done(Verdict::Verbatim(match first_rejection {
+            Some(rejection) => status::replay(rejection, &context.config.backends),
+            None => status::bad_gateway(&outcomes, &context.config.backends),
+        }))
+    }
+}
+
+/// `/reports/<hash>/{events,logs,metrics}`: every backend at once; only the one holding the
+/// report answers 2xx, so the first success is served at once. Without one: the holder's error
+/// (anything but 404), else 502 when a backend did not answer (it may hold the report), else
+/// the unanimous 404.
+#[derive(Debug)]
+pub(crate) struct Holder {
+    target: String,
+}
+
+impl Holder {
+    /// A holder search for this target.
+    pub(crate) fn new(target: String) -> Holder {
+        Holder { target }
+    }
+}
+
+impl Plan for Holder {
+    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
+        everyone(context)
+    }
+
+    fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
+        Outbound::get(self.target.clone())
+    }
+
+    fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
+        for call in &calls.0 {
+            if let CallState::Done(Outcome::Success {
+                status,
+                headers,
+                body,
+            }) = &call.state
+            {
+                return Step::Done(Verdict::Verbatim(verbatim(*status, headers, body)));
+            }
+        }
+        if !calls.all_done() {
+            return Step::Wait;
+        }
+        let outcomes = calls.outcomes(0);
+        let mut holder_error: Option<&Rejection> = None;
+        let mut not_found: Option<&Rejection> = None;
+        let mut unanswered = false;
+        for (_, outcome) in &outcomes {
+            match outcome {
+                Outcome::Rejected(rejection) if rejection.status == StatusCode::NOT_FOUND => {
+                    not_found.get_or_insert(rejection);
+                }
+                Outcome::Rejected(rejection) => {
+                    holder_error.get_or_insert(rejection);
+                }
+                _ => unanswered = true,
+            }
+        }
+        let backends = &context.config.backends;
+        Step::Done(Verdict::Verbatim(
+            match (holder_error, unanswered, not_found) {
+                (Some(rejection), _, _) => status::replay(rejection, backends),
+                (None, false, Some(rejection)) => status::replay(rejection, backends),
+                _ => status::bad_gateway(&outcomes, backends),
+            },
+        ))
+    }
+}
+
+/// A buffered success served as the backend sent it: its status, its end-to-end headers and
+/// PuppetDB's content type when it sent none.
+pub(crate) fn verbatim(status: StatusCode, headers: &HeaderMap, body: &bytes::Bytes) -> Response {
+    let mut response = Response {
+        status,
+        headers: forwarded_headers(headers),
+        body: ResponseBody::Full(body.clone()),
+    };
+    if !response.headers.contains_key(http::header::CONTENT_TYPE) {
+        response.headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(crate::message::JSON_CONTENT_TYPE),
+        );
+    }
+    response
+}
+
+/// The upstream headers a verbatim answer carries: end-to-end headers only, without framing
+/// (the runtime frames the body itself) and without the backend's Date and Server.
+pub fn forwarded_headers(upstream: &HeaderMap) -> HeaderMap {
+    use http::header;
+    let named_by_connection: Vec<String> = upstream
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .collect();
+    let mut headers = HeaderMap::new();
+    for (name, value) in upstream {
+        let dropped = matches!(
+            name.as_str(),
+            "connection"
+                | "keep-alive"
+                | "proxy-authenticate"
+                | "proxy-authorization"
+                | "proxy-connection"
+                | "te"
+                | "trailer"
+                | "transfer-encoding"
+                | "upgrade"
+                | "content-length"
+                | "date"
+                | "server"
+        ) || named_by_connection.iter().any(|n| n == name.as_str());
+        if !dropped {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    headers
+}
