@@ -13,8 +13,8 @@ mod common;
 use common::{finish, harness, member_backend, members, URL_A, URL_B};
 use http::StatusCode;
 use pdbmux_conformance::{
-    decoded_upstream, excluded_certnames, form_target, ms, read_asking, Asked, ClientId,
-    FakeBackend, Harness, Machine, PuppetDb, Reply,
+    decoded_upstream, form_target, ms, read_asking, Asked, ClientId, FakeBackend, Harness, Machine,
+    PuppetDb, Reply,
 };
 use pdbmux_core::config::MergeStrategy;
 use proptest::prelude::*;
@@ -301,17 +301,17 @@ fn null_and_absent_aggregates_are_skipped() {
 fn a_key_only_one_backend_reported_is_passed_through_byte_for_byte() {
     // pdb-a's failure row keeps its key order, spacing and `1.0`; the shared key is rebuilt.
     let mut h = harness(vec![
-        FakeBackend::queue(
+        scoped(
             "pdb-a",
             URL_A,
-            [Reply::ok(
+            vec![Reply::ok(
                 r#"[{"count": 3, "status": "success"},{"status":  "failure", "count":1.0}]"#,
             )],
         ),
-        FakeBackend::queue(
+        scoped(
             "pdb-b",
             URL_B,
-            [Reply::ok(
+            vec![Reply::ok(
                 r#"[{"count":2,"status":"success"},{ "count" : 4 , "status" : "noop" }]"#,
             )],
         ),
@@ -338,18 +338,18 @@ fn a_key_only_one_backend_reported_is_passed_through_byte_for_byte() {
 /// two groups (`X-Records: 2`).
 fn status_counts() -> Vec<FakeBackend> {
     vec![
-        FakeBackend::queue(
+        scoped(
             "pdb-a",
             URL_A,
-            [
+            vec![
                 Reply::ok(r#"[{"count":1,"status":"success"},{"count":4,"status":"noop"}]"#)
                     .header("X-Records", "2"),
             ],
         ),
-        FakeBackend::queue(
+        scoped(
             "pdb-b",
             URL_B,
-            [
+            vec![
                 Reply::ok(r#"[{"count":2,"status":"failure"},{"count":1,"status":"noop"}]"#)
                     .header("X-Records", "2"),
             ],
@@ -467,18 +467,18 @@ fn an_extract_of_row_functions_only_keeps_the_rows_and_the_limit() {
 fn a_failing_backend_leaves_the_others_folded_and_a_unanimous_400_is_replayed() {
     let refusal = || Reply::text(StatusCode::BAD_REQUEST, "Unrecognized column 'nope'");
     let mut h = harness(vec![
-        FakeBackend::queue(
+        scoped(
             "pdb-a",
             URL_A,
-            [
+            vec![
                 Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "broken"),
                 refusal(),
             ],
         ),
-        FakeBackend::queue(
+        scoped(
             "pdb-b",
             URL_B,
-            [Reply::ok(r#"[{"count":2,"status":"failure"}]"#), refusal()],
+            vec![Reply::ok(r#"[{"count":2,"status":"failure"}]"#), refusal()],
         ),
     ]);
     let partial = ask(&mut h, "/pdb/query/v4/events", &count_by_status(), &[]);
@@ -511,20 +511,22 @@ fn rows(rows: &[String]) -> Reply {
 fn event_counts_are_summed_per_subject_then_filtered_ordered_and_windowed() {
     // web1 has 1 + 1 failures: only the merged row passes failures >= 2. web3 stays out. The
     // order is applied to the merged rows (web2 3, then web1 and web5 with 2, first seen first).
+    // History event counts learn from the estate which nodes two backends both hold: none here,
+    // so nothing is corrected.
     let mut h = harness(vec![
-        FakeBackend::queue(
+        scoped(
             "pdb-a",
             URL_A,
-            [rows(&[
+            vec![rows(&[
                 certname_counts("web1", 1, 2, 0),
                 certname_counts("web2", 3, 0, 0),
                 certname_counts("web3", 1, 0, 0),
             ])],
         ),
-        FakeBackend::queue(
+        scoped(
             "pdb-b",
             URL_B,
-            [rows(&[
+            vec![rows(&[
                 certname_counts("web1", 1, 0, 1),
                 certname_counts("web4", 0, 5, 0),
                 certname_counts("web5", 2, 0, 0),
@@ -575,10 +577,10 @@ fn aggregate_event_counts_come_from_the_merged_subjects() {
     // counts_filter applied to the merged subjects, each summary computed here. Summing the
     // backends' own summaries would count web2 (failing in both) and File[/etc/motd] twice.
     let mut h = harness(vec![
-        FakeBackend::queue(
+        scoped(
             "pdb-a",
             URL_A,
-            [
+            vec![
                 rows(&[
                     certname_counts("web1", 1, 0, 0),
                     certname_counts("web2", 1, 1, 0),
@@ -587,10 +589,10 @@ fn aggregate_event_counts_come_from_the_merged_subjects() {
                 rows(&[resource_counts("File", "/etc/motd", 1, 0)]),
             ],
         ),
-        FakeBackend::queue(
+        scoped(
             "pdb-b",
             URL_B,
-            [
+            vec![
                 rows(&[
                     certname_counts("web2", 2, 0, 0),
                     certname_counts("web3", 0, 1, 0),
@@ -757,9 +759,12 @@ fn distinct_resources_without_a_function_column_fans_out_untouched() {
 // Ownership (D4)
 
 #[test]
-fn ownership_is_pushed_into_a_nodes_count() {
-    // "shared" is held by both; pdb-b has its newer report, so pdb-a counts without it. The
-    // estate has four nodes, not the five the backends hold between them.
+fn a_nodes_count_subtracts_what_a_backend_counts_for_another_owner() {
+    // "shared" is held by both; pdb-b has its newer report, so pdb-a counts it for pdb-b. The
+    // estate has four nodes, not the five the backends hold between them: both backends are
+    // asked the client's count, and pdb-a also its count over the one node it holds for pdb-b,
+    // which is subtracted (docs/merging.md, "Corrections"). No ownership list goes into the
+    // count itself.
     let a = PuppetDb::new().node("web1", T10).node("shared", T10);
     let b = PuppetDb::new()
         .node("shared", T11)
@@ -777,17 +782,180 @@ fn ownership_is_pushed_into_a_nodes_count() {
     );
     let transcript = run(&mut h);
     assert_eq!(body(&h, c), r#"[{"count":4}]"#);
-    let excluded: Vec<Vec<String>> = h
+    let asked: Vec<(String, Value)> = h
         .sends()
         .iter()
         .filter(|s| s.machine != Machine::Estate)
         .map(|s| {
             let asking = read_asking(&Asked::of(&s.request)).expect("readable");
-            excluded_certnames(asking.query.as_ref())
+            (s.backend_name.clone(), asking.query.unwrap_or_default())
         })
         .collect();
-    assert_eq!(excluded, vec![vec!["shared".to_owned()], Vec::new()]);
+    assert_eq!(
+        asked,
+        [
+            (
+                "pdb-a".to_owned(),
+                json!(["extract", [["function", "count"]]])
+            ),
+            (
+                "pdb-b".to_owned(),
+                json!(["extract", [["function", "count"]]])
+            ),
+            (
+                "pdb-a".to_owned(),
+                json!([
+                    "extract",
+                    [["function", "count"]],
+                    ["in", "certname", ["array", ["shared"]]]
+                ])
+            ),
+        ]
+    );
+    // The correction is kept for the membership snapshot: asked again, no correction request.
+    let again = ask(
+        &mut h,
+        "/pdb/query/v4/nodes",
+        &json!(["extract", [["function", "count"]]]),
+        &[],
+    );
+    finish(&mut h);
+    assert_eq!(body(&h, again), r#"[{"count":4}]"#);
+    let exchange_sends = h
+        .sends()
+        .iter()
+        .filter(|s| s.machine != Machine::Estate)
+        .count();
+    assert_eq!(exchange_sends, 5, "two more counts, no correction");
     insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn event_counts_count_a_report_stored_in_two_backends_once() {
+    // web1's report is stored in both backends: each counts its 2 failures and 1 success. Both
+    // hold web1's history, so each is also asked, over web1, which of its events are in which
+    // report (an `/events` extract, docs/merging.md "History counted once"): the report both
+    // answer is counted once. web4 is pdb-b's alone and is passed through byte for byte.
+    let web1 = [("web1", Some("2024-05-01T10:00:00.000Z"))];
+    let per_report = Reply::ok(
+        r#"[{"count":2,"report":"h1","status":"failure","certname":"web1","resource_type":"File","resource_title":"/etc/motd","containing_class":"Motd"},{"count":1,"report":"h1","status":"success","certname":"web1","resource_type":"Service","resource_title":"sshd","containing_class":null}]"#,
+    );
+    let per_report_again = per_report.clone();
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&web1),
+            vec![
+                rows(&[certname_counts("web1", 2, 1, 0)]),
+                per_report.clone(),
+            ],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&web1),
+            vec![
+                rows(&[
+                    certname_counts("web1", 2, 1, 0),
+                    certname_counts("web4", 0, 5, 0),
+                ]),
+                per_report,
+            ],
+        ),
+    ]);
+    let c = ask(
+        &mut h,
+        "/pdb/query/v4/event-counts",
+        &json!(["=", "report_environment", "production"]),
+        &[("summarize_by", "certname"), ("count_by", "resource")],
+    );
+    finish(&mut h);
+    assert_eq!(
+        body(&h, c),
+        format!(
+            "[{},{}]",
+            certname_counts("web1", 2, 1, 0),
+            certname_counts("web4", 0, 5, 0)
+        )
+    );
+    let corrections: Vec<String> = exchange_queries(&h)
+        .into_iter()
+        .filter(|q| q.starts_with("/pdb/query/v4/events "))
+        .collect();
+    let expected = json!([
+        "extract",
+        [
+            ["function", "count"],
+            "report",
+            "status",
+            "certname",
+            "resource_type",
+            "resource_title",
+            "containing_class"
+        ],
+        [
+            "and",
+            ["=", "report_environment", "production"],
+            ["in", "certname", ["array", ["web1"]]]
+        ],
+        [
+            "group_by",
+            "report",
+            "status",
+            "certname",
+            "resource_type",
+            "resource_title",
+            "containing_class"
+        ]
+    ]);
+    assert_eq!(
+        corrections,
+        [
+            format!("/pdb/query/v4/events [\"query\"] {expected}"),
+            format!("/pdb/query/v4/events [\"query\"] {expected}"),
+        ]
+    );
+    // /aggregate-event-counts takes the same correction (one per backend, whatever the
+    // summarize_by values): web1's File failure and Service success count once, in one node.
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&web1),
+            vec![
+                rows(&[certname_counts("web1", 2, 1, 0)]),
+                rows(&[resource_counts("File", "/etc/motd", 2, 0)]),
+                per_report_again.clone(),
+            ],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&web1),
+            vec![
+                rows(&[certname_counts("web1", 2, 1, 0)]),
+                rows(&[resource_counts("File", "/etc/motd", 2, 0)]),
+                per_report_again,
+            ],
+        ),
+    ]);
+    let c = ask(
+        &mut h,
+        "/pdb/query/v4/aggregate-event-counts",
+        &json!(["=", "report_environment", "production"]),
+        &[
+            ("summarize_by", "certname,resource"),
+            ("counts_filter", r#"[">","failures",2]"#),
+        ],
+    );
+    finish(&mut h);
+    // Summed, web1 has 4 failures and File[/etc/motd] 4: both pass failures > 2; counted once,
+    // neither does.
+    assert_eq!(
+        body(&h, c),
+        r#"[{"summarize_by":"certname","failures":0,"skips":0,"successes":0,"noops":0,"total":0},{"summarize_by":"resource","failures":0,"skips":0,"successes":0,"noops":0,"total":0}]"#
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

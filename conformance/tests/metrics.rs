@@ -443,7 +443,11 @@ fn num_resources_is_the_owned_resource_count() {
         json!({"Value": 10}),
         "not 8 + 7"
     );
-    assert_eq!(body_json(&h, per_node)["value"], json!(2.5), "10 / 4");
+    assert_eq!(
+        body_json(&h, per_node)["value"],
+        json!("5/2"),
+        "10 / 4 certnames, as PuppetDB writes the Clojure ratio"
+    );
     // The upstream resource counts: pdb-a does not count the node pdb-b owns.
     let counts: Vec<(String, Vec<String>)> = h
         .sends()

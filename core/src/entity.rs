@@ -128,7 +128,31 @@ impl Entity {
 
     /// The path the entity's own endpoint is served at.
     pub fn path(self) -> String {
-        format!("/pdb/query/v4/{}", self.segment())
+        self.path_static().to_owned()
+    }
+
+    /// [`Entity::path`] as a static string.
+    pub fn path_static(self) -> &'static str {
+        match self {
+            Entity::Nodes => "/pdb/query/v4/nodes",
+            Entity::Facts => "/pdb/query/v4/facts",
+            Entity::FactContents => "/pdb/query/v4/fact-contents",
+            Entity::FactNames => "/pdb/query/v4/fact-names",
+            Entity::FactPaths => "/pdb/query/v4/fact-paths",
+            Entity::Factsets => "/pdb/query/v4/factsets",
+            Entity::Catalogs => "/pdb/query/v4/catalogs",
+            Entity::Edges => "/pdb/query/v4/edges",
+            Entity::Resources => "/pdb/query/v4/resources",
+            Entity::Inventory => "/pdb/query/v4/inventory",
+            Entity::Packages => "/pdb/query/v4/packages",
+            Entity::PackageInventory => "/pdb/query/v4/package-inventory",
+            Entity::Producers => "/pdb/query/v4/producers",
+            Entity::Environments => "/pdb/query/v4/environments",
+            Entity::Reports => "/pdb/query/v4/reports",
+            Entity::Events => "/pdb/query/v4/events",
+            Entity::EventCounts => "/pdb/query/v4/event-counts",
+            Entity::AggregateEventCounts => "/pdb/query/v4/aggregate-event-counts",
+        }
     }
 
     /// How its records merge.

@@ -293,6 +293,12 @@ impl Ownership {
         self.active.entries.len()
     }
 
+    /// How many distinct certnames the estate holds in any node state (a node deactivated in
+    /// one backend and active in another is one of them).
+    pub fn certname_count(&self) -> usize {
+        self.any.entries.len()
+    }
+
     /// An empty snapshot, for requests admitted before any refresh succeeded.
     pub fn empty() -> Arc<Ownership> {
         Arc::new(Ownership::default())

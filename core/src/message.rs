@@ -184,6 +184,12 @@ impl Response {
         Response::with_body(status, JSON_CONTENT_TYPE, body)
     }
 
+    /// A 400 worded as PuppetDB words it (paging, extract, parameter refusals pdbmux makes
+    /// before any backend is asked): the text exactly, as PuppetDB sends it, without a newline.
+    pub fn refusal(message: impl Into<String>) -> Response {
+        Response::with_body(StatusCode::BAD_REQUEST, TEXT_CONTENT_TYPE, message.into())
+    }
+
     /// pdbmux's own plain-text error message.
     pub fn text(status: StatusCode, message: impl Into<String>) -> Response {
         let mut text = message.into();

@@ -108,6 +108,15 @@ pub enum SummarizeBy {
 }
 
 impl SummarizeBy {
+    /// The parameter's spelling (and the `subject_type` of its rows).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SummarizeBy::Certname => "certname",
+            SummarizeBy::Resource => "resource",
+            SummarizeBy::ContainingClass => "containing_class",
+        }
+    }
+
     /// Reads the `summarize_by` parameter; `None` for anything PuppetDB rejects.
     pub fn from_param(raw: &str) -> Option<SummarizeBy> {
         match raw {

@@ -53,6 +53,10 @@ pub struct NodeState {
     pub latest_report_kind: Option<String>,
     /// producer_timestamp of its factset.
     pub facts_producer_timestamp: String,
+    /// When the backend received its facts (`/nodes` `facts_timestamp`, read back after
+    /// loading): what breaks a tie of report timestamps.
+    #[serde(default)]
+    pub facts_timestamp: Option<String>,
     /// producer_timestamp of its catalog, if it has one.
     pub catalog_producer_timestamp: Option<String>,
     /// Number of reports stored.
@@ -235,19 +239,37 @@ impl Fixture {
 
     /// The backend whose record wins a node's /nodes merge (and owns it under `merge:
     /// freshness`): among the backends holding it active, the newer newest report (no report is
-    /// older than any), a tie going to the first in load order. None when no backend holds it
-    /// active.
+    /// older than any), then the newer facts (received later), a tie going to the first in load
+    /// order. None when no backend holds it active.
     pub fn freshness_winner(&self, certname: &str) -> Option<&str> {
+        self.fresher_holder(certname, true)
+    }
+
+    /// [`Fixture::freshness_winner`] over every backend holding the node, active or not (the
+    /// owner of its history and of `/catalogs`, which sees every node state).
+    pub fn freshness_winner_any_state(&self, certname: &str) -> Option<&str> {
+        self.fresher_holder(certname, false)
+    }
+
+    fn fresher_holder(&self, certname: &str, active_only: bool) -> Option<&str> {
         let node = self.nodes.get(certname)?;
-        let mut winner: Option<(&str, Option<(i64, u32)>)> = None;
+        type Freshness = (Option<(i64, u32)>, Option<(i64, u32)>);
+        let mut winner: Option<(&str, Freshness)> = None;
         for b in &self.backends {
-            let Some(state) = node.backends.get(&b.name).filter(|s| s.active) else {
+            let Some(state) = node
+                .backends
+                .get(&b.name)
+                .filter(|s| s.active || !active_only)
+            else {
                 continue;
             };
-            let ts = state.report_timestamp.as_deref().and_then(instant);
+            let freshness = (
+                state.report_timestamp.as_deref().and_then(instant),
+                state.facts_timestamp.as_deref().and_then(instant),
+            );
             match winner {
-                Some((_, best)) if ts <= best => {}
-                _ => winner = Some((b.name.as_str(), ts)),
+                Some((_, best)) if freshness <= best => {}
+                _ => winner = Some((b.name.as_str(), freshness)),
             }
         }
         winner.map(|(name, _)| name)

@@ -1,11 +1,13 @@
 //! Support for pdbmux's end-to-end tests: real PuppetDB servers, a real pdbmux binary.
 //!
-//! `e2e/run` starts two PuppetDBs, loads the fixture estate (`e2e/fixture/load.py`) and runs the
-//! test targets of this crate (feature `live`) with these variables set:
+//! `e2e/run` starts three PuppetDBs, loads the fixture estate (`e2e/fixture/load.py`) split across
+//! two and whole into the third, and runs the test targets of this crate (feature `live`) with
+//! these variables set:
 //!
 //! | variable | meaning |
 //! |---|---|
 //! | `PDBMUX_E2E_BACKENDS` | `name=url,...`: the plain-HTTP PuppetDBs, in configured order |
+//! | `PDBMUX_E2E_UNION` | the PuppetDB holding the whole estate: what pdbmux must answer |
 //! | `PDBMUX_E2E_BIN` | the pdbmux binary under test |
 //! | `PDBMUX_E2E_FIXTURE` | the `fixture.json` the loader wrote (default `$PDBMUX_E2E_STATE/fixture.json`) |
 //! | `PDBMUX_E2E_STATE` | the harness's state dir; pdbmux logs go to `pdbmux-logs/` in it |
@@ -13,8 +15,9 @@
 //! | `PDBMUX_E2E_ACCESS_LOGS` | `name=path,...`: each PuppetDB's Jetty access log |
 //!
 //! Tests spawn their own pdbmux ([`E2eEnv::pdbmux`]), configured by environment only, and compare
-//! its answers with expectations computed from the fixture ([`Fixture`]) or from the backends
-//! queried directly ([`Backend::get`]), never from pdbmux's own output.
+//! its answers with the union PuppetDB's answer to the same question ([`E2eEnv::union`]), or with
+//! expectations computed from the fixture ([`Fixture`]) or from the backends queried directly
+//! ([`Backend::get`]), never from pdbmux's own output.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -160,6 +163,8 @@ pub struct E2eEnv {
     pub tls: Option<TlsBackend>,
     /// Each backend's Jetty access log by backend name, when the harness has them.
     pub access_logs: BTreeMap<String, PathBuf>,
+    /// The PuppetDB holding the whole estate (`PDBMUX_E2E_UNION`), when the harness started one.
+    pub union: Option<Backend>,
 }
 
 fn var(name: &'static str) -> Option<String> {
@@ -248,6 +253,10 @@ impl E2eEnv {
                 .map(|(k, v)| (k, PathBuf::from(v)))
                 .collect(),
         };
+        let union = var("PDBMUX_E2E_UNION").map(|url| Backend {
+            name: "union".to_owned(),
+            url: url.trim_end_matches('/').to_owned(),
+        });
         Ok(Self {
             backends,
             bin,
@@ -255,6 +264,7 @@ impl E2eEnv {
             fixture,
             tls,
             access_logs,
+            union,
         })
     }
 

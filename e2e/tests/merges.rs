@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::{
     certname, certname_query, direct, direct_records, direct_total, env, get, json_of, multiset,
-    newer_wins, node_of, pdbmux, records, x_records,
+    newer_wins, node_of, pdbmux, records, union_total, x_records,
 };
 use pdbmux_e2e::order::{self, order_by_param, sort_keys, sort_records, window, OrderField};
 use pdbmux_e2e::{closed_backend_url, Backend, Pdbmux, Response};
@@ -1347,8 +1347,8 @@ fn reports_paging_windows_cross_backends() {
         &hash,
     );
 
-    // include_total: the sum of the backends' own totals (an upper bound: the shared report
-    // counts once per backend).
+    // include_total counts a report stored in both backends once (D16): the distinct reports,
+    // which is what the union PuppetDB counts.
     let order_by = order_by_param(&[OrderField::desc("end_time")]);
     let r = merged(
         &p,
@@ -1360,12 +1360,19 @@ fn reports_paging_windows_cross_backends() {
         ],
     );
     assert_eq!(records(&r).len(), 3);
+    assert!(
+        direct_total(REPORTS, &[]) > n as u64,
+        "the fixture stores a report in both backends"
+    );
     assert_eq!(
         x_records(&r),
-        Some(direct_total(REPORTS, &[])),
+        Some(n as u64),
         "X-Records in {:?}",
         r.headers
     );
+    if let Some(union) = union_total(REPORTS, &[]) {
+        assert_eq!(union, n as u64, "the union's own count");
+    }
 }
 
 /// Event columns without the per-backend receive time.
@@ -1537,12 +1544,17 @@ fn events_paging_windows_cross_backends() {
         ],
     );
     assert_eq!(records(&r).len(), 2);
+    // An event of a report stored in both backends counts once (D16).
+    assert!(direct_total(EVENTS, &params) > n as u64);
     assert_eq!(
         x_records(&r),
-        Some(direct_total(EVENTS, &params)),
+        Some(n as u64),
         "X-Records in {:?}",
         r.headers
     );
+    if let Some(union) = union_total(EVENTS, &params) {
+        assert_eq!(union, n as u64, "the union's own count");
+    }
 }
 
 // --- paging errors ----------------------------------------------------------------------------

@@ -73,15 +73,18 @@ fn server_time_is_a_backend_clock() {
 
 #[test]
 fn pass_through_serves_the_first_backend_that_succeeds() {
+    // The root endpoint (PQL) is still a first-success pass-through.
     let env = env();
     let (first, second) = (env.first(), env.second());
     let fixture = &env.fixture;
     let p = pdbmux("pass-through");
+    let pql = |node: &str| format!("factsets {{ certname = \"{node}\" }}");
 
     // A node only the first backend holds: its factset, as loaded.
     let node = node_of("first-only");
-    let q = certname_query(node);
-    let r = get(&p, "/pdb/query/v4/factsets", &[("query", &q)]);
+    let query = pql(node);
+    let q = [("query", query.as_str())];
+    let r = get(&p, "/pdb/query/v4", &q);
     assert_eq!(r.status, 200, "{r:?}");
     let body = json_of(&r);
     let sets = body.as_array().expect("an array of factsets");
@@ -107,21 +110,16 @@ fn pass_through_serves_the_first_backend_that_succeeds() {
         .filter_map(|f| f["name"].as_str())
         .collect();
     assert_eq!(served, loaded);
-    assert_eq!(
-        body,
-        json_of(&direct(first, "/pdb/query/v4/factsets", &[("query", &q)]))
-    );
+    assert_eq!(body, json_of(&direct(first, "/pdb/query/v4", &q)));
 
     // A node only the second backend holds: the first backend's empty success wins.
     let node = node_of("second-only");
-    let q = certname_query(node);
-    assert_eq!(
-        json_of(&direct(first, "/pdb/query/v4/factsets", &[("query", &q)])),
-        json!([])
-    );
-    let in_second = json_of(&direct(second, "/pdb/query/v4/factsets", &[("query", &q)]));
+    let query = pql(node);
+    let q = [("query", query.as_str())];
+    assert_eq!(json_of(&direct(first, "/pdb/query/v4", &q)), json!([]));
+    let in_second = json_of(&direct(second, "/pdb/query/v4", &q));
     assert_eq!(in_second.as_array().map(Vec::len), Some(1), "{in_second}");
-    let r = get(&p, "/pdb/query/v4/factsets", &[("query", &q)]);
+    let r = get(&p, "/pdb/query/v4", &q);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(json_of(&r), json!([]), "first success in configured order");
 }
@@ -130,22 +128,22 @@ fn pass_through_serves_the_first_backend_that_succeeds() {
 fn pass_through_keeps_content_type_and_x_records() {
     let env = env();
     let first = env.first();
-    // /catalogs adds no node_state filter: every catalog the first backend holds counts.
+    // The root endpoint with PQL is a pass-through: the first backend's active nodes count.
     let expected = env
         .fixture
         .nodes
         .values()
-        .filter(|n| {
-            n.backends
-                .get(&first.name)
-                .is_some_and(|s| s.catalog_resources > 0)
-        })
+        .filter(|n| n.backends.get(&first.name).is_some_and(|s| s.active))
         .count();
     let p = pdbmux("x-records");
     let r = get(
         &p,
-        "/pdb/query/v4/catalogs",
-        &[("include_total", "true"), ("limit", "1")],
+        "/pdb/query/v4",
+        &[
+            ("query", "nodes[certname] {}"),
+            ("include_total", "true"),
+            ("limit", "1"),
+        ],
     );
     assert_eq!(r.status, 200, "{r:?}");
     assert!(
@@ -216,8 +214,8 @@ fn unanimous_500_on_a_merged_route_is_replayed() {
 #[test]
 fn unanimous_400_on_a_pass_through_route_replays_the_first_error() {
     assert_replayed(
-        "replay-400-catalogs",
-        "/pdb/query/v4/catalogs",
+        "replay-400-catalog-inputs",
+        "/pdb/query/v4/catalog-inputs",
         &[("limit", "0")],
         400,
     );

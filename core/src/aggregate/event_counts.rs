@@ -16,7 +16,7 @@ use serde_json::Number;
 
 use super::counts_filter::{CountsFilter, COUNT_FIELDS};
 use super::object::{into_raw, write_object};
-use super::values::{canonical, is_null, Total};
+use super::values::{canonical, canonical_value, is_null, Total};
 use super::{Mode, PlanError};
 use crate::merge::Window;
 use crate::query::Params;
@@ -135,15 +135,16 @@ impl Subject<'_> {
     }
 }
 
-/// Sums the backends' rows (configured order) per subject, in first-seen order, and keeps the
-/// subjects that pass `filter`.
-pub(super) fn merge<'a>(
-    backends: Vec<Vec<CountRow<'a>>>,
-    filter: Option<&CountsFilter>,
-) -> Vec<Subject<'a>> {
+/// Sums the backends' rows (configured order) per subject, in first-seen order, each set of rows
+/// `weight` times (a correction's rows are subtracted, and never start a subject). Run
+/// [`filtered`] on the result before answering.
+pub(super) fn merge<'a>(backends: Vec<(i64, Vec<CountRow<'a>>)>) -> Vec<Subject<'a>> {
     let mut subjects: Vec<Subject<'a>> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
-    for row in backends.into_iter().flatten() {
+    let weighted = backends
+        .into_iter()
+        .flat_map(|(weight, rows)| rows.into_iter().map(move |row| (weight, row)));
+    for (weight, row) in weighted {
         let counted: Vec<(Cow<'a, str>, &'a RawValue)> = row
             .object
             .entries()
@@ -153,6 +154,7 @@ pub(super) fn merge<'a>(
             .collect();
         let at = match index.get(&row.key) {
             Some(&at) => at,
+            None if weight < 0 => continue,
             None => {
                 index.insert(row.key.clone(), subjects.len());
                 subjects.push(Subject {
@@ -174,14 +176,179 @@ pub(super) fn merge<'a>(
                 }
             };
             if let Ok(number) = serde_json::from_str::<Number>(value.get()) {
-                subject.counts[slot].1 = subject.counts[slot].1.add(&number);
+                subject.counts[slot].1 = subject.counts[slot].1.add_times(&number, weight);
             }
         }
+    }
+    subjects
+}
+
+/// The merged subjects that pass `filter`. With `corrected`, a subject whose counts all fold to
+/// zero is dropped too: its events were on nodes or report copies a correction took away.
+pub(super) fn filtered<'a>(
+    mut subjects: Vec<Subject<'a>>,
+    filter: Option<&CountsFilter>,
+    corrected: bool,
+) -> Vec<Subject<'a>> {
+    if corrected {
+        subjects.retain(|subject| subject.counts.iter().any(|(_, total)| !total.is_zero()));
     }
     if let Some(filter) = filter {
         subjects.retain(|subject| filter.accepts(subject.total(filter.field())));
     }
     subjects
+}
+
+/// The `/events` fields that name the subject of each `summarize_by`.
+const SUBJECT_FIELDS: [&str; 4] = [
+    "certname",
+    "resource_type",
+    "resource_title",
+    "containing_class",
+];
+
+/// The `/events` query that tells what a backend counts that another backend counts too
+/// (docs/merging.md, "History counted once"), over `certnames`: the events of each report per
+/// status and every subject field, so that one answer serves every `summarize_by` and both
+/// `count_by`s.
+pub(super) fn history_correction(
+    query: Option<&serde_json::Value>,
+    certnames: &[&str],
+) -> serde_json::Value {
+    let mut keys = vec!["report", "status"];
+    keys.extend(SUBJECT_FIELDS);
+    let mut columns = vec![serde_json::json!(["function", "count"])];
+    columns.extend(keys.iter().map(|k| serde_json::json!(k)));
+    let mut group_by = vec![serde_json::json!("group_by")];
+    group_by.extend(keys.iter().map(|k| serde_json::json!(k)));
+    let filter = crate::query::add_clause(query, crate::query::only_certnames_clause(certnames));
+    serde_json::json!(["extract", columns, filter, group_by])
+}
+
+/// One correction row's subject under `summarize_by`, keyed as [`parse`] keys a row.
+fn subject_key(object: &Fields<'_>, summarize_by: SummarizeBy) -> String {
+    let value = |name: &str| {
+        object
+            .raw(name)
+            .and_then(|raw| serde_json::from_str(raw.get()).ok())
+            .unwrap_or(serde_json::Value::Null)
+    };
+    let subject = match summarize_by {
+        SummarizeBy::Certname => serde_json::json!({ "title": value("certname") }),
+        SummarizeBy::Resource => {
+            serde_json::json!({ "type": value("resource_type"), "title": value("resource_title") })
+        }
+        SummarizeBy::ContainingClass => serde_json::json!({ "title": value("containing_class") }),
+    };
+    format!(
+        "{}\u{0}{}",
+        canonical_value(&serde_json::json!(summarize_by.as_str())),
+        canonical_value(&subject)
+    )
+}
+
+/// The count column an event status is counted in.
+fn status_column(status: &str) -> Option<&'static str> {
+    Some(match status {
+        "success" => "successes",
+        "failure" => "failures",
+        "noop" => "noops",
+        "skipped" => "skips",
+        _ => return None,
+    })
+}
+
+/// One row of a backend's history correction: a report's events of one status on one subject.
+pub(super) struct HistoryRow<'a> {
+    object: Fields<'a>,
+    column: &'static str,
+    count: i64,
+}
+
+/// Reads and checks one backend's history correction rows (see [`history_correction`]); rows of
+/// a status PuppetDB does not count are skipped.
+pub(super) fn read_history<'a>(rows: &[&'a RawValue]) -> Result<Vec<HistoryRow<'a>>, Unusable> {
+    let mut read = Vec::with_capacity(rows.len());
+    for (index, raw) in rows.iter().enumerate() {
+        let object = Fields::of(raw.get()).ok_or(Unusable::NotAnObject { index })?;
+        let status = object
+            .raw("status")
+            .and_then(|raw| serde_json::from_str::<String>(raw.get()).ok());
+        let Some(column) = status.as_deref().and_then(status_column) else {
+            continue;
+        };
+        let count = object
+            .raw("count")
+            .and_then(|count| count.get().parse::<i64>().ok())
+            .ok_or_else(|| Unusable::NotANumber {
+                index,
+                column: "count".to_owned(),
+            })?;
+        read.push(HistoryRow {
+            object,
+            column,
+            count,
+        });
+    }
+    Ok(read)
+}
+
+/// What the backends' history corrections say is counted too often, as (subject key, count
+/// column, amount). `count_by=resource` counts events: a report whose events several backends
+/// returned is counted once per extra copy. `count_by=certname` counts nodes: a node with such
+/// events in several backends is counted once per extra backend.
+pub(super) fn counted_twice(
+    backends: &[Vec<HistoryRow<'_>>],
+    summarize_by: SummarizeBy,
+    count_by_certname: bool,
+) -> Vec<(String, &'static str, i64)> {
+    use std::collections::BTreeMap;
+    let copy_field = if count_by_certname {
+        "certname"
+    } else {
+        "report"
+    };
+    // (subject, column, copy) → (backends that count it, what one of them counts).
+    let mut copies: BTreeMap<(String, &'static str, String), (i64, i64)> = BTreeMap::new();
+    for rows in backends {
+        let mut mine: BTreeMap<(String, &'static str, String), i64> = BTreeMap::new();
+        for row in rows {
+            let copy = row
+                .object
+                .raw(copy_field)
+                .map(canonical)
+                .unwrap_or_default();
+            let held = mine
+                .entry((subject_key(&row.object, summarize_by), row.column, copy))
+                .or_insert(0);
+            *held = if count_by_certname {
+                1
+            } else {
+                *held + row.count
+            };
+        }
+        for (key, count) in mine {
+            copies.entry(key).or_insert((0, count)).0 += 1;
+        }
+    }
+    copies
+        .into_iter()
+        .filter(|(_, (backends, _))| *backends > 1)
+        .map(|((subject, column, _), (backends, count))| (subject, column, (backends - 1) * count))
+        .collect()
+}
+
+/// Takes what `counted_twice` says off the merged subjects.
+pub(super) fn subtract(subjects: &mut [Subject<'_>], twice: &[(String, &'static str, i64)]) {
+    for (key, column, amount) in twice {
+        let Some(subject) = subjects.iter_mut().find(|s| &s.first.key == key) else {
+            continue;
+        };
+        if let Some((_, total)) = subject.counts.iter_mut().find(|(name, _)| name == column) {
+            *total = total.add_times(&serde_json::Number::from(*amount), -1);
+        }
+        subject.rows += 1;
+    }
 }
 
 /// The `/event-counts` answer: the merged rows ordered and windowed, and how many there were
@@ -209,7 +376,7 @@ pub(super) fn event_counts(
 /// at least one such event, and `total`, the number of subjects. Key order as PuppetDB's SQL
 /// selects them (`summarize_by`, the counts, `total`); with no subject at all, the four basic
 /// counts are 0, as PuppetDB turns the SQL NULLs into 0 (`munge-result-rows`).
-pub(super) fn summary(summarize_by: &str, subjects: &[Subject<'_>]) -> String {
+pub(super) fn summary(summarize_by: SummarizeBy, subjects: &[Subject<'_>]) -> String {
     let mut columns: Vec<&str> = Vec::new();
     for subject in subjects {
         for (name, _) in &subject.counts {
@@ -231,7 +398,7 @@ pub(super) fn summary(summarize_by: &str, subjects: &[Subject<'_>]) -> String {
     columns.sort_by_key(|name| rank(name));
     let mut entries = vec![(
         "summarize_by",
-        serde_json::Value::from(summarize_by).to_string(),
+        serde_json::Value::from(summarize_by.as_str()).to_string(),
     )];
     for column in columns {
         let with_events = subjects
@@ -278,6 +445,8 @@ pub(super) fn plan_event_counts(params: &Params) -> Result<Mode, PlanError> {
     )?;
     let filter = counts_filter(params)?;
     Ok(Mode::EventCounts {
+        summarize_by,
+        count_by_certname: params.get("count_by") == Some("certname"),
         filter,
         order: paging.order_by,
         window: Window {
@@ -306,24 +475,22 @@ pub(super) fn plan_aggregate(params: &Params) -> Result<Mode, PlanError> {
     }
     let mut listed = Vec::with_capacity(values.len());
     for value in values {
-        listed.push(match value {
-            "certname" => "certname",
-            "resource" => "resource",
-            "containing_class" => "containing_class",
-            other => return Err(PlanError::SummarizeBy(other.to_owned())),
-        });
+        let summarize_by = SummarizeBy::from_param(value)
+            .ok_or_else(|| PlanError::SummarizeBy(value.to_owned()))?;
+        listed.push(summarize_by);
     }
     if listed.is_empty() {
         // "" is one empty value to PuppetDB (Java's split), and "," none at all.
         return Err(PlanError::SummarizeBy(raw.to_owned()));
     }
-    let mut requests: Vec<&'static str> = Vec::new();
+    let mut requests: Vec<SummarizeBy> = Vec::new();
     for value in &listed {
         if !requests.contains(value) {
-            requests.push(value);
+            requests.push(*value);
         }
     }
     Ok(Mode::Aggregate {
+        count_by_certname: params.get("count_by") == Some("certname"),
         filter: counts_filter(params)?,
         listed,
         requests,
@@ -342,12 +509,12 @@ fn counts_filter(params: &Params) -> Result<Option<CountsFilter>, PlanError> {
 pub(super) fn read_counts<'a>(
     usable: Vec<(usize, Vec<Vec<&'a RawValue>>)>,
     unusable: &mut Vec<(usize, Unusable)>,
-) -> Vec<Vec<Vec<CountRow<'a>>>> {
+) -> Vec<(usize, Vec<Vec<CountRow<'a>>>)> {
     let mut backends = Vec::new();
     for (index, bodies) in usable {
         let parsed: Result<Vec<_>, _> = bodies.iter().map(|rows| parse(rows)).collect();
         match parsed {
-            Ok(parsed) => backends.push(parsed),
+            Ok(parsed) => backends.push((index, parsed)),
             Err(error) => unusable.push((index, error)),
         }
     }

@@ -38,8 +38,11 @@ pub(super) struct Fold {
     pub(super) aggregates: Vec<(String, Rule)>,
     /// `avg` was rewritten: the answer carries `avg` = sum / count instead of those two.
     pub(super) avg: bool,
-    /// Helper columns projected upstream for unprojected `group_by` entries; dropped on output.
+    /// Helper columns projected upstream for unprojected `group_by` entries (and a row count a
+    /// correction needs); dropped on output.
     pub(super) helpers: Vec<String>,
+    /// A zero-argument `count()` is among the aggregates: each group's row count.
+    pub(super) counts_rows: bool,
 }
 
 impl Fold {
@@ -56,6 +59,8 @@ pub(super) struct ExtractPlan {
     pub(super) fold: Option<Fold>,
     /// The rewritten upstream query, when it differs from the client's.
     pub(super) upstream_query: Option<String>,
+    /// The query each backend is sent (the client's, or the rewritten one).
+    pub(super) upstream: Value,
     /// The order applied to the combined rows.
     pub(super) order: OrderBy,
     /// The window cut from the combined rows.
@@ -133,6 +138,7 @@ pub(super) fn plan(
         return Ok(ExtractPlan {
             fold: None,
             upstream_query: analysis.in_query_paging.then(|| upstream.to_string()),
+            upstream,
             order,
             window,
             upstream_limit,
@@ -159,21 +165,106 @@ pub(super) fn plan(
         aggregates.push((function.name.clone(), rule));
     }
     let changed = analysis.in_query_paging || !helpers.is_empty();
-    let upstream_query = match rewrite_avg(&upstream) {
-        Some(rewritten) => Some(rewritten.to_string()),
-        None => changed.then(|| upstream.to_string()),
+    let (upstream_query, upstream) = match rewrite_avg(&upstream) {
+        Some(rewritten) => (Some(rewritten.to_string()), rewritten),
+        None => (changed.then(|| upstream.to_string()), upstream),
     };
+    let counts_rows = analysis
+        .function_columns
+        .iter()
+        .any(|f| f.name == "count" && f.args.is_empty());
     Ok(ExtractPlan {
         fold: Some(Fold {
             aggregates,
             avg,
             helpers,
+            counts_rows,
         }),
         upstream_query,
+        upstream,
         order,
         window,
         upstream_limit: None,
     })
+}
+
+impl ExtractPlan {
+    /// Whether the backends' counts over the nodes they hold for others can simply be
+    /// subtracted (docs/merging.md, "Corrections"): a fold of `count` and `sum` only, whose
+    /// groups can be told to vanish by a row count (`count()` projected, or a helper added by
+    /// [`ExtractPlan::count_rows`]). `min`, `max`, `avg` and `count(column)` are not.
+    pub(super) fn subtracts(&self) -> bool {
+        let Some(fold) = &self.fold else {
+            return false;
+        };
+        let additive = fold.aggregates.iter().all(|(_, rule)| *rule == Rule::Add) && !fold.avg;
+        let counts = fold.counts_rows || !fold.aggregates.iter().any(|(name, _)| name == "count");
+        additive && counts
+    }
+
+    /// Projects `count()` upstream as a helper column when the client did not, so a group the
+    /// correction takes away entirely is told by its count reaching zero.
+    pub(super) fn count_rows(&mut self) {
+        let Some(fold) = &mut self.fold else {
+            return;
+        };
+        if fold.counts_rows {
+            return;
+        }
+        if let Some(extract) = outer_extract_mut(&mut self.upstream) {
+            match extract.get_mut(1) {
+                Some(Value::Array(projected)) => {
+                    projected.push(serde_json::json!(["function", "count"]));
+                }
+                Some(single @ Value::String(_)) => {
+                    let field = single.take();
+                    *single = serde_json::json!([field, ["function", "count"]]);
+                }
+                _ => return,
+            }
+        }
+        fold.aggregates.push(("count".to_owned(), Rule::Add));
+        fold.helpers.push("count".to_owned());
+        fold.counts_rows = true;
+        self.upstream_query = Some(self.upstream.to_string());
+    }
+
+    /// Whether reports stored in several backends change the answer: any additive column
+    /// (`min` and `max` see each copy alike).
+    pub(super) fn counts_history(&self) -> bool {
+        self.fold
+            .as_ref()
+            .is_some_and(|fold| fold.aggregates.iter().any(|(_, rule)| *rule == Rule::Add))
+    }
+
+    /// The correction query for `certnames`: the upstream query restricted to them, and for a
+    /// history correction also projected and grouped by the report (`column`).
+    pub(super) fn correction_query(
+        &self,
+        certnames: &[&str],
+        column: Option<&str>,
+    ) -> Option<Value> {
+        let mut query = self.upstream.clone();
+        if let Some(column) = column {
+            let extract = outer_extract_mut(&mut query)?;
+            match extract.get_mut(1) {
+                Some(Value::Array(projected)) => projected.push(Value::from(column)),
+                _ => return None,
+            }
+            let group_by = extract
+                .iter_mut()
+                .skip(2)
+                .find(|item| item.get(0).and_then(Value::as_str) == Some("group_by"));
+            match group_by {
+                Some(Value::Array(items)) => items.push(Value::from(column)),
+                _ => extract.push(serde_json::json!(["group_by", column])),
+            }
+        }
+        Some(crate::query::add_clause(
+            Some(&query),
+            crate::query::only_certnames_clause(certnames),
+        ))
+    }
 }
 
 /// How the values of `field` (a response column) compare: a function alias by what the

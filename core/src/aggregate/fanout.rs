@@ -1,16 +1,28 @@
 //! A combined aggregate as a plan: which requests each backend gets (one per planned upstream
-//! part, with node ownership pushed down where the aggregate counts nodes), and the response
-//! built from their answers.
+//! part), how a node two backends hold, or a report two backends store, is counted once, and the
+//! response built from their answers.
+//!
+//! Counting once (docs/merging.md, "What it costs" and "Corrections"): an aggregate that
+//! subtracts (`count`, `sum`, history's `avg`) is asked of every backend as the client asked it,
+//! and each backend is also asked the same aggregate over the few certnames it counts too often
+//! (nodes it holds for another owner; nodes whose history another backend holds too), learned
+//! once per membership snapshot and subtracted. One that does not (`min`, `max` over node-owned
+//! records, a row-function extract) gets ownership pushed into its query.
 
 use std::sync::Arc;
 
+use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
-use super::{CombineKind, CombinePlan, Part, Upstream, UpstreamPath, EVENT_COUNTS_PATH};
+use super::{
+    CombineKind, CombinePlan, Correction, Part, Upstream, UpstreamPath, EVENT_COUNTS_PATH,
+};
 use crate::config::Config;
+use crate::corrections::Learned;
 use crate::entity::Entity;
 use crate::fanout::{Calls, Context, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
+use crate::membership::Scope;
 use crate::message::Response;
 use crate::outbound;
 use crate::ownership::{narrow, NodeScope, Owning};
@@ -26,16 +38,30 @@ pub(crate) struct AggregatePlan {
     /// For a combine over node-owned records (or history with `latest_report?`): whose records
     /// count.
     node_scope: Option<NodeScope>,
+    /// How nodes or reports counted twice are counted once, when the fold subtracts.
+    correction: Option<Correction>,
     pinned: Option<Vec<String>>,
     pushable: bool,
     asked: Vec<BackendId>,
     excused: usize,
+    /// The correction each backend is asked for, or was known already; set by [`Plan::start`].
+    corrections: Vec<Asked>,
+}
+
+/// One backend's correction request, its cache key, and the body the estate already knew.
+#[derive(Debug)]
+struct Asked {
+    backend: BackendId,
+    outbound: Outbound,
+    key: String,
+    known: Option<Bytes>,
 }
 
 /// One backend's bodies, one per part, and the `X-Records` of its first.
 struct Bodies<'a> {
     bodies: Vec<&'a [u8]>,
     records: Option<u64>,
+    correction: Option<&'a [u8]>,
 }
 
 /// Which combine a route takes for its query, if any: an extract with a function column on the
@@ -68,30 +94,37 @@ impl AggregatePlan {
         config: &Arc<Config>,
     ) -> Option<Result<AggregatePlan, Response>> {
         let kind = combine_kind(entity, params)?;
-        let plan = match CombinePlan::plan(kind, params, query.as_ast().zip(analysis)) {
+        let mut plan = match CombinePlan::plan(kind, params, query.as_ast().zip(analysis)) {
             Ok(Some(plan)) => plan,
             Ok(None) => return None,
-            Err(error) => {
-                return Some(Err(Response::text(
-                    StatusCode::BAD_REQUEST,
-                    error.to_string(),
-                )))
-            }
+            Err(error) => return Some(Err(error.response())),
         };
         let latest_report = analysis.is_some_and(|a| a.uses_latest_report);
         let node_owned = entity.is_node_owned() || (entity.is_history() && latest_report);
+        let pushable = matches!(query, QueryText::Absent | QueryText::Ast(_));
         let node_scope =
             node_owned.then(|| NodeScope::of(entity, config.merge, params.get("query")));
+        let correction = match (node_owned, entity, pushable) {
+            (_, _, false) => None,
+            (true, _, true) => plan.correct(Correction::Owned),
+            (false, Entity::Reports, true) => plan.correct(Correction::History { column: "hash" }),
+            (false, Entity::Events | Entity::EventCounts | Entity::AggregateEventCounts, true) => {
+                plan.correct(Correction::History { column: "report" })
+            }
+            (false, _, true) => None,
+        };
         let upstreams = plan.upstream();
         Some(Ok(AggregatePlan {
             plan,
             upstreams,
             path: path.to_owned(),
             node_scope,
+            correction,
             pinned: analysis.and_then(|a| a.pinned_certnames.clone()),
-            pushable: matches!(query, QueryText::Absent | QueryText::Ast(_)),
+            pushable,
             asked: Vec::new(),
             excused: 0,
+            corrections: Vec::new(),
         }))
     }
 
@@ -102,11 +135,37 @@ impl AggregatePlan {
             asked: &self.asked,
         })
     }
+
+    /// The certnames `backend` counts too often: the nodes it holds for other owners, or those
+    /// whose history another backend holds too (only those among the query's pinned ones).
+    fn counted_twice<'a>(&'a self, backend: BackendId, context: &'a Context) -> Vec<&'a str> {
+        match self.correction {
+            Some(Correction::Owned) => self
+                .owning(context)
+                .map_or_else(Vec::new, |o| o.excluded(backend, self.pinned.as_deref())),
+            Some(Correction::History { .. }) => {
+                let Some(ownership) = context.ownership.as_deref() else {
+                    return Vec::new();
+                };
+                let mut shared = ownership.shared_with_others(backend, Scope::Any);
+                if let Some(pinned) = &self.pinned {
+                    shared.retain(|c| pinned.binary_search_by(|p| p.as_str().cmp(c)).is_ok());
+                }
+                shared
+            }
+            None => Vec::new(),
+        }
+    }
+
+    /// The part number of the correction request (after the planned parts).
+    fn correction_part(&self) -> usize {
+        self.upstreams.len()
+    }
 }
 
 impl Plan for AggregatePlan {
     fn needs_ownership(&self) -> bool {
-        self.node_scope.is_some() || self.pinned.is_some()
+        self.node_scope.is_some() || self.correction.is_some() || self.pinned.is_some()
     }
 
     fn counts_rounds(&self) -> bool {
@@ -122,13 +181,51 @@ impl Plan for AggregatePlan {
             }
         }
         self.excused = context.roster.len() - self.asked.len();
-        self.asked
+        let generation = context.ownership.as_ref().map(|o| o.generation());
+        let mut corrections = Vec::new();
+        for &backend in &self.asked {
+            let certnames = self.counted_twice(backend, context);
+            if certnames.is_empty() {
+                continue;
+            }
+            let Some((path, params)) = self.plan.correction_params(&certnames) else {
+                continue;
+            };
+            let path = path.unwrap_or(&self.path);
+            let outbound = outbound::request(path, &params, true);
+            let key = format!("{path}?{}", params.to_query_string());
+            let known = generation
+                .and_then(|generation| context.corrections.get(generation, backend, &key))
+                .cloned();
+            corrections.push(Asked {
+                backend,
+                outbound,
+                key,
+                known,
+            });
+        }
+        self.corrections = corrections;
+        let mut calls: Vec<(BackendId, usize)> = self
+            .asked
             .iter()
             .flat_map(|&backend| (0..self.upstreams.len()).map(move |part| (backend, part)))
-            .collect()
+            .collect();
+        let correction_part = self.correction_part();
+        calls.extend(
+            self.corrections
+                .iter()
+                .filter(|c| c.known.is_none())
+                .map(|c| (c.backend, correction_part)),
+        );
+        calls
     }
 
     fn request(&self, backend: BackendId, part: usize, context: &Context) -> Outbound {
+        if part == self.correction_part() {
+            if let Some(asked) = self.corrections.iter().find(|c| c.backend == backend) {
+                return asked.outbound.clone();
+            }
+        }
         let Some(upstream) = self.upstreams.get(part) else {
             return Outbound::get(self.path.clone());
         };
@@ -138,7 +235,9 @@ impl Plan for AggregatePlan {
         };
         let mut params = upstream.params.clone();
         let mut rewritten = false;
-        if let (Some(owning), true) = (self.owning(context), self.pushable) {
+        // Without a correction, a node-owned aggregate is made exact by pushing ownership down.
+        let push = self.correction.is_none() && self.pushable;
+        if let (Some(owning), true) = (self.owning(context), push) {
             let excluded = owning.excluded(backend, self.pinned.as_deref());
             let query = params.query_text();
             if !excluded.is_empty() {
@@ -156,24 +255,40 @@ impl Plan for AggregatePlan {
             return Step::Wait;
         }
         let parts = self.upstreams.len();
-        // Each backend whose every part succeeded: its bodies and its first part's X-Records.
+        let correction_part = self.correction_part();
+        // Each backend whose every part (and correction) succeeded.
         let mut backends: Vec<(BackendId, Bodies<'_>)> = Vec::new();
         let mut incomplete = Vec::new();
         for &backend in &self.asked {
             let bodies: Option<Vec<&[u8]>> = (0..parts)
                 .map(|part| calls.success(backend, part).map(|(_, body)| &body[..]))
                 .collect();
-            match bodies {
-                Some(bodies) => {
+            let correction = self.corrections.iter().find(|c| c.backend == backend);
+            let correction_body = correction.map(|c| match &c.known {
+                Some(known) => Some(&known[..]),
+                None => calls
+                    .success(backend, correction_part)
+                    .map(|(_, body)| &body[..]),
+            });
+            match (bodies, correction_body) {
+                (Some(_), Some(None)) => incomplete.push(backend),
+                (Some(bodies), correction) => {
                     let records = calls.success(backend, 0).and_then(|(headers, _)| {
                         headers
                             .get(crate::exchange::X_RECORDS)
                             .and_then(|v| v.to_str().ok()?.trim().parse().ok())
                     });
-                    backends.push((backend, Bodies { bodies, records }));
+                    backends.push((
+                        backend,
+                        Bodies {
+                            bodies,
+                            records,
+                            correction: correction.flatten(),
+                        },
+                    ));
                 }
-                None if calls.success(backend, 0).is_some() => incomplete.push(backend),
-                None => {}
+                (None, _) if calls.success(backend, 0).is_some() => incomplete.push(backend),
+                (None, _) => {}
             }
         }
         let parts_view: Vec<Part<'_>> = backends
@@ -181,6 +296,7 @@ impl Plan for AggregatePlan {
             .map(|(_, answer)| Part {
                 bodies: &answer.bodies,
                 records: answer.records,
+                correction: answer.correction,
             })
             .collect();
         let combined = self.plan.combine(&parts_view);
@@ -209,5 +325,21 @@ impl Plan for AggregatePlan {
             contributed: contributed + self.excused,
             unusable,
         })
+    }
+
+    fn learned(&self, calls: &Calls) -> Vec<Learned> {
+        let part = self.correction_part();
+        self.corrections
+            .iter()
+            .filter(|c| c.known.is_none())
+            .filter_map(|c| {
+                let (_, body) = calls.success(c.backend, part)?;
+                Some(Learned {
+                    backend: c.backend,
+                    target: c.key.clone(),
+                    body: body.clone(),
+                })
+            })
+            .collect()
     }
 }

@@ -20,6 +20,18 @@ pub(super) struct Parsed<'a> {
     key: String,
 }
 
+impl Parsed<'_> {
+    /// The canonical text of column `name`, if the row has it (a correction row's report).
+    pub(super) fn column(&self, name: &str) -> Option<String> {
+        self.object.raw(name).map(canonical)
+    }
+
+    /// The group this row folds into (its non-aggregate columns, less any ignored one).
+    pub(super) fn group(&self) -> &str {
+        &self.key
+    }
+}
+
 /// One aggregate column's running value.
 enum Acc<'a> {
     Total(Total),
@@ -34,8 +46,13 @@ struct Group<'a> {
 }
 
 /// Reads and checks one backend's rows: each must be an object whose additive columns hold
-/// numbers or null. A failure leaves the whole backend out (D7).
-pub(super) fn parse<'a>(fold: &Fold, rows: &[&'a RawValue]) -> Result<Vec<Parsed<'a>>, Unusable> {
+/// numbers or null. A failure leaves the whole backend out (D7). `ignore` names a column that
+/// is not part of the group key (a history correction's report, docs/merging.md).
+pub(super) fn parse<'a>(
+    fold: &Fold,
+    rows: &[&'a RawValue],
+    ignore: Option<&str>,
+) -> Result<Vec<Parsed<'a>>, Unusable> {
     rows.iter()
         .enumerate()
         .map(|(index, raw)| {
@@ -50,7 +67,7 @@ pub(super) fn parse<'a>(fold: &Fold, rows: &[&'a RawValue]) -> Result<Vec<Parsed
                     }
                 }
             }
-            let key = group_key(fold, &object);
+            let key = group_key(fold, &object, ignore);
             Ok(Parsed { raw, object, key })
         })
         .collect()
@@ -58,11 +75,12 @@ pub(super) fn parse<'a>(fold: &Fold, rows: &[&'a RawValue]) -> Result<Vec<Parsed
 
 /// The row's non-aggregate columns (plain fields and their `_2` copies, row functions, helper
 /// `group_by` columns), by name, as canonical text.
-fn group_key(fold: &Fold, object: &Fields<'_>) -> String {
+fn group_key(fold: &Fold, object: &Fields<'_>, ignore: Option<&str>) -> String {
     let mut parts: Vec<(&str, String)> = object
         .entries()
         .iter()
         .filter(|(name, _)| !fold.aggregates.iter().any(|(column, _)| column == name))
+        .filter(|(name, _)| Some(name.as_ref()) != ignore)
         .map(|(name, value)| (name.as_ref(), canonical(value)))
         .collect();
     parts.sort();
@@ -77,11 +95,38 @@ fn group_key(fold: &Fold, object: &Fields<'_>) -> String {
 }
 
 /// Folds the backends' parsed rows (configured order) into the combined rows, in the order
-/// their keys were first seen.
-pub(super) fn fold_rows(fold: &Fold, backends: Vec<Vec<Parsed<'_>>>) -> Vec<Box<RawValue>> {
+/// their keys were first seen. Each set of rows comes with its weight: 1 for an answer, a
+/// negative count for a correction's rows (what was counted too often), which only the additive
+/// columns take and which never start a group. With `drop_uncounted`, a group whose `count`
+/// folds to zero is dropped: it existed only on the nodes a correction took away.
+pub(super) fn fold_rows(
+    fold: &Fold,
+    backends: Vec<(i64, Vec<Parsed<'_>>)>,
+    drop_uncounted: bool,
+) -> Vec<Box<RawValue>> {
     let mut groups: Vec<Group<'_>> = Vec::new();
     let mut index: HashMap<String, usize> = HashMap::new();
-    for row in backends.into_iter().flatten() {
+    let weighted = backends
+        .into_iter()
+        .flat_map(|(weight, rows)| rows.into_iter().map(move |row| (weight, row)));
+    for (weight, row) in weighted {
+        if weight < 0 {
+            if let Some(&at) = index.get(&row.key) {
+                let group = &mut groups[at];
+                for ((column, rule), acc) in fold.aggregates.iter().zip(group.accs.iter_mut()) {
+                    let (Rule::Add, Acc::Total(total), Some(value)) =
+                        (rule, acc, row.object.raw(column))
+                    else {
+                        continue;
+                    };
+                    if let Ok(number) = serde_json::from_str::<Number>(value.get()) {
+                        *total = total.add_times(&number, weight);
+                    }
+                }
+                group.rows += 1;
+            }
+            continue;
+        }
         let (at, later) = match index.get(&row.key) {
             Some(&at) => (at, Some(row)),
             None => {
@@ -125,8 +170,17 @@ pub(super) fn fold_rows(fold: &Fold, backends: Vec<Vec<Parsed<'_>>>) -> Vec<Box<
         }
         *rows += 1;
     }
+    let counted = |group: &Group<'_>| {
+        let count = fold
+            .aggregates
+            .iter()
+            .position(|(name, _)| name == "count")
+            .and_then(|at| group.accs.get(at));
+        !matches!(count, Some(Acc::Total(total)) if total.is_zero())
+    };
     groups
         .iter()
+        .filter(|group| !drop_uncounted || counted(group))
         .map(|group| write_group(fold, group))
         .collect()
 }

@@ -90,6 +90,21 @@ pub(crate) enum PlanError {
     },
 }
 
+impl PlanError {
+    /// The 400 answering it: PuppetDB's own text exactly where PuppetDB would refuse the same
+    /// request, pdbmux's message (with its newline) where only the merge cannot answer it.
+    pub(crate) fn response(&self) -> crate::message::Response {
+        match self {
+            PlanError::Refusal(_)
+            | PlanError::DistinctResources
+            | PlanError::GroupByClash { .. } => {
+                crate::message::Response::text(http::StatusCode::BAD_REQUEST, self.to_string())
+            }
+            _ => crate::message::Response::refusal(self.to_string()),
+        }
+    }
+}
+
 /// Where an upstream request goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum UpstreamPath {
@@ -115,6 +130,24 @@ pub(crate) struct Part<'a> {
     pub(crate) bodies: &'a [&'a [u8]],
     /// The `X-Records` of its answer, if any: read only for a paged row-function extract.
     pub(crate) records: Option<u64>,
+    /// Its answer to the correction request ([`CombinePlan::correction_params`]), when the
+    /// combine corrects and the backend holds nodes the correction is about.
+    pub(crate) correction: Option<&'a [u8]>,
+}
+
+/// How a combine makes what backends count more than once count once (docs/merging.md,
+/// "Corrections"). Each backend is asked the same question over a few certnames, and the
+/// answers are subtracted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Correction {
+    /// Node-owned counts: each backend's count over the nodes it holds but another owns.
+    Owned,
+    /// History: every report stored in several backends, once per extra copy. `column` names
+    /// the report on the entity (`hash` on `/reports`, `report` on `/events`).
+    History {
+        /// The report's column.
+        column: &'static str,
+    },
 }
 
 /// The combined answer.
@@ -134,22 +167,26 @@ pub(crate) struct CombinePlan {
     params: Params,
     mode: Mode,
     include_total: bool,
+    correction: Option<Correction>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
 enum Mode {
     Extract(ExtractPlan),
     EventCounts {
+        summarize_by: sort::SummarizeBy,
+        count_by_certname: bool,
         filter: Option<CountsFilter>,
         order: OrderBy,
         window: Window,
     },
     Aggregate {
+        count_by_certname: bool,
         filter: Option<CountsFilter>,
         /// The summarize_by values as listed (one summary object each).
-        listed: Vec<&'static str>,
+        listed: Vec<sort::SummarizeBy>,
         /// The distinct values, one upstream request each.
-        requests: Vec<&'static str>,
+        requests: Vec<sort::SummarizeBy>,
     },
 }
 
@@ -182,7 +219,66 @@ impl CombinePlan {
             params: params.clone(),
             mode,
             include_total,
+            correction: None,
         }))
+    }
+
+    /// Corrects the answer with `correction` when this combine can (a count that subtracts;
+    /// for history, any additive column), preparing the upstream query for it; the correction
+    /// in effect. `None`: the combine cannot be corrected, and node ownership must be pushed
+    /// into the query instead.
+    pub(crate) fn correct(&mut self, correction: Correction) -> Option<Correction> {
+        let fits = match (&mut self.mode, correction) {
+            (Mode::Extract(plan), Correction::Owned) if plan.subtracts() => {
+                plan.count_rows();
+                true
+            }
+            (Mode::Extract(plan), Correction::History { .. }) => plan.counts_history(),
+            (Mode::EventCounts { .. }, Correction::Owned) => true,
+            // Only the plain event counts: the distinct-resources form is another query.
+            (Mode::EventCounts { .. } | Mode::Aggregate { .. }, Correction::History { .. }) => {
+                !self.params.contains("distinct_resources")
+            }
+            _ => false,
+        };
+        self.correction = fits.then_some(correction);
+        self.correction
+    }
+
+    /// The correction request of a backend over `certnames` (the nodes it holds for others, or
+    /// those whose history another backend holds too): part 0's parameters with its query
+    /// restricted to them, on part 0's path; for history event counts, an `/events` extract
+    /// ([`event_counts::history_correction`]). `None` for the path means part 0's.
+    pub(crate) fn correction_params(
+        &self,
+        certnames: &[&str],
+    ) -> Option<(Option<&'static str>, Params)> {
+        let correction = self.correction?;
+        let mut params = self.upstream().into_iter().next()?.params;
+        let (path, query) = match (&self.mode, correction) {
+            (Mode::Extract(plan), Correction::Owned) => {
+                (None, plan.correction_query(certnames, None)?)
+            }
+            (Mode::Extract(plan), Correction::History { column }) => {
+                (None, plan.correction_query(certnames, Some(column))?)
+            }
+            (Mode::EventCounts { .. }, Correction::Owned) => (
+                None,
+                crate::query::add_clause(
+                    params.query_text().as_ast(),
+                    crate::query::only_certnames_clause(certnames),
+                ),
+            ),
+            (Mode::EventCounts { .. } | Mode::Aggregate { .. }, Correction::History { .. }) => {
+                let query =
+                    event_counts::history_correction(params.query_text().as_ast(), certnames);
+                params = Params::default();
+                (Some(crate::entity::Entity::Events.path_static()), query)
+            }
+            _ => return None,
+        };
+        params.set("query", &query.to_string());
+        Some((path, params))
     }
 
     /// [`CombinePlan::plan`] with the query read from `params`, as a request's planning reads it.
@@ -239,7 +335,7 @@ impl CombinePlan {
                     .iter()
                     .map(|value| {
                         let mut params = params.clone();
-                        params.set("summarize_by", value);
+                        params.set("summarize_by", value.as_str());
                         Upstream {
                             path: UpstreamPath::EventCounts,
                             params,
@@ -273,48 +369,57 @@ impl CombinePlan {
                 Err(error) => unusable.push((index, Unusable::Unparseable(error.to_string()))),
             }
         }
+        let corrections = self.read_corrections(parts, &usable, &mut unusable);
+        let usable: Vec<_> = usable
+            .into_iter()
+            .filter(|(index, _)| !unusable.iter().any(|(bad, _)| bad == index))
+            .collect();
         let (body, total) = match &self.mode {
-            Mode::Extract(plan) => combine_extract(plan, parts, usable, &mut unusable),
+            Mode::Extract(plan) => combine_extract(
+                plan,
+                parts,
+                usable,
+                &corrections,
+                self.correction,
+                &mut unusable,
+            ),
             Mode::EventCounts {
+                summarize_by,
+                count_by_certname,
                 filter,
                 order,
                 window,
             } => {
-                let rows = event_counts::read_counts(usable, &mut unusable)
-                    .into_iter()
-                    .flatten();
-                let subjects = event_counts::merge(rows.collect(), filter.as_ref());
-                let (rows, count) = event_counts::event_counts(&subjects, order, *window);
+                let counted = Counted {
+                    requests: &[*summarize_by],
+                    count_by_certname: *count_by_certname,
+                    filter: filter.as_ref(),
+                };
+                let merged = self.count(&counted, usable, &corrections, &mut unusable);
+                let subjects = merged.first().map_or(&[][..], |(_, s)| s.as_slice());
+                let (rows, count) = event_counts::event_counts(subjects, order, *window);
                 (write_rows(&rows), count as u64)
             }
             Mode::Aggregate {
+                count_by_certname,
                 filter,
                 listed,
                 requests,
             } => {
-                // Request by request, each backend's rows: a backend with one bad body is left
-                // out of every summary, so they all count the same backends.
-                let mut by_request: Vec<Vec<_>> = requests.iter().map(|_| Vec::new()).collect();
-                for backend in event_counts::read_counts(usable, &mut unusable) {
-                    for (rows, request) in backend.into_iter().zip(by_request.iter_mut()) {
-                        request.push(rows);
-                    }
-                }
-                let summaries: Vec<(&str, String)> = requests
+                let counted = Counted {
+                    requests,
+                    count_by_certname: *count_by_certname,
+                    filter: filter.as_ref(),
+                };
+                let merged = self.count(&counted, usable, &corrections, &mut unusable);
+                let objects: Vec<String> = listed
                     .iter()
-                    .zip(by_request)
-                    .map(|(value, rows)| {
-                        let subjects = event_counts::merge(rows, filter.as_ref());
-                        (*value, event_counts::summary(value, &subjects))
-                    })
-                    .collect();
-                let objects: Vec<&str> = listed
-                    .iter()
-                    .filter_map(|value| summaries.iter().find(|(v, _)| v == value))
-                    .map(|(_, object)| object.as_str())
+                    .filter_map(|value| merged.iter().find(|(v, _)| v == value))
+                    .map(|(value, subjects)| event_counts::summary(*value, subjects))
                     .collect();
                 let capacity = objects.iter().map(|o| o.len() + 1).sum();
-                (write_array(objects, capacity), listed.len() as u64)
+                let body = write_array(objects.iter().map(String::as_str), capacity);
+                (body, listed.len() as u64)
             }
         };
         unusable.sort_by_key(|(index, _)| *index);
@@ -326,23 +431,177 @@ impl CombinePlan {
     }
 }
 
+impl CombinePlan {
+    /// Each usable part's correction rows (index into the parts); a part whose correction does
+    /// not parse is unusable, as one without the correction it needs.
+    fn read_corrections<'a>(
+        &self,
+        parts: &[Part<'a>],
+        usable: &[(usize, Vec<Vec<&'a RawValue>>)],
+        unusable: &mut Vec<(usize, Unusable)>,
+    ) -> Vec<(usize, Vec<&'a RawValue>)> {
+        if self.correction.is_none() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (index, _) in usable {
+            let Some(body) = parts.get(*index).and_then(|part| part.correction) else {
+                continue;
+            };
+            match parse_array(body) {
+                Ok(rows) => out.push((*index, rows)),
+                Err(error) => unusable.push((*index, Unusable::Unparseable(error.to_string()))),
+            }
+        }
+        out
+    }
+}
+
+/// What an event-count mode counts: one `/event-counts` request per `summarize_by` value.
+struct Counted<'p> {
+    requests: &'p [sort::SummarizeBy],
+    count_by_certname: bool,
+    filter: Option<&'p CountsFilter>,
+}
+
+impl CombinePlan {
+    /// The event-count modes' subjects: per request, the backends' rows summed and corrected,
+    /// then filtered. A backend whose answer or correction does not read is left out whole.
+    fn count<'a>(
+        &self,
+        counted: &Counted<'_>,
+        usable: Vec<(usize, Vec<Vec<&'a RawValue>>)>,
+        corrections: &[(usize, Vec<&'a RawValue>)],
+        unusable: &mut Vec<(usize, Unusable)>,
+    ) -> Vec<(sort::SummarizeBy, Vec<event_counts::Subject<'a>>)> {
+        let mut owned = Vec::new();
+        let mut history = Vec::new();
+        for (index, rows) in corrections {
+            let read = match self.correction {
+                Some(Correction::Owned) => {
+                    event_counts::parse(rows).map(|r| owned.push((*index, r)))
+                }
+                Some(Correction::History { .. }) => {
+                    event_counts::read_history(rows).map(|r| history.push((*index, r)))
+                }
+                None => Ok(()),
+            };
+            if let Err(error) = read {
+                unusable.push((*index, error));
+            }
+        }
+        let left_out = |unusable: &[(usize, Unusable)], index: usize| {
+            unusable.iter().any(|(bad, _)| *bad == index)
+        };
+        let usable: Vec<_> = usable
+            .into_iter()
+            .filter(|(index, _)| !left_out(unusable, *index))
+            .collect();
+        let answers = event_counts::read_counts(usable, unusable);
+        owned.retain(|(index, _)| !left_out(unusable, *index));
+        history.retain(|(index, _)| !left_out(unusable, *index));
+        let corrected = !owned.is_empty() || !history.is_empty();
+        let history: Vec<_> = history.into_iter().map(|(_, rows)| rows).collect();
+        // Request by request, each backend's rows: a backend with one bad body is left out of
+        // every summary, so they all count the same backends.
+        let mut by_request: Vec<Vec<(i64, Vec<_>)>> =
+            counted.requests.iter().map(|_| Vec::new()).collect();
+        for (_, bodies) in answers {
+            for (rows, request) in bodies.into_iter().zip(by_request.iter_mut()) {
+                request.push((1, rows));
+            }
+        }
+        // An owned correction is one `/event-counts` request: only `/event-counts` takes one.
+        if let Some(first) = by_request.first_mut() {
+            first.extend(owned.into_iter().map(|(_, rows)| (-1, rows)));
+        }
+        counted
+            .requests
+            .iter()
+            .zip(by_request)
+            .map(|(&summarize_by, rows)| {
+                let mut subjects = event_counts::merge(rows);
+                let twice =
+                    event_counts::counted_twice(&history, summarize_by, counted.count_by_certname);
+                event_counts::subtract(&mut subjects, &twice);
+                let subjects = event_counts::filtered(subjects, counted.filter, corrected);
+                (summarize_by, subjects)
+            })
+            .collect()
+    }
+}
+
+/// The fold's weighted rows: every usable answer once, then what the corrections subtract.
+fn corrected_rows<'a>(
+    fold_plan: &extract::Fold,
+    usable: &[(usize, Vec<Vec<&'a RawValue>>)],
+    corrections: &[(usize, Vec<&'a RawValue>)],
+    correction: Option<Correction>,
+    unusable: &mut Vec<(usize, Unusable)>,
+) -> Vec<(i64, Vec<fold::Parsed<'a>>)> {
+    let mut weighted = Vec::new();
+    for (index, bodies) in usable {
+        let rows = bodies.first().map_or(&[][..], Vec::as_slice);
+        match fold::parse(fold_plan, rows, None) {
+            Ok(parsed) => weighted.push((1, parsed)),
+            Err(error) => unusable.push((*index, error)),
+        }
+    }
+    let corrections: Vec<&(usize, Vec<&'a RawValue>)> = corrections
+        .iter()
+        .filter(|(index, _)| !unusable.iter().any(|(bad, _)| bad == index))
+        .collect();
+    match correction {
+        None => {}
+        Some(Correction::Owned) => {
+            for (index, rows) in corrections {
+                match fold::parse(fold_plan, rows, None) {
+                    Ok(parsed) => weighted.push((-1, parsed)),
+                    Err(error) => unusable.push((*index, error)),
+                }
+            }
+        }
+        Some(Correction::History { column }) => {
+            // A report's row for one group from every backend that stores the report: each copy
+            // past the first is counted too often.
+            let mut copies: std::collections::BTreeMap<(String, String), Vec<fold::Parsed<'a>>> =
+                std::collections::BTreeMap::new();
+            for (index, rows) in corrections {
+                match fold::parse(fold_plan, rows, Some(column)) {
+                    Ok(parsed) => {
+                        for row in parsed {
+                            let report = row.column(column).unwrap_or_default();
+                            let group = row.group().to_owned();
+                            copies.entry((report, group)).or_default().push(row);
+                        }
+                    }
+                    Err(error) => unusable.push((*index, error)),
+                }
+            }
+            for mut rows in copies.into_values() {
+                let extra = rows.len() as i64 - 1;
+                if extra > 0 {
+                    rows.truncate(1);
+                    weighted.push((-extra, rows));
+                }
+            }
+        }
+    }
+    weighted
+}
+
 fn combine_extract(
     plan: &ExtractPlan,
     parts: &[Part<'_>],
     usable: Vec<(usize, Vec<Vec<&RawValue>>)>,
+    corrections: &[(usize, Vec<&RawValue>)],
+    correction: Option<Correction>,
     unusable: &mut Vec<(usize, Unusable)>,
 ) -> (Vec<u8>, u64) {
     let rows: Vec<Box<RawValue>> = match &plan.fold {
         Some(fold_plan) => {
-            let mut backends = Vec::new();
-            for (index, bodies) in &usable {
-                let rows = bodies.first().map_or(&[][..], Vec::as_slice);
-                match fold::parse(fold_plan, rows) {
-                    Ok(parsed) => backends.push(parsed),
-                    Err(error) => unusable.push((*index, error)),
-                }
-            }
-            fold::fold_rows(fold_plan, backends)
+            let weighted = corrected_rows(fold_plan, &usable, corrections, correction, unusable);
+            fold::fold_rows(fold_plan, weighted, correction == Some(Correction::Owned))
         }
         None => usable
             .iter()

@@ -241,6 +241,7 @@ fn fold(plan: &CombinePlan, bodies: &[String]) -> Vec<Value> {
         .map(|bodies| Part {
             bodies,
             records: None,
+            correction: None,
         })
         .collect();
     let combined = plan.combine(&parts);

@@ -65,6 +65,7 @@ pub(super) fn run_parts(plan: &CombinePlan, bodies: &[&str], records: &[u64]) ->
         .map(|(i, bodies)| Part {
             bodies,
             records: records.get(i).copied(),
+            correction: None,
         })
         .collect();
     plan.combine(&parts)
@@ -760,6 +761,7 @@ fn unusable_backends_are_left_out_and_named() {
     let missing = plan.combine(&[Part {
         bodies: &[],
         records: None,
+        correction: None,
     }]);
     assert_eq!(missing.unusable, [(0, Unusable::IncompleteParts)]);
     assert_eq!(missing.body, b"[]");

@@ -223,10 +223,12 @@ fn aggregate_lists_one_object_per_value_in_order() {
         Part {
             bodies: &first,
             records: None,
+            correction: None,
         },
         Part {
             bodies: &second,
             records: None,
+            correction: None,
         },
     ]);
     assert!(combined.unusable.is_empty());
@@ -254,10 +256,12 @@ fn aggregate_leaves_a_backend_with_one_bad_body_out_of_every_summary() {
         Part {
             bodies: &good,
             records: None,
+            correction: None,
         },
         Part {
             bodies: &bad,
             records: None,
+            correction: None,
         },
     ]);
     assert_eq!(combined.unusable, [(1, Unusable::NoSubject { index: 0 })]);
@@ -268,6 +272,7 @@ fn aggregate_leaves_a_backend_with_one_bad_body_out_of_every_summary() {
     let short = plan.combine(&[Part {
         bodies: &good[..1],
         records: None,
+        correction: None,
     }]);
     assert_eq!(short.unusable, [(0, Unusable::IncompleteParts)]);
 }

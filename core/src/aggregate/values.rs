@@ -36,6 +36,37 @@ impl Total {
         }
     }
 
+    /// Adds one backend's value `weight` times: a negative weight takes off what a correction
+    /// says was counted too often (docs/merging.md, "Corrections").
+    pub(super) fn add_times(self, value: &Number, weight: i64) -> Total {
+        if weight == 1 {
+            return self.add(value);
+        }
+        let int = value
+            .as_i64()
+            .map(i128::from)
+            .or_else(|| value.as_u64().map(i128::from));
+        match (self, int.and_then(|v| v.checked_mul(i128::from(weight)))) {
+            (Total::Nothing, Some(b)) => Total::Int(b),
+            (Total::Int(a), Some(b)) => match a.checked_add(b) {
+                Some(sum) => Total::Int(sum),
+                None => Total::Float(a as f64 + b as f64),
+            },
+            (total, _) => {
+                Total::Float(total.as_f64().unwrap_or(0.0) + number_f64(value) * weight as f64)
+            }
+        }
+    }
+
+    /// Whether the total is zero (or nothing was added).
+    pub(super) fn is_zero(self) -> bool {
+        match self {
+            Total::Nothing => true,
+            Total::Int(i) => i == 0,
+            Total::Float(f) => f == 0.0,
+        }
+    }
+
     /// The total as a float (`None` when nothing was added).
     pub(super) fn as_f64(self) -> Option<f64> {
         match self {
@@ -136,6 +167,13 @@ pub(super) fn canonical(raw: &RawValue) -> String {
         Ok(value) => write_canonical(&value, &mut out),
         Err(_) => out.push_str(raw.get()),
     }
+    out
+}
+
+/// [`canonical`] of a value pdbmux built itself.
+pub(super) fn canonical_value(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
     out
 }
 

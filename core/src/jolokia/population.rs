@@ -1,9 +1,12 @@
 //! The Jolokia metrics routes as a plan: every backend's envelope merged (see
 //! [`crate::jolokia`]), and the population MBeans answered for the estate as a whole
-//! (docs/merging.md, "Metrics"): `num-nodes` is the number of distinct active certnames in the
-//! membership map, `num-resources` every catalog's resources, inactive nodes' included, as
-//! PuppetDB counts them, each node's counted once (from its owner), and
-//! `avg-resources-per-node` their quotient.
+//! (docs/merging.md, "Metrics"), as PuppetDB 7.12.1 computes them (`query/population.clj`):
+//! `num-nodes` and `num-active-nodes` are the distinct active certnames in the membership map,
+//! `num-inactive-nodes` the other certnames it holds, `num-resources` every catalog's
+//! resources, inactive nodes' included, each node's counted once (from its owner), and
+//! `avg-resources-per-node` that count over every certname, written as PuppetDB writes the
+//! Clojure ratio (`"57/8"`, or a number when it divides). PuppetDB itself reports
+//! `num-resources` from PostgreSQL's row estimate (`pg_class.reltuples`); pdbmux counts.
 
 use http::StatusCode;
 use serde_json::{json, Value};
@@ -29,7 +32,8 @@ const RESOURCE_COUNT: usize = 1;
 /// Which population figure a request reads, if it reads one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Population {
-    Nodes,
+    ActiveNodes,
+    InactiveNodes,
     Resources,
     ResourcesPerNode,
 }
@@ -48,7 +52,8 @@ pub(crate) struct JolokiaPlan {
 fn population_of(path: &str) -> Option<Population> {
     let mbean = jolokia::mbean_of(path)?;
     match mbean.strip_prefix(POPULATION)? {
-        "num-nodes" => Some(Population::Nodes),
+        "num-nodes" | "num-active-nodes" => Some(Population::ActiveNodes),
+        "num-inactive-nodes" => Some(Population::InactiveNodes),
         "num-resources" => Some(Population::Resources),
         "avg-resources-per-node" => Some(Population::ResourcesPerNode),
         _ => None,
@@ -94,7 +99,7 @@ impl JolokiaPlan {
         &self,
         envelopes: &[&[u8]],
         resource_counts: &[&[u8]],
-        nodes: Option<usize>,
+        nodes: Option<Nodes>,
     ) -> Option<(Response, usize)> {
         let merged = match self.route {
             MetricsRoute::V1Mbeans => jolokia::merge_v1(envelopes),
@@ -125,9 +130,9 @@ impl JolokiaPlan {
         Some((Response::json(StatusCode::OK, body), contributed))
     }
 
-    fn population_value(&self, resource_counts: &[&[u8]], nodes: Option<usize>) -> Option<Value> {
+    fn population_value(&self, resource_counts: &[&[u8]], nodes: Option<Nodes>) -> Option<Value> {
         let population = self.population?;
-        let nodes = nodes? as u64;
+        let nodes = nodes?;
         let resources = || -> Option<u64> {
             let mut total = 0u64;
             for body in resource_counts {
@@ -137,17 +142,40 @@ impl JolokiaPlan {
             Some(total)
         };
         match population {
-            Population::Nodes => Some(json!(nodes)),
+            Population::ActiveNodes => Some(json!(nodes.active)),
+            Population::InactiveNodes => Some(json!(nodes.any.saturating_sub(nodes.active))),
             Population::Resources => resources().map(|r| json!(r)),
-            Population::ResourcesPerNode => {
-                let resources = resources()?;
-                Some(if nodes == 0 {
-                    json!(0)
-                } else {
-                    json!(resources as f64 / nodes as f64)
-                })
-            }
+            Population::ResourcesPerNode => Some(clojure_ratio(resources()?, nodes.any as u64)),
         }
+    }
+}
+
+/// How many nodes the estate holds: active, and in any state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Nodes {
+    active: usize,
+    any: usize,
+}
+
+/// `numerator / denominator` as PuppetDB's JSON writes the Clojure value: an integer when it
+/// divides, else the reduced ratio as a string (`"57/8"`). Zero nodes: 0 (PuppetDB's gauge
+/// fails there and reports nothing).
+fn clojure_ratio(numerator: u64, denominator: u64) -> Value {
+    if denominator == 0 {
+        return json!(0);
+    }
+    let gcd = {
+        let (mut a, mut b) = (numerator, denominator);
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a.max(1)
+    };
+    let (p, q) = (numerator / gcd, denominator / gcd);
+    if q == 1 {
+        json!(p)
+    } else {
+        json!(format!("{p}/{q}"))
     }
 }
 
@@ -199,7 +227,10 @@ impl Plan for JolokiaPlan {
             .iter()
             .filter_map(|b| calls.success(*b, RESOURCE_COUNT).map(|(_, body)| &body[..]))
             .collect();
-        let nodes = context.ownership.as_ref().map(|o| o.node_count());
+        let nodes = context.ownership.as_ref().map(|o| Nodes {
+            active: o.node_count(),
+            any: o.certname_count(),
+        });
         match self.respond(&envelopes, &counts, nodes) {
             Some((response, contributed)) => Step::Done(Verdict::Merged {
                 response,
@@ -272,7 +303,11 @@ mod tests {
             "puppetlabs.puppetdb.population:name=num-nodes",
             json!({"Value": 3}),
         );
-        let nodes = Some(ownership().node_count());
+        let ownership = ownership();
+        let nodes = Some(Nodes {
+            active: ownership.node_count(),
+            any: ownership.certname_count(),
+        });
         let (response, contributed) = plan.respond(&[&a, &b], &[], nodes).expect("merged");
         let body: Value =
             serde_json::from_slice(response.full_body().expect("full")).expect("json");
@@ -307,16 +342,20 @@ mod tests {
             "puppetlabs.puppetdb.population:name=avg-resources-per-node",
             json!({"Value": 10.0}),
         );
+        let nodes = Some(Nodes { active: 4, any: 6 });
         let (response, _) = plan
-            .respond(
-                &[&a],
-                &[br#"[{"count":30}]"#, br#"[{"count":50}]"#],
-                Some(4),
-            )
+            .respond(&[&a], &[br#"[{"count":30}]"#, br#"[{"count":50}]"#], nodes)
             .expect("merged");
         let body: Value =
             serde_json::from_slice(response.full_body().expect("full")).expect("json");
-        assert_eq!(body["value"], json!({"Value": 20.0}));
+        assert_eq!(
+            body["value"],
+            json!({"Value": "40/3"}),
+            "80 resources over 6 certnames"
+        );
+        assert_eq!(clojure_ratio(80, 4), json!(20));
+        assert_eq!(clojure_ratio(57, 8), json!("57/8"));
+        assert_eq!(clojure_ratio(3, 0), json!(0));
     }
 
     #[test]

@@ -176,9 +176,9 @@ pub(crate) struct RecordPlan {
     corrections: Vec<Correction>,
 }
 
-/// A 400 in PuppetDB's style (plain text).
+/// A 400 in PuppetDB's words.
 fn bad_request(message: impl Into<String>) -> Response {
-    Response::text(StatusCode::BAD_REQUEST, message)
+    Response::refusal(message)
 }
 
 impl RecordPlan {
@@ -336,12 +336,22 @@ impl RecordPlan {
         self.asked.iter().map(|a| a.backend).collect()
     }
 
+    /// Whether each backend sends its whole answer and the window is cut here alone:
+    /// `/fact-names`, and a paged total of the small unions (`/fact-paths`, `/packages`,
+    /// `/producers`, `/environments`), which only the whole deduped set can count.
+    fn pages_here(&self) -> bool {
+        match self.entity.merge_rule() {
+            MergeRule::Names => true,
+            MergeRule::Union(_) => !self.entity.is_history() && self.include_total,
+            _ => false,
+        }
+    }
+
     /// The parameters every request of this merge starts from: no offset, `limit`, and the
     /// provenance rewrite of a paged `/facts` window.
     fn base_params(&self, limit: Option<u64>) -> (Params, Option<Value>, bool) {
         let mut params = self.params.clone();
-        if self.entity == Entity::FactNames {
-            // The merged list is paged here; each backend sends its whole list.
+        if self.pages_here() {
             for key in ["limit", "offset", "include_total"] {
                 params.remove(key);
             }
@@ -571,7 +581,10 @@ impl Plan for RecordPlan {
             }
         }
         self.excused = context.roster.len() - asked.len();
-        let reach = self.window.upstream_limit();
+        let reach = match self.pages_here() {
+            true => None,
+            false => self.window.upstream_limit(),
+        };
         let technique = self.owned.map(|(_, technique)| technique);
         let limits: Vec<Asked> = asked
             .iter()
@@ -704,7 +717,7 @@ impl Plan for RecordPlan {
             .collect();
         let total = if !self.include_total {
             None
-        } else if !self.window.is_paged() || self.entity == Entity::FactNames {
+        } else if !self.window.is_paged() || self.pages_here() {
             Some(count as u64)
         } else {
             match self.paged_total(&usable, calls) {

@@ -110,6 +110,29 @@ pub fn direct_total(path: &str, params: &[(&str, &str)]) -> u64 {
         .sum()
 }
 
+/// The union PuppetDB's X-Records for `path` with `params` and include_total=true: what one
+/// PuppetDB holding the whole estate counts. `None` when the harness started no union.
+pub fn union_total(path: &str, params: &[(&str, &str)]) -> Option<u64> {
+    let union = env().union.as_ref()?;
+    let mut params = params.to_vec();
+    params.push(("include_total", "true"));
+    let r = direct(union, path, &params);
+    assert_eq!(r.status, 200, "the union answers {path} {params:?}: {r:?}");
+    Some(x_records(&r).unwrap_or_else(|| panic!("the union sent no X-Records: {r:?}")))
+}
+
+/// The union PuppetDB's records for `path` with `params`: what one PuppetDB holding the whole
+/// estate answers. The differential tests need it; `e2e/run` always starts it.
+pub fn union_records(path: &str, params: &[(&str, &str)]) -> Vec<Value> {
+    let union = env()
+        .union
+        .as_ref()
+        .expect("PDBMUX_E2E_UNION: the union PuppetDB (e2e/run starts it)");
+    let r = direct(union, path, params);
+    assert_eq!(r.status, 200, "the union answers {path} {params:?}: {r:?}");
+    records(&r)
+}
+
 /// A pdbmux in front of every backend with extra PDBMUX_* variables.
 pub fn pdbmux_env(label: &str, vars: &[(&str, &str)]) -> Pdbmux {
     pdbmux_at(
@@ -149,19 +172,18 @@ pub fn healthz_backend<'a>(body: &'a Value, name: &str) -> &'a Value {
 }
 
 /// The /nodes rule, computed from the backends' own answers (configured order): per certname the
-/// record with the strictly newer report_timestamp (none is older than any), a tie going to the
-/// earlier backend. certname -> (backend index, record).
+/// record with the strictly newer report_timestamp (none is older than any), then the newer
+/// facts_timestamp, a full tie going to the earlier backend. certname -> (backend index, record).
 pub fn newer_wins(answers: &[Vec<Value>]) -> std::collections::BTreeMap<String, (usize, Value)> {
-    let report_instant = |record: &Value| {
-        record["report_timestamp"]
-            .as_str()
-            .and_then(pdbmux_e2e::order::instant)
+    let freshness = |record: &Value| {
+        let instant = |field: &str| record[field].as_str().and_then(pdbmux_e2e::order::instant);
+        (instant("report_timestamp"), instant("facts_timestamp"))
     };
     let mut out: std::collections::BTreeMap<String, (usize, Value)> = Default::default();
     for (i, recs) in answers.iter().enumerate() {
         for rec in recs {
             match out.get(certname(rec)) {
-                Some((_, held)) if report_instant(rec) <= report_instant(held) => {}
+                Some((_, held)) if freshness(rec) <= freshness(held) => {}
                 _ => {
                     out.insert(certname(rec).to_owned(), (i, rec.clone()));
                 }

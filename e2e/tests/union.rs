@@ -1,0 +1,772 @@
+//! The differential suite: pdbmux over the two backends answers exactly what the third
+//! PuppetDB, which was sent every command (`PDBMUX_E2E_UNION`), answers to the same question.
+//!
+//! Every v4 entity pdbmux merges, asked plainly, with filters, pinned to each hard-case node
+//! (held by both with either side newer, a report timestamp tie, the same report in both with
+//! the fresher facts on the second, a node that moved, deactivated nodes), over every node state,
+//! projected with and without `certname`, aggregated, and paged across the overlap with
+//! `include_total`. Compared: the status, the records (as multisets, or in order when the
+//! request orders by a unique key), and `X-Records`; less each server's own receipt times
+//! (`timestamp` of factsets and inventory, `facts_timestamp`, `catalog_timestamp`,
+//! `receive_time`, `report_receive_time`) and pdbmux's documented additions (`pdbmux_source`).
+//! Every mismatch of a test is listed before it fails.
+//!
+//! One node is left out of every comparison: `both-tie`, whose two backends hold different
+//! reports with the same end time. A single PuppetDB's answer for it depends on the order the
+//! commands arrived in (the first of the two reports stays its latest, the last facts win), so
+//! no merge can be checked against it; its rule (the fresher facts' backend owns it whole) is
+//! checked in `merges.rs`. Every question on an entity with certnames gets
+//! `["not",["=","certname",<it>]]` added, for pdbmux and the union alike.
+
+mod common;
+
+use common::{env, get, pdbmux};
+use pdbmux_e2e::{Backend, Pdbmux, Response};
+use serde_json::{json, Value};
+
+/// The fields each PuppetDB stamps itself on receipt, on every entity.
+const RECEIPT_TIMES: [&str; 4] = [
+    "facts_timestamp",
+    "catalog_timestamp",
+    "receive_time",
+    "report_receive_time",
+];
+
+/// The name of pdbmux's provenance fact and `/nodes` key.
+const SOURCE: &str = "pdbmux_source";
+
+fn union() -> Option<&'static Backend> {
+    let union = env().union.as_ref();
+    if union.is_none() {
+        eprintln!("no PDBMUX_E2E_UNION: the differential suite is skipped");
+    }
+    union
+}
+
+/// A record or value with the receipt times and pdbmux's additions removed. `timestamp` is a
+/// receipt time on factsets and inventory only (an event's is when it happened).
+fn normalise(path: &str, value: &Value) -> Value {
+    let receipt_timestamp = path.contains("/factsets") || path.contains("/inventory");
+    match value {
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .filter(|(k, _)| {
+                    !RECEIPT_TIMES.contains(&k.as_str())
+                        && k.as_str() != SOURCE
+                        && !(receipt_timestamp && k.as_str() == "timestamp")
+                })
+                .map(|(k, v)| (k.clone(), normalise(path, v)))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(
+            items
+                .iter()
+                .filter(|item| {
+                    // The synthetic provenance fact, and its name on /fact-names.
+                    item.as_str() != Some(SOURCE) && item.get("name") != Some(&json!(SOURCE))
+                })
+                .map(|item| normalise(path, item))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The node whose single-PuppetDB answer depends on arrival order (see the module doc).
+fn order_dependent() -> &'static str {
+    common::node_of("both-report-timestamp-tie")
+}
+
+/// Entities whose records (or queries) have no certname, so they keep their question as is.
+fn has_certname(path: &str) -> bool {
+    ![
+        "/fact-names",
+        "/fact-paths",
+        "/environments",
+        "/producers",
+        "/packages",
+    ]
+    .iter()
+    .any(|p| path.ends_with(p))
+}
+
+/// `query` with the order-dependent node left out: into an outer extract's filter, or as a
+/// conjunct.
+fn without_order_dependent(query: Option<&str>) -> String {
+    let clause = json!(["not", ["=", "certname", order_dependent()]]);
+    let Some(query) = query.and_then(|q| serde_json::from_str::<Value>(q).ok()) else {
+        return clause.to_string();
+    };
+    let with = match query.get(0).and_then(Value::as_str) {
+        Some("extract") => {
+            let mut items = query.as_array().cloned().unwrap_or_default();
+            match items.get(2) {
+                Some(filter) if filter.get(0) != Some(&json!("group_by")) => {
+                    items[2] = json!(["and", filter, clause]);
+                }
+                _ => items.insert(2.min(items.len()), clause),
+            }
+            Value::Array(items)
+        }
+        _ => json!(["and", query, clause]),
+    };
+    with.to_string()
+}
+
+/// How two answers are compared.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Compare {
+    /// As multisets: the request does not order.
+    Set,
+    /// In order: the request orders by a key unique to each record.
+    Sequence,
+}
+
+/// One question asked of pdbmux and the union.
+struct Question {
+    path: String,
+    params: Vec<(String, String)>,
+    compare: Compare,
+}
+
+impl Question {
+    fn new(path: &str, params: &[(&str, String)]) -> Question {
+        let compare = if params.iter().any(|(k, _)| *k == "order_by") {
+            Compare::Sequence
+        } else {
+            Compare::Set
+        };
+        let mut params: Vec<(String, String)> = params
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), v.clone()))
+            .collect();
+        if has_certname(path) && !path.contains("/facts/") {
+            let query = params.iter().position(|(k, _)| k == "query");
+            let text = without_order_dependent(query.map(|at| params[at].1.as_str()));
+            match query {
+                Some(at) => params[at].1 = text,
+                None => params.insert(0, ("query".to_owned(), text)),
+            }
+        }
+        Question {
+            path: path.to_owned(),
+            params,
+            compare,
+        }
+    }
+
+    fn pairs(&self) -> Vec<(&str, &str)> {
+        self.params
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Question {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {:?}", self.path, self.params)
+    }
+}
+
+/// Asks every question of pdbmux and the union; the mismatches, one line each.
+fn mismatches(p: &Pdbmux, union: &Backend, questions: &[Question]) -> Vec<String> {
+    let mut out = Vec::new();
+    for question in questions {
+        let pairs = question.pairs();
+        let got = get(p, &question.path, &pairs);
+        let want = common::direct(union, &question.path, &pairs);
+        if let Some(problem) = compare(question, &got, &want) {
+            out.push(format!("{question}: {problem}"));
+        }
+    }
+    out
+}
+
+fn compare(question: &Question, got: &Response, want: &Response) -> Option<String> {
+    if got.status != want.status {
+        return Some(format!(
+            "status {} (the union {}): {}",
+            got.status,
+            want.status,
+            got.body.trim()
+        ));
+    }
+    if want.status != 200 {
+        return (got.body.trim() != want.body.trim())
+            .then(|| format!("the refusal {:?}, the union's {:?}", got.body, want.body));
+    }
+    let (Ok(got_body), Ok(want_body)) = (got.json(), want.json()) else {
+        return Some("a body is not JSON".to_owned());
+    };
+    // Only /facts adds records of its own: elsewhere the provenance fact is a name or a path
+    // the union holds too (the fixture forges an upstream `pdbmux_source` fact).
+    let synthetic = match question.path.ends_with("/facts") {
+        true => count_synthetic(&got_body),
+        false => 0,
+    };
+    let (got_body, want_body) = (
+        normalise(&question.path, &got_body),
+        normalise(&question.path, &want_body),
+    );
+    let same = match (question.compare, &got_body, &want_body) {
+        (Compare::Set, Value::Array(a), Value::Array(b)) => {
+            common::multiset(a) == common::multiset(b)
+        }
+        _ => got_body == want_body,
+    };
+    if !same {
+        return Some(format!(
+            "the records differ\n    pdbmux:    {}\n    the union: {}",
+            shorten(&got_body),
+            shorten(&want_body)
+        ));
+    }
+    let got_total = common::x_records(got).map(|t| t.saturating_sub(synthetic));
+    let want_total = common::x_records(want);
+    (got_total != want_total)
+        .then(|| format!("X-Records {got_total:?}, the union's {want_total:?}"))
+}
+
+/// The synthetic provenance records in an answer (an unpaged /facts total counts them).
+fn count_synthetic(body: &Value) -> u64 {
+    body.as_array().map_or(0, |records| {
+        records
+            .iter()
+            .filter(|r| r.get("name") == Some(&json!(SOURCE)))
+            .count() as u64
+    })
+}
+
+fn shorten(value: &Value) -> String {
+    let text = value.to_string();
+    match text.char_indices().nth(1500) {
+        Some((at, _)) => format!("{}… ({} bytes)", &text[..at], text.len()),
+        None => text,
+    }
+}
+
+fn check(label: &str, questions: &[Question]) {
+    let Some(union) = union() else {
+        return;
+    };
+    let p = pdbmux(label);
+    let problems = mismatches(&p, union, questions);
+    assert!(
+        problems.is_empty(),
+        "{} of {} questions differ from the union's answers:\n  {}",
+        problems.len(),
+        questions.len(),
+        problems.join("\n  ")
+    );
+}
+
+/// The hard-case nodes: one per scenario that makes ownership matter.
+fn hard_cases() -> Vec<&'static str> {
+    [
+        "both-first-newer",
+        "both-second-newer",
+        "both-same-report",
+        "both-same-report-fresher-facts-second",
+        "both-first-facts-only",
+        "moved-first-deactivated-second-active",
+        "first-only-deactivated",
+        "second-only",
+    ]
+    .into_iter()
+    .map(common::node_of)
+    .collect()
+}
+
+fn q(value: Value) -> String {
+    value.to_string()
+}
+
+/// The questions every node-owned entity is asked: all of it, every node state, pinned to each
+/// hard case (alone and with the others), filtered by environment.
+fn node_owned_questions(path: &str, environment_field: &str) -> Vec<Question> {
+    let mut questions = vec![
+        Question::new(path, &[]),
+        Question::new(path, &[("query", q(json!(["=", "node_state", "any"])))]),
+        Question::new(
+            path,
+            &[("query", q(json!(["=", environment_field, "production"])))],
+        ),
+        Question::new(
+            path,
+            &[("query", q(json!(["=", environment_field, "staging"])))],
+        ),
+    ];
+    let cases = hard_cases();
+    for certname in &cases {
+        questions.push(Question::new(
+            path,
+            &[("query", q(json!(["=", "certname", certname])))],
+        ));
+        questions.push(Question::new(
+            path,
+            &[(
+                "query",
+                q(json!([
+                    "and",
+                    ["=", "certname", certname],
+                    ["=", "node_state", "any"]
+                ])),
+            )],
+        ));
+    }
+    questions.push(Question::new(
+        path,
+        &[("query", q(json!(["in", "certname", ["array", cases]])))],
+    ));
+    questions
+}
+
+/// Paged questions over a key unique to each record: every window of `limit` records across
+/// the whole set, with include_total, plus the first page of each `order`.
+fn paged_questions(
+    path: &str,
+    orders: &[Value],
+    query: Option<Value>,
+    limit: usize,
+) -> Vec<Question> {
+    let Some(union) = union() else {
+        return Vec::new();
+    };
+    let mut base: Vec<(&str, String)> = Vec::new();
+    if let Some(query) = &query {
+        base.push(("query", query.to_string()));
+    }
+    let mut total_params = base.clone();
+    total_params.push(("include_total", "true".to_owned()));
+    let total = common::x_records(&common::direct(
+        union,
+        path,
+        &total_params
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect::<Vec<_>>(),
+    ))
+    .unwrap_or(0) as usize;
+    let mut questions = Vec::new();
+    for (index, order) in orders.iter().enumerate() {
+        let offsets: Vec<usize> = if index == 0 {
+            (0..=total).step_by(limit.max(1)).collect()
+        } else {
+            vec![0]
+        };
+        for offset in offsets {
+            let mut params = base.clone();
+            params.push(("order_by", order.to_string()));
+            params.push(("limit", limit.to_string()));
+            params.push(("offset", offset.to_string()));
+            params.push(("include_total", "true".to_owned()));
+            questions.push(Question::new(path, &params));
+        }
+    }
+    questions
+}
+
+fn asc(fields: &[&str]) -> Value {
+    Value::Array(fields.iter().map(|f| json!({ "field": f })).collect())
+}
+
+#[test]
+fn nodes_equal_the_union() {
+    let mut questions = node_owned_questions("/pdb/query/v4/nodes", "catalog_environment");
+    questions.push(Question::new(
+        "/pdb/query/v4/nodes",
+        &[(
+            "query",
+            q(json!([
+                "extract",
+                ["certname", "latest_report_hash", "report_environment"]
+            ])),
+        )],
+    ));
+    questions.extend(paged_questions(
+        "/pdb/query/v4/nodes",
+        &[
+            asc(&["certname"]),
+            json!([{"field": "report_timestamp", "order": "desc"}, {"field": "certname"}]),
+        ],
+        None,
+        3,
+    ));
+    questions.extend(paged_questions(
+        "/pdb/query/v4/nodes",
+        &[asc(&["certname"])],
+        Some(json!(["=", "node_state", "any"])),
+        4,
+    ));
+    check("union-nodes", &questions);
+}
+
+#[test]
+fn facts_equal_the_union() {
+    let mut questions = node_owned_questions("/pdb/query/v4/facts", "environment");
+    questions.extend([
+        Question::new(
+            "/pdb/query/v4/facts",
+            &[("query", q(json!(["=", "name", "kernel"])))],
+        ),
+        Question::new("/pdb/query/v4/facts/e2e_loaded_into", &[]),
+        Question::new("/pdb/query/v4/facts/e2e_loaded_into/pdb-a", &[]),
+        Question::new(
+            "/pdb/query/v4/facts/e2e_weight",
+            &[("query", q(json!(["=", "node_state", "any"])))],
+        ),
+        // A projection without certname: ownership is pushed down.
+        Question::new(
+            "/pdb/query/v4/facts",
+            &[(
+                "query",
+                q(json!([
+                    "extract",
+                    ["name", "value"],
+                    ["=", "name", "e2e_loaded_into"]
+                ])),
+            )],
+        ),
+    ]);
+    let small = json!([
+        "in",
+        "name",
+        ["array", ["kernel", "e2e_loaded_into", "e2e_weight"]]
+    ]);
+    questions.extend(paged_questions(
+        "/pdb/query/v4/facts",
+        &[
+            asc(&["certname", "name"]),
+            json!([{"field": "name"}, {"field": "certname", "order": "desc"}]),
+        ],
+        Some(small),
+        5,
+    ));
+    check("union-facts", &questions);
+}
+
+#[test]
+fn node_owned_entities_equal_the_union() {
+    let mut questions = Vec::new();
+    for (path, environment) in [
+        ("/pdb/query/v4/factsets", "environment"),
+        ("/pdb/query/v4/catalogs", "environment"),
+        ("/pdb/query/v4/inventory", "environment"),
+        ("/pdb/query/v4/resources", "environment"),
+        ("/pdb/query/v4/edges", "certname"),
+        ("/pdb/query/v4/fact-contents", "environment"),
+        ("/pdb/query/v4/package-inventory", "certname"),
+    ] {
+        questions.extend(node_owned_questions(path, environment));
+    }
+    questions.extend([
+        Question::new(
+            "/pdb/query/v4/resources",
+            &[("query", q(json!(["=", "type", "File"])))],
+        ),
+        Question::new("/pdb/query/v4/resources/Service", &[]),
+        Question::new(
+            "/pdb/query/v4/resources",
+            &[("query", q(json!(["=", "exported", true])))],
+        ),
+        Question::new(
+            "/pdb/query/v4/fact-contents",
+            &[("query", q(json!(["=", "path", ["os", "release", "full"]])))],
+        ),
+        Question::new(
+            "/pdb/query/v4/inventory",
+            &[("query", q(json!(["=", "facts.e2e_loaded_into", "pdb-b"])))],
+        ),
+        Question::new(
+            "/pdb/query/v4/resources",
+            &[(
+                "query",
+                q(json!([
+                    "extract",
+                    ["type", "title"],
+                    ["=", "type", "Sshkey"]
+                ])),
+            )],
+        ),
+    ]);
+    questions.extend(paged_questions(
+        "/pdb/query/v4/catalogs",
+        &[asc(&["certname"])],
+        None,
+        4,
+    ));
+    questions.extend(paged_questions(
+        "/pdb/query/v4/factsets",
+        &[asc(&["certname"])],
+        None,
+        4,
+    ));
+    questions.extend(paged_questions(
+        "/pdb/query/v4/inventory",
+        &[asc(&["certname"])],
+        None,
+        5,
+    ));
+    questions.extend(paged_questions(
+        "/pdb/query/v4/resources",
+        &[asc(&["certname", "resource"])],
+        Some(json!(["=", "type", "File"])),
+        7,
+    ));
+    questions.extend(paged_questions(
+        "/pdb/query/v4/edges",
+        &[asc(&[
+            "certname",
+            "source_type",
+            "source_title",
+            "target_type",
+            "target_title",
+            "relationship",
+        ])],
+        None,
+        9,
+    ));
+    questions.extend(paged_questions(
+        "/pdb/query/v4/package-inventory",
+        &[asc(&["certname", "package_name", "version", "provider"])],
+        None,
+        5,
+    ));
+    check("union-node-owned", &questions);
+}
+
+#[test]
+fn unions_equal_the_union() {
+    let mut questions = Vec::new();
+    for path in [
+        "/pdb/query/v4/fact-names",
+        "/pdb/query/v4/fact-paths",
+        "/pdb/query/v4/environments",
+        "/pdb/query/v4/producers",
+        "/pdb/query/v4/packages",
+    ] {
+        questions.push(Question::new(path, &[]));
+    }
+    questions.extend(paged_questions(
+        "/pdb/query/v4/fact-paths",
+        &[asc(&["path"])],
+        None,
+        10,
+    ));
+    questions.extend(paged_questions(
+        "/pdb/query/v4/packages",
+        &[asc(&["package_name", "version", "provider"])],
+        None,
+        1,
+    ));
+    check("union-unions", &questions);
+}
+
+#[test]
+fn history_equals_the_union() {
+    let reports = "/pdb/query/v4/reports";
+    let events = "/pdb/query/v4/events";
+    let mut questions = vec![
+        Question::new(reports, &[]),
+        Question::new(events, &[]),
+        Question::new(
+            reports,
+            &[("query", q(json!(["=", "latest_report?", true])))],
+        ),
+        Question::new(
+            events,
+            &[("query", q(json!(["=", "latest_report?", true])))],
+        ),
+        Question::new(reports, &[("query", q(json!(["=", "status", "failed"])))]),
+    ];
+    for certname in hard_cases() {
+        for path in [reports, events] {
+            questions.push(Question::new(
+                path,
+                &[("query", q(json!(["=", "certname", certname])))],
+            ));
+        }
+    }
+    questions.extend(paged_questions(
+        reports,
+        &[
+            asc(&["hash"]),
+            json!([{"field": "end_time", "order": "desc"}, {"field": "hash"}]),
+        ],
+        None,
+        4,
+    ));
+    questions.extend(paged_questions(
+        reports,
+        &[asc(&["hash"])],
+        Some(json!(["=", "environment", "production"])),
+        6,
+    ));
+    questions.extend(paged_questions(
+        events,
+        &[asc(&[
+            "certname",
+            "report",
+            "resource_type",
+            "resource_title",
+            "property",
+        ])],
+        None,
+        5,
+    ));
+    check("union-history", &questions);
+}
+
+#[test]
+fn aggregates_equal_the_union() {
+    let count = |filter: Value, group: &[&str]| {
+        let mut columns = vec![json!(["function", "count"])];
+        columns.extend(group.iter().map(|g| json!(g)));
+        let mut extract = vec![json!("extract"), Value::Array(columns)];
+        if !filter.is_null() {
+            extract.push(filter);
+        }
+        if !group.is_empty() {
+            let mut by = vec![json!("group_by")];
+            by.extend(group.iter().map(|g| json!(g)));
+            extract.push(Value::Array(by));
+        }
+        q(Value::Array(extract))
+    };
+    let mut questions = Vec::new();
+    for (path, environment) in [
+        ("/pdb/query/v4/nodes", "catalog_environment"),
+        ("/pdb/query/v4/facts", "environment"),
+        ("/pdb/query/v4/resources", "environment"),
+        ("/pdb/query/v4/factsets", "environment"),
+        ("/pdb/query/v4/catalogs", "environment"),
+        ("/pdb/query/v4/inventory", "environment"),
+        ("/pdb/query/v4/reports", "environment"),
+        ("/pdb/query/v4/events", "environment"),
+    ] {
+        questions.push(Question::new(path, &[("query", count(Value::Null, &[]))]));
+        questions.push(Question::new(
+            path,
+            &[("query", count(json!(["=", environment, "production"]), &[]))],
+        ));
+        questions.push(Question::new(
+            path,
+            &[("query", count(Value::Null, &[environment]))],
+        ));
+    }
+    questions.extend([
+        Question::new(
+            "/pdb/query/v4/reports",
+            &[("query", count(Value::Null, &["status"]))],
+        ),
+        Question::new(
+            "/pdb/query/v4/events",
+            &[("query", count(Value::Null, &["status"]))],
+        ),
+        Question::new(
+            "/pdb/query/v4/reports",
+            &[(
+                "query",
+                count(json!(["=", "latest_report?", true]), &["status"]),
+            )],
+        ),
+        Question::new(
+            "/pdb/query/v4/facts",
+            &[("query", count(json!(["=", "name", "kernel"]), &["value"]))],
+        ),
+        Question::new(
+            "/pdb/query/v4/nodes",
+            &[("query", count(json!(["=", "node_state", "any"]), &[]))],
+        ),
+        Question::new(
+            "/pdb/query/v4/resources",
+            &[("query", count(json!(["=", "node_state", "any"]), &["type"]))],
+        ),
+    ]);
+    for summarize_by in ["certname", "resource", "containing_class"] {
+        for (path, query) in [
+            (
+                "/pdb/query/v4/event-counts",
+                json!(["=", "latest_report?", true]),
+            ),
+            (
+                "/pdb/query/v4/aggregate-event-counts",
+                json!(["=", "latest_report?", true]),
+            ),
+            (
+                "/pdb/query/v4/event-counts",
+                json!(["=", "status", "success"]),
+            ),
+            (
+                "/pdb/query/v4/aggregate-event-counts",
+                json!(["=", "status", "success"]),
+            ),
+        ] {
+            questions.push(Question::new(
+                path,
+                &[
+                    ("query", q(query)),
+                    ("summarize_by", summarize_by.to_owned()),
+                ],
+            ));
+        }
+    }
+    // History event counts over every report (a report stored in both counted once), by
+    // either count_by and with a counts_filter on the merged counts.
+    for summarize_by in ["certname", "resource", "containing_class"] {
+        for count_by in ["resource", "certname"] {
+            for path in [
+                "/pdb/query/v4/event-counts",
+                "/pdb/query/v4/aggregate-event-counts",
+            ] {
+                questions.push(Question::new(
+                    path,
+                    &[
+                        ("summarize_by", summarize_by.to_owned()),
+                        ("count_by", count_by.to_owned()),
+                    ],
+                ));
+            }
+        }
+        questions.push(Question::new(
+            "/pdb/query/v4/event-counts",
+            &[
+                ("query", q(json!(["=", "environment", "production"]))),
+                ("summarize_by", summarize_by.to_owned()),
+                ("counts_filter", q(json!([">", "successes", 2]))),
+            ],
+        ));
+    }
+    questions.push(Question::new(
+        "/pdb/query/v4/aggregate-event-counts",
+        &[
+            (
+                "summarize_by",
+                "certname,resource,containing_class".to_owned(),
+            ),
+            ("counts_filter", q(json!([">=", "failures", 1]))),
+        ],
+    ));
+    check("union-aggregates", &questions);
+}
+
+#[test]
+fn refusals_equal_the_union() {
+    let mut questions = Vec::new();
+    for path in [
+        "/pdb/query/v4/nodes",
+        "/pdb/query/v4/catalogs",
+        "/pdb/query/v4/edges",
+        "/pdb/query/v4/packages",
+    ] {
+        questions.push(Question::new(path, &[("limit", "0".to_owned())]));
+        questions.push(Question::new(path, &[("offset", "-1".to_owned())]));
+        questions.push(Question::new(
+            path,
+            &[("order_by", q(json!([{"field": "nope"}])))],
+        ));
+        questions.push(Question::new(path, &[("order_by", "[".to_owned())]));
+    }
+    check("union-refusals", &questions);
+}
