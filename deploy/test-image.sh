@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The image test (DECISIONS.md D13): containers cannot run in this sandbox, so the image's own
+# The image test (docs/decisions.md D13): containers cannot run in this sandbox, so the image's own
 # binary is run from the mounted image root (`podman image mount` + `chroot`, as uid 65532 like the
 # image's USER) against the e2e PuppetDBs on loopback.
 #

@@ -1,4 +1,4 @@
-//! The merged-response cache (spec "Caching"): hits, expiry, stale on failure only, the byte
+//! The merged-response cache (README "Caching"): hits, expiry, stale on failure only, the byte
 //! budget, and single-flight, on the simulated clock.
 
 mod common;

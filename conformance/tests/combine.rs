@@ -1,4 +1,4 @@
-//! Combined aggregates (spec "Merge semantics" → Aggregates; DECISIONS.md D4, D5; issue 4): extract
+//! Combined aggregates (docs/merging.md "Aggregates"; docs/decisions.md D4, D5; issue 4): extract
 //! queries with a function column, `/event-counts` and `/aggregate-event-counts`, folded across
 //! backends rather than deduped.
 //!

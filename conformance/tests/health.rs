@@ -1,4 +1,4 @@
-//! The backend health prober (spec "Backend health"; issue 5), on the simulated clock: probes are
+//! The backend health prober (README "Backend health"; issue 5), on the simulated clock: probes are
 //! the estate's `GET /status/v1/services` sends, every `health_probe_interval`; queries
 //! (`/pdb/query/v4/reports`, a merged fan-out that needs no membership map) ask only the backends
 //! the prober has in service, or every backend when it has none (fail open).
@@ -608,7 +608,8 @@ impl Probe {
     }
 }
 
-/// The spec's rules for one backend, written from the spec rather than from the core.
+/// The health rules for one backend (README, "Backend health"), written from the README rather
+/// than from the core.
 #[derive(Debug, Clone, Copy, Default)]
 struct Model {
     latched: bool,

@@ -1,5 +1,5 @@
-//! Record merges (spec "Merge semantics", "Provenance", "Paging and ordering on the merged
-//! endpoints"; DECISIONS.md D3, D4, D7, D11, D12): /nodes, /facts with the provenance fact and its
+//! Record merges (docs/merging.md, "Provenance", "Paging"
+//! endpoints"; docs/decisions.md D3, D4, D7, D11, D12): /nodes, /facts with the provenance fact and its
 //! gates, /facts/pdbmux_source, /fact-names, /environments, /reports, /events, and the status
 //! policy on merged routes.
 //!
@@ -927,7 +927,7 @@ fn events_dedupe_by_verbatim_record() {
 
 #[test]
 fn facts_paged_window_is_exact_despite_an_upstream_source_fact() {
-    // pdb-a holds an upstream fact named pdbmux_source; it is dropped (spec), but it took one of
+    // pdb-a holds an upstream fact named pdbmux_source; it is dropped (docs/merging.md, "Provenance"), but it took one of
     // the `offset + limit` records pdb-a was asked for, so web4's fact never arrives. A single
     // PuppetDB holding the whole estate (minus the dropped record) answers both records.
     let a = PuppetDb::new()

@@ -1,4 +1,4 @@
-//! The Jolokia metrics routes (spec "Metadata and metrics"; DECISIONS.md D9; issue 4) through the
+//! The Jolokia metrics routes (docs/merging.md "Metrics"; docs/decisions.md D9; issue 4) through the
 //! exchange: every backend's envelope merged (values recursively, numbers by attribute name),
 //! in-band errors skipped or replayed, `/metrics/v2/list` as the union of the MBean trees, the
 //! legacy v1 bodies merged without an envelope, and the population MBeans counted for the estate

@@ -38,7 +38,7 @@ fn url(index: usize) -> String {
 // ---------------------------------------------------------------------------------------------
 // (a) the allowlist
 
-/// The allowlist as DECISIONS.md D6 and the spec's endpoint table state it, by path prefix.
+/// The allowlist as docs/decisions.md D6 and the README's route table state it, by path prefix.
 fn inside_allowlist(path: &str) -> bool {
     const EXACT: [&str; 6] = [
         "/healthz",
@@ -368,7 +368,7 @@ fn version_of(body: &[u8]) -> Option<(usize, &'static str)> {
         .map(|rank| (rank, VERSIONS[rank]))
 }
 
-/// The spec's status policy for a fan-out without a usable success: a status every backend
+/// The status policy (README, "When backends fail") for a fan-out without a usable success: a status every backend
 /// answered with is replayed from the first; anything else is 502.
 fn failure_model(outcomes: &[Reply]) -> Answered {
     let n = outcomes.len();

@@ -1,4 +1,4 @@
-//! Local refusals (DECISIONS.md D6): answered by pdbmux, never sent to a backend.
+//! Local refusals (docs/decisions.md D6): answered by pdbmux, never sent to a backend.
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! The fan-out status policy (spec "Endpoints", the paragraphs after the table), on
+//! The fan-out status policy (README "When backends fail"), on
 //! `/pdb/meta/v1/version`, a fan-out every backend answers the same question on.
 
 mod common;

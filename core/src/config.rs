@@ -29,7 +29,7 @@ impl MergeStrategy {
     }
 }
 
-/// Where to find certificates and keys for https backends (DECISIONS.md D8).
+/// Where to find certificates and keys for https backends (docs/decisions.md D8).
 ///
 /// Paths only: the runtimes read the files. Keys are never logged.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]

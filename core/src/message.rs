@@ -68,7 +68,7 @@ pub struct UpstreamRequest {
     pub id: UpstreamId,
     /// Which backend to ask.
     pub backend: BackendId,
-    /// GET, or POST when a rewritten query is too long for a URL (DECISIONS.md D4).
+    /// GET, or POST when a rewritten query is too long for a URL (docs/decisions.md D4).
     pub method: Method,
     /// Path and query to append to the backend's base URL, verbatim.
     pub path_and_query: String,

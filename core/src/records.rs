@@ -8,7 +8,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 
 /// Parses a body that must be a JSON array into its raw elements (the whole body is validated,
-/// so a truncated answer is refused, DECISIONS.md D7).
+/// so a truncated answer is refused, docs/decisions.md D7).
 pub fn parse_array(body: &[u8]) -> Result<Vec<&RawValue>, serde_json::Error> {
     serde_json::from_slice(body)
 }

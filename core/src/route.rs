@@ -1,4 +1,4 @@
-//! The path allowlist (DECISIONS.md D6) and the classification of every served route.
+//! The path allowlist (docs/decisions.md D6) and the classification of every served route.
 //!
 //! Call [`classify`] on every client request before anything else: it either names the route and
 //! how it is answered, or gives the refusal pdbmux answers locally. Nothing outside the allowlist

@@ -1,4 +1,4 @@
-//! Replacing backend addresses in replayed bodies with backend names (DECISIONS.md D6).
+//! Replacing backend addresses in replayed bodies with backend names (docs/decisions.md D6).
 //!
 //! A replayed error body from PuppetDB can mention the address it was reached at. Clients of
 //! pdbmux should see the backend's configured name instead, so internal addresses do not leak.

@@ -1,13 +1,13 @@
 //! Paging parameters and the merged-set sort order.
 //!
 //! Every backend sorts and pages only its own slice, so pdbmux re-does `order_by`, `limit` and
-//! `offset` over the union (spec "Paging and ordering on the merged endpoints"). This module
+//! `offset` over the union (docs/merging.md "Paging"). This module
 //! parses those parameters exactly as PuppetDB 7.12.1 does — a malformed one gets PuppetDB's own
 //! 400 text — and orders records the way PostgreSQL orders PuppetDB's columns (D11): NULL last
 //! ascending and first descending, a missing field like NULL, strings byte-wise (the C collation;
 //! a database with another collation, such as en_US.UTF-8, can order strings differently),
 //! numbers numerically, timestamps as instants, booleans false before true, jsonb columns in
-//! jsonb order. D11 overrides the spec's "a record missing an ordered field sorts first".
+//! jsonb order; a record missing an ordered field sorts like NULL (docs/decisions.md D11).
 //!
 //! Sources for the wording and the column lists: PuppetDB 7.12.1 `src/puppetlabs/puppetdb/query/
 //! paging.clj` (`parse-order-by`, `validate-limit`, `validate-offset`, `validate-order-by!`),

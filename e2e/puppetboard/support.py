@@ -3,18 +3,17 @@ parsers for what Puppetboard renders.
 
 Expectations come from fixture.json (what e2e/fixture/load.py sent and what the backends computed
 from it) or from the backends queried directly, never from pdbmux's answers. The merge rules
-applied here are the spec's and DECISIONS.md's:
+applied here are docs/merging.md's:
 
 - /nodes: one record per active certname, from its freshness owner (the backend holding the
   newer report_timestamp among those where the node is active; a null report_timestamp is older
-  than any; ties go to configured order) (D4).
-- /facts, /facts/<name>[/<value>], /resources aggregates: the same owner under the default
-  `merge: freshness` (D4); so a node's facts, catalog and resource count are its owner's.
-- /reports, /events: union; a report stored in two backends is one record (dedupe on hash); its
-  events dedupe on the verbatim record. include_total sums each backend's X-Records (the spec:
-  "an upper bound").
-- Population MBeans (D9): num-nodes = distinct active certnames; num-resources = resources counted
-  once, from each node's owner.
+  than any; on a tie the newer facts_timestamp; then configured order) ("Who owns a node").
+- /facts, /facts/<name>[/<value>], /catalogs, /resources: the same owner under the default
+  `merge: freshness`; so a node's facts, catalog and resource count are its owner's.
+- /reports, /events: union; a report stored in two backends is one record (dedupe on hash) and
+  counted once by include_total and aggregates ("History counted once").
+- Population MBeans ("Metrics"): num-nodes = distinct active certnames; num-resources = resources
+  counted once, from each node's owner over every node state.
 """
 
 from __future__ import annotations
@@ -76,13 +75,23 @@ class Estate:
         per = self.nodes[certname]["backends"]
         return [b for b in self.order if b in per and per[b]["active"]]
 
-    def owner(self, certname: str) -> str | None:
-        """The freshness owner among the backends where the node is active (D4)."""
-        best, best_ts = None, None
-        for b in self.active_backends(certname):  # configured order: ties keep the first
-            t = parse_ts(self.state(b, certname)["report_timestamp"])
-            if best is None or (t is not None and (best_ts is None or t > best_ts)):
-                best, best_ts = b, t
+    def owner(self, certname: str, active_only: bool = True) -> str | None:
+        """The freshness owner among the backends where the node is active (or, with
+        `active_only=False`, every backend holding it): the newer report, then the newer facts,
+        then configured order."""
+        per = self.nodes[certname]["backends"]
+        holders = [b for b in self.order if b in per and (per[b]["active"] or not active_only)]
+
+        def freshness(b: str):
+            state = per[b]
+            r, f = parse_ts(state["report_timestamp"]), parse_ts(state.get("facts_timestamp"))
+            return (r is not None, r or dt.datetime.min.replace(tzinfo=dt.timezone.utc),
+                    f is not None, f or dt.datetime.min.replace(tzinfo=dt.timezone.utc))
+
+        best = None
+        for b in holders:  # configured order: a full tie keeps the first
+            if best is None or freshness(b) > freshness(best):
+                best = b
         return best
 
     def active_certnames(self) -> list[str]:
@@ -108,6 +117,16 @@ class Estate:
 
     def owned_resources(self, certnames) -> int:
         return sum(self.winner(c)["catalog_resources"] for c in certnames)
+
+    def population_resources(self) -> int:
+        """num-resources: every node's catalog resources, from its owner over every node state
+        (a deactivated node's catalog still counts, as in one PuppetDB)."""
+        total = 0
+        for c in self.nodes:
+            owner = self.owner(c, active_only=False)
+            if owner is not None:
+                total += self.state(owner, c).get("catalog_resources") or 0
+        return total
 
     def merged_facts(self, certname: str) -> dict:
         return self.facts[(self.owner(certname), certname)]
@@ -155,6 +174,10 @@ class Estate:
     def env_reports(self, env: str) -> list[dict]:
         """Every (backend, report) entry of env ('*': all): a report stored in two backends twice."""
         return [r for r in self.reports if env in ("*", r["environment"])]
+
+    def distinct_reports(self, env: str) -> list[dict]:
+        """env's reports, each once (the first backend's entry of a report stored in two)."""
+        return list({r["hash"]: r for r in reversed(self.env_reports(env))}.values())[::-1]
 
     def env_report_hashes(self, env: str) -> set[str]:
         return {r["hash"] for r in self.env_reports(env)}

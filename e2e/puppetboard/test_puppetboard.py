@@ -89,7 +89,7 @@ def check_status_cell(cell, estate: Estate, certname: str) -> None:
 
 
 def test_production_overview(board: Http, estate: Estate):
-    """`/`: the production figures come from /nodes and /resources extract counts (D4 folds)."""
+    """`/`: the production figures come from /nodes and /resources extract counts (folded, each node counted from its owner)."""
     text = board.get("/").text
     nodes = estate.catalog_nodes("production")
     resources = estate.owned_resources(nodes)
@@ -104,13 +104,13 @@ def test_production_overview(board: Http, estate: Estate):
 
 
 def test_all_environments_overview(board: Http, estate: Estate):
-    """`/%2A/`: population MBeans (D9): distinct active certnames, resources counted once."""
+    """`/%2A/`: population MBeans: distinct active certnames, resources counted once."""
     text = board.get("/%2A/").text
     active = estate.active_certnames()
-    resources = estate.owned_resources(estate.catalog_nodes("*"))
+    resources = estate.population_resources()
     got = overview_numbers(text)
-    assert got["population"] == len(active), f"D9 num-nodes: distinct active certnames {active}"
-    assert got["resources"] == resources, "D9 num-resources: each node's resources counted once"
+    assert got["population"] == len(active), f"num-nodes: distinct active certnames {active}"
+    assert got["resources"] == resources, "num-resources: each node's resources counted once"
     assert got["avg"] == int(format(resources / len(active), ".0f"))
     statuses = Counter(estate.status(c) for c in active)
     for status in ("failed", "noop", "changed", "unchanged", "unreported"):
@@ -127,13 +127,13 @@ def test_radiator(board: Http, estate: Estate):
 
 
 def test_daily_reports_chart(board: Http, estate: Estate):
-    """The chart's extract count … group_by status folds by adding each backend's counts (the
-    spec's aggregate rule): a report stored in both backends counts once per backend."""
+    """The chart's extract count … group_by status folds the backends' counts, a report stored
+    in both backends counted once (docs/merging.md, "History counted once")."""
     days = board.json("/daily_reports_chart.json")["result"]
     first = dt.datetime.strptime(days[0]["day"], "%Y-%m-%d").replace(tzinfo=dt.timezone.utc)
     end = dt.datetime.strptime(days[-1]["day"], "%Y-%m-%d").replace(
         tzinfo=dt.timezone.utc) + dt.timedelta(days=1)
-    want = Counter(r["status"] for r in estate.env_reports("production")
+    want = Counter(r["status"] for r in estate.distinct_reports("production")
                    if first <= parse_ts(r["producer_timestamp"]) < end)
     got = Counter()
     for day in days:
@@ -163,7 +163,7 @@ def test_node_list(board: Http, estate: Estate, env: str):
 def test_node_list_event_counts(board: Http, estate: Estate):
     """The counts beside each node's status come from /event-counts with
     ["=","latest_report?",true] and summarize_by=certname: a node's latest report is the one a
-    single PuppetDB holding the whole estate would call latest, its owner's (D4), so a report
+    single PuppetDB holding the whole estate would call latest, its owner's (docs/merging.md, "Who owns a node"), so a report
     left in a backend where the node is now deactivated must not add to it."""
     text = board.get("/%2A/nodes").text
     wrong = []
@@ -341,21 +341,22 @@ def report_rows(data: dict) -> list[tuple[str, str, str]]:
 
 @pytest.mark.parametrize("env", ["production", "staging", "*"])
 def test_reports_json_total_and_rows(board: Http, estate: Estate, pdbmux: Http, env: str):
-    """recordsTotal is X-Records. The rule asserted is the spec's for union endpoints: the sum of
-    each backend's X-Records, so a report stored in both backends counts twice (an upper bound),
-    while the rows hold it once (dedupe on hash), newest first."""
+    """recordsTotal is X-Records: every distinct report once, as one PuppetDB holding the estate
+    counts them (a report stored in both backends once), and the rows hold each once (dedupe on
+    hash), newest first."""
     entries = estate.env_reports(env)
+    distinct = estate.distinct_reports(env)
     query = None if env == "*" else ["and", ["=", "environment", env]]
     direct = sum(int(pdb_query(estate.urls[n], "reports", query, include_total="true",
                                limit=1).headers["X-Records"]) for n in estate.order)
     assert direct == len(entries), "fixture.json vs the backends' own X-Records"
     data = reports_json(board, env)
-    assert data["recordsTotal"] == len(entries), (
-        f"{env}: recordsTotal = X-Records = sum over backends ({len(entries)}); "
-        f"{len(estate.env_report_hashes(env))} distinct reports")
+    assert data["recordsTotal"] == len(distinct), (
+        f"{env}: recordsTotal = X-Records = the distinct reports ({len(distinct)}); "
+        f"{len(entries)} stored")
     got = pdb_query(pdbmux.base, "reports", query, include_total="true", limit=1,
                     order_by=json.dumps([{"field": "end_time", "order": "desc"}]))
-    assert int(got.headers["X-Records"]) == len(entries), "pdbmux's X-Records"
+    assert int(got.headers["X-Records"]) == len(distinct), "pdbmux's X-Records"
     rows = report_rows(data)
     once([h for _, _, h in rows], f"{env} reports")
     assert {h for _, _, h in rows} == estate.env_report_hashes(env)
@@ -377,13 +378,13 @@ def test_reports_json_paging(board: Http, estate: Estate):
 
 
 def test_reports_of_a_node_stored_in_both(board: Http, estate: Estate):
-    """A node whose reports are in both backends: rows once each, recordsTotal counts both."""
+    """A node whose reports are in both backends: rows and recordsTotal count each once."""
     certname = next(c for c in estate.active_certnames()
                     if sum(1 for r in estate.reports if r["certname"] == c) >
                     len({r["hash"] for r in estate.reports if r["certname"] == c}))
     entries = [r for r in estate.reports if r["certname"] == certname]
     data = board.json(f"/reports/{certname}/json", params=datatables())
-    assert data["recordsTotal"] == len(entries)
+    assert data["recordsTotal"] == len({r["hash"] for r in entries})
     assert sorted(h for _, _, h in report_rows(data)) == sorted({r["hash"] for r in entries})
 
 
@@ -477,10 +478,10 @@ def read_mbean(base: str, mbean: str) -> dict:
 def test_metric_pages(board: Http, estate: Estate):
     prefix = "puppetlabs.puppetdb.population"
     assert metric_table(board, f"{prefix}:name=num-nodes")["Value"] == str(
-        len(estate.active_certnames())), "D9 num-nodes"
+        len(estate.active_certnames())), "num-nodes"
     assert metric_table(board, f"{prefix}:name=num-resources")["Value"] == str(
-        estate.owned_resources(estate.catalog_nodes("*"))), "D9 num-resources"
-    # Every other metric follows the spec's rules: a Count sums across backends.
+        estate.population_resources()), "num-resources"
+    # Every other metric is merged value by value: a Count sums across backends.
     bean = "puppetlabs.puppetdb.mq:name=global.processed"
     before = sum(read_mbean(estate.urls[n], bean)["Count"] for n in estate.order)
     got = int(metric_table(board, bean)["Count"])
@@ -526,7 +527,7 @@ def test_query_page_ast(board: Http, estate: Estate):
 
 def test_query_page_pql(board: Http, estate: Estate):
     """PQL goes to /pdb/query/v4, which pdbmux serves as an unmerged first-success pass-through
-    (D6: "for now"): the page shows the first backend's answer only, even when that is empty and
+    (docs/merging.md, "Known limits"): the page shows the first backend's answer only, even when that is empty and
     the second backend holds the matching nodes. When PQL is merged, this test changes."""
     pql = 'nodes[certname] { certname ~ "^b-" }'
     r = requests.get(f"{estate.urls[estate.order[0]]}/pdb/query/v4", params={"query": pql},
@@ -537,7 +538,7 @@ def test_query_page_pql(board: Http, estate: Estate):
     if first:
         assert sorted(row["certname"] for row in query_result(text)) == first
     else:
-        assert 'id="zero_results"' in text, "the first backend's empty answer (D6)"
+        assert 'id="zero_results"' in text, "the first backend's empty answer (PQL is not merged)"
     # A PQL query both backends answer: still the first backend's rows only.
     pql = 'nodes[certname] { certname ~ "^both-" }'
     r = requests.get(f"{estate.urls[estate.order[0]]}/pdb/query/v4", params={"query": pql},
@@ -562,8 +563,8 @@ def test_query_page_invalid_query_shows_puppetdb_message(board: Http, estate: Es
 # --- catalogs and classes -----------------------------------------------------------------------
 
 def test_catalogs_json(board: Http, estate: Estate):
-    """/catalogs/json reads X-Records of a /nodes query. Ownership is pushed into each backend's
-    query (D4), so the summed X-Records is the exact count of distinct nodes."""
+    """/catalogs/json reads X-Records of a /nodes query: pdbmux counts each node once, from its
+    owner, so X-Records is the exact count of distinct nodes."""
     board.get("/catalogs")
     nodes = estate.catalog_nodes("production")
     data = board.json("/catalogs/json", params=datatables(column=0, direction="asc"))

@@ -135,7 +135,7 @@ impl Backend {
     }
 }
 
-/// The second backend's TLS port and the material to reach it (DECISIONS.md D8).
+/// The second backend's TLS port and the material to reach it (docs/decisions.md D8).
 #[derive(Debug, Clone)]
 pub struct TlsBackend {
     /// `https://127.0.0.1:<port>`.

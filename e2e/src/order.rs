@@ -1,4 +1,4 @@
-//! PostgreSQL's sort order for PuppetDB records (DECISIONS.md D11), written independently of
+//! PostgreSQL's sort order for PuppetDB records (docs/decisions.md D11), written independently of
 //! pdbmux so the tests can compute the window a merged, re-paged answer must hold.
 //!
 //! The rules, as PostgreSQL applies them to the columns PuppetDB orders by:

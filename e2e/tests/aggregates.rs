@@ -1,6 +1,6 @@
 //! Combined answers through pdbmux in front of two real PuppetDBs (run through `e2e/run`).
 //!
-//! Covered (spec "Merge semantics" → Aggregates, "Metadata and metrics"; DECISIONS.md D4, D5,
+//! Covered (docs/merging.md "Aggregates", "Metadata and metrics"; docs/decisions.md D4, D5,
 //! D9): extract functions count, sum, min, max, avg and the row function to_string on /nodes,
 //! /facts, /facts/<name>[/<value>], /resources, /reports (Puppetboard's daily chart) and /events,
 //! folded to what one PuppetDB holding the whole estate answers; a node both backends hold

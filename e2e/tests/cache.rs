@@ -1,7 +1,7 @@
 //! The merged-response cache through pdbmux in front of two real PuppetDBs (run through
 //! `e2e/run`).
 //!
-//! Covered (spec "Caching", issue 6): X-Cache miss then hit with Age on /facts, /nodes,
+//! Covered (README "Caching", issue 6): X-Cache miss then hit with Age on /facts, /nodes,
 //! /facts/<name> and /fact-names, the hit served without asking a backend (access logs), Age
 //! growing, the key independent of parameter order, a new miss after the TTL, uncached paths
 //! without the headers; facts_ttl 0 (no headers, /healthz cache backend none, every request

@@ -1,7 +1,7 @@
 //! The backend health prober through pdbmux in front of two real PuppetDBs (run through
 //! `e2e/run`).
 //!
-//! Covered (spec "Backend health", issue 5): probed backends become `healthy`; a backend that
+//! Covered (README "Backend health", issue 5): probed backends become `healthy`; a backend that
 //! starts hanging (a TCP proxy in this process accepts and never answers, the PuppetDB behind it
 //! untouched) is taken out after `health_probe_failures` probes, after which /nodes no longer
 //! waits on it (latency measured before, during and after) and says `X-Backends: 1/2`; it comes

@@ -1,6 +1,6 @@
 //! Record merges through pdbmux in front of two real PuppetDBs (run through `e2e/run`).
 //!
-//! Covered (spec "Merge semantics", "Provenance", "Paging and ordering"; DECISIONS.md D3, D4,
+//! Covered (docs/merging.md, "Provenance", "Paging"; docs/decisions.md D3, D4,
 //! D11, D12): /nodes (one record per active node, the newer report wins, ties to configured
 //! order, `pdbmux_source`, node_state, paging in PostgreSQL's order, include_total); /facts (the
 //! owner's facts only under `merge: freshness` and `static`, one synthetic `pdbmux_source` record

@@ -1,7 +1,7 @@
 //! Foundation smoke tests: pdbmux in front of two real PuppetDBs (run through `e2e/run`).
 //!
 //! Covered: meta (version, server-time), first-success pass-through, status replay,
-//! per-certname and report-hash routes, the path allowlist (DECISIONS.md D6), backend TLS with a
+//! per-certname and report-hash routes, the path allowlist (docs/decisions.md D6), backend TLS with a
 //! client certificate (D8) and /healthz. Every expectation comes from the fixture or from the
 //! backends asked directly, never from pdbmux's own output.
 
@@ -202,7 +202,7 @@ fn unanimous_400_on_a_merged_route_is_replayed() {
 
 #[test]
 fn unanimous_500_on_a_merged_route_is_replayed() {
-    // PuppetDB answers the same malformed query with 500 on /facts (spec: status policy).
+    // PuppetDB answers the same malformed query with 500 on /facts (README, "When backends fail").
     assert_replayed(
         "replay-500-facts",
         "/pdb/query/v4/facts",

@@ -43,8 +43,9 @@ fn union() -> Option<&'static Backend> {
     union
 }
 
-/// A record or value with the receipt times and pdbmux's additions removed. `timestamp` is a
-/// receipt time on factsets and inventory only (an event's is when it happened).
+/// A record or value with the receipt times and pdbmux's additions removed, and expanded
+/// sub-collections in one order. `timestamp` is a receipt time on factsets and inventory only
+/// (an event's is when it happened).
 fn normalise(path: &str, value: &Value) -> Value {
     let receipt_timestamp = path.contains("/factsets") || path.contains("/inventory");
     match value {
@@ -55,7 +56,15 @@ fn normalise(path: &str, value: &Value) -> Value {
                         && k.as_str() != SOURCE
                         && !(receipt_timestamp && k.as_str() == "timestamp")
                 })
-                .map(|(k, v)| (k.clone(), normalise(path, v)))
+                .map(|(k, v)| match (k.as_str(), normalise(path, v)) {
+                    // An expanded sub-collection (a catalog's resources and edges, a factset's
+                    // facts) is a set: each PuppetDB lists it in its own storage order.
+                    ("data", Value::Array(mut items)) => {
+                        items.sort_by_cached_key(Value::to_string);
+                        (k.clone(), Value::Array(items))
+                    }
+                    (_, v) => (k.clone(), v),
+                })
                 .collect(),
         ),
         Value::Array(items) => Value::Array(

@@ -1,4 +1,4 @@
-//! The TLS side of talking to https backends (DECISIONS.md D8), shared by both runtimes: the
+//! The TLS side of talking to https backends (docs/decisions.md D8), shared by both runtimes: the
 //! system roots plus a backend's `tls_ca_file`, and its client certificate. Only rustls; each
 //! runtime wraps the result in its own connector.
 

@@ -1,5 +1,5 @@
 //! `/event-counts` rows summed per subject, and `/aggregate-event-counts` computed from them
-//! (DECISIONS.md D5).
+//! (docs/decisions.md D5).
 //!
 //! An event-counts row is `{"subject_type":…,"subject":{…},"failures":n,"successes":n,…}`; the
 //! key is `subject_type` + `subject`, and every other column is a count (PE's

@@ -1,7 +1,7 @@
 //! Combined answers: extract aggregates, `/event-counts` and `/aggregate-event-counts`.
 //!
 //! An aggregate row is a count, not a record, so each backend returns a partial answer that is
-//! folded rather than deduped (spec "Merge semantics" → Aggregates; DECISIONS.md D4, D5, D11).
+//! folded rather than deduped (docs/merging.md "Aggregates"; docs/decisions.md D4, D5, D11).
 //! Use it in three steps, all pure:
 //!
 //! 1. [`CombinePlan::plan`] reads the request before any fan-out; an `Err` is a 400 whose text

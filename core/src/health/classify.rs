@@ -1,5 +1,5 @@
-//! Reading one answered probe: the spec's classification of statuses and trapperkeeper bodies
-//! ("Backend health", bullets "Endpoint" and "A refused probe is not a sick backend").
+//! Reading one answered probe: how statuses and trapperkeeper bodies are
+//! classified (README, "Backend health").
 //!
 //! | Reply                                                          | Verdict     | Sets the latch |
 //! |----------------------------------------------------------------|-------------|----------------|

@@ -1,4 +1,4 @@
-//! Backend health: the prober's decisions as a pure state machine (spec, "Backend health").
+//! Backend health: the prober's decisions as a pure state machine (README, "Backend health").
 //!
 //! The [`HealthTable`] keeps one record per backend and is driven by the [`crate::Estate`]: it says
 //! which probes are due ([`HealthTable::due_probes`]), takes each probe's result
@@ -22,7 +22,8 @@
 //! - **Fail open.** When every backend is down, the roster is every backend.
 //! - **Disabled.** No probe is ever due, every state is `unmonitored`, the roster is every backend.
 //!
-//! Only transitions come out, never individual probes, so logging them is the spec's "Quiet" rule.
+//! Only transitions come out, never individual probes, so logging them stays quiet (README,
+//! "Backend health").
 
 mod classify;
 

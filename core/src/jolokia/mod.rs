@@ -1,7 +1,7 @@
 //! `/metrics/...`: merging PuppetDB's Jolokia answers (metrics v2) and legacy MBean bodies (v1).
 //!
-//! Every backend is asked the same Jolokia question; the answers merge into one as the spec's
-//! "Metadata and metrics" section says. A v2 body is an envelope
+//! Every backend is asked the same Jolokia question; the answers merge into one (docs/merging.md,
+//! "Metrics"). A v2 body is an envelope
 //! `{"request":…,"value":…,"timestamp":…,"status":…}`: the envelope comes from the first usable
 //! backend, its `timestamp` is the newest among the usable envelopes, and only `value` is merged.
 //! A v1 body is the value itself, merged the same way.
@@ -138,7 +138,7 @@ pub fn merge_v1(bodies: &[&[u8]]) -> JolokiaMerge {
 }
 
 /// Replaces the `value` of a usable v2 envelope, keeping every other key and the key order; use
-/// it to apply DECISIONS.md D9 to a merged population MBean answer.
+/// it to apply docs/decisions.md D9 to a merged population MBean answer.
 ///
 /// The caller picks the shape: `{"Value": n}` for a read that named no attribute (what
 /// Puppetboard reads as `value.Value`), a bare `n` for a read of the `Value` attribute. `value`
@@ -152,7 +152,7 @@ pub fn set_population_value(body: &[u8], value: Value) -> Option<Vec<u8>> {
 
 /// The MBean name of a `/metrics/v2/read/<mbean>[/<attr>[/<path>]]` request, from its raw path
 /// (a query string is ignored); use it to recognise a read of a given MBean, such as the
-/// population MBeans of DECISIONS.md D9.
+/// population MBeans of docs/decisions.md D9.
 ///
 /// The path is percent-decoded, then split on `/` with Jolokia's escapes undone (`!/` is a `/`
 /// inside a name, `!!` a `!`, `!"` a `"`). Puppetboard's

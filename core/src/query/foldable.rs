@@ -2,7 +2,7 @@
 
 use super::ast::{Analysis, FunctionColumn};
 
-/// The extract functions pdbmux has a combiner for (the spec's Aggregates table).
+/// The extract functions pdbmux has a combiner for (docs/merging.md, "Aggregates").
 pub const COMBINABLE_FUNCTIONS: [&str; 7] = [
     "count",
     "sum",

@@ -12,7 +12,7 @@
 //!    constraint), the response-shaping extract's columns, `latest_report?` and in-query paging.
 //! 4. For an extract with a function column, [`check_combinable`] refuses what cannot be merged,
 //!    and [`rewrite_avg`] turns `avg` into `sum` + `count` upstream.
-//! 5. [`exclude_certnames`] pushes node ownership into the upstream query (DECISIONS.md D4); a
+//! 5. [`exclude_certnames`] pushes node ownership into the upstream query (docs/decisions.md D4); a
 //!    rewritten query too long for a URL goes upstream as a POST body from
 //!    [`Params::to_json_body`].
 //!

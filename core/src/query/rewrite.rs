@@ -14,7 +14,7 @@ pub fn ownership_clause(certnames: &[&str]) -> Value {
 }
 
 /// Adds [`ownership_clause`] as a conjunct of `query`, for the backend that must not answer for
-/// `certnames` (DECISIONS.md D4).
+/// `certnames` (docs/decisions.md D4).
 ///
 /// - no certnames: the query unchanged (`None` stays `None`);
 /// - no query: the clause alone;
