@@ -43,6 +43,8 @@ trap stop_all EXIT
 for overlap in $OVERLAPS; do
   echo "bench: $NODES nodes, $FACTS facts each, $overlap held by both: starting three PuppetDBs" >&2
   stop_all
+  # The previous level's env.sh must not make e2e/run take its PuppetDBs for external ones.
+  unset "${!PDBMUX_E2E_@}"
   PDBMUX_E2E_STATE=$STATE PDBMUX_E2E_DB_PREFIX=pdbmux_bench PDBMUX_E2E_PORTS=$PORTS \
     bash e2e/run --backends-only --no-fixture --no-puppetboard >"$STATE.log" 2>&1 ||
     { tail -n 30 "$STATE.log" >&2; exit 1; }

@@ -78,6 +78,10 @@ pub struct PuppetDb {
     /// Resource records (`/resources`): `certname`, `type`, `title`, `line`, `exported`,
     /// `environment`.
     pub resources: Vec<Value>,
+    /// Report records (`/reports`): `hash`, `certname`, `end_time`, `status`.
+    pub reports: Vec<Value>,
+    /// Records of any other entity, by its path segment (`catalogs`, `factsets`, `edges`, …).
+    pub entities: std::collections::BTreeMap<String, Vec<Value>>,
 }
 
 impl PuppetDb {
@@ -121,6 +125,28 @@ impl PuppetDb {
         self
     }
 
+    /// Adds a report (its `hash` is what makes two copies one report).
+    #[must_use]
+    pub fn report(mut self, hash: &str, certname: &str, end_time: &str, status: &str) -> PuppetDb {
+        self.reports.push(serde_json::json!({
+            "hash": hash,
+            "certname": certname,
+            "end_time": end_time,
+            "status": status,
+        }));
+        self
+    }
+
+    /// Adds a record of `entity` (its path segment under `/pdb/query/v4/`).
+    #[must_use]
+    pub fn record(mut self, entity: &str, record: Value) -> PuppetDb {
+        self.entities
+            .entry(entity.to_owned())
+            .or_default()
+            .push(record);
+        self
+    }
+
     /// The answer to a request: 200 with the records (and `X-Records` when asked), 400 for a
     /// request the fake cannot read, 404 for a path it does not serve.
     pub fn answer(&self, asked: &Asked<'_>) -> Reply {
@@ -154,6 +180,8 @@ impl PuppetDb {
         };
         let segments: Vec<String> = entity.split('/').map(decode_component).collect();
         let (source, fixed): (Vec<Value>, Option<Value>) = match segments.as_slice() {
+            // Records added with `record` answer their entity, whichever it is.
+            [entity] if self.entities.contains_key(entity) => (self.entities[entity].clone(), None),
             [nodes] if nodes == "nodes" => (self.nodes.clone(), None),
             [facts] if facts == "facts" => (self.facts.clone(), None),
             [facts, name] if facts == "facts" => (
@@ -171,6 +199,7 @@ impl PuppetDb {
             [names] if names == "fact-names" => (self.fact_names(), None),
             [environments] if environments == "environments" => (self.environments(), None),
             [resources] if resources == "resources" => (self.resources.clone(), None),
+            [reports] if reports == "reports" => (self.reports.clone(), None),
             _ => return Ok(None),
         };
         let query = read_query(asking.query.as_ref())?;

@@ -18,12 +18,20 @@
 //!   for `offset + limit` with exactly the shared nodes it does not own excluded; a correction
 //!   of the total only when it holds nodes another backend owns; and no URL longer than
 //!   PuppetDB's Jetty accepts;
+//! - `/resources` (one of the node-owned entities, which share one merge): the window equals the
+//!   owners' resources, sorted and windowed, with an exact total;
+//! - `/reports` (history, random reports stored in several backends): the window equals the
+//!   distinct reports' window, and the total counts a report stored twice once;
 //! - the answer does not depend on the order the backends answered in (latencies permuted).
+//!
+//! Owners follow freshness: the newer report_timestamp, on a tie the newer facts_timestamp, then
+//! configured order.
 
 use http::Method;
 use pdbmux_conformance::{
     excluded_certnames, fact_record, form_encode, matches, ms, node_record, read_asking,
-    sort_records, window, Asked, Dir, FakeBackend, Harness, Machine, PuppetDb, SentRequest,
+    resource_record, sort_records, window, Asked, Dir, FakeBackend, Harness, Machine, PuppetDb,
+    SentRequest,
 };
 use pdbmux_core::config::MergeStrategy;
 use proptest::prelude::*;
@@ -47,6 +55,22 @@ const STAMPS: [Option<&str>; 4] = [
     Some("2024-05-01T10:00:00.001Z"),
 ];
 const ENVIRONMENTS: [&str; 2] = ["production", "staging"];
+/// The resources a catalog can hold (type, title, line).
+const RESOURCES: [(&str, &str, Option<i64>); 4] = [
+    ("File", "/etc/motd", Some(3)),
+    ("Service", "sshd", Some(7)),
+    ("Package", "openssh-server", None),
+    ("File", "/etc/issue", Some(3)),
+];
+/// A node's reports: end times (a report id is its index) and statuses. The same id on the same
+/// node in two backends is one report stored twice.
+const REPORT_TIMES: [&str; 4] = [
+    "2024-05-01T08:00:00.000Z",
+    "2024-05-01T09:00:00.000Z",
+    "2024-05-01T09:00:00.000Z",
+    "2024-05-01T10:00:00.000Z",
+];
+const REPORT_STATUSES: [&str; 3] = ["changed", "unchanged", "failed"];
 const FACT_NAMES: [&str; 3] = ["os", "kernel", "uptime"];
 
 /// Fact values of several jsonb kinds (strings, numbers, booleans).
@@ -77,9 +101,35 @@ struct Holding {
     certname: String,
     stamp: Option<&'static str>,
     environment: &'static str,
+    /// When its facts arrived (breaks a report_timestamp tie).
+    facts_stamp: Option<&'static str>,
     facts: Vec<(&'static str, Value)>,
     /// An upstream fact named like the provenance fact (always dropped while it is enabled).
     impostor: bool,
+    /// Its catalog's resources (indices into [`RESOURCES`]).
+    resources: Vec<usize>,
+    /// Its reports (indices into [`REPORT_TIMES`]).
+    reports: Vec<usize>,
+}
+
+impl Holding {
+    fn resource_records(&self) -> impl Iterator<Item = Value> + '_ {
+        self.resources.iter().map(|&r| {
+            let (kind, title, line) = RESOURCES[r];
+            resource_record(&self.certname, kind, title, line)
+        })
+    }
+
+    fn report_records(&self) -> impl Iterator<Item = Value> + '_ {
+        self.reports.iter().map(|&r| {
+            json!({
+                "hash": format!("{}-{r}", self.certname),
+                "certname": self.certname,
+                "end_time": REPORT_TIMES[r],
+                "status": REPORT_STATUSES[r % REPORT_STATUSES.len()],
+            })
+        })
+    }
 }
 
 /// Each backend's holdings, in storage order (configured order of backends).
@@ -92,7 +142,11 @@ impl Estate {
     fn database(&self, backend: usize) -> PuppetDb {
         let mut db = PuppetDb::new();
         for holding in &self.backends[backend] {
-            db.nodes.push(node_record(&holding.certname, holding.stamp));
+            let mut node = node_record(&holding.certname, holding.stamp);
+            node["facts_timestamp"] = json!(holding.facts_stamp);
+            db.nodes.push(node);
+            db.resources.extend(holding.resource_records());
+            db.reports.extend(holding.report_records());
             for (name, value) in &holding.facts {
                 db.facts.push(fact_record(
                     &holding.certname,
@@ -120,23 +174,24 @@ impl Estate {
         self
     }
 
-    /// The owner of every certname: the newer report_timestamp (null older than any, ties to
-    /// configured order) or the first holder in configured order.
+    /// The owner of every certname: the newer report_timestamp (null older than any), on a tie
+    /// the newer facts_timestamp, then configured order; or the first holder in configured order.
     fn owners(&self, strategy: MergeStrategy) -> std::collections::BTreeMap<String, usize> {
-        let mut owners: std::collections::BTreeMap<String, (usize, Option<&str>)> =
+        type Freshness<'a> = (Option<&'a str>, Option<&'a str>);
+        let mut owners: std::collections::BTreeMap<String, (usize, Freshness<'_>)> =
             std::collections::BTreeMap::new();
         for (backend, holdings) in self.backends.iter().enumerate() {
             for holding in holdings {
+                let freshness = (holding.stamp, holding.facts_stamp);
                 match owners.get_mut(&holding.certname) {
                     None => {
-                        owners.insert(holding.certname.clone(), (backend, holding.stamp));
+                        owners.insert(holding.certname.clone(), (backend, freshness));
                     }
                     Some(current) => {
                         // Timestamps share one format, so text order is instant order.
-                        let newer =
-                            strategy == MergeStrategy::Freshness && holding.stamp > current.1;
+                        let newer = strategy == MergeStrategy::Freshness && freshness > current.1;
                         if newer {
-                            *current = (backend, holding.stamp);
+                            *current = (backend, freshness);
                         }
                     }
                 }
@@ -174,11 +229,16 @@ fn holdings(long: bool) -> impl Strategy<Value = Vec<Holding>> {
         0..ENVIRONMENTS.len(),
         prop::collection::vec((0..FACT_NAMES.len(), 0usize..8), 0..4),
         prop::bool::weighted(0.2),
+        (
+            0..STAMPS.len(),
+            prop::collection::btree_set(0..RESOURCES.len(), 0..=3),
+            prop::collection::btree_set(0..REPORT_TIMES.len(), 0..=3),
+        ),
     );
     prop::collection::vec(holding, 0..=7).prop_map(move |rows| {
         let mut seen = Vec::new();
         let mut out = Vec::new();
-        for (name, stamp, environment, facts, impostor) in rows {
+        for (name, stamp, environment, facts, impostor, (facts_stamp, resources, reports)) in rows {
             if seen.contains(&name) {
                 continue;
             }
@@ -197,8 +257,11 @@ fn holdings(long: bool) -> impl Strategy<Value = Vec<Holding>> {
                 certname: certname(name, long),
                 stamp: STAMPS[stamp],
                 environment: ENVIRONMENTS[environment],
+                facts_stamp: STAMPS[facts_stamp],
                 facts,
                 impostor,
+                resources: resources.into_iter().collect(),
+                reports: reports.into_iter().collect(),
             });
         }
         out
@@ -270,6 +333,28 @@ fn fact_order() -> impl Strategy<Value = Vec<(&'static str, Dir)>> {
             let mut fields = vec![(primary, d1)];
             for (field, dir) in [("certname", d2), ("name", d3)] {
                 if field != primary {
+                    fields.push((field, dir));
+                }
+            }
+            fields
+        });
+    prop_oneof![1 => Just(Vec::new()), 3 => ordered]
+}
+
+/// A primary field completed by `unique` fields into a total order.
+fn completed_order(
+    primaries: Vec<&'static str>,
+    unique: &'static [&'static str],
+) -> impl Strategy<Value = Vec<(&'static str, Dir)>> {
+    let ordered = (
+        prop::sample::select(primaries),
+        dir(),
+        prop::collection::vec(dir(), unique.len()),
+    )
+        .prop_map(move |(primary, d, dirs)| {
+            let mut fields = vec![(primary, d)];
+            for (field, dir) in unique.iter().zip(dirs) {
+                if *field != primary {
                     fields.push((field, dir));
                 }
             }
@@ -467,6 +552,7 @@ fn nodes_reference(estate: &Estate, paging: &Paging) -> (Vec<Value>, usize) {
         for holding in holdings {
             if owners.get(&holding.certname) == Some(&backend) {
                 let mut record = node_record(&holding.certname, holding.stamp);
+                record["facts_timestamp"] = json!(holding.facts_stamp);
                 record["pdbmux_source"] = json!(backend_name(backend));
                 records.push(record);
             }
@@ -514,6 +600,51 @@ fn facts_reference(
     sort_records(&mut records, &owned_order(paging));
     let total = records.len();
     (window(records, paging.offset, paging.limit), total)
+}
+
+/// The owners' resources, sorted (storage order for ties and unordered requests) and windowed.
+fn resources_reference(estate: &Estate, paging: &Paging) -> (Vec<Value>, usize) {
+    let owners = estate.owners(MergeStrategy::Freshness);
+    let mut records: Vec<Value> = Vec::new();
+    for (backend, holdings) in estate.backends.iter().enumerate() {
+        for holding in holdings {
+            if owners.get(&holding.certname) == Some(&backend) {
+                records.extend(holding.resource_records());
+            }
+        }
+    }
+    sort_records(&mut records, &owned_order(paging));
+    let total = records.len();
+    (window(records, paging.offset, paging.limit), total)
+}
+
+/// Every backend's reports, each hash once (the first backend's copy), sorted and windowed.
+fn reports_reference(estate: &Estate, paging: &Paging) -> (Vec<Value>, usize) {
+    let mut seen = std::collections::BTreeSet::new();
+    let mut records: Vec<Value> = Vec::new();
+    for holding in estate.backends.iter().flatten() {
+        for report in holding.report_records() {
+            if seen.insert(report["hash"].to_string()) {
+                records.push(report);
+            }
+        }
+    }
+    sort_records(&mut records, &owned_order(paging));
+    let total = records.len();
+    (window(records, paging.offset, paging.limit), total)
+}
+
+/// No exchange sent an offset upstream: windows are cut after the merge.
+fn no_offset_upstream(sends: &[SentRequest]) -> Result<(), TestCaseError> {
+    for send in sends.iter().filter(|s| s.machine != Machine::Estate) {
+        let asking = read_asking(&Asked::of(&send.request)).map_err(TestCaseError::fail)?;
+        prop_assert!(
+            asking.offset.is_none(),
+            "an offset went upstream: {}",
+            asking.path
+        );
+    }
+    Ok(())
 }
 
 fn latencies(n: usize) -> impl Strategy<Value = (Vec<u64>, Vec<u64>)> {
@@ -574,6 +705,47 @@ fn facts_case() -> impl Strategy<Value = FactsCase> {
     })
 }
 
+type RecordsCase = (Estate, Paging, (Vec<u64>, Vec<u64>));
+
+fn resources_case() -> impl Strategy<Value = RecordsCase> {
+    estate().prop_flat_map(|estate| {
+        let n = estate.backends.len();
+        let order = completed_order(
+            vec!["certname", "type", "title", "line"],
+            &["certname", "type", "title"],
+        );
+        (Just(estate), paging(order), latencies(n))
+    })
+}
+
+fn reports_case() -> impl Strategy<Value = RecordsCase> {
+    estate().prop_flat_map(|estate| {
+        let n = estate.backends.len();
+        let order = completed_order(vec!["end_time", "certname", "status"], &["hash"]);
+        (Just(estate), paging(order), latencies(n))
+    })
+}
+
+/// Runs `target` with both latency orders, checks the answers agree and no offset went
+/// upstream, and compares with the reference window and total.
+fn check_records(
+    estate: &Estate,
+    latencies: &(Vec<u64>, Vec<u64>),
+    target: &str,
+    paging: &Paging,
+    (expected, total): (Vec<Value>, usize),
+) -> Result<(), TestCaseError> {
+    let (first, sends, transcript) = run(estate, &latencies.0, MergeStrategy::Freshness, target)?;
+    let (second, _, _) = run(estate, &latencies.1, MergeStrategy::Freshness, target)?;
+    prop_assert_eq!(&first, &second, "latencies {:?}\n{}", latencies, transcript);
+    no_offset_upstream(&sends)?;
+    prop_assert_eq!(first.status, 200, "{}", transcript);
+    prop_assert_eq!(&first.body, &Value::Array(expected), "{}", transcript);
+    let expected_total = paging.include_total.then(|| total.to_string());
+    prop_assert_eq!(&first.x_records, &expected_total, "{}", transcript);
+    Ok(())
+}
+
 fn long_names(estate: &Estate) -> bool {
     estate
         .backends
@@ -621,6 +793,22 @@ proptest! {
         let expected_total = paging.include_total.then(|| total.to_string());
         prop_assert_eq!(&first.x_records, &expected_total, "{}", transcript);
     }
+
+    #[test]
+    fn resources_window_equals_the_owners_resources((estate, paging, latencies) in resources_case()) {
+        let target = target("/pdb/query/v4/resources", None, &paging);
+        let reference = resources_reference(&estate, &paging);
+        check_records(&estate, &latencies, &target, &paging, reference)?;
+    }
+
+    #[test]
+    fn reports_window_and_total_count_a_report_stored_twice_once(
+        (estate, paging, latencies) in reports_case()
+    ) {
+        let target = target("/pdb/query/v4/reports", None, &paging);
+        let reference = reports_reference(&estate, &paging);
+        check_records(&estate, &latencies, &target, &paging, reference)?;
+    }
 }
 
 #[test]
@@ -629,8 +817,11 @@ fn the_reference_owners_follow_freshness_and_configured_order() {
         certname: certname.to_owned(),
         stamp,
         environment: "production",
+        facts_stamp: None,
         facts: vec![("os", json!("Debian"))],
         impostor: false,
+        resources: Vec::new(),
+        reports: Vec::new(),
     };
     let estate = Estate {
         backends: vec![

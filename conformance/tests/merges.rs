@@ -1,6 +1,6 @@
-//! Record merges (docs/merging.md, "Provenance", "Paging"
-//! endpoints"; docs/decisions.md D3, D4, D7, D11, D12): /nodes, /facts with the provenance fact and its
-//! gates, /facts/pdbmux_source, /fact-names, /environments, /reports, /events, and the status
+//! Record merges (docs/merging.md, "Provenance", "Paging"; docs/decisions.md D3, D4, D7, D11,
+//! D12, D14, D15): /nodes, /facts with the provenance fact and its gates, /facts/pdbmux_source,
+//! every other node-owned entity, /fact-names, /environments, /reports, /events, and the status
 //! policy on merged routes.
 //!
 //! Each snapshot is the harness transcript followed by every upstream request with its query
@@ -726,7 +726,7 @@ fn facts_source_path_is_synthesised_from_the_facts_merge() {
 
 #[test]
 fn facts_source_path_values_share_one_fetch_when_cached() {
-    // With the cache on, the unfiltered path and every value share one entry and one fetch.
+    // With the cache on, the unfiltered path and every value asked meanwhile share one fetch.
     let mut h =
         shared_facts_harness(|config| config.facts_ttl = std::time::Duration::from_secs(30));
     let all = h.get("/pdb/query/v4/facts/pdbmux_source");
@@ -746,6 +746,30 @@ fn facts_source_path_values_share_one_fetch_when_cached() {
     );
     assert_eq!(exchange_sends(&h).len(), 2, "one /facts fan-out");
     insta::assert_snapshot!(transcript);
+    // Each value is stored under its own key, already filtered: asked again, it is a hit (no
+    // JSON work, no fan-out). A value no one asked for while the fetch was under way has no
+    // entry yet and fetches once.
+    let again = h.get("/pdb/query/v4/facts/pdbmux_source/pdb-a");
+    let other = h.get("/pdb/query/v4/facts/pdbmux_source/pdb-b");
+    run(&mut h);
+    let again = h.response(again).expect("one response");
+    assert_eq!(again.header("x-cache"), Some("hit"));
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&again.body_str()).expect("json"),
+        json!([source("web2", "pdb-a", "production")])
+    );
+    assert_eq!(
+        body_json(&h, other),
+        json!([
+            source("web1", "pdb-b", "staging"),
+            source("web3", "pdb-b", "production"),
+        ])
+    );
+    assert_eq!(
+        h.response(other).expect("one").header("x-cache"),
+        Some("miss")
+    );
+    assert_eq!(exchange_sends(&h).len(), 4, "one more fan-out, for pdb-b");
 }
 
 #[test]
@@ -954,4 +978,95 @@ fn facts_paged_window_is_exact_despite_an_upstream_source_fact() {
         ]),
         "{transcript}"
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The other node-owned entities (D15): one merge, the entity table's row for each
+
+/// The node-owned entities besides /nodes and /facts, by path segment.
+const OWNED_ENTITIES: [&str; 7] = [
+    "resources",
+    "fact-contents",
+    "factsets",
+    "catalogs",
+    "edges",
+    "inventory",
+    "package-inventory",
+];
+
+/// pdb-a and pdb-b holding `shared` (newer in pdb-b), `tie` (the same report time, the facts
+/// fresher in pdb-b: D14) and one node of their own, with one `entity` record per node naming
+/// the backend it came from.
+fn owned_entity_backends(entity: &str) -> (PuppetDb, PuppetDb) {
+    let record = |certname: &str, backend: &str| json!({"certname": certname, "backend": backend});
+    let mut a = PuppetDb::new()
+        .node("only-a", T09)
+        .node("shared", T10)
+        .node("tie", T10);
+    let mut b = PuppetDb::new()
+        .node("shared", T11)
+        .node("tie", T10)
+        .node("only-b", T09);
+    a.nodes[2]["facts_timestamp"] = json!("2024-05-01T10:01:00.000Z");
+    b.nodes[1]["facts_timestamp"] = json!("2024-05-01T10:05:00.000Z");
+    for certname in ["only-a", "shared", "tie"] {
+        a = a.record(entity, record(certname, "pdb-a"));
+    }
+    for certname in ["shared", "tie", "only-b"] {
+        b = b.record(entity, record(certname, "pdb-b"));
+    }
+    (a, b)
+}
+
+#[test]
+fn every_node_owned_entity_is_answered_from_each_nodes_owner() {
+    for entity in OWNED_ENTITIES {
+        let path = format!("/pdb/query/v4/{entity}");
+        let (a, b) = owned_entity_backends(entity);
+        let mut h = harness(vec![pdb("pdb-a", URL_A, a, 2), pdb("pdb-b", URL_B, b, 3)]);
+        // Unpaged: every backend is asked the client's question; the copies of nodes another
+        // backend owns are dropped here, and nothing is pushed into the query.
+        let whole = h.get(&path);
+        // Paged across the overlap, with a total: over-fetched, cut after the merge, exact.
+        let paged = h.get(&form_target(
+            &path,
+            &[
+                ("order_by", r#"[{"field":"certname","order":"desc"}]"#),
+                ("limit", "2"),
+                ("offset", "1"),
+                ("include_total", "true"),
+            ],
+        ));
+        let transcript = run(&mut h);
+        let owned =
+            |certname: &str, backend: &str| json!({"certname": certname, "backend": backend});
+        let mut got = body_json(&h, whole).as_array().cloned().unwrap_or_default();
+        got.sort_by_key(|r| r["certname"].to_string());
+        assert_eq!(
+            Value::Array(got),
+            json!([
+                owned("only-a", "pdb-a"),
+                owned("only-b", "pdb-b"),
+                owned("shared", "pdb-b"),
+                owned("tie", "pdb-b"),
+            ]),
+            "{entity}: each node from its owner"
+        );
+        assert_eq!(
+            body_json(&h, paged),
+            json!([owned("shared", "pdb-b"), owned("only-b", "pdb-b")]),
+            "{entity}: the window of tie, shared, only-b, only-a"
+        );
+        let response = h.response(paged).expect("one response");
+        assert_eq!(
+            response.header("x-records"),
+            Some("4"),
+            "{entity}: exact total"
+        );
+        for send in exchange_sends(&h) {
+            let target = &send.request.path_and_query;
+            assert!(!target.contains("offset"), "{entity}: {target}");
+        }
+        insta::assert_snapshot!(format!("owned_entity_{entity}"), transcript);
+    }
 }

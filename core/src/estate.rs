@@ -8,7 +8,7 @@ use std::time::Instant;
 use http::HeaderValue;
 
 use crate::broadcast::Broadcast;
-use crate::cache::{self, Cache, CacheStatus, Lookup, MemoryStore};
+use crate::cache::{self, Cache, CacheStatus, Cacheable, Lookup, MemoryStore};
 use crate::clock::ClockAnchor;
 use crate::config::Config;
 use crate::corrections::Corrections;
@@ -73,12 +73,29 @@ pub enum EstateOutput {
     CancelFlight(FlightId),
 }
 
-/// A shared fan-out for one cache key and the clients waiting on it.
+/// A shared fan-out for one flight key and the clients waiting on it.
 #[derive(Debug)]
 struct Flight {
     key: String,
-    /// Each participant, with the drilldown value that filters its answer.
-    participants: BTreeMap<WaiterId, Option<String>>,
+    /// Each participant: the key its answer is stored under, and the drilldown value that
+    /// filters the shared answer first.
+    participants: BTreeMap<WaiterId, Participant>,
+}
+
+/// One client of a flight.
+#[derive(Debug)]
+struct Participant {
+    key: String,
+    filter: Option<String>,
+}
+
+impl Participant {
+    fn of(cacheable: &Cacheable) -> Participant {
+        Participant {
+            key: cacheable.key.clone(),
+            filter: cacheable.value_filter.clone(),
+        }
+    }
 }
 
 /// The membership map's state: each backend's last good answer, the snapshot built from them,
@@ -239,12 +256,7 @@ impl Estate {
                     headers: entry.headers,
                     body: ResponseBody::Full(entry.body),
                 };
-                return Admission::Respond(finish_cached(
-                    response,
-                    CacheStatus::Hit,
-                    age,
-                    keyed.value_filter.as_deref(),
-                ));
+                return Admission::Respond(finish_cached(response, CacheStatus::Hit, age));
             }
         }
         let cacheable = planned.cache.clone().filter(|_| self.cache.is_some());
@@ -254,7 +266,7 @@ impl Estate {
                 // Answered from the request and the configuration alone: no fan-out, no wait
                 // for the membership map.
                 return Admission::Respond(if cacheable.is_some() {
-                    finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO, None)
+                    finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO)
                 } else {
                     response
                 });
@@ -263,12 +275,12 @@ impl Estate {
             Work::Fanout(plan) => plan,
         };
         if let Some(cacheable) = &cacheable {
-            if let Some(flight) = self.flight_keys.get(&cacheable.key).copied() {
+            if let Some(flight) = self.flight_keys.get(&cacheable.flight_key).copied() {
                 let waiter = WaiterId(self.waiter_ids.next());
                 if let Some(flight) = self.flights.get_mut(&flight) {
                     flight
                         .participants
-                        .insert(waiter, cacheable.value_filter.clone());
+                        .insert(waiter, Participant::of(cacheable));
                     return Admission::Wait(waiter);
                 }
             }
@@ -304,12 +316,13 @@ impl Estate {
         };
         let flight = FlightId(self.flight_ids.next());
         let waiter = WaiterId(self.waiter_ids.next());
-        self.flight_keys.insert(cacheable.key.clone(), flight);
+        self.flight_keys
+            .insert(cacheable.flight_key.clone(), flight);
         self.flights.insert(
             flight,
             Flight {
-                key: cacheable.key,
-                participants: BTreeMap::from([(waiter, cacheable.value_filter)]),
+                key: cacheable.flight_key.clone(),
+                participants: BTreeMap::from([(waiter, Participant::of(&cacheable))]),
             },
         );
         Admission::Flight {
@@ -319,16 +332,27 @@ impl Estate {
         }
     }
 
-    /// A flight's exchange responded: store or fall back to the stale entry, and answer every
+    /// A flight's exchange responded: per participant key, store the answer (filtered by the
+    /// drilldown's value, once per key) or fall back to that key's stale entry, and answer every
     /// participant. An answer for an unknown (cancelled) flight is ignored.
     pub fn handle_flight_done(&mut self, now: Instant, flight: FlightId, response: Response) {
         let Some(flight) = self.flights.remove(&flight) else {
             return;
         };
         self.flight_keys.remove(&flight.key);
-        let (served, status, age) = self.settle_flight(now, &flight.key, response);
-        for (waiter, filter) in flight.participants {
-            let response = finish_cached(served.clone(), status, age, filter.as_deref());
+        let mut settled: BTreeMap<String, (Response, CacheStatus, std::time::Duration)> =
+            BTreeMap::new();
+        for (waiter, participant) in flight.participants {
+            if !settled.contains_key(&participant.key) {
+                let answer = match &participant.filter {
+                    Some(value) => filtered_by_source(response.clone(), value),
+                    None => response.clone(),
+                };
+                let outcome = self.settle_flight(now, &participant.key, answer);
+                settled.insert(participant.key.clone(), outcome);
+            }
+            let (served, status, age) = &settled[&participant.key];
+            let response = finish_cached(served.clone(), *status, *age);
             self.outputs
                 .push_back(EstateOutput::Respond { waiter, response });
         }
@@ -608,17 +632,20 @@ impl Estate {
     }
 }
 
-/// Adds the cache headers to a cached-path response, filtering the drilldown's shared record set
-/// by its value first.
+/// Adds the cache headers to a cached-path response.
 fn finish_cached(
     mut response: Response,
     status: CacheStatus,
     age: std::time::Duration,
-    filter: Option<&str>,
 ) -> Response {
-    if let (Some(value), ResponseBody::Full(body), true) =
-        (filter, &response.body, response.status.is_success())
-    {
+    cache::mark(&mut response.headers, status, age);
+    response
+}
+
+/// The provenance drilldown's answer from the shared record set's: the records of backend
+/// `value`, before it is stored (docs/merging.md, "Provenance"). A failure is left as it is.
+fn filtered_by_source(mut response: Response, value: &str) -> Response {
+    if let (ResponseBody::Full(body), true) = (&response.body, response.status.is_success()) {
         let (filtered, count) = filter_source_records(body, value);
         if response.headers.contains_key(crate::exchange::X_RECORDS) {
             response
@@ -627,6 +654,5 @@ fn finish_cached(
         }
         response.body = ResponseBody::Full(filtered);
     }
-    cache::mark(&mut response.headers, status, age);
     response
 }

@@ -625,7 +625,8 @@ fn resolve_columns(
 /// checks and 400 texts. An empty, whitespace-only, `null`, `false`, `""`, `{}` or `[]` value means
 /// no ordering, and text after a complete JSON value is ignored, as in PuppetDB. When `limit` or
 /// `offset` may also be bad, use [`parse_paging`], which reports errors in PuppetDB's order.
-pub fn parse_order_by(raw: &str, entity: OrderEntity) -> Result<OrderBy, PagingError> {
+#[cfg(test)]
+pub(crate) fn parse_order_by(raw: &str, entity: OrderEntity) -> Result<OrderBy, PagingError> {
     resolve_columns(parse_order_by_structure(raw)?, entity)
 }
 

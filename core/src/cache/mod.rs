@@ -40,16 +40,20 @@ impl CacheStatus {
     }
 }
 
-/// A cacheable request: its key, and for the provenance drilldown the value that filters the
-/// shared entry.
+/// A cacheable request: its key, and for the provenance drilldown the shared fan-out it joins and
+/// the value that filters it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cacheable {
-    /// The canonical key.
+    /// The canonical key its answer is stored and looked up under.
     pub key: String,
+    /// The key of the fan-out it joins: [`Cacheable::key`], except for the provenance drilldown,
+    /// whose every value shares the fan-out of the whole record set.
+    pub flight_key: String,
     /// For the provenance drilldown, the target to fan out to instead of the request's (its
     /// `<value>` removed); `None` for every other request.
     pub fan_out_target: Option<String>,
-    /// `/facts/<source_fact>/<value>`: the value applied to the shared entry.
+    /// `/facts/<source_fact>/<value>`: the value the shared answer is filtered by before it is
+    /// stored under [`Cacheable::key`].
     pub value_filter: Option<String>,
 }
 
@@ -69,8 +73,9 @@ pub fn is_aggregate(raw_query: Option<&str>) -> bool {
 ///
 /// The key is the path plus every query parameter, decoded and re-encoded, keys sorted ascending
 /// and a repeated parameter's values sorted too, so parameter order never splits entries. The
-/// provenance drilldown `/facts/<source_fact>/<value>` keys without its `<value>`: every value
-/// shares the one record set.
+/// provenance drilldown `/facts/<source_fact>/<value>` is stored under its own key, already
+/// filtered, so a hit does no JSON work; its fan-out is the one of `/facts/<source_fact>`,
+/// which every value shares.
 pub fn cache_key(
     route: &Route,
     path: &str,
@@ -100,18 +105,22 @@ pub fn cache_key(
     let canonical = form_urlencoded::Serializer::new(String::new())
         .extend_pairs(pairs)
         .finish();
-    let key_path = drilldown_path.as_deref().unwrap_or(path);
-    let key = if canonical.is_empty() {
-        key_path.to_owned()
-    } else {
-        format!("{key_path}?{canonical}")
+    let keyed = |path: &str| {
+        if canonical.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{path}?{canonical}")
+        }
     };
+    let key = keyed(path);
+    let flight_key = keyed(drilldown_path.as_deref().unwrap_or(path));
     let fan_out_target = drilldown_path.map(|path| match raw_query {
         Some(query) => format!("{path}?{query}"),
         None => path,
     });
     Some(Cacheable {
         key,
+        flight_key,
         fan_out_target,
         value_filter,
     })
@@ -274,12 +283,18 @@ mod tests {
     }
 
     #[test]
-    fn the_drilldown_keys_without_its_value() {
+    fn the_drilldown_keys_by_its_value_and_shares_the_fan_out() {
         let one = key("/pdb/query/v4/facts/pdbmux_source/pdb-a?query=%5B%5D").expect("cached");
         let other = key("/pdb/query/v4/facts/pdbmux_source/pdb-b?query=%5B%5D").expect("cached");
         let all = key("/pdb/query/v4/facts/pdbmux_source?query=%5B%5D").expect("cached");
-        assert_eq!(one.key, all.key);
-        assert_eq!(other.key, all.key);
+        assert_eq!(
+            one.key,
+            "/pdb/query/v4/facts/pdbmux_source/pdb-a?query=%5B%5D"
+        );
+        assert_ne!(one.key, other.key);
+        assert_eq!(all.flight_key, all.key);
+        assert_eq!(one.flight_key, all.key);
+        assert_eq!(other.flight_key, all.key);
         assert_eq!(one.value_filter.as_deref(), Some("pdb-a"));
         assert_eq!(
             one.fan_out_target.as_deref(),
@@ -289,6 +304,7 @@ mod tests {
         assert_eq!(kernel.value_filter, None);
         assert_eq!(kernel.fan_out_target, None, "fans out to its own target");
         assert_eq!(kernel.key, "/pdb/query/v4/facts/kernel/Linux");
+        assert_eq!(kernel.flight_key, kernel.key);
     }
 
     #[test]

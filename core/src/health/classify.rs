@@ -39,7 +39,8 @@ pub enum Verdict {
 impl Verdict {
     /// Whether this reply sets the backend's latch: it was readable as healthy or unhealthy.
     /// Use it to decide which rule (gated or never-answered) applies from now on.
-    pub fn sets_latch(&self) -> bool {
+    #[cfg(test)]
+    pub(crate) fn sets_latch(&self) -> bool {
         !matches!(self, Verdict::Rejected(_))
     }
 }
