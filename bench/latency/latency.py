@@ -14,8 +14,16 @@ keep-alive connection per target; the figure is the median of the rounds. Before
 question is asked once of pdbmux and of the union and their answers compared (JSON, receipt times
 and pdbmux_source removed; arrays of records compared as sets when the question does not order,
 and as the same order keys with the same records among equal keys when it does), and their
-X-Records: the `same` column. Printed per question: the medians (ms), the slower backend's, and pdbmux's
-ratio to the slower backend and to the union; then the geometric means of both ratios.
+X-Records: the `same` column. Printed per question: the medians (ms), `both` (the two backends asked at the same
+moment, until the slower answers: the fan-out's floor when they share this machine's cores), the
+slower backend's, and pdbmux's ratio to the slower backend, to the union and to `both`; then the
+geometric means of the ratios.
+
+With `--phases LOG` (pdbmux's JSON log with `pdbmux::timing=debug`), a second table says where
+pdbmux's time went per question, medians over the requests it logged for that target: planning,
+waiting in the estate, the slowest upstream call (the fan-out's floor), the core's own work on
+the answers (parsing, merging), pdbmux's total, and what the client saw beyond it (writing the
+response, the client's own reading).
 
 Python 3 standard library only.
 """
@@ -28,6 +36,7 @@ import json
 import math
 import statistics
 import sys
+import threading
 import time
 import urllib.parse
 
@@ -105,7 +114,7 @@ class Target:
         self.conn = http.client.HTTPConnection(self.host, self.port, timeout=120)
 
     def get(self, path: str, params: dict) -> tuple[int, dict, bytes, float]:
-        target = path + ("?" + urllib.parse.urlencode(params) if params else "")
+        target = target_of(path, params)
         for attempt in (0, 1):
             try:
                 started = time.perf_counter()
@@ -159,6 +168,61 @@ def same_ordered_window(order_by: list, x: list, y: list) -> bool:
     return all(sorted(p) == sorted(q) for p, q in list(zip(rx, ry))[1:-1])
 
 
+# The column of both backends asked at once.
+FLOOR = "both"
+
+
+def both_at_once(pairs: list, path: str, params: dict) -> float:
+    """Seconds until every backend in `pairs` answered `path`, all asked at the same moment."""
+    done = []
+    threads = [threading.Thread(target=lambda t=t: done.append(t.get(path, params)))
+               for t in pairs]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return time.perf_counter() - started
+
+
+def target_of(path: str, params: dict) -> str:
+    return path + ("?" + urllib.parse.urlencode(params) if params else "")
+
+
+def print_phases(log: str, qs: list, rows: list) -> None:
+    """The per-phase table from pdbmux's `pdbmux::timing` lines (see the module doc)."""
+    by_target: dict[str, list[dict]] = {}
+    with open(log) as f:
+        for line in f:
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            fields = event.get("fields", {})
+            if event.get("target") == "pdbmux::timing" and "total_us" in fields:
+                by_target.setdefault(fields["target"], []).append(fields)
+    print()
+    print(f"{'where pdbmux spends it (ms)':36s} {'plan':>6s} {'wait':>6s} {'upstream':>9s} "
+          f"{'core':>6s} {'total':>7s} {'client':>7s} {'calls':>5s}")
+    for (name, path, params), row in zip(qs, rows):
+        lines = by_target.get(target_of(path, params), [])
+        if not lines:
+            print(f"{name[:36]:36s} (no timing lines)")
+            continue
+        med = lambda xs: statistics.median(xs) / 1000
+        slowest = []
+        calls = []
+        for fields in lines:
+            upstream = [int(part.rsplit(":", 1)[1]) for part in fields["upstream_us"].split()]
+            slowest.append(max(upstream, default=0))
+            calls.append(len(upstream))
+        total = med([f["total_us"] for f in lines])
+        print(f"{name[:36]:36s} {med([f['plan_us'] for f in lines]):6.2f} "
+              f"{med([f['wait_us'] for f in lines]):6.2f} {med(slowest):9.2f} "
+              f"{med([f['core_us'] for f in lines]):6.2f} {total:7.2f} "
+              f"{row['median_ms']['pdbmux'] - total:7.2f} {statistics.median(calls):5.0f}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--estate", required=True)
@@ -166,12 +230,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--only", help="comma-separated question name prefixes")
     ap.add_argument("--json", help="write the medians here")
+    ap.add_argument("--phases", help="pdbmux's JSON log, for the per-phase table")
     args = ap.parse_args()
     estate = json.load(open(args.estate))
     targets = [Target("pdbmux", args.pdbmux)]
     targets += [Target(b["name"], b["url"]) for b in estate["backends"]]
     targets.append(Target("union", estate["union"]))
     qs = questions(estate)
+    # The fan-out's floor on this machine: both backends asked the same question at once, each
+    # over its own connection, timed until the slower answers (what pdbmux cannot beat when the
+    # backends share the machine's cores).
+    pairs = [Target(b["name"], b["url"]) for b in estate["backends"]]
     if args.only:
         wanted = args.only.split(",")
         qs = [x for x in qs if any(x[0].startswith(w) for w in wanted)]
@@ -186,10 +255,13 @@ def main() -> int:
         same = ps == us == 200 and same_answer(params, pb, ub)
         records = lambda h: next((v for k, v in h.items() if k.lower() == "x-records"), None)
         total_same = records(ph) == records(uh)
-        times = {t.name: [] for t in targets}
+        times = {t.name: [] for t in targets + [FLOOR]}
         for r in range(args.rounds):
-            order = targets[r % len(targets):] + targets[:r % len(targets)]
+            order = targets[r % len(targets):] + targets[:r % len(targets)] + [FLOOR]
             for t in order:
+                if t is FLOOR:
+                    times[FLOOR].append(both_at_once(pairs, path, params) * 1000)
+                    continue
                 status, _, _, elapsed = t.get(path, params)
                 if status != 200:
                     print(f"latency.py: {name}: {t.name} answered {status}", file=sys.stderr)
@@ -199,27 +271,31 @@ def main() -> int:
         slower = max(med[b] for b in backends)
         rows.append({"question": name, "median_ms": med, "slower_backend_ms": slower,
                      "vs_slower": med["pdbmux"] / slower, "vs_union": med["pdbmux"] / med["union"],
+                     "vs_floor": med["pdbmux"] / med[FLOOR],
                      "same": same and total_same, "bytes": len(pb)})
 
-    names = [t.name for t in targets]
+    names = [t.name for t in targets] + [FLOOR]
     header = f"{'question':36s} " + " ".join(f"{n:>9s}" for n in names) + \
-        f" {'slower':>9s} {'/slower':>8s} {'/union':>7s}  same"
+        f" {'slower':>9s} {'/slower':>8s} {'/union':>7s} {'/floor':>7s}  same"
     print(header)
     for row in rows:
         med = row["median_ms"]
         print(f"{row['question'][:36]:36s} " + " ".join(f"{med[n]:9.1f}" for n in names) +
               f" {row['slower_backend_ms']:9.1f} {row['vs_slower']:8.2f} {row['vs_union']:7.2f}"
-              f"  {'yes' if row['same'] else 'NO'}")
+              f" {row['vs_floor']:7.2f}  {'yes' if row['same'] else 'NO'}")
     geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))
     g_slower = geo([r["vs_slower"] for r in rows])
     g_union = geo([r["vs_union"] for r in rows])
-    print(f"geometric mean: {g_slower:.2f}x the slower backend, {g_union:.2f}x the union "
-          f"({len(rows)} questions, {args.rounds} rounds; {sum(not r['same'] for r in rows)} answers "
-          f"differ from the union's)")
+    g_floor = geo([r["vs_floor"] for r in rows])
+    print(f"geometric mean: {g_slower:.2f}x the slower backend, {g_union:.2f}x the union, "
+          f"{g_floor:.2f}x both backends at once ({len(rows)} questions, {args.rounds} rounds; "
+          f"{sum(not r['same'] for r in rows)} answers differ from the union's)")
+    if args.phases:
+        print_phases(args.phases, qs, rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "geomean_vs_slower": g_slower, "geomean_vs_union": g_union},
-                      f, indent=1)
+            json.dump({"rows": rows, "geomean_vs_slower": g_slower, "geomean_vs_union": g_union,
+                       "geomean_vs_floor": g_floor}, f, indent=1)
     return 0
 
 

@@ -54,12 +54,14 @@ for overlap in $OVERLAPS; do
   python3 bench/latency/estate.py --backends "$PDBMUX_E2E_BACKENDS" --union "$PDBMUX_E2E_UNION" \
     --nodes "$NODES" --facts "$FACTS" --shared "$overlap" --out "$estate"
   env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$PDBMUX_E2E_BACKENDS" \
-    PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_FACTS_TTL=0 PDBMUX_LOG_LEVEL=warn \
+    PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_FACTS_TTL=0 PDBMUX_LOG_FORMAT=json \
+    PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug \
     "$PDBMUX_BIN" serve >"$STATE/pdbmux.log" 2>&1 &
   MUX_PID=$!
   for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$MUX_PORT") 2>/dev/null && break; sleep 0.1; done
   echo
   echo "== $NODES nodes, $overlap held by both ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
   python3 bench/latency/latency.py --estate "$estate" --pdbmux "http://127.0.0.1:$MUX_PORT" \
-    --rounds "$ROUNDS" ${ONLY:+--only "$ONLY"} --json "$STATE/latency-$overlap.json"
+    --rounds "$ROUNDS" ${ONLY:+--only "$ONLY"} --json "$STATE/latency-$overlap.json" \
+    --phases "$STATE/pdbmux.log"
 done

@@ -188,6 +188,11 @@ impl Exchange {
             .min()
     }
 
+    /// The request target this exchange answers, as received (for log lines).
+    pub fn target(&self) -> &str {
+        &self.target
+    }
+
     /// What the estate should learn from this exchange once it has responded (the `/healthz`
     /// round, corrections); empty before then.
     pub fn report(&self) -> ExchangeReport {

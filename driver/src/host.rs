@@ -17,12 +17,12 @@ use futures_util::future::{Either, FutureExt};
 use futures_util::task::AtomicWaker;
 use pdbmux_core::config::Config;
 use pdbmux_core::{
-    Admission, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId, Planned,
-    Response, UpstreamRequest, WaiterId,
+    Admission, BackendId, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId,
+    Planned, Response, UpstreamRequest, WaiterId,
 };
 use pdbmux_sealed::Sealer;
 
-use crate::{Transport, UpstreamResult};
+use crate::{Timings, Transport, UpstreamResult};
 
 /// What a runtime gives the estate host.
 pub trait Runtime: Send + Sync + 'static {
@@ -170,15 +170,32 @@ impl<R: Runtime> EstateHost<R> {
         self: &Arc<Self>,
         request: &ClientRequest,
     ) -> (Response, Option<(R::Held, Instant)>) {
+        let mut timings = Timings::start();
         // Planned once, before the estate's lock is taken.
         let planned = pdbmux_core::plan(request, &self.config);
+        timings.planned();
         let mut admission = self.admit_with(Instant::now(), planned, Estate::admit);
+        let log = |timings: &Timings, how: &str| {
+            let name = |id: BackendId| backend_name(&self.config, id);
+            timings.log(&request.target, how, name);
+        };
         loop {
             match admission {
-                Admitted::Respond(response) => return (response, None),
-                Admitted::Exchange(exchange) => return crate::drive(&**self, exchange).await,
+                Admitted::Respond(response) => {
+                    log(&timings, "local");
+                    return (response, None);
+                }
+                Admitted::Exchange(exchange) => {
+                    timings.exchange_started();
+                    let answer = crate::drive(&**self, exchange, &mut timings).await;
+                    log(&timings, "exchange");
+                    return answer;
+                }
                 Admitted::Wait(ticket) => match ticket.wait().await {
-                    Some(WaiterEvent::Respond(response)) => return (response, None),
+                    Some(WaiterEvent::Respond(response)) => {
+                        log(&timings, "waited");
+                        return (response, None);
+                    }
                     Some(WaiterEvent::Resume(planned)) => {
                         admission = self.admit_with(Instant::now(), *planned, Estate::readmit)
                     }
@@ -259,7 +276,12 @@ impl<R: Runtime> EstateHost<R> {
         let mut flights = lock(&self.flights);
         let task = self.runtime.spawn(async move {
             let answered = AssertUnwindSafe(async {
-                let (response, _) = crate::drive(&*host, exchange).await;
+                let mut timings = Timings::start();
+                timings.exchange_started();
+                let target = exchange.target().to_owned();
+                let (response, _) = crate::drive(&*host, exchange, &mut timings).await;
+                let name = |id: BackendId| backend_name(&host.config, id);
+                timings.log(&target, "flight", name);
                 host.sealed(response).await
             })
             .catch_unwind()
@@ -395,6 +417,14 @@ impl<R: Runtime> Transport for EstateHost<R> {
     fn report(&self, report: ExchangeReport) {
         self.estate().handle_report(Instant::now(), report);
     }
+}
+
+/// A backend's configured name, for log lines.
+fn backend_name(config: &Config, id: BackendId) -> String {
+    config
+        .backends
+        .get(id.0)
+        .map_or_else(|| "?".to_owned(), |b| b.name.clone())
 }
 
 #[cfg(test)]

@@ -17,8 +17,10 @@ use std::pin::pin;
 use std::time::Instant;
 
 mod host;
+mod timing;
 
 pub use host::{EstateHost, Runtime, Task};
+pub use timing::Timings;
 
 use futures_util::future::{self, AbortHandle, Abortable, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -54,10 +56,11 @@ pub trait Transport {
 /// Drives `exchange` to its response on the current task, with the held upstream body (and the
 /// instant it must be complete by) when the response streams one. Upstream requests run
 /// concurrently inside this future; dropping it (client gone, flight cancelled) drops them all and
-/// releases their connections.
+/// releases their connections. Each call's time and the core's own work go into `timings`.
 pub async fn drive<T: Transport>(
     transport: &T,
     mut exchange: Exchange,
+    timings: &mut Timings,
 ) -> (Response, Option<(T::Held, Instant)>) {
     let mut in_flight = FuturesUnordered::new();
     let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
@@ -68,12 +71,12 @@ pub async fn drive<T: Transport>(
             match output {
                 ExchangeOutput::Send(request) => {
                     let (handle, registration) = AbortHandle::new_pair();
-                    let id = request.id;
+                    let (id, backend, sent_at) = (request.id, request.backend, Instant::now());
                     aborts.insert(id, handle);
                     deadlines.insert(id, request.deadline);
                     let sent = transport.send(request);
                     in_flight.push(Abortable::new(
-                        async move { (id, sent.await) },
+                        async move { (id, backend, sent_at, sent.await) },
                         registration,
                     ));
                 }
@@ -108,9 +111,10 @@ pub async fn drive<T: Transport>(
             }
         });
         match future::select(answered, timer).await {
-            Either::Left((Ok((id, result)), _)) => {
+            Either::Left((Ok((id, backend, sent_at, result)), _)) => {
                 aborts.remove(&id);
                 let now = Instant::now();
+                timings.upstream(backend, now.saturating_duration_since(sent_at));
                 match result {
                     Ok((response, held_body)) => {
                         if let Some(body) = held_body {
@@ -121,10 +125,15 @@ pub async fn drive<T: Transport>(
                     }
                     Err(failure) => exchange.handle_upstream_failure(now, id, failure),
                 }
+                timings.core(now.elapsed());
             }
             // Aborted: its answer is no longer wanted.
             Either::Left((Err(_), _)) => {}
-            Either::Right(((), _)) => exchange.handle_timeout(Instant::now()),
+            Either::Right(((), _)) => {
+                let now = Instant::now();
+                exchange.handle_timeout(now);
+                timings.core(now.elapsed());
+            }
         }
     }
 }
