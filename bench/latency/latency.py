@@ -255,7 +255,8 @@ def main() -> int:
         same = ps == us == 200 and same_answer(params, pb, ub)
         records = lambda h: next((v for k, v in h.items() if k.lower() == "x-records"), None)
         total_same = records(ph) == records(uh)
-        times = {t.name: [] for t in targets + [FLOOR]}
+        times = {t.name: [] for t in targets}
+        times[FLOOR] = []
         for r in range(args.rounds):
             order = targets[r % len(targets):] + targets[:r % len(targets)] + [FLOOR]
             for t in order:

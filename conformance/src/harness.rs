@@ -8,8 +8,8 @@ use bytes::Bytes;
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, BodyMode, ClientRequest, ClockAnchor, Estate, EstateOutput, Exchange,
-    ExchangeOutput, FlightId, Planned, Response, ResponseBody, UpstreamBody, UpstreamId,
-    UpstreamRequest, UpstreamResponse, WaiterId,
+    ExchangeOutput, FlightId, Planned, Response, ResponseBody, Translating, UpstreamBody,
+    UpstreamId, UpstreamRequest, UpstreamResponse, WaiterId,
 };
 
 use crate::error::HarnessError;
@@ -23,6 +23,8 @@ struct Client {
     request: ClientRequest,
     submitted: Duration,
     exchange: Option<Exchange>,
+    /// While `exchange` is a PQL translation: the request it translates.
+    translating: Option<Translating>,
     waiter: Option<WaiterId>,
     gone: bool,
     responses: Vec<ClientResponse>,
@@ -206,6 +208,7 @@ impl Harness {
             request,
             submitted: self.elapsed(),
             exchange: None,
+            translating: None,
             waiter: None,
             gone: false,
             responses: Vec::new(),
@@ -226,6 +229,15 @@ impl Harness {
             Admission::Wait(waiter) => {
                 self.clients[id.0].waiter = Some(waiter);
                 self.waiters.insert(waiter, id);
+            }
+            Admission::Translate {
+                exchange,
+                translating,
+            } => {
+                self.log(format!("{id} translate"));
+                self.clients[id.0].exchange = Some(exchange);
+                self.clients[id.0].translating = Some(translating);
+                self.drain(Machine::Exchange(id));
             }
             Admission::Flight {
                 flight,
@@ -614,7 +626,28 @@ impl Harness {
                             if let Some(report) = report {
                                 self.estate.handle_report(self.now, report);
                             }
-                            self.record_response(client, response)
+                            match self.clients[client.0].translating.take() {
+                                Some(translating) => {
+                                    self.log(format!(
+                                        "{client} translated: {}",
+                                        response.status.as_u16()
+                                    ));
+                                    // The translation's exchange is done: the next one
+                                    // on this client's task numbers its requests afresh.
+                                    self.clients[client.0].exchange = None;
+                                    self.issued.retain(|(m, _)| *m != machine);
+                                    self.in_flight.retain(|(m, _), _| *m != machine);
+                                    self.held.retain(|(m, _), _| *m != machine);
+                                    let admission = self.estate.handle_translated(
+                                        self.now,
+                                        translating,
+                                        response,
+                                    );
+                                    self.admitted(client, admission);
+                                    self.drain(Machine::Estate);
+                                }
+                                None => self.record_response(client, response),
+                            }
                         }
                     }
                 }

@@ -82,6 +82,9 @@ pub struct PuppetDb {
     pub reports: Vec<Value>,
     /// Records of any other entity, by its path segment (`catalogs`, `factsets`, `edges`, …).
     pub entities: std::collections::BTreeMap<String, Vec<Value>>,
+    /// What the root endpoint answers `query=<PQL>&ast_only=true` with, by PQL text; other PQL
+    /// gets PuppetDB's 400.
+    pub translations: std::collections::BTreeMap<String, Value>,
 }
 
 impl PuppetDb {
@@ -147,9 +150,47 @@ impl PuppetDb {
         self
     }
 
+    /// Teaches the root endpoint the AST `pql` translates to.
+    #[must_use]
+    pub fn translation(mut self, pql: &str, ast: Value) -> PuppetDb {
+        self.translations.insert(pql.to_owned(), ast);
+        self
+    }
+
+    /// The root endpoint's answer to `query=<PQL>&ast_only=true`, as PuppetDB 7.12.1 gives it:
+    /// the AST, or a 400 naming the PQL it cannot parse. `None` for any other request.
+    fn translate(&self, asked: &Asked<'_>) -> Option<Reply> {
+        let (path, raw) = asked.path_and_query.split_once('?')?;
+        if path != QUERY_V4.trim_end_matches('/') {
+            return None;
+        }
+        let mut pql = None;
+        let mut ast_only = false;
+        for piece in raw.split('&') {
+            let (key, value) = piece.split_once('=').unwrap_or((piece, ""));
+            match decode_component(key).as_str() {
+                "query" => pql = Some(decode_component(value)),
+                "ast_only" => ast_only = decode_component(value) == "true",
+                _ => {}
+            }
+        }
+        let pql = pql.filter(|_| ast_only)?;
+        Some(match self.translations.get(&pql) {
+            Some(ast) => Reply::ok(ast.to_string()),
+            None => Reply::text(
+                StatusCode::BAD_REQUEST,
+                format!("PQL parse error at line 1, column 1:\n\n{pql}\n^\n\nExpected one of:\n\n<entity>"),
+            ),
+        })
+    }
+
     /// The answer to a request: 200 with the records (and `X-Records` when asked), 400 for a
-    /// request the fake cannot read, 404 for a path it does not serve.
+    /// request the fake cannot read, 404 for a path it does not serve; on the root endpoint, a
+    /// PQL translation ([`PuppetDb::translation`]).
     pub fn answer(&self, asked: &Asked<'_>) -> Reply {
+        if let Some(reply) = self.translate(asked) {
+            return reply;
+        }
         let asking = match read_asking(asked) {
             Ok(asking) => asking,
             Err(message) => return Reply::text(StatusCode::BAD_REQUEST, message),

@@ -195,6 +195,13 @@ proptest! {
                 "dot segment upstream: {}", sent.request.path_and_query
             );
             match sent.machine {
+                // The root endpoint's PQL is translated first (`ast_only=true`), then asked as
+                // its entity's route: still under /pdb/query/v4, never with a dot segment.
+                Machine::Exchange(_) | Machine::Flight(_) if path == "/pdb/query/v4" => prop_assert!(
+                    sent.request.path_and_query.starts_with("/pdb/query/v4?")
+                        || sent.request.path_and_query.starts_with("/pdb/query/v4/"),
+                    "root request sent {}", sent.request.path_and_query
+                ),
                 Machine::Exchange(_) | Machine::Flight(_) => prop_assert_eq!(&sent.request.path_and_query, &target),
                 Machine::Estate => prop_assert!(
                     [REACHABILITY_PATH, MEMBERSHIP_QUERY].contains(&sent.request.path_and_query.as_str()),
@@ -300,9 +307,15 @@ proptest! {
         h.drive_bounded(STEPS).map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
         h.check_quiescent().map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
         // Liveness bound: a request may wait for one membership refresh (bounded by the
-        // timeout), then asks each backend at most once, each ask bounded by the timeout.
-        let bound = ms(TIMEOUT_MS) * u32::try_from(backends + 1).unwrap_or(u32::MAX);
+        // timeout), then asks each backend at most once, each ask bounded by the timeout. PQL
+        // is first translated (each backend at most once, in turn), then asked as its route (a
+        // membership wait, the fan-out, one more ask of a backend whose page came up short).
+        let bound_of = |target: &str| {
+            let asks = if target.starts_with("/pdb/query/v4?") { 2 * backends + 3 } else { backends + 1 };
+            ms(TIMEOUT_MS) * u32::try_from(asks).unwrap_or(u32::MAX)
+        };
         for id in ids {
+            let bound = bound_of(&h.request(id).map(|r| r.target.clone()).unwrap_or_default());
             if gone == Some(id) {
                 prop_assert!(h.responses(id).map(<[_]>::is_empty).unwrap_or(false), "{id} answered after leaving");
                 continue;

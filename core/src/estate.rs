@@ -21,7 +21,10 @@ use crate::membership::{parse_membership, BackendNodes, Ownership, MEMBERSHIP_QU
 use crate::merge::filter_source_records;
 use crate::message::{Response, ResponseBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use crate::policy::{Planned, Work};
+use crate::root::{Pql, Translating};
+use crate::sequence::Sequence;
 use crate::status::{Failure, Unusable};
+use crate::translations::Translations;
 
 /// What to do with a client request; returned by [`Estate::admit`].
 #[derive(Debug)]
@@ -43,6 +46,15 @@ pub enum Admission {
         waiter: WaiterId,
         /// The fan-out to drive.
         exchange: Exchange,
+    },
+    /// PQL whose translation is not known: drive `exchange` (the translation request) on the
+    /// request's own task and hand its response, with `translating`, to
+    /// [`Estate::handle_translated`], which admits the translated query.
+    Translate {
+        /// The translation request to drive.
+        exchange: Exchange,
+        /// The request it translates.
+        translating: Translating,
     },
 }
 
@@ -138,6 +150,8 @@ pub struct Estate {
     /// Probes in flight: which backend each answers for.
     probes: BTreeMap<UpstreamId, BackendId>,
     rounds: QueryRounds,
+    /// PQL translations backends gave.
+    translations: Translations,
     outputs: VecDeque<EstateOutput>,
 }
 
@@ -174,6 +188,7 @@ impl Estate {
                 refreshed_at: None,
                 refresh: None,
             },
+            translations: Translations::default(),
             outputs: VecDeque::new(),
         }
     }
@@ -272,6 +287,7 @@ impl Estate {
                 });
             }
             Work::Healthz => return Admission::Wait(self.join_reachability_check(now)),
+            Work::Translate(pql) => return self.translate(now, pql, planned.target, resumed),
             Work::Fanout(plan) => plan,
         };
         if let Some(cacheable) = &cacheable {
@@ -329,6 +345,56 @@ impl Estate {
             flight,
             waiter,
             exchange,
+        }
+    }
+
+    /// PQL: planned at once from a kept translation, else the translation request to drive.
+    fn translate(&mut self, now: Instant, pql: Pql, target: String, resumed: bool) -> Admission {
+        if let Some(body) = self.translations.get(now, &pql.text) {
+            if let Some(planned) = crate::policy::plan_translated(body, &pql, &target, &self.config)
+            {
+                return self.admit_inner(now, planned, resumed);
+            }
+        }
+        let asked = pql.translation_target();
+        let context = Context {
+            config: Arc::clone(&self.config),
+            roster: self.health.roster(),
+            ownership: None,
+            corrections: Arc::clone(&self.membership.corrections),
+        };
+        let plan = Box::new(Sequence::translation(asked.clone()));
+        Admission::Translate {
+            exchange: Exchange::new(now, context, asked, plan),
+            translating: Translating { pql, target },
+        }
+    }
+
+    /// A translation request ([`Admission::Translate`]) responded: a translation is kept and the
+    /// query it translates to admitted like any request; a refusal (PuppetDB's 400 for bad PQL,
+    /// replayed) or a 502 is the answer; a 200 that is not a query AST is 502.
+    pub fn handle_translated(
+        &mut self,
+        now: Instant,
+        translating: Translating,
+        response: Response,
+    ) -> Admission {
+        let ResponseBody::Full(body) = &response.body else {
+            return Admission::Respond(response);
+        };
+        if !response.status.is_success() {
+            return Admission::Respond(response);
+        }
+        let Translating { pql, target } = translating;
+        match crate::policy::plan_translated(body, &pql, &target, &self.config) {
+            Some(planned) => {
+                self.translations.put(now, &pql.text, body.clone());
+                self.admit_inner(now, planned, false)
+            }
+            None => Admission::Respond(Response::text(
+                http::StatusCode::BAD_GATEWAY,
+                "pdbmux: the backend's translation of the PQL query is not a query AST",
+            )),
         }
     }
 

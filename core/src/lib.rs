@@ -57,11 +57,13 @@ mod ownership;
 mod policy;
 pub mod query;
 mod records;
+mod root;
 mod route;
 mod scrub;
 mod sequence;
 mod sort;
 mod status;
+mod translations;
 
 pub use clock::ClockAnchor;
 pub use estate::{Admission, Estate, EstateOutput};
@@ -73,4 +75,5 @@ pub use message::{
     UpstreamRequest, UpstreamResponse, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,
 };
 pub use policy::{plan, Planned};
+pub use root::Translating;
 pub use sequence::forwarded_headers;

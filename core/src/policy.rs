@@ -20,6 +20,7 @@ use crate::merge::RecordPlan;
 use crate::message::{ClientRequest, Response};
 use crate::meta::{FirstInOrder, LowestVersion};
 use crate::query::{analyze, Params};
+use crate::root::{self, Pql, RootQuery};
 use crate::route::{classify, Route};
 use crate::sequence::{Holder, Sequence};
 
@@ -42,6 +43,9 @@ pub(crate) enum Work {
     Healthz,
     /// Backends are asked: drive this plan in an [`crate::Exchange`].
     Fanout(Box<dyn Plan>),
+    /// PQL on the root endpoint: translated by a backend, then planned as its entity's route
+    /// ([`plan_translated`]).
+    Translate(Pql),
 }
 
 impl Planned {
@@ -78,6 +82,11 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
             Work::Fanout(Box::new(Sequence::owner_first(target, certname)))
         }
         Route::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
+        Route::Root => match root::read(&Params::parse(request.query())) {
+            RootQuery::Mapped(mapped) => return plan_mapped(&mapped, config),
+            RootQuery::Pql(pql) => Work::Translate(pql),
+            RootQuery::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
+        },
         Route::ReportHash { .. } => Work::Fanout(Box::new(Holder::new(target))),
         Route::MetaVersion => Work::Fanout(Box::new(LowestVersion::new(target))),
         Route::ServerTime => Work::Fanout(Box::new(FirstInOrder::new(target))),
@@ -89,6 +98,38 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
         }
     };
     planned(None, work)
+}
+
+/// Plans a root-endpoint query mapped onto `target`, its entity's route: as that route's own
+/// request, whatever the length of the mapped target (the client's was within the limit).
+fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
+    let request = ClientRequest::get(target);
+    match classify(&ClientRequest::get(request.path())) {
+        Ok(route @ Route::Query(_)) => plan_query(&request, &route, config),
+        _ => plan(&request, config),
+    }
+}
+
+/// Plans PQL once a backend translated it (`translation`, the body of its `ast_only=true`
+/// answer): a `from` query on a merged entity is planned as that route's; anything else is
+/// asked of the backends as the client sent it (`original`). `None` when the body is not a JSON
+/// AST at all.
+pub(crate) fn plan_translated(
+    translation: &[u8],
+    pql: &Pql,
+    original: &str,
+    config: &Arc<Config>,
+) -> Option<Planned> {
+    let ast: serde_json::Value = serde_json::from_slice(translation).ok()?;
+    Some(match root::mapped_target(&ast, &pql.params) {
+        Some(mapped) => plan_mapped(&mapped, config),
+        None => Planned {
+            config: Arc::clone(config),
+            target: original.to_owned(),
+            cache: None,
+            work: Work::Fanout(Box::new(Sequence::first_success(original.to_owned()))),
+        },
+    })
 }
 
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;

@@ -67,7 +67,10 @@ pub enum Route {
         /// Which part.
         part: ReportPart,
     },
-    /// Every other `/pdb/query/v4` path, and the root: first success in configured order.
+    /// `/pdb/query/v4` itself: PQL and `from` queries, answered as their entity's route
+    /// (docs/merging.md, "PQL and the root endpoint").
+    Root,
+    /// Every other `/pdb/query/v4` path: first success in configured order.
     PassThrough,
     /// `/pdb/meta/v1/version`: the lowest version any backend runs.
     MetaVersion,
@@ -87,6 +90,7 @@ impl Route {
             Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => "query",
             Route::PerCertname { .. } => "per-certname",
             Route::ReportHash { .. } => "report-hash",
+            Route::Root => "root",
             Route::PassThrough => "pass-through",
             Route::MetaVersion | Route::ServerTime => "meta",
             Route::Metrics(_) => "metrics",
@@ -229,6 +233,7 @@ fn allowlisted(segments: &[&str]) -> Option<Route> {
 /// The route for a path under `/pdb/query/v4`; anything without a merge rule passes through.
 fn query_route(rest: &[&str]) -> Route {
     match rest {
+        [] => Route::Root,
         [segment] if Entity::from_segment(segment).is_some() => {
             Entity::from_segment(segment).map_or(Route::PassThrough, Route::Query)
         }
@@ -302,8 +307,8 @@ mod tests {
             ("/pdb/query/v4/reports/abc123/events", "report-hash"),
             ("/pdb/query/v4/reports/abc123/logs", "report-hash"),
             ("/pdb/query/v4/reports/abc123/metrics", "report-hash"),
-            ("/pdb/query/v4", "pass-through"),
-            ("/pdb/query/v4?query=nodes%20%7B%7D", "pass-through"),
+            ("/pdb/query/v4", "root"),
+            ("/pdb/query/v4?query=nodes%20%7B%7D", "root"),
             ("/pdb/query/v4/resources/File/foo", "query"),
             ("/pdb/query/v4/resources/File", "query"),
             ("/pdb/query/v4/resources/File/a/b", "pass-through"),

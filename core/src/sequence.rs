@@ -19,6 +19,8 @@ pub(crate) struct Sequence {
     /// The certname of a per-certname route: its owner is asked first, and an answer other than
     /// 404 stands (the owner's refusal is the answer, not a reason to ask the others).
     owner_of: Option<String>,
+    /// How the answer is read: streamed to the client, or whole (a translation pdbmux reads).
+    body_mode: BodyMode,
     order: Vec<BackendId>,
 }
 
@@ -29,7 +31,16 @@ impl Sequence {
         Sequence {
             target,
             owner_of: None,
+            body_mode: BodyMode::StreamSuccess,
             order: Vec::new(),
+        }
+    }
+
+    /// A PQL translation (`ast_only=true`): asked like a pass-through, the answer read whole.
+    pub(crate) fn translation(target: String) -> Sequence {
+        Sequence {
+            body_mode: BodyMode::Buffer,
+            ..Sequence::first_success(target)
         }
     }
 
@@ -42,6 +53,7 @@ impl Sequence {
                     .decode_utf8_lossy()
                     .into_owned(),
             ),
+            body_mode: BodyMode::StreamSuccess,
             order: Vec::new(),
         }
     }
@@ -74,7 +86,7 @@ impl Plan for Sequence {
 
     fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
         Outbound {
-            body_mode: BodyMode::StreamSuccess,
+            body_mode: self.body_mode,
             ..Outbound::get(self.target.clone())
         }
     }

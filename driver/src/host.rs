@@ -18,7 +18,7 @@ use futures_util::task::AtomicWaker;
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId,
-    Planned, Response, UpstreamRequest, WaiterId,
+    Planned, Response, Translating, UpstreamRequest, WaiterId,
 };
 use pdbmux_sealed::Sealer;
 
@@ -66,6 +66,8 @@ enum Admitted<R: Runtime> {
     Respond(Response),
     /// Drive this exchange on the request's own task.
     Exchange(Exchange),
+    /// Drive this PQL translation on the request's own task, then hand it back.
+    Translate(Exchange, Translating),
     /// Wait for the estate's word.
     Wait(WaitTicket<R>),
 }
@@ -174,7 +176,7 @@ impl<R: Runtime> EstateHost<R> {
         // Planned once, before the estate's lock is taken.
         let planned = pdbmux_core::plan(request, &self.config);
         timings.planned();
-        let mut admission = self.admit_with(Instant::now(), planned, Estate::admit);
+        let mut admission = self.admit_with(|estate| estate.admit(Instant::now(), planned));
         let log = |timings: &Timings, how: &str| {
             let name = |id: BackendId| backend_name(&self.config, id);
             timings.log(&request.target, how, name);
@@ -191,13 +193,21 @@ impl<R: Runtime> EstateHost<R> {
                     log(&timings, "exchange");
                     return answer;
                 }
+                Admitted::Translate(exchange, translating) => {
+                    // Buffered (never a held body): the translation is read, not forwarded.
+                    let (response, _) = crate::drive(&**self, exchange, &mut timings).await;
+                    admission = self.admit_with(|estate| {
+                        estate.handle_translated(Instant::now(), translating, response)
+                    });
+                }
                 Admitted::Wait(ticket) => match ticket.wait().await {
                     Some(WaiterEvent::Respond(response)) => {
                         log(&timings, "waited");
                         return (response, None);
                     }
                     Some(WaiterEvent::Resume(planned)) => {
-                        admission = self.admit_with(Instant::now(), *planned, Estate::readmit)
+                        admission =
+                            self.admit_with(|estate| estate.readmit(Instant::now(), *planned))
                     }
                     None => {
                         let response = Response::text(
@@ -237,19 +247,18 @@ impl<R: Runtime> EstateHost<R> {
         }
     }
 
-    fn admit_with(
-        self: &Arc<Self>,
-        now: Instant,
-        planned: Planned,
-        admit: fn(&mut Estate, Instant, Planned) -> Admission,
-    ) -> Admitted<R> {
+    fn admit_with(self: &Arc<Self>, admit: impl FnOnce(&mut Estate) -> Admission) -> Admitted<R> {
         let mut estate = self.estate();
-        let admission = admit(&mut estate, now, planned);
+        let admission = admit(&mut estate);
         // The admission may have queued upstream requests (a membership refresh).
         let wake = !matches!(admission, Admission::Respond(_));
         let admitted = match admission {
             Admission::Respond(response) => Admitted::Respond(response),
             Admission::Exchange(exchange) => Admitted::Exchange(exchange),
+            Admission::Translate {
+                exchange,
+                translating,
+            } => Admitted::Translate(exchange, translating),
             // Registered before the lock is released, so the driver cannot answer first.
             Admission::Wait(waiter) => Admitted::Wait(self.ticket(waiter)),
             Admission::Flight {

@@ -1,0 +1,221 @@
+//! The root query endpoint `/pdb/query/v4` (docs/merging.md, "PQL and the root endpoint"): a
+//! `["from", <entity>, …]` AST is answered as the entity's own route answers the same query, and
+//! PQL is first translated by a backend (`ast_only=true`) into that AST.
+//!
+//! The mapping: `["from", "nodes", <query>, ["order_by", …], ["limit", n], ["offset", n]]` becomes
+//! `/pdb/query/v4/nodes?query=<query>&order_by=…&limit=n&offset=n` plus every other parameter of
+//! the request. The entity names PQL uses (`fact_contents`) are the path segments with `-` for
+//! `_`. An entity pdbmux does not merge, a client's own `ast_only=true` and anything that is not a
+//! `from` query stay first-success pass-throughs.
+
+use serde_json::Value;
+
+use crate::entity::Entity;
+use crate::query::{Params, QueryText};
+
+/// What a request on the root endpoint is.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum RootQuery {
+    /// A `from` AST on a merged entity: the entity route's target it is answered as.
+    Mapped(String),
+    /// PQL: translated by a backend first.
+    Pql(Pql),
+    /// Anything else: answered by the first backend that answers.
+    PassThrough,
+}
+
+/// A PQL request waiting for its translation: the text, and the request's other parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pql {
+    pub(crate) text: String,
+    pub(crate) params: Params,
+}
+
+impl Pql {
+    /// The translation request: the root endpoint with `ast_only=true`.
+    pub(crate) fn translation_target(&self) -> String {
+        let mut params = Params::default();
+        params.set("query", &self.text);
+        params.set("ast_only", "true");
+        format!("{ROOT}?{}", params.to_query_string())
+    }
+}
+
+/// A PQL request whose translation is under way: the PQL, and the target the client sent (what
+/// is asked of the backends as it is when the translation maps onto no merged entity). Hand it
+/// back with the translation's response to [`crate::Estate::handle_translated`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Translating {
+    pub(crate) pql: Pql,
+    pub(crate) target: String,
+}
+
+/// The root query endpoint's path.
+pub(crate) const ROOT: &str = "/pdb/query/v4";
+
+/// Reads a root-endpoint request's parameters.
+pub(crate) fn read(params: &Params) -> RootQuery {
+    if params
+        .get("ast_only")
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    {
+        return RootQuery::PassThrough;
+    }
+    match params.query_text() {
+        QueryText::Pql(text) => RootQuery::Pql(Pql {
+            text,
+            params: params.clone(),
+        }),
+        QueryText::Ast(ast) => match mapped_target(&ast, params) {
+            Some(target) => RootQuery::Mapped(target),
+            None => RootQuery::PassThrough,
+        },
+        QueryText::Absent | QueryText::Malformed(_) => RootQuery::PassThrough,
+    }
+}
+
+/// The entity route's target for a `from` AST with the request's other parameters; `None` when
+/// it is not a `from` query pdbmux can map (not `from`, an entity it does not merge, a clause it
+/// does not know, paging given twice).
+pub(crate) fn mapped_target(ast: &Value, params: &Params) -> Option<String> {
+    let items = ast.as_array()?;
+    let ["from", entity] = [items.first()?.as_str()?, items.get(1)?.as_str()?] else {
+        return None;
+    };
+    let entity = Entity::from_segment(&entity.replace('_', "-"))?;
+    if matches!(entity, Entity::EventCounts | Entity::AggregateEventCounts) {
+        return None;
+    }
+    let mut mapped = params.clone();
+    mapped.remove("query");
+    for item in &items[2..] {
+        let clause = item.as_array()?;
+        match clause.first()?.as_str()? {
+            "limit" | "offset" => {
+                let name = clause[0].as_str()?;
+                let value = clause.get(1)?.as_u64()?;
+                if mapped.contains(name) || clause.len() != 2 {
+                    return None;
+                }
+                mapped.set(name, &value.to_string());
+            }
+            "order_by" => {
+                if mapped.contains("order_by") || clause.len() != 2 {
+                    return None;
+                }
+                mapped.set("order_by", &order_by(clause.get(1)?)?.to_string());
+            }
+            _ if mapped.contains("query") => return None,
+            _ => mapped.set("query", &item.to_string()),
+        }
+    }
+    let query = mapped.to_query_string();
+    Some(match query.is_empty() {
+        true => entity.path(),
+        false => format!("{}?{query}", entity.path()),
+    })
+}
+
+/// An AST `order_by` clause's fields (`"certname"` or `["certname", "desc"]`) as the URL
+/// parameter writes them (`[{"field": "certname", "order": "desc"}]`).
+fn order_by(fields: &Value) -> Option<Value> {
+    let fields = fields.as_array()?;
+    let mut out = Vec::with_capacity(fields.len());
+    for field in fields {
+        let (name, order) = match field {
+            Value::String(name) => (name.as_str(), "asc"),
+            Value::Array(pair) => match pair.as_slice() {
+                [Value::String(name)] => (name.as_str(), "asc"),
+                [Value::String(name), Value::String(order)] => (name.as_str(), order.as_str()),
+                _ => return None,
+            },
+            _ => return None,
+        };
+        out.push(serde_json::json!({ "field": name, "order": order }));
+    }
+    Some(Value::Array(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn mapped(ast: Value, extra: &str) -> Option<String> {
+        let encoded: String = form_urlencoded::byte_serialize(ast.to_string().as_bytes()).collect();
+        let raw = format!("query={encoded}{extra}");
+        mapped_target(&ast, &Params::parse(Some(&raw))).map(|t| {
+            percent_encoding::percent_decode_str(&t)
+                .decode_utf8_lossy()
+                .into_owned()
+        })
+    }
+
+    #[test]
+    fn a_from_query_maps_onto_its_entity_route() {
+        assert_eq!(
+            mapped(
+                json!([
+                    "from",
+                    "nodes",
+                    [
+                        "extract",
+                        ["certname"],
+                        ["=", "facts_environment", "staging"]
+                    ],
+                    ["limit", 3]
+                ]),
+                ""
+            )
+            .as_deref(),
+            Some(
+                r#"/pdb/query/v4/nodes?query=["extract",["certname"],["=","facts_environment","staging"]]&limit=3"#
+            )
+        );
+        assert_eq!(
+            mapped(
+                json!([
+                    "from",
+                    "fact_contents",
+                    ["order_by", [["certname", "desc"], "path"]],
+                    ["offset", 2]
+                ]),
+                "&include_total=true"
+            )
+            .as_deref(),
+            Some(
+                r#"/pdb/query/v4/fact-contents?include_total=true&order_by=[{"field":"certname","order":"desc"},{"field":"path","order":"asc"}]&offset=2"#
+            )
+        );
+        assert_eq!(
+            mapped(json!(["from", "reports"]), "").as_deref(),
+            Some("/pdb/query/v4/reports")
+        );
+    }
+
+    #[test]
+    fn what_is_not_a_mappable_from_query_passes_through() {
+        assert_eq!(mapped(json!(["=", "certname", "a"]), ""), None);
+        assert_eq!(mapped(json!(["from", "catalog_inputs"]), ""), None);
+        assert_eq!(mapped(json!(["from", "event_counts"]), ""), None);
+        assert_eq!(
+            mapped(json!(["from", "nodes", ["limit", 2]]), "&limit=3"),
+            None
+        );
+        assert_eq!(mapped(json!(["from", "nodes", ["limit", "x"]]), ""), None);
+        assert_eq!(
+            mapped(json!(["from", "nodes", ["=", "a", 1], ["=", "b", 2]]), ""),
+            None
+        );
+        let params = Params::parse(Some("query=nodes%20%7B%7D&ast_only=true"));
+        assert_eq!(read(&params), RootQuery::PassThrough);
+        let params = Params::parse(Some("query=nodes%20%7B%7D"));
+        let RootQuery::Pql(pql) = read(&params) else {
+            panic!("PQL");
+        };
+        assert_eq!(
+            pql.translation_target(),
+            "/pdb/query/v4?query=nodes+%7B%7D&ast_only=true"
+        );
+    }
+}
