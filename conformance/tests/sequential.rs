@@ -48,7 +48,8 @@ fn pass_through_first_empty_success_wins() {
         FakeBackend::queue("pdb-a", URL_A, [Reply::ok("[]").after(ms(2))]),
         FakeBackend::queue("pdb-b", URL_B, [Reply::ok(r#"[{"certname":"web1"}]"#)]),
     ]);
-    let c = h.get("/pdb/query/v4/catalog-inputs?query=%5B%22%3D%22%2C%22certname%22%2C%22web1%22%5D");
+    let c =
+        h.get("/pdb/query/v4/catalog-inputs?query=%5B%22%3D%22%2C%22certname%22%2C%22web1%22%5D");
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.body_str(), "[]");

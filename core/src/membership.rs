@@ -283,6 +283,22 @@ impl Ownership {
             .map(|(certname, owners)| (certname.as_str(), *owners))
     }
 
+    /// The certnames `backend` holds deactivated (or expired) that another backend holds active:
+    /// nodes that moved away from it. Its own `node_state` filter on history counts them
+    /// inactive, where the estate counts them active (docs/merging.md, "History counted once").
+    pub fn revived(&self, backend: BackendId) -> Vec<&str> {
+        self.any
+            .entries
+            .iter()
+            .filter(|(_, entry)| entry.holders.contains(&backend))
+            .filter(|(certname, _)| {
+                let active = self.holders(certname, Scope::Active);
+                !active.is_empty() && !active.contains(&backend)
+            })
+            .map(|(certname, _)| certname.as_str())
+            .collect()
+    }
+
     /// How many certnames `backend` holds within `scope`.
     pub fn held(&self, backend: BackendId, scope: Scope) -> usize {
         self.view(scope).held.get(backend.0).copied().unwrap_or(0)

@@ -300,6 +300,26 @@ pub fn write_array<'r>(records: impl IntoIterator<Item = &'r str>, capacity: usi
     out
 }
 
+/// A record object without the keys in `skip`, every other entry's bytes untouched; `None` for
+/// something that is not an object.
+pub fn without_keys(record: &str, skip: &[&str]) -> Option<String> {
+    let fields = Fields::of(record)?;
+    let mut out = String::from("{");
+    for (name, value) in fields.entries() {
+        if skip.contains(&name.as_ref()) {
+            continue;
+        }
+        if out.len() > 1 {
+            out.push(',');
+        }
+        out.push_str(&serde_json::to_string(name.as_ref()).ok()?);
+        out.push(':');
+        out.push_str(value.get());
+    }
+    out.push('}');
+    Some(out)
+}
+
 /// A record object with one more key appended, the original bytes untouched before it.
 pub fn with_key(record: &str, key: &str, value: &str) -> String {
     let text = record.trim_end();

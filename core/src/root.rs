@@ -4,7 +4,12 @@
 //!
 //! The mapping: `["from", "nodes", <query>, ["order_by", …], ["limit", n], ["offset", n]]` becomes
 //! `/pdb/query/v4/nodes?query=<query>&order_by=…&limit=n&offset=n` plus every other parameter of
-//! the request. The entity names PQL uses (`fact_contents`) are the path segments with `-` for
+//! the request; a paging parameter in the query string wins over the same clause in the AST, one
+//! by one, as PuppetDB 7.12.1 combines them (`…["limit",2]]&limit=3` is limit 3; `&offset=1`
+//! beside `["limit",2]` is both). The root endpoint sees active nodes only on every entity
+//! (PuppetDB 7.12.1 adds `["=","node_state","active"]` there to `reports`, `events` and
+//! `catalogs` too, which their own routes do not filter): the mapped query says so when it does
+//! not name `node_state` itself. The entity names PQL uses (`fact_contents`) are the path segments with `-` for
 //! `_`. An entity pdbmux does not merge, a client's own `ast_only=true` and anything that is not a
 //! `from` query stay first-success pass-throughs.
 
@@ -76,7 +81,7 @@ pub(crate) fn read(params: &Params) -> RootQuery {
 
 /// The entity route's target for a `from` AST with the request's other parameters; `None` when
 /// it is not a `from` query pdbmux can map (not `from`, an entity it does not merge, a clause it
-/// does not know, paging given twice).
+/// does not know, two queries).
 pub(crate) fn mapped_target(ast: &Value, params: &Params) -> Option<String> {
     let items = ast.as_array()?;
     let ["from", entity] = [items.first()?.as_str()?, items.get(1)?.as_str()?] else {
@@ -86,27 +91,43 @@ pub(crate) fn mapped_target(ast: &Value, params: &Params) -> Option<String> {
     if matches!(entity, Entity::EventCounts | Entity::AggregateEventCounts) {
         return None;
     }
-    let mut mapped = params.clone();
-    mapped.remove("query");
-    for item in &items[2..] {
-        let clause = item.as_array()?;
-        match clause.first()?.as_str()? {
-            "limit" | "offset" => {
-                let name = clause[0].as_str()?;
-                let value = clause.get(1)?.as_u64()?;
-                if mapped.contains(name) || clause.len() != 2 {
-                    return None;
-                }
-                mapped.set(name, &value.to_string());
-            }
-            "order_by" => {
-                if mapped.contains("order_by") || clause.len() != 2 {
-                    return None;
-                }
-                mapped.set("order_by", &order_by(clause.get(1)?)?.to_string());
-            }
-            _ if mapped.contains("query") => return None,
-            _ => mapped.set("query", &item.to_string()),
+    let is_clause = |item: &Value| {
+        let name = item.get(0).and_then(Value::as_str);
+        matches!(name, Some("limit" | "offset" | "order_by"))
+    };
+    let (clauses, queries): (Vec<&Value>, Vec<&Value>) =
+        items[2..].iter().partition(|i| is_clause(i));
+    if queries.len() > 1 {
+        return None;
+    }
+    let mut query = queries.first().map(|q| (*q).clone());
+    let sees_every_state = matches!(entity, Entity::Reports | Entity::Events | Entity::Catalogs);
+    let names_state = query
+        .as_ref()
+        .is_some_and(|q| q.to_string().contains("\"node_state\""));
+    if sees_every_state && !names_state {
+        let active = serde_json::json!(["=", "node_state", "active"]);
+        query = Some(crate::query::add_clause(query.as_ref(), active));
+    }
+    // The query first, then the request's own parameters, then the clauses they leave.
+    let mut mapped = Params::default();
+    if let Some(query) = &query {
+        mapped.set("query", &query.to_string());
+    }
+    for param in params.iter().filter(|p| p.key() != "query") {
+        mapped.set(param.key(), param.value());
+    }
+    for clause in clauses {
+        let name = clause.get(0)?.as_str()?;
+        if clause.as_array()?.len() != 2 {
+            return None;
+        }
+        let value = match name {
+            "order_by" => order_by(clause.get(1)?)?.to_string(),
+            _ => clause.get(1)?.as_u64()?.to_string(),
+        };
+        if !params.contains(name) {
+            mapped.set(name, &value);
         }
     }
     let query = mapped.to_query_string();
@@ -189,7 +210,22 @@ mod tests {
         );
         assert_eq!(
             mapped(json!(["from", "reports"]), "").as_deref(),
-            Some("/pdb/query/v4/reports")
+            Some(r#"/pdb/query/v4/reports?query=["=","node_state","active"]"#),
+            "the root endpoint sees active nodes on reports too"
+        );
+        assert_eq!(
+            mapped(
+                json!([
+                    "from",
+                    "catalogs",
+                    ["extract", ["certname"], ["=", "node_state", "any"]]
+                ]),
+                ""
+            )
+            .as_deref(),
+            Some(
+                r#"/pdb/query/v4/catalogs?query=["extract",["certname"],["=","node_state","any"]]"#
+            )
         );
     }
 
@@ -199,8 +235,13 @@ mod tests {
         assert_eq!(mapped(json!(["from", "catalog_inputs"]), ""), None);
         assert_eq!(mapped(json!(["from", "event_counts"]), ""), None);
         assert_eq!(
-            mapped(json!(["from", "nodes", ["limit", 2]]), "&limit=3"),
-            None
+            mapped(json!(["from", "nodes", ["limit", 2]]), "&limit=3").as_deref(),
+            Some("/pdb/query/v4/nodes?limit=3"),
+            "the parameter wins over the clause"
+        );
+        assert_eq!(
+            mapped(json!(["from", "nodes", ["limit", 2]]), "&offset=1").as_deref(),
+            Some("/pdb/query/v4/nodes?offset=1&limit=2")
         );
         assert_eq!(mapped(json!(["from", "nodes", ["limit", "x"]]), ""), None);
         assert_eq!(

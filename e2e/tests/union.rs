@@ -136,6 +136,8 @@ struct Question {
     path: String,
     params: Vec<(String, String)>,
     compare: Compare,
+    /// The entity route whose records the answer holds (the root endpoint answers any entity's).
+    entity_path: String,
 }
 
 impl Question {
@@ -161,6 +163,24 @@ impl Question {
             path: path.to_owned(),
             params,
             compare,
+            entity_path: path.to_owned(),
+        }
+    }
+
+    /// A root-endpoint question (PQL or a `from` AST) on `entity`'s records, asked as written:
+    /// it leaves the order-dependent node out itself.
+    fn root(entity: &str, query: String, extra: &[(&str, &str)], compare: Compare) -> Question {
+        let mut params = vec![("query".to_owned(), query)];
+        params.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
+        Question {
+            path: "/pdb/query/v4".to_owned(),
+            params,
+            compare,
+            entity_path: format!("/pdb/query/v4/{entity}"),
         }
     }
 
@@ -210,13 +230,13 @@ fn compare(question: &Question, got: &Response, want: &Response) -> Option<Strin
     };
     // Only /facts adds records of its own: elsewhere the provenance fact is a name or a path
     // the union holds too (the fixture forges an upstream `pdbmux_source` fact).
-    let synthetic = match question.path.ends_with("/facts") {
+    let synthetic = match question.entity_path.ends_with("/facts") {
         true => count_synthetic(&got_body),
         false => 0,
     };
     let (got_body, want_body) = (
-        normalise(&question.path, &got_body),
-        normalise(&question.path, &want_body),
+        normalise(&question.entity_path, &got_body),
+        normalise(&question.entity_path, &want_body),
     );
     let same = match (question.compare, &got_body, &want_body) {
         (Compare::Set, Value::Array(a), Value::Array(b)) => {
@@ -588,6 +608,51 @@ fn history_equals_the_union() {
             &[("query", q(json!(["=", "latest_report?", true])))],
         ),
         Question::new(reports, &[("query", q(json!(["=", "status", "failed"])))]),
+        // By node state: a node that moved is active in the estate, its old backend's reports
+        // included; a node deactivated everywhere is inactive.
+        Question::new(
+            reports,
+            &[("query", q(json!(["=", "node_state", "active"])))],
+        ),
+        Question::new(
+            reports,
+            &[("query", q(json!(["=", "node_state", "inactive"])))],
+        ),
+        Question::new(
+            events,
+            &[("query", q(json!(["=", "node_state", "active"])))],
+        ),
+        Question::new(
+            reports,
+            &[(
+                "query",
+                q(json!([
+                    "extract",
+                    [["function", "count"], "status"],
+                    ["=", "node_state", "active"],
+                    ["group_by", "status"]
+                ])),
+            )],
+        ),
+        Question::new(
+            "/pdb/query/v4/event-counts",
+            &[
+                ("query", q(json!(["=", "node_state", "active"]))),
+                ("summarize_by", "certname".to_owned()),
+            ],
+        ),
+        // Projections that leave out what tells copies apart are still served once each.
+        Question::new(
+            reports,
+            &[("query", q(json!(["extract", ["certname", "status"]])))],
+        ),
+        Question::new(
+            events,
+            &[(
+                "query",
+                q(json!(["extract", ["certname", "status", "resource_title"]])),
+            )],
+        ),
     ];
     for certname in hard_cases() {
         for path in [reports, events] {
@@ -758,6 +823,125 @@ fn aggregates_equal_the_union() {
         ],
     ));
     check("union-aggregates", &questions);
+}
+
+#[test]
+fn pql_and_from_queries_equal_the_union() {
+    let tie = order_dependent();
+    let pql = |entity: &str, text: String| Question::root(entity, text, &[], Compare::Set);
+    let ordered = |entity: &str, text: String| Question::root(entity, text, &[], Compare::Sequence);
+    let other = hard_cases();
+    let questions = vec![
+        pql(
+            "nodes",
+            format!(
+                r#"nodes[certname] {{ facts_environment = "staging" and certname != "{tie}" }}"#
+            ),
+        ),
+        ordered(
+            "nodes",
+            format!(
+                r#"nodes[certname, report_timestamp] {{ certname != "{tie}" order by certname desc limit 6 offset 2 }}"#
+            ),
+        ),
+        pql(
+            "nodes",
+            format!(
+                r#"nodes[certname] {{ certname in ["{}", "{}"] }}"#,
+                other[0], other[4]
+            ),
+        ),
+        pql(
+            "nodes",
+            format!(
+                r#"nodes[certname] {{ facts {{ name = "e2e_loaded_into" and value = "all" }} and certname != "{tie}" }}"#
+            ),
+        ),
+        pql(
+            "facts",
+            format!(r#"facts[count()] {{ name = "kernel" and certname != "{tie}" }}"#),
+        ),
+        pql(
+            "facts",
+            format!(
+                r#"facts[value, count()] {{ name = "e2e_loaded_into" and certname != "{tie}" group by value }}"#
+            ),
+        ),
+        pql(
+            "facts",
+            format!(r#"facts {{ name = "ipaddress" and certname != "{tie}" }}"#),
+        ),
+        pql(
+            "fact-contents",
+            format!(
+                r#"fact_contents[certname, value] {{ name = "kernel" and certname != "{tie}" }}"#
+            ),
+        ),
+        pql(
+            "reports",
+            format!(r#"reports[hash, certname] {{ certname ~ "pdbmux" and certname != "{tie}" }}"#),
+        ),
+        pql(
+            "reports",
+            format!(r#"reports[status, count()] {{ certname != "{tie}" group by status }}"#),
+        ),
+        pql(
+            "events",
+            format!(r#"events[certname, status, resource_title] {{ certname != "{tie}" }}"#),
+        ),
+        pql(
+            "resources",
+            format!(
+                r#"resources[certname, type, title] {{ type = "Service" and certname != "{tie}" }}"#
+            ),
+        ),
+        pql(
+            "resources",
+            format!(r#"resources[count()] {{ exported = true and certname != "{tie}" }}"#),
+        ),
+        pql(
+            "inventory",
+            format!(r#"inventory[certname] {{ facts.kernel = "Linux" and certname != "{tie}" }}"#),
+        ),
+        pql(
+            "factsets",
+            format!(r#"factsets[certname, environment] {{ certname != "{tie}" }}"#),
+        ),
+        pql(
+            "catalogs",
+            format!(r#"catalogs[certname, version] {{ certname != "{tie}" }}"#),
+        ),
+        pql("fact-names", "fact_names {}".to_owned()),
+        pql("environments", "environments {}".to_owned()),
+        Question::root(
+            "nodes",
+            q(json!([
+                "from",
+                "nodes",
+                ["extract", ["certname"], ["not", ["=", "certname", tie]]],
+                ["order_by", [["certname", "desc"]]],
+                ["limit", 3]
+            ])),
+            &[("offset", "1"), ("include_total", "true")],
+            Compare::Sequence,
+        ),
+        Question::root(
+            "nodes",
+            format!(r#"nodes[certname] {{ certname != "{tie}" order by certname limit 2 }}"#),
+            &[("limit", "4"), ("include_total", "true")],
+            Compare::Sequence,
+        ),
+    ];
+    let mut questions = questions;
+    // Refused as the union refuses: a PQL syntax error, an unknown field, an unknown entity.
+    for text in [
+        "nodes[certname { }",
+        r#"nodes[certname] { no_such_field = "x" }"#,
+        "no_such_entity { }",
+    ] {
+        questions.push(pql("nodes", text.to_owned()));
+    }
+    check("union-pql", &questions);
 }
 
 #[test]

@@ -42,6 +42,9 @@ pub(crate) struct AggregatePlan {
     correction: Option<Correction>,
     pinned: Option<Vec<String>>,
     pushable: bool,
+    /// History filtered by `node_state`: each backend's filter widened to the nodes that moved
+    /// away from it (docs/merging.md, "History counted once").
+    history_node_state: bool,
     asked: Vec<BackendId>,
     excused: usize,
     /// The correction each backend is asked for, or was known already; set by [`Plan::start`].
@@ -114,6 +117,12 @@ impl AggregatePlan {
             (false, _, true) => None,
         };
         let upstreams = plan.upstream();
+        let history_node_state = entity.is_history()
+            && !node_owned
+            && pushable
+            && params
+                .get("query")
+                .is_some_and(|q| q.contains("node_state"));
         Some(Ok(AggregatePlan {
             plan,
             upstreams,
@@ -122,6 +131,7 @@ impl AggregatePlan {
             correction,
             pinned: analysis.and_then(|a| a.pinned_certnames.clone()),
             pushable,
+            history_node_state,
             asked: Vec::new(),
             excused: 0,
             corrections: Vec::new(),
@@ -157,6 +167,29 @@ impl AggregatePlan {
         }
     }
 
+    /// `params` with its query's `node_state` filter widened for `backend`, when this is history
+    /// filtered by state and the backend holds nodes that moved away; whether it changed.
+    fn widen(&self, backend: BackendId, params: &mut Params, context: &Context) -> bool {
+        if !self.history_node_state {
+            return false;
+        }
+        let Some(ownership) = context.ownership.as_deref() else {
+            return false;
+        };
+        let revived = ownership.revived(backend);
+        let query = params.query_text();
+        match query
+            .as_ast()
+            .and_then(|q| crate::query::widen_node_state(q, &revived))
+        {
+            Some(widened) => {
+                params.set("query", &widened.to_string());
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The part number of the correction request (after the planned parts).
     fn correction_part(&self) -> usize {
         self.upstreams.len()
@@ -165,7 +198,10 @@ impl AggregatePlan {
 
 impl Plan for AggregatePlan {
     fn needs_ownership(&self) -> bool {
-        self.node_scope.is_some() || self.correction.is_some() || self.pinned.is_some()
+        self.node_scope.is_some()
+            || self.correction.is_some()
+            || self.pinned.is_some()
+            || self.history_node_state
     }
 
     fn counts_rounds(&self) -> bool {
@@ -188,9 +224,10 @@ impl Plan for AggregatePlan {
             if certnames.is_empty() {
                 continue;
             }
-            let Some((path, params)) = self.plan.correction_params(&certnames) else {
+            let Some((path, mut params)) = self.plan.correction_params(&certnames) else {
                 continue;
             };
+            self.widen(backend, &mut params, context);
             let path = path.unwrap_or(&self.path);
             let outbound = outbound::request(path, &params, true);
             let key = format!("{path}?{}", params.to_query_string());
@@ -234,7 +271,7 @@ impl Plan for AggregatePlan {
             UpstreamPath::EventCounts => EVENT_COUNTS_PATH,
         };
         let mut params = upstream.params.clone();
-        let mut rewritten = false;
+        let mut rewritten = self.widen(backend, &mut params, context);
         // Without a correction, a node-owned aggregate is made exact by pushing ownership down.
         let push = self.correction.is_none() && self.pushable;
         if let (Some(owning), true) = (self.owning(context), push) {

@@ -167,6 +167,12 @@ pub(crate) struct RecordPlan {
     owned: Option<(NodeScope, Technique)>,
     /// A paged history total, corrected for reports stored in several backends (D16).
     history_total: bool,
+    /// History filtered by `node_state`: each backend's filter is widened to the nodes that
+    /// moved away from it (active elsewhere), which the estate counts active.
+    history_node_state: bool,
+    /// The fields a history projection is asked for beyond the client's, so that copies of one
+    /// report (or event) can be told apart and served once; dropped from the answer.
+    history_helpers: Vec<&'static str>,
     /// The backends asked, the limit each was asked for, and whether ownership was pushed into
     /// its first request; set by [`Plan::start`].
     asked: Vec<Asked>,
@@ -174,6 +180,16 @@ pub(crate) struct RecordPlan {
     excused: usize,
     /// The corrections the total needs; set by [`Plan::start`].
     corrections: Vec<Correction>,
+}
+
+/// The fields that tell one stored report (or event) from another, so that the copies several
+/// backends store are served once (docs/merging.md, "History counted once").
+fn history_identity(entity: Entity) -> &'static [&'static str] {
+    match entity {
+        Entity::Reports => &["hash"],
+        Entity::Events => &["report", "resource_type", "resource_title", "property"],
+        _ => &[],
+    }
 }
 
 /// A 400 in PuppetDB's words.
@@ -289,6 +305,20 @@ impl RecordPlan {
         };
         let history_total =
             entity.is_history() && include_total && window.is_paged() && pushable && !node_owned;
+        let history_node_state = entity.is_history()
+            && !node_owned
+            && pushable
+            && raw_query.is_some_and(|q| q.contains("node_state"));
+        let history_helpers = match (&analysis, pushable && !node_owned) {
+            (Some(a), true) if !a.plain_columns.is_empty() && !a.has_function_column() => {
+                history_identity(entity)
+                    .iter()
+                    .copied()
+                    .filter(|field| !a.plain_columns.iter().any(|c| c == field))
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
 
         Ok(RecordPlan {
             entity,
@@ -303,10 +333,17 @@ impl RecordPlan {
             provenance,
             owned,
             history_total,
+            history_helpers,
+            history_node_state,
             asked: Vec::new(),
             excused: 0,
             corrections: Vec::new(),
         })
+    }
+
+    /// The fields asked for beyond the client's projection, dropped from the answer.
+    pub(crate) fn history_helpers(&self) -> &[&'static str] {
+        &self.history_helpers
     }
 
     /// Whether the outer query projects columns (an extract): rows keep their shape untouched.
@@ -366,6 +403,14 @@ impl RecordPlan {
         }
         let mut query = self.query.as_ast().cloned();
         let mut rewritten = false;
+        if let Some(with) = query
+            .as_ref()
+            .filter(|_| !self.history_helpers.is_empty())
+            .and_then(|q| query::with_extract_columns(q, &self.history_helpers))
+        {
+            query = Some(with);
+            rewritten = true;
+        }
         // A paged /facts window must not lose records to the provenance drop after the backend
         // cut it: ask the backends not to return records of that name at all.
         if self.entity == Entity::Facts
@@ -397,6 +442,10 @@ impl RecordPlan {
         context: &Context,
     ) -> Outbound {
         let (mut params, mut query, mut rewritten) = self.base_params(limit);
+        if let Some(widened) = self.widened(backend, query.as_ref(), context) {
+            query = Some(widened);
+            rewritten = true;
+        }
         if push {
             let asked = self.asked_ids();
             if let Some(owning) = self.owning(context, &asked) {
@@ -440,7 +489,9 @@ impl RecordPlan {
                 return None;
             }
             let clause = query::only_certnames_clause(&shared);
-            let filter = query::add_clause(self.history_filter().as_ref(), clause);
+            let own = self.history_filter();
+            let own = self.widened(backend, own.as_ref(), context).or(own);
+            let filter = query::add_clause(own.as_ref(), clause);
             let query = match self.entity {
                 Entity::Events => serde_json::json!([
                     "extract",
@@ -453,6 +504,21 @@ impl RecordPlan {
             return Some(outbound::query_only(&self.upstream_path, &query));
         }
         None
+    }
+
+    /// `query` with its `node_state` filter widened for `backend` (the nodes it holds
+    /// deactivated that another backend holds active), when this is history filtered by state.
+    fn widened(
+        &self,
+        backend: BackendId,
+        query: Option<&Value>,
+        context: &Context,
+    ) -> Option<Value> {
+        if !self.history_node_state {
+            return None;
+        }
+        let revived = context.ownership.as_deref()?.revived(backend);
+        query::widen_node_state(query?, &revived)
     }
 
     /// Whether a node-owned total is corrected by counting: a paged, over-fetched total.
@@ -564,7 +630,10 @@ impl RecordPlan {
 
 impl Plan for RecordPlan {
     fn needs_ownership(&self) -> bool {
-        self.owned.is_some() || self.history_total || self.pinned().is_some()
+        self.owned.is_some()
+            || self.history_total
+            || self.history_node_state
+            || self.pinned().is_some()
     }
 
     fn counts_rounds(&self) -> bool {

@@ -94,12 +94,14 @@ pub(crate) fn merge(
                     continue;
                 }
             }
-            rows.push(Row::new(
-                backend.0,
-                Raw::Borrowed(record.get()),
-                order,
-                lookup,
-            ));
+            // Fields asked for only to tell copies apart leave before the record is served.
+            let raw = match plan.history_helpers().is_empty() {
+                true => Raw::Borrowed(record.get()),
+                false => crate::records::without_keys(record.get(), plan.history_helpers())
+                    .and_then(|text| RawValue::from_string(text).ok())
+                    .map_or(Raw::Borrowed(record.get()), Raw::Owned),
+            };
+            rows.push(Row::new(backend.0, raw, order, lookup));
         }
         pages.push(page);
     }

@@ -31,7 +31,7 @@ pub use foldable::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
 pub use params::{JsonBodyError, Param, Params};
 pub use rewrite::{
     add_clause, count_among, exclude_certnames, only_certnames_clause, ownership_clause,
-    rewrite_avg,
+    rewrite_avg, widen_node_state, with_extract_columns,
 };
 
 use serde_json::Value;

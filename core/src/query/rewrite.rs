@@ -73,6 +73,80 @@ pub fn count_among(query: Option<&Value>, certnames: &[&str]) -> Option<Value> {
     Some(json!(["extract", [["function", "count"]], filter]))
 }
 
+/// `query`'s outer `extract` with `extra` columns appended to what it projects (those it lacks),
+/// for fields a merge needs and the client did not ask for. `None` when the query is not an
+/// extract with a column list.
+pub fn with_extract_columns(query: &Value, extra: &[&str]) -> Option<Value> {
+    let (op, items) = form(query)?;
+    if op != "extract" {
+        return None;
+    }
+    let mut items = items.to_vec();
+    let mut columns = match items.get(1)? {
+        Value::Array(columns) => columns.clone(),
+        Value::String(column) => vec![Value::String(column.clone())],
+        _ => return None,
+    };
+    for field in extra {
+        if !columns.iter().any(|c| c.as_str() == Some(field)) {
+            columns.push(Value::String((*field).to_owned()));
+        }
+    }
+    items[1] = Value::Array(columns);
+    Some(Value::Array(items))
+}
+
+/// `query` with its `node_state` criteria (outside subqueries) corrected for nodes a backend
+/// holds deactivated while the estate holds them active (`revived`): `active` also takes them,
+/// `inactive` no longer does. `None` when the query names no `node_state` there, or `revived`
+/// is empty (nothing to correct).
+pub fn widen_node_state(query: &Value, revived: &[&str]) -> Option<Value> {
+    if revived.is_empty() {
+        return None;
+    }
+    let mut changed = false;
+    let widened = widen(query, revived, &mut changed);
+    changed.then_some(widened)
+}
+
+fn widen(node: &Value, revived: &[&str], changed: &mut bool) -> Value {
+    let Some((op, items)) = form(node) else {
+        return node.clone();
+    };
+    match (op, items) {
+        ("and" | "or" | "not", _) => {
+            let mut out = vec![items[0].clone()];
+            out.extend(items[1..].iter().map(|item| widen(item, revived, changed)));
+            Value::Array(out)
+        }
+        ("extract", _) => {
+            let mut out = items.to_vec();
+            if let Some(filter) = out
+                .get(2)
+                .filter(|f| form(f).is_some_and(|(op, _)| op != "group_by"))
+            {
+                out[2] = widen(filter, revived, changed);
+            }
+            Value::Array(out)
+        }
+        ("=", [_, Value::String(field), Value::String(state)]) if field == "node_state" => {
+            let revived_clause = only_certnames_clause(revived);
+            match state.as_str() {
+                "active" => {
+                    *changed = true;
+                    json!(["or", node, revived_clause])
+                }
+                "inactive" => {
+                    *changed = true;
+                    json!(["and", node, ["not", revived_clause]])
+                }
+                _ => node.clone(),
+            }
+        }
+        _ => node.clone(),
+    }
+}
+
 /// Adds `clause` as a conjunct of `query` (the clause alone when there is no query), the way
 /// [`exclude_certnames`] does. Use it for any other criterion pdbmux pushes upstream.
 pub fn add_clause(query: Option<&Value>, clause: Value) -> Value {
@@ -162,6 +236,63 @@ mod tests {
 
     fn clause() -> Value {
         json!(["not", ["in", "certname", ["array", ["a", "b"]]]])
+    }
+
+    #[test]
+    fn node_state_is_widened_for_nodes_that_moved_away() {
+        let revived = ["moved"];
+        let q = json!([
+            "extract",
+            ["hash"],
+            [
+                "and",
+                ["=", "node_state", "active"],
+                ["=", "status", "failed"]
+            ]
+        ]);
+        assert_eq!(
+            widen_node_state(&q, &revived),
+            Some(json!([
+                "extract",
+                ["hash"],
+                [
+                    "and",
+                    [
+                        "or",
+                        ["=", "node_state", "active"],
+                        ["in", "certname", ["array", ["moved"]]]
+                    ],
+                    ["=", "status", "failed"]
+                ]
+            ]))
+        );
+        assert_eq!(
+            widen_node_state(&json!(["=", "node_state", "inactive"]), &revived),
+            Some(json!([
+                "and",
+                ["=", "node_state", "inactive"],
+                ["not", ["in", "certname", ["array", ["moved"]]]]
+            ]))
+        );
+        assert_eq!(
+            widen_node_state(&json!(["=", "node_state", "any"]), &revived),
+            None
+        );
+        assert_eq!(
+            widen_node_state(&json!(["=", "node_state", "active"]), &[]),
+            None
+        );
+        // A subquery's node_state is the nodes entity's own: left alone.
+        let sub = json!([
+            "in",
+            "certname",
+            [
+                "extract",
+                "certname",
+                ["select_nodes", ["=", "node_state", "active"]]
+            ]
+        ]);
+        assert_eq!(widen_node_state(&sub, &revived), None);
     }
 
     #[test]
