@@ -103,6 +103,12 @@ def questions(estate: dict) -> list[tuple[str, str, dict]]:
         ("failures page", "/pdb/query/v4/nodes",
          {"query": q(["and", ["=", "latest_report_status", "failed"], ["=", "catalog_environment", env]])}),
         ("environments", "/pdb/query/v4/environments", {}),
+        # The same question as PQL on the root endpoint and as an AST on its route: pdbmux's
+        # PQL costs its AST once the translation is kept.
+        ("PQL: nodes in environment", "/pdb/query/v4",
+         {"query": f'nodes[certname] {{ catalog_environment = "{env}" }}'}),
+        ("AST: nodes in environment", "/pdb/query/v4/nodes",
+         {"query": q(["extract", ["certname"], ["=", "catalog_environment", env]])}),
     ]
 
 

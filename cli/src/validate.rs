@@ -321,6 +321,22 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// A duration that must be more than zero: a zero timeout fails every request, a zero
+    /// interval probes (or refreshes) in a tight loop.
+    fn positive_duration(&mut self, key: &'static str) -> Option<(Duration, String)> {
+        let (duration, text) = self.duration(key)?;
+        if duration.is_zero() {
+            self.shown.remove(key);
+            self.problems.push(ConfigProblem::Invalid {
+                key: key.to_owned(),
+                value: text,
+                reason: "must be more than 0s",
+            });
+            return None;
+        }
+        Some((duration, text))
+    }
+
     fn flag(&mut self, key: &'static str) -> Option<bool> {
         let text = self.scalar(key)?;
         let value = match text.trim().to_ascii_lowercase().as_str() {
@@ -507,7 +523,7 @@ fn split_backends(
             }
             _ => problems.push(ConfigProblem::BadBackendsEntry {
                 var,
-                entry: entry.to_owned(),
+                entry: redact_userinfo(entry),
             }),
         }
     }
@@ -606,6 +622,21 @@ fn parse_listen(text: &str) -> Option<String> {
     Some(format!("{host}:{}", port(p)?))
 }
 
+/// `text` with any user info of a URL in it (`user:secret@`) replaced by `***@`, for messages:
+/// a password must not reach a log.
+pub fn redact_userinfo(text: &str) -> String {
+    let Some(start) = text.find("://").map(|i| i + 3) else {
+        return text.to_owned();
+    };
+    let authority_end = text[start..]
+        .find(['/', '?', '#'])
+        .map_or(text.len(), |i| start + i);
+    match text[start..authority_end].rfind('@') {
+        Some(at) => format!("{}***{}", &text[..start], &text[start + at..]),
+        None => text.to_owned(),
+    }
+}
+
 /// Parses a backend base URL: `http` or `https`, a host, an optional port and nothing else.
 pub fn parse_backend_url(text: &str) -> Result<BackendUrl, String> {
     let text = text.trim();
@@ -676,7 +707,7 @@ fn check_backends(
             Err(reason) => {
                 checker.problems.push(ConfigProblem::BadBackendUrl {
                     index,
-                    value: raw.url.clone(),
+                    value: redact_userinfo(&raw.url),
                     reason,
                 });
                 None
@@ -780,8 +811,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         ],
         "freshness or static",
     );
-    let timeout = c.duration("timeout");
-    let freshness_ttl = c.duration("freshness_ttl");
+    let timeout = c.positive_duration("timeout");
+    let freshness_ttl = c.positive_duration("freshness_ttl");
     let mut clamped_from = None;
     let facts_ttl = c.duration("facts_ttl").map(|(ttl, raw)| {
         if ttl > FACTS_TTL_CAP {
@@ -796,7 +827,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
             ttl
         }
     });
-    let facts_cache_bytes = c.integer("facts_cache_bytes", 0, u64::MAX);
+    // A zero budget stores nothing: `facts_ttl: 0` is how the cache is turned off.
+    let facts_cache_bytes = c.integer("facts_cache_bytes", 1, u64::MAX);
     let source_fact = c.text("source_fact");
     let source_fact_enabled = c.flag("source_fact_enabled");
     let health_probe_enabled = c.flag("health_probe_enabled");
@@ -812,8 +844,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         }
         ok
     });
-    let health_probe_interval = c.duration("health_probe_interval");
-    let health_probe_timeout = c.duration("health_probe_timeout");
+    let health_probe_interval = c.positive_duration("health_probe_interval");
+    let health_probe_timeout = c.positive_duration("health_probe_timeout");
     let max_count = u64::from(u32::MAX);
     let health_probe_failures = c.integer("health_probe_failures", 1, max_count);
     let health_probe_successes = c.integer("health_probe_successes", 1, max_count);

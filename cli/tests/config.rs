@@ -435,6 +435,32 @@ fn validation_messages() {
             "xml",
             "log_format: unknown value \"xml\" (expected text or json)",
         ),
+        // Zero would fail every request, or probe and refresh in a tight loop.
+        (
+            "PDBMUX_TIMEOUT",
+            "0s",
+            "timeout: \"0s\" must be more than 0s",
+        ),
+        (
+            "PDBMUX_FRESHNESS_TTL",
+            "0",
+            "freshness_ttl: \"0\" must be more than 0s",
+        ),
+        (
+            "PDBMUX_HEALTH_PROBE_INTERVAL",
+            "0s",
+            "health_probe_interval: \"0s\" must be more than 0s",
+        ),
+        (
+            "PDBMUX_HEALTH_PROBE_TIMEOUT",
+            "0ms",
+            "health_probe_timeout: \"0ms\" must be more than 0s",
+        ),
+        (
+            "PDBMUX_FACTS_CACHE_BYTES",
+            "0",
+            "facts_cache_bytes: must be at least 1, got 0",
+        ),
     ];
     for (var, value, want) in cases {
         Jail::expect_with(|jail| {
@@ -464,7 +490,8 @@ fn backend_validation_messages() {
         ),
         (
             "a=http://user@a.example.com",
-            "backends[0].url: \"http://user@a.example.com\" is not http(s)://host[:port]: user info is not allowed",
+            // The user info is not repeated: it may hold a password.
+            "backends[0].url: \"http://***@a.example.com\" is not http(s)://host[:port]: user info is not allowed",
         ),
         (
             "a=http://a.example.com?x=1",
@@ -576,12 +603,12 @@ fn go_durations_everywhere() {
         jail.set_env("PDBMUX_TIMEOUT", "500ms");
         jail.set_env("PDBMUX_FRESHNESS_TTL", "2h");
         jail.set_env("PDBMUX_HEALTH_PROBE_INTERVAL", "1m30s");
-        jail.set_env("PDBMUX_HEALTH_PROBE_TIMEOUT", "0");
+        jail.set_env("PDBMUX_HEALTH_PROBE_TIMEOUT", "1500ms");
         let c = settings(jail, &[])?.config;
         assert_eq!(c.timeout, Duration::from_millis(500));
         assert_eq!(c.freshness_ttl, Duration::from_secs(7200));
         assert_eq!(c.health_probe_interval, Duration::from_secs(90));
-        assert_eq!(c.health_probe_timeout, Duration::ZERO);
+        assert_eq!(c.health_probe_timeout, Duration::from_millis(1500));
         // A YAML number other than 0 has no unit.
         let file = write(jail, "cfg.yaml", "timeout: 10\n");
         jail.set_env("PDBMUX_TIMEOUT", "");
@@ -770,6 +797,14 @@ fn backend_url_parsing() {
     assert_eq!(ok("https://pdb.example.com/").port, None);
     assert_eq!(ok("http://[::1]").host, "::1");
     assert!(parse_backend_url("http://pdb.example.com#frag").is_err());
+    assert_eq!(
+        pdbmux_cli::validate::redact_userinfo("https://user:secret@pdb.example.com:8081/x@y"),
+        "https://***@pdb.example.com:8081/x@y"
+    );
+    assert_eq!(
+        pdbmux_cli::validate::redact_userinfo("pdb-a=http://pdb.example.com"),
+        "pdb-a=http://pdb.example.com"
+    );
     assert!(parse_backend_url("http://").is_err());
     assert!(parse_backend_url("http:pdb.example.com").is_err());
     assert!(parse_backend_url("http://pdb.example.com:99999").is_err());

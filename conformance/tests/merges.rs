@@ -335,6 +335,49 @@ fn nodes_unparseable_200_counts_as_that_backend_failing() {
 }
 
 #[test]
+fn an_answer_with_an_element_that_is_not_a_record_or_nested_too_deep_is_that_backend_failing() {
+    // docs/decisions.md D7: `[1]`, `[null]`, or a body nested deeper than serde_json's limit is a
+    // malformed answer, never data: served from the other backend, marked partial, and valid
+    // JSON (a non-object record once became `…},1,"pdbmux_source":"x"}]`).
+    let web2 = r#"[{"certname":"web2","report_timestamp":"2024-05-01T10:00:00.000Z"}]"#;
+    let deep = format!(
+        "[{{\"certname\":\"web1\",\"x\":{}{}}}]",
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    for bad in [
+        r#"[{"certname":"web1","report_timestamp":null},1]"#.to_owned(),
+        "[null]".to_owned(),
+        deep,
+    ] {
+        let mut h = harness(vec![
+            member_backend(
+                "pdb-a",
+                URL_A,
+                members(&[("web1", T10)]),
+                vec![Reply::ok(bad.clone()).after(ms(2))],
+            ),
+            member_backend(
+                "pdb-b",
+                URL_B,
+                members(&[("web2", T10)]),
+                vec![Reply::ok(web2).after(ms(3))],
+            ),
+        ]);
+        let c = h.get("/pdb/query/v4/nodes");
+        finish(&mut h);
+        let response = h.response(c).expect("one response");
+        assert_eq!(response.status, StatusCode::OK, "{bad}");
+        assert_eq!(response.header("x-backends"), Some("1/2"), "{bad}");
+        assert_eq!(
+            body_json(&h, c),
+            json!([{"certname": "web2", "report_timestamp": T10, "pdbmux_source": "pdb-b"}]),
+            "{bad}"
+        );
+    }
+}
+
+#[test]
 fn nodes_both_unparseable_is_502() {
     let mut h = harness(vec![
         member_backend(

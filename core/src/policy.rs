@@ -76,6 +76,17 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
         }
     };
     let target = request.target.clone();
+    let merged = matches!(
+        route,
+        Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType | Route::Root
+    );
+    if let Some(key) = merged.then(|| repeated_param(request)).flatten() {
+        let message = format!("pdbmux: query parameter {key} given more than once");
+        return planned(
+            None,
+            Work::Local(Response::text(StatusCode::BAD_REQUEST, message)),
+        );
+    }
     let work = match &route {
         Route::Healthz => return planned(None, Work::Healthz),
         Route::PerCertname { certname } => {
@@ -98,6 +109,19 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
         }
     };
     planned(None, work)
+}
+
+/// The first parameter a request gives more than once: which one a merge should read is not
+/// defined (PuppetDB answers some with a 500), so such requests are refused.
+fn repeated_param(request: &ClientRequest) -> Option<String> {
+    let params = Params::parse(request.query());
+    let mut seen = std::collections::BTreeSet::new();
+    let repeated = params
+        .iter()
+        .map(|param| param.key())
+        .find(|key| !seen.insert(*key))
+        .map(str::to_owned);
+    repeated
 }
 
 /// Plans a root-endpoint query mapped onto `target`, its entity's route: as that route's own
@@ -265,6 +289,28 @@ mod tests {
         assert!(matches!(
             plan(&ClientRequest::get("/pdb/admin/v1/archive"), &config).work,
             Work::Local(_)
+        ));
+    }
+
+    #[test]
+    fn a_parameter_given_twice_is_refused_on_merged_routes() {
+        let config = config();
+        for target in [
+            "/pdb/query/v4/nodes?limit=1&limit=2",
+            "/pdb/query/v4?query=nodes%20%7B%7D&query=facts%20%7B%7D",
+        ] {
+            let Work::Local(response) = plan(&ClientRequest::get(target), &config).work else {
+                panic!("{target}: refused locally");
+            };
+            assert_eq!(response.status, StatusCode::BAD_REQUEST, "{target}");
+        }
+        assert!(matches!(
+            plan(
+                &ClientRequest::get("/pdb/query/v4/catalog-inputs?limit=1&limit=2"),
+                &config
+            )
+            .work,
+            Work::Fanout(_)
         ));
     }
 

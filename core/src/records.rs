@@ -7,10 +7,58 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+/// The deepest nesting read in a backend's body, serde_json's own default limit: deeper is that
+/// backend failing (docs/decisions.md D7). Raw values are skipped without that limit, and
+/// Python's `json` (Puppetboard, pypuppetdb) fails on what it would let through.
+pub const MAX_DEPTH: usize = 128;
+
+/// Refuses a body nested deeper than [`MAX_DEPTH`], counting brackets outside strings.
+fn check_depth(body: &[u8]) -> Result<(), serde_json::Error> {
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for &byte in body {
+        if in_string {
+            match (escaped, byte) {
+                (true, _) => escaped = false,
+                (false, b'\\') => escaped = true,
+                (false, b'"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(de::Error::custom(format!(
+                        "nested deeper than {MAX_DEPTH} levels"
+                    )));
+                }
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 /// Parses a body that must be a JSON array into its raw elements (the whole body is validated,
 /// so a truncated answer is refused, docs/decisions.md D7).
 pub fn parse_array(body: &[u8]) -> Result<Vec<&RawValue>, serde_json::Error> {
+    check_depth(body)?;
     serde_json::from_slice(body)
+}
+
+/// [`parse_array`] for an answer of records: every element must be an object, else the answer
+/// is malformed (a backend's `[1]` is a backend failing, never a record).
+pub fn parse_records(body: &[u8]) -> Result<Vec<&RawValue>, serde_json::Error> {
+    let records = parse_array(body)?;
+    match records.iter().position(|raw| !raw.get().starts_with('{')) {
+        Some(index) => Err(de::Error::custom(format!(
+            "element {index} of the answer is not a record (an object)"
+        ))),
+        None => Ok(records),
+    }
 }
 
 /// The top-level fields of one raw record, values left raw.
@@ -142,19 +190,21 @@ pub struct Picked<'a, const N: usize> {
 
 /// Parses a body that must be a JSON array, reading the fields `names` of each record in the same
 /// pass that validates it (D7: the whole body is validated). Use it for merges that need a few
-/// fields of every record: the common body of objects costs one parse; a body with any other
-/// element (or not UTF-8) takes two, with the same result.
+/// fields of every record: the common body of objects costs one parse; a body that is not UTF-8
+/// takes two, with the same result; an element that is not an object is an error
+/// ([`parse_records`]).
 pub fn parse_picked<'a, const N: usize>(
     body: &'a [u8],
     names: [&str; N],
 ) -> Result<Vec<Picked<'a, N>>, serde_json::Error> {
+    check_depth(body)?;
     if let Some(records) = std::str::from_utf8(body)
         .ok()
         .and_then(|text| parse_objects(text, &names))
     {
         return Ok(records);
     }
-    Ok(parse_array(body)?
+    Ok(parse_records(body)?
         .into_iter()
         .map(|raw| {
             let fields = Fields::of(raw.get()).unwrap_or_default();
@@ -433,16 +483,36 @@ mod tests {
     }
 
     #[test]
-    fn bodies_that_are_not_arrays_of_objects_take_the_general_parse() {
-        let records =
-            parse_picked(br#"[1,{"certname":"a"},"s",[{}]]"#, ["certname"]).expect("valid");
-        let texts: Vec<&str> = records.iter().map(|r| r.text).collect();
-        assert_eq!(texts, ["1", r#"{"certname":"a"}"#, r#""s""#, "[{}]"]);
-        assert_eq!(records[1].fields[0].map(RawValue::get), Some(r#""a""#));
+    fn an_answer_with_an_element_that_is_not_a_record_is_refused() {
+        for body in [
+            &br#"[1,{"certname":"a"}]"#[..],
+            br#"[{"certname":"a"},"s"]"#,
+            br#"[null]"#,
+            br#"[[{}]]"#,
+        ] {
+            assert!(parse_picked(body, ["certname"]).is_err(), "{body:?}");
+            assert!(parse_records(body).is_err(), "{body:?}");
+        }
+        let records = parse_records(br#" [ {"certname":"a"} , {} ] "#).expect("records");
+        assert_eq!(records.len(), 2);
         assert!(parse_picked(br#"[{"certname":"a"},{"cert"#, ["certname"]).is_err());
         assert!(parse_picked(br#"[{"a":1}] x"#, ["a"]).is_err());
         assert!(parse_picked(b"{}", ["a"]).is_err());
         assert!(parse_picked(b"[\xff]", ["a"]).is_err());
+    }
+
+    #[test]
+    fn a_body_nested_deeper_than_the_limit_is_refused() {
+        let nested =
+            |depth: usize| format!("[{{\"v\":{}{}}}]", "[".repeat(depth), "]".repeat(depth));
+        assert!(parse_array(nested(MAX_DEPTH - 2).as_bytes()).is_ok());
+        assert!(parse_array(nested(MAX_DEPTH).as_bytes()).is_err());
+        assert!(parse_picked(nested(100_000).as_bytes(), ["v"]).is_err());
+        // Brackets inside strings do not count.
+        let quoted = format!("[{{\"v\":\"{}\"}}]", "[".repeat(1000));
+        assert!(parse_records(quoted.as_bytes()).is_ok());
+        let escaped = format!("[{{\"v\":\"\\\"{}\"}}]", "[".repeat(1000));
+        assert!(parse_records(escaped.as_bytes()).is_ok(), "{escaped}");
     }
 
     /// A JSON value of bounded depth, as text with arbitrary whitespace around its tokens.
@@ -515,8 +585,12 @@ mod tests {
             );
             for body in [anything, objects] {
             let names = ["certname", "name", "key"];
-            let picked = parse_picked(body.as_bytes(), names).expect("valid JSON");
             let raws = parse_array(body.as_bytes()).expect("valid JSON");
+            if raws.iter().any(|raw| !raw.get().starts_with('{')) {
+                proptest::prop_assert!(parse_picked(body.as_bytes(), names).is_err());
+                continue;
+            }
+            let picked = parse_picked(body.as_bytes(), names).expect("valid JSON");
             proptest::prop_assert_eq!(picked.len(), raws.len());
             for (picked, raw) in picked.iter().zip(&raws) {
                 proptest::prop_assert_eq!(picked.text, raw.get());

@@ -188,6 +188,7 @@ fn split_path(path: &str) -> Result<Vec<&str>, Refusal> {
         if contains_escape(segment, "5c") {
             return Err(Refusal::BadPath("encoded backslash in path"));
         }
+        check_encoding(segment)?;
     }
     Ok(segments)
 }
@@ -202,6 +203,44 @@ fn check_segments(segments: &[&str], route: &Route) -> Result<(), Refusal> {
         if Some(index) != value_index && contains_escape(segment, "2f") {
             return Err(Refusal::BadPath("encoded slash in path"));
         }
+    }
+    Ok(())
+}
+
+/// Refuses a segment whose percent-encoding is malformed (`%zz`, a bare `%`), decodes to a
+/// control character or to bytes that are not UTF-8, or hides an escape under another
+/// (`%252e`): PuppetDB would read each of these its own way.
+fn check_encoding(segment: &str) -> Result<(), Refusal> {
+    let bytes = segment.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        if bytes[index] != b'%' {
+            decoded.push(bytes[index]);
+            index += 1;
+            continue;
+        }
+        let hex = bytes
+            .get(index + 1..index + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        let Some(byte) = hex else {
+            return Err(Refusal::BadPath("malformed percent-encoding"));
+        };
+        if byte.is_ascii_control() {
+            return Err(Refusal::BadPath("encoded control character in path"));
+        }
+        decoded.push(byte);
+        index += 3;
+    }
+    let Ok(text) = String::from_utf8(decoded) else {
+        return Err(Refusal::BadPath("path does not decode to UTF-8"));
+    };
+    if ["2e", "2f", "5c", "25"]
+        .iter()
+        .any(|hex| contains_escape(&text, hex))
+    {
+        return Err(Refusal::BadPath("double percent-encoding in path"));
     }
     Ok(())
 }
@@ -225,18 +264,24 @@ fn allowlisted(segments: &[&str]) -> Option<Route> {
         ["metrics", "v1", "mbeans"] | ["metrics", "v1", "mbeans", _] => {
             Some(Route::Metrics(MetricsRoute::V1Mbeans))
         }
-        ["pdb", "query", "v4", rest @ ..] => Some(query_route(rest)),
+        ["pdb", "query", "v4", rest @ ..] => query_route(rest),
         _ => None,
     }
 }
 
-/// The route for a path under `/pdb/query/v4`; anything without a merge rule passes through.
-fn query_route(rest: &[&str]) -> Route {
-    match rest {
+/// The route for a path under `/pdb/query/v4`: the merged entities and their sub-routes, the
+/// endpoints of PuppetDB 7.12.1 pdbmux passes through (catalog inputs, the environment and
+/// producer sub-routes, one node's package inventory), `None` for anything else (PuppetDB
+/// would redirect it to its dashboard).
+fn query_route(rest: &[&str]) -> Option<Route> {
+    Some(match rest {
         [] => Route::Root,
         [segment] if Entity::from_segment(segment).is_some() => {
             Entity::from_segment(segment).map_or(Route::PassThrough, Route::Query)
         }
+        ["catalog-inputs"] | ["catalog-inputs", _] => Route::PassThrough,
+        ["environments" | "producers", _, ..] => Route::PassThrough,
+        ["package-inventory", _] => Route::PassThrough,
         ["facts", name] => Route::FactsByName {
             name: (*name).to_owned(),
             value: None,
@@ -262,10 +307,10 @@ fn query_route(rest: &[&str]) -> Route {
                 hash: (*hash).to_owned(),
                 part: ReportPart::Metrics,
             },
-            _ => Route::PassThrough,
+            _ => return None,
         },
-        _ => Route::PassThrough,
-    }
+        _ => return None,
+    })
 }
 
 #[cfg(test)]
@@ -311,7 +356,17 @@ mod tests {
             ("/pdb/query/v4?query=nodes%20%7B%7D", "root"),
             ("/pdb/query/v4/resources/File/foo", "query"),
             ("/pdb/query/v4/resources/File", "query"),
-            ("/pdb/query/v4/resources/File/a/b", "pass-through"),
+            ("/pdb/query/v4/catalog-inputs/web1", "pass-through"),
+            (
+                "/pdb/query/v4/environments/production/facts",
+                "pass-through",
+            ),
+            (
+                "/pdb/query/v4/producers/puppet.example.com/catalogs",
+                "pass-through",
+            ),
+            ("/pdb/query/v4/package-inventory/web1", "pass-through"),
+            ("/pdb/query/v4/facts/path/a%2Fb", "query"),
             ("/pdb/meta/v1/version", "meta"),
             ("/pdb/meta/v1/server-time", "meta"),
             (
@@ -350,6 +405,13 @@ mod tests {
             "/metrics/v2/read",
             "/metrics/v1/mbeans/a/b",
             "/healthz/x",
+            // Not a PuppetDB endpoint (PuppetDB redirects these to its dashboard).
+            "/pdb/query/v4/nosuch",
+            "/pdb/query/v4/.nodes",
+            "/pdb/query/v4/nodes;jsessionid=1",
+            "/pdb/query/v4/resources/File/a/b",
+            "/pdb/query/v4/reports/abc123",
+            "/pdb/query/v4/reports/abc123/nosuch",
         ] {
             assert_eq!(route(target), Err(Refusal::NotFound), "{target}");
         }
@@ -373,6 +435,14 @@ mod tests {
             "/pdb/query/v4/nodes/",
             "/pdb/query/v4/facts/a%2fb/c",
             "pdb/query/v4/nodes",
+            // Malformed or hidden percent-encodings.
+            "/pdb/query/v4/nodes/a%zz",
+            "/pdb/query/v4/nodes/a%",
+            "/pdb/query/v4/nodes/a%4",
+            "/pdb/query/v4/nodes/a%00",
+            "/pdb/query/v4/nodes/a%ff",
+            "/pdb/query/v4/nodes/%252e%252e",
+            "/pdb/query/v4/facts/a/b%252Fc",
         ] {
             assert!(
                 matches!(route(target), Err(Refusal::BadPath(_))),

@@ -314,6 +314,9 @@ fn paths_outside_the_allowlist_never_reach_a_backend() {
         "/pdb/query/v3/nodes",
         "/pdb/dashboard/index.html",
         "/",
+        // No PuppetDB endpoint: PuppetDB would redirect these to its dashboard.
+        "/pdb/query/v4/nosuch",
+        "/pdb/query/v4/nodes;jsessionid=1",
     ] {
         let target = format!("{path}?{forbidden}=1");
         let r = p.get(&target).expect("GET through pdbmux");
@@ -328,6 +331,9 @@ fn paths_outside_the_allowlist_never_reach_a_backend() {
         "/pdb/query/v4/nodes/a%2Fb",
         "/pdb/query/v4/nodes/a%5cb",
         "/pdb/query/v4//nodes",
+        "/pdb/query/v4/nodes/a%zz",
+        "/pdb/query/v4/nodes/a%00",
+        "/pdb/query/v4/nodes/%252e%252e",
     ] {
         let target = format!("{target}?{forbidden}=1");
         let r = p.raw_get(&target).expect("raw GET through pdbmux");

@@ -10,7 +10,7 @@ use super::rows::{check_filled, sort_rows, Page, Raw, Row};
 use super::{parse_answers, Answer, Merged, RecordPlan};
 use crate::membership::compare_timestamps;
 use crate::ownership::{Holding, Owning};
-use crate::records::{parse_array, with_key, write_array, Fields};
+use crate::records::{parse_records, with_key, write_array, Fields};
 
 /// The key naming the winning backend on each merged node record.
 pub(crate) const SOURCE_KEY: &str = "pdbmux_source";
@@ -28,7 +28,7 @@ pub(crate) fn merge(
     answers: &[Answer<'_>],
     owning: Option<Owning<'_>>,
 ) -> Merged {
-    let (parsed, unusable) = match parse_answers(answers, parse_array) {
+    let (parsed, unusable) = match parse_answers(answers, parse_records) {
         Ok(parsed) => parsed,
         Err(unusable) => return Merged::nothing(unusable),
     };

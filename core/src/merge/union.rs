@@ -12,7 +12,7 @@ use super::rows::{Collected, Page, Raw, Row};
 use super::{parse_answers, Answer, Merged, RecordPlan};
 use crate::entity::{Entity, Identity};
 use crate::ownership::{Holding, Owning};
-use crate::records::{parse_array, Fields};
+use crate::records::{parse_records, Fields};
 use crate::sort::{ColumnKind, Direction, OrderBy, OrderField};
 
 pub(crate) fn merge(
@@ -21,7 +21,7 @@ pub(crate) fn merge(
     identity: Identity,
     owning: Option<Owning<'_>>,
 ) -> Merged {
-    let (parsed, unusable) = match parse_answers(answers, parse_array) {
+    let (parsed, unusable) = match parse_answers(answers, parse_records) {
         Ok(parsed) => parsed,
         Err(unusable) => return Merged::nothing(unusable),
     };
