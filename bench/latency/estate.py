@@ -2,7 +2,7 @@
 """Load a synthetic estate of N nodes, split across two PuppetDBs and whole into a third.
 
 Usage: estate.py --backends pdb-a=URL,pdb-b=URL --union URL [--nodes 2000] [--shared 0.2]
-                 [--facts 150] [--out estate.json]
+                 [--facts 150] [--reports 1] [--out estate.json]
 
 The estate is deterministic in shape (only its timestamps follow the clock): certnames
 `node-NNNNN.<env>.bench.test`, environments production (80%) and staging, a `shared` fraction of
@@ -11,8 +11,9 @@ is alternately on the first and the second backend; every 10th has the same repo
 both (an agent that reported to both), half of those with the newer facts on the second backend
 (an ownership tie broken by fresher facts). 4% of the nodes held by one backend only are
 deactivated there. Each node sends facts (`--facts` facts: the core facts an agent reports plus
-custom ones), a catalog (12-16 resources, with edges) and its reports (1 per backend, with events
-for changed and failed runs). The union PuppetDB is sent every command, oldest first, so it holds
+custom ones), a catalog (12-16 resources, with edges) and its reports (`--reports` per backend,
+one per earlier run two hours apart, with events for changed and failed runs; a node that
+reported to both stored every one in both). The union PuppetDB is sent every command, oldest first, so it holds
 what one PuppetDB would if every agent had reported to it.
 
 Commands are submitted over the command API (`POST /pdb/cmd/v1`) by a pool of workers, each
@@ -193,21 +194,31 @@ def report(node: dict, end_minutes_ago: float, kind: str, key: str, version: str
     }
 
 
-def run_commands(node: dict, holder: int, ago: float, key: str, n_facts: int) -> list[tuple]:
-    """(producer time, command, version, payload) for one agent run of `node` against `holder`."""
-    kind = ["unchanged", "changed", "unchanged", "failed", "unchanged"][(node["i"] + holder) % 5]
+def run_commands(node: dict, holder: int, ago: float, key: str, n_facts: int,
+                 history: int = 1) -> list[tuple]:
+    """(producer time, command, version, payload) for the latest agent run of `node` against
+    `holder`, after `history - 1` earlier runs' reports, two hours apart."""
+    kinds = ["unchanged", "changed", "unchanged", "failed", "unchanged"]
+    kind = kinds[(node["i"] + holder) % 5]
     version = str(int((NOW - dt.timedelta(minutes=ago)).timestamp()))
+    earlier = []
+    for k in range(history - 1, 0, -1):
+        then = ago + 120 * k
+        earlier.append((ts(then), "store_report", 8,
+                        report(node, then, kinds[(node["i"] + holder + k) % 5], f"{key}/{k}",
+                               str(int((NOW - dt.timedelta(minutes=then)).timestamp())))))
     facts = {"certname": node["certname"], "environment": node["env"],
              "producer_timestamp": ts(ago + 0.9), "producer": PRODUCER,
              "values": facts_values(node, holder, n_facts)}
-    return [
+    return earlier + [
         (ts(ago + 0.9), "replace_facts", 5, facts),
         (ts(ago + 0.8), "replace_catalog", 9, catalog(node, ts(ago + 0.8), version, key)),
         (ts(ago), "store_report", 8, report(node, ago, kind, key, version)),
     ]
 
 
-def commands(estate: list[dict], n_facts: int) -> tuple[list[list[tuple]], list[tuple], list[tuple]]:
+def commands(estate: list[dict], n_facts: int,
+             history: int) -> tuple[list[list[tuple]], list[tuple], list[tuple]]:
     """Per backend (index 0, 1): (certname, commands...) lists; the union's; the late facts."""
     per_backend: list[list[tuple]] = [[], []]
     union: list[tuple] = []
@@ -218,7 +229,7 @@ def commands(estate: list[dict], n_facts: int) -> tuple[list[list[tuple]], list[
         union_cmds: list[tuple] = []
         if case.startswith("same-report"):
             ago = 20 + i % 30
-            both = run_commands(node, 0, ago, f"{i}/same", n_facts)
+            both = run_commands(node, 0, ago, f"{i}/same", n_facts, history)
             for h in (0, 1):
                 sent[h] += both
             union_cmds += both
@@ -230,7 +241,7 @@ def commands(estate: list[dict], n_facts: int) -> tuple[list[list[tuple]], list[
             for h in node["holders"]:
                 newer = node.get("newer", h)
                 ago = (10 + i % 40) if h == newer else (60 + i % 40)
-                cmds = run_commands(node, h, ago, f"{i}/{h}", n_facts)
+                cmds = run_commands(node, h, ago, f"{i}/{h}", n_facts, history)
                 sent[h] += cmds
                 union_cmds += cmds
         if node.get("deactivated"):
@@ -296,6 +307,7 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=2000)
     ap.add_argument("--shared", type=float, default=0.2, help="fraction held by both backends")
     ap.add_argument("--facts", type=int, default=150)
+    ap.add_argument("--reports", type=int, default=1, help="reports per node and backend")
     ap.add_argument("--workers", type=int, default=6, help="concurrent submitters per PuppetDB")
     ap.add_argument("--out", help="where to write the estate's description (JSON)")
     args = ap.parse_args()
@@ -308,7 +320,7 @@ def main() -> int:
             raise LoadError("--backends needs exactly two name=url pairs")
         union_url = args.union.rstrip("/")
         estate = plan_estate(args.nodes, args.shared)
-        per_backend, union, late_facts = commands(estate, args.facts)
+        per_backend, union, late_facts = commands(estate, args.facts, max(1, args.reports))
         started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             jobs = [pool.submit(send_all, b["url"], per_backend[h], args.workers)
@@ -336,6 +348,7 @@ def main() -> int:
                 cases.setdefault(node["case"], []).append(node["certname"])
             with open(args.out, "w") as f:
                 json.dump({"nodes": args.nodes, "shared": args.shared, "facts": args.facts,
+                           "reports": args.reports,
                            "loaded_at": ts(0), "backends": backends, "union": union_url,
                            "counts": counts, "cases": cases}, f, indent=1, sort_keys=True)
         return 0

@@ -8,7 +8,8 @@
 #   NODES=500 OVERLAPS="0.2" ROUNDS=5 bash bench/latency/run.sh
 #   ONLY="overview" bash bench/latency/run.sh   # only questions whose name starts so
 #
-# Environment: NODES (2000), FACTS (150), OVERLAPS ("0.2 0.6"), ROUNDS (15), ONLY, PDBMUX_BIN
+# Environment: NODES (2000), FACTS (150), REPORTS (1 per node and backend), OVERLAPS ("0.2 0.6"),
+# ROUNDS (15), ONLY, PDBMUX_BIN
 # (default target/release/pdbmux, built here), KEEP=1 (leave the PuppetDBs running afterwards).
 # Loopback only; every process it starts is stopped before it exits unless KEEP=1.
 set -euo pipefail
@@ -16,6 +17,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 NODES=${NODES:-2000}
 FACTS=${FACTS:-150}
+REPORTS=${REPORTS:-1}
 OVERLAPS=${OVERLAPS:-0.2 0.6}
 ROUNDS=${ROUNDS:-15}
 STATE=${PDBMUX_BENCH_STATE:-$PWD/bench/.state}
@@ -52,7 +54,7 @@ for overlap in $OVERLAPS; do
   source "$STATE/env.sh"
   estate=$STATE/estate-$overlap.json
   python3 bench/latency/estate.py --backends "$PDBMUX_E2E_BACKENDS" --union "$PDBMUX_E2E_UNION" \
-    --nodes "$NODES" --facts "$FACTS" --shared "$overlap" --out "$estate"
+    --nodes "$NODES" --facts "$FACTS" --reports "$REPORTS" --shared "$overlap" --out "$estate"
   env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$PDBMUX_E2E_BACKENDS" \
     PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_FACTS_TTL=0 PDBMUX_LOG_FORMAT=json \
     PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug \
@@ -60,7 +62,7 @@ for overlap in $OVERLAPS; do
   MUX_PID=$!
   for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$MUX_PORT") 2>/dev/null && break; sleep 0.1; done
   echo
-  echo "== $NODES nodes, $overlap held by both ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "== $NODES nodes ($REPORTS reports each per backend), $overlap held by both ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
   python3 bench/latency/latency.py --estate "$estate" --pdbmux "http://127.0.0.1:$MUX_PORT" \
     --rounds "$ROUNDS" ${ONLY:+--only "$ONLY"} --json "$STATE/latency-$overlap.json" \
     --phases "$STATE/pdbmux.log"

@@ -135,6 +135,39 @@ fn stale_is_served_only_when_every_backend_fails() {
 }
 
 #[test]
+fn after_a_failed_refresh_the_stale_entry_answers_without_asking_for_a_while() {
+    // Every backend fails after the first answer: the first request past the TTL asks them and
+    // serves the expired entry; the requests of the next 5 s (STALE_RETRY) get it without a
+    // fan-out, so failing backends are not asked once per client; then they are asked again.
+    let failing = || Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "boom").after(ms(1));
+    let mut h = cached(vec![
+        FakeBackend::queue("pdb-a", URL_A, [names(r#"["a"]"#), failing(), failing()]),
+        FakeBackend::queue("pdb-b", URL_B, [names(r#"["b"]"#), failing(), failing()]),
+    ]);
+    h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(31));
+    let first = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(33));
+    let quiet: Vec<_> = (0..20).map(|_| h.get(NAMES)).collect();
+    run_to(&mut h, Duration::from_secs(37));
+    let again = h.get(NAMES);
+    finish(&mut h);
+    for client in std::iter::once(first)
+        .chain(quiet.iter().copied())
+        .chain([again])
+    {
+        let response = h.response(client).expect("answered");
+        assert_eq!(response.header("x-cache"), Some("stale"), "{client}");
+        assert_eq!(response.body_str(), r#"["a","b","pdbmux_source"]"#);
+    }
+    assert_eq!(
+        sends_to(&h, NAMES),
+        6,
+        "the first answer, one refresh at +31 s, one more at +37 s: two backends each"
+    );
+}
+
+#[test]
 fn a_unanimous_refusal_is_answered_and_never_cached_or_replaced_by_stale() {
     let refusal =
         || Reply::text(StatusCode::BAD_REQUEST, "Unsupported query parameter 'x'").after(ms(2));

@@ -264,14 +264,19 @@ impl Estate {
         }
         // A fresh entry answers before anything else: a hit does no JSON work.
         if let (Some(cache), Some(keyed)) = (&mut self.cache, &planned.cache) {
-            if let Lookup::Fresh(entry) = cache.lookup(now, &keyed.key) {
+            let (entry, status) = match cache.lookup(now, &keyed.key) {
+                Lookup::Fresh(entry) => (Some(entry), CacheStatus::Hit),
+                Lookup::Stale(entry) => (Some(entry), CacheStatus::Stale),
+                Lookup::Miss => (None, CacheStatus::Miss),
+            };
+            if let Some(entry) = entry {
                 let age = now.saturating_duration_since(entry.stored_at);
                 let response = Response {
                     status: http::StatusCode::OK,
                     headers: entry.headers,
                     body: ResponseBody::Full(entry.body),
                 };
-                return Admission::Respond(finish_cached(response, CacheStatus::Hit, age));
+                return Admission::Respond(finish_cached(response, status, age));
             }
         }
         let cacheable = planned.cache.clone().filter(|_| self.cache.is_some());

@@ -126,11 +126,17 @@ pub fn cache_key(
     })
 }
 
+/// How long after a refresh every backend failed its key's expired entry is served without
+/// asking again (at most the TTL): failing backends are not asked once per client request.
+pub const STALE_RETRY: Duration = Duration::from_secs(5);
+
 /// The cache as the estate uses it: a store, the TTL, and the stale-serving counters.
 #[derive(Debug)]
 pub struct Cache {
     store: Box<dyn CacheStore>,
     ttl: Duration,
+    /// Keys whose last refresh failed: when to ask again; until then the stale entry answers.
+    retry_at: std::collections::BTreeMap<String, Instant>,
     serving_stale: bool,
     stale_served: u64,
     last_stale_served: Option<Instant>,
@@ -141,6 +147,8 @@ pub struct Cache {
 pub enum Lookup {
     /// A fresh entry: serve it.
     Fresh(CachedResponse),
+    /// The key's last refresh failed moments ago: serve its expired entry without asking.
+    Stale(CachedResponse),
     /// No fresh entry: fan out (an expired one may still be there for a failure).
     Miss,
 }
@@ -166,6 +174,7 @@ impl Cache {
         Cache {
             store,
             ttl,
+            retry_at: std::collections::BTreeMap::new(),
             serving_stale: false,
             stale_served: 0,
             last_stale_served: None,
@@ -179,6 +188,10 @@ impl Cache {
                 self.serving_stale = false;
                 Lookup::Fresh(entry)
             }
+            Some(entry) if self.retry_at.get(key).is_some_and(|at| now < *at) => {
+                self.count_stale(now);
+                Lookup::Stale(entry)
+            }
             _ => Lookup::Miss,
         }
     }
@@ -186,6 +199,7 @@ impl Cache {
     /// Stores a successful merged answer.
     pub fn store(&mut self, now: Instant, key: &str, body: bytes::Bytes, headers: HeaderMap) {
         self.serving_stale = false;
+        self.retry_at.remove(key);
         let evicted = self.store.put(
             key.to_owned(),
             CachedResponse {
@@ -199,13 +213,23 @@ impl Cache {
         }
     }
 
-    /// The expired entry for a failed fan-out, if one is kept; counts it as a stale serve.
+    /// The expired entry for a failed fan-out, if one is kept; counts it as a stale serve, and
+    /// has the key's next lookups served it for [`STALE_RETRY`] (at most the TTL) without a
+    /// fan-out.
     pub fn stale(&mut self, now: Instant, key: &str) -> Option<CachedResponse> {
         let entry = self.store.get(key)?;
+        self.count_stale(now);
+        self.retry_at
+            .retain(|_, at| now.saturating_duration_since(*at).is_zero());
+        self.retry_at
+            .insert(key.to_owned(), now + STALE_RETRY.min(self.ttl));
+        Some(entry)
+    }
+
+    fn count_stale(&mut self, now: Instant) {
         self.serving_stale = true;
         self.stale_served += 1;
         self.last_stale_served = Some(now);
-        Some(entry)
     }
 
     /// A response built live (not from an entry) ends a run of stale serves.
