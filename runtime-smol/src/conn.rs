@@ -239,7 +239,38 @@ fn parse_head(bytes: &[u8]) -> Parsed {
     };
     let mut header_bytes = 0;
     let (mut close, mut keep_alive, mut expect) = (false, false, false);
-    let mut body = RequestBody::None;
+    // RFC 9112 section 6.3: a message whose framing two readers could read differently is
+    // refused, so that nothing after it can be taken for another request (smuggling).
+    let mut content_length: Option<u64> = None;
+    let mut chunked = false;
+    for header in parsed.headers.iter() {
+        let value = std::str::from_utf8(header.value).unwrap_or("\u{0}").trim();
+        if header.name.eq_ignore_ascii_case("content-length") {
+            let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+            match (digits.then(|| value.parse::<u64>().ok()).flatten(), content_length) {
+                (Some(n), None) => content_length = Some(n),
+                (Some(n), Some(known)) if n == known => {}
+                _ => return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Content-Length"),
+            }
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            let codings: Vec<&str> = value.split(',').map(str::trim).collect();
+            let last_is_chunked = codings
+                .last()
+                .is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
+            let chunked_once = codings
+                .iter()
+                .filter(|c| c.eq_ignore_ascii_case("chunked"))
+                .count()
+                == 1;
+            if chunked || !last_is_chunked || !chunked_once {
+                return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Transfer-Encoding");
+            }
+            chunked = true;
+        }
+    }
+    if chunked && (content_length.is_some() || version == 0) {
+        return Parsed::Invalid(StatusCode::BAD_REQUEST, "ambiguous message framing");
+    }
     for header in parsed.headers.iter() {
         header_bytes += header.name.len() + header.value.len() + 4;
         let value = std::str::from_utf8(header.value).unwrap_or("");
@@ -250,16 +281,13 @@ fn parse_head(bytes: &[u8]) -> Parsed {
             }
         } else if header.name.eq_ignore_ascii_case("expect") {
             expect = true;
-        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            body = RequestBody::Unskippable;
-        } else if header.name.eq_ignore_ascii_case("content-length") {
-            body = match (&body, value.trim().parse::<u64>()) {
-                (RequestBody::None, Ok(0)) => RequestBody::None,
-                (RequestBody::None, Ok(n)) => RequestBody::Length(n),
-                _ => RequestBody::Unskippable,
-            };
         }
     }
+    let mut body = match (chunked, content_length) {
+        (true, _) => RequestBody::Unskippable,
+        (false, Some(0) | None) => RequestBody::None,
+        (false, Some(n)) => RequestBody::Length(n),
+    };
     if expect && !matches!(body, RequestBody::None) {
         // The client waits for a 100 Continue it never gets, and may never send the body.
         body = RequestBody::Unskippable;
@@ -603,8 +631,38 @@ mod tests {
             complete("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
         assert!(matches!(head.body, RequestBody::Unskippable));
         let (head, _) =
-            complete("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n");
+            complete("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Length(5)));
+        let (head, _) = complete("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
         assert!(matches!(head.body, RequestBody::Unskippable));
+    }
+
+    #[test]
+    fn framing_two_readers_could_read_differently_is_refused() {
+        // RFC 9112 section 6.3, and the request-smuggling shapes of the reliability plan.
+        for head in [
+            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: +56\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 0x10\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert!(
+                matches!(
+                    parse_head(head.as_bytes()),
+                    Parsed::Invalid(StatusCode::BAD_REQUEST, _)
+                ),
+                "{head:?}"
+            );
+        }
     }
 
     #[test]
