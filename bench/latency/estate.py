@@ -277,8 +277,24 @@ def submit(base: str, certname: str, command: str, version: int, payload: dict) 
     params = urllib.parse.urlencode({"command": command, "version": version,
                                      "certname": certname, "secondsToWaitForCompletion": 60})
     status, body = http("POST", f"{base}/pdb/cmd/v1?{params}", json.dumps(payload).encode())
-    if status != 200 or not json.loads(body).get("processed"):
+    answer = json.loads(body) if body.startswith("{") else {}
+    # Queued but not processed within the wait (a busy PuppetDB answers 503 "timed_out"): it
+    # will be; wait_idle waits for the queue to drain.
+    if status == 503 and answer.get("timed_out"):
+        return
+    if status != 200 or not answer.get("processed"):
         raise LoadError(f"{base}: {command} for {certname}: HTTP {status}: {body[:300]}")
+
+
+def wait_idle(base: str, timeout: float = 1800) -> None:
+    """Waits until the PuppetDB at `base` has processed every queued command."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, body = http("GET", f"{base}/status/v1/services/puppetdb-status")
+        if status == 200 and json.loads(body).get("status", {}).get("queue_depth") == 0:
+            return
+        time.sleep(1)
+    raise LoadError(f"{base}: commands still queued after {timeout:.0f}s")
 
 
 def send_all(base: str, batches: list[tuple], workers: int) -> None:
@@ -330,8 +346,12 @@ def main() -> int:
                 job.result()
         # Fresher facts last, after the same report reached both: the second backend's receive
         # time (facts_timestamp) is then the newer one.
+        for url in [b["url"] for b in backends] + [union_url]:
+            wait_idle(url)
         for h, certname, (command, version, payload) in late_facts:
             submit(backends[h]["url"], certname, command, version, payload)
+        for url in [b["url"] for b in backends]:
+            wait_idle(url)
         n_cmds = sum(len(c) for b in per_backend for _, c in b) + sum(len(c) for _, c in union)
         elapsed = time.monotonic() - started
         counts = {b["name"]: {"active": count_nodes(b["url"], "active"),
