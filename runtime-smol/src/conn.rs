@@ -247,7 +247,10 @@ fn parse_head(bytes: &[u8]) -> Parsed {
         let value = std::str::from_utf8(header.value).unwrap_or("\u{0}").trim();
         if header.name.eq_ignore_ascii_case("content-length") {
             let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
-            match (digits.then(|| value.parse::<u64>().ok()).flatten(), content_length) {
+            match (
+                digits.then(|| value.parse::<u64>().ok()).flatten(),
+                content_length,
+            ) {
                 (Some(n), None) => content_length = Some(n),
                 (Some(n), Some(known)) if n == known => {}
                 _ => return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Content-Length"),
