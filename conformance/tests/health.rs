@@ -343,6 +343,29 @@ fn a_backend_unreachable_since_start_stays_in_service_until_it_answers_once() {
 }
 
 #[test]
+fn a_backend_taken_out_is_asked_when_every_backend_in_service_fails() {
+    // The prober takes pdb-a out (its probes fail, its queries work); pdb-b probes healthy but
+    // refuses every query. A query the roster (pdb-b) cannot answer is asked of pdb-a before it
+    // fails: fail open per request, not only when the prober has every backend out.
+    let mut h = harness(vec![
+        backend("pdb-a", URL_A, vec![probe_running()], probe_status(503)),
+        FakeBackend::probed("pdb-b", URL_B, Vec::new(), probe_running(), |_| {
+            Reply::refused().after(ms(1))
+        }),
+    ]);
+    run_to(&mut h, 3_500);
+    let client = h.get(QUERY);
+    run_to(&mut h, 3_520);
+    let response = h.response(client).expect("one response");
+    assert_eq!(response.status, http::StatusCode::OK, "{}", h.transcript());
+    assert_eq!(response.header("x-backends"), Some("1/2"));
+    assert_eq!(h.exchange_backends(client), names(&["pdb-b", "pdb-a"]));
+    let healthz = healthz_at(&mut h, 3_600);
+    assert_eq!(prober_fields(&healthz, "pdb-a").0, "unhealthy");
+    end(&mut h, 3_700);
+}
+
+#[test]
 fn all_down_fails_open() {
     let mut h = harness(vec![
         backend("pdb-a", URL_A, vec![probe_running()], probe_status(503)),

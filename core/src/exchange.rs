@@ -66,6 +66,9 @@ pub struct Exchange {
     ids: Counter,
     outputs: VecDeque<ExchangeOutput>,
     finished: bool,
+    /// The backends the prober kept out of this request's roster were asked once every backend
+    /// in it failed (fail open per request).
+    failed_over: bool,
     report: ExchangeReport,
 }
 
@@ -85,6 +88,7 @@ impl Exchange {
             ids: Counter::default(),
             outputs: VecDeque::new(),
             finished: false,
+            failed_over: false,
             report: ExchangeReport::default(),
         };
         let first = exchange.plan.start(&exchange.context);
@@ -245,7 +249,62 @@ impl Exchange {
                     self.send(now, backend, part);
                 }
             }
+            Step::Done(verdict) if self.fails_over(&verdict) => self.fail_over(now),
             Step::Done(verdict) => self.finish(verdict),
+        }
+    }
+
+    /// Whether this verdict means no backend this request asked could answer while the prober
+    /// kept others out of its roster: those may answer (a prober can be wrong about a backend
+    /// whose queries work), so they are asked before the request fails.
+    fn fails_over(&self, verdict: &Verdict) -> bool {
+        let unanswered = match verdict {
+            Verdict::Unanswered { part, .. } => {
+                status::failure_verdict(&self.calls.outcomes(*part), &self.context.config.backends)
+                    .into_response()
+                    .status
+                    .is_server_error()
+            }
+            Verdict::Verbatim(response) => response.status == StatusCode::BAD_GATEWAY,
+            Verdict::Merged { .. } => false,
+        };
+        unanswered && !self.failed_over && !self.kept_out().is_empty()
+    }
+
+    /// The configured backends not in this request's roster.
+    fn kept_out(&self) -> Vec<BackendId> {
+        (0..self.context.config.backends.len())
+            .map(BackendId)
+            .filter(|backend| !self.context.roster.contains(backend))
+            .collect()
+    }
+
+    /// Starts the request again, planned afresh, over the backends the prober kept out.
+    fn fail_over(&mut self, now: Instant) {
+        self.failed_over = true;
+        let request = crate::message::ClientRequest::get(self.target.clone());
+        let planned = crate::policy::plan(&request, &self.context.config);
+        let crate::policy::Work::Fanout(plan) = planned.work else {
+            return self.respond(Response::text(
+                StatusCode::BAD_GATEWAY,
+                "pdbmux: no backend answered",
+            ));
+        };
+        tracing::warn!(
+            target = %self.target,
+            "every backend in service failed; asking the ones the prober took out"
+        );
+        self.plan = plan;
+        self.context.roster = self.kept_out();
+        let first = self.plan.start(&self.context);
+        if first.is_empty() {
+            return self.respond(Response::text(
+                StatusCode::BAD_GATEWAY,
+                "pdbmux: no backend to ask",
+            ));
+        }
+        for (backend, part) in first {
+            self.send(now, backend, part);
         }
     }
 
