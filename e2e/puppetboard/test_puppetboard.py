@@ -88,6 +88,16 @@ def check_status_cell(cell, estate: Estate, certname: str) -> None:
         f"latest report {latest['hash']}")
 
 
+def test_pages_load_their_assets_from_puppetboard_itself(board: Http):
+    """OFFLINE_MODE: the CSS and JavaScript come from Puppetboard's own static files, so the
+    pages render on a machine without internet access (`make demo` included)."""
+    text = board.get("/").text
+    external = re.findall(r'<(?:script|link)\b[^>]*(?:src|href)="(https?://[^"]+)"', text)
+    assert not external, f"assets loaded from elsewhere: {external}"
+    for asset in re.findall(r'(?:src|href)="(/static/[^"]+\.(?:js|css))"', text):
+        board.get(asset)
+
+
 def test_production_overview(board: Http, estate: Estate):
     """`/`: the production figures come from /nodes and /resources extract counts (folded, each node counted from its owner)."""
     text = board.get("/").text
