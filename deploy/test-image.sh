@@ -188,7 +188,7 @@ PY
 
 # 6. env only, the image root as it is
 port=$(free_port)
-env -i PDBMUX_BACKENDS="$PDBMUX_E2E_BACKENDS" PDBMUX_LISTEN="127.0.0.1:$port" \
+env -i PDBMUX_BACKENDS="$PDBMUX_E2E_BACKENDS" PDBMUX_LISTEN="127.0.0.1:$port" PDBMUX_METRICS_LISTEN= \
   "$CHROOT" --userspec=65532:65532 "$MNT" /usr/local/bin/pdbmux >"$WORK/env.log" 2>&1 &
 PIDS+=($!)
 check_run env-config "$port" "$WORK/env.log"

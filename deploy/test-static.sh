@@ -117,7 +117,7 @@ run_case() { # label host files...: files are hosts, nsswitch, resolv
   done
   say "$label: root holds $(cd "$root" && find . -type f | sort | tr '\n' ' ')"
   port=$(free_port)
-  env -i PDBMUX_LISTEN="127.0.0.1:$port" \
+  env -i PDBMUX_LISTEN="127.0.0.1:$port" PDBMUX_METRICS_LISTEN= \
     PDBMUX_BACKENDS="pdb-a=http://$host:$STUB_PORT,nowhere=http://pdbmux-no-such-host.invalid:$STUB_PORT" \
     PDBMUX_HEALTH_PROBE_ENABLED=false PDBMUX_TIMEOUT=5s \
     "$CHROOT" --userspec=65532:65532 "$root" /pdbmux >"$WORK/$label.log" 2>&1 &

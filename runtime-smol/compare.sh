@@ -121,7 +121,7 @@ measure() { # bin setup round
   local bin=$1 setup=$2 round=$3 addr logfile pid idle peak pass merged pass_err merged_err route code k
   addr=127.0.0.1:$(free_port)
   logfile=$(mktemp -t "compare-$bin.XXXX.log")
-  PDBMUX_BACKENDS=${BACKENDS[$setup]} PDBMUX_LISTEN=$addr PDBMUX_FACTS_TTL=0 \
+  PDBMUX_BACKENDS=${BACKENDS[$setup]} PDBMUX_LISTEN=$addr PDBMUX_METRICS_LISTEN= PDBMUX_FACTS_TTL=0 \
     PDBMUX_LOG_LEVEL=warn "${PATH_OF[$bin]}" 2>"$logfile" &
   pid=$!
   wait_listening "$addr"

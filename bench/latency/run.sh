@@ -56,7 +56,7 @@ for overlap in $OVERLAPS; do
   python3 bench/latency/estate.py --backends "$PDBMUX_E2E_BACKENDS" --union "$PDBMUX_E2E_UNION" \
     --nodes "$NODES" --facts "$FACTS" --reports "$REPORTS" --shared "$overlap" --out "$estate"
   env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$PDBMUX_E2E_BACKENDS" \
-    PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_FACTS_TTL=0 PDBMUX_LOG_FORMAT=json \
+    PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_METRICS_LISTEN= PDBMUX_FACTS_TTL=0 PDBMUX_LOG_FORMAT=json \
     PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug \
     "$PDBMUX_BIN" serve >"$STATE/pdbmux.log" 2>&1 &
   MUX_PID=$!

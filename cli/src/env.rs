@@ -57,6 +57,12 @@ impl Environment {
             .filter(|v| !v.is_empty())
     }
 
+    /// The value of `name` when it is set, even to the empty string (for a key whose empty value
+    /// means something: `PDBMUX_METRICS_LISTEN=` turns the metrics listener off).
+    pub fn get_even_empty(&self, name: &str) -> Option<&str> {
+        self.vars.get(name).map(String::as_str)
+    }
+
     /// The system-wide config path searched last.
     pub fn system_config(&self) -> &Path {
         &self.system_config

@@ -16,6 +16,8 @@ pub(crate) struct Key {
     pub default: Option<&'static str>,
     /// A one-line description for the `config init` template.
     pub comment: &'static str,
+    /// Whether an empty env var sets the key (to empty) rather than counting as unset.
+    pub empty_is_a_value: bool,
 }
 
 const fn key(
@@ -31,6 +33,20 @@ const fn key(
         flag,
         default,
         comment,
+        empty_is_a_value: false,
+    }
+}
+
+/// A key whose empty value means something (turns a feature off), from the env too.
+const fn key_empty_allowed(
+    name: &'static str,
+    env: &'static str,
+    default: Option<&'static str>,
+    comment: &'static str,
+) -> Key {
+    Key {
+        empty_is_a_value: true,
+        ..key(name, env, None, default, comment)
     }
 }
 
@@ -42,6 +58,12 @@ pub(crate) const KEYS: &[Key] = &[
         Some("--listen"),
         Some(":8080"),
         "address to listen on; \":8080\" means every interface",
+    ),
+    key_empty_allowed(
+        "metrics_listen",
+        "PDBMUX_METRICS_LISTEN",
+        Some(":9180"),
+        "where pdbmux's own /metrics are served (never on listen); empty turns them off",
     ),
     key(
         "backends",

@@ -171,7 +171,14 @@ fn defaults_layer() -> Layer {
 fn env_layer(env: &Environment) -> Layer {
     let dict = KEYS
         .iter()
-        .filter_map(|k| Some((k.name.to_owned(), Value::from(env.get(k.env)?))))
+        .filter_map(|k| {
+            let value = if k.empty_is_a_value {
+                env.get_even_empty(k.env)?
+            } else {
+                env.get(k.env)?
+            };
+            Some((k.name.to_owned(), Value::from(value)))
+        })
         .collect();
     Layer {
         name: ENVIRONMENT,

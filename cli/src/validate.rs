@@ -464,6 +464,30 @@ impl<'a> Checker<'a> {
         }
     }
 
+    /// `metrics_listen`: an address like `listen`, or empty for no metrics listener. `Err` when
+    /// the value is malformed.
+    fn metrics_listen(&mut self) -> Result<Option<String>, ()> {
+        let text = self.scalar("metrics_listen").ok_or(())?;
+        if text.trim().is_empty() {
+            self.show("metrics_listen", "(off)");
+            return Ok(None);
+        }
+        match parse_listen(&text) {
+            Some(addr) => {
+                self.show("metrics_listen", addr.clone());
+                Ok(Some(addr))
+            }
+            None => {
+                self.problems.push(ConfigProblem::Invalid {
+                    key: "metrics_listen".to_owned(),
+                    value: text,
+                    reason: "is not :port, host:port or [v6]:port (empty turns it off)",
+                });
+                Err(())
+            }
+        }
+    }
+
     fn log_level(&mut self) -> (Option<String>, Option<Source>) {
         let Some(setting) = self.setting("log_level") else {
             return (None, None);
@@ -790,6 +814,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     }
 
     let listen = c.listen();
+    let metrics_listen = c.metrics_listen();
     // The global TLS files come first: backends inherit them.
     let mut global_tls: [(Option<PathBuf>, Option<Source>); 3] = Default::default();
     let mut tls_ok = true;
@@ -896,13 +921,14 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
             Some(max_body_bytes),
             Some(log_format),
             Some(log_level),
-        ) if tls_ok && c.problems.is_empty() => {
+        ) if tls_ok && metrics_listen.is_ok() && c.problems.is_empty() => {
             // Both counts were checked against u32::MAX above.
             let failures = u32::try_from(health_probe_failures).unwrap_or(u32::MAX);
             let successes = u32::try_from(health_probe_successes).unwrap_or(u32::MAX);
             Some(Settings {
                 config: Config {
                     listen,
+                    metrics_listen: metrics_listen.clone().unwrap_or_default(),
                     backends,
                     merge,
                     timeout,

@@ -232,6 +232,7 @@ fn show_lines_and_sources() {
         for want in [
             format!("config : {f}  (--config)"),
             "listen : 0.0.0.0:9000  (flag --listen)".to_owned(),
+            "metrics_listen : 0.0.0.0:9180  (default)".to_owned(),
             format!("backends[0] : pdb-a=https://pdb-a.example.com:8081  (file {f})"),
             format!("backends[0].tls_ca_file : /etc/pdbmux/ca.pem  (file {f})"),
             format!("backends[0].tls_cert_file : /etc/pdbmux/a.pem  (file {f})"),
@@ -254,7 +255,7 @@ fn show_lines_and_sources() {
             );
         }
         // One line per key plus the config line and the backend's TLS lines.
-        assert_eq!(lines.len(), 1 + 21 + 3, "{out}");
+        assert_eq!(lines.len(), 1 + 22 + 3, "{out}");
         assert!(!out.contains("BEGIN"), "never key contents");
         Ok(())
     });

@@ -809,3 +809,42 @@ fn backend_url_parsing() {
     assert!(parse_backend_url("http:pdb.example.com").is_err());
     assert!(parse_backend_url("http://pdb.example.com:99999").is_err());
 }
+
+#[test]
+fn metrics_listen_defaults_on_is_turned_off_by_empty_and_checked() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
+        let on = settings(jail, &[]).expect("valid");
+        assert_eq!(on.config.metrics_listen.as_deref(), Some("0.0.0.0:9180"));
+        jail.set_env("PDBMUX_METRICS_LISTEN", "127.0.0.1:9999");
+        let moved = settings(jail, &[]).expect("valid");
+        assert_eq!(
+            moved.config.metrics_listen.as_deref(),
+            Some("127.0.0.1:9999")
+        );
+        // Empty is a value here (off), where other keys treat an empty env var as unset.
+        jail.set_env("PDBMUX_METRICS_LISTEN", "");
+        let off = settings(jail, &[]).expect("valid");
+        assert_eq!(off.config.metrics_listen, None);
+        let file = write(jail, "m.yaml", "metrics_listen: \"\"\n");
+        jail.set_env("PDBMUX_METRICS_LISTEN", "9180");
+        let bad = problems(jail, &["--config", &file.display().to_string()]);
+        assert_eq!(
+            bad,
+            vec![
+                "metrics_listen: \"9180\" is not :port, host:port or [v6]:port (empty turns it off)"
+                    .to_owned()
+            ]
+        );
+        jail.clear_env();
+        clean(jail);
+        jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
+        let from_file = settings(jail, &["--config", &file.display().to_string()]).expect("valid");
+        assert_eq!(
+            from_file.config.metrics_listen, None,
+            "empty in the file: off"
+        );
+        Ok(())
+    });
+}

@@ -94,6 +94,9 @@ pub struct BackendConfig {
 pub struct Config {
     /// Listen address, e.g. `0.0.0.0:8080`.
     pub listen: String,
+    /// Where pdbmux's own Prometheus metrics are served (docs/decisions.md D19), never on
+    /// `listen`; `None`: not served.
+    pub metrics_listen: Option<String>,
     /// Backends in configured order (a tie-break only, never a ranking). Never empty.
     pub backends: Vec<BackendConfig>,
     /// The `/facts` merge strategy.
@@ -131,6 +134,7 @@ impl Config {
     pub fn with_backends(backends: Vec<BackendConfig>) -> Config {
         Config {
             listen: "0.0.0.0:8080".to_owned(),
+            metrics_listen: Some("0.0.0.0:9180".to_owned()),
             backends,
             merge: MergeStrategy::Freshness,
             timeout: Duration::from_secs(10),

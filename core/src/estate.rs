@@ -124,6 +124,7 @@ struct Membership {
 
 #[derive(Debug)]
 struct MembershipRefresh {
+    started: Instant,
     calls: Broadcast,
     waiters: Vec<(WaiterId, Box<Planned>)>,
 }
@@ -152,7 +153,29 @@ pub struct Estate {
     rounds: QueryRounds,
     /// PQL translations backends gave.
     translations: Translations,
+    counts: Counts,
     outputs: VecDeque<EstateOutput>,
+}
+
+/// What the estate counts for pdbmux's metrics ([`Estate::stats`]), per configured backend where
+/// it is about one.
+#[derive(Debug, Default)]
+struct Counts {
+    transitions: Vec<[u64; crate::stats::TRANSITIONS.len()]>,
+    membership_failures: Vec<u64>,
+    refreshes: u64,
+    last_refresh_duration: Option<std::time::Duration>,
+    flight_joins: u64,
+}
+
+impl Counts {
+    fn new(backends: usize) -> Counts {
+        Counts {
+            transitions: vec![[0; crate::stats::TRANSITIONS.len()]; backends],
+            membership_failures: vec![0; backends],
+            ..Counts::default()
+        }
+    }
 }
 
 impl Estate {
@@ -189,6 +212,7 @@ impl Estate {
                 refresh: None,
             },
             translations: Translations::default(),
+            counts: Counts::new(backends),
             outputs: VecDeque::new(),
         }
     }
@@ -232,6 +256,12 @@ impl Estate {
 
     fn record_probe(&mut self, now: Instant, backend: BackendId, result: ProbeResult) {
         for transition in self.health.record(now, backend, result) {
+            let kind = crate::stats::TRANSITIONS
+                .iter()
+                .position(|kind| *kind == transition.kind());
+            if let (Some(counts), Some(kind)) = (self.counts.transitions.get_mut(backend.0), kind) {
+                counts[kind] += 1;
+            }
             let name = crate::status::backend_name(&self.config.backends, transition.backend());
             transition.log(name);
         }
@@ -302,6 +332,7 @@ impl Estate {
                     flight
                         .participants
                         .insert(waiter, Participant::of(cacheable));
+                    self.counts.flight_joins += 1;
                     return Admission::Wait(waiter);
                 }
             }
@@ -313,6 +344,7 @@ impl Estate {
                     let waiter = WaiterId(self.waiter_ids.next());
                     let planned = Planned {
                         config: planned.config,
+                        class: planned.class,
                         target: planned.target,
                         cache: planned.cache,
                         work: Work::Fanout(plan),
@@ -331,7 +363,7 @@ impl Estate {
             ownership,
             corrections: Arc::clone(&self.membership.corrections),
         };
-        let exchange = Exchange::new(now, context, planned.target, plan);
+        let exchange = Exchange::new(now, context, (planned.class, planned.target), plan);
         let Some(cacheable) = cacheable else {
             return Admission::Exchange(exchange);
         };
@@ -370,7 +402,7 @@ impl Estate {
         };
         let plan = Box::new(Sequence::translation(asked.clone()));
         Admission::Translate {
-            exchange: Exchange::new(now, context, asked, plan),
+            exchange: Exchange::new(now, context, ("root", asked), plan),
             translating: Translating { pql, target },
         }
     }
@@ -484,6 +516,7 @@ impl Estate {
         self.outputs
             .extend(requests.into_iter().map(EstateOutput::Send));
         self.membership.refresh = Some(MembershipRefresh {
+            started: now,
             calls,
             waiters: Vec::new(),
         });
@@ -626,6 +659,59 @@ impl Estate {
             .min()
     }
 
+    /// The estate's numbers now, for pdbmux's own metrics (docs/operating.md).
+    pub fn stats(&self, now: Instant) -> crate::stats::EstateStats {
+        let ownership = &self.membership.snapshot;
+        let owned = ownership.owned_counts(self.config.merge, self.config.backends.len());
+        let backends = self
+            .all_backends()
+            .into_iter()
+            .map(|backend| crate::stats::BackendStats {
+                name: crate::status::backend_name(&self.config.backends, backend).to_owned(),
+                state: self
+                    .health
+                    .report(backend)
+                    .map_or("unmonitored", |r| r.state.as_str()),
+                transitions: self
+                    .counts
+                    .transitions
+                    .get(backend.0)
+                    .copied()
+                    .unwrap_or_default(),
+                owned_nodes: owned.get(backend.0).copied().unwrap_or(0),
+                membership_failures: self
+                    .counts
+                    .membership_failures
+                    .get(backend.0)
+                    .copied()
+                    .unwrap_or(0),
+            })
+            .collect();
+        let membership = crate::stats::MembershipStats {
+            nodes: ownership.node_count(),
+            shared_nodes: ownership.shared_count(),
+            refreshes: self.counts.refreshes,
+            last_refresh_duration: self.counts.last_refresh_duration,
+            age: self
+                .membership
+                .refreshed_at
+                .map(|at| now.saturating_duration_since(at)),
+        };
+        let cache = self.cache.as_ref().map(|cache| {
+            let report = cache.report(now);
+            crate::stats::CacheStats {
+                store: report.stats,
+                evictions: report.evictions,
+                flight_joins: self.counts.flight_joins,
+            }
+        });
+        crate::stats::EstateStats {
+            backends,
+            membership,
+            cache,
+        }
+    }
+
     /// The current ownership snapshot (for tests and `/healthz`).
     pub fn ownership(&self) -> Arc<Ownership> {
         Arc::clone(&self.membership.snapshot)
@@ -683,12 +769,19 @@ impl Estate {
             };
             match parsed {
                 Ok(nodes) => self.membership.per_backend[call.backend.0] = Some(nodes),
-                Err(failure) => tracing::warn!(
-                    backend = crate::status::backend_name(&self.config.backends, call.backend),
-                    "membership refresh failed; keeping this backend's previous entries: {failure}"
-                ),
+                Err(failure) => {
+                    if let Some(count) = self.counts.membership_failures.get_mut(call.backend.0) {
+                        *count += 1;
+                    }
+                    tracing::warn!(
+                        backend = crate::status::backend_name(&self.config.backends, call.backend),
+                        "membership refresh failed; keeping this backend's previous entries: {failure}"
+                    )
+                }
             }
         }
+        self.counts.refreshes += 1;
+        self.counts.last_refresh_duration = Some(now.saturating_duration_since(refresh.started));
         let generation = self.membership.generations.next();
         self.membership.snapshot =
             Arc::new(Ownership::build(&self.membership.per_backend, generation));

@@ -16,6 +16,7 @@ use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, Verdict};
 use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::message::{Response, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::stats::CallOutcome;
 use crate::status::{self, backend_name, Failure, Outcome, Rejection, Unusable};
 
 /// The header naming how many backends' records went into a merged answer.
@@ -39,15 +40,27 @@ pub enum ExchangeOutput {
 /// it learned (docs/merging.md). Hand it to [`crate::Estate::handle_report`].
 #[derive(Debug, Clone, Default)]
 pub struct ExchangeReport {
+    pub(crate) class: &'static str,
     pub(crate) round: Option<Round>,
     /// The membership snapshot's generation and what was learned against it.
     pub(crate) learned: Option<(u64, Vec<Learned>)>,
+    pub(crate) calls: Vec<(BackendId, CallOutcome)>,
 }
 
 impl ExchangeReport {
+    /// The route class of the request it answered ([`crate::Planned::class`]).
+    pub fn class(&self) -> &'static str {
+        self.class
+    }
+
     /// The merged fan-out round, if the exchange was one.
     pub fn round(&self) -> Option<Round> {
         self.round
+    }
+
+    /// How each upstream call it made ended, in the order they were made.
+    pub fn calls(&self) -> &[(BackendId, CallOutcome)] {
+        &self.calls
     }
 }
 
@@ -73,11 +86,11 @@ pub struct Exchange {
 }
 
 impl Exchange {
-    /// Starts `plan` for the request to `target` (for logs) in `context`.
+    /// Starts `plan` for the request to `target` (for logs) of route `class` in `context`.
     pub(crate) fn new(
         now: Instant,
         context: Context,
-        target: String,
+        (class, target): (&'static str, String),
         plan: Box<dyn Plan>,
     ) -> Exchange {
         let mut exchange = Exchange {
@@ -89,7 +102,10 @@ impl Exchange {
             outputs: VecDeque::new(),
             finished: false,
             failed_over: false,
-            report: ExchangeReport::default(),
+            report: ExchangeReport {
+                class,
+                ..ExchangeReport::default()
+            },
         };
         let first = exchange.plan.start(&exchange.context);
         if first.is_empty() {
@@ -375,6 +391,12 @@ impl Exchange {
     }
 
     fn respond(&mut self, response: Response) {
+        self.report.calls = self
+            .calls
+            .0
+            .iter()
+            .map(|call| (call.backend, CallOutcome::of_call(&call.state)))
+            .collect();
         for call in &self.calls.0 {
             match call.state {
                 CallState::Pending { id, .. } => {

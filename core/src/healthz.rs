@@ -29,6 +29,14 @@ pub struct Round {
     pub refused: bool,
 }
 
+impl Round {
+    /// Fewer contributors than configured backends, unless every backend refused the request (a
+    /// unanimous 4xx is the request's fault): the answer lacks part of the estate.
+    pub fn is_partial(&self) -> bool {
+        !self.refused && self.contributed < self.asked
+    }
+}
+
 /// The `/healthz` query object: the last merged fan-out and the partial rounds so far.
 #[derive(Debug, Clone, Default)]
 pub struct QueryRounds {
@@ -44,7 +52,7 @@ impl QueryRounds {
         if round.refused {
             return;
         }
-        if round.contributed < round.asked {
+        if round.is_partial() {
             self.partial_rounds += 1;
             self.last_partial = Some(now);
         }

@@ -62,6 +62,7 @@ mod route;
 mod scrub;
 mod sequence;
 mod sort;
+pub mod stats;
 mod status;
 mod translations;
 

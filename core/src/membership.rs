@@ -304,6 +304,26 @@ impl Ownership {
         self.view(scope).held.get(backend.0).copied().unwrap_or(0)
     }
 
+    /// How many active nodes each of `backends` backends owns under `strategy` (configured order).
+    pub fn owned_counts(&self, strategy: MergeStrategy, backends: usize) -> Vec<usize> {
+        let mut counts = vec![0; backends];
+        for entry in self.active.entries.values() {
+            if let Some(count) = counts.get_mut(entry.owners.under(strategy).0) {
+                *count += 1;
+            }
+        }
+        counts
+    }
+
+    /// How many active certnames more than one backend holds.
+    pub fn shared_count(&self) -> usize {
+        self.active
+            .entries
+            .values()
+            .filter(|entry| entry.holders.len() > 1)
+            .count()
+    }
+
     /// How many distinct active certnames the estate holds.
     pub fn node_count(&self) -> usize {
         self.active.entries.len()

@@ -28,6 +28,7 @@ use crate::sequence::{Holder, Sequence};
 #[derive(Debug)]
 pub struct Planned {
     pub(crate) config: Arc<Config>,
+    pub(crate) class: &'static str,
     pub(crate) target: String,
     pub(crate) cache: Option<Cacheable>,
     pub(crate) work: Work,
@@ -49,6 +50,12 @@ pub(crate) enum Work {
 }
 
 impl Planned {
+    /// The route class it was planned as (`query`, `root`, `per-certname`, …, or `refused`): a
+    /// bounded label for metrics and logs.
+    pub fn class(&self) -> &'static str {
+        self.class
+    }
+
     /// Whether answering needs the membership map.
     pub(crate) fn needs_ownership(&self) -> bool {
         matches!(&self.work, Work::Fanout(plan) if plan.needs_ownership())
@@ -57,13 +64,16 @@ impl Planned {
 
 /// Plans one client request with `config`: the table every route's policy is read from.
 pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
+    let classified = classify(request);
+    let class = classified.as_ref().map_or("refused", Route::class);
     let planned = |cache, work| Planned {
         config: Arc::clone(config),
+        class,
         target: request.target.clone(),
         cache,
         work,
     };
-    let route = match classify(request) {
+    let route = match classified {
         Ok(route) => route,
         Err(refusal) => {
             let mut response = Response::text(refusal.status(), format!("pdbmux: {refusal}"));
@@ -128,9 +138,13 @@ fn repeated_param(request: &ClientRequest) -> Option<String> {
 /// request, whatever the length of the mapped target (the client's was within the limit).
 fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
     let request = ClientRequest::get(target);
-    match classify(&ClientRequest::get(request.path())) {
+    let planned = match classify(&ClientRequest::get(request.path())) {
         Ok(route @ Route::Query(_)) => plan_query(&request, &route, config),
         _ => plan(&request, config),
+    };
+    Planned {
+        class: Route::Root.class(),
+        ..planned
     }
 }
 
@@ -149,6 +163,7 @@ pub(crate) fn plan_translated(
         Some(mapped) => plan_mapped(&mapped, config),
         None => Planned {
             config: Arc::clone(config),
+            class: Route::Root.class(),
             target: original.to_owned(),
             cache: None,
             work: Work::Fanout(Box::new(Sequence::first_success(original.to_owned()))),
@@ -162,6 +177,7 @@ fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> P
     let Some(entity) = route.entity() else {
         return Planned {
             config: Arc::clone(config),
+            class: route.class(),
             target: request.target.clone(),
             cache: None,
             work: Work::Fanout(Box::new(Sequence::first_success(request.target.clone()))),
@@ -213,6 +229,7 @@ fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> P
     };
     Planned {
         config: Arc::clone(config),
+        class: route.class(),
         target: request.target.clone(),
         cache: cacheable,
         work,

@@ -22,7 +22,7 @@ use pdbmux_core::{
 };
 use pdbmux_sealed::Sealer;
 
-use crate::{Timings, Transport, UpstreamResult};
+use crate::{Metrics, Timings, Transport, UpstreamResult};
 
 /// What a runtime gives the estate host.
 pub trait Runtime: Send + Sync + 'static {
@@ -140,6 +140,8 @@ pub struct EstateHost<R: Runtime> {
     wake: Wake,
     /// Seals flights' answers before the estate stores them (the store's own sealer).
     sealer: Sealer,
+    /// pdbmux's own metrics, when they are served.
+    metrics: Option<Metrics>,
     runtime: R,
 }
 
@@ -152,17 +154,48 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<R: Runtime> EstateHost<R> {
-    /// Wraps a fresh estate, the sealer of its store and the runtime.
-    pub fn new(estate: Estate, sealer: Sealer, runtime: R) -> Arc<EstateHost<R>> {
-        Arc::new(EstateHost {
-            config: Arc::clone(estate.config()),
-            estate: Mutex::new(estate),
-            waiters: Mutex::new(BTreeMap::new()),
-            flights: Mutex::new(BTreeMap::new()),
-            wake: Wake::default(),
-            sealer,
-            runtime,
+    /// Wraps a fresh estate, the sealer of its store and the runtime; `metrics` (when they are
+    /// served) get the estate's numbers at each scrape.
+    pub fn new(
+        estate: Estate,
+        sealer: Sealer,
+        runtime: R,
+        metrics: Option<Metrics>,
+    ) -> Arc<EstateHost<R>> {
+        Arc::new_cyclic(|host: &std::sync::Weak<EstateHost<R>>| {
+            let host = host.clone();
+            let metrics = metrics.map(|metrics| {
+                metrics.with_estate(move || {
+                    let host = host.upgrade()?;
+                    let stats = host.estate().stats(Instant::now());
+                    Some(stats)
+                })
+            });
+            EstateHost {
+                config: Arc::clone(estate.config()),
+                estate: Mutex::new(estate),
+                waiters: Mutex::new(BTreeMap::new()),
+                flights: Mutex::new(BTreeMap::new()),
+                wake: Wake::default(),
+                sealer,
+                metrics,
+                runtime,
+            }
         })
+    }
+
+    /// pdbmux's own metrics, when they are served (`metrics_listen`).
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.as_ref()
+    }
+
+    /// Records one upstream call's time for each call in `timings`.
+    fn observe_upstream_durations(&self, timings: &Timings) {
+        if let Some(metrics) = &self.metrics {
+            for (backend, took) in timings.upstream_calls() {
+                metrics.observe_upstream_duration(&self.config, *backend, *took);
+            }
+        }
     }
 
     /// Answers one client request: admits it, drives its exchange on this task or waits for
@@ -176,6 +209,21 @@ impl<R: Runtime> EstateHost<R> {
         // Planned once, before the estate's lock is taken.
         let planned = pdbmux_core::plan(request, &self.config);
         timings.planned();
+        let class = planned.class();
+        let answer = self.answer_planned(request, planned, &mut timings).await;
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_request(class, &answer.0, timings.elapsed());
+            self.observe_upstream_durations(&timings);
+        }
+        answer
+    }
+
+    async fn answer_planned(
+        self: &Arc<Self>,
+        request: &ClientRequest,
+        planned: Planned,
+        timings: &mut Timings,
+    ) -> (Response, Option<(R::Held, Instant)>) {
         let mut admission = self.admit_with(|estate| estate.admit(Instant::now(), planned));
         let log = |timings: &Timings, how: &str| {
             let name = |id: BackendId| backend_name(&self.config, id);
@@ -184,25 +232,25 @@ impl<R: Runtime> EstateHost<R> {
         loop {
             match admission {
                 Admitted::Respond(response) => {
-                    log(&timings, "local");
+                    log(timings, "local");
                     return (response, None);
                 }
                 Admitted::Exchange(exchange) => {
                     timings.exchange_started();
-                    let answer = crate::drive(&**self, exchange, &mut timings).await;
-                    log(&timings, "exchange");
+                    let answer = crate::drive(&**self, exchange, timings).await;
+                    log(timings, "exchange");
                     return answer;
                 }
                 Admitted::Translate(exchange, translating) => {
                     // Buffered (never a held body): the translation is read, not forwarded.
-                    let (response, _) = crate::drive(&**self, exchange, &mut timings).await;
+                    let (response, _) = crate::drive(&**self, exchange, timings).await;
                     admission = self.admit_with(|estate| {
                         estate.handle_translated(Instant::now(), translating, response)
                     });
                 }
                 Admitted::Wait(ticket) => match ticket.wait().await {
                     Some(WaiterEvent::Respond(response)) => {
-                        log(&timings, "waited");
+                        log(timings, "waited");
                         return (response, None);
                     }
                     Some(WaiterEvent::Resume(planned)) => {
@@ -291,6 +339,7 @@ impl<R: Runtime> EstateHost<R> {
                 let (response, _) = crate::drive(&*host, exchange, &mut timings).await;
                 let name = |id: BackendId| backend_name(&host.config, id);
                 timings.log(&target, "flight", name);
+                host.observe_upstream_durations(&timings);
                 host.sealed(response).await
             })
             .catch_unwind()
@@ -393,9 +442,20 @@ impl<R: Runtime> EstateHost<R> {
     ) -> impl Future<Output = ()> + Send + 'static {
         let host = Arc::clone(self);
         async move {
-            let id = request.id;
+            let (id, backend, sent) = (request.id, request.backend, Instant::now());
             let result = host.runtime.send(request).await;
             let now = Instant::now();
+            if let Some(metrics) = &host.metrics {
+                let outcome = pdbmux_core::stats::CallOutcome::of(
+                    result.as_ref().map(|(response, _)| response.status),
+                );
+                metrics.observe_upstream(&host.config, backend, outcome);
+                metrics.observe_upstream_duration(
+                    &host.config,
+                    backend,
+                    now.saturating_duration_since(sent),
+                );
+            }
             {
                 let mut estate = host.estate();
                 match result {
@@ -424,12 +484,15 @@ impl<R: Runtime> Transport for EstateHost<R> {
     }
 
     fn report(&self, report: ExchangeReport) {
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_exchange(&report, &self.config);
+        }
         self.estate().handle_report(Instant::now(), report);
     }
 }
 
-/// A backend's configured name, for log lines.
-fn backend_name(config: &Config, id: BackendId) -> String {
+/// A backend's configured name, for log lines and metric labels.
+pub(crate) fn backend_name(config: &Config, id: BackendId) -> String {
     config
         .backends
         .get(id.0)

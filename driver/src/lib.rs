@@ -17,9 +17,13 @@ use std::pin::pin;
 use std::time::Instant;
 
 mod host;
+mod metrics;
+#[cfg(target_os = "linux")]
+mod process;
 mod timing;
 
 pub use host::{EstateHost, Runtime, Task};
+pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes, METRICS_PATH};
 pub use timing::Timings;
 
 use futures_util::future::{self, AbortHandle, Abortable, Either};

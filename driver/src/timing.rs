@@ -46,6 +46,16 @@ impl Timings {
         self.upstream.push((backend, took));
     }
 
+    /// Each upstream call so far: its backend and how long it took.
+    pub(crate) fn upstream_calls(&self) -> &[(BackendId, Duration)] {
+        &self.upstream
+    }
+
+    /// Time since the request arrived.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
     /// The core spent `took` in one `handle_*` call.
     pub(crate) fn core(&mut self, took: Duration) {
         self.core += took;

@@ -106,6 +106,7 @@ def pdbmux(estate: Estate):
         "NO_COLOR": "1",
         "PDBMUX_BACKENDS": ",".join(f"{n}={estate.urls[n]}" for n in estate.order),
         "PDBMUX_LISTEN": f"127.0.0.1:{port}",
+        "PDBMUX_METRICS_LISTEN": "",
         "PDBMUX_HEALTH_PROBE_ENABLED": "false",
         "PDBMUX_LOG_LEVEL": "debug",
     }

@@ -424,6 +424,8 @@ impl PdbmuxBuilder {
             .env("XDG_CONFIG_HOME", &config_home)
             .env("PDBMUX_BACKENDS", &backends)
             .env("PDBMUX_LISTEN", requested.to_string())
+            // No metrics listener unless a test asks for one: several instances run at once.
+            .env("PDBMUX_METRICS_LISTEN", "")
             // The log is a file: no terminal colours in it.
             .env("NO_COLOR", "1")
             .envs(&self.env)

@@ -98,6 +98,8 @@ enum HeadRead {
 /// Serves requests on `stream` until the client closes it, it idles past the header timeout, or
 /// the server shuts down.
 pub async fn serve(stream: Async<TcpStream>, context: Context) {
+    let _open = context.host.metrics().map(|m| m.connection_opened());
+    let sent = context.host.metrics().map(|m| m.sent_bytes());
     // Bytes received and not yet consumed (a pipelined next request, a body to skip).
     let mut pending: Vec<u8> = Vec::new();
     // Sends sealed bodies, through pipes it borrows while they hold bytes.
@@ -141,9 +143,16 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
             head.http11,
             head_only,
         );
-        if let Err(error) = written.await {
-            tracing::debug!("connection ended: {error}");
-            return;
+        match written.await {
+            Ok(bytes) => {
+                if let Some(sent) = &sent {
+                    sent.add(bytes);
+                }
+            }
+            Err(error) => {
+                tracing::debug!("connection ended: {error}");
+                return;
+            }
         }
         if !keep_alive {
             if !pending.is_empty() || !matches!(head.body, RequestBody::None) {
@@ -356,7 +365,7 @@ async fn write(
     keep_alive: bool,
     http11: bool,
     head_only: bool,
-) -> io::Result<()> {
+) -> io::Result<u64> {
     let answer = if http11 {
         answer
     } else {
@@ -379,6 +388,7 @@ async fn write(
     };
     let mut encoder = async_h1::server::Encoder::new(wire, method);
     let mut buffer = vec![0u8; WRITE_BUFFER];
+    let mut total = 0;
     loop {
         let mut filled = encoder.read(&mut buffer).await?;
         if filled == 0 {
@@ -401,11 +411,12 @@ async fn write(
             }
         }
         write_all(stream, &buffer[..filled]).await?;
+        total += filled as u64;
         if ended {
             break;
         }
     }
-    Ok(())
+    Ok(total)
 }
 
 /// Fails with `TimedOut` when `write` has not completed within `timeout`. Each write given here
@@ -442,7 +453,8 @@ async fn write_sealed(
     sender: &mut SealedSender,
     wire: http_types::Response,
     mut sealed: pdbmux_sealed::Sealed<'_>,
-) -> io::Result<()> {
+) -> io::Result<u64> {
+    let body = sealed.len() as u64;
     let mut head = Vec::new();
     async_h1::server::Encoder::new(wire, http_types::Method::Head)
         .read_to_end(&mut head)
@@ -466,7 +478,8 @@ async fn write_sealed(
         }
         sealed.advance(n);
     }
-    drain(stream, sender).await
+    drain(stream, sender).await?;
+    Ok(head.len() as u64 + body)
 }
 
 /// Sends what `sender`'s pipe still holds, one `splice` (and one send timeout) at a time.

@@ -10,12 +10,14 @@
 //!   with `pdbmux`), which drives its `Exchange` on the request's own task.
 //! - [`runtime`]: what the host runs on here: smol tasks (panics caught; dropping one cancels
 //!   it), `smol::Timer`, smol's blocking pool, and the upstream clients.
+//! - [`metrics`]: the metrics listener (`metrics_listen`), served with async-h1's server.
 //! - [`upstream`], [`pool`], [`body`]: request heads written verbatim, answers decoded by
 //!   async-h1, a bounded pool of keep-alive connections per backend (futures-rustls for https),
 //!   bodies bounded by `max_body_bytes` and, when streamed, by their deadline.
 
 mod body;
 mod conn;
+mod metrics;
 mod pool;
 mod runtime;
 mod serve;

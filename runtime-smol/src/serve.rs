@@ -46,6 +46,15 @@ pub enum ServeError {
     Client(#[from] crate::upstream::ClientSetupError),
 }
 
+fn bind(addr: &str) -> Result<Async<TcpListener>, ServeError> {
+    TcpListener::bind(addr)
+        .and_then(Async::new)
+        .map_err(|source| ServeError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
 /// Runs the server until a shutdown signal; the entry point of `pdbmux-smol serve`.
 ///
 /// One `smol::Executor` is run by one thread per available core (this thread among them), so
@@ -72,16 +81,13 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
     let config = settings.config;
     let upstreams = Upstreams::new(&config)?;
     let mut signals = Signals::new([Signal::Term, Signal::Int]).map_err(ServeError::Signals)?;
-    let listener = TcpListener::bind(config.listen.as_str())
-        .and_then(Async::new)
-        .map_err(|source| ServeError::Bind {
-            addr: config.listen.clone(),
-            source,
-        })?;
+    let listener = bind(&config.listen)?;
+    let metrics_listener = config.metrics_listen.as_deref().map(bind).transpose()?;
     let drain_limit = config.timeout + DRAIN_GRACE;
     tracing::info!(
         listen = %listener.get_ref().local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),
         backends = %config.backends.iter().map(|b| format!("{}={}", b.name, b.url.base())).collect::<Vec<_>>().join(","),
+        metrics = %metrics_listener.as_ref().and_then(|l| l.get_ref().local_addr().ok()).map_or_else(|| "off".to_owned(), |a| a.to_string()),
         config = %settings.config_source,
         "pdbmux serving"
     );
@@ -91,8 +97,20 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
     };
     let sealer = Sealer::new(config.facts_cache_bytes);
     let estate = Estate::new(config, clock);
-    let host = Host::new(estate, sealer, Smol::new(upstreams, Arc::clone(&executor)));
+    let metrics = metrics_listener.as_ref().map(|_| {
+        pdbmux_driver::Metrics::new(pdbmux_driver::Build {
+            binary: "pdbmux-smol",
+            version: pdbmux_cli::version(),
+        })
+    });
+    let runtime = Smol::new(upstreams, Arc::clone(&executor));
+    let host = Host::new(estate, sealer, runtime, metrics);
     let driver = host.spawn_driver();
+    // Dropped (and so stopped) when serving ends.
+    let _metrics_task = metrics_listener.map(|listener| {
+        let served = crate::metrics::serve(listener, Arc::clone(&host), Arc::clone(&executor));
+        spawn_guarded(&executor, "metrics listener", served)
+    });
     // `closing` is dropped when shutdown starts; every connection holds a clone of `open`.
     let (closing, closing_watch) = channel::bounded::<()>(1);
     let (open, drained) = channel::bounded::<()>(1);

@@ -1,6 +1,7 @@
 //! `pdbmux`: the production binary. A merging PuppetDB proxy on tokio, hyper and rustls.
 
 mod body;
+mod metrics;
 mod runtime;
 mod sealed_io;
 mod serve;

@@ -29,6 +29,7 @@ use std::sync::Arc;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
+use pdbmux_driver::SentBytes;
 use pdbmux_sealed::{Sealed, SealedSender};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::TcpStream;
@@ -44,6 +45,25 @@ pub struct WriteCounts {
     pub pipe_waits: AtomicU64,
     /// Bytes written from user memory (heads, small and unsealed bodies).
     pub written_bytes: AtomicU64,
+    /// Every connection's bytes sent, in pdbmux's metrics (when they are served).
+    total: Option<SentBytes>,
+}
+
+impl WriteCounts {
+    fn written(&self, bytes: usize) {
+        self.written_bytes
+            .fetch_add(bytes as u64, Ordering::Relaxed);
+        if let Some(total) = &self.total {
+            total.add(bytes as u64);
+        }
+    }
+
+    fn sealed(&self, bytes: usize) {
+        self.sealed_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        if let Some(total) = &self.total {
+            total.add(bytes as u64);
+        }
+    }
 }
 
 /// A client connection's stream; see the module docs.
@@ -79,8 +99,9 @@ fn poll_socket<T>(
 }
 
 impl SealedIo {
-    /// Wraps an accepted connection whose writes may each wait `send_timeout` for the client.
-    pub fn new(stream: TcpStream, send_timeout: Duration) -> SealedIo {
+    /// Wraps an accepted connection whose writes may each wait `send_timeout` for the client;
+    /// what it sends is also added to `total` (pdbmux's metrics) when given.
+    pub fn new(stream: TcpStream, send_timeout: Duration, total: Option<SentBytes>) -> SealedIo {
         SealedIo {
             stream,
             sender: SealedSender::new(),
@@ -88,7 +109,10 @@ impl SealedIo {
             send_timeout,
             stall: None,
             stalled: false,
-            counts: Arc::default(),
+            counts: Arc::new(WriteCounts {
+                total,
+                ..WriteCounts::default()
+            }),
         }
     }
 
@@ -165,9 +189,7 @@ impl SealedIo {
         ready!(self.poll_pending(cx))?;
         let SealedIo { stream, sender, .. } = self;
         let taken = ready!(poll_socket(stream, cx, |socket| sender.send(socket, sealed)))?;
-        self.counts
-            .sealed_bytes
-            .fetch_add(taken as u64, Ordering::Relaxed);
+        self.counts.sealed(taken);
         self.unreported = Some((at, taken));
         self.poll_unreported(cx, at)
     }
@@ -195,9 +217,7 @@ impl SealedIo {
     ) -> Poll<io::Result<usize>> {
         ready!(self.poll_pending(cx))?;
         let written = ready!(Pin::new(&mut self.stream).poll_write_vectored(cx, bufs))?;
-        self.counts
-            .written_bytes
-            .fetch_add(written as u64, Ordering::Relaxed);
+        self.counts.written(written);
         Poll::Ready(Ok(written))
     }
 }
@@ -280,9 +300,7 @@ impl SealedIo {
         let written = ready!(poll_socket(&self.stream, cx, |socket| {
             pdbmux_sealed::send_head(socket, before)
         }))?;
-        self.counts
-            .written_bytes
-            .fetch_add(written as u64, Ordering::Relaxed);
+        self.counts.written(written);
         Poll::Ready(Ok(written))
     }
 }
@@ -320,7 +338,7 @@ mod tests {
     /// returns the connection's counters once it is closed.
     async fn serve_one(listener: TcpListener, body: Bytes) -> Arc<WriteCounts> {
         let (stream, _) = listener.accept().await.unwrap();
-        let io = SealedIo::new(stream, Duration::from_secs(60));
+        let io = SealedIo::new(stream, Duration::from_secs(60), None);
         let counts = io.counts();
         let service = service_fn(move |_request| {
             let body = body.clone();
@@ -421,7 +439,7 @@ mod tests {
         let listener = small_buffer_listener();
         let mut client = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (stream, _) = listener.accept().await.unwrap();
-        let mut io = SealedIo::new(stream, Duration::from_secs(60));
+        let mut io = SealedIo::new(stream, Duration::from_secs(60), None);
         let mut write = |buf: &[u8]| {
             let waker = std::task::Waker::noop();
             let mut cx = Context::from_waker(waker);
@@ -462,7 +480,7 @@ mod tests {
         // Never reads: the buffers fill, then the write fails once it has waited `timeout`.
         let _silent = std::net::TcpStream::connect(addr).unwrap();
         let (stream, _) = listener.accept().await.unwrap();
-        let mut io = SealedIo::new(stream, timeout);
+        let mut io = SealedIo::new(stream, timeout, None);
         let chunk = vec![7u8; 64 * 1024];
         let started = std::time::Instant::now();
         let error = loop {
@@ -482,7 +500,7 @@ mod tests {
         // through whole.
         let mut slow = std::net::TcpStream::connect(addr).unwrap();
         let (stream, _) = listener.accept().await.unwrap();
-        let mut io = SealedIo::new(stream, timeout);
+        let mut io = SealedIo::new(stream, timeout, None);
         let reader = std::thread::spawn(move || {
             let mut received = Vec::new();
             let mut buf = [0u8; 16 * 1024];

@@ -56,19 +56,28 @@ pub fn run(settings: Settings) -> Result<(), ServeError> {
     runtime.block_on(serve(settings))
 }
 
+async fn bind(addr: &str) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind {
+            addr: addr.to_owned(),
+            source,
+        })
+}
+
 async fn serve(settings: Settings) -> Result<(), ServeError> {
     let config = settings.config;
     let upstreams = Upstreams::new(&config)?;
-    let listener = TcpListener::bind(&config.listen)
-        .await
-        .map_err(|source| ServeError::Bind {
-            addr: config.listen.clone(),
-            source,
-        })?;
+    let listener = bind(&config.listen).await?;
+    let metrics_listener = match &config.metrics_listen {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
     let drain_limit = config.timeout + DRAIN_GRACE;
     tracing::info!(
         listen = %listener.local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),
         backends = %config.backends.iter().map(|b| format!("{}={}", b.name, b.url.base())).collect::<Vec<_>>().join(","),
+        metrics = %metrics_listener.as_ref().and_then(|l| l.local_addr().ok()).map_or_else(|| "off".to_owned(), |a| a.to_string()),
         config = %settings.config_source,
         "pdbmux serving"
     );
@@ -78,8 +87,16 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
     };
     let sealer = Sealer::new(config.facts_cache_bytes);
     let estate = Estate::new(config, clock);
-    let host = Host::new(estate, sealer, Tokio::new(upstreams));
+    let metrics = metrics_listener.as_ref().map(|_| {
+        pdbmux_driver::Metrics::new(pdbmux_driver::Build {
+            binary: "pdbmux",
+            version: pdbmux_cli::version(),
+        })
+    });
+    let host = Host::new(estate, sealer, Tokio::new(upstreams), metrics);
     let driver = host.spawn_driver();
+    let metrics_task = metrics_listener
+        .map(|listener| tokio::spawn(crate::metrics::serve(listener, Arc::clone(&host))));
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -101,8 +118,9 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                 };
                 let _ = stream.set_nodelay(true);
                 let host = Arc::clone(&host);
-                let io = SealedIo::new(stream, SEND_TIMEOUT);
+                let io = SealedIo::new(stream, SEND_TIMEOUT, host.metrics().map(|m| m.sent_bytes()));
                 let counts = io.counts();
+                let open = host.metrics().map(|m| m.connection_opened());
                 let connection = http.serve_connection(
                     TokioIo::new(io),
                     service_fn(move |request| service::handle(Arc::clone(&host), request)),
@@ -110,6 +128,7 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {
                     let ended = connection.await;
+                    drop(open);
                     tracing::debug!(
                         %peer,
                         sealed_bytes = counts.sealed_bytes.load(Ordering::Relaxed),
@@ -132,6 +151,9 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
         Err(_) => tracing::warn!("drain limit reached; exiting with requests still in flight"),
     }
     pdbmux_driver::Task::cancel(driver);
+    if let Some(task) = metrics_task {
+        task.abort();
+    }
     Ok(())
 }
 

@@ -140,6 +140,7 @@ pub struct Cache {
     serving_stale: bool,
     stale_served: u64,
     last_stale_served: Option<Instant>,
+    evictions: u64,
 }
 
 /// What a lookup found.
@@ -166,6 +167,8 @@ pub struct CacheReport {
     pub stale_served: u64,
     /// When the last one was served.
     pub last_stale_served: Option<Instant>,
+    /// Entries evicted to stay within the byte budget since start.
+    pub evictions: u64,
 }
 
 impl Cache {
@@ -178,6 +181,7 @@ impl Cache {
             serving_stale: false,
             stale_served: 0,
             last_stale_served: None,
+            evictions: 0,
         }
     }
 
@@ -208,6 +212,7 @@ impl Cache {
                 stored_at: now,
             },
         );
+        self.evictions += evicted.len() as u64;
         for key in evicted {
             tracing::debug!(%key, "cache entry evicted to stay within facts_cache_bytes");
         }
@@ -245,6 +250,7 @@ impl Cache {
             serving_stale: self.serving_stale,
             stale_served: self.stale_served,
             last_stale_served: self.last_stale_served,
+            evictions: self.evictions,
         }
     }
 }

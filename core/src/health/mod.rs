@@ -165,6 +165,17 @@ impl Transition {
         }
     }
 
+    /// Its kind, as the metrics label it (one of [`crate::stats::TRANSITIONS`]).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Transition::Down { .. } => "down",
+            Transition::Up { .. } => "up",
+            Transition::ProbeUnsupported { .. } => "probe_unsupported",
+            Transition::FirstAnswerAfterUnsupported { .. } => "first_answer",
+            Transition::RejectionRunStarted { .. } => "rejection_run",
+        }
+    }
+
     /// Writes the transition's one log line at its level (down, never answered: WARN; up, first
     /// answer: INFO; rejection run: ERROR). Call it once per transition, with the backend's
     /// configured name; scrub `reason` first if the log must not carry backend addresses.

@@ -15,6 +15,9 @@ use std::time::{Duration, Instant};
 
 use crate::support::{respond, FakeBackend, Pdbmux, Piece};
 
+mod metrics;
+pub use metrics::*;
+
 fn chunk(data: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", data.len()).into_bytes();
     out.extend_from_slice(data);
@@ -499,6 +502,9 @@ macro_rules! runtime_cases {
             shutdown_closes_idle_keep_alive_connections_at_once,
             a_large_cached_body_is_served_identical_on_a_hit,
             a_partial_fan_out_is_counted_in_healthz,
+            a_scripted_run_shows_in_the_metrics_with_exact_counts,
+            the_metrics_listener_serves_metrics_only_and_the_query_port_none,
+            a_scrape_during_load_is_well_formed,
         );
     };
     (@each $binary:expr; $($case:ident),* $(,)?) => {

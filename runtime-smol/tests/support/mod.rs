@@ -146,6 +146,7 @@ impl Pdbmux {
             .env("HOME", home.path())
             .env("PDBMUX_LISTEN", addr.to_string())
             .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
+            .env("PDBMUX_METRICS_LISTEN", "")
             .env("PDBMUX_LOG_LEVEL", "debug")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());

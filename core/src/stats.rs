@@ -1,0 +1,187 @@
+//! The estate's state and its running counts as numbers, read when pdbmux's own metrics are
+//! scraped (docs/operating.md): the prober's verdict on each backend and its transitions, who
+//! owns how many nodes (the number a migration is steered by), the membership refreshes, and
+//! what the cache holds. The core only counts; a runtime publishes.
+
+use std::time::Duration;
+
+use crate::cache::StoreStats;
+use crate::fanout::CallState;
+use crate::message::UpstreamFailure;
+use crate::status::{Failure, Outcome};
+
+/// One backend's numbers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendStats {
+    /// Its configured name.
+    pub name: String,
+    /// The prober's state, as `/healthz` spells it (one of [`BACKEND_STATES`]).
+    pub state: &'static str,
+    /// Prober transitions since start, by kind (one of [`TRANSITIONS`]), in that order.
+    pub transitions: [u64; TRANSITIONS.len()],
+    /// The active nodes it owns under the configured merge.
+    pub owned_nodes: usize,
+    /// Membership refreshes whose answer from it could not be used (it kept its previous map).
+    pub membership_failures: u64,
+}
+
+/// The membership map's numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MembershipStats {
+    /// Distinct active certnames.
+    pub nodes: usize,
+    /// Active certnames more than one backend holds.
+    pub shared_nodes: usize,
+    /// Refreshes completed since start.
+    pub refreshes: u64,
+    /// How long the last refresh took, from the first request sent to the last answer.
+    pub last_refresh_duration: Option<Duration>,
+    /// How old the map is; `None` before the first refresh.
+    pub age: Option<Duration>,
+}
+
+/// The cache's numbers, when it is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheStats {
+    /// What the store holds.
+    pub store: StoreStats,
+    /// Entries evicted to stay within `facts_cache_bytes` since start.
+    pub evictions: u64,
+    /// Requests that joined a fan-out already in flight for their key since start.
+    pub flight_joins: u64,
+}
+
+/// The estate's numbers at one instant; from [`crate::Estate::stats`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EstateStats {
+    /// Per backend, in configured order.
+    pub backends: Vec<BackendStats>,
+    /// The membership map.
+    pub membership: MembershipStats,
+    /// The cache, when it is on.
+    pub cache: Option<CacheStats>,
+}
+
+/// Every state a backend can be in, for gauges that are 1 for the current one and 0 otherwise.
+pub const BACKEND_STATES: [&str; 5] = [
+    "healthy",
+    "unhealthy",
+    "probe_unsupported",
+    "unprobed",
+    "unmonitored",
+];
+
+/// Every kind of prober transition, as the metrics label them.
+pub const TRANSITIONS: [&str; 5] = [
+    "down",
+    "up",
+    "probe_unsupported",
+    "first_answer",
+    "rejection_run",
+];
+
+/// How one upstream call ended, as the metrics label it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// A 2xx the answer could use (or stream).
+    Ok,
+    /// A 4xx.
+    ClientError,
+    /// A 5xx.
+    ServerError,
+    /// No answer within the timeout.
+    Timeout,
+    /// No connection (refused, DNS, TLS handshake).
+    Connect,
+    /// The body went over `max_body_bytes`.
+    BodyTooLarge,
+    /// The connection failed after it was made.
+    Transport,
+    /// A 2xx whose body could not be used.
+    Unparseable,
+    /// A status that is neither success nor error (1xx, 3xx).
+    UnexpectedStatus,
+    /// Abandoned unanswered: the answer no longer needed it.
+    Cancelled,
+}
+
+impl CallOutcome {
+    /// Every outcome, for metrics that list them all.
+    pub const ALL: [CallOutcome; 10] = [
+        CallOutcome::Ok,
+        CallOutcome::ClientError,
+        CallOutcome::ServerError,
+        CallOutcome::Timeout,
+        CallOutcome::Connect,
+        CallOutcome::BodyTooLarge,
+        CallOutcome::Transport,
+        CallOutcome::Unparseable,
+        CallOutcome::UnexpectedStatus,
+        CallOutcome::Cancelled,
+    ];
+
+    /// Its label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Ok => "ok",
+            CallOutcome::ClientError => "4xx",
+            CallOutcome::ServerError => "5xx",
+            CallOutcome::Timeout => "timeout",
+            CallOutcome::Connect => "connect_error",
+            CallOutcome::BodyTooLarge => "body_too_large",
+            CallOutcome::Transport => "transport_error",
+            CallOutcome::Unparseable => "unparseable",
+            CallOutcome::UnexpectedStatus => "unexpected_status",
+            CallOutcome::Cancelled => "cancelled",
+        }
+    }
+
+    /// A request the runtime sent for the estate itself (a probe, a membership refresh), by the
+    /// status that came back or the failure; whether its body was usable is not judged here.
+    pub fn of(result: Result<http::StatusCode, &UpstreamFailure>) -> CallOutcome {
+        match result {
+            Ok(status) => CallOutcome::of_status(status),
+            Err(failure) => CallOutcome::of_failure(failure),
+        }
+    }
+
+    fn of_status(status: http::StatusCode) -> CallOutcome {
+        if status.is_success() {
+            CallOutcome::Ok
+        } else if status.is_client_error() {
+            CallOutcome::ClientError
+        } else if status.is_server_error() {
+            CallOutcome::ServerError
+        } else {
+            CallOutcome::UnexpectedStatus
+        }
+    }
+
+    fn of_failure(failure: &UpstreamFailure) -> CallOutcome {
+        match failure {
+            UpstreamFailure::Connect(_) => CallOutcome::Connect,
+            UpstreamFailure::Timeout => CallOutcome::Timeout,
+            UpstreamFailure::BodyTooLarge { .. } => CallOutcome::BodyTooLarge,
+            UpstreamFailure::Transport(_) => CallOutcome::Transport,
+        }
+    }
+
+    /// One call of an exchange, once the exchange has answered.
+    pub(crate) fn of_call(state: &CallState) -> CallOutcome {
+        match state {
+            CallState::Pending { .. } => CallOutcome::Cancelled,
+            CallState::Held { .. } | CallState::Done(Outcome::Success { .. }) => CallOutcome::Ok,
+            CallState::Done(Outcome::Rejected(rejection)) => {
+                CallOutcome::of_status(rejection.status)
+            }
+            CallState::Done(Outcome::Failed(failure)) => match failure {
+                Failure::Upstream(failure) => CallOutcome::of_failure(failure),
+                Failure::UnexpectedStatus(_) | Failure::HeldBody(_) => {
+                    CallOutcome::UnexpectedStatus
+                }
+                Failure::Unusable(_) => CallOutcome::Unparseable,
+                Failure::Rejected(rejected) => CallOutcome::of_status(rejected.status),
+            },
+        }
+    }
+}

@@ -1,0 +1,600 @@
+//! pdbmux's own metrics (docs/operating.md): what the shared driver sees of every request and
+//! upstream call, recorded as it happens, and what the estate counts, read at scrape time. The
+//! exposition is the `prometheus-client` crate's: OpenMetrics text when the scraper asks for it,
+//! the Prometheus text format otherwise. Both binaries serve [`Metrics::answer`] on their own
+//! listener (`metrics_listen`), never on the PuppetDB-facing one.
+
+use std::fmt;
+use std::time::Duration;
+
+use http::{HeaderMap, HeaderValue, StatusCode};
+use pdbmux_core::config::Config;
+use pdbmux_core::stats::{CallOutcome, EstateStats, BACKEND_STATES, TRANSITIONS};
+use pdbmux_core::{ExchangeReport, Response};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::{Registry, Unit};
+
+/// The only path the metrics listener serves.
+pub const METRICS_PATH: &str = "/metrics";
+
+/// Bucket bounds of the duration histograms, in seconds: from a cache hit to a slow fan-out.
+const DURATION_BUCKETS: [f64; 14] = [
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RequestLabels {
+    route: &'static str,
+    code: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RouteLabels {
+    route: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct UpstreamLabels {
+    backend: String,
+    outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BackendLabels {
+    backend: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReloadLabels {
+    result: &'static str,
+}
+
+type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+/// Which binary and version is running, for `pdbmux_build_info`.
+#[derive(Debug, Clone, Copy)]
+pub struct Build {
+    /// The binary's name (`pdbmux`, `pdbmux-smol`).
+    pub binary: &'static str,
+    /// Its version.
+    pub version: &'static str,
+}
+
+/// The registry and the metrics the driver records into. Build one with [`Metrics::new`] when
+/// `metrics_listen` is set and hand it to [`crate::EstateHost::new`]; the host adds the estate's
+/// own numbers, and the runtimes count connections and bytes sent.
+pub struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    request_duration: HistogramFamily<RouteLabels>,
+    partial: Family<RouteLabels, Counter>,
+    unanswered: Family<RouteLabels, Counter>,
+    cache: Family<CacheLabels, Counter>,
+    upstream: Family<UpstreamLabels, Counter>,
+    upstream_duration: HistogramFamily<BackendLabels>,
+    sent_bytes: Counter,
+    connections: Gauge,
+    reloads: Family<ReloadLabels, Counter>,
+}
+
+impl fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// A registry with every metric the driver records, `pdbmux_build_info` and (on Linux) the
+    /// standard `process_*` metrics.
+    pub fn new(build: Build) -> Metrics {
+        let mut registry = Registry::default();
+        let requests = Family::default();
+        registry.register(
+            "pdbmux_requests",
+            "Client requests answered, by route class and status code",
+            requests.clone(),
+        );
+        let request_duration: HistogramFamily<RouteLabels> =
+            Family::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "pdbmux_request_duration",
+            "Time from a client request's arrival to its response head, by route class",
+            Unit::Seconds,
+            request_duration.clone(),
+        );
+        let partial = Family::default();
+        registry.register(
+            "pdbmux_partial_answers",
+            "Merged answers that lack a configured backend's records, by route class",
+            partial.clone(),
+        );
+        let unanswered = Family::default();
+        registry.register(
+            "pdbmux_unanswered",
+            "Merged requests no backend could answer (502, or a stale cache entry), by route class",
+            unanswered.clone(),
+        );
+        let cache = Family::default();
+        registry.register(
+            "pdbmux_cache_requests",
+            "Cacheable requests by what answered them (hit, miss, stale)",
+            cache.clone(),
+        );
+        let upstream = Family::default();
+        registry.register(
+            "pdbmux_upstream_requests",
+            "Requests sent to backends, by backend and how they ended",
+            upstream.clone(),
+        );
+        let upstream_duration: HistogramFamily<BackendLabels> =
+            Family::new_with_constructor(duration_histogram);
+        registry.register_with_unit(
+            "pdbmux_upstream_request_duration",
+            "Time from sending a request to a backend to its answer (or failure), by backend",
+            Unit::Seconds,
+            upstream_duration.clone(),
+        );
+        let sent_bytes = Counter::default();
+        registry.register_with_unit(
+            "pdbmux_client_sent",
+            "Bytes written to clients' connections",
+            Unit::Bytes,
+            sent_bytes.clone(),
+        );
+        let connections = Gauge::default();
+        registry.register(
+            "pdbmux_client_connections",
+            "Client connections open now",
+            connections.clone(),
+        );
+        let reloads = Family::default();
+        registry.register(
+            "pdbmux_config_reloads",
+            "Configuration reloads on SIGHUP, by result (ok, failed)",
+            reloads.clone(),
+        );
+        for result in ["ok", "failed"] {
+            drop(reloads.get_or_create(&ReloadLabels { result }));
+        }
+        registry.register(
+            "pdbmux_build",
+            "The running binary and its version",
+            Info::new([("binary", build.binary), ("version", build.version)]),
+        );
+        #[cfg(target_os = "linux")]
+        registry.register_collector(Box::new(crate::process::ProcessCollector));
+        Metrics {
+            registry,
+            requests,
+            request_duration,
+            partial,
+            unanswered,
+            cache,
+            upstream,
+            upstream_duration,
+            sent_bytes,
+            connections,
+            reloads,
+        }
+    }
+
+    /// Adds the estate's numbers, read from `source` at every scrape (`None`: nothing to add).
+    pub(crate) fn with_estate(
+        mut self,
+        source: impl Fn() -> Option<EstateStats> + Send + Sync + 'static,
+    ) -> Metrics {
+        self.registry.register_collector(Box::new(EstateCollector {
+            source: Box::new(source),
+        }));
+        self
+    }
+
+    /// One client request answered: its route class, response and time to the response head.
+    pub(crate) fn observe_request(&self, class: &'static str, response: &Response, took: Duration) {
+        let code = response.status.as_u16();
+        self.requests
+            .get_or_create(&RequestLabels { route: class, code })
+            .inc();
+        self.request_duration
+            .get_or_create(&RouteLabels { route: class })
+            .observe(took.as_secs_f64());
+        if let Some(result) = cache_result(&response.headers) {
+            self.cache.get_or_create(&CacheLabels { result }).inc();
+        }
+    }
+
+    /// A finished exchange's calls (each with how it ended) and whether its answer is partial.
+    pub(crate) fn observe_exchange(&self, report: &ExchangeReport, config: &Config) {
+        for (backend, outcome) in report.calls() {
+            self.observe_upstream(config, *backend, *outcome);
+        }
+        let Some(round) = report.round().filter(|round| round.is_partial()) else {
+            return;
+        };
+        let route = RouteLabels {
+            route: report.class(),
+        };
+        if round.contributed == 0 {
+            self.unanswered.get_or_create(&route).inc();
+        } else {
+            self.partial.get_or_create(&route).inc();
+        }
+    }
+
+    /// One upstream call ended with `outcome`.
+    pub(crate) fn observe_upstream(
+        &self,
+        config: &Config,
+        backend: pdbmux_core::BackendId,
+        outcome: CallOutcome,
+    ) {
+        self.upstream
+            .get_or_create(&UpstreamLabels {
+                backend: crate::host::backend_name(config, backend),
+                outcome: outcome.as_str(),
+            })
+            .inc();
+    }
+
+    /// One upstream call took `took`, from send to answer.
+    pub(crate) fn observe_upstream_duration(
+        &self,
+        config: &Config,
+        backend: pdbmux_core::BackendId,
+        took: Duration,
+    ) {
+        self.upstream_duration
+            .get_or_create(&BackendLabels {
+                backend: crate::host::backend_name(config, backend),
+            })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A configuration reload was applied (`true`) or refused.
+    pub fn observe_reload(&self, applied: bool) {
+        let result = if applied { "ok" } else { "failed" };
+        self.reloads.get_or_create(&ReloadLabels { result }).inc();
+    }
+
+    /// `bytes` more were written to clients.
+    pub fn observe_sent(&self, bytes: u64) {
+        self.sent_bytes.inc_by(bytes);
+    }
+
+    /// A handle that adds to the bytes sent to clients, for a connection's writer to keep.
+    pub fn sent_bytes(&self) -> SentBytes {
+        SentBytes(self.sent_bytes.clone())
+    }
+
+    /// A client connection opened; it counts as open until the guard is dropped.
+    pub fn connection_opened(&self) -> ConnectionGuard {
+        self.connections.inc();
+        ConnectionGuard {
+            connections: self.connections.clone(),
+        }
+    }
+
+    /// The answer of the metrics listener to one request: the scrape for `GET /metrics` (or
+    /// `HEAD`), OpenMetrics text when `accept` names it, 404 for any other path, 405 for another
+    /// method.
+    pub fn answer(&self, method: &http::Method, path: &str, accept: Option<&str>) -> Response {
+        if path != METRICS_PATH {
+            return Response::text(
+                StatusCode::NOT_FOUND,
+                "pdbmux: this listener serves /metrics only",
+            );
+        }
+        if method != http::Method::GET && method != http::Method::HEAD {
+            return Response::text(StatusCode::METHOD_NOT_ALLOWED, "pdbmux: /metrics takes GET");
+        }
+        let openmetrics =
+            accept.is_some_and(|accept| accept.contains("application/openmetrics-text"));
+        let mut body = String::new();
+        let (encoded, content_type) = if openmetrics {
+            (
+                prometheus_client::encoding::text::encode(&mut body, &self.registry),
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )
+        } else {
+            (
+                prometheus_client::encoding::prometheus_text::encode(&mut body, &self.registry),
+                prometheus_client::encoding::prometheus_text::CONTENT_TYPE,
+            )
+        };
+        if let Err(error) = encoded {
+            tracing::error!("encoding the metrics failed: {error}");
+            return Response::text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "pdbmux: encoding the metrics failed",
+            );
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(content_type),
+        );
+        Response {
+            status: StatusCode::OK,
+            headers,
+            body: pdbmux_core::ResponseBody::Full(body.into()),
+        }
+    }
+}
+
+/// Adds to `pdbmux_client_sent_bytes_total`; from [`Metrics::sent_bytes`].
+#[derive(Debug, Clone)]
+pub struct SentBytes(Counter);
+
+impl SentBytes {
+    /// `bytes` more were written to a client.
+    pub fn add(&self, bytes: u64) {
+        self.0.inc_by(bytes);
+    }
+}
+
+/// An open client connection, counted in `pdbmux_client_connections` while it lives.
+#[derive(Debug)]
+pub struct ConnectionGuard {
+    connections: Gauge,
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.connections.dec();
+    }
+}
+
+/// The cache's verdict on a response, from the `X-Cache` header the core sets on the cached path.
+fn cache_result(headers: &HeaderMap) -> Option<&'static str> {
+    match headers.get(pdbmux_core::cache::X_CACHE)?.as_bytes() {
+        b"hit" => Some("hit"),
+        b"miss" => Some("miss"),
+        b"stale" => Some("stale"),
+        _ => None,
+    }
+}
+
+/// The estate's numbers, encoded at each scrape.
+struct EstateCollector {
+    source: Box<dyn Fn() -> Option<EstateStats> + Send + Sync>,
+}
+
+impl fmt::Debug for EstateCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EstateCollector").finish_non_exhaustive()
+    }
+}
+
+/// Writes one metric of `kind` with a value per label set.
+fn encode_each<S: EncodeLabelSet, M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    (name, help, unit): (&str, &str, Option<&Unit>),
+    kind: MetricType,
+    series: impl IntoIterator<Item = (S, M)>,
+) -> fmt::Result {
+    let mut metric = encoder.encode_descriptor(name, help, unit, kind)?;
+    for (labels, value) in series {
+        value.encode(metric.encode_family(&labels)?)?;
+    }
+    Ok(())
+}
+
+/// Writes one metric without labels.
+fn encode_one<M: EncodeMetric>(
+    encoder: &mut DescriptorEncoder,
+    (name, help, unit): (&str, &str, Option<&Unit>),
+    value: M,
+) -> fmt::Result {
+    let kind = value.metric_type();
+    value.encode(encoder.encode_descriptor(name, help, unit, kind)?)
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    backend: String,
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    backend: String,
+    transition: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct NamedBackend {
+    backend: String,
+}
+
+impl Collector for EstateCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let Some(stats) = (self.source)() else {
+            return Ok(());
+        };
+        let seconds = Unit::Seconds;
+        let backends = &stats.backends;
+        encode_each(
+            &mut encoder,
+            (
+                "pdbmux_backend_state",
+                "1 for each backend's prober state, 0 for the others",
+                None,
+            ),
+            MetricType::Gauge,
+            backends.iter().flat_map(|backend| {
+                BACKEND_STATES.iter().map(move |state| {
+                    let labels = StateLabels {
+                        backend: backend.name.clone(),
+                        state,
+                    };
+                    (labels, ConstGauge::new(i64::from(backend.state == *state)))
+                })
+            }),
+        )?;
+        encode_each(
+            &mut encoder,
+            (
+                "pdbmux_backend_transitions",
+                "Prober transitions since start, by backend and kind",
+                None,
+            ),
+            MetricType::Counter,
+            backends.iter().flat_map(|backend| {
+                TRANSITIONS
+                    .iter()
+                    .zip(backend.transitions)
+                    .map(move |(transition, count)| {
+                        let labels = TransitionLabels {
+                            backend: backend.name.clone(),
+                            transition,
+                        };
+                        (labels, ConstCounter::new(count))
+                    })
+            }),
+        )?;
+        encode_each(
+            &mut encoder,
+            (
+                "pdbmux_backend_owned_nodes",
+                "Active nodes each backend owns under the configured merge",
+                None,
+            ),
+            MetricType::Gauge,
+            backends.iter().map(|backend| {
+                let labels = NamedBackend {
+                    backend: backend.name.clone(),
+                };
+                (labels, ConstGauge::new(backend.owned_nodes as i64))
+            }),
+        )?;
+        encode_each(
+            &mut encoder,
+            (
+                "pdbmux_membership_refresh_failures",
+                "Membership refreshes whose answer from a backend could not be used",
+                None,
+            ),
+            MetricType::Counter,
+            backends.iter().map(|backend| {
+                let labels = NamedBackend {
+                    backend: backend.name.clone(),
+                };
+                (labels, ConstCounter::new(backend.membership_failures))
+            }),
+        )?;
+        let membership = stats.membership;
+        encode_one(
+            &mut encoder,
+            (
+                "pdbmux_membership_nodes",
+                "Distinct active certnames in the estate",
+                None,
+            ),
+            ConstGauge::new(membership.nodes as i64),
+        )?;
+        encode_one(
+            &mut encoder,
+            (
+                "pdbmux_membership_shared_nodes",
+                "Active certnames more than one backend holds",
+                None,
+            ),
+            ConstGauge::new(membership.shared_nodes as i64),
+        )?;
+        encode_one(
+            &mut encoder,
+            (
+                "pdbmux_membership_refreshes",
+                "Membership refreshes completed since start",
+                None,
+            ),
+            ConstCounter::new(membership.refreshes),
+        )?;
+        if let Some(took) = membership.last_refresh_duration {
+            encode_one(
+                &mut encoder,
+                (
+                    "pdbmux_membership_last_refresh_duration",
+                    "How long the last membership refresh took",
+                    Some(&seconds),
+                ),
+                ConstGauge::new(took.as_secs_f64()),
+            )?;
+        }
+        if let Some(age) = membership.age {
+            encode_one(
+                &mut encoder,
+                (
+                    "pdbmux_membership_age",
+                    "How old the membership map is",
+                    Some(&seconds),
+                ),
+                ConstGauge::new(age.as_secs_f64()),
+            )?;
+        }
+        if let Some(cache) = stats.cache {
+            encode_one(
+                &mut encoder,
+                (
+                    "pdbmux_cache_entries",
+                    "Entries the cache holds, fresh or expired",
+                    None,
+                ),
+                ConstGauge::new(cache.store.entries as i64),
+            )?;
+            encode_one(
+                &mut encoder,
+                (
+                    "pdbmux_cache_stale_entries",
+                    "Entries past the TTL, kept to answer when every backend fails",
+                    None,
+                ),
+                ConstGauge::new(cache.store.stale_entries as i64),
+            )?;
+            encode_one(
+                &mut encoder,
+                (
+                    "pdbmux_cache_body",
+                    "Bytes of the bodies the cache holds",
+                    Some(&Unit::Bytes),
+                ),
+                ConstGauge::new(cache.store.bytes as i64),
+            )?;
+            encode_one(
+                &mut encoder,
+                (
+                    "pdbmux_cache_evictions",
+                    "Entries evicted to stay within facts_cache_bytes",
+                    None,
+                ),
+                ConstCounter::new(cache.evictions),
+            )?;
+            encode_one(
+                &mut encoder,
+                (
+                    "pdbmux_cache_flight_joins",
+                    "Requests that joined a fan-out already in flight for their key",
+                    None,
+                ),
+                ConstCounter::new(cache.flight_joins),
+            )?;
+        }
+        Ok(())
+    }
+}
