@@ -5,6 +5,7 @@
 #   bash bench/run.sh merge           # only the in-process merge figure
 #   bash bench/run.sh workers         # only requests/s at 1 and 2 worker threads
 #   bash bench/run.sh cache           # only cache hits against nginx
+#   bash bench/run.sh metrics         # only the cost of pdbmux's own metrics (on against off)
 #
 # Environment: DURATION (seconds per wrk run, default 10), RUNS (best-of for the merge, default 7),
 # PIN_PDBMUX / PIN_LOAD (taskset CPU lists for pdbmux+nginx and for wrk+fakepdb, default unpinned),
@@ -54,7 +55,7 @@ if [[ "$what" == all || "$what" == merge ]]; then
   # shellcheck disable=SC2086
   "$bin/merge-throughput" --runs "$RUNS" ${MERGE_ARGS:-} | tee -a "$out" | grep -v '^SUMMARY'
 fi
-if [[ "$what" == all || "$what" == workers || "$what" == cache ]]; then
+if [[ "$what" == all || "$what" == workers || "$what" == cache || "$what" == metrics ]]; then
   only=()
   [[ "$what" != all ]] && only=(--only "$what")
   # shellcheck disable=SC2086

@@ -5,7 +5,7 @@
 #
 # Usage: deploy/test-image.sh <image:tag> <version>      (`make image-test`; needs root and podman)
 #
-#  1. metadata: USER 65532, EXPOSE 8080/tcp, ENTRYPOINT the binary, the version label;
+#  1. metadata: USER 65532, EXPOSE 8080/tcp and 9180/tcp (metrics), ENTRYPOINT the binary, the version label;
 #  2. contents: exactly the binary, the CA bundle, passwd, group and nsswitch.conf (no shell);
 #  3. `pdbmux version` prints "pdbmux <version>", the version the image is tagged with;
 #  4. the binary is static and resolves host names without NSS modules (deploy/test-static.sh);
@@ -63,7 +63,7 @@ import json, sys
 config = json.load(open(sys.argv[1]))[0]["Config"]
 checks = {
     "User": (config.get("User"), "65532:65532"),
-    "ExposedPorts": (sorted(config.get("ExposedPorts") or {}), ["8080/tcp"]),
+    "ExposedPorts": (sorted(config.get("ExposedPorts") or {}), ["8080/tcp", "9180/tcp"]),
     "Entrypoint": (config.get("Entrypoint"), ["/usr/local/bin/pdbmux"]),
     "Cmd": (config.get("Cmd"), None),
     "version label": ((config.get("Labels") or {}).get("org.opencontainers.image.version"), sys.argv[2]),

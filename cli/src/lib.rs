@@ -15,6 +15,7 @@ mod keys;
 mod limits;
 pub mod load;
 pub mod logging;
+pub mod reload;
 pub mod show;
 pub mod validate;
 
@@ -27,6 +28,7 @@ pub use env::Environment;
 pub use init::{init, template, InitError};
 pub use load::{load, ConfigFile, LoadError, Loaded, Source};
 pub use logging::{init_logging, LoggingError};
+pub use reload::{ReloadError, Reloader};
 pub use show::{show, Shown};
 pub use validate::{parse_backend_url, validate, ConfigProblem, ValidateError};
 
@@ -88,11 +90,11 @@ pub enum ConfigError {
 }
 
 /// Parses argv, handles `config init`/`config show`/`version` itself, sets up logging, and calls
-/// `serve` for the serve command. Returns the process exit code: errors go to stderr as
+/// `serve` for the serve command, with the [`Reloader`] that reads its configuration again. Returns the process exit code: errors go to stderr as
 /// `<binary>: <error>`; 2 for usage and config errors, 1 for a serve error.
 pub fn run<F>(binary: &str, serve: F) -> ExitCode
 where
-    F: FnOnce(Settings) -> Result<(), ServeError>,
+    F: FnOnce(Settings, Reloader) -> Result<(), ServeError>,
 {
     let env = Environment::from_process();
     let code = run_with(
@@ -120,7 +122,7 @@ pub fn run_with<I, T, F>(
 where
     I: IntoIterator<Item = T>,
     T: Into<OsString> + Clone,
-    F: FnOnce(Settings) -> Result<(), ServeError>,
+    F: FnOnce(Settings, Reloader) -> Result<(), ServeError>,
 {
     let cli = match args::parse(binary, argv) {
         Ok(cli) => cli,
@@ -197,7 +199,13 @@ where
             if let Some((before, after)) = limits::raise_open_files_limit() {
                 tracing::info!("open files limit raised from {before} to {after}");
             }
-            match serve(settings) {
+            let reloader = Reloader::new(
+                cli.global.clone(),
+                env.clone(),
+                settings.log_format,
+                settings.log_level.clone(),
+            );
+            match serve(settings, reloader) {
                 Ok(()) => 0,
                 Err(e) => fail(binary, err, &e, EXIT_FAILURE),
             }

@@ -40,7 +40,7 @@ fn run(env: &Environment, argv: &[&str]) -> (u8, String, String, Option<Settings
         env,
         &mut out,
         &mut err,
-        move |settings| {
+        move |settings, _reloader| {
             *keep.lock().expect("lock") = Some(settings);
             Ok(())
         },
@@ -378,7 +378,7 @@ fn serve_errors_and_exit_codes() {
         &env,
         &mut out,
         &mut err,
-        |_| Err("bind 0.0.0.0:8080: address in use".into()),
+        |_, _| Err("bind 0.0.0.0:8080: address in use".into()),
     );
     assert_eq!(code, 1);
     assert_eq!(
@@ -433,7 +433,7 @@ fn usage_errors_help_and_version() {
         &env,
         &mut out,
         &mut err,
-        |_| Ok(()),
+        |_, _| Ok(()),
     );
     assert_eq!(code, 0);
     assert_eq!(

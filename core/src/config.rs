@@ -130,6 +130,58 @@ pub struct Config {
 }
 
 impl Config {
+    /// The keys whose values differ in `new`, for a reload's log line (listeners excluded: they
+    /// never change without a restart).
+    pub fn changed_keys(&self, new: &Config) -> Vec<&'static str> {
+        let old = self;
+        let mut changed = Vec::new();
+        let mut check = |key, differs: bool| {
+            if differs {
+                changed.push(key);
+            }
+        };
+        check("backends", old.backends != new.backends);
+        check("merge", old.merge != new.merge);
+        check("timeout", old.timeout != new.timeout);
+        check("freshness_ttl", old.freshness_ttl != new.freshness_ttl);
+        check("facts_ttl", old.facts_ttl != new.facts_ttl);
+        check(
+            "facts_cache_bytes",
+            old.facts_cache_bytes != new.facts_cache_bytes,
+        );
+        check("source_fact", old.source_fact != new.source_fact);
+        check(
+            "source_fact_enabled",
+            old.source_fact_enabled != new.source_fact_enabled,
+        );
+        check(
+            "health_probe_enabled",
+            old.health_probe_enabled != new.health_probe_enabled,
+        );
+        check(
+            "health_probe_path",
+            old.health_probe_path != new.health_probe_path,
+        );
+        check(
+            "health_probe_interval",
+            old.health_probe_interval != new.health_probe_interval,
+        );
+        check(
+            "health_probe_timeout",
+            old.health_probe_timeout != new.health_probe_timeout,
+        );
+        check(
+            "health_probe_failures",
+            old.health_probe_failures != new.health_probe_failures,
+        );
+        check(
+            "health_probe_successes",
+            old.health_probe_successes != new.health_probe_successes,
+        );
+        check("max_body_bytes", old.max_body_bytes != new.max_body_bytes);
+        changed
+    }
+
     /// A configuration with every default and the given backends; for tests and examples.
     pub fn with_backends(backends: Vec<BackendConfig>) -> Config {
         Config {

@@ -89,6 +89,8 @@ pub enum EstateOutput {
 #[derive(Debug)]
 struct Flight {
     key: String,
+    /// The cache it was started against; its answer is stored only while that cache is kept.
+    cache_generation: u64,
     /// Each participant: the key its answer is stored under, and the drilldown value that
     /// filters the shared answer first.
     participants: BTreeMap<WaiterId, Participant>,
@@ -154,6 +156,8 @@ pub struct Estate {
     /// PQL translations backends gave.
     translations: Translations,
     counts: Counts,
+    /// Bumped each time a reload replaces the cache: flights of an older one store nothing.
+    cache_generation: u64,
     outputs: VecDeque<EstateOutput>,
 }
 
@@ -183,12 +187,7 @@ impl Estate {
     /// `facts_cache_bytes`. `clock` maps instants to wall time for `/healthz`.
     pub fn new(config: Config, clock: ClockAnchor) -> Estate {
         let backends = config.backends.len();
-        let cache = (!config.facts_ttl.is_zero()).then(|| {
-            Cache::new(
-                Box::new(MemoryStore::new(config.facts_cache_bytes)),
-                config.facts_ttl,
-            )
-        });
+        let cache = new_cache(&config);
         let health = HealthTable::new(clock.instant, ProbeSettings::from_config(&config), backends);
         Estate {
             health,
@@ -213,6 +212,7 @@ impl Estate {
             },
             translations: Translations::default(),
             counts: Counts::new(backends),
+            cache_generation: 0,
             outputs: VecDeque::new(),
         }
     }
@@ -220,6 +220,59 @@ impl Estate {
     /// The configuration this estate runs on.
     pub fn config(&self) -> &Arc<Config> {
         &self.config
+    }
+
+    /// Runs on `config` from now on (a reload, docs/operating.md). Requests admitted before keep
+    /// the configuration they were planned with; a waiting one is planned again when resumed.
+    /// What the change leaves valid is kept: with the same backends, their health and membership
+    /// map (and the cache when nothing that shapes an answer changed). With other backends (added,
+    /// removed, reordered, another URL or TLS files), health starts over, the membership map is
+    /// asked afresh (its waiters wait for that), a `/healthz` check in flight starts again, and
+    /// answers of the estate's own requests to the old backends are ignored.
+    pub fn reconfigure(&mut self, now: Instant, config: Arc<Config>) {
+        let old = std::mem::replace(&mut self.config, Arc::clone(&config));
+        let same_backends = old.backends == config.backends;
+        let same_answers = same_backends
+            && old.merge == config.merge
+            && old.source_fact == config.source_fact
+            && old.source_fact_enabled == config.source_fact_enabled
+            && old.facts_ttl == config.facts_ttl
+            && old.facts_cache_bytes == config.facts_cache_bytes
+            && old.max_body_bytes == config.max_body_bytes;
+        if !same_answers {
+            self.cache = new_cache(&config);
+            self.cache_generation += 1;
+            self.translations = Translations::default();
+        }
+        if same_backends && ProbeSettings::from_config(&old) == ProbeSettings::from_config(&config)
+        {
+            return;
+        }
+        let backends = config.backends.len();
+        self.health = HealthTable::new(now, ProbeSettings::from_config(&config), backends);
+        for id in std::mem::take(&mut self.probes).into_keys() {
+            self.outputs.push_back(EstateOutput::Cancel(id));
+        }
+        if same_backends {
+            return;
+        }
+        self.rounds = QueryRounds::default();
+        self.counts = Counts::new(backends);
+        let waiting = self.membership.refresh.take().map(|r| r.waiters);
+        self.membership.per_backend = vec![None; backends];
+        self.membership.snapshot = Ownership::empty();
+        self.membership.corrections = Arc::new(Corrections::new(0));
+        self.membership.refreshed_at = None;
+        if let Some(waiters) = waiting {
+            self.refresh_membership_if_due(now);
+            if let Some(refresh) = &mut self.membership.refresh {
+                refresh.waiters = waiters;
+            }
+        }
+        if let Some(check) = self.reachability.take() {
+            self.start_reachability_check(now, check.waiters);
+        }
+        self.send_due_probes(now);
     }
 
     /// Takes in a request planned with [`crate::plan`]: answers it, hands back an [`Exchange`] to
@@ -375,6 +428,7 @@ impl Estate {
             flight,
             Flight {
                 key: cacheable.flight_key.clone(),
+                cache_generation: self.cache_generation,
                 participants: BTreeMap::from([(waiter, Participant::of(&cacheable))]),
             },
         );
@@ -451,7 +505,8 @@ impl Estate {
                     Some(value) => filtered_by_source(response.clone(), value),
                     None => response.clone(),
                 };
-                let outcome = self.settle_flight(now, &participant.key, answer);
+                let current = flight.cache_generation == self.cache_generation;
+                let outcome = self.settle_flight(now, (&participant.key, current), answer);
                 settled.insert(participant.key.clone(), outcome);
             }
             let (served, status, age) = &settled[&participant.key];
@@ -466,10 +521,10 @@ impl Estate {
     fn settle_flight(
         &mut self,
         now: Instant,
-        key: &str,
+        (key, current): (&str, bool),
         response: Response,
     ) -> (Response, CacheStatus, std::time::Duration) {
-        let Some(cache) = &mut self.cache else {
+        let Some(cache) = self.cache.as_mut().filter(|_| current) else {
             return (response, CacheStatus::Miss, std::time::Duration::ZERO);
         };
         if response.status.is_server_error() {
@@ -528,6 +583,12 @@ impl Estate {
             check.waiters.push(waiter);
             return waiter;
         }
+        self.start_reachability_check(now, vec![waiter]);
+        waiter
+    }
+
+    /// Asks every configured backend for the `/healthz` check `waiters` wait on.
+    fn start_reachability_check(&mut self, now: Instant, waiters: Vec<WaiterId>) {
         let roster = self.all_backends();
         let (calls, requests) = Broadcast::send(
             &mut self.upstream_ids,
@@ -537,12 +598,8 @@ impl Estate {
         );
         self.outputs
             .extend(requests.into_iter().map(EstateOutput::Send));
-        self.reachability = Some(ReachabilityCheck {
-            waiters: vec![waiter],
-            calls,
-        });
+        self.reachability = Some(ReachabilityCheck { waiters, calls });
         self.finish(now);
-        waiter
     }
 
     /// An upstream answer for a request the estate sent.
@@ -796,6 +853,16 @@ impl Estate {
     }
 }
 
+/// The cache `config` asks for: none when `facts_ttl` is zero.
+fn new_cache(config: &Config) -> Option<Cache> {
+    (!config.facts_ttl.is_zero()).then(|| {
+        Cache::new(
+            Box::new(MemoryStore::new(config.facts_cache_bytes)),
+            config.facts_ttl,
+        )
+    })
+}
+
 /// Adds the cache headers to a cached-path response.
 fn finish_cached(
     mut response: Response,
@@ -819,4 +886,146 @@ fn filtered_by_source(mut response: Response, value: &str) -> Response {
         response.body = ResponseBody::Full(filtered);
     }
     response
+}
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests need one real instant to start from
+mod tests {
+    use super::*;
+    use crate::config::{BackendConfig, BackendUrl, TlsFiles};
+    use crate::message::{ClientRequest, UpstreamResponse};
+
+    fn config(backends: &[(&str, u16)]) -> Config {
+        let backends = backends
+            .iter()
+            .map(|(name, port)| BackendConfig {
+                name: (*name).into(),
+                url: BackendUrl {
+                    scheme: "http".into(),
+                    host: "127.0.0.1".into(),
+                    port: Some(*port),
+                },
+                tls: TlsFiles::default(),
+            })
+            .collect();
+        Config {
+            health_probe_enabled: false,
+            ..Config::with_backends(backends)
+        }
+    }
+
+    fn estate(config: Config) -> (Estate, Instant) {
+        let now = Instant::now();
+        let clock = ClockAnchor {
+            instant: now,
+            wall: std::time::UNIX_EPOCH,
+        };
+        (Estate::new(config, clock), now)
+    }
+
+    fn admit(estate: &mut Estate, now: Instant, target: &str) -> Admission {
+        let planned = crate::policy::plan(&ClientRequest::get(target), estate.config());
+        estate.admit(now, planned)
+    }
+
+    /// The requests the estate asks to send, drained.
+    fn sends(estate: &mut Estate) -> Vec<UpstreamRequest> {
+        std::iter::from_fn(|| estate.poll_output())
+            .filter_map(|output| match output {
+                EstateOutput::Send(request) => Some(request),
+                _ => None,
+            })
+            .collect()
+    }
+
+    const MEMBERSHIP: &str = r#"[{"certname":"n1","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}]"#;
+
+    #[test]
+    fn a_reload_with_other_backends_asks_the_membership_of_the_new_ones_for_its_waiters() {
+        let (mut estate, now) = estate(config(&[("a", 1), ("b", 2)]));
+        let Admission::Wait(waiter) = admit(&mut estate, now, "/pdb/query/v4/nodes") else {
+            panic!("the first /nodes waits for the membership map");
+        };
+        let old = sends(&mut estate);
+        assert_eq!(old.len(), 2, "one membership request per backend");
+        estate.reconfigure(now, Arc::new(config(&[("c", 3)])));
+        let new = sends(&mut estate);
+        assert_eq!(new.len(), 1, "the new backend is asked: {new:?}");
+        assert_eq!(new[0].backend, BackendId(0));
+        let answer =
+            || UpstreamResponse::full(http::StatusCode::OK, "application/json", MEMBERSHIP);
+        // The old backends' answers belong to no refresh any more.
+        for request in &old {
+            estate.handle_upstream_response(now, request.id, answer());
+        }
+        assert!(
+            estate.poll_output().is_none(),
+            "nothing resumes on old answers"
+        );
+        estate.handle_upstream_response(now, new[0].id, answer());
+        match estate.poll_output() {
+            Some(EstateOutput::Resume {
+                waiter: resumed, ..
+            }) => assert_eq!(resumed, waiter),
+            other => panic!("the waiter resumes on the new map: {other:?}"),
+        }
+        let stats = estate.stats(now);
+        assert_eq!(stats.backends.len(), 1);
+        assert_eq!(stats.backends[0].name, "c");
+        assert_eq!(stats.backends[0].owned_nodes, 1);
+        assert_eq!(stats.membership.refreshes, 1);
+    }
+
+    #[test]
+    fn a_flight_started_before_a_reload_that_replaces_the_cache_stores_nothing() {
+        let (mut estate, now) = estate(config(&[("a", 1)]));
+        let Admission::Flight { flight, .. } = admit(&mut estate, now, "/pdb/query/v4/fact-names")
+        else {
+            panic!("a cacheable miss starts a flight");
+        };
+        let ttl_changed = Config {
+            facts_ttl: std::time::Duration::from_secs(20),
+            ..config(&[("a", 1)])
+        };
+        estate.reconfigure(now, Arc::new(ttl_changed));
+        let answer = Response::text(http::StatusCode::OK, "[\"kernel\"]");
+        estate.handle_flight_done(now, flight, answer);
+        assert!(
+            matches!(estate.poll_output(), Some(EstateOutput::Respond { .. })),
+            "its clients are answered"
+        );
+        assert!(
+            matches!(
+                admit(&mut estate, now, "/pdb/query/v4/fact-names"),
+                Admission::Flight { .. }
+            ),
+            "but the new cache holds nothing"
+        );
+    }
+
+    #[test]
+    fn a_reload_that_changes_no_answer_keeps_the_cache_and_asks_nothing_again() {
+        let (mut estate, now) = estate(config(&[("a", 1)]));
+        let Admission::Flight { flight, .. } = admit(&mut estate, now, "/pdb/query/v4/fact-names")
+        else {
+            panic!("a cacheable miss starts a flight");
+        };
+        let answer = Response::text(http::StatusCode::OK, "[\"kernel\"]");
+        estate.handle_flight_done(now, flight, answer);
+        let _ = sends(&mut estate);
+        let timeout_changed = Config {
+            timeout: std::time::Duration::from_secs(3),
+            ..config(&[("a", 1)])
+        };
+        estate.reconfigure(now, Arc::new(timeout_changed));
+        assert!(sends(&mut estate).is_empty(), "nothing is asked again");
+        assert!(
+            matches!(
+                admit(&mut estate, now, "/pdb/query/v4/fact-names"),
+                Admission::Respond(_)
+            ),
+            "a hit"
+        );
+        assert_eq!(estate.config().timeout, std::time::Duration::from_secs(3));
+    }
 }

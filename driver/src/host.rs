@@ -8,7 +8,7 @@ use std::future::{self, Future};
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::task::Poll;
 use std::time::Instant;
 
@@ -30,10 +30,13 @@ pub trait Runtime: Send + Sync + 'static {
     type Held: Send + 'static;
     /// A spawned task.
     type Task: Task;
+    /// The upstream clients of one configuration (its backends' pools and TLS settings).
+    type Clients: Send + Sync + 'static;
 
-    /// Sends one upstream request (see [`Transport::send`]).
+    /// Sends one upstream request with `clients` (see [`Transport::send`]).
     fn send(
         &self,
+        clients: &Self::Clients,
         request: UpstreamRequest,
     ) -> impl Future<Output = UpstreamResult<Self::Held>> + Send;
 
@@ -60,14 +63,30 @@ pub trait Task: Send + 'static {
     fn is_finished(&self) -> bool;
 }
 
+/// One configuration and the upstream clients built for it: what an exchange runs on from its
+/// admission to its answer, whatever reloads happen meanwhile.
+struct Generation<R: Runtime> {
+    config: Arc<Config>,
+    clients: Arc<R::Clients>,
+}
+
+impl<R: Runtime> Clone for Generation<R> {
+    fn clone(&self) -> Self {
+        Generation {
+            config: Arc::clone(&self.config),
+            clients: Arc::clone(&self.clients),
+        }
+    }
+}
+
 /// What admitting a request gives ([`EstateHost::answer`] acts on it).
 enum Admitted<R: Runtime> {
     /// Answer right away.
     Respond(Response),
-    /// Drive this exchange on the request's own task.
-    Exchange(Exchange),
+    /// Drive this exchange on the request's own task, on the generation it was admitted in.
+    Exchange(Exchange, Generation<R>),
     /// Drive this PQL translation on the request's own task, then hand it back.
-    Translate(Exchange, Translating),
+    Translate(Exchange, Translating, Generation<R>),
     /// Wait for the estate's word.
     Wait(WaitTicket<R>),
 }
@@ -133,8 +152,10 @@ impl Wake {
 /// The estate as every connection task of a runtime shares it.
 pub struct EstateHost<R: Runtime> {
     estate: Mutex<Estate>,
-    /// The configuration requests are planned with, outside the estate's lock.
-    config: Arc<Config>,
+    /// The configuration requests are planned with (outside the estate's lock) and its clients;
+    /// replaced with the estate's configuration, under the estate's lock, so an exchange the
+    /// estate admits always gets the clients of the configuration it was built with.
+    current: RwLock<Generation<R>>,
     waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>>,
     flights: Mutex<BTreeMap<FlightId, R::Task>>,
     wake: Wake,
@@ -154,12 +175,13 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl<R: Runtime> EstateHost<R> {
-    /// Wraps a fresh estate, the sealer of its store and the runtime; `metrics` (when they are
-    /// served) get the estate's numbers at each scrape.
+    /// Wraps a fresh estate, the sealer of its store, the runtime and the clients built for the
+    /// estate's configuration; `metrics` (when they are served) get the estate's numbers at
+    /// each scrape.
     pub fn new(
         estate: Estate,
         sealer: Sealer,
-        runtime: R,
+        (runtime, clients): (R, R::Clients),
         metrics: Option<Metrics>,
     ) -> Arc<EstateHost<R>> {
         Arc::new_cyclic(|host: &std::sync::Weak<EstateHost<R>>| {
@@ -172,7 +194,10 @@ impl<R: Runtime> EstateHost<R> {
                 })
             });
             EstateHost {
-                config: Arc::clone(estate.config()),
+                current: RwLock::new(Generation {
+                    config: Arc::clone(estate.config()),
+                    clients: Arc::new(clients),
+                }),
                 estate: Mutex::new(estate),
                 waiters: Mutex::new(BTreeMap::new()),
                 flights: Mutex::new(BTreeMap::new()),
@@ -189,11 +214,77 @@ impl<R: Runtime> EstateHost<R> {
         self.metrics.as_ref()
     }
 
+    /// The configuration in force now.
+    pub fn config(&self) -> Arc<Config> {
+        Arc::clone(&self.generation().config)
+    }
+
+    /// Runs on `config`, with `clients` built for it, from now on (a reload, docs/operating.md):
+    /// requests admitted before finish on the configuration and clients they started with.
+    pub fn reconfigure(&self, config: Config, clients: R::Clients) {
+        let config = Arc::new(config);
+        {
+            let mut estate = self.estate();
+            estate.reconfigure(Instant::now(), Arc::clone(&config));
+            *self.current.write().unwrap_or_else(|p| p.into_inner()) = Generation {
+                config,
+                clients: Arc::new(clients),
+            };
+        }
+        // The estate may have queued requests (a membership refresh, a `/healthz` check).
+        self.wake.notify();
+    }
+
+    /// Applies a reload (SIGHUP, docs/operating.md): `reloaded` is the configuration as read
+    /// again, or why it was refused; `clients` builds its upstream clients (reading the TLS
+    /// files afresh). On any error the running configuration stays. One log line either way,
+    /// and `pdbmux_config_reloads_total` counts it; returns whether it was applied.
+    pub fn reload(
+        &self,
+        reloaded: Result<Config, String>,
+        clients: impl FnOnce(&Config) -> Result<R::Clients, String>,
+    ) -> bool {
+        let applied = reloaded.and_then(|config| Ok((clients(&config)?, config)));
+        let applied = match applied {
+            Ok((clients, config)) => {
+                let changed = self.config().changed_keys(&config);
+                let backends = config
+                    .backends
+                    .iter()
+                    .map(|b| format!("{}={}", b.name, b.url.base()))
+                    .collect::<Vec<_>>()
+                    .join(",");
+                self.reconfigure(config, clients);
+                tracing::info!(
+                    changed = %if changed.is_empty() { "nothing".to_owned() } else { changed.join(",") },
+                    %backends,
+                    "configuration reloaded; TLS files re-read; requests in flight finish on the previous one"
+                );
+                true
+            }
+            Err(problem) => {
+                tracing::error!("configuration reload refused, the running one stays: {problem}");
+                false
+            }
+        };
+        if let Some(metrics) = &self.metrics {
+            metrics.observe_reload(applied);
+        }
+        applied
+    }
+
+    fn generation(&self) -> Generation<R> {
+        self.current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
     /// Records one upstream call's time for each call in `timings`.
-    fn observe_upstream_durations(&self, timings: &Timings) {
+    fn observe_upstream_durations(&self, config: &Config, timings: &Timings) {
         if let Some(metrics) = &self.metrics {
             for (backend, took) in timings.upstream_calls() {
-                metrics.observe_upstream_duration(&self.config, *backend, *took);
+                metrics.observe_upstream_duration(config, *backend, *took);
             }
         }
     }
@@ -207,13 +298,14 @@ impl<R: Runtime> EstateHost<R> {
     ) -> (Response, Option<(R::Held, Instant)>) {
         let mut timings = Timings::start();
         // Planned once, before the estate's lock is taken.
-        let planned = pdbmux_core::plan(request, &self.config);
+        let config = self.config();
+        let planned = pdbmux_core::plan(request, &config);
         timings.planned();
         let class = planned.class();
         let answer = self.answer_planned(request, planned, &mut timings).await;
         if let Some(metrics) = &self.metrics {
             metrics.observe_request(class, &answer.0, timings.elapsed());
-            self.observe_upstream_durations(&timings);
+            self.observe_upstream_durations(&config, &timings);
         }
         answer
     }
@@ -226,8 +318,10 @@ impl<R: Runtime> EstateHost<R> {
     ) -> (Response, Option<(R::Held, Instant)>) {
         let mut admission = self.admit_with(|estate| estate.admit(Instant::now(), planned));
         let log = |timings: &Timings, how: &str| {
-            let name = |id: BackendId| backend_name(&self.config, id);
-            timings.log(&request.target, how, name);
+            let config = self.config();
+            timings.log(&request.target, how, |id: BackendId| {
+                backend_name(&config, id)
+            });
         };
         loop {
             match admission {
@@ -235,15 +329,17 @@ impl<R: Runtime> EstateHost<R> {
                     log(timings, "local");
                     return (response, None);
                 }
-                Admitted::Exchange(exchange) => {
+                Admitted::Exchange(exchange, generation) => {
                     timings.exchange_started();
-                    let answer = crate::drive(&**self, exchange, timings).await;
+                    let bound = Bound::new(self, generation);
+                    let answer = crate::drive(&bound, exchange, timings).await;
                     log(timings, "exchange");
                     return answer;
                 }
-                Admitted::Translate(exchange, translating) => {
+                Admitted::Translate(exchange, translating, generation) => {
                     // Buffered (never a held body): the translation is read, not forwarded.
-                    let (response, _) = crate::drive(&**self, exchange, timings).await;
+                    let bound = Bound::new(self, generation);
+                    let (response, _) = crate::drive(&bound, exchange, timings).await;
                     admission = self.admit_with(|estate| {
                         estate.handle_translated(Instant::now(), translating, response)
                     });
@@ -298,15 +394,17 @@ impl<R: Runtime> EstateHost<R> {
     fn admit_with(self: &Arc<Self>, admit: impl FnOnce(&mut Estate) -> Admission) -> Admitted<R> {
         let mut estate = self.estate();
         let admission = admit(&mut estate);
+        // Read under the estate's lock: the clients of the configuration the exchange was built on.
+        let generation = self.generation();
         // The admission may have queued upstream requests (a membership refresh).
         let wake = !matches!(admission, Admission::Respond(_));
         let admitted = match admission {
             Admission::Respond(response) => Admitted::Respond(response),
-            Admission::Exchange(exchange) => Admitted::Exchange(exchange),
+            Admission::Exchange(exchange) => Admitted::Exchange(exchange, generation),
             Admission::Translate {
                 exchange,
                 translating,
-            } => Admitted::Translate(exchange, translating),
+            } => Admitted::Translate(exchange, translating, generation),
             // Registered before the lock is released, so the driver cannot answer first.
             Admission::Wait(waiter) => Admitted::Wait(self.ticket(waiter)),
             Admission::Flight {
@@ -315,7 +413,7 @@ impl<R: Runtime> EstateHost<R> {
                 exchange,
             } => {
                 let ticket = self.ticket(waiter);
-                self.spawn_flight(flight, exchange);
+                self.spawn_flight(flight, exchange, generation);
                 Admitted::Wait(ticket)
             }
         };
@@ -327,7 +425,12 @@ impl<R: Runtime> EstateHost<R> {
     }
 
     /// Runs a flight's exchange on its own task and reports its response to the estate.
-    fn spawn_flight(self: &Arc<Self>, flight: FlightId, exchange: Exchange) {
+    fn spawn_flight(
+        self: &Arc<Self>,
+        flight: FlightId,
+        exchange: Exchange,
+        generation: Generation<R>,
+    ) {
         let host = Arc::clone(self);
         // Held across the spawn so the task cannot remove its entry before it is inserted.
         let mut flights = lock(&self.flights);
@@ -336,10 +439,11 @@ impl<R: Runtime> EstateHost<R> {
                 let mut timings = Timings::start();
                 timings.exchange_started();
                 let target = exchange.target().to_owned();
-                let (response, _) = crate::drive(&*host, exchange, &mut timings).await;
-                let name = |id: BackendId| backend_name(&host.config, id);
-                timings.log(&target, "flight", name);
-                host.observe_upstream_durations(&timings);
+                let config = Arc::clone(&generation.config);
+                let (response, _) =
+                    crate::drive(&Bound::new(&host, generation), exchange, &mut timings).await;
+                timings.log(&target, "flight", |id: BackendId| backend_name(&config, id));
+                host.observe_upstream_durations(&config, &timings);
                 host.sealed(response).await
             })
             .catch_unwind()
@@ -388,17 +492,19 @@ impl<R: Runtime> EstateHost<R> {
     async fn run_driver(self: Arc<Self>) {
         let mut sends = BTreeMap::new();
         loop {
-            let (outputs, deadline) = {
+            let (outputs, deadline, generation) = {
                 let mut estate = self.estate();
                 let outputs: Vec<EstateOutput> =
                     std::iter::from_fn(|| estate.poll_output()).collect();
-                (outputs, estate.poll_timeout())
+                // Under the same lock: the clients of the configuration these requests are for.
+                (outputs, estate.poll_timeout(), self.generation())
             };
             for output in outputs {
                 match output {
                     EstateOutput::Send(request) => {
                         let id = request.id;
-                        let task = self.runtime.spawn(self.send_for_estate(request));
+                        let sent = self.send_for_estate(request, generation.clone());
+                        let task = self.runtime.spawn(sent);
                         sends.retain(|_, task: &mut R::Task| !task.is_finished());
                         sends.insert(id, task);
                     }
@@ -439,22 +545,21 @@ impl<R: Runtime> EstateHost<R> {
     fn send_for_estate(
         self: &Arc<Self>,
         request: UpstreamRequest,
+        generation: Generation<R>,
     ) -> impl Future<Output = ()> + Send + 'static {
         let host = Arc::clone(self);
         async move {
             let (id, backend, sent) = (request.id, request.backend, Instant::now());
-            let result = host.runtime.send(request).await;
+            let result = host.runtime.send(&generation.clients, request).await;
             let now = Instant::now();
             if let Some(metrics) = &host.metrics {
                 let outcome = pdbmux_core::stats::CallOutcome::of(
                     result.as_ref().map(|(response, _)| response.status),
                 );
-                metrics.observe_upstream(&host.config, backend, outcome);
-                metrics.observe_upstream_duration(
-                    &host.config,
-                    backend,
-                    now.saturating_duration_since(sent),
-                );
+                let config = &generation.config;
+                metrics.observe_upstream(config, backend, outcome);
+                let took = now.saturating_duration_since(sent);
+                metrics.observe_upstream_duration(config, backend, took);
             }
             {
                 let mut estate = host.estate();
@@ -468,26 +573,41 @@ impl<R: Runtime> EstateHost<R> {
     }
 }
 
+/// An exchange's transport: the host's runtime, with the clients of the generation the exchange
+/// was admitted in.
+struct Bound<'a, R: Runtime> {
+    host: &'a EstateHost<R>,
+    generation: Generation<R>,
+}
+
+impl<'a, R: Runtime> Bound<'a, R> {
+    fn new(host: &'a EstateHost<R>, generation: Generation<R>) -> Bound<'a, R> {
+        Bound { host, generation }
+    }
+}
+
 /// Exchanges run on the host's runtime, and hand their rounds to the estate.
-impl<R: Runtime> Transport for EstateHost<R> {
+impl<R: Runtime> Transport for Bound<'_, R> {
     type Held = R::Held;
 
     fn send(
         &self,
         request: UpstreamRequest,
     ) -> impl Future<Output = UpstreamResult<R::Held>> + Send {
-        self.runtime.send(request)
+        let clients = Arc::clone(&self.generation.clients);
+        let runtime = &self.host.runtime;
+        async move { runtime.send(&clients, request).await }
     }
 
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {
-        self.runtime.sleep_until(deadline)
+        self.host.runtime.sleep_until(deadline)
     }
 
     fn report(&self, report: ExchangeReport) {
-        if let Some(metrics) = &self.metrics {
-            metrics.observe_exchange(&report, &self.config);
+        if let Some(metrics) = &self.host.metrics {
+            metrics.observe_exchange(&report, &self.generation.config);
         }
-        self.estate().handle_report(Instant::now(), report);
+        self.host.estate().handle_report(Instant::now(), report);
     }
 }
 

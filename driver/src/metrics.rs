@@ -127,7 +127,7 @@ impl Metrics {
         let unanswered = Family::default();
         registry.register(
             "pdbmux_unanswered",
-            "Merged requests no backend could answer (502, or a stale cache entry), by route class",
+            "Merged requests no backend answered (the failure replayed or a 502, or the stale cache entry), by route class",
             unanswered.clone(),
         );
         let cache = Family::default();

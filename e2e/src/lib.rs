@@ -552,6 +552,47 @@ impl Pdbmux {
         &self.log_path
     }
 
+    /// Sends the signal `name` (`HUP`, `TERM`, …) to pdbmux.
+    pub fn signal(&self, name: &str) -> Result<(), Error> {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
+            .arg(self.child.id().to_string())
+            .status()
+            .map_err(io_err("run kill"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(Error::Io {
+                what: "kill".to_owned(),
+                source: std::io::Error::other(format!("kill -{name} exited {status}")),
+            })
+        }
+    }
+
+    /// Waits (at most 10 s) until pdbmux's log holds `count` lines containing `text`.
+    pub fn wait_for_log(&self, text: &str, count: usize) -> Result<(), Error> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self
+            .log()
+            .lines()
+            .filter(|line| line.contains(text))
+            .count()
+            < count
+        {
+            if Instant::now() >= deadline {
+                return Err(Error::Io {
+                    what: "wait for a log line".to_owned(),
+                    source: std::io::Error::other(format!(
+                        "{count} × {text:?} never logged:\n{}",
+                        self.log()
+                    )),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        }
+        Ok(())
+    }
+
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))

@@ -597,3 +597,63 @@ fn healthz_down_when_no_backend_answers() {
         "{body}"
     );
 }
+
+/// A rotated client certificate is read from disk again on SIGHUP and used for new connections
+/// to the TLS PuppetDB: files replaced by an untrusted certificate make the backend fail after
+/// the reload, and the trusted one put back makes it answer again, with no restart.
+#[test]
+fn sighup_rereads_a_rotated_client_certificate() {
+    let env = env();
+    let Some(tls) = &env.tls else {
+        eprintln!("PDBMUX_E2E_TLS_URL not set: no TLS backend to test");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (cert, key) = (dir.path().join("client.pem"), dir.path().join("client.key"));
+    let install = |from_cert: &std::path::Path, from_key: &std::path::Path| {
+        std::fs::copy(from_cert, &cert).expect("copy the certificate");
+        std::fs::copy(from_key, &key).expect("copy the key");
+    };
+    install(&tls.cert_file, &tls.key_file);
+    let p = env
+        .pdbmux_with(&[("tls", tls.url.as_str())])
+        .env("PDBMUX_TLS_CA_FILE", &tls.ca_file.to_string_lossy())
+        .env("PDBMUX_TLS_CERT_FILE", &cert.to_string_lossy())
+        .env("PDBMUX_TLS_KEY_FILE", &key.to_string_lossy())
+        .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
+        .label("tls-rotate")
+        .spawn()
+        .unwrap_or_else(|e| panic!("start pdbmux with a TLS backend: {e}"));
+    assert_eq!(get(&p, "/pdb/meta/v1/version", &[]).status, 200);
+
+    // A certificate from no CA the PuppetDB trusts, at the same paths.
+    let rogue = dir.path().join("rogue");
+    std::fs::create_dir(&rogue).expect("mkdir");
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-sha256", "-days", "1",
+        ])
+        .args(["-subj", "/CN=pdbmux-e2e-rogue", "-keyout"])
+        .arg(rogue.join("client.key"))
+        .arg("-out")
+        .arg(rogue.join("client.pem"))
+        .output()
+        .expect("run openssl");
+    assert!(made.status.success(), "{made:?}");
+    install(&rogue.join("client.pem"), &rogue.join("client.key"));
+    p.signal("HUP").expect("SIGHUP");
+    p.wait_for_log("configuration reloaded", 1)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let refused = get(&p, "/pdb/meta/v1/version", &[]);
+    assert_eq!(
+        refused.status, 502,
+        "the untrusted certificate is used now: {refused:?}"
+    );
+
+    install(&tls.cert_file, &tls.key_file);
+    p.signal("HUP").expect("SIGHUP");
+    p.wait_for_log("configuration reloaded", 2)
+        .unwrap_or_else(|e| panic!("{e}"));
+    let r = get(&p, "/pdb/meta/v1/version", &[]);
+    assert_eq!(r.status, 200, "the trusted certificate again: {r:?}");
+}

@@ -27,7 +27,7 @@ mod upstream;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    pdbmux_cli::run("pdbmux-smol", |settings| {
-        serve::run(settings).map_err(Into::into)
+    pdbmux_cli::run("pdbmux-smol", |settings, reloader| {
+        serve::run(settings, reloader).map_err(Into::into)
     })
 }

@@ -17,19 +17,15 @@ use crate::upstream::Upstreams;
 /// The estate as this binary's connections share it.
 pub type Host = pdbmux_driver::EstateHost<Smol>;
 
-/// smol's executor, with the upstream clients.
+/// smol's executor; each configuration's upstream clients are an [`Upstreams`].
 pub struct Smol {
-    upstreams: Upstreams,
     executor: Arc<Executor<'static>>,
 }
 
 impl Smol {
-    /// The runtime the host uses: tasks go to `executor`, upstream requests to `upstreams`.
-    pub fn new(upstreams: Upstreams, executor: Arc<Executor<'static>>) -> Smol {
-        Smol {
-            upstreams,
-            executor,
-        }
+    /// The runtime the host uses: tasks go to `executor`.
+    pub fn new(executor: Arc<Executor<'static>>) -> Smol {
+        Smol { executor }
     }
 }
 
@@ -53,9 +49,14 @@ impl pdbmux_driver::Task for SmolTask {
 impl pdbmux_driver::Runtime for Smol {
     type Held = HeldBody;
     type Task = SmolTask;
+    type Clients = Upstreams;
 
-    async fn send(&self, request: UpstreamRequest) -> UpstreamResult<HeldBody> {
-        self.upstreams.send(&request).await
+    async fn send(
+        &self,
+        clients: &Upstreams,
+        request: UpstreamRequest,
+    ) -> UpstreamResult<HeldBody> {
+        clients.send(&request).await
     }
 
     async fn sleep_until(&self, deadline: Instant) {

@@ -1,6 +1,7 @@
 //! The executor and the listener: a smol executor on every core, HTTP/1.1 connections, and
 //! graceful shutdown on SIGTERM or SIGINT (stop accepting, let in-flight requests finish for up to
-//! `timeout` + 5 s, exit 0).
+//! `timeout` + 5 s, exit 0), and the configuration read again on SIGHUP (docs/operating.md,
+//! "Reload").
 
 use std::net::TcpListener;
 use std::num::NonZeroUsize;
@@ -9,7 +10,7 @@ use std::thread;
 use std::time::Duration;
 
 use async_signal::{Signal, Signals};
-use pdbmux_cli::Settings;
+use pdbmux_cli::{Reloader, Settings};
 use pdbmux_core::{ClockAnchor, Estate};
 use pdbmux_sealed::Sealer;
 use smol::channel;
@@ -60,7 +61,7 @@ fn bind(addr: &str) -> Result<Async<TcpListener>, ServeError> {
 /// One `smol::Executor` is run by one thread per available core (this thread among them), so
 /// merges of different requests run on different cores at once. smol's own global executor
 /// (`smol::spawn`) would run a single thread unless `SMOL_THREADS` is set.
-pub fn run(settings: Settings) -> Result<(), ServeError> {
+pub fn run(settings: Settings, reloader: Reloader) -> Result<(), ServeError> {
     let threads = thread::available_parallelism().map_or(1, NonZeroUsize::get);
     let executor = Arc::new(Executor::new());
     // Dropping `stop` ends the other threads' loops.
@@ -72,15 +73,21 @@ pub fn run(settings: Settings) -> Result<(), ServeError> {
             .spawn(move || smol::block_on(executor.run(stopped.recv())))
             .map_err(ServeError::Threads)?;
     }
-    let result = smol::block_on(executor.run(serve(Arc::clone(&executor), settings)));
+    let served = serve(Arc::clone(&executor), settings, reloader);
+    let result = smol::block_on(executor.run(served));
     drop(stop);
     result
 }
 
-async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(), ServeError> {
+async fn serve(
+    executor: Arc<Executor<'static>>,
+    settings: Settings,
+    reloader: Reloader,
+) -> Result<(), ServeError> {
     let config = settings.config;
     let upstreams = Upstreams::new(&config)?;
-    let mut signals = Signals::new([Signal::Term, Signal::Int]).map_err(ServeError::Signals)?;
+    let mut signals =
+        Signals::new([Signal::Term, Signal::Int, Signal::Hup]).map_err(ServeError::Signals)?;
     let listener = bind(&config.listen)?;
     let metrics_listener = config.metrics_listen.as_deref().map(bind).transpose()?;
     let drain_limit = config.timeout + DRAIN_GRACE;
@@ -103,8 +110,8 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
             version: pdbmux_cli::version(),
         })
     });
-    let runtime = Smol::new(upstreams, Arc::clone(&executor));
-    let host = Host::new(estate, sealer, runtime, metrics);
+    let runtime = Smol::new(Arc::clone(&executor));
+    let host = Host::new(estate, sealer, (runtime, upstreams), metrics);
     let driver = host.spawn_driver();
     // Dropped (and so stopped) when serving ends.
     let _metrics_task = metrics_listener.map(|listener| {
@@ -131,6 +138,15 @@ async fn serve(executor: Arc<Executor<'static>>, settings: Settings) -> Result<(
             Ok(Err(error)) => {
                 tracing::warn!("accept failed: {error}");
                 Timer::after(Duration::from_millis(50)).await;
+            }
+            Err(Some(Ok(Signal::Hup))) => {
+                tracing::info!("SIGHUP: reading the configuration again");
+                let reloaded = reloader
+                    .reload(&context.host.config())
+                    .map_err(|error| error.to_string());
+                context.host.reload(reloaded, |config| {
+                    Upstreams::new(config).map_err(|error| error.to_string())
+                });
             }
             Err(Some(Ok(Signal::Term))) => break "SIGTERM",
             Err(_) => break "SIGINT",

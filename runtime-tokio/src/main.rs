@@ -11,7 +11,7 @@ mod upstream;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    pdbmux_cli::run("pdbmux", |settings| {
-        serve::run(settings).map_err(Into::into)
+    pdbmux_cli::run("pdbmux", |settings, reloader| {
+        serve::run(settings, reloader).map_err(Into::into)
     })
 }

@@ -13,17 +13,8 @@ use crate::upstream::{HeldBody, Upstreams};
 /// The estate as this binary's connections share it.
 pub type Host = pdbmux_driver::EstateHost<Tokio>;
 
-/// tokio, with the upstream clients.
-pub struct Tokio {
-    upstreams: Upstreams,
-}
-
-impl Tokio {
-    /// The runtime the host uses, sending upstream requests with `upstreams`.
-    pub fn new(upstreams: Upstreams) -> Tokio {
-        Tokio { upstreams }
-    }
-}
+/// tokio; each configuration's upstream clients are an [`Upstreams`].
+pub struct Tokio;
 
 /// A tokio task; dropping the handle lets it run on.
 pub struct TokioTask(JoinHandle<()>);
@@ -43,9 +34,14 @@ impl pdbmux_driver::Task for TokioTask {
 impl pdbmux_driver::Runtime for Tokio {
     type Held = HeldBody;
     type Task = TokioTask;
+    type Clients = Upstreams;
 
-    async fn send(&self, request: UpstreamRequest) -> UpstreamResult<HeldBody> {
-        self.upstreams.send(&request).await
+    async fn send(
+        &self,
+        clients: &Upstreams,
+        request: UpstreamRequest,
+    ) -> UpstreamResult<HeldBody> {
+        clients.send(&request).await
     }
 
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {

@@ -1,5 +1,6 @@
 //! The listener: HTTP/1.1 with keep-alive and a header-read timeout, graceful shutdown on SIGTERM
-//! or SIGINT (stop accepting, let in-flight requests finish for up to `timeout` + 5 s, exit 0).
+//! or SIGINT (stop accepting, let in-flight requests finish for up to `timeout` + 5 s, exit 0),
+//! and the configuration read again on SIGHUP (docs/operating.md, "Reload").
 //! Large cached bodies are sealed ([`Sealer`]) and sent by reference by each connection's
 //! [`SealedIo`].
 
@@ -10,7 +11,7 @@ use std::time::Duration;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use pdbmux_cli::Settings;
+use pdbmux_cli::{Reloader, Settings};
 use pdbmux_core::{ClockAnchor, Estate};
 use pdbmux_sealed::Sealer;
 use tokio::net::TcpListener;
@@ -45,15 +46,18 @@ pub enum ServeError {
     /// A backend's client could not be built.
     #[error(transparent)]
     Client(#[from] crate::upstream::ClientSetupError),
+    /// The SIGHUP handler could not be installed.
+    #[error("installing the SIGHUP handler: {0}")]
+    Signals(std::io::Error),
 }
 
 /// Runs the server until a shutdown signal; the entry point of `pdbmux serve`.
-pub fn run(settings: Settings) -> Result<(), ServeError> {
+pub fn run(settings: Settings, reloader: Reloader) -> Result<(), ServeError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(ServeError::Runtime)?;
-    runtime.block_on(serve(settings))
+    runtime.block_on(serve(settings, reloader))
 }
 
 async fn bind(addr: &str) -> Result<TcpListener, ServeError> {
@@ -65,7 +69,10 @@ async fn bind(addr: &str) -> Result<TcpListener, ServeError> {
         })
 }
 
-async fn serve(settings: Settings) -> Result<(), ServeError> {
+async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // Installed first: without a handler, SIGHUP would end the process.
+    let mut hangups = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let config = settings.config;
     let upstreams = Upstreams::new(&config)?;
     let listener = bind(&config.listen).await?;
@@ -93,10 +100,22 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
             version: pdbmux_cli::version(),
         })
     });
-    let host = Host::new(estate, sealer, Tokio::new(upstreams), metrics);
+    let host = Host::new(estate, sealer, (Tokio, upstreams), metrics);
     let driver = host.spawn_driver();
     let metrics_task = metrics_listener
         .map(|listener| tokio::spawn(crate::metrics::serve(listener, Arc::clone(&host))));
+    let reload_host = Arc::clone(&host);
+    let reloads = tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP: reading the configuration again");
+            let reloaded = reloader
+                .reload(&reload_host.config())
+                .map_err(|error| error.to_string());
+            reload_host.reload(reloaded, |config| {
+                Upstreams::new(config).map_err(|error| error.to_string())
+            });
+        }
+    });
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
@@ -151,6 +170,7 @@ async fn serve(settings: Settings) -> Result<(), ServeError> {
         Err(_) => tracing::warn!("drain limit reached; exiting with requests still in flight"),
     }
     pdbmux_driver::Task::cancel(driver);
+    reloads.abort();
     if let Some(task) = metrics_task {
         task.abort();
     }

@@ -192,16 +192,28 @@ fn start_fakepdb(
     Ok((proc, addr))
 }
 
-/// Starts pdbmux in a clean environment (no config file, no inherited PDBMUX_* variables).
+/// How pdbmux is started: its cache TTL, tokio worker threads, whether it serves its metrics.
+struct Setup<'a> {
+    facts_ttl: &'a str,
+    workers: Option<u32>,
+    metrics: bool,
+}
+
+/// Starts pdbmux in a clean environment (no config file, no inherited PDBMUX_* variables); the
+/// address of its metrics listener when `setup.metrics`.
 fn start_pdbmux(
     args: &Args,
     backends: &[SocketAddr],
-    facts_ttl: &str,
-    workers: Option<u32>,
+    setup: Setup<'_>,
     log: &Path,
-) -> Result<(Proc, SocketAddr)> {
+) -> Result<(Proc, SocketAddr, Option<SocketAddr>)> {
     let port = free_port()?;
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse()?;
+    let metrics = if setup.metrics {
+        Some(format!("127.0.0.1:{}", free_port()?).parse::<SocketAddr>()?)
+    } else {
+        None
+    };
     let backends = backends
         .iter()
         .enumerate()
@@ -214,12 +226,16 @@ fn start_pdbmux(
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
         .env("PDBMUX_LISTEN", addr.to_string())
         .env("PDBMUX_BACKENDS", backends)
-        .env("PDBMUX_FACTS_TTL", facts_ttl)
+        .env("PDBMUX_FACTS_TTL", setup.facts_ttl)
         .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
+        .env(
+            "PDBMUX_METRICS_LISTEN",
+            metrics.map_or_else(String::new, |m| m.to_string()),
+        )
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(log)?);
-    if let Some(workers) = workers {
+    if let Some(workers) = setup.workers {
         command.env("TOKIO_WORKER_THREADS", workers.to_string());
     }
     let child = command
@@ -230,7 +246,7 @@ fn start_pdbmux(
         child,
     };
     wait_listening(addr, "pdbmux")?;
-    Ok((proc, addr))
+    Ok((proc, addr, metrics))
 }
 
 /// A plain HTTP/1.1 GET with `Connection: close`: status, head, body.
@@ -559,7 +575,12 @@ fn worker_threads(args: &Args, dir: &Path) -> Result<()> {
     let mut results = Vec::new();
     for workers in [1u32, 2] {
         let log = dir.join(format!("pdbmux-workers{workers}.log"));
-        let (pdbmux, addr) = start_pdbmux(args, &[addr_a, addr_b], "0s", Some(workers), &log)?;
+        let setup = Setup {
+            facts_ttl: "0s",
+            workers: Some(workers),
+            metrics: false,
+        };
+        let (pdbmux, addr, _) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
         let (status, head, body) = get(addr, FACTS)?;
         let records = serde_json::from_slice::<Vec<&serde_json::value::RawValue>>(&body)
             .map(|v| v.len())
@@ -644,7 +665,12 @@ fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
     let (_a, addr_a) = start_fakepdb(args, 0, &spec)?;
     let (_b, addr_b) = start_fakepdb(args, 1, &spec)?;
     let log = dir.join("pdbmux-cache.log");
-    let (pdbmux, addr) = start_pdbmux(args, &[addr_a, addr_b], "30s", None, &log)?;
+    let setup = Setup {
+        facts_ttl: "30s",
+        workers: None,
+        metrics: false,
+    };
+    let (pdbmux, addr, _) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
     let (status, head, body) = get(addr, FACTS)?;
     if status != 200 || header(&head, "x-cache") != Some("miss") {
         return Err(format!("cache warm-up: status {status}; {head}").into());
@@ -851,15 +877,115 @@ fn nginx_version(nginx: &Path) -> String {
         .unwrap_or_default()
 }
 
+/// Figure 5: the cost of pdbmux's own metrics on the hot path: merged and cache-hit req/s with
+/// the metrics listener on against off, in alternating runs, medians compared.
+fn metrics_overhead(args: &Args, dir: &Path) -> Result<()> {
+    let merged = SyntheticEstate {
+        backends: 2,
+        nodes_per_backend: args.merge_nodes,
+        overlap: args.merge_overlap,
+        facts_per_node: args.facts,
+    };
+    // A small cached body: per-request work, not byte copying, dominates a hit.
+    let small = SyntheticEstate {
+        backends: 2,
+        nodes_per_backend: 4,
+        overlap: 1,
+        facts_per_node: 10,
+    };
+    println!();
+    println!(
+        "== metrics on vs off (issue 17): GET {FACTS}, medians of {} alternating runs each; wrk -d{}s; probes off ==",
+        args.cache_rounds, args.duration
+    );
+    load_header();
+    let scenarios = [
+        ("merged (cache off)", &merged, "0s", args.merge_connections),
+        ("cache hit", &small, "30s", args.cache_connections),
+    ];
+    for (label, spec, facts_ttl, connections) in scenarios {
+        let (_a, addr_a) = start_fakepdb(args, 0, spec)?;
+        let (_b, addr_b) = start_fakepdb(args, 1, spec)?;
+        let mut runs: [Vec<Load>; 2] = Default::default();
+        for round in 0..args.cache_rounds {
+            let order = if round % 2 == 0 {
+                [false, true]
+            } else {
+                [true, false]
+            };
+            for metrics in order {
+                let log = dir.join(format!("pdbmux-metrics-{metrics}-{round}.log"));
+                let setup = Setup {
+                    facts_ttl,
+                    workers: None,
+                    metrics,
+                };
+                let (pdbmux, addr, scrape) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
+                let (status, head, _) = get(addr, FACTS)?;
+                if status != 200 {
+                    return Err(format!("{label} warm-up: status {status}; {head}").into());
+                }
+                let url = format!("http://{addr}{FACTS}");
+                let load = wrk(args, dir, &url, connections, pdbmux.pid())?;
+                if let Some(scrape) = scrape {
+                    // The metrics really were recorded: every request is counted.
+                    let (status, _, body) = get(scrape, "/metrics")?;
+                    let text = String::from_utf8_lossy(&body);
+                    let counted = text
+                        .lines()
+                        .find(|l| {
+                            l.starts_with("pdbmux_requests_total{route=\"query\",code=\"200\"}")
+                        })
+                        .and_then(|l| l.rsplit(' ').next())
+                        .and_then(|v| v.parse::<f64>().ok())
+                        .unwrap_or(0.0);
+                    if status != 200 || counted < load.requests as f64 {
+                        return Err(format!(
+                            "{label}: the scrape counted {counted} requests, wrk made {}",
+                            load.requests
+                        )
+                        .into());
+                    }
+                }
+                runs[usize::from(metrics)].push(load);
+                drop(pdbmux);
+            }
+        }
+        let (off, on) = (median_run(&runs[0]), median_run(&runs[1]));
+        load_row(&format!("{label}, metrics off"), &off, None, "");
+        load_row(&format!("{label}, metrics on"), &on, None, "");
+        let change = (on.rps() / off.rps().max(1e-9) - 1.0) * 100.0;
+        let per_cpu = |l: &Load| l.rps() / l.server_cores.max(1e-9);
+        let cpu_change = (per_cpu(&on) / per_cpu(&off).max(1e-9) - 1.0) * 100.0;
+        println!(
+            "SUMMARY\tmetrics\t{label} req/s, metrics on: {:.1}\toff: {:.1}\t{change:+.1}%\twithin -2%\t{}",
+            on.rps(),
+            off.rps(),
+            verdict(change >= -2.0)
+        );
+        println!(
+            "SUMMARY\tmetrics\t{label} req/s per pdbmux CPU-second, on: {:.1}\toff: {:.1}\t{cpu_change:+.1}%\twithin -2%\t{}",
+            per_cpu(&on),
+            per_cpu(&off),
+            verdict(cpu_change >= -2.0)
+        );
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = args()?;
     let dir = temp_dir()?;
     let result = (|| -> Result<()> {
-        if args.only.as_deref() != Some("cache") {
+        let only = args.only.as_deref();
+        if only.is_none() || only == Some("workers") {
             worker_threads(&args, &dir)?;
         }
-        if args.only.as_deref() != Some("workers") {
+        if only.is_none() || only == Some("cache") {
             cache_hits(&args, &dir)?;
+        }
+        if only.is_none() || only == Some("metrics") {
+            metrics_overhead(&args, &dir)?;
         }
         Ok(())
     })();

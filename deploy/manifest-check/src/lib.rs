@@ -1,16 +1,22 @@
-//! Helpers for the checks of `deploy/kubernetes/` in `tests/manifests.rs`: reading multi-document
-//! YAML, walking values by path, Kubernetes memory quantities, Go-style durations, and pdbmux's
-//! effective settings (defaults < config file < `PDBMUX_*` env vars) for the values the manifests
-//! are sized from.
+//! Helpers for the checks of `deploy/` in `tests/manifests.rs` (the Kubernetes manifests) and
+//! `tests/monitoring.rs` (scraping, alert rules, dashboard): reading multi-document YAML, walking
+//! values by path, Kubernetes memory quantities, Go-style durations, listen addresses, and
+//! pdbmux's effective settings (defaults < config file < `PDBMUX_*` env vars) for the values the
+//! manifests are sized from.
 
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize as _;
 use serde_yaml::Value;
 
+/// `deploy/`.
+pub fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 /// `deploy/kubernetes/`.
 pub fn kubernetes_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../kubernetes")
+    deploy_dir().join("kubernetes")
 }
 
 /// Every non-empty YAML document in a file.
@@ -55,6 +61,17 @@ pub fn seq_at<'a>(value: &'a Value, path: &str) -> &'a [Value] {
     at(value, path)
         .and_then(Value::as_sequence)
         .map_or(&[], Vec::as_slice)
+}
+
+/// Whether a non-empty label `selector` (a mapping) selects `labels`: each of its pairs is there.
+pub fn labels_match(selector: Option<&Value>, labels: Option<&Value>) -> bool {
+    let (Some(selector), Some(labels)) = (
+        selector.and_then(Value::as_mapping),
+        labels.and_then(Value::as_mapping),
+    ) else {
+        return false;
+    };
+    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// A Kubernetes memory quantity in bytes: `768Mi`, `1Gi`, `512M`, `1000000`.
@@ -125,12 +142,20 @@ pub fn duration_secs(text: &str) -> Result<f64, String> {
     Ok(total)
 }
 
+/// The port of a listen address as pdbmux reads them (`:9180`, `0.0.0.0:9180`, `[::]:9180`);
+/// None for anything else, the empty string (no listener) included.
+pub fn listen_port(addr: &str) -> Option<u16> {
+    addr.trim().rsplit_once(':')?.1.parse().ok()
+}
+
 /// pdbmux's built-in `timeout`.
 pub const DEFAULT_TIMEOUT: &str = "10s";
 /// pdbmux's built-in `facts_cache_bytes`.
 pub const DEFAULT_FACTS_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// pdbmux's built-in `max_body_bytes`.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 512 * 1024 * 1024;
+/// pdbmux's built-in `metrics_listen` (empty turns the metrics listener off).
+pub const DEFAULT_METRICS_LISTEN: &str = ":9180";
 /// The drain after SIGTERM lasts up to `timeout` plus this (runtime-tokio/src/serve.rs).
 pub const DRAIN_GRACE_SECS: f64 = 5.0;
 
@@ -145,6 +170,8 @@ pub struct Effective {
     pub max_body_bytes: u64,
     /// How many backends are configured.
     pub backends: usize,
+    /// `metrics_listen`, as written (empty: no metrics listener).
+    pub metrics_listen: String,
 }
 
 /// Defaults, then the config file's values, then `PDBMUX_*` env vars (pdbmux's precedence).
@@ -153,6 +180,7 @@ pub fn effective(file: Option<&Value>, env: &[(String, String)]) -> Result<Effec
     let mut facts_cache_bytes = DEFAULT_FACTS_CACHE_BYTES;
     let mut max_body_bytes = DEFAULT_MAX_BODY_BYTES;
     let mut backends = 0;
+    let mut metrics_listen = DEFAULT_METRICS_LISTEN.to_string();
     let bytes = |v: &Value, key: &str| -> Result<u64, String> {
         v.as_u64()
             .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()))
@@ -171,6 +199,12 @@ pub fn effective(file: Option<&Value>, env: &[(String, String)]) -> Result<Effec
         if let Some(v) = file.get("max_body_bytes") {
             max_body_bytes = bytes(v, "max_body_bytes")?;
         }
+        if let Some(v) = file.get("metrics_listen") {
+            metrics_listen = v
+                .as_str()
+                .ok_or_else(|| format!("metrics_listen: not a string: {v:?}"))?
+                .to_string();
+        }
         backends = seq_at(file, "backends").len();
     }
     for (name, value) in env {
@@ -179,6 +213,7 @@ pub fn effective(file: Option<&Value>, env: &[(String, String)]) -> Result<Effec
             "PDBMUX_TIMEOUT" => timeout = value.clone(),
             "PDBMUX_FACTS_CACHE_BYTES" => facts_cache_bytes = bytes(&v, name)?,
             "PDBMUX_MAX_BODY_BYTES" => max_body_bytes = bytes(&v, name)?,
+            "PDBMUX_METRICS_LISTEN" => metrics_listen = value.clone(),
             "PDBMUX_BACKENDS" => {
                 backends = value.split(',').filter(|e| !e.trim().is_empty()).count()
             }
@@ -190,6 +225,7 @@ pub fn effective(file: Option<&Value>, env: &[(String, String)]) -> Result<Effec
         facts_cache_bytes,
         max_body_bytes,
         backends,
+        metrics_listen,
     })
 }
 
@@ -229,6 +265,24 @@ mod tests {
         assert_eq!(got.facts_cache_bytes, 1000);
         assert_eq!(got.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
         assert_eq!(got.backends, 1);
+        assert_eq!(got.metrics_listen, DEFAULT_METRICS_LISTEN);
+        let off = [("PDBMUX_METRICS_LISTEN".to_string(), String::new())];
+        assert_eq!(
+            effective(Some(&file), &off)
+                .expect("effective")
+                .metrics_listen,
+            ""
+        );
+    }
+
+    #[test]
+    fn listen_ports() {
+        assert_eq!(listen_port(":9180"), Some(9180));
+        assert_eq!(listen_port("0.0.0.0:9180"), Some(9180));
+        assert_eq!(listen_port("[::]:9180"), Some(9180));
+        assert_eq!(listen_port(""), None);
+        assert_eq!(listen_port("9180"), None);
+        assert_eq!(listen_port(":http"), None);
     }
 
     #[test]

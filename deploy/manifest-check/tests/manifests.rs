@@ -4,18 +4,21 @@
 //! above facts_cache_bytes (and room for one maximal fan-out beside a full cache), the ConfigMap
 //! mounted at /etc/pdbmux/config.yaml; the Service and PodDisruptionBudget select its pods; the
 //! env-var alternative carries the same guarantees with PDBMUX_* variables instead of the file.
+//! Metrics: `metrics_listen` (file or env) is on, on port 9180, which the container exposes as
+//! `metrics`, the pod template's prometheus.io/* scrape annotations name, and the Service
+//! exposes (tests/monitoring.rs checks the ServiceMonitor, rules and dashboard).
 //!
 //! With `PDBMUX_BIN` set (make deploy-check sets it when dist/pdbmux exists), the ConfigMap's file
 //! and the alternative's env vars are also fed to `pdbmux config show`, which must accept them and
-//! report the same timeout, facts_cache_bytes and max_body_bytes as read here.
+//! report the same timeout, facts_cache_bytes, max_body_bytes and metrics port as read here.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
 
 use pdbmux_manifest_check::{
-    at, duration_secs, effective, int_at, kubernetes_dir, load, memory_bytes, seq_at, str_at,
-    Effective, DRAIN_GRACE_SECS,
+    at, duration_secs, effective, int_at, kubernetes_dir, labels_match, listen_port, load,
+    memory_bytes, seq_at, str_at, Effective, DRAIN_GRACE_SECS,
 };
 use serde_yaml::Value;
 
@@ -23,6 +26,8 @@ const CONFIG_PATH: &str = "/etc/pdbmux/config.yaml";
 /// Liveness must tolerate at least this long of failed probes (a backend outage is no reason to
 /// restart pdbmux).
 const MIN_LIVENESS_TOLERANCE_SECS: i64 = 120;
+/// Where pdbmux serves its own metrics in the manifests (its default `metrics_listen`).
+const METRICS_PORT: u16 = 9180;
 
 /// The main directory's documents by kind (each kind once).
 fn main_documents() -> BTreeMap<String, Value> {
@@ -70,16 +75,6 @@ fn env_of(container: &Value) -> Vec<(String, String)> {
             ))
         })
         .collect()
-}
-
-fn labels_match(selector: Option<&Value>, labels: Option<&Value>) -> bool {
-    let (Some(selector), Some(labels)) = (
-        selector.and_then(Value::as_mapping),
-        labels.and_then(Value::as_mapping),
-    ) else {
-        return false;
-    };
-    !selector.is_empty() && selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
 /// Where the container sees the config file from `configmap` (None: not mounted).
@@ -266,6 +261,51 @@ fn deployment_problems(deployment: &Value, config: Option<&Value>) -> Vec<String
             .is_some_and(|u| u != 0),
         "runAsUser is not a non-root uid".into(),
     );
+    problems.extend(metrics_problems(deployment, &settings.metrics_listen));
+    problems
+}
+
+/// Everything wrong with how a pdbmux Deployment exposes its metrics, `metrics_listen` being the
+/// effective setting: on, on [`METRICS_PORT`], which the container port `metrics` and the pod
+/// template's scrape annotations name too (a Prometheus scraping another port finds nothing).
+fn metrics_problems(deployment: &Value, metrics_listen: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    let mut check = |ok: bool, what: String| {
+        if !ok {
+            problems.push(what);
+        }
+    };
+    check(
+        listen_port(metrics_listen) == Some(METRICS_PORT),
+        format!("metrics_listen is {metrics_listen:?}, want port {METRICS_PORT}"),
+    );
+    let port = seq_at(the_container(deployment), "ports")
+        .iter()
+        .find(|p| str_at(p, "name") == Some("metrics"));
+    check(
+        port.and_then(|p| int_at(p, "containerPort")) == Some(METRICS_PORT.into()),
+        format!("no container port named metrics on {METRICS_PORT}"),
+    );
+    // Annotation keys hold dots, so they are looked up by hand; values must be strings.
+    let annotation = |key: &str| {
+        at(deployment, "spec.template.metadata.annotations")
+            .and_then(|a| a.get(key))
+            .and_then(Value::as_str)
+    };
+    let metrics_port = METRICS_PORT.to_string();
+    for (key, want) in [
+        ("prometheus.io/scrape", "true"),
+        ("prometheus.io/port", metrics_port.as_str()),
+        ("prometheus.io/path", "/metrics"),
+    ] {
+        check(
+            annotation(key) == Some(want),
+            format!(
+                "pod annotation {key} is {:?}, want {want:?}",
+                annotation(key)
+            ),
+        );
+    }
     problems
 }
 
@@ -308,6 +348,10 @@ fn main_manifests() {
             .all(|(k, v)| k != "PDBMUX_CONFIG" || v == CONFIG_PATH),
         "PDBMUX_CONFIG points away from the mounted file"
     );
+    assert!(
+        config.get("metrics_listen").is_some(),
+        "the ConfigMap sets metrics_listen explicitly, next to the port it must match"
+    );
     let backends = seq_at(&config, "backends");
     assert!(
         !backends.is_empty(),
@@ -320,12 +364,26 @@ fn main_manifests() {
         );
     }
 
-    // The Service and the PodDisruptionBudget select the pods; the Service reaches port http.
+    // The Service and the PodDisruptionBudget select the pods; the Service reaches port http,
+    // and port metrics for a ServiceMonitor.
     let pod_labels = at(deployment, "spec.template.metadata.labels");
     let service = &docs["Service"];
     assert!(labels_match(at(service, "spec.selector"), pod_labels));
-    let port = &seq_at(service, "spec.ports")[0];
+    let service_port = |name: &str| {
+        seq_at(service, "spec.ports")
+            .iter()
+            .find(|p| str_at(p, "name") == Some(name))
+            .unwrap_or_else(|| panic!("the Service has no port named {name}"))
+    };
+    let port = service_port("http");
     assert!(str_at(port, "targetPort") == Some("http") || int_at(port, "targetPort") == Some(8080));
+    let port = service_port("metrics");
+    assert_eq!(int_at(port, "port"), Some(METRICS_PORT.into()));
+    assert!(
+        str_at(port, "targetPort") == Some("metrics")
+            || int_at(port, "targetPort") == Some(METRICS_PORT.into()),
+        "the Service's metrics port must reach the container port metrics"
+    );
     let pdb = &docs["PodDisruptionBudget"];
     assert!(labels_match(
         at(pdb, "spec.selector.matchLabels"),
@@ -348,6 +406,8 @@ fn env_alternative() {
     assert!(problems.is_empty(), "deployment-env.yaml: {problems:#?}");
     let env = env_of(the_container(deployment));
     assert!(env.iter().any(|(k, _)| k == "PDBMUX_BACKENDS"));
+    // The default would do; set explicitly, it stays in step with the port when either changes.
+    assert!(env.iter().any(|(k, _)| k == "PDBMUX_METRICS_LISTEN"));
     assert!(
         seq_at(deployment, "spec.template.spec.volumes").is_empty(),
         "the env-var alternative mounts no config file"
@@ -404,6 +464,32 @@ fn broken_deployments_are_caught() {
             "runAsUser",
             Value::from(0),
         ),
+        (
+            &format!("{container}.ports.1"),
+            "containerPort",
+            Value::from(9190),
+        ),
+        (&format!("{container}.ports.1"), "name", Value::from("prom")),
+        (
+            "spec.template.metadata.annotations",
+            "prometheus.io/port",
+            Value::from("8080"),
+        ),
+        (
+            "spec.template.metadata.annotations",
+            "prometheus.io/port",
+            Value::from(9180),
+        ),
+        (
+            "spec.template.metadata.annotations",
+            "prometheus.io/scrape",
+            Value::from("false"),
+        ),
+        (
+            "spec.template.metadata.annotations",
+            "prometheus.io/path",
+            Value::from("/"),
+        ),
     ];
     for (parent, key, value) in cases {
         let mut broken = good.clone();
@@ -425,6 +511,16 @@ fn broken_deployments_are_caught() {
     let mut slow = config.clone();
     slow["timeout"] = Value::from("30s");
     assert!(deployment_problems(&good, Some(&slow)).len() >= 3);
+    // metrics_listen off, or on a port nothing scrapes.
+    for listen in ["", ":9999"] {
+        let mut moved = config.clone();
+        moved["metrics_listen"] = Value::from(listen);
+        assert_eq!(
+            deployment_problems(&good, Some(&moved)).len(),
+            1,
+            "metrics_listen {listen:?}"
+        );
+    }
     // The mount path is checked too.
     let mut moved = good.clone();
     moved["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]["mountPath"] =
@@ -509,4 +605,10 @@ fn compare(shown: &BTreeMap<String, String>, want: &Effective, what: &str) {
     );
     let backends = shown.keys().filter(|k| k.starts_with("backends[")).count();
     assert_eq!(backends, want.backends, "{what}: backends");
+    // `:9180` is shown as 0.0.0.0:9180, so the ports are compared.
+    assert_eq!(
+        listen_port(&shown["metrics_listen"]),
+        listen_port(&want.metrics_listen),
+        "{what}: metrics_listen"
+    );
 }

@@ -9,10 +9,10 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::{respond, FakeBackend, Pdbmux};
+use crate::support::{keep_getting, respond, FakeBackend, Pdbmux};
 
 /// A free loopback address for the metrics listener.
-fn metrics_addr() -> SocketAddr {
+pub(crate) fn metrics_addr() -> SocketAddr {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -21,13 +21,13 @@ fn metrics_addr() -> SocketAddr {
 
 /// One scrape, parsed: each sample's name and labels (sorted `k=v` pairs, joined by `,`) to its
 /// value, with the raw text for messages.
-struct Scrape {
+pub(crate) struct Scrape {
     samples: BTreeMap<(String, String), f64>,
     text: String,
 }
 
 impl Scrape {
-    fn of(addr: SocketAddr) -> Scrape {
+    pub(crate) fn of(addr: SocketAddr) -> Scrape {
         let response = Pdbmux::raw_at(
             addr,
             "GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n",
@@ -65,7 +65,7 @@ impl Scrape {
     }
 
     /// The value of `name{labels}` (labels as `k=v,k=v`, sorted); 0 when absent.
-    fn value(&self, name: &str, labels: &str) -> f64 {
+    pub(crate) fn value(&self, name: &str, labels: &str) -> f64 {
         self.samples
             .get(&(name.to_owned(), labels.to_owned()))
             .copied()
@@ -74,7 +74,7 @@ impl Scrape {
 }
 
 /// Scrapes until `ready` holds (at most 10 s).
-fn scrape_until(addr: SocketAddr, ready: impl Fn(&Scrape) -> bool) -> Scrape {
+pub(crate) fn scrape_until(addr: SocketAddr, ready: impl Fn(&Scrape) -> bool) -> Scrape {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let scrape = Scrape::of(addr);
@@ -287,25 +287,8 @@ pub fn a_scrape_during_load_is_well_formed(bin: &Path) {
     let stop = Arc::new(AtomicBool::new(false));
     let clients: Vec<_> = (0..8)
         .map(|_| {
-            let stop = Arc::clone(&stop);
-            thread::spawn(move || {
-                let mut answered = 0;
-                while !stop.load(Ordering::SeqCst) {
-                    let response = Pdbmux::raw_at(
-                        addr,
-                        "GET /pdb/query/v4/fact-names HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
-                    );
-                    assert_eq!(
-                        response.status(),
-                        200,
-                        "{} {:?}",
-                        response.text,
-                        response.read_error
-                    );
-                    answered += 1;
-                }
-                answered
-            })
+            let target = "/pdb/query/v4/fact-names";
+            keep_getting(addr, target, Arc::clone(&stop), Duration::ZERO)
         })
         .collect();
     let mut last = 0.0;
@@ -317,7 +300,7 @@ pub fn a_scrape_during_load_is_well_formed(bin: &Path) {
         thread::sleep(Duration::from_millis(25));
     }
     stop.store(true, Ordering::SeqCst);
-    let answered: u64 = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    let answered: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
     let scrape = Scrape::of(metrics);
     assert_eq!(
         scrape.value("pdbmux_requests_total", "code=200,route=query"),

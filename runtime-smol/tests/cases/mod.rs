@@ -17,6 +17,10 @@ use crate::support::{respond, FakeBackend, Pdbmux, Piece};
 
 mod metrics;
 pub use metrics::*;
+mod dashboard;
+pub use dashboard::*;
+mod reload;
+pub use reload::*;
 
 fn chunk(data: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", data.len()).into_bytes();
@@ -505,6 +509,10 @@ macro_rules! runtime_cases {
             a_scripted_run_shows_in_the_metrics_with_exact_counts,
             the_metrics_listener_serves_metrics_only_and_the_query_port_none,
             a_scrape_during_load_is_well_formed,
+            every_metric_the_dashboard_and_rules_use_is_exported,
+            sighup_adds_and_removes_backends_while_requests_run,
+            a_bad_configuration_on_sighup_is_refused_and_the_old_one_serves,
+            a_request_in_flight_finishes_on_the_configuration_it_started_with,
         );
     };
     (@each $binary:expr; $($case:ident),* $(,)?) => {

@@ -123,6 +123,35 @@ pub fn respond(status: &str, content_type: &str, body: &str) -> Vec<Piece> {
     )]
 }
 
+/// A client thread that GETs `target` from `addr` (one connection each) until `stop`, asserting
+/// every answer is a 200, with `pause` between requests; joins to the number answered.
+pub fn keep_getting(
+    addr: SocketAddr,
+    target: &'static str,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    pause: Duration,
+) -> thread::JoinHandle<usize> {
+    thread::spawn(move || {
+        let mut answered = 0;
+        while !stop.load(Ordering::SeqCst) {
+            let response = Pdbmux::raw_at(
+                addr,
+                &format!("GET {target} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
+            );
+            assert_eq!(
+                response.status(),
+                200,
+                "{} {:?}",
+                response.text,
+                response.read_error
+            );
+            answered += 1;
+            thread::sleep(pause);
+        }
+        answered
+    })
+}
+
 /// A running pdbmux; killed on drop.
 pub struct Pdbmux {
     pub child: Child,
@@ -196,6 +225,16 @@ impl Pdbmux {
     pub fn terminate(&self) {
         let status = Command::new("kill")
             .arg("-TERM")
+            .arg(self.child.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Sends the signal `name` (`HUP`, `TERM`, …).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .arg(format!("-{name}"))
             .arg(self.child.id().to_string())
             .status()
             .unwrap();

@@ -1,0 +1,83 @@
+//! Reading the configuration again on SIGHUP (docs/operating.md, "Reload"): the same flags and
+//! environment as at start, the config file read afresh, validated like at start. What cannot
+//! change without a restart (the listeners, logging) is kept and named in a warning.
+
+use pdbmux_core::config::Config;
+
+use crate::{load, validate, Environment, GlobalArgs, LogFormat};
+
+/// What a binary keeps from its start to reload its configuration; handed to `serve` by
+/// [`crate::run`].
+#[derive(Debug, Clone)]
+pub struct Reloader {
+    args: GlobalArgs,
+    env: Environment,
+    log_format: LogFormat,
+    log_level: String,
+}
+
+/// Why a reload was refused: every problem, on one line.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", .problems.join("; "))]
+pub struct ReloadError {
+    /// Each problem, as `config show` would name it.
+    pub problems: Vec<String>,
+}
+
+impl Reloader {
+    /// A reloader for a process started with these flags, environment and logging settings.
+    pub fn new(
+        args: GlobalArgs,
+        env: Environment,
+        log_format: LogFormat,
+        log_level: String,
+    ) -> Reloader {
+        Reloader {
+            args,
+            env,
+            log_format,
+            log_level,
+        }
+    }
+
+    /// The configuration as it reads now, for a process running `running`: `listen` and
+    /// `metrics_listen` stay as they are (a warning says a restart is needed to move them), as
+    /// does logging. An invalid configuration is an error and changes nothing.
+    pub fn reload(&self, running: &Config) -> Result<Config, ReloadError> {
+        let loaded = load(&self.args, &self.env).map_err(|error| ReloadError {
+            problems: vec![error.to_string()],
+        })?;
+        let checked = validate::check(&loaded);
+        let settings = match checked.settings {
+            Some(settings) if checked.problems.is_empty() => settings,
+            _ => {
+                return Err(ReloadError {
+                    problems: checked.problems.iter().map(ToString::to_string).collect(),
+                })
+            }
+        };
+        if let Some(from) = &checked.clamped_from {
+            tracing::warn!(facts_ttl = %from, "facts_ttl is above the cap; clamped");
+        }
+        let mut config = settings.config;
+        let mut needs_restart = Vec::new();
+        if config.listen != running.listen {
+            needs_restart.push("listen");
+            config.listen.clone_from(&running.listen);
+        }
+        if config.metrics_listen != running.metrics_listen {
+            needs_restart.push("metrics_listen");
+            config.metrics_listen.clone_from(&running.metrics_listen);
+        }
+        if settings.log_format != self.log_format || settings.log_level != self.log_level {
+            needs_restart.push("log_format/log_level");
+        }
+        if !needs_restart.is_empty() {
+            tracing::warn!(
+                "reload: {} changed; that takes a restart, the running value stays",
+                needs_restart.join(", ")
+            );
+        }
+        Ok(config)
+    }
+}
