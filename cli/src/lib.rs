@@ -96,6 +96,13 @@ pub fn run<F>(binary: &str, serve: F) -> ExitCode
 where
     F: FnOnce(Settings, Reloader) -> Result<(), ServeError>,
 {
+    // Until the runtime installs its reload handler, a SIGHUP (an early `systemctl reload`)
+    // must not end the process; this handler only records it.
+    #[cfg(unix)]
+    let _ = signal_hook::flag::register(
+        signal_hook::consts::SIGHUP,
+        std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    );
     let env = Environment::from_process();
     let code = run_with(
         binary,

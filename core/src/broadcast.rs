@@ -78,6 +78,15 @@ impl Broadcast {
         self.record(id, result)
     }
 
+    /// The IDs of the calls still unanswered.
+    pub(crate) fn pending_ids(&self) -> Vec<UpstreamId> {
+        self.0
+            .iter()
+            .filter(|call| call.result.is_none())
+            .map(|call| call.id)
+            .collect()
+    }
+
     /// Records a failure; returns whether the ID belonged to these calls.
     pub(crate) fn record_failure(&mut self, id: UpstreamId, failure: &UpstreamFailure) -> bool {
         self.record(id, Err(failure.clone().into()))

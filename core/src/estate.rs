@@ -162,7 +162,7 @@ pub struct Estate {
 }
 
 /// What the estate counts for pdbmux's metrics ([`Estate::stats`]), per configured backend where
-/// it is about one.
+/// it is about one. Counts only grow: a reload carries each backend's over by name.
 #[derive(Debug, Default)]
 struct Counts {
     transitions: Vec<[u64; crate::stats::TRANSITIONS.len()]>,
@@ -170,6 +170,8 @@ struct Counts {
     refreshes: u64,
     last_refresh_duration: Option<std::time::Duration>,
     flight_joins: u64,
+    /// Evictions of caches a reload replaced.
+    earlier_evictions: u64,
 }
 
 impl Counts {
@@ -179,6 +181,22 @@ impl Counts {
             membership_failures: vec![0; backends],
             ..Counts::default()
         }
+    }
+
+    /// The per-backend counts for new backends, `carried[i]` naming each one's old index.
+    fn carry(&mut self, carried: &[Option<usize>]) {
+        let pick = |counts: &[u64], old: Option<usize>| old.and_then(|i| counts.get(i).copied());
+        self.membership_failures = carried
+            .iter()
+            .map(|old| pick(&self.membership_failures, *old).unwrap_or(0))
+            .collect();
+        self.transitions = carried
+            .iter()
+            .map(|old| {
+                old.and_then(|i| self.transitions.get(i).copied())
+                    .unwrap_or_default()
+            })
+            .collect();
     }
 }
 
@@ -224,11 +242,12 @@ impl Estate {
 
     /// Runs on `config` from now on (a reload, docs/operating.md). Requests admitted before keep
     /// the configuration they were planned with; a waiting one is planned again when resumed.
-    /// What the change leaves valid is kept: with the same backends, their health and membership
-    /// map (and the cache when nothing that shapes an answer changed). With other backends (added,
-    /// removed, reordered, another URL or TLS files), health starts over, the membership map is
-    /// asked afresh (its waiters wait for that), a `/healthz` check in flight starts again, and
-    /// answers of the estate's own requests to the old backends are ignored.
+    /// What the change leaves valid is kept: each backend that stays (same name, URL and TLS
+    /// files) keeps its health and counts; the cache stays when nothing that shapes an answer
+    /// changed, else it starts empty and no later request joins a flight of the old one. With
+    /// other backends (added, removed, reordered, changed), the membership map is asked afresh
+    /// (its waiters wait for that), a `/healthz` check in flight starts again, and the estate's
+    /// own requests to the old backends are dropped or cancelled.
     pub fn reconfigure(&mut self, now: Instant, config: Arc<Config>) {
         let old = std::mem::replace(&mut self.config, Arc::clone(&config));
         let same_backends = old.backends == config.backends;
@@ -240,28 +259,64 @@ impl Estate {
             && old.facts_cache_bytes == config.facts_cache_bytes
             && old.max_body_bytes == config.max_body_bytes;
         if !same_answers {
-            self.cache = new_cache(&config);
+            let old_cache = std::mem::replace(&mut self.cache, new_cache(&config));
+            if let Some(old_cache) = old_cache {
+                self.counts.earlier_evictions += old_cache.report(now).evictions;
+            }
             self.cache_generation += 1;
             self.translations = Translations::default();
+            // A request admitted from now on never joins a flight of the old configuration
+            // (whose clients are still answered by it).
+            self.flight_keys.clear();
         }
         if same_backends && ProbeSettings::from_config(&old) == ProbeSettings::from_config(&config)
         {
             return;
         }
-        let backends = config.backends.len();
-        self.health = HealthTable::new(now, ProbeSettings::from_config(&config), backends);
-        for id in std::mem::take(&mut self.probes).into_keys() {
-            self.outputs.push_back(EstateOutput::Cancel(id));
-        }
+        // Each new backend's index in the old configuration, when it is the same backend.
+        let carried: Vec<Option<usize>> = config
+            .backends
+            .iter()
+            .map(|backend| old.backends.iter().position(|b| b == backend))
+            .collect();
+        let probes = std::mem::take(&mut self.probes);
+        // Requests queued for the runtime to send still name old backends' indices.
+        self.outputs.retain(
+            |output| !matches!(output, EstateOutput::Send(r) if probes.contains_key(&r.id)),
+        );
+        self.outputs
+            .extend(probes.into_keys().map(EstateOutput::Cancel));
+        let settings = ProbeSettings::from_config(&config);
+        let health =
+            std::mem::replace(&mut self.health, HealthTable::new(now, settings.clone(), 0));
+        self.health = health.carried(now, settings, &carried);
         if same_backends {
+            self.send_due_probes(now);
             return;
         }
         self.rounds = QueryRounds::default();
-        self.counts = Counts::new(backends);
-        let waiting = self.membership.refresh.take().map(|r| r.waiters);
+        self.counts.carry(&carried);
+        // The estate's own requests to the old backends are abandoned: their answers would
+        // land on the new backends' indices.
+        let mut abandoned = Vec::new();
+        let waiting = self.membership.refresh.take().map(|refresh| {
+            abandoned.extend(refresh.calls.pending_ids());
+            refresh.waiters
+        });
+        let checking = self.reachability.take().map(|check| {
+            abandoned.extend(check.calls.pending_ids());
+            check.waiters
+        });
+        self.outputs
+            .retain(|output| !matches!(output, EstateOutput::Send(r) if abandoned.contains(&r.id)));
+        self.outputs
+            .extend(abandoned.into_iter().map(EstateOutput::Cancel));
+        let backends = config.backends.len();
+        let generation = self.membership.generations.next();
         self.membership.per_backend = vec![None; backends];
-        self.membership.snapshot = Ownership::empty();
-        self.membership.corrections = Arc::new(Corrections::new(0));
+        self.membership.snapshot =
+            Arc::new(Ownership::build(&self.membership.per_backend, generation));
+        self.membership.corrections = Arc::new(Corrections::new(generation));
         self.membership.refreshed_at = None;
         if let Some(waiters) = waiting {
             self.refresh_membership_if_due(now);
@@ -269,8 +324,8 @@ impl Estate {
                 refresh.waiters = waiters;
             }
         }
-        if let Some(check) = self.reachability.take() {
-            self.start_reachability_check(now, check.waiters);
+        if let Some(waiters) = checking {
+            self.start_reachability_check(now, waiters);
         }
         self.send_due_probes(now);
     }
@@ -493,10 +548,14 @@ impl Estate {
     /// drilldown's value, once per key) or fall back to that key's stale entry, and answer every
     /// participant. An answer for an unknown (cancelled) flight is ignored.
     pub fn handle_flight_done(&mut self, now: Instant, flight: FlightId, response: Response) {
-        let Some(flight) = self.flights.remove(&flight) else {
+        let Some(done) = self.flights.remove(&flight) else {
             return;
         };
-        self.flight_keys.remove(&flight.key);
+        // Only its own entry: after a reload, a newer flight may hold the key.
+        if self.flight_keys.get(&done.key) == Some(&flight) {
+            self.flight_keys.remove(&done.key);
+        }
+        let flight = done;
         let mut settled: BTreeMap<String, (Response, CacheStatus, std::time::Duration)> =
             BTreeMap::new();
         for (waiter, participant) in flight.participants {
@@ -657,7 +716,9 @@ impl Estate {
             .collect();
         for id in emptied {
             if let Some(flight) = self.flights.remove(&id) {
-                self.flight_keys.remove(&flight.key);
+                if self.flight_keys.get(&flight.key) == Some(&id) {
+                    self.flight_keys.remove(&flight.key);
+                }
             }
             self.outputs.push_back(EstateOutput::CancelFlight(id));
         }
@@ -758,7 +819,7 @@ impl Estate {
             let report = cache.report(now);
             crate::stats::CacheStats {
                 store: report.stats,
-                evictions: report.evictions,
+                evictions: self.counts.earlier_evictions + report.evictions,
                 flight_joins: self.counts.flight_joins,
             }
         });
@@ -977,6 +1038,61 @@ mod tests {
     }
 
     #[test]
+    fn a_backend_kept_through_a_reload_keeps_its_health_and_counts() {
+        let probing = |backends: &[(&str, u16)]| Config {
+            health_probe_enabled: true,
+            health_probe_failures: 1,
+            ..config(backends)
+        };
+        let (mut estate, now) = estate(probing(&[("a", 1), ("b", 2)]));
+        let _ = admit(&mut estate, now, "/pdb/query/v4/fact-names");
+        let probes: Vec<UpstreamRequest> = sends(&mut estate)
+            .into_iter()
+            .filter(|request| request.path_and_query == "/status/v1/services")
+            .collect();
+        assert_eq!(probes.len(), 2, "{probes:?}");
+        let refused =
+            UpstreamResponse::full(http::StatusCode::SERVICE_UNAVAILABLE, "text/plain", "down");
+        estate.handle_upstream_response(now, probes[1].id, refused);
+        assert_eq!(estate.stats(now).backends[1].state, "unhealthy");
+        estate.reconfigure(now, Arc::new(probing(&[("b", 2), ("c", 3)])));
+        let stats = estate.stats(now);
+        let named: Vec<(&str, &str)> = stats
+            .backends
+            .iter()
+            .map(|backend| (backend.name.as_str(), backend.state))
+            .collect();
+        assert_eq!(named, [("b", "unhealthy"), ("c", "unprobed")]);
+        let down = crate::stats::TRANSITIONS.iter().position(|t| *t == "down");
+        assert_eq!(down.map(|i| stats.backends[0].transitions[i]), Some(1));
+        // a's probe answer arrives late: it is nobody's now.
+        let ok = UpstreamResponse::full(http::StatusCode::OK, "application/json", "{}");
+        estate.handle_upstream_response(now, probes[0].id, ok);
+        assert_eq!(estate.stats(now).backends[0].state, "unhealthy");
+    }
+
+    #[test]
+    fn requests_queued_for_old_backends_are_dropped_by_a_reload() {
+        let (mut estate, now) = estate(config(&[("a", 1), ("b", 2)]));
+        assert!(matches!(
+            admit(&mut estate, now, "/pdb/query/v4/nodes"),
+            Admission::Wait(_)
+        ));
+        // Not drained yet: the runtime's driver has not run since the admission.
+        estate.reconfigure(now, Arc::new(config(&[("c", 3)])));
+        let outputs: Vec<EstateOutput> = std::iter::from_fn(|| estate.poll_output()).collect();
+        let sent: Vec<&UpstreamRequest> = outputs
+            .iter()
+            .filter_map(|output| match output {
+                EstateOutput::Send(request) => Some(request),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(sent.len(), 1, "only the new backend is asked: {outputs:?}");
+        assert_eq!(sent[0].path_and_query, MEMBERSHIP_QUERY);
+    }
+
+    #[test]
     fn a_flight_started_before_a_reload_that_replaces_the_cache_stores_nothing() {
         let (mut estate, now) = estate(config(&[("a", 1)]));
         let Admission::Flight { flight, .. } = admit(&mut estate, now, "/pdb/query/v4/fact-names")
@@ -988,18 +1104,37 @@ mod tests {
             ..config(&[("a", 1)])
         };
         estate.reconfigure(now, Arc::new(ttl_changed));
+        let Admission::Flight { flight: newer, .. } =
+            admit(&mut estate, now, "/pdb/query/v4/fact-names")
+        else {
+            panic!("a request after the reload never joins the old configuration's flight");
+        };
+        assert_ne!(newer, flight);
         let answer = Response::text(http::StatusCode::OK, "[\"kernel\"]");
-        estate.handle_flight_done(now, flight, answer);
+        estate.handle_flight_done(now, flight, answer.clone());
         assert!(
             matches!(estate.poll_output(), Some(EstateOutput::Respond { .. })),
             "its clients are answered"
         );
         assert!(
+            estate.poll_output().is_none(),
+            "the newer flight's client is not"
+        );
+        assert!(
             matches!(
                 admit(&mut estate, now, "/pdb/query/v4/fact-names"),
-                Admission::Flight { .. }
+                Admission::Wait(_)
             ),
-            "but the new cache holds nothing"
+            "the new cache holds nothing: a request joins the newer flight"
+        );
+        estate.handle_flight_done(now, newer, answer);
+        let _ = std::iter::from_fn(|| estate.poll_output()).count();
+        assert!(
+            matches!(
+                admit(&mut estate, now, "/pdb/query/v4/fact-names"),
+                Admission::Respond(_)
+            ),
+            "the newer flight's answer is stored"
         );
     }
 

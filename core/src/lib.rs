@@ -77,4 +77,5 @@ pub use message::{
 };
 pub use policy::{plan, Planned};
 pub use root::Translating;
+pub use route::ROUTE_CLASSES;
 pub use sequence::forwarded_headers;

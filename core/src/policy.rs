@@ -56,6 +56,11 @@ impl Planned {
         self.class
     }
 
+    /// Whether its answer goes through the cache (where `X-Cache` says hit, miss or stale).
+    pub fn is_cacheable(&self) -> bool {
+        self.cache.is_some()
+    }
+
     /// Whether answering needs the membership map.
     pub(crate) fn needs_ownership(&self) -> bool {
         matches!(&self.work, Work::Fanout(plan) if plan.needs_ownership())
@@ -65,7 +70,9 @@ impl Planned {
 /// Plans one client request with `config`: the table every route's policy is read from.
 pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
     let classified = classify(request);
-    let class = classified.as_ref().map_or("refused", Route::class);
+    let class = classified
+        .as_ref()
+        .map_or(crate::route::REFUSED_CLASS, Route::class);
     let planned = |cache, work| Planned {
         config: Arc::clone(config),
         class,

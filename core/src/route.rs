@@ -82,9 +82,25 @@ pub enum Route {
     Healthz,
 }
 
+/// The class of a request refused before any route was found (a bad target, method or size).
+pub const REFUSED_CLASS: &str = "refused";
+
+/// Every route class ([`Route::class`], and [`REFUSED_CLASS`]): the bounded label set metrics use.
+pub const ROUTE_CLASSES: [&str; 9] = [
+    "query",
+    "per-certname",
+    "report-hash",
+    "root",
+    "pass-through",
+    "meta",
+    "metrics",
+    "healthz",
+    REFUSED_CLASS,
+];
+
 impl Route {
-    /// The short class name used in logs and transcripts: a bounded set, one per way of
-    /// answering.
+    /// The short class name used in logs, transcripts and metrics: one of [`ROUTE_CLASSES`], one
+    /// per way of answering.
     pub fn class(&self) -> &'static str {
         match self {
             Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => "query",
@@ -385,6 +401,7 @@ mod tests {
         for (target, class) in cases {
             let route = route(target).unwrap_or_else(|e| panic!("{target}: {e}"));
             assert_eq!(route.class(), *class, "{target}");
+            assert!(ROUTE_CLASSES.contains(class), "{class} is listed");
         }
     }
 

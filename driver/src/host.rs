@@ -79,6 +79,24 @@ impl<R: Runtime> Clone for Generation<R> {
     }
 }
 
+/// Counts a request whose client left (its answer future dropped before the answer) when it is
+/// dropped unanswered.
+struct ClientGone<'a> {
+    metrics: &'a Metrics,
+    class: &'static str,
+    started: Instant,
+    answered: bool,
+}
+
+impl Drop for ClientGone<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.metrics
+                .observe_client_gone(self.class, self.started.elapsed());
+        }
+    }
+}
+
 /// What admitting a request gives ([`EstateHost::answer`] acts on it).
 enum Admitted<R: Runtime> {
     /// Answer right away.
@@ -100,10 +118,16 @@ struct WaitTicket<R: Runtime> {
 }
 
 impl<R: Runtime> WaitTicket<R> {
-    /// Waits for the estate's word; `None` when the estate is gone (shutting down).
+    /// Waits for the estate's word; `None` when the estate is gone (shutting down). Dropped
+    /// while waiting, the ticket still holds its receiver, so its `Drop` tells the estate.
     async fn wait(mut self) -> Option<WaiterEvent> {
-        let receiver = self.receiver.take()?;
-        receiver.await.ok()
+        let event = match self.receiver.as_mut() {
+            Some(receiver) => receiver.await.ok(),
+            None => None,
+        };
+        // Answered (or the estate is gone): nothing to tell it.
+        self.receiver = None;
+        event
     }
 }
 
@@ -216,7 +240,11 @@ impl<R: Runtime> EstateHost<R> {
 
     /// The configuration in force now.
     pub fn config(&self) -> Arc<Config> {
-        Arc::clone(&self.generation().config)
+        let current = self
+            .current
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(&current.config)
     }
 
     /// Runs on `config`, with `clients` built for it, from now on (a reload, docs/operating.md):
@@ -235,18 +263,14 @@ impl<R: Runtime> EstateHost<R> {
         self.wake.notify();
     }
 
-    /// Applies a reload (SIGHUP, docs/operating.md): `reloaded` is the configuration as read
-    /// again, or why it was refused; `clients` builds its upstream clients (reading the TLS
-    /// files afresh). On any error the running configuration stays. One log line either way,
-    /// and `pdbmux_config_reloads_total` counts it; returns whether it was applied.
-    pub fn reload(
-        &self,
-        reloaded: Result<Config, String>,
-        clients: impl FnOnce(&Config) -> Result<R::Clients, String>,
-    ) -> bool {
-        let applied = reloaded.and_then(|config| Ok((clients(&config)?, config)));
-        let applied = match applied {
-            Ok((clients, config)) => {
+    /// Applies a reload (SIGHUP, docs/operating.md): `prepared` is the configuration as read
+    /// again with its upstream clients (the TLS files read afresh), or why either failed; read
+    /// them off the async threads (file reads). On an error the running configuration stays.
+    /// One log line either way, and `pdbmux_config_reloads_total` counts it; returns whether it
+    /// was applied.
+    pub fn reload(&self, prepared: Result<(Config, R::Clients), String>) -> bool {
+        let applied = match prepared {
+            Ok((config, clients)) => {
                 let changed = self.config().changed_keys(&config);
                 let backends = config
                     .backends
@@ -301,10 +325,19 @@ impl<R: Runtime> EstateHost<R> {
         let config = self.config();
         let planned = pdbmux_core::plan(request, &config);
         timings.planned();
-        let class = planned.class();
+        let mut gone = self.metrics.as_ref().map(|metrics| ClientGone {
+            metrics,
+            class: planned.class(),
+            started: timings.started(),
+            answered: false,
+        });
+        let labels = (planned.class(), planned.is_cacheable());
         let answer = self.answer_planned(request, planned, &mut timings).await;
+        if let Some(gone) = &mut gone {
+            gone.answered = true;
+        }
         if let Some(metrics) = &self.metrics {
-            metrics.observe_request(class, &answer.0, timings.elapsed());
+            metrics.observe_request(labels, &answer.0, timings.elapsed());
             self.observe_upstream_durations(&config, &timings);
         }
         answer
@@ -317,10 +350,10 @@ impl<R: Runtime> EstateHost<R> {
         timings: &mut Timings,
     ) -> (Response, Option<(R::Held, Instant)>) {
         let mut admission = self.admit_with(|estate| estate.admit(Instant::now(), planned));
+        // Names are looked up only when the timing line is enabled.
         let log = |timings: &Timings, how: &str| {
-            let config = self.config();
             timings.log(&request.target, how, |id: BackendId| {
-                backend_name(&config, id)
+                backend_name(&self.config(), id)
             });
         };
         loop {
@@ -394,17 +427,18 @@ impl<R: Runtime> EstateHost<R> {
     fn admit_with(self: &Arc<Self>, admit: impl FnOnce(&mut Estate) -> Admission) -> Admitted<R> {
         let mut estate = self.estate();
         let admission = admit(&mut estate);
-        // Read under the estate's lock: the clients of the configuration the exchange was built on.
-        let generation = self.generation();
         // The admission may have queued upstream requests (a membership refresh).
         let wake = !matches!(admission, Admission::Respond(_));
+        // Read under the estate's lock, so it is the generation of the configuration the
+        // exchange was built on; not at all for an answer (a cache hit).
+        let generation = || self.generation();
         let admitted = match admission {
             Admission::Respond(response) => Admitted::Respond(response),
-            Admission::Exchange(exchange) => Admitted::Exchange(exchange, generation),
+            Admission::Exchange(exchange) => Admitted::Exchange(exchange, generation()),
             Admission::Translate {
                 exchange,
                 translating,
-            } => Admitted::Translate(exchange, translating, generation),
+            } => Admitted::Translate(exchange, translating, generation()),
             // Registered before the lock is released, so the driver cannot answer first.
             Admission::Wait(waiter) => Admitted::Wait(self.ticket(waiter)),
             Admission::Flight {
@@ -413,7 +447,7 @@ impl<R: Runtime> EstateHost<R> {
                 exchange,
             } => {
                 let ticket = self.ticket(waiter);
-                self.spawn_flight(flight, exchange, generation);
+                self.spawn_flight(flight, exchange, generation());
                 Admitted::Wait(ticket)
             }
         };

@@ -20,6 +20,7 @@ mod host;
 mod metrics;
 #[cfg(target_os = "linux")]
 mod process;
+mod request_counts;
 mod timing;
 
 pub use host::{EstateHost, Runtime, Task};
@@ -70,6 +71,8 @@ pub async fn drive<T: Transport>(
     let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
     let mut held: BTreeMap<UpstreamId, (T::Held, Instant)> = BTreeMap::new();
     let mut deadlines: BTreeMap<UpstreamId, Instant> = BTreeMap::new();
+    // Calls in flight: their backend and when they were sent (an abandoned one is timed too).
+    let mut sent: BTreeMap<UpstreamId, (pdbmux_core::BackendId, Instant)> = BTreeMap::new();
     loop {
         while let Some(output) = exchange.poll_output() {
             match output {
@@ -78,6 +81,7 @@ pub async fn drive<T: Transport>(
                     let (id, backend, sent_at) = (request.id, request.backend, Instant::now());
                     aborts.insert(id, handle);
                     deadlines.insert(id, request.deadline);
+                    sent.insert(id, (backend, sent_at));
                     let sent = transport.send(request);
                     in_flight.push(Abortable::new(
                         async move { (id, backend, sent_at, sent.await) },
@@ -89,6 +93,10 @@ pub async fn drive<T: Transport>(
                         handle.abort();
                     }
                     held.remove(&id);
+                    // Timed out or no longer wanted: it took this long until it was given up.
+                    if let Some((backend, sent_at)) = sent.remove(&id) {
+                        timings.upstream(backend, sent_at.elapsed());
+                    }
                 }
                 ExchangeOutput::Respond(response) => {
                     let stream = match &response.body {
@@ -117,6 +125,7 @@ pub async fn drive<T: Transport>(
         match future::select(answered, timer).await {
             Either::Left((Ok((id, backend, sent_at, result)), _)) => {
                 aborts.remove(&id);
+                sent.remove(&id);
                 let now = Instant::now();
                 timings.upstream(backend, now.saturating_duration_since(sent_at));
                 match result {

@@ -5,6 +5,7 @@
 //! listener (`metrics_listen`), never on the PuppetDB-facing one.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, StatusCode};
@@ -21,28 +22,17 @@ use prometheus_client::metrics::info::Info;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::{Registry, Unit};
 
+/// The status label of a request whose client left before it was answered (nginx's 499).
+const CLIENT_GONE: u16 = 499;
+
 /// The only path the metrics listener serves.
 pub const METRICS_PATH: &str = "/metrics";
 
-/// Bucket bounds of the duration histograms, in seconds: from a cache hit to a slow fan-out.
-const DURATION_BUCKETS: [f64; 14] = [
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
-];
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct RequestLabels {
-    route: &'static str,
-    code: u16,
-}
+use crate::request_counts::{RequestCounts, CACHE_RESULTS, DURATION_BUCKETS};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RouteLabels {
     route: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct CacheLabels {
-    result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -81,14 +71,12 @@ pub struct Build {
 /// own numbers, and the runtimes count connections and bytes sent.
 pub struct Metrics {
     registry: Registry,
-    requests: Family<RequestLabels, Counter>,
-    request_duration: HistogramFamily<RouteLabels>,
+    /// Requests, their durations, cache results and bytes sent: every request adds to these.
+    counts: Arc<RequestCounts>,
     partial: Family<RouteLabels, Counter>,
     unanswered: Family<RouteLabels, Counter>,
-    cache: Family<CacheLabels, Counter>,
     upstream: Family<UpstreamLabels, Counter>,
     upstream_duration: HistogramFamily<BackendLabels>,
-    sent_bytes: Counter,
     connections: Gauge,
     reloads: Family<ReloadLabels, Counter>,
 }
@@ -104,20 +92,8 @@ impl Metrics {
     /// standard `process_*` metrics.
     pub fn new(build: Build) -> Metrics {
         let mut registry = Registry::default();
-        let requests = Family::default();
-        registry.register(
-            "pdbmux_requests",
-            "Client requests answered, by route class and status code",
-            requests.clone(),
-        );
-        let request_duration: HistogramFamily<RouteLabels> =
-            Family::new_with_constructor(duration_histogram);
-        registry.register_with_unit(
-            "pdbmux_request_duration",
-            "Time from a client request's arrival to its response head, by route class",
-            Unit::Seconds,
-            request_duration.clone(),
-        );
+        let counts = Arc::new(RequestCounts::default());
+        registry.register_collector(Box::new(Arc::clone(&counts)));
         let partial = Family::default();
         registry.register(
             "pdbmux_partial_answers",
@@ -129,12 +105,6 @@ impl Metrics {
             "pdbmux_unanswered",
             "Merged requests no backend answered (the failure replayed or a 502, or the stale cache entry), by route class",
             unanswered.clone(),
-        );
-        let cache = Family::default();
-        registry.register(
-            "pdbmux_cache_requests",
-            "Cacheable requests by what answered them (hit, miss, stale)",
-            cache.clone(),
         );
         let upstream = Family::default();
         registry.register(
@@ -149,13 +119,6 @@ impl Metrics {
             "Time from sending a request to a backend to its answer (or failure), by backend",
             Unit::Seconds,
             upstream_duration.clone(),
-        );
-        let sent_bytes = Counter::default();
-        registry.register_with_unit(
-            "pdbmux_client_sent",
-            "Bytes written to clients' connections",
-            Unit::Bytes,
-            sent_bytes.clone(),
         );
         let connections = Gauge::default();
         registry.register(
@@ -181,14 +144,11 @@ impl Metrics {
         registry.register_collector(Box::new(crate::process::ProcessCollector));
         Metrics {
             registry,
-            requests,
-            request_duration,
+            counts,
             partial,
             unanswered,
-            cache,
             upstream,
             upstream_duration,
-            sent_bytes,
             connections,
             reloads,
         }
@@ -205,18 +165,23 @@ impl Metrics {
         self
     }
 
-    /// One client request answered: its route class, response and time to the response head.
-    pub(crate) fn observe_request(&self, class: &'static str, response: &Response, took: Duration) {
-        let code = response.status.as_u16();
-        self.requests
-            .get_or_create(&RequestLabels { route: class, code })
-            .inc();
-        self.request_duration
-            .get_or_create(&RouteLabels { route: class })
-            .observe(took.as_secs_f64());
-        if let Some(result) = cache_result(&response.headers) {
-            self.cache.get_or_create(&CacheLabels { result }).inc();
-        }
+    /// One client request answered: its route class, response and time to the response head;
+    /// a `cacheable` one also counts what `X-Cache` says answered it.
+    pub(crate) fn observe_request(
+        &self,
+        (class, cacheable): (&'static str, bool),
+        response: &Response,
+        took: Duration,
+    ) {
+        let cache = cacheable.then(|| cache_result(&response.headers)).flatten();
+        self.counts
+            .observe(class, response.status.as_u16(), took, cache);
+    }
+
+    /// A client went away before its answer: counted as status 499 (nginx's "client closed
+    /// request"), after `took`.
+    pub(crate) fn observe_client_gone(&self, class: &'static str, took: Duration) {
+        self.counts.observe(class, CLIENT_GONE, took, None);
     }
 
     /// A finished exchange's calls (each with how it ended) and whether its answer is partial.
@@ -272,14 +237,9 @@ impl Metrics {
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
     }
 
-    /// `bytes` more were written to clients.
-    pub fn observe_sent(&self, bytes: u64) {
-        self.sent_bytes.inc_by(bytes);
-    }
-
     /// A handle that adds to the bytes sent to clients, for a connection's writer to keep.
     pub fn sent_bytes(&self) -> SentBytes {
-        SentBytes(self.sent_bytes.clone())
+        SentBytes(Arc::clone(&self.counts))
     }
 
     /// A client connection opened; it counts as open until the guard is dropped.
@@ -339,12 +299,12 @@ impl Metrics {
 
 /// Adds to `pdbmux_client_sent_bytes_total`; from [`Metrics::sent_bytes`].
 #[derive(Debug, Clone)]
-pub struct SentBytes(Counter);
+pub struct SentBytes(Arc<RequestCounts>);
 
 impl SentBytes {
     /// `bytes` more were written to a client.
     pub fn add(&self, bytes: u64) {
-        self.0.inc_by(bytes);
+        self.0.sent(bytes);
     }
 }
 
@@ -360,14 +320,13 @@ impl Drop for ConnectionGuard {
     }
 }
 
-/// The cache's verdict on a response, from the `X-Cache` header the core sets on the cached path.
-fn cache_result(headers: &HeaderMap) -> Option<&'static str> {
-    match headers.get(pdbmux_core::cache::X_CACHE)?.as_bytes() {
-        b"hit" => Some("hit"),
-        b"miss" => Some("miss"),
-        b"stale" => Some("stale"),
-        _ => None,
-    }
+/// The cache's verdict on a response (an index into [`CACHE_RESULTS`]), from the `X-Cache`
+/// header the core sets on the cached path.
+fn cache_result(headers: &HeaderMap) -> Option<usize> {
+    let value = headers.get(pdbmux_core::cache::X_CACHE)?.as_bytes();
+    CACHE_RESULTS
+        .iter()
+        .position(|result| result.as_bytes() == value)
 }
 
 /// The estate's numbers, encoded at each scrape.

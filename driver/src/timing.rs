@@ -51,6 +51,11 @@ impl Timings {
         &self.upstream
     }
 
+    /// When the request arrived.
+    pub(crate) fn started(&self) -> Instant {
+        self.started
+    }
+
     /// Time since the request arrived.
     pub(crate) fn elapsed(&self) -> Duration {
         self.started.elapsed()

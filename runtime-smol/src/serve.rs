@@ -121,6 +121,16 @@ async fn serve(
     // `closing` is dropped when shutdown starts; every connection holds a clone of `open`.
     let (closing, closing_watch) = channel::bounded::<()>(1);
     let (open, drained) = channel::bounded::<()>(1);
+    let (hangups, reloads) = channel::unbounded::<()>();
+    let reload_host = Arc::clone(&host);
+    let _reloader_task = spawn_guarded(&executor, "reload", async move {
+        while reloads.recv().await.is_ok() {
+            let (running, reloader) = (reload_host.config(), reloader.clone());
+            // Files are read (the config, the TLS material) on the blocking pool.
+            let prepared = smol::unblock(move || reloader.prepare(&running, Upstreams::new)).await;
+            reload_host.reload(prepared);
+        }
+    });
     let context = conn::Context::new(host, closing_watch, open);
     let signal = loop {
         let accepted = async { Ok(listener.accept().await) };
@@ -141,12 +151,8 @@ async fn serve(
             }
             Err(Some(Ok(Signal::Hup))) => {
                 tracing::info!("SIGHUP: reading the configuration again");
-                let reloaded = reloader
-                    .reload(&context.host.config())
-                    .map_err(|error| error.to_string());
-                context.host.reload(reloaded, |config| {
-                    Upstreams::new(config).map_err(|error| error.to_string())
-                });
+                // One reload at a time, in the order of the signals.
+                let _ = hangups.try_send(());
             }
             Err(Some(Ok(Signal::Term))) => break "SIGTERM",
             Err(_) => break "SIGINT",

@@ -108,12 +108,13 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     let reloads = tokio::spawn(async move {
         while hangups.recv().await.is_some() {
             tracing::info!("SIGHUP: reading the configuration again");
-            let reloaded = reloader
-                .reload(&reload_host.config())
-                .map_err(|error| error.to_string());
-            reload_host.reload(reloaded, |config| {
-                Upstreams::new(config).map_err(|error| error.to_string())
-            });
+            let (running, reloader) = (reload_host.config(), reloader.clone());
+            // Files are read (the config, the TLS material) off the async workers.
+            let prepared =
+                tokio::task::spawn_blocking(move || reloader.prepare(&running, Upstreams::new))
+                    .await
+                    .unwrap_or_else(|error| Err(format!("reading the configuration: {error}")));
+            reload_host.reload(prepared);
         }
     });
     let graceful = GracefulShutdown::new();

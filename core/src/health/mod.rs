@@ -374,6 +374,30 @@ impl HealthTable {
         }
     }
 
+    /// The table for a reload: `settings` from now on, and for each new backend the state of the
+    /// old one `carried[i]` names (the same backend under the new configuration), else a fresh
+    /// one. Probes in flight are forgotten (the estate cancels them) and every backend's next
+    /// probe is due at `now`.
+    pub fn carried(
+        self,
+        now: Instant,
+        settings: ProbeSettings,
+        carried: &[Option<usize>],
+    ) -> HealthTable {
+        let backends = carried
+            .iter()
+            .map(|old| {
+                let mut health = old
+                    .and_then(|old| self.backends.get(old).cloned())
+                    .unwrap_or_else(|| BackendHealth::new(now));
+                health.in_flight = None;
+                health.next_due = now;
+                health
+            })
+            .collect();
+        HealthTable { settings, backends }
+    }
+
     /// The settings the table runs on (the probe path and timeout for the requests).
     pub fn settings(&self) -> &ProbeSettings {
         &self.settings

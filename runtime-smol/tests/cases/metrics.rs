@@ -164,6 +164,15 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
         1.0,
         "{text}"
     );
+    // The stale answer was a fan-out no backend answered.
+    assert_eq!(
+        value("pdbmux_unanswered_total", "route=query"),
+        1.0,
+        "{text}"
+    );
+    let count = "pdbmux_request_duration_seconds_count{route=\"query\"} 2\n";
+    let inf = "pdbmux_request_duration_seconds_bucket{route=\"query\",le=\"+Inf\"} 2\n";
+    assert!(text.contains(count) && text.contains(inf), "{text}");
     assert_eq!(
         value("pdbmux_cache_requests_total", "result=miss"),
         1.0,

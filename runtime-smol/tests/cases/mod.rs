@@ -193,6 +193,50 @@ pub fn a_client_that_leaves_releases_the_upstream_request(bin: &Path) {
     }
 }
 
+/// A client waiting on a shared fan-out (a cacheable route: a single-flight) that leaves is its
+/// last participant: the flight is cancelled and its upstream request released.
+pub fn a_client_that_leaves_a_shared_fan_out_cancels_it(bin: &Path) {
+    let backend = FakeBackend::start(|_| {
+        let mut pieces = vec![Piece::Pause(Duration::from_millis(1500))];
+        pieces.extend(respond("200 OK", "application/json", "[]"));
+        pieces
+    });
+    let metrics = metrics::metrics_addr();
+    let pdbmux = Pdbmux::start(
+        bin,
+        &[
+            ("PDBMUX_BACKENDS", format!("a={}", backend.url())),
+            ("PDBMUX_METRICS_LISTEN", metrics.to_string()),
+        ],
+    );
+    {
+        let mut stream = TcpStream::connect(pdbmux.addr).unwrap();
+        stream
+            .write_all(b"GET /pdb/query/v4/fact-names HTTP/1.1\r\nHost: x\r\n\r\n")
+            .unwrap();
+        let started = Instant::now();
+        while backend.request_lines().is_empty() {
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "request never reached the backend"
+            );
+            thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let started = Instant::now();
+    while backend.connections_closed.load(Ordering::SeqCst) == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "the flight's upstream connection was not released"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // Counted as nginx counts a client that closed first.
+    metrics::scrape_until(metrics, |s| {
+        s.value("pdbmux_requests_total", "code=499,route=query") == 1.0
+    });
+}
+
 pub fn a_streamed_body_past_its_deadline_aborts_the_connection(bin: &Path) {
     let backend = FakeBackend::start(|_| {
         vec![
@@ -497,6 +541,7 @@ macro_rules! runtime_cases {
             request_limits_are_enforced_before_any_backend_is_asked,
             sigterm_lets_in_flight_requests_finish_then_exits_zero,
             a_client_that_leaves_releases_the_upstream_request,
+            a_client_that_leaves_a_shared_fan_out_cancels_it,
             a_streamed_body_past_its_deadline_aborts_the_connection,
             a_backend_closing_mid_body_aborts_the_connection,
             keep_alive_answers_pipelined_requests_in_order,
