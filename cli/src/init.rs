@@ -68,8 +68,9 @@ pub fn template() -> String {
         }
         let (prefix, value) = match (key.name, key.default) {
             ("log_level", Some(default)) => ("# ", default.to_owned()),
-            (_, Some(default)) if default.starts_with(':') => ("", format!("\"{default}\"")),
+            (_, Some(default)) if default.contains(':') => ("", format!("\"{default}\"")),
             (_, Some(default)) => ("", default.to_owned()),
+            ("cache_redis_url", None) => ("# ", "redis://127.0.0.1:6379".to_owned()),
             (name, None) => ("# ", format!("/etc/pdbmux/{}", example_file(name))),
         };
         let setting = format!("{prefix}{}: {value}", key.name);

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use figment::value::{Num, Value};
 use pdbmux_core::config::{
-    BackendConfig, BackendUrl, Config, MergeStrategy, TlsFiles, FACTS_TTL_CAP,
+    BackendConfig, BackendUrl, CacheBackend, Config, MergeStrategy, TlsFiles, FACTS_TTL_CAP,
 };
 
 use crate::duration;
@@ -621,6 +621,57 @@ fn raw_backends(checker: &mut Checker<'_>, setting: &Setting) -> Vec<RawBackend>
     }
 }
 
+/// `cache_backend` and, for `redis`, `cache_redis_url` (`redis://` or `rediss://`, shown with
+/// its password redacted); a `rediss://` store uses the global `tls_*` files.
+fn check_cache_backend(
+    c: &mut Checker<'_>,
+    global_tls: &[(Option<PathBuf>, Option<Source>); 3],
+) -> Option<CacheBackend> {
+    #[derive(Clone, Copy)]
+    enum Kind {
+        Memory,
+        Redis,
+    }
+    let kind = c.choice(
+        "cache_backend",
+        &[("memory", Kind::Memory), ("redis", Kind::Redis)],
+        "memory or redis",
+    )?;
+    let url = c
+        .setting("cache_redis_url")
+        .and_then(|setting| c.scalar_of("cache_redis_url", &setting.value));
+    match (kind, url) {
+        (Kind::Memory, _) => Some(CacheBackend::Memory),
+        (Kind::Redis, None) => {
+            c.problems.push(ConfigProblem::Invalid {
+                key: "cache_redis_url".to_owned(),
+                value: String::new(),
+                reason: "is required with cache_backend: redis",
+            });
+            None
+        }
+        (Kind::Redis, Some(url)) => {
+            let url = url.trim().to_owned();
+            let scheme_ok = url.starts_with("redis://") || url.starts_with("rediss://");
+            if !scheme_ok || url.len() <= "rediss://".len() {
+                c.problems.push(ConfigProblem::Invalid {
+                    key: "cache_redis_url".to_owned(),
+                    value: redact_userinfo(&url),
+                    reason: "is not a redis:// or rediss:// URL",
+                });
+                return None;
+            }
+            c.show("cache_redis_url", redact_userinfo(&url));
+            let tls = TlsFiles {
+                ca_file: global_tls[0].0.clone(),
+                cert_file: global_tls[1].0.clone(),
+                key_file: global_tls[2].0.clone(),
+            };
+            Some(CacheBackend::Redis { url, tls })
+        }
+    }
+}
+
 /// Parses `:port`, `host:port` or `[v6]:port`; `:port` becomes `0.0.0.0:port`.
 fn parse_listen(text: &str) -> Option<String> {
     fn port(p: &str) -> Option<u16> {
@@ -875,6 +926,10 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     let health_probe_failures = c.integer("health_probe_failures", 1, max_count);
     let health_probe_successes = c.integer("health_probe_successes", 1, max_count);
     let max_body_bytes = c.integer("max_body_bytes", 1, u64::MAX);
+    let cache_backend = check_cache_backend(&mut c, &global_tls);
+    let cache_key_prefix = c.text("cache_key_prefix");
+    let cache_stale_ttl = c.duration("cache_stale_ttl");
+    let cache_max_entry_bytes = c.integer("cache_max_entry_bytes", 1, u64::MAX);
     let log_format = c.choice(
         "log_format",
         &[("text", LogFormat::Text), ("json", LogFormat::Json)],
@@ -922,6 +977,27 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
             Some(log_format),
             Some(log_level),
         ) if tls_ok && metrics_listen.is_ok() && c.problems.is_empty() => {
+            let (
+                Some(cache_backend),
+                Some(cache_key_prefix),
+                Some((cache_stale_ttl, _)),
+                Some(cache_max_entry_bytes),
+            ) = (
+                cache_backend,
+                cache_key_prefix,
+                cache_stale_ttl,
+                cache_max_entry_bytes,
+            )
+            else {
+                return Checked {
+                    shown: c.shown,
+                    backends: backends_shown,
+                    log_level_source,
+                    clamped_from,
+                    problems: c.problems,
+                    settings: None,
+                };
+            };
             // Both counts were checked against u32::MAX above.
             let failures = u32::try_from(health_probe_failures).unwrap_or(u32::MAX);
             let successes = u32::try_from(health_probe_successes).unwrap_or(u32::MAX);
@@ -944,6 +1020,10 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                     health_probe_failures: failures,
                     health_probe_successes: successes,
                     max_body_bytes,
+                    cache_backend,
+                    cache_key_prefix,
+                    cache_stale_ttl,
+                    cache_max_entry_bytes,
                 },
                 log_format,
                 log_level,

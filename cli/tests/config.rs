@@ -848,3 +848,59 @@ fn metrics_listen_defaults_on_is_turned_off_by_empty_and_checked() {
         Ok(())
     });
 }
+
+#[test]
+fn cache_backend_redis_needs_a_redis_url_and_uses_the_global_tls_files() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
+        let memory = settings(jail, &[]).expect("valid");
+        assert_eq!(
+            memory.config.cache_backend,
+            pdbmux_core::config::CacheBackend::Memory
+        );
+        assert_eq!(memory.config.cache_key_prefix, "pdbmux:");
+        assert_eq!(memory.config.cache_stale_ttl, Duration::from_secs(300));
+        jail.set_env("PDBMUX_CACHE_BACKEND", "redis");
+        assert_eq!(
+            problems(jail, &[]),
+            vec!["cache_redis_url: \"\" is required with cache_backend: redis".to_owned()]
+        );
+        jail.set_env(
+            "PDBMUX_CACHE_REDIS_URL",
+            "http://user:secret@127.0.0.1:6379",
+        );
+        assert_eq!(
+            problems(jail, &[]),
+            vec![
+                "cache_redis_url: \"http://***@127.0.0.1:6379\" is not a redis:// or rediss:// URL"
+                    .to_owned()
+            ]
+        );
+        jail.set_env(
+            "PDBMUX_CACHE_REDIS_URL",
+            "rediss://:secret@127.0.0.1:6380/2",
+        );
+        jail.set_env("PDBMUX_TLS_CA_FILE", "/etc/pdbmux/ca.pem");
+        jail.set_env("PDBMUX_CACHE_STALE_TTL", "2m");
+        let redis = settings(jail, &[]).expect("valid");
+        match redis.config.cache_backend {
+            pdbmux_core::config::CacheBackend::Redis { url, tls } => {
+                assert_eq!(url, "rediss://:secret@127.0.0.1:6380/2");
+                assert_eq!(tls.ca_file, Some(PathBuf::from("/etc/pdbmux/ca.pem")));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(redis.config.cache_stale_ttl, Duration::from_secs(120));
+        let loaded = load(&flags(&[]), &env_of(jail)).expect("load");
+        let shown = pdbmux_cli::show(&loaded);
+        let line = shown
+            .lines
+            .iter()
+            .find(|l| l.starts_with("cache_redis_url"))
+            .expect("shown");
+        assert!(line.contains("rediss://***@127.0.0.1:6380/2"), "{line}");
+        assert!(!line.contains("secret"), "{line}");
+        Ok(())
+    });
+}

@@ -16,6 +16,7 @@ use crate::error::HarnessError;
 use crate::record::{ClientId, ClientResponse, Machine, SentRequest};
 use crate::script::{Asked, FakeBackend, ReplyOutcome};
 use crate::setup::config_for;
+use crate::store::{answer_text, describe, since, FakeStore};
 use crate::transcript::{body_text, headers_text, target_text, Transcript};
 
 #[derive(Debug)]
@@ -85,6 +86,8 @@ pub struct Harness {
     seq: u64,
     late_answers: bool,
     failure: Option<HarnessError>,
+    /// The shared cache store the estate's `Store` requests go to (answered at once).
+    store: FakeStore,
 }
 
 impl Harness {
@@ -125,7 +128,24 @@ impl Harness {
             seq: 0,
             late_answers: false,
             failure: None,
+            store: FakeStore::default(),
         })
+    }
+
+    /// Answers the estate's shared-store requests from `store` (shared with other harnesses:
+    /// other replicas) instead of a store of its own.
+    pub fn set_store(&mut self, store: FakeStore) {
+        self.store = store;
+    }
+
+    /// The shared store the estate's requests go to.
+    pub fn store(&self) -> &FakeStore {
+        &self.store
+    }
+
+    /// The estate's numbers now (for metrics and the shared tier's state).
+    pub fn stats(&self) -> pdbmux_core::stats::EstateStats {
+        self.estate.stats(self.now)
     }
 
     /// Models the race where an answer is already on its way when the core cancels it: with
@@ -605,6 +625,23 @@ impl Harness {
                         }
                         EstateOutput::Resume { waiter, planned } => self.resume(waiter, *planned),
                         EstateOutput::CancelFlight(flight) => self.cancel_flight(flight),
+                        EstateOutput::StartFlight { flight, exchange } => {
+                            self.log(format!("{flight} starts"));
+                            self.flights.insert(flight, exchange);
+                            self.drain(Machine::Flight(flight));
+                        }
+                        EstateOutput::Store(request) => {
+                            let at = since(self.start, self.now);
+                            let answer = self.store.answer(at, &request.op);
+                            let line = format!(
+                                "store {} -> {}",
+                                describe(&request.op),
+                                answer_text(&answer)
+                            );
+                            self.log(line);
+                            self.estate
+                                .handle_store_answer(self.now, request.id, answer);
+                        }
                     }
                 }
             }

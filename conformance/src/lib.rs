@@ -30,6 +30,7 @@ mod puppetdb;
 mod record;
 mod script;
 mod setup;
+mod store;
 mod transcript;
 mod upstream;
 
@@ -44,6 +45,7 @@ pub use puppetdb::{
 pub use record::{ClientId, ClientResponse, Machine, SentRequest};
 pub use script::{ms, Answer, Asked, FakeBackend, Reply, ReplyOutcome, Script};
 pub use setup::{config_for, parse_backend_url, DEFAULT_TIMEOUT};
+pub use store::FakeStore;
 pub use transcript::{
     body_text, headers_text, target_text, Transcript, MAX_BODY_CHARS, MAX_TARGET_CHARS,
 };

@@ -13,6 +13,32 @@ pub struct ClockAnchor {
 }
 
 impl ClockAnchor {
+    /// `at` in milliseconds since the Unix epoch, mapped through the anchor (0 before it).
+    pub fn unix_millis(&self, at: Instant) -> u64 {
+        let wall = if at >= self.instant {
+            self.wall + at.duration_since(self.instant)
+        } else {
+            self.wall - self.instant.duration_since(at)
+        };
+        wall.duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+            })
+    }
+
+    /// The instant at `millis` since the Unix epoch, mapped through the anchor; a time before
+    /// the anchor's instant can be represented only as far back as the monotonic clock goes,
+    /// and is clamped there.
+    pub fn instant_at_unix_millis(&self, millis: u64) -> Instant {
+        let anchor = self.unix_millis(self.instant);
+        if millis >= anchor {
+            self.instant + std::time::Duration::from_millis(millis - anchor)
+        } else {
+            let back = std::time::Duration::from_millis(anchor - millis);
+            self.instant.checked_sub(back).unwrap_or(self.instant)
+        }
+    }
+
     /// `at` as RFC 3339 UTC (`2026-11-30T10:00:00.123Z`), mapped through the anchor.
     pub fn rfc3339(&self, at: Instant) -> String {
         let wall = if at >= self.instant {

@@ -29,6 +29,21 @@ impl MergeStrategy {
     }
 }
 
+/// Where merged answers are cached besides this process's memory (docs/caching.md).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum CacheBackend {
+    /// In this process only.
+    #[default]
+    Memory,
+    /// Also in a Redis-protocol store (Redis, Valkey) every replica shares.
+    Redis {
+        /// `redis://` or `rediss://` URL, password and database included.
+        url: String,
+        /// For `rediss://`: the CA, client certificate and key (the global `tls_*` files).
+        tls: TlsFiles,
+    },
+}
+
 /// Where to find certificates and keys for https backends (docs/decisions.md D8).
 ///
 /// Paths only: the runtimes read the files. Keys are never logged.
@@ -127,6 +142,14 @@ pub struct Config {
     pub health_probe_successes: u32,
     /// The most bytes read from one upstream body; more counts as that backend failing.
     pub max_body_bytes: u64,
+    /// Where merged answers are cached besides memory.
+    pub cache_backend: CacheBackend,
+    /// Prefixed to every key pdbmux writes in a shared store.
+    pub cache_key_prefix: String,
+    /// How long past `facts_ttl` a shared entry is kept for the stale fallback.
+    pub cache_stale_ttl: Duration,
+    /// Bodies larger than this are not stored in a shared store.
+    pub cache_max_entry_bytes: u64,
 }
 
 impl Config {
@@ -179,6 +202,19 @@ impl Config {
             old.health_probe_successes != new.health_probe_successes,
         );
         check("max_body_bytes", old.max_body_bytes != new.max_body_bytes);
+        check("cache_backend", old.cache_backend != new.cache_backend);
+        check(
+            "cache_key_prefix",
+            old.cache_key_prefix != new.cache_key_prefix,
+        );
+        check(
+            "cache_stale_ttl",
+            old.cache_stale_ttl != new.cache_stale_ttl,
+        );
+        check(
+            "cache_max_entry_bytes",
+            old.cache_max_entry_bytes != new.cache_max_entry_bytes,
+        );
         changed
     }
 
@@ -202,6 +238,10 @@ impl Config {
             health_probe_failures: 3,
             health_probe_successes: 2,
             max_body_bytes: 512 * 1024 * 1024,
+            cache_backend: CacheBackend::Memory,
+            cache_key_prefix: "pdbmux:".to_owned(),
+            cache_stale_ttl: Duration::from_secs(300),
+            cache_max_entry_bytes: 8 * 1024 * 1024,
         }
     }
 }

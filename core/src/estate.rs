@@ -26,6 +26,11 @@ use crate::sequence::Sequence;
 use crate::status::{Failure, Unusable};
 use crate::translations::Translations;
 
+mod shared_tier;
+
+use crate::cache::shared::{StoreId, StoreRequest};
+use shared_tier::SharedTier;
+
 /// What to do with a client request; returned by [`Estate::admit`].
 #[derive(Debug)]
 pub enum Admission {
@@ -83,6 +88,18 @@ pub enum EstateOutput {
     },
     /// Every participant of this flight left: abort its task, releasing its upstream requests.
     CancelFlight(FlightId),
+    /// Carry this request to the shared cache store; hand its answer to
+    /// [`Estate::handle_store_answer`].
+    Store(StoreRequest),
+    /// Start this flight's fan-out now (the shared store did not answer it): drive `exchange` on
+    /// a task of its own and hand its response to [`Estate::handle_flight_done`], as for
+    /// [`Admission::Flight`].
+    StartFlight {
+        /// The flight.
+        flight: FlightId,
+        /// Its fan-out.
+        exchange: Exchange,
+    },
 }
 
 /// A shared fan-out for one flight key and the clients waiting on it.
@@ -94,6 +111,44 @@ struct Flight {
     /// Each participant: the key its answer is stored under, and the drilldown value that
     /// filters the shared answer first.
     participants: BTreeMap<WaiterId, Participant>,
+    /// Where it stands with the shared cache tier; [`Stage::Fetching`] without one.
+    stage: Stage,
+    /// The fan-out to start, while the shared tier is asked first.
+    fetch: Option<PendingFetch>,
+    /// The shared lock it holds (key, token), released when it answers.
+    lock: Option<(String, String)>,
+    /// An expired shared entry, for the stale fallback.
+    stale: Option<cache::CachedResponse>,
+}
+
+/// Where a flight stands (docs/caching.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Its fan-out runs on a task of its own.
+    Fetching,
+    /// Asking the shared store for the entry.
+    Looking(StoreId),
+    /// Asking for the key's lock.
+    Locking(StoreId),
+    /// Another replica holds the lock: look again at `poll_at`, fan out at `until`.
+    Waiting { poll_at: Instant, until: Instant },
+    /// Looking again, while waiting until `until`.
+    Polling { id: StoreId, until: Instant },
+}
+
+/// A fan-out planned and not started yet: started when the shared tier does not answer.
+#[derive(Debug)]
+struct PendingFetch {
+    context: Context,
+    class: &'static str,
+    target: String,
+    plan: Box<dyn crate::fanout::Plan>,
+}
+
+impl PendingFetch {
+    fn start(self, now: Instant) -> Exchange {
+        Exchange::new(now, self.context, (self.class, self.target), self.plan)
+    }
 }
 
 /// One client of a flight.
@@ -158,6 +213,8 @@ pub struct Estate {
     counts: Counts,
     /// Bumped each time a reload replaces the cache: flights of an older one store nothing.
     cache_generation: u64,
+    /// The shared cache tier, when a shared store is configured.
+    shared: Option<SharedTier>,
     outputs: VecDeque<EstateOutput>,
 }
 
@@ -207,7 +264,9 @@ impl Estate {
         let backends = config.backends.len();
         let cache = new_cache(&config);
         let health = HealthTable::new(clock.instant, ProbeSettings::from_config(&config), backends);
+        let shared = SharedTier::of(&config, token_base(&clock));
         Estate {
+            shared,
             health,
             probes: BTreeMap::new(),
             rounds: QueryRounds::default(),
@@ -268,6 +327,24 @@ impl Estate {
             // A request admitted from now on never joins a flight of the old configuration
             // (whose clients are still answered by it).
             self.flight_keys.clear();
+        }
+        let shared_changed = old.cache_backend != config.cache_backend
+            || old.cache_key_prefix != config.cache_key_prefix
+            || old.cache_stale_ttl != config.cache_stale_ttl
+            || old.cache_max_entry_bytes != config.cache_max_entry_bytes
+            || old.timeout != config.timeout;
+        if !same_answers || shared_changed {
+            // Flights still asking the old tier fan out now; the new tier serves what follows.
+            let asking: Vec<FlightId> = self
+                .flights
+                .iter()
+                .filter(|(_, flight)| flight.stage != Stage::Fetching)
+                .map(|(id, _)| *id)
+                .collect();
+            for flight in asking {
+                self.start_fetch(now, flight);
+            }
+            self.shared = SharedTier::of(&config, token_base(&self.clock));
         }
         if same_backends && ProbeSettings::from_config(&old) == ProbeSettings::from_config(&config)
         {
@@ -471,26 +548,47 @@ impl Estate {
             ownership,
             corrections: Arc::clone(&self.membership.corrections),
         };
-        let exchange = Exchange::new(now, context, (planned.class, planned.target), plan);
+        let fetch = PendingFetch {
+            context,
+            class: planned.class,
+            target: planned.target,
+            plan,
+        };
         let Some(cacheable) = cacheable else {
-            return Admission::Exchange(exchange);
+            return Admission::Exchange(fetch.start(now));
         };
         let flight = FlightId(self.flight_ids.next());
         let waiter = WaiterId(self.waiter_ids.next());
         self.flight_keys
             .insert(cacheable.flight_key.clone(), flight);
-        self.flights.insert(
-            flight,
-            Flight {
-                key: cacheable.flight_key.clone(),
-                cache_generation: self.cache_generation,
-                participants: BTreeMap::from([(waiter, Participant::of(&cacheable))]),
-            },
-        );
+        let mut record = Flight {
+            key: cacheable.flight_key.clone(),
+            cache_generation: self.cache_generation,
+            participants: BTreeMap::from([(waiter, Participant::of(&cacheable))]),
+            stage: Stage::Fetching,
+            fetch: None,
+            lock: None,
+            stale: None,
+        };
+        // With a shared tier, its store is asked first; the fan-out waits for its answer.
+        if let Some(id) = self.shared_lookup(now, &cacheable.flight_key, flight) {
+            record.stage = Stage::Looking(id);
+            record.fetch = Some(fetch);
+            self.flights.insert(flight, record);
+            return Admission::Wait(waiter);
+        }
+        self.flights.insert(flight, record);
         Admission::Flight {
             flight,
             waiter,
-            exchange,
+            exchange: fetch.start(now),
+        }
+    }
+
+    /// Forgets `key`'s flight when it is still `flight` (after a reload a newer one may hold it).
+    fn forget_flight_key(&mut self, key: &str, flight: FlightId) {
+        if self.flight_keys.get(key) == Some(&flight) {
+            self.flight_keys.remove(key);
         }
     }
 
@@ -551,10 +649,8 @@ impl Estate {
         let Some(done) = self.flights.remove(&flight) else {
             return;
         };
-        // Only its own entry: after a reload, a newer flight may hold the key.
-        if self.flight_keys.get(&done.key) == Some(&flight) {
-            self.flight_keys.remove(&done.key);
-        }
+        self.forget_flight_key(&done.key, flight);
+        self.shared_flight_done(now, &done, &response);
         let flight = done;
         let mut settled: BTreeMap<String, (Response, CacheStatus, std::time::Duration)> =
             BTreeMap::new();
@@ -565,7 +661,12 @@ impl Estate {
                     None => response.clone(),
                 };
                 let current = flight.cache_generation == self.cache_generation;
-                let outcome = self.settle_flight(now, (&participant.key, current), answer);
+                // The shared tier's expired entry is the whole record set's: no drilldown's.
+                let stale = flight
+                    .stale
+                    .clone()
+                    .filter(|_| participant.filter.is_none());
+                let outcome = self.settle_flight(now, (&participant.key, current), answer, stale);
                 settled.insert(participant.key.clone(), outcome);
             }
             let (served, status, age) = &settled[&participant.key];
@@ -582,11 +683,16 @@ impl Estate {
         now: Instant,
         (key, current): (&str, bool),
         response: Response,
+        shared_stale: Option<cache::CachedResponse>,
     ) -> (Response, CacheStatus, std::time::Duration) {
         let Some(cache) = self.cache.as_mut().filter(|_| current) else {
             return (response, CacheStatus::Miss, std::time::Duration::ZERO);
         };
         if response.status.is_server_error() {
+            // Another replica's expired entry stands in when this one holds none.
+            if let Some(entry) = shared_stale.filter(|_| !cache.holds(key)) {
+                cache.store(entry.stored_at, key, entry.body, entry.headers);
+            }
             if let Some(entry) = cache.stale(now, key) {
                 tracing::warn!(%key, status = response.status.as_u16(), "every backend failed; serving the expired cache entry");
                 let age = now.saturating_duration_since(entry.stored_at);
@@ -705,7 +811,7 @@ impl Estate {
 
     /// A waiting client went away; nothing is sent to it any more. A flight whose last
     /// participant left is cancelled ([`EstateOutput::CancelFlight`]).
-    pub fn handle_waiter_gone(&mut self, _now: Instant, waiter: WaiterId) {
+    pub fn handle_waiter_gone(&mut self, now: Instant, waiter: WaiterId) {
         let emptied: Vec<FlightId> = self
             .flights
             .iter_mut()
@@ -715,12 +821,17 @@ impl Estate {
             })
             .collect();
         for id in emptied {
-            if let Some(flight) = self.flights.remove(&id) {
-                if self.flight_keys.get(&flight.key) == Some(&id) {
-                    self.flight_keys.remove(&flight.key);
-                }
+            let Some(flight) = self.flights.remove(&id) else {
+                continue;
+            };
+            self.forget_flight_key(&flight.key, id);
+            // Only a started fan-out has a task to cancel; a lock taken for it is released.
+            if flight.stage == Stage::Fetching {
+                self.outputs.push_back(EstateOutput::CancelFlight(id));
             }
-            self.outputs.push_back(EstateOutput::CancelFlight(id));
+            if let Some((key, token)) = flight.lock {
+                self.shared_unlock(now, key, token);
+            }
         }
         if let Some(check) = &mut self.reachability {
             check.waiters.retain(|w| *w != waiter);
@@ -756,6 +867,7 @@ impl Estate {
                 .extend(expired.into_iter().map(EstateOutput::Cancel));
             self.finish(now);
         }
+        self.shared_timeouts(now);
     }
 
     /// The next thing the runtime must do, if any.
@@ -771,10 +883,15 @@ impl Estate {
             .refresh
             .as_ref()
             .and_then(|r| r.calls.deadline());
-        [reachability, membership, self.health.next_deadline()]
-            .into_iter()
-            .flatten()
-            .min()
+        [
+            reachability,
+            membership,
+            self.health.next_deadline(),
+            self.shared_deadline(),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
     }
 
     /// The estate's numbers now, for pdbmux's own metrics (docs/operating.md).
@@ -821,6 +938,7 @@ impl Estate {
                 store: report.stats,
                 evictions: self.counts.earlier_evictions + report.evictions,
                 flight_joins: self.counts.flight_joins,
+                shared_reachable: self.shared.as_ref().map(SharedTier::reachable),
             }
         });
         crate::stats::EstateStats {
@@ -853,7 +971,10 @@ impl Estate {
                     &self.config,
                     &health,
                     &self.rounds,
-                    cache.as_ref(),
+                    (
+                        cache.as_ref(),
+                        self.shared.as_ref().map(SharedTier::reachable),
+                    ),
                     &self.clock,
                 );
                 for waiter in check.waiters {
@@ -912,6 +1033,15 @@ impl Estate {
                 .map(|(waiter, planned)| EstateOutput::Resume { waiter, planned }),
         );
     }
+}
+
+/// What makes this process's lock tokens its own: its start, to the nanosecond.
+fn token_base(clock: &ClockAnchor) -> String {
+    let since = clock
+        .wall
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!("{}.{:09}", since.as_secs(), since.subsec_nanos())
 }
 
 /// The cache `config` asks for: none when `facts_ttl` is zero.

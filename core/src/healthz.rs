@@ -74,7 +74,7 @@ impl ReachabilityCheck {
         config: &Config,
         health: &[Option<BackendHealthReport>],
         rounds: &QueryRounds,
-        cache: Option<&CacheReport>,
+        (cache, shared): (Option<&CacheReport>, Option<bool>),
         clock: &ClockAnchor,
     ) -> Response {
         let backends: Vec<BackendReport<'_>> = self
@@ -122,7 +122,8 @@ impl ReachabilityCheck {
         };
         let cache = match cache {
             Some(report) => CacheSection {
-                backend: "memory",
+                backend: if shared.is_some() { "redis" } else { "memory" },
+                store_reachable: shared,
                 ttl: format!("{}s", report.ttl.as_secs()),
                 entries: report.stats.entries,
                 stale_entries: report.stats.stale_entries,
@@ -180,6 +181,9 @@ struct QuerySection {
 #[derive(Serialize, Default)]
 struct CacheSection {
     backend: &'static str,
+    /// With a shared store: whether it answers (docs/caching.md); absent for memory only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    store_reachable: Option<bool>,
     ttl: String,
     entries: usize,
     stale_entries: usize,

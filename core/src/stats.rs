@@ -49,6 +49,8 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Requests that joined a fan-out already in flight for their key since start.
     pub flight_joins: u64,
+    /// With a shared store: whether it answers; `None` for memory only.
+    pub shared_reachable: Option<bool>,
 }
 
 /// The estate's numbers at one instant; from [`crate::Estate::stats`].

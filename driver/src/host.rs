@@ -15,6 +15,7 @@ use std::time::Instant;
 use futures_channel::oneshot;
 use futures_util::future::{Either, FutureExt};
 use futures_util::task::AtomicWaker;
+use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId,
@@ -32,6 +33,15 @@ pub trait Runtime: Send + Sync + 'static {
     type Task: Task;
     /// The upstream clients of one configuration (its backends' pools and TLS settings).
     type Clients: Send + Sync + 'static;
+
+    /// Carries one request to the shared cache store of `clients` (its configuration's
+    /// `cache_backend`); any failure is [`StoreAnswer::Failed`]. The caller bounds it by the
+    /// request's deadline.
+    fn store(
+        &self,
+        clients: &Self::Clients,
+        request: StoreRequest,
+    ) -> impl Future<Output = StoreAnswer> + Send;
 
     /// Sends one upstream request with `clients` (see [`Transport::send`]).
     fn send(
@@ -553,6 +563,13 @@ impl<R: Runtime> EstateHost<R> {
                     EstateOutput::Resume { waiter, planned } => {
                         self.tell(waiter, WaiterEvent::Resume(planned))
                     }
+                    EstateOutput::Store(request) => {
+                        let asked = self.ask_store(request, generation.clone());
+                        self.runtime.spawn(asked).detach();
+                    }
+                    EstateOutput::StartFlight { flight, exchange } => {
+                        self.spawn_flight(flight, exchange, generation.clone());
+                    }
                     EstateOutput::CancelFlight(flight) => {
                         // Taken out first: cancelling may drop the flight's future right here.
                         let task = lock(&self.flights).remove(&flight);
@@ -572,6 +589,31 @@ impl<R: Runtime> EstateHost<R> {
             if let Either::Right(_) = futures_util::future::select(woken, timer).await {
                 self.estate().handle_timeout(Instant::now());
             }
+        }
+    }
+
+    /// A shared-store request the estate makes, answered into it by its deadline.
+    fn ask_store(
+        self: &Arc<Self>,
+        request: StoreRequest,
+        generation: Generation<R>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let host = Arc::clone(self);
+        async move {
+            let (id, deadline) = (request.id, request.deadline);
+            let op = store_op_name(&request.op);
+            let asked = pin!(host.runtime.store(&generation.clients, request));
+            let expired = pin!(host.runtime.sleep_until(deadline));
+            let answer = match futures_util::future::select(asked, expired).await {
+                Either::Left((answer, _)) => answer,
+                Either::Right(((), _)) => StoreAnswer::Failed("no answer in time".to_owned()),
+            };
+            if let Some(metrics) = &host.metrics {
+                metrics.observe_store(op, !matches!(answer, StoreAnswer::Failed(_)));
+            }
+            host.estate()
+                .handle_store_answer(Instant::now(), id, answer);
+            host.wake.notify();
         }
     }
 
@@ -642,6 +684,17 @@ impl<R: Runtime> Transport for Bound<'_, R> {
             metrics.observe_exchange(&report, &self.generation.config);
         }
         self.host.estate().handle_report(Instant::now(), report);
+    }
+}
+
+/// A store request's kind, as the metrics label it.
+fn store_op_name(op: &pdbmux_core::cache::shared::StoreOp) -> &'static str {
+    use pdbmux_core::cache::shared::StoreOp;
+    match op {
+        StoreOp::Get { .. } => "get",
+        StoreOp::Put { .. } => "put",
+        StoreOp::Lock { .. } => "lock",
+        StoreOp::Unlock { .. } => "unlock",
     }
 }
 

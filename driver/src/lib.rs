@@ -20,11 +20,13 @@ mod host;
 mod metrics;
 #[cfg(target_os = "linux")]
 mod process;
+mod redis_store;
 mod request_counts;
 mod timing;
 
 pub use host::{EstateHost, Runtime, Task};
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes, METRICS_PATH};
+pub use redis_store::{prefer_runtime, Clients, RedisStore};
 pub use timing::Timings;
 
 use futures_util::future::{self, AbortHandle, Abortable, Either};

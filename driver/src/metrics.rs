@@ -51,6 +51,12 @@ struct ReloadLabels {
     result: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StoreLabels {
+    op: &'static str,
+    outcome: &'static str,
+}
+
 type HistogramFamily<S> = Family<S, Histogram, fn() -> Histogram>;
 
 fn duration_histogram() -> Histogram {
@@ -79,6 +85,7 @@ pub struct Metrics {
     upstream_duration: HistogramFamily<BackendLabels>,
     connections: Gauge,
     reloads: Family<ReloadLabels, Counter>,
+    store: Family<StoreLabels, Counter>,
 }
 
 impl fmt::Debug for Metrics {
@@ -135,6 +142,12 @@ impl Metrics {
         for result in ["ok", "failed"] {
             drop(reloads.get_or_create(&ReloadLabels { result }));
         }
+        let store = Family::default();
+        registry.register(
+            "pdbmux_cache_store_requests",
+            "Requests to the shared cache store, by op (get, put, lock, unlock) and outcome (ok, failed)",
+            store.clone(),
+        );
         registry.register(
             "pdbmux_build",
             "The running binary and its version",
@@ -151,6 +164,7 @@ impl Metrics {
             upstream_duration,
             connections,
             reloads,
+            store,
         }
     }
 
@@ -229,6 +243,12 @@ impl Metrics {
                 backend: crate::host::backend_name(config, backend),
             })
             .observe(took.as_secs_f64());
+    }
+
+    /// One request to the shared cache store ended, answered (`true`) or failed.
+    pub(crate) fn observe_store(&self, op: &'static str, answered: bool) {
+        let outcome = if answered { "ok" } else { "failed" };
+        self.store.get_or_create(&StoreLabels { op, outcome }).inc();
     }
 
     /// A configuration reload was applied (`true`) or refused.
@@ -544,6 +564,17 @@ impl Collector for EstateCollector {
                 ),
                 ConstCounter::new(cache.evictions),
             )?;
+            if let Some(up) = cache.shared_reachable {
+                encode_one(
+                    &mut encoder,
+                    (
+                        "pdbmux_cache_store_up",
+                        "1 while the shared cache store answers, 0 while this replica answers without it",
+                        None,
+                    ),
+                    ConstGauge::new(i64::from(up)),
+                )?;
+            }
             encode_one(
                 &mut encoder,
                 (

@@ -6,6 +6,7 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::time::Instant;
 
+use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::UpstreamRequest;
 use pdbmux_driver::UpstreamResult;
 use smol::future::FutureExt;
@@ -49,14 +50,18 @@ impl pdbmux_driver::Task for SmolTask {
 impl pdbmux_driver::Runtime for Smol {
     type Held = HeldBody;
     type Task = SmolTask;
-    type Clients = Upstreams;
+    type Clients = pdbmux_driver::Clients<Upstreams>;
 
     async fn send(
         &self,
-        clients: &Upstreams,
+        clients: &Self::Clients,
         request: UpstreamRequest,
     ) -> UpstreamResult<HeldBody> {
-        clients.send(&request).await
+        clients.upstreams.send(&request).await
+    }
+
+    async fn store(&self, clients: &Self::Clients, request: StoreRequest) -> StoreAnswer {
+        clients.store(request).await
     }
 
     async fn sleep_until(&self, deadline: Instant) {

@@ -45,6 +45,9 @@ pub enum ServeError {
     /// A backend's client could not be built.
     #[error(transparent)]
     Client(#[from] crate::upstream::ClientSetupError),
+    /// The shared cache store's client could not be built.
+    #[error("{0}")]
+    Store(String),
 }
 
 fn bind(addr: &str) -> Result<Async<TcpListener>, ServeError> {
@@ -85,7 +88,9 @@ async fn serve(
     reloader: Reloader,
 ) -> Result<(), ServeError> {
     let config = settings.config;
-    let upstreams = Upstreams::new(&config)?;
+    pdbmux_driver::prefer_runtime(true);
+    let clients = pdbmux_driver::Clients::with_store(&config, Upstreams::new(&config)?)
+        .map_err(ServeError::Store)?;
     let mut signals =
         Signals::new([Signal::Term, Signal::Int, Signal::Hup]).map_err(ServeError::Signals)?;
     let listener = bind(&config.listen)?;
@@ -111,7 +116,7 @@ async fn serve(
         })
     });
     let runtime = Smol::new(Arc::clone(&executor));
-    let host = Host::new(estate, sealer, (runtime, upstreams), metrics);
+    let host = Host::new(estate, sealer, (runtime, clients), metrics);
     let driver = host.spawn_driver();
     // Dropped (and so stopped) when serving ends.
     let _metrics_task = metrics_listener.map(|listener| {
@@ -127,7 +132,12 @@ async fn serve(
         while reloads.recv().await.is_ok() {
             let (running, reloader) = (reload_host.config(), reloader.clone());
             // Files are read (the config, the TLS material) on the blocking pool.
-            let prepared = smol::unblock(move || reloader.prepare(&running, Upstreams::new)).await;
+            let prepared = smol::unblock(move || {
+                reloader.prepare(&running, |config| {
+                    pdbmux_driver::Clients::build(config, Upstreams::new)
+                })
+            })
+            .await;
             reload_host.reload(prepared);
         }
     });

@@ -4,6 +4,7 @@
 use std::future::Future;
 use std::time::Instant;
 
+use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::UpstreamRequest;
 use pdbmux_driver::UpstreamResult;
 use tokio::task::JoinHandle;
@@ -34,14 +35,18 @@ impl pdbmux_driver::Task for TokioTask {
 impl pdbmux_driver::Runtime for Tokio {
     type Held = HeldBody;
     type Task = TokioTask;
-    type Clients = Upstreams;
+    type Clients = pdbmux_driver::Clients<Upstreams>;
 
     async fn send(
         &self,
-        clients: &Upstreams,
+        clients: &Self::Clients,
         request: UpstreamRequest,
     ) -> UpstreamResult<HeldBody> {
-        clients.send(&request).await
+        clients.upstreams.send(&request).await
+    }
+
+    async fn store(&self, clients: &Self::Clients, request: StoreRequest) -> StoreAnswer {
+        clients.store(request).await
     }
 
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {

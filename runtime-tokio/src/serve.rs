@@ -46,6 +46,9 @@ pub enum ServeError {
     /// A backend's client could not be built.
     #[error(transparent)]
     Client(#[from] crate::upstream::ClientSetupError),
+    /// The shared cache store's client could not be built.
+    #[error("{0}")]
+    Store(String),
     /// The SIGHUP handler could not be installed.
     #[error("installing the SIGHUP handler: {0}")]
     Signals(std::io::Error),
@@ -74,7 +77,9 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     // Installed first: without a handler, SIGHUP would end the process.
     let mut hangups = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let config = settings.config;
-    let upstreams = Upstreams::new(&config)?;
+    pdbmux_driver::prefer_runtime(false);
+    let clients = pdbmux_driver::Clients::with_store(&config, Upstreams::new(&config)?)
+        .map_err(ServeError::Store)?;
     let listener = bind(&config.listen).await?;
     let metrics_listener = match &config.metrics_listen {
         Some(addr) => Some(bind(addr).await?),
@@ -100,7 +105,7 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
             version: pdbmux_cli::version(),
         })
     });
-    let host = Host::new(estate, sealer, (Tokio, upstreams), metrics);
+    let host = Host::new(estate, sealer, (Tokio, clients), metrics);
     let driver = host.spawn_driver();
     let metrics_task = metrics_listener
         .map(|listener| tokio::spawn(crate::metrics::serve(listener, Arc::clone(&host))));
@@ -110,10 +115,13 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
             tracing::info!("SIGHUP: reading the configuration again");
             let (running, reloader) = (reload_host.config(), reloader.clone());
             // Files are read (the config, the TLS material) off the async workers.
-            let prepared =
-                tokio::task::spawn_blocking(move || reloader.prepare(&running, Upstreams::new))
-                    .await
-                    .unwrap_or_else(|error| Err(format!("reading the configuration: {error}")));
+            let prepared = tokio::task::spawn_blocking(move || {
+                reloader.prepare(&running, |config| {
+                    pdbmux_driver::Clients::build(config, Upstreams::new)
+                })
+            })
+            .await
+            .unwrap_or_else(|error| Err(format!("reading the configuration: {error}")));
             reload_host.reload(prepared);
         }
     });

@@ -197,6 +197,8 @@ struct Setup<'a> {
     facts_ttl: &'a str,
     workers: Option<u32>,
     metrics: bool,
+    /// `PDBMUX_LOG_LEVEL=warn`: no access log line per request.
+    quiet: bool,
 }
 
 /// Starts pdbmux in a clean environment (no config file, no inherited PDBMUX_* variables); the
@@ -237,6 +239,9 @@ fn start_pdbmux(
         .stderr(std::fs::File::create(log)?);
     if let Some(workers) = setup.workers {
         command.env("TOKIO_WORKER_THREADS", workers.to_string());
+    }
+    if setup.quiet {
+        command.env("PDBMUX_LOG_LEVEL", "warn");
     }
     let child = command
         .spawn()
@@ -579,6 +584,7 @@ fn worker_threads(args: &Args, dir: &Path) -> Result<()> {
             facts_ttl: "0s",
             workers: Some(workers),
             metrics: false,
+            quiet: false,
         };
         let (pdbmux, addr, _) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
         let (status, head, body) = get(addr, FACTS)?;
@@ -669,6 +675,7 @@ fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
         facts_ttl: "30s",
         workers: None,
         metrics: false,
+        quiet: false,
     };
     let (pdbmux, addr, _) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
     let (status, head, body) = get(addr, FACTS)?;
@@ -915,10 +922,12 @@ fn metrics_overhead(args: &Args, dir: &Path) -> Result<()> {
             };
             for metrics in order {
                 let log = dir.join(format!("pdbmux-metrics-{metrics}-{round}.log"));
+                // No access log: the figure is about the request path, not a log file's writes.
                 let setup = Setup {
                     facts_ttl,
                     workers: None,
                     metrics,
+                    quiet: true,
                 };
                 let (pdbmux, addr, scrape) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
                 let (status, head, _) = get(addr, FACTS)?;
@@ -952,8 +961,31 @@ fn metrics_overhead(args: &Args, dir: &Path) -> Result<()> {
             }
         }
         let (off, on) = (median_run(&runs[0]), median_run(&runs[1]));
-        load_row(&format!("{label}, metrics off"), &off, None, "");
-        load_row(&format!("{label}, metrics on"), &on, None, "");
+        // How far runs of one setting spread: the noise a difference has to stand out of.
+        let spread = |runs: &[Load]| {
+            let rates: Vec<f64> = runs.iter().map(Load::rps).collect();
+            let (low, high) = rates
+                .iter()
+                .fold((f64::MAX, 0.0_f64), |(l, h), r| (l.min(*r), h.max(*r)));
+            let each: Vec<String> = rates.iter().map(|r| format!("{r:.0}")).collect();
+            format!(
+                "runs {} (spread {:.1}%)",
+                each.join(" "),
+                (high / low.max(1e-9) - 1.0) * 100.0
+            )
+        };
+        load_row(
+            &format!("{label}, metrics off"),
+            &off,
+            None,
+            &spread(&runs[0]),
+        );
+        load_row(
+            &format!("{label}, metrics on"),
+            &on,
+            None,
+            &spread(&runs[1]),
+        );
         let change = (on.rps() / off.rps().max(1e-9) - 1.0) * 100.0;
         let per_cpu = |l: &Load| l.rps() / l.server_cores.max(1e-9);
         let cpu_change = (per_cpu(&on) / per_cpu(&off).max(1e-9) - 1.0) * 100.0;

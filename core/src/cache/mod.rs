@@ -5,6 +5,7 @@
 //! cached; extract aggregates and everything else are served live. An entry holds the fully merged
 //! body, provenance applied, so a hit serves stored bytes with no JSON work.
 
+pub mod shared;
 mod store;
 
 use std::time::{Duration, Instant};
@@ -200,8 +201,9 @@ impl Cache {
         }
     }
 
-    /// Stores a successful merged answer.
-    pub fn store(&mut self, now: Instant, key: &str, body: bytes::Bytes, headers: HeaderMap) {
+    /// Stores a successful merged answer, built at `stored_at` (now, or when another replica
+    /// stored it in the shared tier: its age counts from then).
+    pub fn store(&mut self, stored_at: Instant, key: &str, body: bytes::Bytes, headers: HeaderMap) {
         self.serving_stale = false;
         self.retry_at.remove(key);
         let evicted = self.store.put(
@@ -209,13 +211,18 @@ impl Cache {
             CachedResponse {
                 body,
                 headers,
-                stored_at: now,
+                stored_at,
             },
         );
         self.evictions += evicted.len() as u64;
         for key in evicted {
             tracing::debug!(%key, "cache entry evicted to stay within facts_cache_bytes");
         }
+    }
+
+    /// Whether the store holds an entry for `key`, fresh or expired (a read: it counts as use).
+    pub fn holds(&mut self, key: &str) -> bool {
+        self.store.get(key).is_some()
     }
 
     /// The expired entry for a failed fan-out, if one is kept; counts it as a stale serve, and

@@ -1,0 +1,240 @@
+//! The shared cache tier (docs/caching.md) on the simulated clock, against a scripted store that
+//! several harnesses (replicas) share: one fan-out per key across replicas, a hit on another
+//! replica with the writer's age, waiting for the lock holder and outliving it, the store failing
+//! and coming back, a foreign value ignored, and another replica's expired entry as the stale
+//! fallback.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{STEPS, URL_A, URL_B};
+use pdbmux_conformance::{ms, FakeBackend, FakeStore, Harness, Reply};
+use pdbmux_core::config::{CacheBackend, TlsFiles};
+
+const NAMES: &str = "/pdb/query/v4/fact-names";
+const ENTRY: &str = "pdbmux:entry:/pdb/query/v4/fact-names";
+const LOCK: &str = "pdbmux:lock:/pdb/query/v4/fact-names";
+
+fn names(body: &str, latency: u64) -> Reply {
+    Reply::ok(body.to_owned()).after(ms(latency))
+}
+
+/// One replica over two backends answering with `latency` ms, sharing `store`.
+fn replica(store: &FakeStore, a: Reply, b: Reply) -> Harness {
+    let backends = vec![
+        FakeBackend::always("pdb-a", URL_A, a),
+        FakeBackend::always("pdb-b", URL_B, b),
+    ];
+    let mut harness = Harness::with_config(backends, |config| {
+        config.facts_ttl = Duration::from_secs(30);
+        config.cache_backend = CacheBackend::Redis {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            tls: TlsFiles::default(),
+        };
+    })
+    .expect("valid test backends");
+    harness.set_store(store.clone());
+    harness
+}
+
+fn healthy(store: &FakeStore) -> Harness {
+    replica(store, names(r#"["kernel"]"#, 5), names(r#"["os"]"#, 5))
+}
+
+fn run_to(h: &mut Harness, at: Duration) {
+    if let Err(error) = h.run_until(at, STEPS) {
+        panic!("{error}\n{}", h.transcript());
+    }
+}
+
+fn asked(h: &Harness) -> usize {
+    h.sends()
+        .iter()
+        .filter(|s| s.request.path_and_query.starts_with(NAMES))
+        .count()
+}
+
+#[test]
+fn a_miss_locks_fans_out_and_stores_then_another_replica_hits_with_the_writers_age() {
+    let store = FakeStore::default();
+    let mut a = healthy(&store);
+    let mut b = healthy(&store);
+    let first = a.get(NAMES);
+    run_to(&mut a, Duration::from_secs(1));
+    let first = a.response(first).expect("answered").clone();
+    assert_eq!(first.header("x-cache"), Some("miss"));
+    assert_eq!(first.body_str(), r#"["kernel","os","pdbmux_source"]"#);
+    assert_eq!(
+        store.ops(),
+        [
+            format!("get {ENTRY} none"),
+            format!("lock {LOCK} taken"),
+            format!("put {ENTRY} stored"),
+            format!("unlock {LOCK} released"),
+        ],
+        "{}",
+        a.transcript()
+    );
+    run_to(&mut b, Duration::from_secs(4));
+    let hit = b.get(NAMES);
+    run_to(&mut b, Duration::from_secs(5));
+    let hit = b.response(hit).expect("answered");
+    assert_eq!(
+        (hit.header("x-cache"), hit.header("age")),
+        (Some("hit"), Some("3")),
+        "{}",
+        b.transcript()
+    );
+    assert_eq!(hit.body, first.body);
+    assert_eq!(hit.header("x-backends"), Some("2/2"));
+    assert_eq!(asked(&b), 0, "the hit asked no backend");
+    // Now in B's memory too: the next hit does not ask the store.
+    let ops = store.ops().len();
+    let again = b.get(NAMES);
+    run_to(&mut b, Duration::from_secs(6));
+    assert_eq!(
+        b.response(again).expect("answered").header("x-cache"),
+        Some("hit")
+    );
+    assert_eq!(store.ops().len(), ops);
+}
+
+#[test]
+fn a_replica_that_finds_the_key_locked_waits_and_reads_the_holders_answer() {
+    let store = FakeStore::default();
+    // The holder's backends are slow: it answers at about 200 ms.
+    let mut holder = replica(&store, names(r#"["kernel"]"#, 200), names(r#"["os"]"#, 200));
+    let mut waiter = healthy(&store);
+    let held = holder.get(NAMES);
+    run_to(&mut holder, Duration::from_millis(50));
+    let waiting = waiter.get(NAMES);
+    run_to(&mut waiter, Duration::from_millis(100));
+    assert!(
+        waiter.response(waiting).is_err(),
+        "still waiting for the holder"
+    );
+    run_to(&mut holder, Duration::from_millis(300));
+    run_to(&mut waiter, Duration::from_millis(400));
+    let held = holder.response(held).expect("the holder answered");
+    let read = waiter.response(waiting).expect("the waiter answered");
+    assert_eq!(
+        read.header("x-cache"),
+        Some("hit"),
+        "{}",
+        waiter.transcript()
+    );
+    assert_eq!(read.body, held.body);
+    assert_eq!(asked(&waiter), 0, "one fan-out for both replicas");
+    assert_eq!(asked(&holder), 2);
+}
+
+#[test]
+fn a_lock_whose_holder_is_gone_is_waited_out_then_this_replica_fans_out() {
+    let store = FakeStore::default();
+    // A holder that died: its lock stays until its lease, and no entry ever comes.
+    store.put(
+        Duration::ZERO,
+        LOCK,
+        "gone-replica".into(),
+        Duration::from_secs(60),
+    );
+    let mut h = healthy(&store);
+    let client = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(9));
+    assert!(
+        h.response(client).is_err(),
+        "waits up to the upstream timeout"
+    );
+    run_to(&mut h, Duration::from_secs(11));
+    let answer = h.response(client).expect("answered after the wait");
+    assert_eq!(answer.header("x-cache"), Some("miss"));
+    assert_eq!(answer.body_str(), r#"["kernel","os","pdbmux_source"]"#);
+    assert!(
+        answer.at >= Duration::from_secs(10) && answer.at < Duration::from_millis(10_100),
+        "{:?}",
+        answer.at
+    );
+    assert_eq!(asked(&h), 2);
+    assert!(
+        store.get(Duration::from_secs(11), ENTRY).is_some(),
+        "its answer is stored for the others"
+    );
+}
+
+#[test]
+fn the_store_failing_is_answered_as_without_it_and_sharing_resumes_when_it_is_back() {
+    let store = FakeStore::default();
+    store.set_failing(true);
+    let mut h = healthy(&store);
+    let first = h.get(NAMES);
+    run_to(&mut h, Duration::from_millis(100));
+    let first = h.response(first).expect("answered");
+    assert_eq!(first.header("x-cache"), Some("miss"));
+    assert_eq!(first.body_str(), r#"["kernel","os","pdbmux_source"]"#);
+    let cache = h.stats().cache.expect("the cache is on");
+    assert_eq!(cache.shared_reachable, Some(false));
+    assert_eq!(
+        store.ops(),
+        [format!("get {ENTRY} failed")],
+        "nothing more is asked of a failing store"
+    );
+    // Within a second of the failure another key's miss does not wait for the store.
+    run_to(&mut h, Duration::from_millis(500));
+    let during = h.get("/pdb/query/v4/fact-names?limit=1");
+    run_to(&mut h, Duration::from_millis(600));
+    assert_eq!(h.response(during).expect("answered").status, 200);
+    assert_eq!(store.ops().len(), 1, "{:?}", store.ops());
+    store.set_failing(false);
+    run_to(&mut h, Duration::from_secs(62));
+    let after = h.get(NAMES);
+    run_to(&mut h, Duration::from_millis(62_100));
+    assert_eq!(h.response(after).expect("answered").status, 200);
+    assert_eq!(h.stats().cache.expect("on").shared_reachable, Some(true));
+    assert!(
+        store.get(Duration::from_millis(62_100), ENTRY).is_some(),
+        "shared again: {:?}",
+        store.ops()
+    );
+}
+
+#[test]
+fn a_value_that_is_not_pdbmuxs_is_ignored_and_replaced() {
+    let store = FakeStore::default();
+    store.put(
+        Duration::ZERO,
+        ENTRY,
+        "[1,2,3]".into(),
+        Duration::from_secs(60),
+    );
+    let mut h = healthy(&store);
+    let client = h.get(NAMES);
+    run_to(&mut h, Duration::from_millis(100));
+    let answer = h.response(client).expect("answered");
+    assert_eq!(answer.header("x-cache"), Some("miss"));
+    assert_eq!(answer.body_str(), r#"["kernel","os","pdbmux_source"]"#);
+    let stored = store
+        .get(Duration::from_millis(100), ENTRY)
+        .expect("replaced");
+    assert!(stored.starts_with(b"pdbmux-cache-v1 "));
+}
+
+#[test]
+fn another_replicas_expired_entry_answers_when_every_backend_fails() {
+    let store = FakeStore::default();
+    let mut writer = healthy(&store);
+    let written = writer.get(NAMES);
+    run_to(&mut writer, Duration::from_secs(1));
+    let written = writer.response(written).expect("answered").clone();
+    let mut failing = replica(&store, Reply::refused(), Reply::refused());
+    run_to(&mut failing, Duration::from_secs(40));
+    let client = failing.get(NAMES);
+    run_to(&mut failing, Duration::from_secs(41));
+    let answer = failing.response(client).expect("answered");
+    assert_eq!(answer.status, 200, "{}", failing.transcript());
+    assert_eq!(
+        (answer.header("x-cache"), answer.header("age")),
+        (Some("stale"), Some("39"))
+    );
+    assert_eq!(answer.body, written.body);
+}

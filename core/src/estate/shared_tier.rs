@@ -1,0 +1,423 @@
+//! The estate's side of the shared cache tier (docs/caching.md): for a flight whose key the
+//! memory layer could not answer, look in the shared store first; on a miss take the key's lock
+//! and fan out, or wait (polling) for the replica that holds it; store the answer for every
+//! replica. The store failing is never an outage: every failure ends in this replica fanning out
+//! itself, as with the memory cache alone.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use super::{Estate, EstateOutput, Flight, FlightId, Stage};
+use crate::cache::shared::{
+    decode, encode, SharedSettings, StoreAnswer, StoreId, StoreOp, StoreRequest, POLL_INTERVAL,
+};
+use crate::cache::{CacheStatus, CachedResponse};
+use crate::config::{CacheBackend, Config};
+use crate::ids::Counter;
+use crate::message::{Response, ResponseBody};
+
+/// How long one store request may take before it counts as the store failing.
+const STORE_TIMEOUT: Duration = Duration::from_millis(500);
+/// After the store failed, how long this replica answers without it before trying it again.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The shared tier's state: the requests out, and whether the store is answering.
+#[derive(Debug)]
+pub(super) struct SharedTier {
+    settings: SharedSettings,
+    ids: Counter,
+    asked: BTreeMap<StoreId, Asked>,
+    reachable: bool,
+    /// While the store is failing: when to try it again.
+    retry_at: Option<Instant>,
+    /// Makes lock tokens unique to this process.
+    token_base: String,
+}
+
+/// A store request out: for which flight, until when, and the lock it would take.
+#[derive(Debug)]
+struct Asked {
+    flight: Option<FlightId>,
+    deadline: Instant,
+    lock: Option<(String, String)>,
+}
+
+impl SharedTier {
+    /// The tier `config` asks for, if any; `token_base` is unique to this process (its start).
+    pub(super) fn of(config: &Config, token_base: String) -> Option<SharedTier> {
+        if config.facts_ttl.is_zero() || !matches!(config.cache_backend, CacheBackend::Redis { .. })
+        {
+            return None;
+        }
+        Some(SharedTier {
+            settings: SharedSettings {
+                prefix: config.cache_key_prefix.clone(),
+                stale_keep: config.cache_stale_ttl,
+                max_entry_bytes: config.cache_max_entry_bytes,
+                timeout: STORE_TIMEOUT,
+                lease: config.timeout + Duration::from_secs(2),
+                wait: config.timeout,
+            },
+            ids: Counter::default(),
+            asked: BTreeMap::new(),
+            reachable: true,
+            retry_at: None,
+            token_base,
+        })
+    }
+
+    /// Whether the store answers (as far as this replica knows).
+    pub(super) fn reachable(&self) -> bool {
+        self.reachable
+    }
+
+    /// Whether a new flight should ask the store: it answers, or it is time to try it again.
+    fn usable(&self, now: Instant) -> bool {
+        self.reachable || self.retry_at.is_none_or(|at| now >= at)
+    }
+
+    fn ask(
+        &mut self,
+        now: Instant,
+        op: StoreOp,
+        flight: Option<FlightId>,
+        lock: Option<(String, String)>,
+    ) -> StoreRequest {
+        let id = StoreId(self.ids.next());
+        let deadline = now + self.settings.timeout;
+        self.asked.insert(
+            id,
+            Asked {
+                flight,
+                deadline,
+                lock,
+            },
+        );
+        StoreRequest { id, op, deadline }
+    }
+
+    /// Logs the store's state changing, once per change.
+    fn observe(&mut self, now: Instant, answer: &StoreAnswer) {
+        match answer {
+            StoreAnswer::Failed(error) => {
+                if self.reachable {
+                    tracing::warn!(
+                        "shared cache store failing; answering without it until it is back: {error}"
+                    );
+                }
+                self.reachable = false;
+                self.retry_at = Some(now + RETRY_AFTER);
+            }
+            _ => {
+                if !self.reachable {
+                    tracing::info!("shared cache store answering again; sharing resumes");
+                }
+                self.reachable = true;
+                self.retry_at = None;
+            }
+        }
+    }
+
+    /// The earliest deadline of a request out.
+    pub(super) fn next_deadline(&self) -> Option<Instant> {
+        self.asked.values().map(|asked| asked.deadline).min()
+    }
+}
+
+impl Estate {
+    /// For a new flight on `key`: the request asking the shared store for its entry, when the
+    /// tier is on and usable (the flight then waits in [`Stage::Looking`]).
+    pub(super) fn shared_lookup(
+        &mut self,
+        now: Instant,
+        key: &str,
+        flight: FlightId,
+    ) -> Option<StoreId> {
+        let tier = self.shared.as_mut().filter(|tier| tier.usable(now))?;
+        let op = StoreOp::Get {
+            key: tier.settings.entry_key(key),
+        };
+        let request = tier.ask(now, op, Some(flight), None);
+        let id = request.id;
+        self.outputs.push_back(EstateOutput::Store(request));
+        Some(id)
+    }
+
+    /// The shared store answered (or, from [`Estate::handle_timeout`], did not in time). A late
+    /// or unknown answer is ignored; a lock taken for a flight nobody waits on any more is
+    /// released.
+    pub fn handle_store_answer(&mut self, now: Instant, id: StoreId, answer: StoreAnswer) {
+        let Some(tier) = self.shared.as_mut() else {
+            return;
+        };
+        let Some(asked) = tier.asked.remove(&id) else {
+            return;
+        };
+        tier.observe(now, &answer);
+        let Some(flight_id) = asked.flight else {
+            return;
+        };
+        if !self.flights.contains_key(&flight_id) {
+            if let (StoreAnswer::Locked(true), Some((key, token))) = (&answer, asked.lock) {
+                self.shared_unlock(now, key, token);
+            }
+            return;
+        }
+        let stage = self.flights.get(&flight_id).map(|f| f.stage);
+        match (stage, answer) {
+            (Some(Stage::Looking(expected)), StoreAnswer::Value(value)) if expected == id => {
+                let served = self.take_shared_entry(now, flight_id, value);
+                if !served {
+                    self.shared_lock(now, flight_id);
+                }
+            }
+            (
+                Some(Stage::Polling {
+                    id: expected,
+                    until,
+                }),
+                StoreAnswer::Value(value),
+            ) if expected == id => {
+                let served = self.take_shared_entry(now, flight_id, value);
+                if !served {
+                    if now >= until {
+                        self.start_fetch(now, flight_id);
+                    } else if let Some(flight) = self.flights.get_mut(&flight_id) {
+                        flight.stage = Stage::Waiting {
+                            poll_at: now + POLL_INTERVAL,
+                            until,
+                        };
+                    }
+                }
+            }
+            (Some(Stage::Locking(expected)), StoreAnswer::Locked(held)) if expected == id => {
+                let wait = self
+                    .shared
+                    .as_ref()
+                    .map_or(Duration::ZERO, |t| t.settings.wait);
+                match (held, self.flights.get_mut(&flight_id)) {
+                    (true, Some(flight)) => {
+                        flight.lock = asked.lock;
+                        self.start_fetch(now, flight_id);
+                    }
+                    (false, Some(flight)) => {
+                        flight.stage = Stage::Waiting {
+                            poll_at: now + POLL_INTERVAL,
+                            until: now + wait,
+                        };
+                    }
+                    (_, None) => {}
+                }
+            }
+            // The store failed: fan out as without it.
+            (Some(_), StoreAnswer::Failed(_)) => self.start_fetch(now, flight_id),
+            _ => {}
+        }
+    }
+
+    /// A fresh entry answers the flight (`true`); an expired one is kept for the stale fallback
+    /// and `false` is returned, as for none or a value that is not pdbmux's.
+    fn take_shared_entry(
+        &mut self,
+        now: Instant,
+        flight_id: FlightId,
+        value: Option<bytes::Bytes>,
+    ) -> bool {
+        let Some(entry) = value.as_ref().and_then(decode) else {
+            return false;
+        };
+        let stored_at = self.clock.instant_at_unix_millis(entry.stored_at_ms);
+        let age_ms = self
+            .clock
+            .unix_millis(now)
+            .saturating_sub(entry.stored_at_ms);
+        let fresh = u128::from(age_ms) < self.config.facts_ttl.as_millis();
+        let cached = CachedResponse {
+            body: entry.body,
+            headers: entry.headers,
+            stored_at,
+        };
+        if !fresh {
+            if let Some(flight) = self.flights.get_mut(&flight_id) {
+                flight.stale = Some(cached);
+            }
+            return false;
+        }
+        let Some(flight) = self.flights.remove(&flight_id) else {
+            return true;
+        };
+        self.forget_flight_key(&flight.key, flight_id);
+        let response = Response {
+            status: http::StatusCode::OK,
+            headers: cached.headers.clone(),
+            body: ResponseBody::Full(cached.body.clone()),
+        };
+        let mut answers: BTreeMap<String, Response> = BTreeMap::new();
+        for (waiter, participant) in flight.participants {
+            let answer = answers
+                .entry(participant.key.clone())
+                .or_insert_with(|| {
+                    let answer = match &participant.filter {
+                        Some(value) => super::filtered_by_source(response.clone(), value),
+                        None => response.clone(),
+                    };
+                    if let (Some(cache), ResponseBody::Full(body)) =
+                        (self.cache.as_mut(), &answer.body)
+                    {
+                        cache.store(
+                            stored_at,
+                            &participant.key,
+                            body.clone(),
+                            answer.headers.clone(),
+                        );
+                    }
+                    answer
+                })
+                .clone();
+            let age = now.saturating_duration_since(stored_at);
+            let response = super::finish_cached(answer, CacheStatus::Hit, age);
+            self.outputs
+                .push_back(EstateOutput::Respond { waiter, response });
+        }
+        true
+    }
+
+    /// Asks for the flight's lock.
+    fn shared_lock(&mut self, now: Instant, flight_id: FlightId) {
+        let Some(key) = self.flights.get(&flight_id).map(|f| f.key.clone()) else {
+            return;
+        };
+        let Some(tier) = self.shared.as_mut() else {
+            return self.start_fetch(now, flight_id);
+        };
+        let lock_key = tier.settings.lock_key(&key);
+        let token = format!("{}-{}", tier.token_base, flight_id.0);
+        let op = StoreOp::Lock {
+            key: lock_key.clone(),
+            token: token.clone(),
+            lease: tier.settings.lease,
+        };
+        let request = tier.ask(now, op, Some(flight_id), Some((lock_key, token)));
+        if let Some(flight) = self.flights.get_mut(&flight_id) {
+            flight.stage = Stage::Locking(request.id);
+        }
+        self.outputs.push_back(EstateOutput::Store(request));
+    }
+
+    /// Releases a lock this replica holds.
+    pub(super) fn shared_unlock(&mut self, now: Instant, key: String, token: String) {
+        if let Some(tier) = self.shared.as_mut() {
+            let request = tier.ask(now, StoreOp::Unlock { key, token }, None, None);
+            self.outputs.push_back(EstateOutput::Store(request));
+        }
+    }
+
+    /// Starts the flight's fan-out: the runtime spawns it like an admitted flight.
+    pub(super) fn start_fetch(&mut self, now: Instant, flight_id: FlightId) {
+        let Some(flight) = self.flights.get_mut(&flight_id) else {
+            return;
+        };
+        let Some(fetch) = flight.fetch.take() else {
+            return;
+        };
+        flight.stage = Stage::Fetching;
+        self.outputs.push_back(EstateOutput::StartFlight {
+            flight: flight_id,
+            exchange: fetch.start(now),
+        });
+    }
+
+    /// A flight's fan-out answered: its answer goes to the shared store for every replica (when
+    /// it is a success small enough), and the lock it held is released.
+    pub(super) fn shared_flight_done(
+        &mut self,
+        now: Instant,
+        flight: &Flight,
+        response: &Response,
+    ) {
+        let Some(tier) = self.shared.as_mut() else {
+            return;
+        };
+        // Nothing is stored in a store known to be failing (until it is tried again).
+        let current = flight.cache_generation == self.cache_generation && tier.usable(now);
+        if let (true, true, ResponseBody::Full(body)) =
+            (current, response.status.is_success(), &response.body)
+        {
+            if body.len() as u64 <= tier.settings.max_entry_bytes {
+                let stored_at_ms = self.clock.unix_millis(now);
+                let op = StoreOp::Put {
+                    key: tier.settings.entry_key(&flight.key),
+                    value: encode(stored_at_ms, &response.headers, body),
+                    keep: self.config.facts_ttl + tier.settings.stale_keep,
+                };
+                let request = tier.ask(now, op, None, None);
+                self.outputs.push_back(EstateOutput::Store(request));
+            }
+        }
+        if let Some((key, token)) = flight.lock.clone() {
+            self.shared_unlock(now, key, token);
+        }
+    }
+
+    /// Time passed: store requests past their deadline fail (the store is slow), and waiting
+    /// flights look again or, past their wait, fan out themselves.
+    pub(super) fn shared_timeouts(&mut self, now: Instant) {
+        let Some(tier) = self.shared.as_ref() else {
+            return;
+        };
+        let expired: Vec<StoreId> = tier
+            .asked
+            .iter()
+            .filter(|(_, asked)| asked.deadline <= now)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in expired {
+            let answer = StoreAnswer::Failed("no answer in time".to_owned());
+            self.handle_store_answer(now, id, answer);
+        }
+        let due: Vec<(FlightId, Instant)> = self
+            .flights
+            .iter()
+            .filter_map(|(id, flight)| match flight.stage {
+                Stage::Waiting { poll_at, until } if poll_at <= now => Some((*id, until)),
+                _ => None,
+            })
+            .collect();
+        for (flight_id, until) in due {
+            if now >= until {
+                self.start_fetch(now, flight_id);
+                continue;
+            }
+            let Some(key) = self.flights.get(&flight_id).map(|f| f.key.clone()) else {
+                continue;
+            };
+            let Some(tier) = self.shared.as_mut() else {
+                continue;
+            };
+            let op = StoreOp::Get {
+                key: tier.settings.entry_key(&key),
+            };
+            let request = tier.ask(now, op, Some(flight_id), None);
+            if let Some(flight) = self.flights.get_mut(&flight_id) {
+                flight.stage = Stage::Polling {
+                    id: request.id,
+                    until,
+                };
+            }
+            self.outputs.push_back(EstateOutput::Store(request));
+        }
+    }
+
+    /// The next instant the shared tier needs [`Estate::handle_timeout`] at.
+    pub(super) fn shared_deadline(&self) -> Option<Instant> {
+        let tier = self.shared.as_ref()?;
+        let polls = self
+            .flights
+            .values()
+            .filter_map(|flight| match flight.stage {
+                Stage::Waiting { poll_at, .. } => Some(poll_at),
+                _ => None,
+            });
+        polls.chain(tier.next_deadline()).min()
+    }
+}
