@@ -6,6 +6,7 @@
 #   bash bench/run.sh workers         # only requests/s at 1 and 2 worker threads
 #   bash bench/run.sh cache           # only cache hits against nginx
 #   bash bench/run.sh metrics         # only the cost of pdbmux's own metrics (on against off)
+#   bash bench/run.sh shared          # only the shared cache: fan-outs with 4 replicas, hit latency
 #
 # Environment: DURATION (seconds per wrk run, default 10), RUNS (best-of for the merge, default 7),
 # PIN_PDBMUX / PIN_LOAD (taskset CPU lists for pdbmux+nginx and for wrk+fakepdb, default unpinned),
@@ -34,6 +35,9 @@ fi
 if [[ "$what" == all || "$what" == cache ]]; then
   [[ -x /usr/sbin/nginx ]] || need nginx nginx-light
 fi
+if [[ "$what" == all || "$what" == shared ]]; then
+  need redis-server redis-server
+fi
 
 echo "bench: building release binaries (pdbmux, pdbmux-bench)" >&2
 cargo build --release --locked -p pdbmux-runtime-tokio -p pdbmux-bench >&2
@@ -55,7 +59,7 @@ if [[ "$what" == all || "$what" == merge ]]; then
   # shellcheck disable=SC2086
   "$bin/merge-throughput" --runs "$RUNS" ${MERGE_ARGS:-} | tee -a "$out" | grep -v '^SUMMARY'
 fi
-if [[ "$what" == all || "$what" == workers || "$what" == cache || "$what" == metrics ]]; then
+if [[ "$what" == all || "$what" == workers || "$what" == cache || "$what" == metrics || "$what" == shared ]]; then
   only=()
   [[ "$what" != all ]] && only=(--only "$what")
   # shellcheck disable=SC2086

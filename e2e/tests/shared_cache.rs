@@ -24,6 +24,8 @@ const FACTS: &str = "/pdb/query/v4/facts";
 struct Redis {
     binary: PathBuf,
     port: u16,
+    /// Serve TLS only, requiring a client certificate: the CA, server certificate and key.
+    tls: Option<[PathBuf; 3]>,
     child: Option<Child>,
 }
 
@@ -34,6 +36,20 @@ impl Redis {
         let mut redis = Redis {
             binary,
             port: free_port().expect("a free port"),
+            tls: None,
+            child: None,
+        };
+        redis.run();
+        Some(redis)
+    }
+
+    /// Starts one that speaks TLS only and wants a client certificate signed by `ca`.
+    fn start_tls(ca: PathBuf, cert: PathBuf, key: PathBuf) -> Option<Redis> {
+        let binary = PathBuf::from(std::env::var_os("PDBMUX_E2E_REDIS_SERVER")?);
+        let mut redis = Redis {
+            binary,
+            port: free_port().expect("a free port"),
+            tls: Some([ca, cert, key]),
             child: None,
         };
         redis.run();
@@ -41,13 +57,31 @@ impl Redis {
     }
 
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
     /// Starts the server (again), in memory only, and waits until it accepts connections.
     fn run(&mut self) {
-        let child = Command::new(&self.binary)
-            .args(["--bind", "127.0.0.1", "--port", &self.port.to_string()])
+        let mut command = Command::new(&self.binary);
+        command.args(["--bind", "127.0.0.1"]);
+        match &self.tls {
+            None => command.args(["--port", &self.port.to_string()]),
+            Some([ca, cert, key]) => command
+                .args(["--port", "0", "--tls-port", &self.port.to_string()])
+                .arg("--tls-ca-cert-file")
+                .arg(ca)
+                .arg("--tls-cert-file")
+                .arg(cert)
+                .arg("--tls-key-file")
+                .arg(key)
+                .args(["--tls-auth-clients", "yes"]),
+        };
+        let child = command
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -211,4 +245,56 @@ fn redis_stopped_and_started_again_mid_run_is_never_an_error_for_a_client() {
     let log = a.log();
     let failing = log.matches("shared cache store failing").count();
     assert_eq!(failing, 1, "one warning for the outage: {log}");
+}
+
+#[test]
+fn a_rediss_store_is_reached_with_the_tls_files_of_the_backends() {
+    let env = env();
+    let Some(tls) = &env.tls else {
+        eprintln!("PDBMUX_E2E_TLS_URL not set: no PKI for a TLS store");
+        return;
+    };
+    // e2e/run's throwaway PKI: the server certificate (127.0.0.1) beside the CA.
+    let pki = tls
+        .ca_file
+        .parent()
+        .expect("the PKI directory")
+        .to_path_buf();
+    let Some(redis) = Redis::start_tls(
+        tls.ca_file.clone(),
+        pki.join("server.pem"),
+        pki.join("server.key"),
+    ) else {
+        eprintln!("PDBMUX_E2E_REDIS_SERVER not set: no shared cache to test");
+        return;
+    };
+    let prefix = format!("{}:", marker("prefix"));
+    let files = [
+        ("PDBMUX_TLS_CA_FILE", tls.ca_file.display().to_string()),
+        ("PDBMUX_TLS_CERT_FILE", tls.cert_file.display().to_string()),
+        ("PDBMUX_TLS_KEY_FILE", tls.key_file.display().to_string()),
+    ];
+    let start = |label: &str| {
+        let mut vars: Vec<(&str, &str)> = vec![
+            ("PDBMUX_CACHE_BACKEND", "redis"),
+            ("PDBMUX_HEALTH_PROBE_ENABLED", "false"),
+            ("PDBMUX_CACHE_KEY_PREFIX", &prefix),
+        ];
+        let url = redis.url();
+        vars.push(("PDBMUX_CACHE_REDIS_URL", &url));
+        vars.extend(files.iter().map(|(k, v)| (*k, v.as_str())));
+        pdbmux_env(label, &vars)
+    };
+    let (a, b) = (start("rediss-a"), start("rediss-b"));
+    let query = question(&marker("rediss"));
+    let miss = get(&a, FACTS, &[("query", &query)]);
+    assert_eq!(miss.header("x-cache"), Some("miss"), "{miss:?}");
+    let hit = get(&b, FACTS, &[("query", &query)]);
+    assert_eq!(
+        hit.header("x-cache"),
+        Some("hit"),
+        "through the TLS store: {hit:?}\n{}",
+        b.log()
+    );
+    assert_eq!(hit.body, miss.body);
 }

@@ -4,6 +4,8 @@
 //! - `/pdb/query/v4/nodes` (any query): the membership extract (certname, report_timestamp);
 //! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend;
 //! - `/pdb/meta/v1/version` and `/status/v1/services`: small canned answers;
+//! - `/fakepdb/requests`: how many `/facts` and `/nodes` requests it has answered, as
+//!   `{"facts":N,"nodes":N}` (for benchmarks that count fan-outs);
 //! - anything else: 404.
 //!
 //! HTTP/1.1 with keep-alive, one thread per connection, loopback only. It ignores the query (a
@@ -14,6 +16,7 @@
 use std::error::Error;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use pdbmux_bench::SyntheticEstate;
@@ -26,6 +29,8 @@ struct Canned {
     version: Vec<u8>,
     status: Vec<u8>,
     not_found: Vec<u8>,
+    facts_asked: AtomicU64,
+    nodes_asked: AtomicU64,
 }
 
 fn response(status: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
@@ -76,6 +81,8 @@ fn main() -> Result<()> {
             br#"{"puppetdb-status":{"state":"running"}}"#,
         ),
         not_found: response("404 Not Found", "text/plain", b"not found\n"),
+        facts_asked: AtomicU64::new(0),
+        nodes_asked: AtomicU64::new(0),
     });
     let listener = TcpListener::bind(&listen)?;
     println!("LISTEN {}", listener.local_addr()?);
@@ -127,9 +134,25 @@ fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
             reader.read_exact(&mut body)?;
         }
         let path = target.split('?').next().unwrap_or("/");
+        let counts;
         let answer = match path {
-            "/pdb/query/v4/nodes" => &canned.nodes,
-            "/pdb/query/v4/facts" => &canned.facts,
+            "/pdb/query/v4/nodes" => {
+                canned.nodes_asked.fetch_add(1, Ordering::Relaxed);
+                &canned.nodes
+            }
+            "/pdb/query/v4/facts" => {
+                canned.facts_asked.fetch_add(1, Ordering::Relaxed);
+                &canned.facts
+            }
+            "/fakepdb/requests" => {
+                let body = format!(
+                    r#"{{"facts":{},"nodes":{}}}"#,
+                    canned.facts_asked.load(Ordering::Relaxed),
+                    canned.nodes_asked.load(Ordering::Relaxed)
+                );
+                counts = response("200 OK", "application/json", body.as_bytes());
+                &counts
+            }
             "/pdb/meta/v1/version" => &canned.version,
             "/status/v1/services" => &canned.status,
             _ => &canned.not_found,

@@ -34,6 +34,7 @@ struct Args {
     fakepdb: PathBuf,
     nginx: PathBuf,
     wrk: PathBuf,
+    redis: PathBuf,
     duration: u64,
     merge_connections: u32,
     cache_connections: u32,
@@ -62,6 +63,7 @@ fn args() -> Result<Args> {
         fakepdb: exe_dir.join("fakepdb"),
         nginx: PathBuf::from("/usr/sbin/nginx"),
         wrk: PathBuf::from("wrk"),
+        redis: PathBuf::from("redis-server"),
         duration: 10,
         merge_connections: 32,
         cache_connections: 64,
@@ -83,6 +85,7 @@ fn args() -> Result<Args> {
             "--fakepdb" => args.fakepdb = value.into(),
             "--nginx" => args.nginx = value.into(),
             "--wrk" => args.wrk = value.into(),
+            "--redis" => args.redis = value.into(),
             "--duration" => args.duration = value.parse()?,
             "--merge-connections" => args.merge_connections = value.parse()?,
             "--cache-connections" => args.cache_connections = value.parse()?,
@@ -199,6 +202,8 @@ struct Setup<'a> {
     metrics: bool,
     /// `PDBMUX_LOG_LEVEL=warn`: no access log line per request.
     quiet: bool,
+    /// A shared cache store: its URL and the key prefix.
+    redis: Option<(&'a str, &'a str)>,
 }
 
 /// Starts pdbmux in a clean environment (no config file, no inherited PDBMUX_* variables); the
@@ -242,6 +247,12 @@ fn start_pdbmux(
     }
     if setup.quiet {
         command.env("PDBMUX_LOG_LEVEL", "warn");
+    }
+    if let Some((url, prefix)) = setup.redis {
+        command
+            .env("PDBMUX_CACHE_BACKEND", "redis")
+            .env("PDBMUX_CACHE_REDIS_URL", url)
+            .env("PDBMUX_CACHE_KEY_PREFIX", prefix);
     }
     let child = command
         .spawn()
@@ -585,6 +596,7 @@ fn worker_threads(args: &Args, dir: &Path) -> Result<()> {
             workers: Some(workers),
             metrics: false,
             quiet: false,
+            redis: None,
         };
         let (pdbmux, addr, _) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
         let (status, head, body) = get(addr, FACTS)?;
@@ -676,6 +688,7 @@ fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
         workers: None,
         metrics: false,
         quiet: false,
+        redis: None,
     };
     let (pdbmux, addr, _) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
     let (status, head, body) = get(addr, FACTS)?;
@@ -928,6 +941,7 @@ fn metrics_overhead(args: &Args, dir: &Path) -> Result<()> {
                     workers: None,
                     metrics,
                     quiet: true,
+                    redis: None,
                 };
                 let (pdbmux, addr, scrape) = start_pdbmux(args, &[addr_a, addr_b], setup, &log)?;
                 let (status, head, _) = get(addr, FACTS)?;
@@ -1005,6 +1019,173 @@ fn metrics_overhead(args: &Args, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// How many `/facts` requests a fakepdb has answered.
+fn facts_asked(backend: SocketAddr) -> Result<u64> {
+    let (_, _, body) = get(backend, "/fakepdb/requests")?;
+    let counts: serde_json::Value = serde_json::from_slice(&body)?;
+    counts["facts"]
+        .as_u64()
+        .ok_or_else(|| "fakepdb /fakepdb/requests".into())
+}
+
+/// A `redis-server` on a free loopback port, in memory only; stopped on drop.
+fn start_redis(args: &Args) -> Result<(Proc, SocketAddr)> {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let mut command = pinned(&args.redis, args.pin_load.as_deref());
+    command
+        .args(["--bind", "127.0.0.1", "--port", &addr.port().to_string()])
+        .args(["--save", "", "--appendonly", "no"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = command
+        .spawn()
+        .map_err(|e| format!("starting {}: {e}", args.redis.display()))?;
+    let proc = Proc {
+        name: "redis-server",
+        child,
+    };
+    wait_listening(addr, "redis-server")?;
+    Ok((proc, addr))
+}
+
+/// Figure 6: the shared cache. Upstream fan-outs per key per TTL with four replicas under a
+/// steady Puppetboard-like load (eight clients asking five `/facts` questions round-robin over
+/// the replicas), memory store against Redis store; then the latency of a hit another replica
+/// stored (read from Redis) against a hit in the replica's own memory.
+fn shared_cache(args: &Args, dir: &Path) -> Result<()> {
+    const REPLICAS: usize = 4;
+    const KEYS: usize = 5;
+    const CLIENTS: usize = 8;
+    let ttl = Duration::from_secs(2);
+    let spec = SyntheticEstate {
+        backends: 2,
+        nodes_per_backend: 20,
+        overlap: 5,
+        facts_per_node: 20,
+    };
+    let (_a, addr_a) = start_fakepdb(args, 0, &spec)?;
+    let (_b, addr_b) = start_fakepdb(args, 1, &spec)?;
+    let (_redis, redis_addr) = start_redis(args)?;
+    let redis_url = format!("redis://{redis_addr}");
+    println!();
+    println!(
+        "== shared cache (issue 18): {REPLICAS} replicas, {CLIENTS} clients, {KEYS} /facts questions round-robin, facts_ttl {}s, {}s per store ==",
+        ttl.as_secs(),
+        args.duration
+    );
+    println!(
+        "{:<8} {:>10} {:>10} {:>14} {:>22}",
+        "store", "requests", "errors", "fan-outs", "fan-outs/key/TTL"
+    );
+    let mut per_key = Vec::new();
+    for (store, prefix) in [("memory", None), ("redis", Some("bench-fanout:"))] {
+        let mut replicas = Vec::new();
+        for replica in 0..REPLICAS {
+            let log = dir.join(format!("pdbmux-shared-{store}-{replica}.log"));
+            let setup = Setup {
+                facts_ttl: "2s",
+                workers: None,
+                metrics: false,
+                quiet: true,
+                redis: prefix.map(|prefix| (redis_url.as_str(), prefix)),
+            };
+            replicas.push(start_pdbmux(args, &[addr_a, addr_b], setup, &log)?);
+        }
+        let addrs: Vec<SocketAddr> = replicas.iter().map(|(_, addr, _)| *addr).collect();
+        let before = facts_asked(addr_a)?;
+        let started = Instant::now();
+        let stop = started + Duration::from_secs(args.duration);
+        let clients: Vec<_> = (0..CLIENTS)
+            .map(|client| {
+                let addrs = addrs.clone();
+                std::thread::spawn(move || {
+                    let (mut answered, mut errors, mut turn) = (0u64, 0u64, client);
+                    while Instant::now() < stop {
+                        let key = turn % KEYS;
+                        let target =
+                            format!("{FACTS}?query=%5B%22%3D%22%2C%22name%22%2C%22q{key}%22%5D");
+                        match get(addrs[turn % REPLICAS], &target) {
+                            Ok((200, _, _)) => answered += 1,
+                            _ => errors += 1,
+                        }
+                        turn += 1;
+                    }
+                    (answered, errors)
+                })
+            })
+            .collect();
+        let (mut answered, mut errors) = (0, 0);
+        for client in clients {
+            let (a, e) = client.join().map_err(|_| "a client thread panicked")?;
+            answered += a;
+            errors += e;
+        }
+        let windows = started.elapsed().as_secs_f64() / ttl.as_secs_f64();
+        let fan_outs = facts_asked(addr_a)? - before;
+        let ratio = fan_outs as f64 / (KEYS as f64 * windows);
+        println!("{store:<8} {answered:>10} {errors:>10} {fan_outs:>14} {ratio:>22.2}");
+        per_key.push(ratio);
+        drop(replicas);
+    }
+
+    // Hit latency: a key replica A fetched, asked on replica B (its first time: read from the
+    // shared store), then on B again (from B's own memory).
+    let prefix = "bench-latency:";
+    let mut replicas = Vec::new();
+    for replica in 0..2 {
+        let log = dir.join(format!("pdbmux-shared-latency-{replica}.log"));
+        let setup = Setup {
+            facts_ttl: "30s",
+            workers: None,
+            metrics: false,
+            quiet: true,
+            redis: Some((redis_url.as_str(), prefix)),
+        };
+        replicas.push(start_pdbmux(args, &[addr_a, addr_b], setup, &log)?);
+    }
+    let (a, b) = (replicas[0].1, replicas[1].1);
+    let (mut shared, mut local) = (Vec::new(), Vec::new());
+    for n in 0..300 {
+        let target = format!("{FACTS}?query=%5B%22%3D%22%2C%22name%22%2C%22lat{n}%22%5D");
+        let (status, head, _) = get(a, &target)?;
+        if status != 200 || header(&head, "x-cache") != Some("miss") {
+            return Err(format!("shared-cache latency: replica A's miss: {head}").into());
+        }
+        for (times, what) in [(&mut shared, "shared"), (&mut local, "local")] {
+            let started = Instant::now();
+            let (status, head, _) = get(b, &target)?;
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+            if status != 200 || header(&head, "x-cache") != Some("hit") {
+                return Err(format!("shared-cache latency: a {what} hit on B: {head}").into());
+            }
+        }
+    }
+    let median = |times: &mut Vec<f64>| {
+        times.sort_by(f64::total_cmp);
+        times[times.len() / 2]
+    };
+    let p99 = |times: &Vec<f64>| times[times.len() * 99 / 100];
+    let (shared_p50, local_p50) = (median(&mut shared), median(&mut local));
+    println!(
+        "hit latency on replica B, 300 keys: from Redis (A stored it) p50 {shared_p50:.3} ms p99 {:.3} ms; from B's memory p50 {local_p50:.3} ms p99 {:.3} ms (one connection per request)",
+        p99(&shared),
+        p99(&local)
+    );
+    println!(
+        "SUMMARY\tshared\tfan-outs per key per TTL, 4 replicas, Redis: {:.2}\tmemory: {:.2}\t{:.2}x\tabout 1 (against about 4)\t{}",
+        per_key[1],
+        per_key[0],
+        per_key[0] / per_key[1].max(1e-9),
+        verdict(per_key[1] <= 1.5)
+    );
+    println!(
+        "SUMMARY\tshared\thit p50, from Redis: {shared_p50:.3} ms\tfrom memory: {local_p50:.3} ms\t{:.2}x\t(info)\t-",
+        shared_p50 / local_p50.max(1e-9)
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let args = args()?;
     let dir = temp_dir()?;
@@ -1018,6 +1199,9 @@ fn main() -> Result<()> {
         }
         if only.is_none() || only == Some("metrics") {
             metrics_overhead(&args, &dir)?;
+        }
+        if only.is_none() || only == Some("shared") {
+            shared_cache(&args, &dir)?;
         }
         Ok(())
     })();
