@@ -238,3 +238,44 @@ fn another_replicas_expired_entry_answers_when_every_backend_fails() {
     );
     assert_eq!(answer.body, written.body);
 }
+
+#[test]
+fn an_answer_over_cache_max_entry_bytes_is_kept_in_memory_only() {
+    let store = FakeStore::default();
+    let backends = vec![
+        FakeBackend::always("pdb-a", URL_A, names(r#"["kernel"]"#, 5)),
+        FakeBackend::always("pdb-b", URL_B, names(r#"["os"]"#, 5)),
+    ];
+    let mut h = Harness::with_config(backends, |config| {
+        config.facts_ttl = Duration::from_secs(30);
+        config.cache_max_entry_bytes = 10;
+        config.cache_backend = CacheBackend::Redis {
+            url: "redis://127.0.0.1:6379".to_owned(),
+            tls: TlsFiles::default(),
+        };
+    })
+    .expect("valid test backends");
+    h.set_store(store.clone());
+    let first = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(1));
+    assert_eq!(
+        h.response(first).expect("answered").header("x-cache"),
+        Some("miss")
+    );
+    assert_eq!(
+        store.ops(),
+        [
+            format!("get {ENTRY} none"),
+            format!("lock {LOCK} taken"),
+            format!("unlock {LOCK} released"),
+        ],
+        "no put of a 30-byte answer over a 10-byte limit"
+    );
+    let second = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(2));
+    assert_eq!(
+        h.response(second).expect("answered").header("x-cache"),
+        Some("hit"),
+        "the memory layer still keeps it"
+    );
+}

@@ -608,6 +608,15 @@ impl<R: Runtime> EstateHost<R> {
                 Either::Left((answer, _)) => answer,
                 Either::Right(((), _)) => StoreAnswer::Failed("no answer in time".to_owned()),
             };
+            // A large entry from the shared store is sealed before the estate keeps it, so its
+            // hits go out by reference like those of entries this replica fetched itself.
+            let answer = match answer {
+                StoreAnswer::Value(Some(value)) if host.sealer.is_worth_sealing_bytes(&value) => {
+                    let sealer = host.sealer.clone();
+                    StoreAnswer::Value(Some(host.runtime.unblock(move || sealer.seal(value)).await))
+                }
+                answer => answer,
+            };
             if let Some(metrics) = &host.metrics {
                 metrics.observe_store(op, !matches!(answer, StoreAnswer::Failed(_)));
             }

@@ -15,7 +15,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{env, get, healthz, json_of, pdbmux_at, pdbmux_env};
+use common::{env, get, healthz, json_of, pdbmux_at, pdbmux_env, sealed_bytes};
 use pdbmux_e2e::{marker, AccessLog, Pdbmux, Proxy, ProxyMode, Response};
 use serde_json::{json, Value};
 
@@ -171,26 +171,6 @@ fn cached_paths_miss_then_hit_with_a_growing_age() {
     assert!(cache["bytes"].as_u64() > Some(0), "{cache}");
     assert_eq!(cache["serving_stale"], false, "{cache}");
     assert_eq!(cache["stale_served"], 0, "{cache}");
-}
-
-/// Bytes of memory pdbmux holds read-only, private and anonymous (no file, inode 0): its sealed
-/// cache bodies, and nothing else in pdbmux maps memory so. Summed, since the kernel may split
-/// one body's mapping (huge pages) or merge neighbouring ones into one line.
-fn sealed_bytes(p: &Pdbmux) -> usize {
-    p.memory_maps()
-        .expect("pdbmux's memory maps")
-        .iter()
-        .filter_map(|line| {
-            // start-end perms offset dev inode [path]
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            if fields.len() != 5 || fields[1] != "r--p" || fields[4] != "0" {
-                return None;
-            }
-            let (start, end) = fields[0].split_once('-')?;
-            let start = usize::from_str_radix(start, 16).ok()?;
-            usize::from_str_radix(end, 16).ok()?.checked_sub(start)
-        })
-        .sum()
 }
 
 /// The body length from which pdbmux keeps a cached body sealed (`pdbmux_sealed::SEAL_THRESHOLD`).

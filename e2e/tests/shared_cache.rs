@@ -15,7 +15,7 @@ use std::sync::{Arc, Barrier};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::{env, get, healthz, pdbmux_env};
+use common::{env, get, healthz, pdbmux_env, sealed_bytes};
 use pdbmux_e2e::{free_port, marker, AccessLog, Pdbmux};
 
 const FACTS: &str = "/pdb/query/v4/facts";
@@ -191,6 +191,37 @@ fn fifty_concurrent_requests_over_two_replicas_make_one_fan_out_and_a_hit_carrie
     let (_, body) = healthz(&replicas[0]);
     assert_eq!(body["cache"]["backend"], "redis", "{body}");
     assert_eq!(body["cache"]["store_reachable"], true, "{body}");
+}
+
+#[test]
+fn a_large_entry_read_from_the_store_is_sealed_on_the_reading_replica() {
+    let Some(redis) = Redis::start() else {
+        eprintln!("PDBMUX_E2E_REDIS_SERVER not set: no shared cache to test");
+        return;
+    };
+    let prefix = format!("{}:", marker("prefix"));
+    let (a, b) = (
+        replica("sealed-a", &redis, &prefix),
+        replica("sealed-b", &redis, &prefix),
+    );
+    // Every fact (the fixture's package inventory makes it larger than the sealing threshold).
+    let query = format!(r#"["not",["=","certname","{}"]]"#, marker("sealed"));
+    let miss = get(&a, FACTS, &[("query", &query)]);
+    assert_eq!(miss.header("x-cache"), Some("miss"), "{miss:?}");
+    assert!(miss.body.len() >= 256 * 1024, "{} bytes", miss.body.len());
+    assert_eq!(sealed_bytes(&b), 0, "B holds nothing yet");
+    let hit = get(&b, FACTS, &[("query", &query)]);
+    assert_eq!(hit.header("x-cache"), Some("hit"), "{hit:?}");
+    assert_eq!(hit.body, miss.body);
+    let local = get(&b, FACTS, &[("query", &query)]);
+    assert_eq!(
+        local.body, miss.body,
+        "B's own hit, sent from the sealed copy"
+    );
+    if cfg!(target_os = "linux") {
+        let sealed = sealed_bytes(&b);
+        assert!(sealed >= miss.body.len(), "{sealed} bytes sealed on B");
+    }
 }
 
 #[test]

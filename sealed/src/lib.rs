@@ -180,10 +180,14 @@ impl Sealer {
     /// their worker threads.
     pub fn is_worth_sealing(&self, response: &pdbmux_core::Response) -> bool {
         matches!(&response.body, pdbmux_core::ResponseBody::Full(body)
-            if response.status.is_success()
-                && body.len() >= SEAL_THRESHOLD
-                && body.len() as u64 <= self.budget
-                && find(body).is_none())
+            if response.status.is_success() && self.is_worth_sealing_bytes(body))
+    }
+
+    /// Whether bytes the cache will hold are worth [`Sealer::seal`]: at least
+    /// [`SEAL_THRESHOLD`] long, within the cache's budget and not sealed yet (an entry read
+    /// from the shared store, whose body then goes out by reference on every hit).
+    pub fn is_worth_sealing_bytes(&self, bytes: &Bytes) -> bool {
+        bytes.len() >= SEAL_THRESHOLD && bytes.len() as u64 <= self.budget && find(bytes).is_none()
     }
 
     /// A flight's answer, its body sealed when it is worth it ([`Sealer::is_worth_sealing`]),

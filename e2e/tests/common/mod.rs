@@ -192,3 +192,23 @@ pub fn newer_wins(answers: &[Vec<Value>]) -> std::collections::BTreeMap<String, 
     }
     out
 }
+
+/// Bytes of memory pdbmux holds read-only, private and anonymous (no file, inode 0): its sealed
+/// cache bodies, and nothing else in pdbmux maps memory so. Summed, since the kernel may split
+/// one body's mapping (huge pages) or merge neighbouring ones into one line.
+pub fn sealed_bytes(p: &Pdbmux) -> usize {
+    p.memory_maps()
+        .expect("pdbmux's memory maps")
+        .iter()
+        .filter_map(|line| {
+            // start-end perms offset dev inode [path]
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() != 5 || fields[1] != "r--p" || fields[4] != "0" {
+                return None;
+            }
+            let (start, end) = fields[0].split_once('-')?;
+            let start = usize::from_str_radix(start, 16).ok()?;
+            usize::from_str_radix(end, 16).ok()?.checked_sub(start)
+        })
+        .sum()
+}
