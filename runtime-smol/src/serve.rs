@@ -93,8 +93,9 @@ async fn serve(
         .map_err(ServeError::Store)?;
     let mut signals =
         Signals::new([Signal::Term, Signal::Int, Signal::Hup]).map_err(ServeError::Signals)?;
-    let listener = bind(&config.listen)?;
+    // The metrics listener first: once the query port accepts, so does it.
     let metrics_listener = config.metrics_listen.as_deref().map(bind).transpose()?;
+    let listener = bind(&config.listen)?;
     let drain_limit = config.timeout + DRAIN_GRACE;
     tracing::info!(
         listen = %listener.get_ref().local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),

@@ -80,11 +80,12 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     pdbmux_driver::prefer_runtime(false);
     let clients = pdbmux_driver::Clients::with_store(&config, Upstreams::new(&config)?)
         .map_err(ServeError::Store)?;
-    let listener = bind(&config.listen).await?;
+    // The metrics listener first: once the query port accepts, so does it.
     let metrics_listener = match &config.metrics_listen {
         Some(addr) => Some(bind(addr).await?),
         None => None,
     };
+    let listener = bind(&config.listen).await?;
     let drain_limit = config.timeout + DRAIN_GRACE;
     tracing::info!(
         listen = %listener.local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),
