@@ -96,7 +96,10 @@ lint: lint-core
 lint-core:
 	@deps=$$($(CARGO) tree -p pdbmux-core -e normal --prefix none --locked | grep -Eo '^(tokio|smol|hyper|hyper-util|async-h1|async-std|futures|futures-util|figment|rustix|memmap2) ' | sort -u | tr '\n' ' '); \
 	if [ -n "$$deps" ]; then echo "core depends on I/O or config crates: $$deps"; exit 1; fi
-	@grep -q '^#!\[forbid(unsafe_code)\]' core/src/lib.rs || { echo "core/src/lib.rs must #![forbid(unsafe_code)]"; exit 1; }
+	@for root in core/src/lib.rs cli/src/lib.rs tls/src/lib.rs driver/src/lib.rs runtime-tokio/src/main.rs \
+	  runtime-smol/src/main.rs conformance/src/lib.rs e2e/src/lib.rs bench/src/lib.rs bench/src/bin/*.rs \
+	  deploy/manifest-check/src/lib.rs; do \
+	  grep -q '^#!\[forbid(unsafe_code)\]' $$root || { echo "$$root must #![forbid(unsafe_code)] (only sealed/ may hold unsafe code)"; exit 1; }; done
 	@for m in std::time::Instant::now std::time::SystemTime::now std::thread::sleep; do \
 	  grep -q "\"$$m\"" core/clippy.toml || { echo "core/clippy.toml must disallow $$m"; exit 1; }; done
 	@echo "core: sans-IO dependency tree, forbid(unsafe_code), clock and sleep disallowed"

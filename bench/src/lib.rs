@@ -8,6 +8,8 @@
 //!
 //! Nothing here is a test; the figures are printed by the binaries under `src/bin/`.
 
+#![forbid(unsafe_code)]
+
 use std::ops::Range;
 use std::time::{Duration, Instant};
 

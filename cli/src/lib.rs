@@ -7,6 +7,8 @@
 //! Configuration precedence, lowest to highest: defaults < config file < `PDBMUX_*` env vars <
 //! flags.
 
+#![forbid(unsafe_code)]
+
 pub mod args;
 pub mod duration;
 pub mod env;

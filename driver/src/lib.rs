@@ -11,6 +11,8 @@
 //!   estate's own outputs and deadline. It runs on a [`Runtime`] (the above, plus a task
 //!   spawner and a blocking pool).
 
+#![forbid(unsafe_code)]
+
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::pin;

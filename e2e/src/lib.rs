@@ -19,6 +19,8 @@
 //! expectations computed from the fixture ([`Fixture`]) or from the backends queried directly
 //! ([`Backend::get`]), never from pdbmux's own output.
 
+#![forbid(unsafe_code)]
+
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::fmt;

@@ -15,6 +15,8 @@
 //!   async-h1, a bounded pool of keep-alive connections per backend (futures-rustls for https),
 //!   bodies bounded by `max_body_bytes` and, when streamed, by their deadline.
 
+#![forbid(unsafe_code)]
+
 mod body;
 mod conn;
 mod metrics;

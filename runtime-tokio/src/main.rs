@@ -1,5 +1,7 @@
 //! `pdbmux`: the production binary. A merging PuppetDB proxy on tokio, hyper and rustls.
 
+#![forbid(unsafe_code)]
+
 mod body;
 mod metrics;
 mod runtime;

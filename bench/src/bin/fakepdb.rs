@@ -13,6 +13,8 @@
 //! drops the records of nodes the backend does not own, which is the merge's own safety net).
 //! Prints `LISTEN <addr>` on stdout once it accepts connections.
 
+#![forbid(unsafe_code)]
+
 use std::error::Error;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -15,6 +15,8 @@
 //!
 //! Everything it starts is stopped when it ends, also on error.
 
+#![forbid(unsafe_code)]
+
 use std::error::Error;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};

@@ -12,6 +12,8 @@
 //! full validation of an array) and `serde_json::from_slice::<serde_json::Value>` (a full parse
 //! into a tree) of each body.
 
+#![forbid(unsafe_code)]
+
 use std::error::Error;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};

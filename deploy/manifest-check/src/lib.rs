@@ -4,6 +4,8 @@
 //! pdbmux's effective settings (defaults < config file < `PDBMUX_*` env vars) for the values the
 //! manifests are sized from.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize as _;
