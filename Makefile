@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DIST  ?= dist
 
-.PHONY: help build test lint lint-core lint-portable e2e demo bench-latency
+.PHONY: help build test lint lint-core lint-portable deny e2e demo bench-latency
 
 help:
 	@echo "make build   release binaries into $(DIST)/"
@@ -85,6 +85,16 @@ patch minor major:
 
 test:
 	$(CARGO) test --workspace --locked
+
+# Supply chain (deny.toml): licenses, duplicate versions and sources offline; the RustSec
+# advisories (known vulnerabilities, unmaintained and yanked crates) when its database can be
+# fetched from GitHub, else said to be skipped.
+deny:
+	cargo deny --locked check licenses bans sources
+	@if cargo deny --locked check advisories 2>deny-advisories.log; then rm -f deny-advisories.log; \
+	elif grep -q 'failed to fetch advisory database' deny-advisories.log; then \
+	  echo "cargo deny check advisories: SKIPPED, the advisory database could not be fetched"; rm -f deny-advisories.log; \
+	else cat deny-advisories.log; rm -f deny-advisories.log; exit 1; fi
 
 lint: lint-core
 	$(CARGO) fmt --all -- --check
