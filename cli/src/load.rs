@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use figment::providers::{Format, Yaml};
+use figment::providers::Format;
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 
@@ -287,4 +287,18 @@ pub fn load(args: &GlobalArgs, env: &Environment) -> Result<Loaded, LoadError> {
         unknown_keys,
         rust_log: env.get("RUST_LOG").map(str::to_owned),
     })
+}
+
+/// YAML for figment, parsed by serde_norway (serde_yaml's maintained fork): the same syntax and
+/// messages as figment's own `Yaml`, without the retired serde_yaml.
+pub(crate) struct Yaml;
+
+impl Format for Yaml {
+    type Error = serde_norway::Error;
+
+    const NAME: &'static str = "YAML";
+
+    fn from_str<'de, T: serde::de::DeserializeOwned>(string: &'de str) -> Result<T, Self::Error> {
+        serde_norway::from_str(string)
+    }
 }

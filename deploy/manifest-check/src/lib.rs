@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize as _;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 /// `deploy/`.
 pub fn deploy_dir() -> PathBuf {
@@ -30,8 +30,8 @@ pub fn load(path: &Path) -> Result<Vec<Value>, String> {
 /// Every non-empty document of a multi-document YAML text.
 pub fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
     let mut documents = Vec::new();
-    for document in serde_yaml::Deserializer::from_str(text) {
-        let value = serde_yaml::Value::deserialize(document).map_err(|e| e.to_string())?;
+    for document in serde_norway::Deserializer::from_str(text) {
+        let value = serde_norway::Value::deserialize(document).map_err(|e| e.to_string())?;
         if !value.is_null() {
             documents.push(value);
         }
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn env_overrides_file() {
-        let file: Value = serde_yaml::from_str(
+        let file: Value = serde_norway::from_str(
             "timeout: 20s\nfacts_cache_bytes: 1000\nbackends: [{name: a, url: http://a}]",
         )
         .expect("yaml");
@@ -289,7 +289,7 @@ mod tests {
 
     #[test]
     fn paths() {
-        let v: Value = serde_yaml::from_str("a: {b: [{c: 1}, {c: 2}]}").expect("yaml");
+        let v: Value = serde_norway::from_str("a: {b: [{c: 1}, {c: 2}]}").expect("yaml");
         assert_eq!(int_at(&v, "a.b.1.c"), Some(2));
         assert_eq!(at(&v, "a.x"), None);
         assert_eq!(seq_at(&v, "a.b").len(), 2);

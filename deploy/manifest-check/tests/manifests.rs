@@ -20,7 +20,7 @@ use pdbmux_manifest_check::{
     at, duration_secs, effective, int_at, kubernetes_dir, labels_match, listen_port, load,
     memory_bytes, seq_at, str_at, Effective, DRAIN_GRACE_SECS,
 };
-use serde_yaml::Value;
+use serde_norway::Value;
 
 const CONFIG_PATH: &str = "/etc/pdbmux/config.yaml";
 /// Liveness must tolerate at least this long of failed probes (a backend outage is no reason to
@@ -318,7 +318,7 @@ fn configmap_text(configmap: &Value) -> &str {
 }
 
 fn configmap_file(configmap: &Value) -> Value {
-    serde_yaml::from_str(configmap_text(configmap)).expect("ConfigMap config.yaml parses")
+    serde_norway::from_str(configmap_text(configmap)).expect("ConfigMap config.yaml parses")
 }
 
 #[test]

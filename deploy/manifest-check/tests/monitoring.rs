@@ -16,7 +16,7 @@ use pdbmux_manifest_check::{
     at, deploy_dir, duration_secs, kubernetes_dir, labels_match, load, seq_at, str_at,
 };
 use serde_json::Value as Json;
-use serde_yaml::Value;
+use serde_norway::Value;
 
 const ALERTS: [&str; 7] = [
     "PdbmuxScrapeDown",
