@@ -298,7 +298,7 @@ impl Format for Yaml {
 
     const NAME: &'static str = "YAML";
 
-    fn from_str<'de, T: serde::de::DeserializeOwned>(string: &'de str) -> Result<T, Self::Error> {
+    fn from_str<T: serde::de::DeserializeOwned>(string: &str) -> Result<T, Self::Error> {
         serde_norway::from_str(string)
     }
 }
