@@ -19,6 +19,7 @@ use std::pin::pin;
 use std::time::Instant;
 
 mod host;
+pub mod http1;
 mod metrics;
 #[cfg(target_os = "linux")]
 mod process;

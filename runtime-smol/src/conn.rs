@@ -1,7 +1,7 @@
 //! One client connection: HTTP/1.1 with keep-alive, a header-read timeout, and the client's going
 //! away noticed while its request is served.
 //!
-//! Request heads are read here with httparse rather than by `async_h1::accept`, whose decoder caps
+//! Request heads are read here (parsed by `pdbmux_driver::http1`, with httparse) rather than by `async_h1::accept`, whose decoder caps
 //! the head at 8 KiB (a larger one drops the connection without an answer, so there could be no
 //! 414 or 431 from the core), rebuilds the target through `url::Url` (resolving `..` and
 //! re-encoding: the core must judge the raw target), insists on a Host header and HTTP/1.1, and
@@ -22,12 +22,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use http::{HeaderMap, StatusCode};
 use http_types::headers::{HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE};
-use pdbmux_core::{ClientRequest, Response, ResponseBody};
+use pdbmux_core::{Response, ResponseBody};
 use pdbmux_sealed::SealedSender;
 use smol::channel::{Receiver, Sender};
 use smol::future::{self, FutureExt};
 use smol::io::{AsyncReadExt, AsyncWriteExt, BufReader, Cursor};
 use smol::{Async, Timer};
+
+use pdbmux_driver::http1::{parse_head, Head, Parsed, RequestBody};
 
 use crate::body::Deadlined;
 use crate::runtime::Host;
@@ -42,8 +44,6 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// The most head bytes buffered. The core refuses targets over 8 KiB (414) and header blocks
 /// over 16 KiB (431); a head past this is refused here the same way (as hyper's buffer limit).
 const MAX_HEAD_BYTES: usize = 64 * 1024;
-/// The most header fields parsed; the core refuses more than 100 (431), and so does this.
-const MAX_HEADERS: usize = 128;
 /// The largest request body skipped to keep a connection open; a larger one closes it.
 const MAX_SKIPPED_BODY: u64 = 1024 * 1024;
 /// Response bytes gathered per write.
@@ -72,21 +72,6 @@ impl Context {
             _open: open,
         }
     }
-}
-
-/// A parsed request head.
-struct Head {
-    request: ClientRequest,
-    http11: bool,
-    keep_alive: bool,
-    body: RequestBody,
-}
-
-enum RequestBody {
-    None,
-    Length(u64),
-    /// Chunked or otherwise unframed: the connection closes after the answer.
-    Unskippable,
 }
 
 enum HeadRead {
@@ -217,106 +202,6 @@ async fn read_head(
             Some(Ok(n)) => pending.extend_from_slice(&chunk[..n]),
         }
     }
-}
-
-enum Parsed {
-    Complete(Head, usize),
-    Partial,
-    Invalid(StatusCode, &'static str),
-}
-
-fn parse_head(bytes: &[u8]) -> Parsed {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut headers);
-    let length = match parsed.parse(bytes) {
-        Ok(httparse::Status::Complete(length)) => length,
-        Ok(httparse::Status::Partial) => return Parsed::Partial,
-        Err(httparse::Error::TooManyHeaders) => {
-            return Parsed::Invalid(
-                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "too many request header fields",
-            )
-        }
-        Err(_) => return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request"),
-    };
-    let (Some(method), Some(target), Some(version)) = (parsed.method, parsed.path, parsed.version)
-    else {
-        return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request");
-    };
-    let Ok(method) = http::Method::from_bytes(method.as_bytes()) else {
-        return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request method");
-    };
-    let mut header_bytes = 0;
-    let (mut close, mut keep_alive, mut expect) = (false, false, false);
-    // RFC 9112 section 6.3: a message whose framing two readers could read differently is
-    // refused, so that nothing after it can be taken for another request (smuggling).
-    let mut content_length: Option<u64> = None;
-    let mut chunked = false;
-    for header in parsed.headers.iter() {
-        let value = std::str::from_utf8(header.value).unwrap_or("\u{0}").trim();
-        if header.name.eq_ignore_ascii_case("content-length") {
-            let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
-            match (
-                digits.then(|| value.parse::<u64>().ok()).flatten(),
-                content_length,
-            ) {
-                (Some(n), None) => content_length = Some(n),
-                (Some(n), Some(known)) if n == known => {}
-                _ => return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Content-Length"),
-            }
-        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            let codings: Vec<&str> = value.split(',').map(str::trim).collect();
-            let last_is_chunked = codings
-                .last()
-                .is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
-            let chunked_once = codings
-                .iter()
-                .filter(|c| c.eq_ignore_ascii_case("chunked"))
-                .count()
-                == 1;
-            if chunked || !last_is_chunked || !chunked_once {
-                return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Transfer-Encoding");
-            }
-            chunked = true;
-        }
-    }
-    if chunked && (content_length.is_some() || version == 0) {
-        return Parsed::Invalid(StatusCode::BAD_REQUEST, "ambiguous message framing");
-    }
-    for header in parsed.headers.iter() {
-        header_bytes += header.name.len() + header.value.len() + 4;
-        let value = std::str::from_utf8(header.value).unwrap_or("");
-        if header.name.eq_ignore_ascii_case("connection") {
-            for token in value.split(',').map(str::trim) {
-                close |= token.eq_ignore_ascii_case("close");
-                keep_alive |= token.eq_ignore_ascii_case("keep-alive");
-            }
-        } else if header.name.eq_ignore_ascii_case("expect") {
-            expect = true;
-        }
-    }
-    let mut body = match (chunked, content_length) {
-        (true, _) => RequestBody::Unskippable,
-        (false, Some(0) | None) => RequestBody::None,
-        (false, Some(n)) => RequestBody::Length(n),
-    };
-    if expect && !matches!(body, RequestBody::None) {
-        // The client waits for a 100 Continue it never gets, and may never send the body.
-        body = RequestBody::Unskippable;
-    }
-    let http11 = version == 1;
-    let head = Head {
-        request: ClientRequest {
-            method,
-            target: target.to_owned(),
-            header_count: parsed.headers.len(),
-            header_bytes,
-        },
-        http11,
-        keep_alive: if http11 { !close } else { keep_alive && !close },
-        body,
-    };
-    Parsed::Complete(head, length)
 }
 
 /// Resolves when the client closes its side (or the connection fails) while its request is being
@@ -604,97 +489,5 @@ mod tests {
             assert_eq!(error.kind(), io::ErrorKind::TimedOut, "{error}");
             assert!(started.elapsed() >= timeout);
         });
-    }
-
-    fn complete(bytes: &str) -> (Head, usize) {
-        match parse_head(bytes.as_bytes()) {
-            Parsed::Complete(head, length) => (head, length),
-            Parsed::Partial => panic!("partial: {bytes:?}"),
-            Parsed::Invalid(status, why) => panic!("{status} {why}: {bytes:?}"),
-        }
-    }
-
-    #[test]
-    fn the_core_sees_the_raw_target_and_header_sizes() {
-        let raw = "GET /pdb/query/v4/../x?q=%22a%22 HTTP/1.1\r\nHost: h\r\nX-A: bc\r\n\r\nrest";
-        let (head, length) = complete(raw);
-        assert_eq!(length, raw.len() - "rest".len());
-        assert_eq!(head.request.target, "/pdb/query/v4/../x?q=%22a%22");
-        assert_eq!(head.request.header_count, 2);
-        // name + value + ": " + CRLF, as the tokio binary counts.
-        assert_eq!(head.request.header_bytes, (4 + 1 + 4) + (3 + 2 + 4));
-        assert!(head.http11 && head.keep_alive);
-        assert!(matches!(head.body, RequestBody::None));
-    }
-
-    #[test]
-    fn keep_alive_follows_the_version_and_connection_header() {
-        let (head, _) = complete("GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
-        assert!(!head.keep_alive);
-        let (head, _) = complete("GET / HTTP/1.0\r\n\r\n");
-        assert!(!head.http11 && !head.keep_alive);
-        let (head, _) = complete("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n");
-        assert!(head.keep_alive);
-    }
-
-    #[test]
-    fn request_bodies_are_skipped_only_when_their_length_is_known() {
-        let (head, _) = complete("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n");
-        assert!(matches!(head.body, RequestBody::Length(5)));
-        let (head, _) = complete("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
-        assert!(matches!(head.body, RequestBody::Unskippable));
-        let (head, _) =
-            complete("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
-        assert!(matches!(head.body, RequestBody::Unskippable));
-        let (head, _) =
-            complete("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n");
-        assert!(matches!(head.body, RequestBody::Length(5)));
-        let (head, _) = complete("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
-        assert!(matches!(head.body, RequestBody::Unskippable));
-    }
-
-    #[test]
-    fn framing_two_readers_could_read_differently_is_refused() {
-        // RFC 9112 section 6.3, and the request-smuggling shapes of the reliability plan.
-        for head in [
-            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: +56\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 0x10\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
-            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
-        ] {
-            assert!(
-                matches!(
-                    parse_head(head.as_bytes()),
-                    Parsed::Invalid(StatusCode::BAD_REQUEST, _)
-                ),
-                "{head:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn incomplete_malformed_and_overfull_heads() {
-        assert!(matches!(
-            parse_head(b"GET / HTTP/1.1\r\nHost: x\r\n"),
-            Parsed::Partial
-        ));
-        assert!(matches!(
-            parse_head(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"),
-            Parsed::Invalid(StatusCode::BAD_REQUEST, _)
-        ));
-        let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: 1\r\n")).collect();
-        assert!(matches!(
-            parse_head(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()),
-            Parsed::Invalid(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, _)
-        ));
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! - [`serve`]: one `smol::Executor` run by a thread per core; the listener; SIGTERM/SIGINT
 //!   (async-signal) stop accepting, close idle connections and wait up to `timeout` + 5 s.
-//! - [`conn`]: a client connection. Heads read with httparse (raw target and header sizes go to
+//! - [`conn`]: a client connection. Heads parsed by `pdbmux_driver::http1` (raw target and header sizes go to
 //!   the core, which answers 414/431), 30 s header-read timeout, keep-alive, the client's leaving
 //!   noticed mid-request; answers written by async-h1's encoder.
 //! - [`service`]: answer a request through the estate host (`pdbmux_driver::EstateHost`, shared

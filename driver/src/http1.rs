@@ -1,0 +1,240 @@
+//! The HTTP/1 request head as pdbmux-smol reads it: a pure function from the bytes received so far
+//! to a head, a need for more bytes, or a refusal. Sans-IO, so it is tested (and fuzzed) without
+//! a socket; the connection (runtime-smol/src/conn.rs) reads, waits and writes around it.
+
+use http::StatusCode;
+use pdbmux_core::ClientRequest;
+
+/// The most header fields parsed; the core refuses more than 100 (431), and so does this.
+const MAX_HEADERS: usize = 128;
+
+/// A parsed request head.
+#[derive(Debug)]
+pub struct Head {
+    /// The core's view of the request: method, the raw target, header count and bytes.
+    pub request: ClientRequest,
+    /// HTTP/1.1 (else 1.0).
+    pub http11: bool,
+    /// Whether the connection may serve another request after this one.
+    pub keep_alive: bool,
+    /// The request's body, as far as the connection needs to know.
+    pub body: RequestBody,
+}
+
+/// What follows a request head on the connection.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RequestBody {
+    /// Nothing.
+    None,
+    /// This many bytes, to skip after the answer.
+    Length(u64),
+    /// Chunked or otherwise unframed: the connection closes after the answer.
+    Unskippable,
+}
+
+/// What [`parse_head`] found in the bytes received so far.
+#[derive(Debug)]
+pub enum Parsed {
+    /// A whole head, and how many bytes it took.
+    Complete(Head, usize),
+    /// More bytes are needed.
+    Partial,
+    /// A head to refuse with this status and reason (the connection closes after).
+    Invalid(StatusCode, &'static str),
+}
+
+/// Parses the request head at the start of `bytes` (httparse), refusing what RFC 9112 section 6.3
+/// says two readers could frame differently (request smuggling): conflicting or malformed
+/// `Content-Length`, a `Transfer-Encoding` whose last coding is not `chunked` (or names it twice),
+/// both together, chunked on HTTP/1.0. The raw target is kept as sent: the core judges it.
+pub fn parse_head(bytes: &[u8]) -> Parsed {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut headers);
+    let length = match parsed.parse(bytes) {
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) => return Parsed::Partial,
+        Err(httparse::Error::TooManyHeaders) => {
+            return Parsed::Invalid(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "too many request header fields",
+            )
+        }
+        Err(_) => return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request"),
+    };
+    let (Some(method), Some(target), Some(version)) = (parsed.method, parsed.path, parsed.version)
+    else {
+        return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request");
+    };
+    let Ok(method) = http::Method::from_bytes(method.as_bytes()) else {
+        return Parsed::Invalid(StatusCode::BAD_REQUEST, "malformed request method");
+    };
+    let mut header_bytes = 0;
+    let (mut close, mut keep_alive, mut expect) = (false, false, false);
+    // RFC 9112 section 6.3: a message whose framing two readers could read differently is
+    // refused, so that nothing after it can be taken for another request (smuggling).
+    let mut content_length: Option<u64> = None;
+    let mut chunked = false;
+    for header in parsed.headers.iter() {
+        let value = std::str::from_utf8(header.value).unwrap_or("\u{0}").trim();
+        if header.name.eq_ignore_ascii_case("content-length") {
+            let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+            match (
+                digits.then(|| value.parse::<u64>().ok()).flatten(),
+                content_length,
+            ) {
+                (Some(n), None) => content_length = Some(n),
+                (Some(n), Some(known)) if n == known => {}
+                _ => return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Content-Length"),
+            }
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            let codings: Vec<&str> = value.split(',').map(str::trim).collect();
+            let last_is_chunked = codings
+                .last()
+                .is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
+            let chunked_once = codings
+                .iter()
+                .filter(|c| c.eq_ignore_ascii_case("chunked"))
+                .count()
+                == 1;
+            if chunked || !last_is_chunked || !chunked_once {
+                return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Transfer-Encoding");
+            }
+            chunked = true;
+        }
+    }
+    if chunked && (content_length.is_some() || version == 0) {
+        return Parsed::Invalid(StatusCode::BAD_REQUEST, "ambiguous message framing");
+    }
+    for header in parsed.headers.iter() {
+        header_bytes += header.name.len() + header.value.len() + 4;
+        let value = std::str::from_utf8(header.value).unwrap_or("");
+        if header.name.eq_ignore_ascii_case("connection") {
+            for token in value.split(',').map(str::trim) {
+                close |= token.eq_ignore_ascii_case("close");
+                keep_alive |= token.eq_ignore_ascii_case("keep-alive");
+            }
+        } else if header.name.eq_ignore_ascii_case("expect") {
+            expect = true;
+        }
+    }
+    let mut body = match (chunked, content_length) {
+        (true, _) => RequestBody::Unskippable,
+        (false, Some(0) | None) => RequestBody::None,
+        (false, Some(n)) => RequestBody::Length(n),
+    };
+    if expect && !matches!(body, RequestBody::None) {
+        // The client waits for a 100 Continue it never gets, and may never send the body.
+        body = RequestBody::Unskippable;
+    }
+    let http11 = version == 1;
+    let head = Head {
+        request: ClientRequest {
+            method,
+            target: target.to_owned(),
+            header_count: parsed.headers.len(),
+            header_bytes,
+        },
+        http11,
+        keep_alive: if http11 { !close } else { keep_alive && !close },
+        body,
+    };
+    Parsed::Complete(head, length)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn complete(bytes: &str) -> (Head, usize) {
+        match parse_head(bytes.as_bytes()) {
+            Parsed::Complete(head, length) => (head, length),
+            Parsed::Partial => panic!("partial: {bytes:?}"),
+            Parsed::Invalid(status, why) => panic!("{status} {why}: {bytes:?}"),
+        }
+    }
+
+    #[test]
+    fn the_core_sees_the_raw_target_and_header_sizes() {
+        let raw = "GET /pdb/query/v4/../x?q=%22a%22 HTTP/1.1\r\nHost: h\r\nX-A: bc\r\n\r\nrest";
+        let (head, length) = complete(raw);
+        assert_eq!(length, raw.len() - "rest".len());
+        assert_eq!(head.request.target, "/pdb/query/v4/../x?q=%22a%22");
+        assert_eq!(head.request.header_count, 2);
+        // name + value + ": " + CRLF, as the tokio binary counts.
+        assert_eq!(head.request.header_bytes, (4 + 1 + 4) + (3 + 2 + 4));
+        assert!(head.http11 && head.keep_alive);
+        assert!(matches!(head.body, RequestBody::None));
+    }
+
+    #[test]
+    fn keep_alive_follows_the_version_and_connection_header() {
+        let (head, _) = complete("GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+        assert!(!head.keep_alive);
+        let (head, _) = complete("GET / HTTP/1.0\r\n\r\n");
+        assert!(!head.http11 && !head.keep_alive);
+        let (head, _) = complete("GET / HTTP/1.0\r\nConnection: Keep-Alive\r\n\r\n");
+        assert!(head.keep_alive);
+    }
+
+    #[test]
+    fn request_bodies_are_skipped_only_when_their_length_is_known() {
+        let (head, _) = complete("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Length(5)));
+        let (head, _) = complete("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Unskippable));
+        let (head, _) =
+            complete("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Unskippable));
+        let (head, _) =
+            complete("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Length(5)));
+        let (head, _) = complete("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+        assert!(matches!(head.body, RequestBody::Unskippable));
+    }
+
+    #[test]
+    fn framing_two_readers_could_read_differently_is_refused() {
+        // RFC 9112 section 6.3, and the request-smuggling shapes of the reliability plan.
+        for head in [
+            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: +56\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: 0x10\r\n\r\n",
+            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert!(
+                matches!(
+                    parse_head(head.as_bytes()),
+                    Parsed::Invalid(StatusCode::BAD_REQUEST, _)
+                ),
+                "{head:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn incomplete_malformed_and_overfull_heads() {
+        assert!(matches!(
+            parse_head(b"GET / HTTP/1.1\r\nHost: x\r\n"),
+            Parsed::Partial
+        ));
+        assert!(matches!(
+            parse_head(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"),
+            Parsed::Invalid(StatusCode::BAD_REQUEST, _)
+        ));
+        let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: 1\r\n")).collect();
+        assert!(matches!(
+            parse_head(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()),
+            Parsed::Invalid(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, _)
+        ));
+    }
+}
