@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DIST  ?= dist
 
-.PHONY: help build test lint lint-core lint-portable deny e2e demo bench-latency
+.PHONY: help build test lint lint-core lint-portable deny fuzz e2e demo bench-latency
 
 help:
 	@echo "make build   release binaries into $(DIST)/"
@@ -95,6 +95,16 @@ deny:
 	elif grep -q 'failed to fetch advisory database' deny-advisories.log; then \
 	  echo "cargo deny check advisories: SKIPPED, the advisory database could not be fetched"; rm -f deny-advisories.log; \
 	else cat deny-advisories.log; rm -f deny-advisories.log; exit 1; fi
+
+# cargo-fuzz targets (fuzz/, nightly): FUZZ_SECONDS each (default 30), a crash fails. The
+# corpora stay in fuzz/corpus between runs (not committed).
+FUZZ_SECONDS ?= 30
+FUZZ_TARGETS = plan_target http1_head merge_bodies shared_value
+fuzz:
+	cd fuzz && for target in $(FUZZ_TARGETS); do \
+	  cargo +nightly fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 2>&1 \
+	    | grep -E '^#[0-9]+.*DONE|^==|panicked|SUMMARY' | sed "s/^/$$target: /"; \
+	  test $${PIPESTATUS[0]} -eq 0 || exit 1; done
 
 lint: lint-core
 	$(CARGO) fmt --all -- --check
