@@ -248,6 +248,12 @@ impl<R: Runtime> EstateHost<R> {
         self.metrics.as_ref()
     }
 
+    /// The upstream clients of the configuration in force now (for a runtime's own upkeep, such
+    /// as closing idle connections).
+    pub fn clients(&self) -> Arc<R::Clients> {
+        Arc::clone(&self.generation().clients)
+    }
+
     /// The configuration in force now.
     pub fn config(&self) -> Arc<Config> {
         let current = self

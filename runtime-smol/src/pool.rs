@@ -21,6 +21,9 @@ use smol::Async;
 const MAX_IDLE: usize = 64;
 /// How long an idle connection is kept.
 const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often idle connections are looked at ([`Pool::sweep`]), so that one the backend closed
+/// does not sit in CLOSE-WAIT until the next request.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(2);
 
 enum Io {
     Plain(Async<TcpStream>),
@@ -177,6 +180,15 @@ impl Pool {
             reused,
             reusable: false,
         }
+    }
+
+    /// Closes the idle connections the backend closed (or reset, or sent anything on) and those
+    /// idle past [`IDLE_TIMEOUT`]; run every [`SWEEP_INTERVAL`].
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        self.idle().retain(|(conn, since)| {
+            now.duration_since(*since) < IDLE_TIMEOUT && conn.is_idle_and_open()
+        });
     }
 
     fn put(&self, conn: Conn) {

@@ -142,6 +142,14 @@ async fn serve(
             reload_host.reload(prepared);
         }
     });
+    // Idle upstream connections the backends closed are closed here too, not left in CLOSE-WAIT.
+    let sweep_host = Arc::clone(&host);
+    let _sweeper = spawn_guarded(&executor, "idle connection sweep", async move {
+        loop {
+            Timer::after(crate::pool::SWEEP_INTERVAL).await;
+            sweep_host.clients().upstreams.sweep();
+        }
+    });
     let context = conn::Context::new(host, closing_watch, open);
     let signal = loop {
         let accepted = async { Ok(listener.accept().await) };

@@ -26,6 +26,15 @@ pub struct Upstreams {
     max_body_bytes: u64,
 }
 
+impl Upstreams {
+    /// Closes every backend's idle connections that are no longer usable ([`Pool::sweep`]).
+    pub fn sweep(&self) {
+        for backend in &self.backends {
+            backend.pool.sweep();
+        }
+    }
+}
+
 struct Backend {
     /// The Host header: the configured authority.
     authority: String,

@@ -193,6 +193,60 @@ pub fn a_client_that_leaves_releases_the_upstream_request(bin: &Path) {
     }
 }
 
+/// Sockets to `port` in CLOSE-WAIT (the peer closed, this side has not), from /proc/net/tcp.
+fn close_wait_to(port: u16) -> usize {
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let remote_port = fields
+                .get(2)
+                .and_then(|addr| addr.rsplit(':').next())
+                .and_then(|hex| u16::from_str_radix(hex, 16).ok());
+            remote_port == Some(port) && fields.get(3) == Some(&"08")
+        })
+        .count()
+}
+
+/// A pooled upstream connection the backend closes while idle (as Jetty does after its idle
+/// timeout) is closed by pdbmux too within a few seconds, not left in CLOSE-WAIT until the next
+/// request.
+pub fn idle_upstream_connections_the_backend_closed_are_closed_too(bin: &Path) {
+    let backend = FakeBackend::start(|_| {
+        let mut pieces = respond("200 OK", "application/json", r#"["kernel"]"#);
+        pieces.push(Piece::Pause(Duration::from_millis(50)));
+        pieces.push(Piece::Close);
+        pieces
+    });
+    let pdbmux = Pdbmux::start(
+        bin,
+        &[
+            ("PDBMUX_BACKENDS", format!("a={}", backend.url())),
+            ("PDBMUX_FACTS_TTL", "0s".to_owned()),
+        ],
+    );
+    // Spaced out, as a backend's idle timeout closes connections between requests.
+    for _ in 0..3 {
+        assert_eq!(pdbmux.get("/pdb/query/v4/fact-names").status(), 200);
+        thread::sleep(Duration::from_millis(300));
+    }
+    if !cfg!(target_os = "linux") {
+        return;
+    }
+    let port = backend.addr.port();
+    let started = Instant::now();
+    while close_wait_to(port) > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(6),
+            "{} sockets to the backend still in CLOSE-WAIT",
+            close_wait_to(port)
+        );
+        thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A client waiting on a shared fan-out (a cacheable route: a single-flight) that leaves is its
 /// last participant: the flight is cancelled and its upstream request released.
 pub fn a_client_that_leaves_a_shared_fan_out_cancels_it(bin: &Path) {
@@ -542,6 +596,7 @@ macro_rules! runtime_cases {
             sigterm_lets_in_flight_requests_finish_then_exits_zero,
             a_client_that_leaves_releases_the_upstream_request,
             a_client_that_leaves_a_shared_fan_out_cancels_it,
+            idle_upstream_connections_the_backend_closed_are_closed_too,
             a_streamed_body_past_its_deadline_aborts_the_connection,
             a_backend_closing_mid_body_aborts_the_connection,
             keep_alive_answers_pipelined_requests_in_order,
