@@ -7,7 +7,6 @@
 #![forbid(unsafe_code)]
 
 use libfuzzer_sys::fuzz_target;
-use pdbmux_core::config::{BackendConfig, BackendUrl, Config, TlsFiles};
 use pdbmux_core::{
     Admission, ClientRequest, ClockAnchor, Estate, EstateOutput, Exchange, ExchangeOutput,
     UpstreamResponse,
@@ -28,20 +27,11 @@ const TARGETS: [&str; 12] = [
     "/pdb/query/v4/inventory?limit=3&offset=1",
 ];
 
-fn config() -> Config {
-    let backend = |name: &str, port| BackendConfig {
-        name: name.into(),
-        url: BackendUrl {
-            scheme: "http".into(),
-            host: "127.0.0.1".into(),
-            port: Some(port),
-        },
-        tls: TlsFiles::default(),
-    };
-    Config {
+/// Two backends, no cache (every question fans out).
+fn config() -> pdbmux_core::config::Config {
+    pdbmux_core::config::Config {
         facts_ttl: std::time::Duration::ZERO,
-        health_probe_enabled: false,
-        ..Config::with_backends(vec![backend("a", 1), backend("b", 2)])
+        ..pdbmux_fuzz::config(2)
     }
 }
 

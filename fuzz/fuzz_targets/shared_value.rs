@@ -7,26 +7,17 @@
 
 use libfuzzer_sys::fuzz_target;
 use pdbmux_core::cache::shared::{StoreAnswer, StoreOp};
-use pdbmux_core::config::{BackendConfig, BackendUrl, CacheBackend, Config, TlsFiles};
+use pdbmux_core::config::{CacheBackend, Config, TlsFiles};
 use pdbmux_core::{Admission, ClientRequest, ClockAnchor, Estate, EstateOutput};
 
+/// One backend and a shared store.
 fn config() -> Config {
-    let backend = BackendConfig {
-        name: "a".into(),
-        url: BackendUrl {
-            scheme: "http".into(),
-            host: "127.0.0.1".into(),
-            port: Some(1),
-        },
-        tls: TlsFiles::default(),
-    };
     Config {
-        health_probe_enabled: false,
         cache_backend: CacheBackend::Redis {
             url: "redis://127.0.0.1:6379".into(),
             tls: TlsFiles::default(),
         },
-        ..Config::with_backends(vec![backend])
+        ..pdbmux_fuzz::config(1)
     }
 }
 

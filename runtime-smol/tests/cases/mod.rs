@@ -166,11 +166,18 @@ pub fn a_client_that_leaves_releases_the_upstream_request(bin: &Path) {
         pieces
     });
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    leave_once_asked(&pdbmux, &backend, "/pdb/query/v4/catalog-inputs");
+}
+
+/// Sends a GET for `target` and leaves (closes the connection) as soon as `backend` has been
+/// asked; then waits until pdbmux drops its upstream request, which the backend sees as its
+/// connection closing as soon as it writes (or reads) again, well before a second request could
+/// reuse it.
+fn leave_once_asked(pdbmux: &Pdbmux, backend: &FakeBackend, target: &str) {
     {
-        use std::io::Write;
-        let mut stream = std::net::TcpStream::connect(pdbmux.addr).unwrap();
+        let mut stream = TcpStream::connect(pdbmux.addr).unwrap();
         stream
-            .write_all(b"GET /pdb/query/v4/catalog-inputs HTTP/1.1\r\nHost: x\r\n\r\n")
+            .write_all(format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
             .unwrap();
         let started = Instant::now();
         while backend.request_lines().is_empty() {
@@ -181,13 +188,11 @@ pub fn a_client_that_leaves_releases_the_upstream_request(bin: &Path) {
             thread::sleep(Duration::from_millis(10));
         }
     }
-    // The client is gone: pdbmux drops the upstream request, so the backend sees its connection
-    // close as soon as it writes (or reads) again, well before a second request could reuse it.
     let started = Instant::now();
     while backend.connections_closed.load(Ordering::SeqCst) == 0 {
         assert!(
             started.elapsed() < Duration::from_secs(5),
-            "the upstream connection was not released"
+            "the upstream connection of {target} was not released"
         );
         thread::sleep(Duration::from_millis(20));
     }
@@ -263,28 +268,7 @@ pub fn a_client_that_leaves_a_shared_fan_out_cancels_it(bin: &Path) {
             ("PDBMUX_METRICS_LISTEN", metrics.to_string()),
         ],
     );
-    {
-        let mut stream = TcpStream::connect(pdbmux.addr).unwrap();
-        stream
-            .write_all(b"GET /pdb/query/v4/fact-names HTTP/1.1\r\nHost: x\r\n\r\n")
-            .unwrap();
-        let started = Instant::now();
-        while backend.request_lines().is_empty() {
-            assert!(
-                started.elapsed() < Duration::from_secs(5),
-                "request never reached the backend"
-            );
-            thread::sleep(Duration::from_millis(10));
-        }
-    }
-    let started = Instant::now();
-    while backend.connections_closed.load(Ordering::SeqCst) == 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(5),
-            "the flight's upstream connection was not released"
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
+    leave_once_asked(&pdbmux, &backend, "/pdb/query/v4/fact-names");
     // Counted as nginx counts a client that closed first.
     metrics::scrape_until(metrics, |s| {
         s.value("pdbmux_requests_total", "code=499,route=query") == 1.0
