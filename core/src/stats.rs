@@ -108,20 +108,6 @@ pub enum CallOutcome {
 }
 
 impl CallOutcome {
-    /// Every outcome, for metrics that list them all.
-    pub const ALL: [CallOutcome; 10] = [
-        CallOutcome::Ok,
-        CallOutcome::ClientError,
-        CallOutcome::ServerError,
-        CallOutcome::Timeout,
-        CallOutcome::Connect,
-        CallOutcome::BodyTooLarge,
-        CallOutcome::Transport,
-        CallOutcome::Unparseable,
-        CallOutcome::UnexpectedStatus,
-        CallOutcome::Cancelled,
-    ];
-
     /// Its label value.
     pub fn as_str(self) -> &'static str {
         match self {

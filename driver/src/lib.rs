@@ -28,7 +28,7 @@ mod request_counts;
 mod timing;
 
 pub use host::{EstateHost, Runtime, Task};
-pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes, METRICS_PATH};
+pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};
 pub use redis_store::{prefer_runtime, Clients, RedisStore};
 pub use timing::Timings;
 

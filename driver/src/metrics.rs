@@ -26,7 +26,7 @@ use prometheus_client::registry::{Registry, Unit};
 const CLIENT_GONE: u16 = 499;
 
 /// The only path the metrics listener serves.
-pub const METRICS_PATH: &str = "/metrics";
+const METRICS_PATH: &str = "/metrics";
 
 use crate::request_counts::{RequestCounts, CACHE_RESULTS, DURATION_BUCKETS};
 

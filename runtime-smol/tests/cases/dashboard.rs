@@ -3,9 +3,9 @@
 //! otherwise leave a panel empty or an alert silent, and nothing else would notice.
 
 use std::collections::BTreeSet;
-use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 
+use super::metrics::{metrics_addr, Scrape};
 use crate::support::{respond, FakeBackend, Pdbmux};
 
 /// Names the files may use that pdbmux does not export: Prometheus's own `up`, which
@@ -98,10 +98,7 @@ pub fn every_metric_the_dashboard_and_rules_use_is_exported(bin: &Path) {
         }
     });
     let failing = FakeBackend::start(|_| respond("500 Server Error", "text/plain", "boom"));
-    let metrics: SocketAddr = TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let metrics = metrics_addr();
     let pdbmux = Pdbmux::start(
         bin,
         &[
@@ -126,15 +123,9 @@ pub fn every_metric_the_dashboard_and_rules_use_is_exported(bin: &Path) {
         unanswered.text
     );
 
-    let response = Pdbmux::raw_at(
-        metrics,
-        "GET /metrics HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n",
-    );
-    assert_eq!(response.status(), 200, "{}", response.text);
-    let scrape = response.body();
-    prometheus_parse::Scrape::parse(scrape.lines().map(|l| Ok(l.to_owned())))
-        .expect("a well-formed scrape");
-    let exported = exported_names(scrape);
+    // Fetched, checked for a 200 and parsed with a Prometheus text parser by `Scrape::of`.
+    let scrape = Scrape::of(metrics).text;
+    let exported = exported_names(&scrape);
 
     let mut used = BTreeSet::new();
     let dashboard_path = deploy_dir().join("grafana/pdbmux-dashboard.json");

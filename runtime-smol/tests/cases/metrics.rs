@@ -23,7 +23,7 @@ pub(crate) fn metrics_addr() -> SocketAddr {
 /// value, with the raw text for messages.
 pub(crate) struct Scrape {
     samples: BTreeMap<(String, String), f64>,
-    text: String,
+    pub(crate) text: String,
 }
 
 impl Scrape {
