@@ -206,6 +206,20 @@ pub(crate) const KEYS: &[Key] = &[
         "most bytes read from one upstream body (512 MiB); more fails that backend",
     ),
     key(
+        "client_header_timeout",
+        "PDBMUX_CLIENT_HEADER_TIMEOUT",
+        None,
+        Some("30s"),
+        "longest a client may take to send a request head; also the keep-alive idle limit",
+    ),
+    key(
+        "client_send_timeout",
+        "PDBMUX_CLIENT_SEND_TIMEOUT",
+        None,
+        Some("60s"),
+        "longest a client may take no bytes of an answer before it is cut",
+    ),
+    key(
         "tls_ca_file",
         "PDBMUX_TLS_CA_FILE",
         None,

@@ -926,6 +926,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     let health_probe_failures = c.integer("health_probe_failures", 1, max_count);
     let health_probe_successes = c.integer("health_probe_successes", 1, max_count);
     let max_body_bytes = c.integer("max_body_bytes", 1, u64::MAX);
+    let client_header_timeout = c.positive_duration("client_header_timeout");
+    let client_send_timeout = c.positive_duration("client_send_timeout");
     let cache_backend = check_cache_backend(&mut c, &global_tls);
     let cache_key_prefix = c.text("cache_key_prefix");
     let cache_stale_ttl = c.duration("cache_stale_ttl");
@@ -982,11 +984,15 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 Some(cache_key_prefix),
                 Some((cache_stale_ttl, _)),
                 Some(cache_max_entry_bytes),
+                Some((client_header_timeout, _)),
+                Some((client_send_timeout, _)),
             ) = (
                 cache_backend,
                 cache_key_prefix,
                 cache_stale_ttl,
                 cache_max_entry_bytes,
+                client_header_timeout,
+                client_send_timeout,
             )
             else {
                 return Checked {
@@ -1020,6 +1026,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                     health_probe_failures: failures,
                     health_probe_successes: successes,
                     max_body_bytes,
+                    client_header_timeout,
+                    client_send_timeout,
                     cache_backend,
                     cache_key_prefix,
                     cache_stale_ttl,

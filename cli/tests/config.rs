@@ -461,6 +461,17 @@ fn validation_messages() {
             "0",
             "facts_cache_bytes: must be at least 1, got 0",
         ),
+        // Zero would cut every client at once.
+        (
+            "PDBMUX_CLIENT_HEADER_TIMEOUT",
+            "0s",
+            "client_header_timeout: \"0s\" must be more than 0s",
+        ),
+        (
+            "PDBMUX_CLIENT_SEND_TIMEOUT",
+            "0s",
+            "client_send_timeout: \"0s\" must be more than 0s",
+        ),
     ];
     for (var, value, want) in cases {
         Jail::expect_with(|jail| {

@@ -443,9 +443,11 @@ fn version_model(outcomes: &[Reply]) -> Answered {
     }
 }
 
-/// `/pdb/meta/v1/server-time`: the first success in configured order, verbatim.
+/// `/pdb/meta/v1/server-time`: the first success in configured order whose body is JSON,
+/// verbatim (a 2xx that is not JSON is that backend failing).
 fn server_time_model(outcomes: &[Reply]) -> Answered {
-    match outcomes.iter().find_map(success_body) {
+    let json = |body: &&[u8]| serde_json::from_slice::<serde_json::Value>(body).is_ok();
+    match outcomes.iter().filter_map(success_body).find(json) {
         Some(body) => Answered {
             status: 200,
             body: String::from_utf8_lossy(body).into_owned(),
@@ -510,6 +512,11 @@ fn the_models_agree_with_a_hand_picked_case() {
     assert_eq!(
         server_time_model(&outcomes).body,
         r#"{"version":"7.12.10"}"#
+    );
+    let server_time = fan_out("/pdb/meta/v1/server-time", &outcomes[1..], &[1, 2]).expect("runs");
+    assert_eq!(
+        server_time.body, r#"{"version":"7.12.1"}"#,
+        "<html> is not JSON"
     );
     let answered = fan_out("/pdb/meta/v1/version", &outcomes, &[3, 2, 1]).expect("runs");
     assert_eq!(answered, model);

@@ -142,6 +142,14 @@ pub struct Config {
     pub health_probe_successes: u32,
     /// The most bytes read from one upstream body; more counts as that backend failing.
     pub max_body_bytes: u64,
+    /// How long a client may take to send a request head, and how long an idle kept-alive
+    /// connection stays open (nginx's `client_header_timeout`; docs/reliability.md). A new
+    /// connection takes the value current when it is accepted.
+    pub client_header_timeout: Duration,
+    /// How long a client may take no bytes of an answer before its connection is cut (nginx's
+    /// `send_timeout`): the timeout bounds each wait for the socket to take bytes, not the
+    /// whole answer.
+    pub client_send_timeout: Duration,
     /// Where merged answers are cached besides memory.
     pub cache_backend: CacheBackend,
     /// Prefixed to every key pdbmux writes in a shared store.
@@ -215,6 +223,14 @@ impl Config {
             "cache_max_entry_bytes",
             old.cache_max_entry_bytes != new.cache_max_entry_bytes,
         );
+        check(
+            "client_header_timeout",
+            old.client_header_timeout != new.client_header_timeout,
+        );
+        check(
+            "client_send_timeout",
+            old.client_send_timeout != new.client_send_timeout,
+        );
         changed
     }
 
@@ -238,6 +254,8 @@ impl Config {
             health_probe_failures: 3,
             health_probe_successes: 2,
             max_body_bytes: 512 * 1024 * 1024,
+            client_header_timeout: Duration::from_secs(30),
+            client_send_timeout: Duration::from_secs(60),
             cache_backend: CacheBackend::Memory,
             cache_key_prefix: "pdbmux:".to_owned(),
             cache_stale_ttl: Duration::from_secs(300),

@@ -145,7 +145,18 @@ impl Exchange {
                 CallState::Done(Outcome::Failed(Failure::HeldBody(response.status)))
             }
             UpstreamBody::Full(body) => {
-                CallState::Done(outcome_of(response.status, response.headers, body))
+                let outcome = outcome_of(response.status, response.headers, body);
+                CallState::Done(match outcome {
+                    Outcome::Success { ref body, .. } if self.plan.answers_verbatim() => {
+                        match crate::records::check_json(body) {
+                            Ok(()) => outcome,
+                            Err(error) => Outcome::Failed(Failure::Unusable(
+                                Unusable::Unparseable(error.to_string()),
+                            )),
+                        }
+                    }
+                    outcome => outcome,
+                })
             }
         };
         self.calls.0[index].state = state;

@@ -166,6 +166,14 @@ pub(crate) trait Plan: fmt::Debug + Send {
         false
     }
 
+    /// Whether a 2xx answer may be served as the backend sent it (pass-through, per-certname,
+    /// report holders, server time). The exchange then checks a buffered one is JSON before the
+    /// plan sees it: one that is not is that backend failing (docs/reliability.md); a streamed
+    /// one is checked by the driver on its way out.
+    fn answers_verbatim(&self) -> bool {
+        false
+    }
+
     /// The first calls, `(backend, part)`, over the backends in `context.roster`.
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)>;
 

@@ -73,9 +73,10 @@ pub use healthz::{Round, REACHABILITY_PATH};
 pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
     BodyMode, ClientRequest, Response, ResponseBody, UpstreamBody, UpstreamFailure,
-    UpstreamRequest, UpstreamResponse, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,
+    UpstreamRequest, UpstreamResponse, HELD_ABOVE_BYTES, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,
 };
 pub use policy::{plan, Planned};
+pub use records::{check_json, MAX_DEPTH as MAX_JSON_DEPTH};
 pub use root::Translating;
 pub use route::ROUTE_CLASSES;
 pub use sequence::forwarded_headers;

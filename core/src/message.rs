@@ -56,9 +56,26 @@ pub enum BodyMode {
     /// Read the whole body (bounded by `max_body_bytes`) and deliver it as [`UpstreamBody::Full`].
     Buffer,
     /// On a 2xx, hold the body unread and deliver [`UpstreamBody::Held`]; the core will either
-    /// stream it to the client ([`ResponseBody::Upstream`]) or cancel it. Any other status: read it
-    /// whole as in [`BodyMode::Buffer`].
+    /// stream it to the client ([`ResponseBody::Upstream`]) or cancel it. Any other status, and a
+    /// 2xx declared at most [`HELD_ABOVE_BYTES`] long: read it whole as in [`BodyMode::Buffer`]
+    /// ([`BodyMode::holds`] decides).
     StreamSuccess,
+}
+
+/// A streamed answer declared at most this long is read whole instead: the core can then check
+/// it is JSON and ask the next backend when it is not, where a held body can only be cut off
+/// once its first bytes went out (docs/reliability.md).
+pub const HELD_ABOVE_BYTES: u64 = 256 * 1024;
+
+impl BodyMode {
+    /// Whether the runtime holds an answer with this status and declared `Content-Length`
+    /// (`None` for chunked) for streaming, rather than reading it whole. Use it in every
+    /// runtime's upstream client, so they agree.
+    pub fn holds(self, status: http::StatusCode, declared_length: Option<u64>) -> bool {
+        self == BodyMode::StreamSuccess
+            && status.is_success()
+            && declared_length.is_none_or(|length| length > HELD_ABOVE_BYTES)
+    }
 }
 
 /// A request the runtime must send to one backend.

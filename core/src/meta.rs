@@ -76,6 +76,10 @@ impl FirstInOrder {
 }
 
 impl Plan for FirstInOrder {
+    fn answers_verbatim(&self) -> bool {
+        true
+    }
+
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
         everyone(context)
     }

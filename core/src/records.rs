@@ -42,6 +42,13 @@ fn check_depth(body: &[u8]) -> Result<(), serde_json::Error> {
     Ok(())
 }
 
+/// Checks that a body is one JSON value nested at most [`MAX_DEPTH`] levels: what a verbatim
+/// answer must be before it is served (docs/reliability.md).
+pub fn check_json(body: &[u8]) -> Result<(), serde_json::Error> {
+    check_depth(body)?;
+    serde_json::from_slice::<&RawValue>(body).map(drop)
+}
+
 /// Parses a body that must be a JSON array into its raw elements (the whole body is validated,
 /// so a truncated answer is refused, docs/decisions.md D7).
 pub fn parse_array(body: &[u8]) -> Result<Vec<&RawValue>, serde_json::Error> {

@@ -60,6 +60,10 @@ impl Sequence {
 }
 
 impl Plan for Sequence {
+    fn answers_verbatim(&self) -> bool {
+        true
+    }
+
     fn needs_ownership(&self) -> bool {
         self.owner_of.is_some()
     }
@@ -157,6 +161,10 @@ impl Holder {
 }
 
 impl Plan for Holder {
+    fn answers_verbatim(&self) -> bool {
+        true
+    }
+
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
         everyone(context)
     }

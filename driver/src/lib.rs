@@ -20,6 +20,7 @@ use std::time::Instant;
 
 mod host;
 pub mod http1;
+mod json_check;
 mod metrics;
 #[cfg(target_os = "linux")]
 mod process;
@@ -28,6 +29,7 @@ mod request_counts;
 mod timing;
 
 pub use host::{EstateHost, Runtime, Task};
+pub use json_check::{CheckedStream, NotJson};
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};
 pub use redis_store::{prefer_runtime, Clients, RedisStore};
 pub use timing::Timings;

@@ -6,8 +6,9 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
-use bytes::Bytes;
-use smol::io::{AsyncRead, AsyncReadExt};
+use bytes::{Buf, Bytes};
+use pdbmux_driver::CheckedStream;
+use smol::io::{AsyncBufRead, AsyncRead, AsyncReadExt};
 use smol::Timer;
 
 use crate::pool::Lease;
@@ -115,12 +116,23 @@ impl AsyncRead for HeldBody {
     }
 }
 
-/// Streams a held body to the client until its end; going over the byte limit or past
-/// `deadline` is an error, so the client connection is aborted rather than sent a truncated 200.
+/// Streams a held body to the client until its end; going over the byte limit, past `deadline`
+/// or a body that is not JSON is an error, so the client connection is aborted rather than sent
+/// a truncated or broken 200. The JSON check holds back the latest chunk until the body is known
+/// to continue or to end as one value ([`CheckedStream`]).
 pub struct Deadlined {
     inner: HeldBody,
     timer: Timer,
+    check: CheckedStream,
+    /// Read from `inner`, not yet checked.
+    scratch: Box<[u8]>,
+    /// Checked, not yet handed out.
+    ready: Bytes,
+    ended: bool,
 }
+
+/// How much of a streamed body is read from the backend at a time.
+const READ_SIZE: usize = 16 * 1024;
 
 impl Deadlined {
     /// Bounds `inner` by `deadline`.
@@ -128,33 +140,81 @@ impl Deadlined {
         Deadlined {
             inner,
             timer: Timer::at(deadline),
+            check: CheckedStream::new(),
+            scratch: vec![0; READ_SIZE].into_boxed_slice(),
+            ready: Bytes::new(),
+            ended: false,
         }
+    }
+
+    /// Reads and checks the next piece of the upstream body into `ready`.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.ready.is_empty() && !self.ended {
+            if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_read(cx, &mut self.scratch)
+            {
+                let checked = match result {
+                    Ok(0) => {
+                        self.ended = true;
+                        self.check.finish()
+                    }
+                    Ok(n) => self.check.push(Bytes::copy_from_slice(&self.scratch[..n])),
+                    Err(error) => {
+                        tracing::warn!("aborting a streamed response: {error}");
+                        return Poll::Ready(Err(error));
+                    }
+                };
+                match checked {
+                    Ok(ready) => self.ready = ready.unwrap_or_default(),
+                    Err(not_json) => {
+                        tracing::warn!("aborting a streamed response: {not_json}");
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            not_json,
+                        )));
+                    }
+                }
+                continue;
+            }
+            return match std::future::Future::poll(Pin::new(&mut self.timer), cx) {
+                Poll::Ready(_) => {
+                    tracing::warn!(
+                        "aborting a streamed response: upstream body not complete before the deadline"
+                    );
+                    Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "upstream body not complete before the deadline",
+                    )))
+                }
+                Poll::Pending => Poll::Pending,
+            };
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncBufRead for Deadlined {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        ready!(this.poll_next(cx))?;
+        Poll::Ready(Ok(&this.ready))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        self.get_mut().ready.advance(amt);
     }
 }
 
 impl AsyncRead for Deadlined {
     fn poll_read(
-        mut self: Pin<&mut Self>,
+        self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut [u8],
     ) -> Poll<io::Result<usize>> {
-        if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_read(cx, buf) {
-            if let Err(error) = &result {
-                tracing::warn!("aborting a streamed response: {error}");
-            }
-            return Poll::Ready(result);
-        }
-        match std::future::Future::poll(Pin::new(&mut self.timer), cx) {
-            Poll::Ready(_) => {
-                tracing::warn!(
-                    "aborting a streamed response: upstream body not complete before the deadline"
-                );
-                Poll::Ready(Err(io::Error::new(
-                    io::ErrorKind::TimedOut,
-                    "upstream body not complete before the deadline",
-                )))
-            }
-            Poll::Pending => Poll::Pending,
-        }
+        let this = self.get_mut();
+        ready!(this.poll_next(cx))?;
+        let n = this.ready.len().min(buf.len());
+        buf[..n].copy_from_slice(&this.ready[..n]);
+        this.ready.advance(n);
+        Poll::Ready(Ok(n))
     }
 }

@@ -26,7 +26,7 @@ use pdbmux_core::{Response, ResponseBody};
 use pdbmux_sealed::SealedSender;
 use smol::channel::{Receiver, Sender};
 use smol::future::{self, FutureExt};
-use smol::io::{AsyncReadExt, AsyncWriteExt, BufReader, Cursor};
+use smol::io::{AsyncReadExt, AsyncWriteExt, Cursor};
 use smol::{Async, Timer};
 
 use pdbmux_driver::http1::{parse_head, Head, Parsed, RequestBody};
@@ -35,12 +35,16 @@ use crate::body::Deadlined;
 use crate::runtime::Host;
 use crate::service::{self, Answer};
 
-/// How long a client may take to send a request's head (also the keep-alive idle limit).
-pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a write may wait while the client takes no bytes before the connection is dropped
-/// (nginx's `send_timeout`): a client that stops reading cannot hold its connection, buffers and
-/// pipe for ever, and one that keeps reading, however slowly, is never cut.
-const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long this connection waits on its client: `client_header_timeout` for a request head
+/// (and while idle between requests), `client_send_timeout` for each write the client takes no
+/// bytes of (nginx's `send_timeout`): a client that stops reading cannot hold its connection,
+/// buffers and pipe for ever, and one that takes bytes within every timeout is never cut (the
+/// kernel wakes a writer once a third of the socket buffer is free, so "takes bytes" means that).
+#[derive(Clone, Copy)]
+struct Timeouts {
+    header: Duration,
+    send: Duration,
+}
 /// The most head bytes buffered. The core refuses targets over 8 KiB (414) and header blocks
 /// over 16 KiB (431); a head past this is refused here the same way (as hyper's buffer limit).
 const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -89,8 +93,15 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
     let mut pending: Vec<u8> = Vec::new();
     // Sends sealed bodies, through pipes it borrows while they hold bytes.
     let mut sender = SealedSender::new();
+    // The timeouts current at accept (a reload changes them for new connections).
+    let config = context.host.config();
+    let timeouts = Timeouts {
+        header: config.client_header_timeout,
+        send: config.client_send_timeout,
+    };
+    drop(config);
     loop {
-        let head = match read_head(&stream, &mut pending, &context.closing).await {
+        let head = match read_head(&stream, &mut pending, &context.closing, timeouts.header).await {
             HeadRead::Request(head) => head,
             HeadRead::Refuse(status, why) => {
                 let response = Response::text(status, format!("pdbmux: {why}"));
@@ -98,7 +109,16 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
                     response,
                     stream: None,
                 };
-                let _ = write(&stream, &mut sender, answer, false, true, false).await;
+                let _ = write(
+                    &stream,
+                    &mut sender,
+                    answer,
+                    timeouts.send,
+                    false,
+                    true,
+                    false,
+                )
+                .await;
                 linger_close(&stream).await;
                 return;
             }
@@ -124,6 +144,7 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
             &stream,
             &mut sender,
             answer,
+            timeouts.send,
             keep_alive,
             head.http11,
             head_only,
@@ -146,21 +167,25 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
             return;
         }
         if let RequestBody::Length(length) = head.body {
-            if skip(&stream, &mut pending, length).await.is_err() {
+            if skip(&stream, &mut pending, length, timeouts.header)
+                .await
+                .is_err()
+            {
                 return;
             }
         }
     }
 }
 
-/// Reads the next request head, waiting at most [`HEADER_READ_TIMEOUT`]; an idle connection is
+/// Reads the next request head, waiting at most `timeout`; an idle connection is
 /// closed as soon as the server starts shutting down.
 async fn read_head(
     stream: &Async<TcpStream>,
     pending: &mut Vec<u8>,
     closing: &Receiver<()>,
+    timeout: Duration,
 ) -> HeadRead {
-    let mut timer = Timer::at(Instant::now() + HEADER_READ_TIMEOUT);
+    let mut timer = Timer::at(Instant::now() + timeout);
     let mut chunk = vec![0u8; 8 * 1024];
     loop {
         if !pending.is_empty() {
@@ -219,12 +244,17 @@ async fn watch_client(stream: &Async<TcpStream>, pending: &mut Vec<u8>) {
 }
 
 /// Reads past a request body of `length` bytes the handler did not need.
-async fn skip(stream: &Async<TcpStream>, pending: &mut Vec<u8>, length: u64) -> io::Result<()> {
+async fn skip(
+    stream: &Async<TcpStream>,
+    pending: &mut Vec<u8>,
+    length: u64,
+    timeout: Duration,
+) -> io::Result<()> {
     let buffered = usize::try_from(length).map_or(pending.len(), |n| n.min(pending.len()));
     pending.drain(..buffered);
     let mut left = length - buffered as u64;
     let mut chunk = vec![0u8; 16 * 1024];
-    let deadline = Instant::now() + HEADER_READ_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     while left > 0 {
         let want = usize::try_from(left).map_or(chunk.len(), |n| n.min(chunk.len()));
         let read = async { (&*stream).read(&mut chunk[..want]).await };
@@ -247,6 +277,7 @@ async fn write(
     stream: &Async<TcpStream>,
     sender: &mut SealedSender,
     answer: Answer,
+    send_timeout: Duration,
     keep_alive: bool,
     http11: bool,
     head_only: bool,
@@ -264,7 +295,7 @@ async fn write(
     };
     let wire = to_wire(answer, keep_alive, http11);
     if let Some(sealed) = full_body.as_deref().and_then(pdbmux_sealed::find) {
-        return write_sealed(stream, sender, wire, sealed).await;
+        return write_sealed(stream, sender, wire, sealed, send_timeout).await;
     }
     let method = if head_only {
         http_types::Method::Head
@@ -289,13 +320,13 @@ async fn write(
                 }
                 Some(Ok(n)) => filled += n,
                 Some(Err(error)) => {
-                    write_all(stream, &buffer[..filled]).await?;
+                    write_all(stream, &buffer[..filled], send_timeout).await?;
                     return Err(error);
                 }
                 None => break,
             }
         }
-        write_all(stream, &buffer[..filled]).await?;
+        write_all(stream, &buffer[..filled], send_timeout).await?;
         total += filled as u64;
         if ended {
             break;
@@ -318,9 +349,13 @@ async fn within<T>(timeout: Duration, write: impl Future<Output = io::Result<T>>
 }
 
 /// Writes all of `bytes`, one `write` (and one send timeout) at a time.
-async fn write_all(mut stream: &Async<TcpStream>, mut bytes: &[u8]) -> io::Result<()> {
+async fn write_all(
+    mut stream: &Async<TcpStream>,
+    mut bytes: &[u8],
+    timeout: Duration,
+) -> io::Result<()> {
     while !bytes.is_empty() {
-        let n = within(SEND_TIMEOUT, stream.write(bytes)).await?;
+        let n = within(timeout, stream.write(bytes)).await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
@@ -338,6 +373,7 @@ async fn write_sealed(
     sender: &mut SealedSender,
     wire: http_types::Response,
     mut sealed: pdbmux_sealed::Sealed<'_>,
+    timeout: Duration,
 ) -> io::Result<u64> {
     let body = sealed.len() as u64;
     let mut head = Vec::new();
@@ -348,30 +384,34 @@ async fn write_sealed(
     while written < head.len() {
         let rest = [io::IoSlice::new(&head[written..])];
         let sent = stream.write_with(|socket| pdbmux_sealed::send_head(socket.as_fd(), &rest));
-        let n = within(SEND_TIMEOUT, sent).await?;
+        let n = within(timeout, sent).await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         written += n;
     }
     while !sealed.is_empty() {
-        drain(stream, sender).await?;
+        drain(stream, sender, timeout).await?;
         let sent = stream.write_with(|socket| sender.send(socket.as_fd(), sealed));
-        let n = within(SEND_TIMEOUT, sent).await?;
+        let n = within(timeout, sent).await?;
         if n == 0 {
             return Err(io::ErrorKind::WriteZero.into());
         }
         sealed.advance(n);
     }
-    drain(stream, sender).await?;
+    drain(stream, sender, timeout).await?;
     Ok(head.len() as u64 + body)
 }
 
 /// Sends what `sender`'s pipe still holds, one `splice` (and one send timeout) at a time.
-async fn drain(stream: &Async<TcpStream>, sender: &mut SealedSender) -> io::Result<()> {
+async fn drain(
+    stream: &Async<TcpStream>,
+    sender: &mut SealedSender,
+    timeout: Duration,
+) -> io::Result<()> {
     while sender.pending() > 0 {
         let moved = stream.write_with(|socket| sender.flush_some(socket.as_fd()));
-        within(SEND_TIMEOUT, moved).await?;
+        within(timeout, moved).await?;
     }
     Ok(())
 }
@@ -410,7 +450,7 @@ fn to_wire(answer: Answer, keep_alive: bool, http11: bool) -> http_types::Respon
     let body = match (response.body, stream) {
         (ResponseBody::Upstream(_), Some((held, deadline))) => {
             let length = held.length().and_then(|n| usize::try_from(n).ok());
-            http_types::Body::from_reader(BufReader::new(Deadlined::new(held, deadline)), length)
+            http_types::Body::from_reader(Deadlined::new(held, deadline), length)
         }
         // `service::checked` pairs every streamed response with its body.
         (ResponseBody::Upstream(_), None) => http_types::Body::empty(),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use futures_rustls::TlsConnector;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use pdbmux_core::config::{BackendConfig, Config};
-use pdbmux_core::{BodyMode, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use pdbmux_core::{UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use rustls::pki_types::ServerName;
 use smol::future::FutureExt;
 use smol::io::AsyncWriteExt;
@@ -192,7 +192,7 @@ impl Upstreams {
         }
         lease.reusable = !has_token(&headers, "close");
         let body = HeldBody::new(response.take_body(), lease, self.max_body_bytes, length);
-        if request.body_mode == BodyMode::StreamSuccess && status.is_success() {
+        if request.body_mode.holds(status, length) {
             let response = UpstreamResponse {
                 status,
                 headers,
@@ -287,7 +287,7 @@ fn tls_for(
 mod tests {
     use std::time::Instant;
 
-    use pdbmux_core::{BackendId, UpstreamId};
+    use pdbmux_core::{BackendId, BodyMode, UpstreamId};
 
     use super::*;
 

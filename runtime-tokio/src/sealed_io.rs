@@ -18,7 +18,7 @@
 //! Writes are bounded by a send timeout: when the client has taken no bytes for that long while
 //! a write waits, the write fails with `TimedOut` and hyper drops the connection (nginx's
 //! `send_timeout`), so that a client that stops reading cannot hold its connection, buffers and
-//! pipe for ever. A client that keeps taking bytes, however slowly, is never cut.
+//! pipe for ever. A client that takes bytes within every timeout is never cut.
 
 use std::future::Future;
 use std::io::{self, IoSlice};

@@ -21,11 +21,6 @@ use crate::sealed_io::SealedIo;
 use crate::service;
 use crate::upstream::Upstreams;
 
-/// How long a client may take to send a request's headers (also the keep-alive idle limit).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long a write may wait for the client to take any bytes before the connection is dropped
-/// (nginx's `send_timeout`).
-const SEND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Extra time in-flight requests get after the upstream timeout when shutting down.
 const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
@@ -129,7 +124,6 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     let graceful = GracefulShutdown::new();
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
         .keep_alive(true)
         .max_buf_size(64 * 1024);
     let shutdown = shutdown_signal();
@@ -147,7 +141,10 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
                 };
                 let _ = stream.set_nodelay(true);
                 let host = Arc::clone(&host);
-                let io = SealedIo::new(stream, SEND_TIMEOUT, host.metrics().map(|m| m.sent_bytes()));
+                // The client timeouts current at accept (a reload changes them for new ones).
+                let config = host.config();
+                http.header_read_timeout(config.client_header_timeout);
+                let io = SealedIo::new(stream, config.client_send_timeout, host.metrics().map(|m| m.sent_bytes()));
                 let counts = io.counts();
                 let open = host.metrics().map(|m| m.connection_opened());
                 let connection = http.serve_connection(

@@ -13,9 +13,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use pdbmux_core::config::{BackendConfig, Config};
-use pdbmux_core::{
-    BackendId, BodyMode, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
-};
+use pdbmux_core::{BackendId, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -80,21 +78,19 @@ impl Upstreams {
             .await
             .map_err(classify_client_error)?;
         let (parts, body) = response.into_parts();
-        if let Some(length) = parts
+        let length = parts
             .headers
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            if length > self.max_body_bytes {
-                return Err(UpstreamFailure::BodyTooLarge {
-                    limit: self.max_body_bytes,
-                });
-            }
+            .and_then(|v| v.parse::<u64>().ok());
+        if length.is_some_and(|length| length > self.max_body_bytes) {
+            return Err(UpstreamFailure::BodyTooLarge {
+                limit: self.max_body_bytes,
+            });
         }
         let limit = usize::try_from(self.max_body_bytes).unwrap_or(usize::MAX);
         let body = Limited::new(body, limit);
-        if request.body_mode == BodyMode::StreamSuccess && parts.status.is_success() {
+        if request.body_mode.holds(parts.status, length) {
             let response = UpstreamResponse {
                 status: parts.status,
                 headers: parts.headers,

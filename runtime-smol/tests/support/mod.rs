@@ -29,6 +29,7 @@ pub fn binary(default: &str) -> PathBuf {
 }
 
 /// What the fake writes back: raw bytes, with optional pauses between pieces, or a close.
+#[derive(Clone)]
 pub enum Piece {
     Bytes(Vec<u8>),
     Pause(Duration),

@@ -1,0 +1,225 @@
+//! Streamed upstream bodies checked as JSON on their way to the client (docs/reliability.md,
+//! "Verbatim answers are checked").
+//!
+//! A pass-through or per-certname answer is streamed, not buffered, so pdbmux cannot choose
+//! another backend once bytes have gone out. What it can do is never complete a body that is
+//! not one JSON value: [`CheckedStream`] holds back the latest chunk until the next one (or the
+//! end) shows the body is still JSON, so a body found broken ends with the client missing at
+//! least that chunk and the runtime aborting the connection: an unterminated chunked body, a
+//! Content-Length not reached.
+
+use actson::feeder::PushJsonFeeder;
+use actson::options::JsonParserOptionsBuilder;
+use actson::{JsonEvent, JsonParser};
+use bytes::Bytes;
+
+use pdbmux_core::MAX_JSON_DEPTH;
+
+/// A streamed body that is not one JSON value (or nests deeper than [`MAX_JSON_DEPTH`], as a
+/// buffered answer may not either).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("upstream body is not JSON: {reason} at byte {offset}")]
+pub struct NotJson {
+    /// What the parser found.
+    pub reason: String,
+    /// How many bytes of the body it had read.
+    pub offset: usize,
+}
+
+/// The JSON check of one streamed body, with the chunk it holds back. Use it between the
+/// upstream body and the client: [`CheckedStream::push`] each chunk as it arrives and send what
+/// it gives back; at the upstream body's end, [`CheckedStream::finish`] gives the last chunk or
+/// says the body was not JSON (then abort the client connection instead of ending the body).
+pub struct CheckedStream {
+    parser: JsonParser<PushJsonFeeder>,
+    held: Option<Bytes>,
+    failed: Option<NotJson>,
+}
+
+impl Default for CheckedStream {
+    fn default() -> Self {
+        CheckedStream::new()
+    }
+}
+
+impl CheckedStream {
+    /// A check for a new body.
+    pub fn new() -> CheckedStream {
+        let options = JsonParserOptionsBuilder::default()
+            // actson counts the bottom of its stack as a level.
+            .with_max_depth(MAX_JSON_DEPTH + 1)
+            .build();
+        CheckedStream {
+            parser: JsonParser::new_with_options(PushJsonFeeder::new(), options),
+            held: None,
+            failed: None,
+        }
+    }
+
+    /// Checks the next chunk of the body. `Ok` gives the chunk that may now be sent (the one
+    /// held before, `None` for the first), holding `chunk` back in its place; `Err` when the
+    /// body so far cannot begin a JSON value, and for every chunk after that.
+    pub fn push(&mut self, chunk: Bytes) -> Result<Option<Bytes>, NotJson> {
+        self.check(&chunk)?;
+        if chunk.is_empty() {
+            return Ok(None);
+        }
+        Ok(self.held.replace(chunk))
+    }
+
+    /// Ends the body: `Ok` gives the held chunk, the last to send, when the whole body was one
+    /// JSON value with nothing but whitespace after it.
+    pub fn finish(&mut self) -> Result<Option<Bytes>, NotJson> {
+        if let Some(failed) = &self.failed {
+            return Err(failed.clone());
+        }
+        self.parser.feeder.done();
+        loop {
+            match self.parser.next_event() {
+                Ok(None) => return Ok(self.held.take()),
+                Ok(Some(JsonEvent::NeedMoreInput)) => {
+                    return Err(self.fail("the body ended inside a value"))
+                }
+                Ok(Some(_)) => {}
+                Err(error) => return Err(self.fail(&error.to_string())),
+            }
+        }
+    }
+
+    fn check(&mut self, mut chunk: &[u8]) -> Result<(), NotJson> {
+        if let Some(failed) = &self.failed {
+            return Err(failed.clone());
+        }
+        while !chunk.is_empty() {
+            let pushed = self.parser.feeder.push_bytes(chunk);
+            chunk = &chunk[pushed..];
+            loop {
+                match self.parser.next_event() {
+                    Ok(Some(JsonEvent::NeedMoreInput)) => break,
+                    Ok(Some(_)) => {}
+                    // The value ended and bytes follow it.
+                    Ok(None) => return Err(self.fail("bytes after the value")),
+                    Err(error) => return Err(self.fail(&error.to_string())),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fail(&mut self, reason: &str) -> NotJson {
+        let failed = NotJson {
+            reason: reason.to_owned(),
+            offset: self.parser.parsed_bytes(),
+        };
+        self.failed = Some(failed.clone());
+        self.held = None;
+        failed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The body in chunks of `size`: what was sent, and whether it finished.
+    fn stream(body: &[u8], size: usize) -> (Vec<u8>, Result<(), NotJson>) {
+        let mut check = CheckedStream::new();
+        let mut sent = Vec::new();
+        for chunk in body.chunks(size.max(1)) {
+            match check.push(Bytes::copy_from_slice(chunk)) {
+                Ok(ready) => sent.extend(ready.unwrap_or_default()),
+                Err(error) => return (sent, Err(error)),
+            }
+        }
+        match check.finish() {
+            Ok(last) => {
+                sent.extend(last.unwrap_or_default());
+                (sent, Ok(()))
+            }
+            Err(error) => (sent, Err(error)),
+        }
+    }
+
+    #[test]
+    fn json_bodies_pass_whole_in_any_chunking() {
+        let bodies: [&[u8]; 6] = [
+            b"[]",
+            b"[{\"certname\":\"a.example\",\"n\":-1.5e3,\"ok\":true,\"x\":null}]",
+            b"  {\"a\": [1, 2, {\"b\": \"\\u00e9\\\"\"}]}\n",
+            "[\"caf\u{e9}\"]".as_bytes(),
+            b"0",
+            b"\"just a string\"",
+        ];
+        for body in bodies {
+            for size in [1, 2, 3, 7, 4096] {
+                let (sent, result) = stream(body, size);
+                assert_eq!(
+                    result,
+                    Ok(()),
+                    "{:?} in chunks of {size}",
+                    String::from_utf8_lossy(body)
+                );
+                assert_eq!(sent, body);
+            }
+        }
+    }
+
+    #[test]
+    fn broken_bodies_never_reach_the_client_whole() {
+        let bodies: [&[u8]; 10] = [
+            b"",
+            b"[",
+            b"[1,",
+            b"[{\"a\":1}",
+            b"[1]]",
+            b"[1] x",
+            b"[1][2]",
+            b"<html>login</html>",
+            b"[\"unterminated]",
+            b"{\"a\" 1}",
+        ];
+        for body in bodies {
+            for size in [1, 2, 5, 4096] {
+                let (sent, result) = stream(body, size);
+                assert!(
+                    result.is_err(),
+                    "{:?} in chunks of {size}",
+                    String::from_utf8_lossy(body)
+                );
+                assert!(
+                    sent.len() < body.len() || body.is_empty(),
+                    "{:?} in chunks of {size}: {} of {} bytes sent",
+                    String::from_utf8_lossy(body),
+                    sent.len(),
+                    body.len()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn streamed_and_buffered_bodies_agree_on_json_and_depth() {
+        let nested = |depth: usize| format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let bodies = [
+            nested(MAX_JSON_DEPTH),
+            nested(MAX_JSON_DEPTH + 1),
+            "[1]".to_owned(),
+            "[1]]".to_owned(),
+            "[1".to_owned(),
+            " {\"a\":\"]\"} ".to_owned(),
+        ];
+        for body in bodies {
+            let buffered = pdbmux_core::check_json(body.as_bytes()).is_ok();
+            assert_eq!(stream(body.as_bytes(), 64).1.is_ok(), buffered, "{body:?}");
+        }
+        assert!(stream(nested(MAX_JSON_DEPTH + 1).as_bytes(), 64).1.is_err());
+    }
+
+    #[test]
+    fn after_a_failure_every_chunk_fails() {
+        let mut check = CheckedStream::new();
+        assert!(check.push(Bytes::from_static(b"[1]]")).is_err());
+        assert!(check.push(Bytes::from_static(b" ")).is_err());
+        assert!(check.finish().is_err());
+    }
+}
