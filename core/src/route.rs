@@ -143,6 +143,10 @@ pub enum Refusal {
     /// The path is not on the allowlist.
     #[error("not found: pdbmux does not serve this path")]
     NotFound,
+    /// The query string's percent-encoding is malformed or decodes to what no backend could
+    /// read the same way.
+    #[error("bad query string: {0}")]
+    BadQuery(&'static str),
 }
 
 impl Refusal {
@@ -152,7 +156,7 @@ impl Refusal {
             Refusal::UriTooLong => StatusCode::URI_TOO_LONG,
             Refusal::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Refusal::MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
-            Refusal::BadPath(_) => StatusCode::BAD_REQUEST,
+            Refusal::BadPath(_) | Refusal::BadQuery(_) => StatusCode::BAD_REQUEST,
             Refusal::NotFound => StatusCode::NOT_FOUND,
         }
     }
@@ -176,7 +180,45 @@ pub fn classify(request: &ClientRequest) -> Result<Route, Refusal> {
     let segments = split_path(path)?;
     let route = allowlisted(&segments).ok_or(Refusal::NotFound)?;
     check_segments(&segments, &route)?;
+    if let Some(query) = request.query() {
+        check_query(query)?;
+    }
     Ok(route)
+}
+
+/// Refuses a query string whose percent-encoding is malformed (`%zz`, a bare `%`) or decodes to
+/// a NUL or to bytes that are not UTF-8: pdbmux would read such a parameter one way and a
+/// backend another. Other control characters stay (a PQL query may span lines).
+fn check_query(query: &str) -> Result<(), Refusal> {
+    let bytes = query.as_bytes();
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut index = 0;
+    while index < bytes.len() {
+        match bytes[index] {
+            b'%' => {
+                let hex = bytes
+                    .get(index + 1..index + 3)
+                    .and_then(|h| std::str::from_utf8(h).ok())
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
+                let Some(byte) = hex else {
+                    return Err(Refusal::BadQuery("malformed percent-encoding"));
+                };
+                if byte == 0 {
+                    return Err(Refusal::BadQuery("encoded NUL"));
+                }
+                decoded.push(byte);
+                index += 3;
+            }
+            byte => {
+                decoded.push(byte);
+                index += 1;
+            }
+        }
+    }
+    match String::from_utf8(decoded) {
+        Ok(_) => Ok(()),
+        Err(_) => Err(Refusal::BadQuery("does not decode to UTF-8")),
+    }
 }
 
 /// Splits an absolute path into its raw segments, refusing empty and dot segments.
@@ -466,6 +508,33 @@ mod tests {
                 "{target}: {:?}",
                 route(target)
             );
+        }
+    }
+
+    #[test]
+    fn malformed_query_string_encodings_are_refused() {
+        for query in [
+            "query=%zz",
+            "query=%",
+            "query=%4",
+            "limit=1&x=%00",
+            "query=%ff%fe",
+        ] {
+            let target = format!("/pdb/query/v4/nodes?{query}");
+            assert!(
+                matches!(route(&target), Err(Refusal::BadQuery(_))),
+                "{target}: {:?}",
+                route(&target)
+            );
+        }
+        // Multi-line PQL, UTF-8 certnames and plain text pass.
+        for query in [
+            "query=nodes%20%7B%0A%20%20certname%20%3D%20%22a%22%0A%7D",
+            "query=%5B%22%3D%22%2C%22certname%22%2C%22caf%C3%A9%22%5D",
+            "limit=10&offset=20",
+        ] {
+            let target = format!("/pdb/query/v4/nodes?{query}");
+            assert_eq!(route(&target), Ok(Route::Query(Entity::Nodes)), "{target}");
         }
     }
 

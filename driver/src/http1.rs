@@ -43,10 +43,9 @@ pub enum Parsed {
     Invalid(StatusCode, &'static str),
 }
 
-/// Parses the request head at the start of `bytes` (httparse), refusing what RFC 9112 section 6.3
-/// says two readers could frame differently (request smuggling): conflicting or malformed
-/// `Content-Length`, a `Transfer-Encoding` whose last coding is not `chunked` (or names it twice),
-/// both together, chunked on HTTP/1.0. The raw target is kept as sent: the core judges it.
+/// Parses the request head at the start of `bytes` (httparse), refusing what [`check_head`]
+/// refuses. The raw target is kept as sent (but for an absolute form, [`origin_form`]): the core
+/// judges it.
 pub fn parse_head(bytes: &[u8]) -> Parsed {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut parsed = httparse::Request::new(&mut headers);
@@ -70,41 +69,14 @@ pub fn parse_head(bytes: &[u8]) -> Parsed {
     };
     let mut header_bytes = 0;
     let (mut close, mut keep_alive, mut expect) = (false, false, false);
-    // RFC 9112 section 6.3: a message whose framing two readers could read differently is
-    // refused, so that nothing after it can be taken for another request (smuggling).
-    let mut content_length: Option<u64> = None;
-    let mut chunked = false;
-    for header in parsed.headers.iter() {
-        let value = std::str::from_utf8(header.value).unwrap_or("\u{0}").trim();
-        if header.name.eq_ignore_ascii_case("content-length") {
-            let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
-            match (
-                digits.then(|| value.parse::<u64>().ok()).flatten(),
-                content_length,
-            ) {
-                (Some(n), None) => content_length = Some(n),
-                (Some(n), Some(known)) if n == known => {}
-                _ => return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Content-Length"),
-            }
-        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            let codings: Vec<&str> = value.split(',').map(str::trim).collect();
-            let last_is_chunked = codings
-                .last()
-                .is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
-            let chunked_once = codings
-                .iter()
-                .filter(|c| c.eq_ignore_ascii_case("chunked"))
-                .count()
-                == 1;
-            if chunked || !last_is_chunked || !chunked_once {
-                return Parsed::Invalid(StatusCode::BAD_REQUEST, "bad Transfer-Encoding");
-            }
-            chunked = true;
-        }
-    }
-    if chunked && (content_length.is_some() || version == 0) {
-        return Parsed::Invalid(StatusCode::BAD_REQUEST, "ambiguous message framing");
-    }
+    let fields = parsed.headers.iter().map(|h| (h.name, h.value));
+    let Framing {
+        content_length,
+        chunked,
+    } = match check_head(version == 0, fields) {
+        Ok(framing) => framing,
+        Err(why) => return Parsed::Invalid(StatusCode::BAD_REQUEST, why),
+    };
     for header in parsed.headers.iter() {
         header_bytes += header.name.len() + header.value.len() + 4;
         let value = std::str::from_utf8(header.value).unwrap_or("");
@@ -130,7 +102,7 @@ pub fn parse_head(bytes: &[u8]) -> Parsed {
     let head = Head {
         request: ClientRequest {
             method,
-            target: target.to_owned(),
+            target: origin_form(target).to_owned(),
             header_count: parsed.headers.len(),
             header_bytes,
         },
@@ -139,6 +111,87 @@ pub fn parse_head(bytes: &[u8]) -> Parsed {
         body,
     };
     Parsed::Complete(head, length)
+}
+
+/// How a request's body is framed, once [`check_head`] found it unambiguous.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Framing {
+    /// The body's declared length, if any.
+    pub content_length: Option<u64>,
+    /// Whether the body is chunked.
+    pub chunked: bool,
+}
+
+/// The RFC 9112 rules both binaries apply to a request head, whichever library parsed it; `Err`
+/// says why the request gets a 400 and its connection closes:
+///
+/// - framing two readers could read differently (section 6.3, request smuggling): conflicting or
+///   malformed `Content-Length`, a `Transfer-Encoding` whose last coding is not `chunked` or that
+///   names it twice (across fields too), both together, chunked on HTTP/1.0;
+/// - `Host` (section 3.2): an HTTP/1.1 request without one, any request with two.
+pub fn check_head<'a>(
+    http10: bool,
+    fields: impl IntoIterator<Item = (&'a str, &'a [u8])>,
+) -> Result<Framing, &'static str> {
+    let mut framing = Framing::default();
+    let mut hosts = 0;
+    for (name, value) in fields {
+        let value = std::str::from_utf8(value).unwrap_or("\u{0}").trim();
+        if name.eq_ignore_ascii_case("content-length") {
+            let digits = !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit());
+            match (
+                digits.then(|| value.parse::<u64>().ok()).flatten(),
+                framing.content_length,
+            ) {
+                (Some(n), None) => framing.content_length = Some(n),
+                (Some(n), Some(known)) if n == known => {}
+                _ => return Err("bad Content-Length"),
+            }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            let codings: Vec<&str> = value.split(',').map(str::trim).collect();
+            let last_is_chunked = codings
+                .last()
+                .is_some_and(|c| c.eq_ignore_ascii_case("chunked"));
+            let chunked_once = codings
+                .iter()
+                .filter(|c| c.eq_ignore_ascii_case("chunked"))
+                .count()
+                == 1;
+            if framing.chunked || !last_is_chunked || !chunked_once {
+                return Err("bad Transfer-Encoding");
+            }
+            framing.chunked = true;
+        } else if name.eq_ignore_ascii_case("host") {
+            hosts += 1;
+        }
+    }
+    if framing.chunked && (framing.content_length.is_some() || http10) {
+        return Err("ambiguous message framing");
+    }
+    if hosts > 1 || (hosts == 0 && !http10) {
+        return Err("a request needs exactly one Host header");
+    }
+    Ok(framing)
+}
+
+/// The origin form (`/path?query`) of a request target, as hyper gives it to the tokio binary:
+/// an absolute-form target (`http://host/path`), which a server must accept (RFC 9112 section
+/// 3.2.2), loses its scheme and authority, and a fragment (which a client should never send) is
+/// dropped; anything else is kept as sent, for the core to judge.
+pub fn origin_form(target: &str) -> &str {
+    let target = target.split('#').next().unwrap_or(target);
+    let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
+    let Some(scheme) = ["http://", "https://"]
+        .into_iter()
+        .find(|scheme| lower.starts_with(scheme))
+    else {
+        return target;
+    };
+    let rest = &target[scheme.len()..];
+    match rest.find(['/', '?']) {
+        Some(at) if rest.as_bytes()[at] == b'/' => &rest[at..],
+        _ => "/",
+    }
 }
 
 #[cfg(test)]
@@ -169,7 +222,7 @@ mod tests {
 
     #[test]
     fn keep_alive_follows_the_version_and_connection_header() {
-        let (head, _) = complete("GET / HTTP/1.1\r\nConnection: close\r\n\r\n");
+        let (head, _) = complete("GET / HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
         assert!(!head.keep_alive);
         let (head, _) = complete("GET / HTTP/1.0\r\n\r\n");
         assert!(!head.http11 && !head.keep_alive);
@@ -179,17 +232,21 @@ mod tests {
 
     #[test]
     fn request_bodies_are_skipped_only_when_their_length_is_known() {
-        let (head, _) = complete("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\n");
+        let (head, _) = complete("POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\n\r\n");
         assert!(matches!(head.body, RequestBody::Length(5)));
-        let (head, _) = complete("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
-        assert!(matches!(head.body, RequestBody::Unskippable));
         let (head, _) =
-            complete("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n");
+            complete("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n");
         assert!(matches!(head.body, RequestBody::Unskippable));
-        let (head, _) =
-            complete("POST / HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n");
+        let (head, _) = complete(
+            "POST / HTTP/1.1\r\nHost: h\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n",
+        );
+        assert!(matches!(head.body, RequestBody::Unskippable));
+        let (head, _) = complete(
+            "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+        );
         assert!(matches!(head.body, RequestBody::Length(5)));
-        let (head, _) = complete("POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
+        let (head, _) =
+            complete("POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n");
         assert!(matches!(head.body, RequestBody::Unskippable));
     }
 
@@ -197,19 +254,37 @@ mod tests {
     fn framing_two_readers_could_read_differently_is_refused() {
         // RFC 9112 section 6.3, and the request-smuggling shapes of the reliability plan.
         for head in [
-            "POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: +56\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: -1\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: 0x10\r\n\r\n",
-            "POST / HTTP/1.1\r\nContent-Length: \r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
-            "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
-            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: +56\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: -1\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 5, 5\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: 0x10\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nContent-Length: \r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: xchunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, gzip\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            "POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n",
+            "POST / HTTP/1.0\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ] {
+            assert!(
+                matches!(
+                    parse_head(head.as_bytes()),
+                    Parsed::Invalid(StatusCode::BAD_REQUEST, why) if why.contains("Content-Length")
+                        || why.contains("Transfer-Encoding") || why.contains("framing")
+                ),
+                "{head:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_needs_exactly_one_host() {
+        for head in [
+            "GET / HTTP/1.1\r\n\r\n",
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            "GET / HTTP/1.0\r\nHost: a\r\nhost: a\r\n\r\n",
         ] {
             assert!(
                 matches!(
@@ -219,6 +294,33 @@ mod tests {
                 "{head:?}"
             );
         }
+        // HTTP/1.0 predates Host.
+        let (head, _) = complete("GET / HTTP/1.0\r\n\r\n");
+        assert!(!head.http11);
+    }
+
+    #[test]
+    fn an_absolute_form_target_is_served_as_its_origin_form() {
+        for (target, origin) in [
+            (
+                "http://pdb.example/pdb/query/v4/nodes?limit=1",
+                "/pdb/query/v4/nodes?limit=1",
+            ),
+            ("HTTPS://pdb.example:8081/pdb/query/v4", "/pdb/query/v4"),
+            ("http://pdb.example", "/"),
+            ("http://pdb.example?x=1", "/"),
+            ("/pdb/query/v4/nodes", "/pdb/query/v4/nodes"),
+            (
+                "/pdb/query/v4/nodes?limit=1#top",
+                "/pdb/query/v4/nodes?limit=1",
+            ),
+            ("*", "*"),
+            ("pdb.example:443", "pdb.example:443"),
+        ] {
+            assert_eq!(origin_form(target), origin, "{target}");
+        }
+        let (head, _) = complete("GET http://x/pdb/query/v4/nodes HTTP/1.1\r\nHost: x\r\n\r\n");
+        assert_eq!(head.request.target, "/pdb/query/v4/nodes");
     }
 
     #[test]
@@ -228,12 +330,12 @@ mod tests {
             Parsed::Partial
         ));
         assert!(matches!(
-            parse_head(b"GET / HTTP/1.1\r\nBad Header\r\n\r\n"),
+            parse_head(b"GET / HTTP/1.1\r\nHost: h\r\nBad Header\r\n\r\n"),
             Parsed::Invalid(StatusCode::BAD_REQUEST, _)
         ));
         let many: String = (0..=MAX_HEADERS).map(|i| format!("X-{i}: 1\r\n")).collect();
         assert!(matches!(
-            parse_head(format!("GET / HTTP/1.1\r\n{many}\r\n").as_bytes()),
+            parse_head(format!("GET / HTTP/1.1\r\nHost: h\r\n{many}\r\n").as_bytes()),
             Parsed::Invalid(StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, _)
         ));
     }

@@ -19,8 +19,13 @@ pub async fn handle(
 ) -> Result<http::Response<body::ResponseBody>, Infallible> {
     let started = Instant::now();
     let client_request = client_request(&request);
-    let (response, held) = host.answer(&client_request).await;
-    let response = into_hyper(response, held);
+    let response = match refusal(&request) {
+        Some(refused) => refused,
+        None => {
+            let (response, held) = host.answer(&client_request).await;
+            into_hyper(response, held)
+        }
+    };
     tracing::info!(
         target: "pdbmux::access",
         method = %client_request.method,
@@ -29,6 +34,25 @@ pub async fn handle(
         ms = started.elapsed().as_millis() as u64,
     );
     Ok(response)
+}
+
+/// A 400 that closes the connection for a head hyper accepted but both binaries refuse
+/// ([`pdbmux_driver::http1::check_head`]: framing hyper resolves one way and another reader
+/// could resolve another, a missing or repeated Host).
+fn refusal(request: &http::Request<Incoming>) -> Option<http::Response<body::ResponseBody>> {
+    let http10 = request.version() == http::Version::HTTP_10;
+    let fields = request
+        .headers()
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_bytes()));
+    let why = pdbmux_driver::http1::check_head(http10, fields).err()?;
+    let refused = Response::text(http::StatusCode::BAD_REQUEST, format!("pdbmux: {why}"));
+    let mut refused = into_hyper(refused, None);
+    refused.headers_mut().insert(
+        http::header::CONNECTION,
+        http::HeaderValue::from_static("close"),
+    );
+    Some(refused)
 }
 
 /// The core's view of a request: method, raw target and header sizes.

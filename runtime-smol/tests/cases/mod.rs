@@ -25,6 +25,8 @@ mod verbatim;
 pub use verbatim::*;
 mod slow_clients;
 pub use slow_clients::*;
+mod corpus;
+pub use corpus::*;
 
 pub(crate) fn chunk(data: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", data.len()).into_bytes();
@@ -609,6 +611,8 @@ macro_rules! runtime_cases {
             a_large_streamed_answer_passes_whole,
             a_client_that_sends_its_head_slowly_is_cut_at_the_header_timeout,
             a_client_that_stops_reading_is_cut_at_the_send_timeout,
+            request_smuggling_shapes_are_refused_and_never_reach_a_backend,
+            bad_input_is_refused_locally_with_a_clear_status,
         );
     };
     (@each $binary:expr; $($case:ident),* $(,)?) => {
