@@ -40,7 +40,7 @@ pub mod proxy;
 
 pub use fixture::{Fixture, FixtureCommand, FixtureNode, FixtureReport, NodeState};
 pub use http::{get, get_with_headers, raw_request, url_with_query, Response};
-pub use proxy::{Proxy, ProxyMode};
+pub use proxy::{Fault, FaultCounts, Proxy, ProxyMode};
 
 /// How long a spawned pdbmux may take to accept connections.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -356,6 +356,12 @@ impl PdbmuxBuilder {
             args: Vec::new(),
             label: "pdbmux".to_owned(),
         }
+    }
+
+    /// Runs `bin` instead of `PDBMUX_E2E_BIN` (the fault soak runs both binaries at once).
+    pub fn binary(mut self, bin: &Path) -> Self {
+        bin.clone_into(&mut self.bin);
+        self
     }
 
     /// Adds a backend (appended to the configured order).

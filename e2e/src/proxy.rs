@@ -9,7 +9,9 @@
 //! - `Fail`: each connection's request head is read, its request line recorded
 //!   ([`Proxy::failed_requests`]) and the connection closed without an answer: a transport failure
 //!   that still shows which requests were sent;
-//! - `Closed`: the listening socket is closed, so connections are refused (a stopped server).
+//! - `Closed`: the listening socket is closed, so connections are refused (a stopped server);
+//! - `Faulty`: each new connection has one fault in its answers drawn at random ([`Fault`]): cut
+//!   off, stalled, or one byte garbled to NUL, at a random offset in its first 64 KiB (or none).
 //!
 //! Leaving `Forward` for `Fail` or `Closed`, and returning to `Forward`, closes every open
 //! connection, so no stale pooled connection survives a change.
@@ -34,7 +36,25 @@ pub enum ProxyMode {
     Fail,
     /// Not listening: connections are refused.
     Closed,
+    /// Forward, with a random fault per connection (the fault soak).
+    Faulty,
 }
+
+/// What `Faulty` does to one connection's answers, at a byte offset of what the backend sends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Nothing: forwarded.
+    None,
+    /// The connection is closed after this many bytes.
+    Truncate(usize),
+    /// Nothing more is forwarded after this many bytes (the backend hangs mid-answer).
+    Stall(usize),
+    /// The byte at this offset becomes NUL, which no JSON text and no HTTP head may hold.
+    Garble(usize),
+}
+
+/// How many connections got each fault, in [`Fault`]'s order: none, truncate, stall, garble.
+pub type FaultCounts = [usize; 4];
 
 /// How often blocked sockets wake up to look at the mode.
 const TICK: Duration = Duration::from_millis(20);
@@ -51,6 +71,10 @@ struct Shared {
     failed: Mutex<Vec<String>>,
     /// Connections accepted so far.
     accepted: AtomicUsize,
+    /// The state of the fault draw (xorshift64).
+    draw: AtomicU64,
+    /// Faults drawn so far, by kind.
+    faults: Mutex<FaultCounts>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -60,6 +84,26 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Shared {
     fn mode(&self) -> ProxyMode {
         *lock(&self.mode)
+    }
+
+    /// The next fault: one connection in ten is forwarded whole; the others are cut off,
+    /// stalled or garbled somewhere in their first 64 KiB, so pooled connections keep dying
+    /// (and pdbmux keeps opening new ones) while most answers on them still get through.
+    fn draw_fault(&self) -> Fault {
+        let mut x = self.draw.load(Ordering::SeqCst);
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.draw.store(x, Ordering::SeqCst);
+        let offset = usize::try_from((x >> 8) % 65_536).unwrap_or(0);
+        let (fault, kind) = match x % 10 {
+            0 => (Fault::None, 0),
+            1..=4 => (Fault::Truncate(offset), 1),
+            5..=6 => (Fault::Stall(offset), 2),
+            _ => (Fault::Garble(offset), 3),
+        };
+        lock(&self.faults)[kind] += 1;
+        fault
     }
 
     fn register(&self, stream: &TcpStream) {
@@ -114,6 +158,8 @@ impl Proxy {
             sockets: Mutex::new(Vec::new()),
             failed: Mutex::new(Vec::new()),
             accepted: AtomicUsize::new(0),
+            draw: AtomicU64::new(0x9e37_79b9_7f4a_7c15 ^ u64::from(addr.port())),
+            faults: Mutex::new([0; 4]),
         });
         let accept = {
             let shared = Arc::clone(&shared);
@@ -184,6 +230,11 @@ impl Proxy {
         lock(&self.shared.failed).clone()
     }
 
+    /// How many connections got each fault in `Faulty` mode so far.
+    pub fn faults(&self) -> FaultCounts {
+        *lock(&self.shared.faults)
+    }
+
     /// Connections accepted so far (every mode but `Closed`).
     pub fn accepted(&self) -> usize {
         self.shared.accepted.load(Ordering::SeqCst)
@@ -240,7 +291,12 @@ fn accept_loop(
 fn handle(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>, mode: ProxyMode) {
     match mode {
         ProxyMode::Closed => {}
-        ProxyMode::Forward => {
+        ProxyMode::Forward | ProxyMode::Faulty => {
+            let fault = if mode == ProxyMode::Faulty {
+                shared.draw_fault()
+            } else {
+                Fault::None
+            };
             let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(2)) else {
                 return; // the backend itself is down: the client sees the connection close
             };
@@ -248,14 +304,15 @@ fn handle(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>, mode: P
             shared.register(&client);
             shared.register(&server);
             let generation = shared.generation.load(Ordering::SeqCst);
-            for (from, to) in [(&client, &server), (&server, &client)] {
+            // Requests go through untouched; answers get the connection's fault.
+            for (from, to, fault) in [(&client, &server, Fault::None), (&server, &client, fault)] {
                 let (Ok(from), Ok(to)) = (from.try_clone(), to.try_clone()) else {
                     return;
                 };
                 let shared = Arc::clone(shared);
                 let _ = thread::Builder::new()
                     .name("proxy-pump".to_owned())
-                    .spawn(move || pump(from, to, &shared, generation));
+                    .spawn(move || pump(from, to, &shared, generation, fault));
             }
         }
         ProxyMode::Hang => {
@@ -275,10 +332,12 @@ fn handle(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>, mode: P
 }
 
 /// Copies `from` to `to` while the proxy is in the generation it started in; afterwards reads
-/// and drops (a frozen connection), until either side closes.
-fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, generation: u64) {
+/// and drops (a frozen connection), until either side closes. `fault` is applied on the way.
+fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, generation: u64, fault: Fault) {
     let _ = from.set_read_timeout(Some(TICK));
     let mut buf = [0u8; 16 * 1024];
+    // Bytes of `from` seen so far, for the fault's offset.
+    let mut seen = 0usize;
     loop {
         if shared.stop.load(Ordering::SeqCst) {
             break;
@@ -292,7 +351,20 @@ fn pump(mut from: TcpStream, mut to: TcpStream, shared: &Shared, generation: u64
                 if shared.generation.load(Ordering::SeqCst) != generation {
                     continue; // frozen: swallow
                 }
-                if to.write_all(&buf[..n]).is_err() {
+                let (start, end) = (seen, seen + n);
+                seen = end;
+                let mut send = n;
+                match fault {
+                    Fault::None => {}
+                    Fault::Garble(at) if (start..end).contains(&at) => buf[at - start] = 0,
+                    Fault::Garble(_) => {}
+                    Fault::Truncate(at) | Fault::Stall(at) if at < start => send = 0,
+                    Fault::Truncate(at) | Fault::Stall(at) => send = send.min(at - start),
+                }
+                if to.write_all(&buf[..send]).is_err() {
+                    break;
+                }
+                if matches!(fault, Fault::Truncate(at) if end > at) {
                     break;
                 }
             }

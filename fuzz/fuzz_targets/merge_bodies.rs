@@ -1,6 +1,7 @@
-//! Any backend answers to a merged question: the first byte picks one of the merged routes, the
-//! rest, split at NUL bytes, are the bodies two backends send (membership refreshes included),
-//! each a 200 JSON answer. The record parser, the body validator and every merge run on them:
+//! Any backend answers to a merged question: the first byte picks one of the merged routes (low
+//! four bits) and how many backends answer (two to four, the high bits); the rest, split at NUL
+//! bytes, are the bodies the backends send (membership refreshes included), each a 200 JSON
+//! answer. The record parser, the body validator and every merge run on them:
 //! never a panic, and an answer always comes.
 
 #![no_main]
@@ -12,7 +13,7 @@ use pdbmux_core::{
     UpstreamResponse,
 };
 
-const TARGETS: [&str; 12] = [
+const TARGETS: [&str; 13] = [
     "/pdb/query/v4/nodes",
     "/pdb/query/v4/facts",
     "/pdb/query/v4/fact-names",
@@ -25,13 +26,14 @@ const TARGETS: [&str; 12] = [
     "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%5B%22function%22%2C%22count%22%5D%5D%5D",
     "/pdb/query/v4/packages",
     "/pdb/query/v4/inventory?limit=3&offset=1",
+    "/pdb/query/v4/catalogs/web1.example",
 ];
 
-/// Two backends, no cache (every question fans out).
-fn config() -> pdbmux_core::config::Config {
+/// `backends` backends, no cache (every question fans out).
+fn config(backends: u16) -> pdbmux_core::config::Config {
     pdbmux_core::config::Config {
         facts_ttl: std::time::Duration::ZERO,
-        ..pdbmux_fuzz::config(2)
+        ..pdbmux_fuzz::config(backends)
     }
 }
 
@@ -51,8 +53,8 @@ fuzz_target!(|data: &[u8]| {
         instant: now,
         wall: std::time::UNIX_EPOCH,
     };
-    let mut estate = Estate::new(config(), clock);
-    let target = TARGETS[usize::from(pick) % TARGETS.len()];
+    let mut estate = Estate::new(config(2 + u16::from(pick >> 4) % 3), clock);
+    let target = TARGETS[usize::from(pick & 0x0f) % TARGETS.len()];
     let planned = pdbmux_core::plan(&ClientRequest::get(target), estate.config());
     let mut exchange: Option<Exchange> = None;
     let take = |admission: Admission, exchange: &mut Option<Exchange>| match admission {
