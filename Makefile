@@ -99,7 +99,7 @@ deny:
 # cargo-fuzz targets (fuzz/, nightly): FUZZ_SECONDS each (default 30), a crash fails. The
 # corpora stay in fuzz/corpus between runs (not committed).
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS = plan_target http1_head merge_bodies shared_value
+FUZZ_TARGETS = plan_target http1_head merge_bodies shared_value json_check
 fuzz:
 	cd fuzz && for target in $(FUZZ_TARGETS); do \
 	  cargo +nightly fuzz run $$target -- -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 2>&1 \

@@ -179,7 +179,11 @@ pub fn check_head<'a>(
 /// 3.2.2), loses its scheme and authority, and a fragment (which a client should never send) is
 /// dropped; anything else is kept as sent, for the core to judge.
 pub fn origin_form(target: &str) -> &str {
-    let target = target.split('#').next().unwrap_or(target);
+    // A target that is only a fragment stays as sent: the core refuses it (no leading `/`).
+    let target = match target.split_once('#') {
+        Some((before, _)) if !before.is_empty() => before,
+        _ => target,
+    };
     let lower = target.get(..8).unwrap_or(target).to_ascii_lowercase();
     let Some(scheme) = ["http://", "https://"]
         .into_iter()
@@ -314,6 +318,7 @@ mod tests {
                 "/pdb/query/v4/nodes?limit=1#top",
                 "/pdb/query/v4/nodes?limit=1",
             ),
+            ("#top", "#top"),
             ("*", "*"),
             ("pdb.example:443", "pdb.example:443"),
         ] {

@@ -34,6 +34,9 @@ pub struct CheckedStream {
     parser: JsonParser<PushJsonFeeder>,
     held: Option<Bytes>,
     failed: Option<NotJson>,
+    /// The start of a UTF-8 sequence the last chunk ended inside (actson does not check UTF-8;
+    /// JSON text must be UTF-8, and serde_json refuses anything else).
+    utf8_tail: Vec<u8>,
 }
 
 impl Default for CheckedStream {
@@ -53,6 +56,7 @@ impl CheckedStream {
             parser: JsonParser::new_with_options(PushJsonFeeder::new(), options),
             held: None,
             failed: None,
+            utf8_tail: Vec::new(),
         }
     }
 
@@ -73,6 +77,12 @@ impl CheckedStream {
         if let Some(failed) = &self.failed {
             return Err(failed.clone());
         }
+        if !self.utf8_tail.is_empty() {
+            return Err(self.fail("the body ended inside a UTF-8 sequence"));
+        }
+        // A space ends a last token first: at the end of input, actson takes a cut-off literal
+        // or number (`nul`, `2e`) for a whole one. Whitespace after the value is JSON.
+        self.check(b" ")?;
         self.parser.feeder.done();
         loop {
             match self.parser.next_event() {
@@ -80,7 +90,7 @@ impl CheckedStream {
                 Ok(Some(JsonEvent::NeedMoreInput)) => {
                     return Err(self.fail("the body ended inside a value"))
                 }
-                Ok(Some(_)) => {}
+                Ok(Some(event)) => self.check_number(event)?,
                 Err(error) => return Err(self.fail(&error.to_string())),
             }
         }
@@ -90,13 +100,14 @@ impl CheckedStream {
         if let Some(failed) = &self.failed {
             return Err(failed.clone());
         }
+        self.check_utf8(chunk)?;
         while !chunk.is_empty() {
             let pushed = self.parser.feeder.push_bytes(chunk);
             chunk = &chunk[pushed..];
             loop {
                 match self.parser.next_event() {
                     Ok(Some(JsonEvent::NeedMoreInput)) => break,
-                    Ok(Some(_)) => {}
+                    Ok(Some(event)) => self.check_number(event)?,
                     // The value ended and bytes follow it.
                     Ok(None) => return Err(self.fail("bytes after the value")),
                     Err(error) => return Err(self.fail(&error.to_string())),
@@ -104,6 +115,46 @@ impl CheckedStream {
             }
         }
         Ok(())
+    }
+
+    /// Checks a number's syntax as the buffered check does (serde_json, skipping it as a raw
+    /// value, so any magnitude passes): actson lets some malformed numbers through (`2e` at the
+    /// end of a body).
+    fn check_number(&mut self, event: JsonEvent) -> Result<(), NotJson> {
+        if !matches!(event, JsonEvent::ValueInt | JsonEvent::ValueFloat) {
+            return Ok(());
+        }
+        let valid = self
+            .parser
+            .current_str()
+            .is_ok_and(|text| serde_json::from_str::<&serde_json::value::RawValue>(text).is_ok());
+        if valid {
+            Ok(())
+        } else {
+            Err(self.fail("a malformed number"))
+        }
+    }
+
+    /// Checks that the body so far is UTF-8, keeping a sequence the chunk ends inside for the
+    /// next one (a chunk boundary can split a character).
+    fn check_utf8(&mut self, chunk: &[u8]) -> Result<(), NotJson> {
+        let joined;
+        let bytes = if self.utf8_tail.is_empty() {
+            chunk
+        } else {
+            joined = [self.utf8_tail.as_slice(), chunk].concat();
+            joined.as_slice()
+        };
+        self.utf8_tail.clear();
+        match std::str::from_utf8(bytes) {
+            Ok(_) => Ok(()),
+            Err(error) if error.error_len().is_none() => {
+                self.utf8_tail
+                    .extend_from_slice(&bytes[error.valid_up_to()..]);
+                Ok(())
+            }
+            Err(_) => Err(self.fail("not UTF-8")),
+        }
     }
 
     fn fail(&mut self, reason: &str) -> NotJson {
@@ -146,7 +197,7 @@ mod tests {
             b"[]",
             b"[{\"certname\":\"a.example\",\"n\":-1.5e3,\"ok\":true,\"x\":null}]",
             b"  {\"a\": [1, 2, {\"b\": \"\\u00e9\\\"\"}]}\n",
-            "[\"caf\u{e9}\"]".as_bytes(),
+            "[\"caf\u{e9} \u{1f600}\"]".as_bytes(),
             b"0",
             b"\"just a string\"",
         ];
@@ -206,6 +257,17 @@ mod tests {
             "[1]".to_owned(),
             "[1]]".to_owned(),
             "[1".to_owned(),
+            "\"\u{e9}\"".to_owned(),
+            "2e".to_owned(),
+            "nul".to_owned(),
+            "[tru".to_owned(),
+            "fals".to_owned(),
+            "12".to_owned(),
+            "[1.]".to_owned(),
+            "[-]".to_owned(),
+            "[01]".to_owned(),
+            "[1e+]".to_owned(),
+            "[-0.5e-3, 1E9, 0, 2555555555555555E55555555]".to_owned(),
             " {\"a\":\"]\"} ".to_owned(),
         ];
         for body in bodies {
@@ -213,6 +275,24 @@ mod tests {
             assert_eq!(stream(body.as_bytes(), 64).1.is_ok(), buffered, "{body:?}");
         }
         assert!(stream(nested(MAX_JSON_DEPTH + 1).as_bytes(), 64).1.is_err());
+    }
+
+    #[test]
+    fn a_body_that_is_not_utf8_fails_wherever_the_chunks_split_it() {
+        for body in [
+            &b"\"\xd9\xff\xff\"\n"[..],
+            b"[\"\xff\"]",
+            b"[\"\xc3\"]",
+            b"\"\xe2\x82\"",
+        ] {
+            for size in [1, 2, 3, 4096] {
+                assert!(
+                    stream(body, size).1.is_err(),
+                    "{body:?} in chunks of {size}"
+                );
+            }
+            assert!(pdbmux_core::check_json(body).is_err());
+        }
     }
 
     #[test]

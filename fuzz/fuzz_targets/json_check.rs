@@ -1,0 +1,50 @@
+//! Any bytes as a streamed verbatim body, cut into chunks at the positions the first bytes give:
+//! the driver's streamed check (`CheckedStream`) and the core's buffered one (`check_json`) agree
+//! on whether the body is JSON, a body that passes comes out byte for byte, and one that fails
+//! never comes out whole.
+
+#![no_main]
+#![forbid(unsafe_code)]
+
+use bytes::Bytes;
+use libfuzzer_sys::fuzz_target;
+use pdbmux_driver::CheckedStream;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&cuts, rest)) = data.split_first() else {
+        return;
+    };
+    let Some((sizes, body)) = rest.split_at_checked(usize::from(cuts % 8)) else {
+        return;
+    };
+    let mut check = CheckedStream::new();
+    let mut sent = Vec::new();
+    let mut left = body;
+    let mut passed = true;
+    for size in sizes.iter().map(|s| usize::from(*s) + 1).chain(std::iter::repeat(16_384)) {
+        if left.is_empty() {
+            break;
+        }
+        let (chunk, after) = left.split_at(size.min(left.len()));
+        left = after;
+        match check.push(Bytes::copy_from_slice(chunk)) {
+            Ok(ready) => sent.extend_from_slice(&ready.unwrap_or_default()),
+            Err(_) => {
+                passed = false;
+                break;
+            }
+        }
+    }
+    if passed {
+        match check.finish() {
+            Ok(last) => sent.extend_from_slice(&last.unwrap_or_default()),
+            Err(_) => passed = false,
+        }
+    }
+    assert_eq!(passed, pdbmux_core::check_json(body).is_ok(), "streamed and buffered disagree");
+    if passed {
+        assert_eq!(sent, body);
+    } else {
+        assert!(sent.len() < body.len() || body.is_empty());
+    }
+});
