@@ -16,6 +16,10 @@ use crate::keys::BACKEND_KEYS;
 use crate::load::{Loaded, Setting, Source};
 use crate::{LogFormat, Settings};
 
+/// The longest duration any key takes: longer is surely a mistake, and a deadline that far off
+/// would overflow the clock (`Instant + Duration`) where it is computed.
+const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
 /// One problem with one key's value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ConfigProblem {
@@ -306,6 +310,14 @@ impl<'a> Checker<'a> {
     fn duration(&mut self, key: &'static str) -> Option<(Duration, String)> {
         let text = self.scalar(key)?;
         match duration::parse(&text) {
+            Ok(d) if d > MAX_DURATION => {
+                self.problems.push(ConfigProblem::Invalid {
+                    key: key.to_owned(),
+                    value: text,
+                    reason: "must be at most a year",
+                });
+                None
+            }
             Ok(d) => {
                 self.show(key, duration::format(d));
                 Some((d, text))

@@ -461,6 +461,17 @@ fn validation_messages() {
             "0",
             "facts_cache_bytes: must be at least 1, got 0",
         ),
+        // Beyond a year is a mistake, and would overflow a deadline.
+        (
+            "PDBMUX_CLIENT_SEND_TIMEOUT",
+            "300000000000y",
+            "client_send_timeout: \"300000000000y\" must be at most a year",
+        ),
+        (
+            "PDBMUX_TIMEOUT",
+            "400d",
+            "timeout: \"400d\" must be at most a year",
+        ),
         // Zero would cut every client at once.
         (
             "PDBMUX_CLIENT_HEADER_TIMEOUT",

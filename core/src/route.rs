@@ -196,11 +196,7 @@ fn check_query(query: &str) -> Result<(), Refusal> {
     while index < bytes.len() {
         match bytes[index] {
             b'%' => {
-                let hex = bytes
-                    .get(index + 1..index + 3)
-                    .and_then(|h| std::str::from_utf8(h).ok())
-                    .and_then(|h| u8::from_str_radix(h, 16).ok());
-                let Some(byte) = hex else {
+                let Some(byte) = percent_escape(bytes, index) else {
                     return Err(Refusal::BadQuery("malformed percent-encoding"));
                 };
                 if byte == 0 {
@@ -265,6 +261,16 @@ fn check_segments(segments: &[&str], route: &Route) -> Result<(), Refusal> {
     Ok(())
 }
 
+/// The byte the escape at `bytes[at]` (a `%`) encodes: exactly two hex digits follow it, or the
+/// encoding is malformed (`from_str_radix` alone would take `%+A`).
+fn percent_escape(bytes: &[u8], at: usize) -> Option<u8> {
+    let hex = bytes.get(at + 1..at + 3)?;
+    if !hex.iter().all(u8::is_ascii_hexdigit) {
+        return None;
+    }
+    u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()
+}
+
 /// Refuses a segment whose percent-encoding is malformed (`%zz`, a bare `%`), decodes to a
 /// control character or to bytes that are not UTF-8, or hides an escape under another
 /// (`%252e`): PuppetDB would read each of these its own way.
@@ -278,11 +284,7 @@ fn check_encoding(segment: &str) -> Result<(), Refusal> {
             index += 1;
             continue;
         }
-        let hex = bytes
-            .get(index + 1..index + 3)
-            .and_then(|h| std::str::from_utf8(h).ok())
-            .and_then(|h| u8::from_str_radix(h, 16).ok());
-        let Some(byte) = hex else {
+        let Some(byte) = percent_escape(bytes, index) else {
             return Err(Refusal::BadPath("malformed percent-encoding"));
         };
         if byte.is_ascii_control() {
@@ -517,6 +519,7 @@ mod tests {
             "query=%zz",
             "query=%",
             "query=%4",
+            "query=%+A",
             "limit=1&x=%00",
             "query=%ff%fe",
         ] {

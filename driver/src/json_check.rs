@@ -71,6 +71,11 @@ impl CheckedStream {
         Ok(self.held.replace(chunk))
     }
 
+    /// How many bytes are held back (the chunk [`CheckedStream::push`] kept last).
+    pub fn held_len(&self) -> usize {
+        self.held.as_ref().map_or(0, Bytes::len)
+    }
+
     /// Ends the body: `Ok` gives the held chunk, the last to send, when the whole body was one
     /// JSON value with nothing but whitespace after it.
     pub fn finish(&mut self) -> Result<Option<Bytes>, NotJson> {

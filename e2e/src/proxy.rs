@@ -292,13 +292,14 @@ fn handle(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>, mode: P
     match mode {
         ProxyMode::Closed => {}
         ProxyMode::Forward | ProxyMode::Faulty => {
+            let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(2)) else {
+                return; // the backend itself is down: the client sees the connection close
+            };
+            // Drawn (and counted) only for a connection that reaches the backend.
             let fault = if mode == ProxyMode::Faulty {
                 shared.draw_fault()
             } else {
                 Fault::None
-            };
-            let Ok(server) = TcpStream::connect_timeout(&upstream, Duration::from_secs(2)) else {
-                return; // the backend itself is down: the client sees the connection close
             };
             let _ = server.set_nodelay(true);
             shared.register(&client);

@@ -129,6 +129,8 @@ pub struct Deadlined {
     /// Checked, not yet handed out.
     ready: Bytes,
     ended: bool,
+    /// Why the body failed; every later read fails the same way, so nothing can complete it.
+    failed: Option<(io::ErrorKind, String)>,
 }
 
 /// How much of a streamed body is read from the backend at a time.
@@ -144,51 +146,47 @@ impl Deadlined {
             scratch: vec![0; READ_SIZE].into_boxed_slice(),
             ready: Bytes::new(),
             ended: false,
+            failed: None,
         }
     }
 
     /// Reads and checks the next piece of the upstream body into `ready`.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         while self.ready.is_empty() && !self.ended {
+            if let Some((kind, why)) = &self.failed {
+                return Poll::Ready(Err(io::Error::new(*kind, why.clone())));
+            }
             if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_read(cx, &mut self.scratch)
             {
                 let checked = match result {
-                    Ok(0) => {
-                        self.ended = true;
-                        self.check.finish()
-                    }
+                    Ok(0) => self.check.finish().inspect(|_| self.ended = true),
                     Ok(n) => self.check.push(Bytes::copy_from_slice(&self.scratch[..n])),
-                    Err(error) => {
-                        tracing::warn!("aborting a streamed response: {error}");
-                        return Poll::Ready(Err(error));
-                    }
+                    Err(error) => return Poll::Ready(Err(self.fail(error.kind(), &error))),
                 };
                 match checked {
                     Ok(ready) => self.ready = ready.unwrap_or_default(),
                     Err(not_json) => {
-                        tracing::warn!("aborting a streamed response: {not_json}");
-                        return Poll::Ready(Err(io::Error::new(
-                            io::ErrorKind::InvalidData,
-                            not_json,
-                        )));
+                        return Poll::Ready(Err(self.fail(io::ErrorKind::InvalidData, &not_json)))
                     }
                 }
                 continue;
             }
             return match std::future::Future::poll(Pin::new(&mut self.timer), cx) {
                 Poll::Ready(_) => {
-                    tracing::warn!(
-                        "aborting a streamed response: upstream body not complete before the deadline"
-                    );
-                    Poll::Ready(Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "upstream body not complete before the deadline",
-                    )))
+                    let why = "upstream body not complete before the deadline";
+                    Poll::Ready(Err(self.fail(io::ErrorKind::TimedOut, &why)))
                 }
                 Poll::Pending => Poll::Pending,
             };
         }
         Poll::Ready(Ok(()))
+    }
+
+    /// Fails the body for good, logging why once.
+    fn fail(&mut self, kind: io::ErrorKind, why: &dyn std::fmt::Display) -> io::Error {
+        tracing::warn!("aborting a streamed response: {why}");
+        self.failed = Some((kind, why.to_string()));
+        io::Error::new(kind, why.to_string())
     }
 }
 

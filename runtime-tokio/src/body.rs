@@ -7,6 +7,7 @@ use std::task::{Context, Poll};
 use std::time::Instant;
 
 use bytes::Bytes;
+use http::HeaderMap;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, SizeHint};
@@ -35,7 +36,8 @@ pub fn streamed(body: HeldBody, deadline: Instant) -> ResponseBody {
         inner: body,
         sleep: Box::pin(tokio::time::sleep_until(deadline.into())),
         check: CheckedStream::new(),
-        ended: false,
+        phase: Phase::Streaming,
+        trailers: None,
     }
     .boxed()
 }
@@ -44,43 +46,51 @@ struct Deadlined {
     inner: HeldBody,
     sleep: Pin<Box<tokio::time::Sleep>>,
     check: CheckedStream,
-    ended: bool,
+    phase: Phase,
+    /// The backend's trailers, sent after the last chunk.
+    trailers: Option<HeaderMap>,
+}
+
+/// Where a streamed body stands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Streaming,
+    /// Checked to its end: only the trailers (if any) are left to send.
+    Ended,
+    /// Failed; every later poll fails too, so nothing can complete it.
+    Failed,
 }
 
 #[derive(Debug, thiserror::Error)]
 #[error("upstream body not complete before the deadline")]
 struct DeadlinePassed;
 
+#[derive(Debug, thiserror::Error)]
+#[error("the streamed body failed")]
+struct AlreadyFailed;
+
+type Polled = Poll<Option<Result<Frame<Bytes>, BodyError>>>;
+
 impl Deadlined {
-    /// The checked form of what the upstream body gave: `None` to read on.
-    fn checked(
-        &mut self,
-        frame: Option<Result<Frame<Bytes>, BodyError>>,
-    ) -> Option<Option<Result<Frame<Bytes>, BodyError>>> {
-        let checked = match frame {
-            Some(Ok(frame)) => match frame.into_data() {
-                Ok(data) => self.check.push(data),
-                // Trailers pass as they are.
-                Err(frame) => return Some(Some(Ok(frame))),
-            },
-            Some(Err(error)) => {
-                tracing::warn!("aborting a streamed response: {error}");
-                return Some(Some(Err(error)));
+    /// The upstream body ended (its last frame, or its trailers): the check decides whether the
+    /// held chunk goes out.
+    fn end(&mut self) -> Polled {
+        match self.check.finish() {
+            Ok(last) => {
+                self.phase = Phase::Ended;
+                match last {
+                    Some(data) => Poll::Ready(Some(Ok(Frame::data(data)))),
+                    None => Poll::Ready(self.trailers.take().map(|t| Ok(Frame::trailers(t)))),
+                }
             }
-            None => {
-                self.ended = true;
-                self.check.finish()
-            }
-        };
-        match checked {
-            Ok(Some(data)) => Some(Some(Ok(Frame::data(data)))),
-            Ok(None) if self.ended => Some(None),
-            Ok(None) => None,
-            Err(not_json) => {
-                tracing::warn!("aborting a streamed response: {not_json}");
-                Some(Some(Err(Box::new(not_json))))
-            }
+            Err(not_json) => self.fail(Box::new(not_json)),
         }
+    }
+
+    fn fail(&mut self, error: BodyError) -> Polled {
+        tracing::warn!("aborting a streamed response: {error}");
+        self.phase = Phase::Failed;
+        Poll::Ready(Some(Err(error)))
     }
 }
 
@@ -88,37 +98,53 @@ impl Body for Deadlined {
     type Data = Bytes;
     type Error = BodyError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
         let this = &mut *self;
-        if this.ended {
-            return Poll::Ready(None);
+        match this.phase {
+            Phase::Failed => return Poll::Ready(Some(Err(Box::new(AlreadyFailed)))),
+            Phase::Ended => {
+                return Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+            }
+            Phase::Streaming => {}
         }
         while let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            if let Some(checked) = this.checked(frame) {
-                return Poll::Ready(checked);
+            match frame {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => match this.check.push(data) {
+                        Ok(Some(ready)) => return Poll::Ready(Some(Ok(Frame::data(ready)))),
+                        Ok(None) => {}
+                        Err(not_json) => return this.fail(Box::new(not_json)),
+                    },
+                    // Trailers end the body: the held chunk goes first, if the body is JSON.
+                    Err(frame) => {
+                        this.trailers = frame.into_trailers().ok();
+                        return this.end();
+                    }
+                },
+                Some(Err(error)) => return this.fail(error),
+                None => return this.end(),
             }
         }
         match this.sleep.as_mut().poll(cx) {
-            Poll::Ready(()) => {
-                tracing::warn!(
-                    "aborting a streamed response: upstream body not complete before the deadline"
-                );
-                Poll::Ready(Some(Err(Box::new(DeadlinePassed))))
-            }
+            Poll::Ready(()) => this.fail(Box::new(DeadlinePassed)),
             Poll::Pending => Poll::Pending,
         }
     }
 
     fn is_end_stream(&self) -> bool {
         // Never the inner body's end: the held chunk is still to go.
-        self.ended
+        self.phase == Phase::Ended && self.trailers.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        // The same bytes go out, so the backend's length stays the client's.
-        self.inner.size_hint()
+        // The same bytes go out: what the backend has still to send, and the held chunk.
+        let inner = self.inner.size_hint();
+        let held = self.check.held_len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + held);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + held);
+        }
+        hint
     }
 }

@@ -219,6 +219,7 @@ fn bad_input() -> Vec<(String, Vec<u8>, u16)> {
         ("/pdb/query/v4/nodes?query=%", 400),
         ("/pdb/query/v4/nodes?query=%00", 400),
         ("/pdb/query/v4/nodes?query=%ff", 400),
+        ("/pdb/query/v4/nodes?query=%+A", 400),
         ("/pdb/query/v4/nodes?limit=1&limit=2", 400),
         ("/pdb/query/v4/nodes?limit=abc", 400),
         ("/pdb/query/v4/nodes?limit=-1", 400),
@@ -298,7 +299,7 @@ pub fn bad_input_is_refused_locally_with_a_clear_status(bin: &Path) {
     );
     let mut wrong = Vec::new();
     for (name, raw, status) in bad_input() {
-        let response = pdbmux.raw(&String::from_utf8_lossy(&raw));
+        let response = pdbmux.raw_bytes(&raw);
         if response.status() != status {
             wrong.push(format!("{name}: {} (wanted {status})", response.status()));
         }

@@ -49,6 +49,14 @@ fn closed_by_server(mut stream: &TcpStream) -> bool {
     }
 }
 
+/// Waits (up to 20 s) until the answer's first byte can be read from `stream`, reading none.
+fn first_byte(stream: &TcpStream) {
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    assert_eq!(stream.peek(&mut [0u8; 1]).unwrap(), 1, "no answer");
+}
+
 /// How long until pdbmux no longer holds the connection from `client` open (its side left
 /// ESTABLISHED), polled every 50 ms up to `limit`.
 fn until_server_lets_go(pdbmux: &Pdbmux, client: &TcpStream, limit: Duration) -> Duration {
@@ -190,7 +198,9 @@ pub fn a_client_that_stops_reading_is_cut_at_the_send_timeout(bin: &Path) {
         client
             .write_all(format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
             .unwrap();
-        // Never read: pdbmux fills the socket buffers, then waits for the send timeout.
+        // Never read: pdbmux fills the socket buffers, then waits for the send timeout. Timed
+        // from the answer's first byte, after whatever planning and merging took.
+        first_byte(&client);
         let held = until_server_lets_go(&pdbmux, &client, Duration::from_secs(20));
         assert!(
             held >= Duration::from_millis(1500) && held < Duration::from_secs(8),
@@ -202,6 +212,7 @@ pub fn a_client_that_stops_reading_is_cut_at_the_send_timeout(bin: &Path) {
         let mut slow = TcpStream::connect(pdbmux.addr).unwrap();
         slow.write_all(format!("GET {target} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
             .unwrap();
+        first_byte(&slow);
         slow.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
         let mut buffer = vec![0u8; 64 * 1024];
         let started = Instant::now();

@@ -39,7 +39,7 @@ fn large_body(records: usize) -> String {
 }
 
 /// `body` as a chunked 200 in pieces of 8 KiB, with or without its terminating chunk.
-fn chunked(body: &str, terminated: bool) -> Vec<Piece> {
+fn chunked(body: &str, end: End) -> Vec<Piece> {
     let mut pieces = vec![Piece::Bytes(
         b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
             .to_vec(),
@@ -49,12 +49,21 @@ fn chunked(body: &str, terminated: bool) -> Vec<Piece> {
             .chunks(8192)
             .map(|piece| Piece::Bytes(chunk(piece))),
     );
-    if terminated {
-        pieces.push(Piece::Bytes(b"0\r\n\r\n".to_vec()));
-    } else {
-        pieces.push(Piece::Close);
-    }
+    pieces.push(match end {
+        End::Terminated => Piece::Bytes(b"0\r\n\r\n".to_vec()),
+        End::WithTrailers => Piece::Bytes(b"0\r\nX-Checksum: 1\r\n\r\n".to_vec()),
+    });
     pieces
+}
+
+/// How a chunked body ends.
+#[derive(Clone, Copy)]
+enum End {
+    /// With its terminating chunk.
+    Terminated,
+    /// With its terminating chunk and a trailer field (hyper hands trailers on as a frame of
+    /// their own, which must end the check too).
+    WithTrailers,
 }
 
 /// The body of a chunked response, and whether its terminating chunk arrived.
@@ -68,7 +77,8 @@ fn dechunk(mut raw: &str) -> (String, bool) {
             return (body, false);
         };
         if size == 0 {
-            return (body, rest.starts_with("\r\n"));
+            // The last chunk, then trailer fields (if any) and an empty line.
+            return (body, rest.starts_with("\r\n") || rest.contains("\r\n\r\n"));
         }
         let Some(data) = rest.get(..size) else {
             body.push_str(rest);
@@ -122,12 +132,17 @@ pub fn a_streamed_answer_that_is_not_json_is_never_complete(bin: &Path) {
         // The terminating chunk arrives, but the array never closes.
         (
             "chunked, truncated JSON",
-            chunked(&whole[..whole.len() - 1], true),
+            chunked(&whole[..whole.len() - 1], End::Terminated),
+        ),
+        // Trailers after a body that stops short (hyper hands them on as a frame of their own).
+        (
+            "chunked with trailers, truncated JSON",
+            chunked(&whole[..whole.len() - 1], End::WithTrailers),
         ),
         // Garbage after a complete value.
         (
             "chunked, bytes after the value",
-            chunked(&format!("{whole}]"), true),
+            chunked(&format!("{whole}]"), End::Terminated),
         ),
         // A declared length that the bytes reach, of JSON that stops short.
         ("declared, truncated JSON", {
@@ -163,11 +178,13 @@ pub fn a_streamed_answer_that_is_not_json_is_never_complete(bin: &Path) {
 
 pub fn a_large_streamed_answer_passes_whole(bin: &Path) {
     let whole = large_body(4000);
-    let (chunked_body, declared_body) = (whole.clone(), whole.clone());
-    let chunked_backend = FakeBackend::start(move |_| chunked(&chunked_body, true));
+    let (chunked_body, trailers_body, declared_body) =
+        (whole.clone(), whole.clone(), whole.clone());
+    let chunked_backend = FakeBackend::start(move |_| chunked(&chunked_body, End::Terminated));
+    let trailers_backend = FakeBackend::start(move |_| chunked(&trailers_body, End::WithTrailers));
     let declared_backend =
         FakeBackend::start(move |_| respond("200 OK", "application/json", &declared_body));
-    for backend in [chunked_backend, declared_backend] {
+    for backend in [chunked_backend, trailers_backend, declared_backend] {
         let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
         let response = pdbmux.get(VERBATIM_TARGETS[0]);
         assert_eq!(response.status(), 200);

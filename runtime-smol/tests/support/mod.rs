@@ -200,13 +200,23 @@ impl Pdbmux {
         Pdbmux::raw_at(self.addr, request)
     }
 
+    /// Sends `request` as given, byte for byte (not UTF-8 necessarily), and reads until the
+    /// server closes the connection.
+    pub fn raw_bytes(&self, request: &[u8]) -> RawResponse {
+        Pdbmux::raw_bytes_at(self.addr, request)
+    }
+
     /// Sends raw request bytes to `addr` and reads until the server closes the connection.
     pub fn raw_at(addr: SocketAddr, request: &str) -> RawResponse {
+        Pdbmux::raw_bytes_at(addr, request.as_bytes())
+    }
+
+    fn raw_bytes_at(addr: SocketAddr, request: &[u8]) -> RawResponse {
         let mut stream = TcpStream::connect(addr).unwrap();
         stream
             .set_read_timeout(Some(Duration::from_secs(20)))
             .unwrap();
-        stream.write_all(request.as_bytes()).unwrap();
+        stream.write_all(request).unwrap();
         let mut bytes = Vec::new();
         let result = stream.read_to_end(&mut bytes);
         RawResponse {
