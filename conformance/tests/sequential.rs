@@ -84,6 +84,50 @@ fn pass_through_all_reject_first_error_replayed() {
 }
 
 #[test]
+fn pass_through_a_short_answer_that_is_not_json_fails_over() {
+    // Declared short, so read whole and checked (docs/reliability.md): pdb-a's is cut off JSON.
+    let mut h = harness(vec![
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [Reply::ok("[{\"certname\":")
+                .header("content-length", "14")
+                .after(ms(1))],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [Reply::ok("[]").header("content-length", "2").after(ms(1))],
+        ),
+    ]);
+    let c = h.get(PASS_THROUGH);
+    let transcript = finish(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.body_str(), "[]");
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn pass_through_a_long_answer_is_streamed_unread() {
+    // Declared over HELD_ABOVE_BYTES: held for the runtime to stream (and check on its way).
+    let long = format!("[{}]", "1,".repeat(200_000) + "1");
+    let length = long.len().to_string();
+    let mut h = harness(vec![FakeBackend::queue(
+        "pdb-a",
+        URL_A,
+        [Reply::ok(long.clone())
+            .header("content-length", &length)
+            .after(ms(1))],
+    )]);
+    let c = h.get(PASS_THROUGH);
+    finish(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.body_str(), long);
+}
+
+#[test]
 fn pass_through_none_answered_502() {
     let mut h = harness(vec![
         FakeBackend::queue("pdb-a", URL_A, [Reply::refused().after(ms(1))]),
