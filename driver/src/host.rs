@@ -19,7 +19,7 @@ use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId,
-    Planned, Response, Translating, UpstreamRequest, WaiterId,
+    Planned, Response, ResponseBody, Translating, UpstreamRequest, WaiterId,
 };
 use pdbmux_sealed::Sealer;
 
@@ -61,6 +61,50 @@ pub trait Runtime: Send + Sync + 'static {
         &self,
         work: impl FnOnce() -> T + Send + 'static,
     ) -> impl Future<Output = T> + Send;
+}
+
+/// The answer to a client, as a runtime writes it.
+pub enum Answer<H> {
+    /// A whole body (in the response).
+    Whole(Response),
+    /// A response whose body is the held upstream body, to stream until `deadline`.
+    Streamed {
+        /// Status and headers (its body is [`ResponseBody::Upstream`]).
+        response: Response,
+        /// The upstream body.
+        body: H,
+        /// When the body must be complete.
+        deadline: Instant,
+    },
+}
+
+impl<H> Answer<H> {
+    /// Pairs a response with the held body it names; one whose body went missing (a contract
+    /// violation) becomes a 502.
+    fn of((response, held): (Response, Option<(H, Instant)>)) -> Answer<H> {
+        match (&response.body, held) {
+            (ResponseBody::Upstream(_), Some((body, deadline))) => Answer::Streamed {
+                response,
+                body,
+                deadline,
+            },
+            (ResponseBody::Upstream(id), None) => {
+                tracing::error!("no held body for upstream {id}; answering 502");
+                Answer::Whole(Response::text(
+                    http::StatusCode::BAD_GATEWAY,
+                    "pdbmux: upstream body lost",
+                ))
+            }
+            (ResponseBody::Full(_), _) => Answer::Whole(response),
+        }
+    }
+
+    /// The status and headers.
+    pub fn response(&self) -> &Response {
+        match self {
+            Answer::Whole(response) | Answer::Streamed { response, .. } => response,
+        }
+    }
 }
 
 /// A spawned task's handle.
@@ -330,12 +374,9 @@ impl<R: Runtime> EstateHost<R> {
     }
 
     /// Answers one client request: admits it, drives its exchange on this task or waits for
-    /// the estate (a flight, the first membership map), admits it again when told to. The
-    /// response, with the held upstream body and its deadline when it streams one.
-    pub async fn answer(
-        self: &Arc<Self>,
-        request: &ClientRequest,
-    ) -> (Response, Option<(R::Held, Instant)>) {
+    /// the estate (a flight, the first membership map), admits it again when told to, and
+    /// writes its access log line. Never fails: every outcome is a response.
+    pub async fn answer(self: &Arc<Self>, request: &ClientRequest) -> Answer<R::Held> {
         let mut timings = Timings::start();
         // Planned once, before the estate's lock is taken.
         let config = self.config();
@@ -356,6 +397,14 @@ impl<R: Runtime> EstateHost<R> {
             metrics.observe_request(labels, &answer.0, timings.elapsed());
             self.observe_upstream_durations(&config, &timings);
         }
+        let answer = Answer::of(answer);
+        tracing::info!(
+            target: "pdbmux::access",
+            method = %request.method,
+            target = %request.target,
+            status = answer.response().status.as_u16(),
+            ms = timings.elapsed().as_millis() as u64,
+        );
         answer
     }
 

@@ -28,7 +28,7 @@ mod redis_store;
 mod request_counts;
 mod timing;
 
-pub use host::{EstateHost, Runtime, Task};
+pub use host::{Answer, EstateHost, Runtime, Task};
 pub use json_check::{CheckedStream, NotJson};
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};
 pub use redis_store::{prefer_runtime, Clients, RedisStore};

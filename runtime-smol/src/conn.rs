@@ -32,8 +32,11 @@ use smol::{Async, Timer};
 use pdbmux_driver::http1::{parse_head, Head, Parsed, RequestBody};
 
 use crate::body::Deadlined;
+use crate::body::HeldBody;
 use crate::runtime::Host;
-use crate::service::{self, Answer};
+
+/// The driver's answer, with this runtime's held body.
+type Answer = pdbmux_driver::Answer<HeldBody>;
 
 /// How long this connection waits on its client: `client_header_timeout` for a request head
 /// (and while idle between requests), `client_send_timeout` for each write the client takes no
@@ -104,11 +107,7 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
         let head = match read_head(&stream, &mut pending, &context.closing, timeouts.header).await {
             HeadRead::Request(head) => head,
             HeadRead::Refuse(status, why) => {
-                let response = Response::text(status, format!("pdbmux: {why}"));
-                let answer = Answer {
-                    response,
-                    stream: None,
-                };
+                let answer = Answer::Whole(Response::text(status, format!("pdbmux: {why}")));
                 let _ = write(
                     &stream,
                     &mut sender,
@@ -129,7 +128,7 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
             RequestBody::Length(n) => n <= MAX_SKIPPED_BODY,
             RequestBody::Unskippable => false,
         };
-        let handled = async { Some(service::handle(&context.host, &head.request).await) };
+        let handled = async { Some(context.host.answer(&head.request).await) };
         let gone = async {
             watch_client(&stream, &mut pending).await;
             None
@@ -289,8 +288,11 @@ async fn write(
         buffered(answer).await
     };
     // The body's `Bytes` (cheap to clone) outlives the answer, which goes into the encoder.
-    let full_body = match &answer.response.body {
-        ResponseBody::Full(body) if !head_only => Some(body.clone()),
+    let full_body = match &answer {
+        Answer::Whole(Response {
+            body: ResponseBody::Full(body),
+            ..
+        }) if !head_only => Some(body.clone()),
         _ => None,
     };
     let wire = to_wire(answer, keep_alive, http11);
@@ -418,44 +420,52 @@ async fn drain(
 
 /// Reads a streamed body whole (for an HTTP/1.0 client); a failure becomes a 502.
 async fn buffered(answer: Answer) -> Answer {
-    let Some((held, deadline)) = answer.stream else {
+    let Answer::Streamed {
+        response,
+        body: held,
+        deadline,
+    } = answer
+    else {
         return answer;
     };
     let mut body = Vec::new();
     let mut reader = Deadlined::new(held, deadline);
     match reader.read_to_end(&mut body).await {
-        Ok(_) => Answer {
-            response: Response {
-                body: ResponseBody::Full(body.into()),
-                ..answer.response
-            },
-            stream: None,
-        },
-        Err(error) => Answer {
-            response: Response::text(
-                StatusCode::BAD_GATEWAY,
-                format!("pdbmux: upstream body failed: {error}"),
-            ),
-            stream: None,
-        },
+        Ok(_) => Answer::Whole(Response {
+            body: ResponseBody::Full(body.into()),
+            ..response
+        }),
+        Err(error) => Answer::Whole(Response::text(
+            StatusCode::BAD_GATEWAY,
+            format!("pdbmux: upstream body failed: {error}"),
+        )),
     }
 }
 
 /// The core's response as an async-h1 (http-types) response.
 fn to_wire(answer: Answer, keep_alive: bool, http11: bool) -> http_types::Response {
-    let Answer { response, stream } = answer;
+    let (response, body) = match answer {
+        Answer::Streamed {
+            response,
+            body: held,
+            deadline,
+        } => {
+            let length = held.length().and_then(|n| usize::try_from(n).ok());
+            let body = http_types::Body::from_reader(Deadlined::new(held, deadline), length);
+            (response, body)
+        }
+        Answer::Whole(response) => {
+            // Never `Upstream`: the driver pairs those with their bodies (`Answer::Streamed`).
+            let body = match &response.body {
+                ResponseBody::Full(bytes) => full(bytes.clone()),
+                ResponseBody::Upstream(_) => http_types::Body::empty(),
+            };
+            (response, body)
+        }
+    };
     let status = http_types::StatusCode::try_from(response.status.as_u16())
         .unwrap_or(http_types::StatusCode::BadGateway);
     let mut wire = http_types::Response::new(status);
-    let body = match (response.body, stream) {
-        (ResponseBody::Upstream(_), Some((held, deadline))) => {
-            let length = held.length().and_then(|n| usize::try_from(n).ok());
-            http_types::Body::from_reader(Deadlined::new(held, deadline), length)
-        }
-        // `service::checked` pairs every streamed response with its body.
-        (ResponseBody::Upstream(_), None) => http_types::Body::empty(),
-        (ResponseBody::Full(bytes), _) => full(bytes),
-    };
     wire.set_body(body);
     // http-types gives a body a default content type; only the core's headers count.
     wire.remove_header(CONTENT_TYPE);

@@ -3,11 +3,11 @@
 //!
 //! - [`serve`]: one `smol::Executor` run by a thread per core; the listener; SIGTERM/SIGINT
 //!   (async-signal) stop accepting, close idle connections and wait up to `timeout` + 5 s.
-//! - [`conn`]: a client connection. Heads parsed by `pdbmux_driver::http1` (raw target and header sizes go to
-//!   the core, which answers 414/431), 30 s header-read timeout, keep-alive, the client's leaving
-//!   noticed mid-request; answers written by async-h1's encoder.
-//! - [`service`]: answer a request through the estate host (`pdbmux_driver::EstateHost`, shared
-//!   with `pdbmux`), which drives its `Exchange` on the request's own task.
+//! - [`conn`]: a client connection. Heads parsed by `pdbmux_driver::http1` (raw target and header
+//!   sizes go to the core, which answers 414/431), `client_header_timeout` and
+//!   `client_send_timeout`, keep-alive, the client's leaving noticed mid-request; each request
+//!   answered by the estate host (`pdbmux_driver::EstateHost`, shared with `pdbmux`), which drives
+//!   its `Exchange` on the request's own task; answers written by async-h1's encoder.
 //! - [`runtime`]: what the host runs on here: smol tasks (panics caught; dropping one cancels
 //!   it), `smol::Timer`, smol's blocking pool, and the upstream clients.
 //! - [`metrics`]: the metrics listener (`metrics_listen`), served with async-h1's server.
@@ -23,7 +23,6 @@ mod metrics;
 mod pool;
 mod runtime;
 mod serve;
-mod service;
 mod upstream;
 
 use std::process::ExitCode;

@@ -1,12 +1,12 @@
-//! One client request end to end: admit it through the estate, drive its exchange on this task,
-//! and turn the core's response into a hyper response.
+//! One client request end to end: refuse a head both binaries refuse, else answer it through the
+//! estate host (which drives its exchange on this task and logs it), as a hyper response.
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::time::Instant;
 
 use hyper::body::Incoming;
 use pdbmux_core::{ClientRequest, Response, ResponseBody};
+use pdbmux_driver::Answer;
 
 use crate::body;
 use crate::runtime::Host;
@@ -17,23 +17,10 @@ pub async fn handle(
     host: Arc<Host>,
     request: http::Request<Incoming>,
 ) -> Result<http::Response<body::ResponseBody>, Infallible> {
-    let started = Instant::now();
-    let client_request = client_request(&request);
-    let response = match refusal(&request) {
-        Some(refused) => refused,
-        None => {
-            let (response, held) = host.answer(&client_request).await;
-            into_hyper(response, held)
-        }
-    };
-    tracing::info!(
-        target: "pdbmux::access",
-        method = %client_request.method,
-        target = %client_request.target,
-        status = response.status().as_u16(),
-        ms = started.elapsed().as_millis() as u64,
-    );
-    Ok(response)
+    if let Some(refused) = refusal(&request) {
+        return Ok(refused);
+    }
+    Ok(into_hyper(host.answer(&client_request(&request)).await))
 }
 
 /// A 400 that closes the connection for a head hyper accepted but both binaries refuse
@@ -47,7 +34,7 @@ fn refusal(request: &http::Request<Incoming>) -> Option<http::Response<body::Res
         .map(|(name, value)| (name.as_str(), value.as_bytes()));
     let why = pdbmux_driver::http1::check_head(http10, fields).err()?;
     let refused = Response::text(http::StatusCode::BAD_REQUEST, format!("pdbmux: {why}"));
-    let mut refused = into_hyper(refused, None);
+    let mut refused = into_hyper(Answer::Whole(refused));
     refused.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
@@ -74,21 +61,22 @@ fn client_request(request: &http::Request<Incoming>) -> ClientRequest {
     }
 }
 
-/// Converts the core's response, attaching a held upstream body when it is streamed.
-fn into_hyper(
-    response: Response,
-    stream: Option<(HeldBody, Instant)>,
-) -> http::Response<body::ResponseBody> {
-    let body = match (response.body, stream) {
-        (ResponseBody::Full(bytes), _) => body::full(bytes),
-        (ResponseBody::Upstream(_), Some((held, deadline))) => body::streamed(held, deadline),
-        (ResponseBody::Upstream(id), None) => {
-            tracing::error!("no held body for upstream {id}; answering 502");
-            let mut fallback =
-                http::Response::new(body::full("pdbmux: upstream body lost\n".into()));
-            *fallback.status_mut() = http::StatusCode::BAD_GATEWAY;
-            return fallback;
+/// Converts the driver's answer, attaching a held upstream body when it is streamed.
+fn into_hyper(answer: Answer<HeldBody>) -> http::Response<body::ResponseBody> {
+    let (response, body) = match answer {
+        Answer::Whole(response) => {
+            // Never `Upstream`: the driver pairs those with their bodies (`Answer::Streamed`).
+            let body = match &response.body {
+                ResponseBody::Full(bytes) => body::full(bytes.clone()),
+                ResponseBody::Upstream(_) => body::full(bytes::Bytes::new()),
+            };
+            (response, body)
         }
+        Answer::Streamed {
+            response,
+            body,
+            deadline,
+        } => (response, body::streamed(body, deadline)),
     };
     let mut out = http::Response::new(body);
     *out.status_mut() = response.status;
