@@ -5,6 +5,7 @@
 //! ever reaches a backend.
 
 use http::{Method, StatusCode};
+use std::borrow::Cow;
 
 use crate::entity::Entity;
 use crate::message::ClientRequest;
@@ -190,31 +191,37 @@ pub fn classify(request: &ClientRequest) -> Result<Route, Refusal> {
 /// a NUL or to bytes that are not UTF-8: pdbmux would read such a parameter one way and a
 /// backend another. Other control characters stay (a PQL query may span lines).
 fn check_query(query: &str) -> Result<(), Refusal> {
-    let bytes = query.as_bytes();
+    let decoded = strictly_decoded(query).map_err(Refusal::BadQuery)?;
+    if decoded.contains('\0') {
+        return Err(Refusal::BadQuery("encoded NUL"));
+    }
+    Ok(())
+}
+
+/// `text` with its percent-escapes decoded, or why it cannot be: an escape that is not `%` and
+/// two hex digits, or bytes that are not UTF-8 once decoded. Borrowed when there is no escape.
+fn strictly_decoded(text: &str) -> Result<Cow<'_, str>, &'static str> {
+    if !text.contains('%') {
+        return Ok(Cow::Borrowed(text));
+    }
+    let bytes = text.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
     let mut index = 0;
     while index < bytes.len() {
-        match bytes[index] {
-            b'%' => {
-                let Some(byte) = percent_escape(bytes, index) else {
-                    return Err(Refusal::BadQuery("malformed percent-encoding"));
-                };
-                if byte == 0 {
-                    return Err(Refusal::BadQuery("encoded NUL"));
-                }
-                decoded.push(byte);
-                index += 3;
-            }
-            byte => {
-                decoded.push(byte);
-                index += 1;
-            }
+        if bytes[index] != b'%' {
+            decoded.push(bytes[index]);
+            index += 1;
+            continue;
         }
+        let Some(byte) = percent_escape(bytes, index) else {
+            return Err("malformed percent-encoding");
+        };
+        decoded.push(byte);
+        index += 3;
     }
-    match String::from_utf8(decoded) {
-        Ok(_) => Ok(()),
-        Err(_) => Err(Refusal::BadQuery("does not decode to UTF-8")),
-    }
+    String::from_utf8(decoded)
+        .map(Cow::Owned)
+        .map_err(|_| "does not decode to UTF-8")
 }
 
 /// Splits an absolute path into its raw segments, refusing empty and dot segments.
@@ -275,27 +282,10 @@ fn percent_escape(bytes: &[u8], at: usize) -> Option<u8> {
 /// control character or to bytes that are not UTF-8, or hides an escape under another
 /// (`%252e`): PuppetDB would read each of these its own way.
 fn check_encoding(segment: &str) -> Result<(), Refusal> {
-    let bytes = segment.as_bytes();
-    let mut decoded = Vec::with_capacity(bytes.len());
-    let mut index = 0;
-    while index < bytes.len() {
-        if bytes[index] != b'%' {
-            decoded.push(bytes[index]);
-            index += 1;
-            continue;
-        }
-        let Some(byte) = percent_escape(bytes, index) else {
-            return Err(Refusal::BadPath("malformed percent-encoding"));
-        };
-        if byte.is_ascii_control() {
-            return Err(Refusal::BadPath("encoded control character in path"));
-        }
-        decoded.push(byte);
-        index += 3;
+    let text = strictly_decoded(segment).map_err(Refusal::BadPath)?;
+    if text.chars().any(|c| c.is_ascii_control()) {
+        return Err(Refusal::BadPath("encoded control character in path"));
     }
-    let Ok(text) = String::from_utf8(decoded) else {
-        return Err(Refusal::BadPath("path does not decode to UTF-8"));
-    };
     if ["2e", "2f", "5c", "25"]
         .iter()
         .any(|hex| contains_escape(&text, hex))

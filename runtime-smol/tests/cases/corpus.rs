@@ -117,14 +117,9 @@ fn smuggling_request(fields: &str) -> String {
     format!("GET /pdb/query/v4/nodes HTTP/1.1\r\nHost: x\r\n{fields}\r\n{body}{SMUGGLED}")
 }
 
-/// The status lines of every response in `text`, in order.
-fn statuses(text: &str) -> Vec<u16> {
-    text.match_indices("HTTP/1.1 ")
-        .filter_map(|(at, _)| text.get(at + 9..at + 12)?.parse().ok())
-        .collect()
-}
-
-pub fn request_smuggling_shapes_are_refused_and_never_reach_a_backend(bin: &Path) {
+/// A backend answering `[]` to everything (recording what it was asked), and `bin` in front of
+/// it, logging warnings only.
+fn in_front_of_one_backend(bin: &Path) -> (FakeBackend, Pdbmux) {
     let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
     let pdbmux = Pdbmux::start(
         bin,
@@ -133,6 +128,18 @@ pub fn request_smuggling_shapes_are_refused_and_never_reach_a_backend(bin: &Path
             ("PDBMUX_LOG_LEVEL", "warn".into()),
         ],
     );
+    (backend, pdbmux)
+}
+
+/// The status lines of every response in `text`, in order.
+fn statuses(text: &str) -> Vec<u16> {
+    text.match_indices("HTTP/1.1 ")
+        .filter_map(|(at, _)| text.get(at + 9..at + 12)?.parse().ok())
+        .collect()
+}
+
+pub fn request_smuggling_shapes_are_refused_and_never_reach_a_backend(bin: &Path) {
+    let (backend, pdbmux) = in_front_of_one_backend(bin);
     for (name, fields, expect) in SMUGGLING {
         let before = backend.request_lines().len();
         let response = pdbmux.raw(&smuggling_request(fields));
@@ -289,14 +296,7 @@ fn bad_input() -> Vec<(String, Vec<u8>, u16)> {
 }
 
 pub fn bad_input_is_refused_locally_with_a_clear_status(bin: &Path) {
-    let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
-    let pdbmux = Pdbmux::start(
-        bin,
-        &[
-            ("PDBMUX_BACKENDS", format!("a={}", backend.url())),
-            ("PDBMUX_LOG_LEVEL", "warn".into()),
-        ],
-    );
+    let (backend, pdbmux) = in_front_of_one_backend(bin);
     let mut wrong = Vec::new();
     for (name, raw, status) in bad_input() {
         let response = pdbmux.raw_bytes(&raw);

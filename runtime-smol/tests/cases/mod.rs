@@ -13,7 +13,7 @@ use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::{respond, FakeBackend, Pdbmux, Piece};
+use crate::support::{respond, tcp_sockets, FakeBackend, Pdbmux, Piece};
 
 mod metrics;
 pub use metrics::*;
@@ -28,11 +28,39 @@ pub use slow_clients::*;
 mod corpus;
 pub use corpus::*;
 
-pub(crate) fn chunk(data: &[u8]) -> Vec<u8> {
+fn chunk(data: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", data.len()).into_bytes();
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
     out
+}
+
+/// `body` as a chunked 200 in pieces of 8 KiB, ending as `end` says.
+pub(crate) fn chunked(body: &str, end: End) -> Vec<Piece> {
+    let mut pieces = vec![Piece::Bytes(
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+            .to_vec(),
+    )];
+    pieces.extend(
+        body.as_bytes()
+            .chunks(8192)
+            .map(|piece| Piece::Bytes(chunk(piece))),
+    );
+    pieces.push(match end {
+        End::Terminated => Piece::Bytes(b"0\r\n\r\n".to_vec()),
+        End::WithTrailers => Piece::Bytes(b"0\r\nX-Checksum: 1\r\n\r\n".to_vec()),
+    });
+    pieces
+}
+
+/// How a chunked body ends.
+#[derive(Clone, Copy)]
+pub(crate) enum End {
+    /// With its terminating chunk.
+    Terminated,
+    /// With its terminating chunk and a trailer field (hyper hands trailers on as a frame of
+    /// their own, which must end the check too).
+    WithTrailers,
 }
 
 pub fn a_streamed_body_over_the_limit_aborts_the_connection(bin: &Path) {
@@ -206,18 +234,9 @@ fn leave_once_asked(pdbmux: &Pdbmux, backend: &FakeBackend, target: &str) {
 
 /// Sockets to `port` in CLOSE-WAIT (the peer closed, this side has not), from /proc/net/tcp.
 fn close_wait_to(port: u16) -> usize {
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let remote_port = fields
-                .get(2)
-                .and_then(|addr| addr.rsplit(':').next())
-                .and_then(|hex| u16::from_str_radix(hex, 16).ok());
-            remote_port == Some(port) && fields.get(3) == Some(&"08")
-        })
+    tcp_sockets()
+        .iter()
+        .filter(|socket| socket.remote_port == port && socket.state == "08")
         .count()
 }
 

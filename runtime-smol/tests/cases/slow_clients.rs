@@ -9,27 +9,16 @@ use std::path::Path;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::chunk;
-use crate::support::{respond, FakeBackend, Pdbmux, Piece};
+use super::{chunked, End};
+use crate::support::{respond, tcp_sockets, FakeBackend, Pdbmux};
 
 /// The state of pdbmux's side of each connection to it, by the client's port (`/proc/net/tcp`'s
 /// hex code: 01 is established).
 fn server_side_states(pdbmux: &Pdbmux) -> HashMap<u16, String> {
-    let port_of = |addr: &str| {
-        addr.rsplit(':')
-            .next()
-            .and_then(|hex| u16::from_str_radix(hex, 16).ok())
-    };
-    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
-    table
-        .lines()
-        .skip(1)
-        .filter_map(|line| {
-            let fields: Vec<&str> = line.split_whitespace().collect();
-            let ours = port_of(fields.get(1)?)? == pdbmux.addr.port();
-            let state = (*fields.get(3)?).to_owned();
-            ours.then_some((port_of(fields.get(2)?)?, state))
-        })
+    tcp_sockets()
+        .into_iter()
+        .filter(|socket| socket.local_port == pdbmux.addr.port())
+        .map(|socket| (socket.remote_port, socket.state))
         .collect()
 }
 
@@ -150,18 +139,7 @@ pub fn a_client_that_stops_reading_is_cut_at_the_send_timeout(bin: &Path) {
     let backend = FakeBackend::start(move |line| {
         if line.contains("catalog-inputs") {
             // Chunked, as PuppetDB streams: pdbmux streams it on.
-            let mut pieces = vec![Piece::Bytes(
-                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-                    .to_vec(),
-            )];
-            pieces.extend(
-                streamed
-                    .as_bytes()
-                    .chunks(64 * 1024)
-                    .map(|c| Piece::Bytes(chunk(c))),
-            );
-            pieces.push(Piece::Bytes(b"0\r\n\r\n".to_vec()));
-            pieces
+            chunked(&streamed, End::Terminated)
         } else if line.contains("/facts") {
             respond("200 OK", "application/json", &streamed)
         } else {

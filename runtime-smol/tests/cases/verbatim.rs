@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::chunk;
+use super::{chunked, End};
 use crate::support::{respond, FakeBackend, Pdbmux, Piece};
 
 /// The routes one backend answers as it is.
@@ -36,34 +36,6 @@ fn large_body(records: usize) -> String {
         "[{}]",
         (0..records).map(record).collect::<Vec<_>>().join(",")
     )
-}
-
-/// `body` as a chunked 200 in pieces of 8 KiB, with or without its terminating chunk.
-fn chunked(body: &str, end: End) -> Vec<Piece> {
-    let mut pieces = vec![Piece::Bytes(
-        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
-            .to_vec(),
-    )];
-    pieces.extend(
-        body.as_bytes()
-            .chunks(8192)
-            .map(|piece| Piece::Bytes(chunk(piece))),
-    );
-    pieces.push(match end {
-        End::Terminated => Piece::Bytes(b"0\r\n\r\n".to_vec()),
-        End::WithTrailers => Piece::Bytes(b"0\r\nX-Checksum: 1\r\n\r\n".to_vec()),
-    });
-    pieces
-}
-
-/// How a chunked body ends.
-#[derive(Clone, Copy)]
-enum End {
-    /// With its terminating chunk.
-    Terminated,
-    /// With its terminating chunk and a trailer field (hyper hands trailers on as a frame of
-    /// their own, which must end the check too).
-    WithTrailers,
 }
 
 /// The body of a chunked response, and whether its terminating chunk arrived.

@@ -316,3 +316,33 @@ impl RawResponse {
             .map_or("", |(_, body)| body)
     }
 }
+
+/// One IPv4 TCP socket of this machine, from `/proc/net/tcp`.
+pub struct TcpSocket {
+    pub local_port: u16,
+    pub remote_port: u16,
+    /// The kernel's state code in hex: `01` established, `08` CLOSE-WAIT.
+    pub state: String,
+}
+
+/// Every IPv4 TCP socket of this machine (`/proc/net/tcp`; empty where there is none).
+pub fn tcp_sockets() -> Vec<TcpSocket> {
+    let port_of = |addr: &str| {
+        addr.rsplit(':')
+            .next()
+            .and_then(|hex| u16::from_str_radix(hex, 16).ok())
+    };
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap_or_default();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            Some(TcpSocket {
+                local_port: port_of(fields.get(1)?)?,
+                remote_port: port_of(fields.get(2)?)?,
+                state: (*fields.get(3)?).to_owned(),
+            })
+        })
+        .collect()
+}
