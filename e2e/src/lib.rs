@@ -40,7 +40,7 @@ pub mod proxy;
 
 pub use fixture::{Fixture, FixtureCommand, FixtureNode, FixtureReport, NodeState};
 pub use http::{get, get_with_headers, raw_request, url_with_query, Response};
-pub use proxy::{Fault, FaultCounts, Proxy, ProxyMode};
+pub use proxy::{FaultCounts, Proxy, ProxyMode};
 
 /// How long a spawned pdbmux may take to accept connections.
 const READY_TIMEOUT: Duration = Duration::from_secs(20);

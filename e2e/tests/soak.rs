@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use pdbmux_e2e::{E2eEnv, Pdbmux, Proxy, ProxyMode};
+use pdbmux_e2e::{E2eEnv, FaultCounts, Pdbmux, Proxy, ProxyMode};
 use serde_json::Value;
 
 /// Clients per binary.
@@ -394,7 +394,7 @@ fn answers_stay_whole_under_faults_and_a_backend_restart() {
     }
 
     let tallies = tallies.lock().expect("tallies");
-    let faults: Vec<[usize; 4]> = proxies.iter().map(Proxy::faults).collect();
+    let faults: Vec<FaultCounts> = proxies.iter().map(Proxy::faults).collect();
     println!(
         "fault soak: {soaked:.0?}; pdb-b killed at {killed_at:.0?}, running again at {back:.0?}; \
          connections per fault (none, truncate, stall, garble): a {:?}, b {:?}",

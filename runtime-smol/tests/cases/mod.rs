@@ -625,6 +625,7 @@ macro_rules! runtime_cases {
             sighup_adds_and_removes_backends_while_requests_run,
             a_bad_configuration_on_sighup_is_refused_and_the_old_one_serves,
             a_request_in_flight_finishes_on_the_configuration_it_started_with,
+            reloaded_client_timeouts_apply_to_new_connections,
             a_small_verbatim_answer_that_is_not_json_falls_back_to_the_next_backend,
             a_streamed_answer_that_is_not_json_is_never_complete,
             a_large_streamed_answer_passes_whole,

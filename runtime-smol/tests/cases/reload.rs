@@ -8,7 +8,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::metrics::{metrics_addr, scrape_until, Scrape};
-use crate::support::{keep_getting, respond, FakeBackend, Pdbmux};
+use crate::support::{closed_by_server, keep_getting, respond, FakeBackend, Pdbmux};
 
 /// A backend whose only fact name is `name`.
 fn naming(name: &'static str) -> FakeBackend {
@@ -16,11 +16,17 @@ fn naming(name: &'static str) -> FakeBackend {
 }
 
 fn config_file(dir: &Path, backends: &[(&str, &FakeBackend)]) -> String {
+    config_file_with(dir, backends, "")
+}
+
+/// [`config_file`] with more lines of YAML.
+fn config_file_with(dir: &Path, backends: &[(&str, &FakeBackend)], more: &str) -> String {
     let mut text = String::from("backends:\n");
     for (name, backend) in backends {
         text.push_str(&format!("  - name: {name}\n    url: {}\n", backend.url()));
     }
     text.push_str("facts_ttl: 0s\n");
+    text.push_str(more);
     let path = dir.join("pdbmux.yaml");
     // Written whole, then renamed: pdbmux never reads half a file.
     let partial = dir.join("pdbmux.yaml.new");
@@ -236,4 +242,40 @@ pub fn a_request_in_flight_finishes_on_the_configuration_it_started_with(bin: &P
     let answered = in_flight.join().unwrap();
     assert_eq!(answered.status(), 200, "{}", answered.text);
     assert_eq!(answered.body(), r#"["from_slow","pdbmux_source"]"#);
+}
+
+/// A reload's `client_header_timeout` applies to connections accepted after it; an idle
+/// connection accepted before keeps the value it was accepted with (docs/operating.md).
+pub fn reloaded_client_timeouts_apply_to_new_connections(bin: &Path) {
+    let a = naming("from_a");
+    let dir = tempfile::tempdir().unwrap();
+    let file = config_file_with(dir.path(), &[("a", &a)], "client_header_timeout: 30s\n");
+    let metrics = metrics_addr();
+    let pdbmux = Pdbmux::start(
+        bin,
+        &[
+            ("PDBMUX_CONFIG", file),
+            ("PDBMUX_METRICS_LISTEN", metrics.to_string()),
+            ("PDBMUX_LOG_LEVEL", "warn".to_owned()),
+        ],
+    );
+    let before = std::net::TcpStream::connect(pdbmux.addr).unwrap();
+    config_file_with(dir.path(), &[("a", &a)], "client_header_timeout: 1s\n");
+    pdbmux.signal("HUP");
+    scrape_until(metrics, |s| {
+        s.value("pdbmux_config_reloads_total", "result=ok") == 1.0
+    });
+    let after = std::net::TcpStream::connect(pdbmux.addr).unwrap();
+    let started = Instant::now();
+    while !closed_by_server(&after) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "an idle connection accepted after the reload was not closed at its 1 s timeout"
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !closed_by_server(&before),
+        "the connection accepted before the reload keeps its 30 s timeout"
+    );
 }

@@ -10,7 +10,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{chunked, End};
-use crate::support::{respond, tcp_sockets, FakeBackend, Pdbmux};
+use crate::support::{closed_by_server, respond, tcp_sockets, FakeBackend, Pdbmux};
 
 /// The state of pdbmux's side of each connection to it, by the client's port (`/proc/net/tcp`'s
 /// hex code: 01 is established).
@@ -26,16 +26,6 @@ fn server_side_states(pdbmux: &Pdbmux) -> HashMap<u16, String> {
 fn held_open(states: &HashMap<u16, String>, client: &TcpStream) -> bool {
     let port = client.local_addr().unwrap().port();
     states.get(&port).map(String::as_str) == Some("01")
-}
-
-/// Whether the server closed `stream` (a non-blocking one): a read sees its end or its reset,
-/// or an answer (a 408) before them.
-fn closed_by_server(mut stream: &TcpStream) -> bool {
-    match stream.read(&mut [0u8; 512]) {
-        Err(error) => error.kind() != std::io::ErrorKind::WouldBlock,
-        // Its end (0), or an answer before it.
-        Ok(_read) => true,
-    }
 }
 
 /// Waits (up to 20 s) until the answer's first byte can be read from `stream`, reading none.
@@ -89,7 +79,6 @@ pub fn a_client_that_sends_its_head_slowly_is_cut_at_the_header_timeout(bin: &Pa
         .map(|_| {
             let stream = TcpStream::connect(pdbmux.addr).unwrap();
             stream.set_nodelay(true).unwrap();
-            stream.set_nonblocking(true).unwrap();
             stream
         })
         .collect();

@@ -346,3 +346,16 @@ pub fn tcp_sockets() -> Vec<TcpSocket> {
         })
         .collect()
 }
+
+/// Whether the server has closed `stream`, looked at without waiting: a read sees its end or a
+/// reset, or an answer it sent before closing.
+pub fn closed_by_server(mut stream: &TcpStream) -> bool {
+    stream.set_nonblocking(true).unwrap();
+    let closed = match stream.read(&mut [0u8; 512]) {
+        // Its end (0), or an answer before it.
+        Ok(_read) => true,
+        Err(error) => error.kind() != std::io::ErrorKind::WouldBlock,
+    };
+    stream.set_nonblocking(false).unwrap();
+    closed
+}
