@@ -1,4 +1,5 @@
-//! What can go wrong while driving the core: a broken script, or the core breaking its contract.
+//! What can go wrong while driving the host: a broken script, or the core or the host breaking
+//! its contract.
 
 use std::time::Duration;
 
@@ -33,7 +34,8 @@ pub enum HarnessError {
         /// Simulated time when the budget ran out.
         at: Duration,
     },
-    /// After `handle_timeout(now)` a machine still reported a deadline at or before `now`.
+    /// A task's timer fired twice at one instant: after `handle_timeout(now)` its machine still
+    /// reported a deadline at or before `now`.
     #[error("{machine} still reports a deadline at +{}ms after handle_timeout", at.as_millis())]
     StuckDeadline {
         /// Which machine.
@@ -51,7 +53,7 @@ pub enum HarnessError {
         /// The backend index.
         backend: usize,
     },
-    /// A machine reused an upstream ID.
+    /// A machine reused the upstream ID of a request still in flight.
     #[error("{machine} reused upstream id {id}")]
     DuplicateId {
         /// Which machine.
@@ -59,29 +61,12 @@ pub enum HarnessError {
         /// The upstream ID.
         id: String,
     },
-    /// A machine cancelled an upstream ID it never sent.
-    #[error("{machine} cancelled {id}, which it never sent")]
-    UnknownCancel {
-        /// Which machine.
-        machine: String,
-        /// The upstream ID.
-        id: String,
-    },
-    /// A response streams a held body the harness does not hold (never held, or already
-    /// cancelled or streamed).
-    #[error("{machine} streams {id}, whose body is not held")]
-    MissingHeldBody {
-        /// Which machine.
-        machine: String,
-        /// The upstream ID.
-        id: String,
-    },
-    /// The estate answered a waiter it never handed out (or answered it twice).
-    #[error("estate answered unknown waiter {0}")]
-    UnknownWaiter(String),
     /// A test referred to a client that was never submitted.
     #[error("no client {0}")]
     UnknownClient(String),
+    /// A task panicked (not by script): a defect in the code it ran.
+    #[error("a task panicked: {0}")]
+    Panicked(String),
     /// A client got no response or more than one.
     #[error("{client} got {count} responses, expected exactly one")]
     ResponseCount {
@@ -93,7 +78,4 @@ pub enum HarnessError {
     /// At quiescence, upstream requests are still in flight that nobody will ever cancel.
     #[error("upstream requests left in flight at quiescence: {0}")]
     LeftInFlight(String),
-    /// At quiescence, held upstream bodies were neither streamed nor cancelled.
-    #[error("held bodies leaked at quiescence: {0}")]
-    LeakedHeldBodies(String),
 }

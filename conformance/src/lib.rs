@@ -1,13 +1,17 @@
 //! # pdbmux-conformance
 //!
-//! A simulated harness that drives the sans-IO pdbmux core the way a runtime would, in the style
-//! of quinn-proto's test `Pair`: fake backends answer with scripted latency, status, body or
-//! failure ([`FakeBackend`], [`Reply`]); a simulated clock jumps straight to the next event (the
-//! earliest of the machines' `poll_timeout` and the next scripted reply); and
-//! [`Harness::drive_bounded`] fails a livelock after a step budget instead of hanging.
+//! A simulated harness that runs pdbmux as a binary does, the sans-IO core inside the real
+//! estate host (`pdbmux_driver::EstateHost`: admission, waiters, flights, cancellation, the
+//! estate's task), on a deterministic runtime instead of tokio or smol, in the style of
+//! quinn-proto's test `Pair`: fake backends answer with scripted latency, status, body,
+//! failure or panic ([`FakeBackend`], [`Reply`]); a simulated clock jumps straight to the next
+//! event (the earliest scripted reply or timer); a manual task queue runs every woken task
+//! until it waits again; and [`Harness::drive_bounded`] fails a livelock after a step budget
+//! instead of hanging.
 //!
-//! Every input and output is written to a [`Transcript`], one line per event with the time since
-//! the start, which the tests snapshot with insta:
+//! Every send, answer, timeout, cancellation, flight and response is written to a
+//! [`Transcript`], one line per event with the time since the start, which the tests snapshot
+//! with insta:
 //!
 //! ```text
 //! +0ms c0 GET /pdb/meta/v1/version
@@ -30,6 +34,7 @@ mod puppetdb;
 mod record;
 mod script;
 mod setup;
+mod sim;
 mod store;
 mod transcript;
 mod upstream;

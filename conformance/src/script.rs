@@ -61,6 +61,9 @@ pub enum ReplyOutcome {
     Fail(UpstreamFailure),
     /// The backend never answers; only the core's deadline ends the request.
     Never,
+    /// Reading the answer panics the task that reads it: a defect in pdbmux's own code,
+    /// simulated, to see that one task's panic ends that task only.
+    Panic,
 }
 
 /// One scripted reply: a latency on the simulated clock, then an outcome.
@@ -129,6 +132,14 @@ impl Reply {
         Reply {
             latency: Duration::ZERO,
             outcome: ReplyOutcome::Never,
+        }
+    }
+
+    /// An answer whose reading panics the task reading it ([`ReplyOutcome::Panic`]).
+    pub fn panic() -> Reply {
+        Reply {
+            latency: Duration::ZERO,
+            outcome: ReplyOutcome::Panic,
         }
     }
 

@@ -23,6 +23,11 @@ impl Transcript {
             .push(format!("+{}ms {}", at.as_millis(), line.as_ref()));
     }
 
+    /// Moves every line of `self` to the end of `into`.
+    pub(crate) fn move_into(&mut self, into: &mut Transcript) {
+        into.lines.append(&mut self.lines);
+    }
+
     /// The lines so far.
     pub fn lines(&self) -> &[String] {
         &self.lines

@@ -364,20 +364,25 @@ fn report_hash_all_404_is_404() {
 }
 
 #[test]
-fn late_held_answer_after_cancel_is_cancelled_again() {
-    // The runtime race: pdb-a's 200 is already on its way when the core's deadline cancels it.
+fn an_answer_already_on_its_way_when_its_request_is_cancelled_is_dropped_unread() {
+    // The runtime race: both backends answer at the same instant, so pdb-b's answer is in
+    // hand when pdb-a's, taken first, makes the core cancel pdb-b's request.
+    let server_time = |at: &str| Reply::ok(format!(r#"{{"server_time":"{at}"}}"#)).after(ms(10));
     let mut h = harness(vec![
-        FakeBackend::queue("pdb-a", URL_A, [Reply::ok(r#"["late"]"#).after(ms(15_000))]),
-        FakeBackend::queue("pdb-b", URL_B, [Reply::ok(r#"["b"]"#).after(ms(5))]),
+        FakeBackend::queue("pdb-a", URL_A, [server_time("2024-05-01T10:00:00.000Z")]),
+        FakeBackend::queue("pdb-b", URL_B, [server_time("2024-05-01T10:00:01.000Z")]),
     ]);
     h.set_late_answers(true);
-    let c = h.get(PASS_THROUGH);
+    let c = h.get("/pdb/meta/v1/server-time");
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
-    assert_eq!(response.body_str(), r#"["b"]"#);
-    assert_eq!(response.at, h.config().timeout + ms(5));
+    assert_eq!(
+        response.body_str(),
+        r#"{"server_time":"2024-05-01T10:00:00.000Z"}"#
+    );
+    assert_eq!(response.at, ms(10));
     assert!(
-        transcript.contains("+15000ms c0 cancel u0 (held body dropped)"),
+        transcript.contains("+10ms c0 cancel u1 (its answer was already on the way)"),
         "{transcript}"
     );
     insta::assert_snapshot!(transcript);
@@ -413,4 +418,25 @@ fn a_client_that_leaves_while_waiting_for_membership_is_not_resumed() {
     finish(&mut h);
     assert!(h.responses(gone).expect("known").is_empty());
     assert_eq!(h.response(stays).expect("one").status, StatusCode::OK);
+}
+
+#[test]
+fn a_panic_reading_one_clients_answer_ends_that_client_only() {
+    let mut h = harness(vec![FakeBackend::queue(
+        "pdb-a",
+        URL_A,
+        [
+            Reply::panic().after(ms(5)),
+            Reply::ok(r#"["a"]"#).after(ms(5)),
+        ],
+    )]);
+    let first = h.get(PASS_THROUGH);
+    let second = h.get(PASS_THROUGH);
+    let transcript = finish(&mut h);
+    // The first client's task is gone, as its connection would be; the second is answered.
+    assert!(h.panicked(first));
+    assert!(h.responses(first).expect("known").is_empty());
+    assert_eq!(h.response(second).expect("answered").body_str(), r#"["a"]"#);
+    assert!(transcript.contains("+5ms c0 panicked"), "{transcript}");
+    insta::assert_snapshot!(transcript);
 }

@@ -19,7 +19,7 @@ use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId,
-    Planned, Response, ResponseBody, Translating, UpstreamRequest, WaiterId,
+    Planned, Response, ResponseBody, Translating, UpstreamId, UpstreamRequest, WaiterId,
 };
 use pdbmux_sealed::Sealer;
 
@@ -53,8 +53,26 @@ pub trait Runtime: Send + Sync + 'static {
     /// Resolves at `deadline`.
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send;
 
+    /// The time now, on the clock [`Runtime::sleep_until`] keeps: every instant the host gives
+    /// the core comes from here. The system's monotonic clock unless a runtime simulates time.
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
     /// Runs `future` on its own task; a panic in it ends that task only.
     fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) -> Self::Task;
+
+    /// Runs `future` on its own task, as [`Runtime::spawn`], knowing what it is for; the host
+    /// spawns every task through here. A runtime that tells tasks apart (a simulation writing
+    /// a transcript) overrides it.
+    fn spawn_as(
+        &self,
+        role: TaskRole,
+        future: impl Future<Output = ()> + Send + 'static,
+    ) -> Self::Task {
+        let _ = role;
+        self.spawn(future)
+    }
 
     /// Runs `work` where it may block (a blocking pool), not on an async worker thread.
     fn unblock<T: Send + 'static>(
@@ -105,6 +123,19 @@ impl<H> Answer<H> {
             Answer::Whole(response) | Answer::Streamed { response, .. } => response,
         }
     }
+}
+
+/// What a task the estate host spawns is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskRole {
+    /// The task driving the estate's outputs and deadline ([`EstateHost::spawn_driver`]).
+    Driver,
+    /// One upstream request the estate sends itself (membership, health).
+    EstateCall(UpstreamId),
+    /// One request to the shared cache store.
+    StoreCall,
+    /// A single-flight exchange, driven apart from any client.
+    Flight(FlightId),
 }
 
 /// A spawned task's handle.
@@ -264,13 +295,8 @@ impl<R: Runtime> EstateHost<R> {
     ) -> Arc<EstateHost<R>> {
         Arc::new_cyclic(|host: &std::sync::Weak<EstateHost<R>>| {
             let host = host.clone();
-            let metrics = metrics.map(|metrics| {
-                metrics.with_estate(move || {
-                    let host = host.upgrade()?;
-                    let stats = host.estate().stats(Instant::now());
-                    Some(stats)
-                })
-            });
+            let metrics =
+                metrics.map(|metrics| metrics.with_estate(move || Some(host.upgrade()?.stats())));
             EstateHost {
                 current: RwLock::new(Generation {
                     config: Arc::clone(estate.config()),
@@ -285,6 +311,11 @@ impl<R: Runtime> EstateHost<R> {
                 runtime,
             }
         })
+    }
+
+    /// The estate's numbers now (what a scrape reads).
+    pub fn stats(&self) -> pdbmux_core::stats::EstateStats {
+        self.estate().stats(self.runtime.now())
     }
 
     /// pdbmux's own metrics, when they are served (`metrics_listen`).
@@ -313,7 +344,7 @@ impl<R: Runtime> EstateHost<R> {
         let config = Arc::new(config);
         {
             let mut estate = self.estate();
-            estate.reconfigure(Instant::now(), Arc::clone(&config));
+            estate.reconfigure(self.runtime.now(), Arc::clone(&config));
             *self.current.write().unwrap_or_else(|p| p.into_inner()) = Generation {
                 config,
                 clients: Arc::new(clients),
@@ -414,7 +445,7 @@ impl<R: Runtime> EstateHost<R> {
         planned: Planned,
         timings: &mut Timings,
     ) -> (Response, Option<(R::Held, Instant)>) {
-        let mut admission = self.admit_with(|estate| estate.admit(Instant::now(), planned));
+        let mut admission = self.admit_with(|estate| estate.admit(self.runtime.now(), planned));
         // Names are looked up only when the timing line is enabled.
         let log = |timings: &Timings, how: &str| {
             timings.log(&request.target, how, |id: BackendId| {
@@ -439,7 +470,7 @@ impl<R: Runtime> EstateHost<R> {
                     let bound = Bound::new(self, generation);
                     let (response, _) = crate::drive(&bound, exchange, timings).await;
                     admission = self.admit_with(|estate| {
-                        estate.handle_translated(Instant::now(), translating, response)
+                        estate.handle_translated(self.runtime.now(), translating, response)
                     });
                 }
                 Admitted::Wait(ticket) => match ticket.wait().await {
@@ -449,7 +480,7 @@ impl<R: Runtime> EstateHost<R> {
                     }
                     Some(WaiterEvent::Resume(planned)) => {
                         admission =
-                            self.admit_with(|estate| estate.readmit(Instant::now(), *planned))
+                            self.admit_with(|estate| estate.readmit(self.runtime.now(), *planned))
                     }
                     None => {
                         let response = Response::text(
@@ -466,7 +497,8 @@ impl<R: Runtime> EstateHost<R> {
     /// Starts the task that drives the estate; cancel it to stop it.
     pub fn spawn_driver(self: &Arc<Self>) -> R::Task {
         let host = Arc::clone(self);
-        self.runtime.spawn(async move { host.run_driver().await })
+        self.runtime
+            .spawn_as(TaskRole::Driver, async move { host.run_driver().await })
     }
 
     fn estate(&self) -> MutexGuard<'_, Estate> {
@@ -475,7 +507,7 @@ impl<R: Runtime> EstateHost<R> {
 
     fn waiter_gone(&self, waiter: WaiterId) {
         lock(&self.waiters).remove(&waiter);
-        self.estate().handle_waiter_gone(Instant::now(), waiter);
+        self.estate().handle_waiter_gone(self.runtime.now(), waiter);
         self.wake.notify();
     }
 
@@ -533,7 +565,7 @@ impl<R: Runtime> EstateHost<R> {
         let host = Arc::clone(self);
         // Held across the spawn so the task cannot remove its entry before it is inserted.
         let mut flights = lock(&self.flights);
-        let task = self.runtime.spawn(async move {
+        let task = self.runtime.spawn_as(TaskRole::Flight(flight), async move {
             let answered = AssertUnwindSafe(async {
                 let mut timings = Timings::start();
                 timings.exchange_started();
@@ -561,7 +593,7 @@ impl<R: Runtime> EstateHost<R> {
                 own.detach();
             }
             host.estate()
-                .handle_flight_done(Instant::now(), flight, response);
+                .handle_flight_done(host.runtime.now(), flight, response);
             host.wake.notify();
         });
         flights.insert(flight, task);
@@ -603,7 +635,7 @@ impl<R: Runtime> EstateHost<R> {
                     EstateOutput::Send(request) => {
                         let id = request.id;
                         let sent = self.send_for_estate(request, generation.clone());
-                        let task = self.runtime.spawn(sent);
+                        let task = self.runtime.spawn_as(TaskRole::EstateCall(id), sent);
                         sends.retain(|_, task: &mut R::Task| !task.is_finished());
                         sends.insert(id, task);
                     }
@@ -620,7 +652,7 @@ impl<R: Runtime> EstateHost<R> {
                     }
                     EstateOutput::Store(request) => {
                         let asked = self.ask_store(request, generation.clone());
-                        self.runtime.spawn(asked).detach();
+                        self.runtime.spawn_as(TaskRole::StoreCall, asked).detach();
                     }
                     EstateOutput::StartFlight { flight, exchange } => {
                         self.spawn_flight(flight, exchange, generation.clone());
@@ -642,7 +674,7 @@ impl<R: Runtime> EstateHost<R> {
                 }
             });
             if let Either::Right(_) = futures_util::future::select(woken, timer).await {
-                self.estate().handle_timeout(Instant::now());
+                self.estate().handle_timeout(self.runtime.now());
             }
         }
     }
@@ -676,7 +708,7 @@ impl<R: Runtime> EstateHost<R> {
                 metrics.observe_store(op, !matches!(answer, StoreAnswer::Failed(_)));
             }
             host.estate()
-                .handle_store_answer(Instant::now(), id, answer);
+                .handle_store_answer(host.runtime.now(), id, answer);
             host.wake.notify();
         }
     }
@@ -689,9 +721,9 @@ impl<R: Runtime> EstateHost<R> {
     ) -> impl Future<Output = ()> + Send + 'static {
         let host = Arc::clone(self);
         async move {
-            let (id, backend, sent) = (request.id, request.backend, Instant::now());
+            let (id, backend, sent) = (request.id, request.backend, host.runtime.now());
             let result = host.runtime.send(&generation.clients, request).await;
-            let now = Instant::now();
+            let now = host.runtime.now();
             if let Some(metrics) = &host.metrics {
                 let outcome = pdbmux_core::stats::CallOutcome::of(
                     result.as_ref().map(|(response, _)| response.status),
@@ -743,11 +775,17 @@ impl<R: Runtime> Transport for Bound<'_, R> {
         self.host.runtime.sleep_until(deadline)
     }
 
+    fn now(&self) -> Instant {
+        self.host.runtime.now()
+    }
+
     fn report(&self, report: ExchangeReport) {
         if let Some(metrics) = &self.host.metrics {
             metrics.observe_exchange(&report, &self.generation.config);
         }
-        self.host.estate().handle_report(Instant::now(), report);
+        self.host
+            .estate()
+            .handle_report(self.host.runtime.now(), report);
     }
 }
 

@@ -28,7 +28,7 @@ mod redis_store;
 mod request_counts;
 mod timing;
 
-pub use host::{Answer, EstateHost, Runtime, Task};
+pub use host::{Answer, EstateHost, Runtime, Task, TaskRole};
 pub use json_check::{CheckedStream, NotJson};
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};
 pub use redis_store::{prefer_runtime, Clients, RedisStore};
@@ -60,6 +60,9 @@ pub trait Transport {
     /// Resolves at `deadline`.
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send;
 
+    /// The time now, on the clock `sleep_until` keeps.
+    fn now(&self) -> Instant;
+
     /// Receives what the exchange tells the estate once it answered (its `/healthz` round, the
     /// corrections it learned).
     fn report(&self, report: ExchangeReport);
@@ -85,7 +88,7 @@ pub async fn drive<T: Transport>(
             match output {
                 ExchangeOutput::Send(request) => {
                     let (handle, registration) = AbortHandle::new_pair();
-                    let (id, backend, sent_at) = (request.id, request.backend, Instant::now());
+                    let (id, backend, sent_at) = (request.id, request.backend, transport.now());
                     aborts.insert(id, handle);
                     deadlines.insert(id, request.deadline);
                     sent.insert(id, (backend, sent_at));
@@ -102,7 +105,8 @@ pub async fn drive<T: Transport>(
                     held.remove(&id);
                     // Timed out or no longer wanted: it took this long until it was given up.
                     if let Some((backend, sent_at)) = sent.remove(&id) {
-                        timings.upstream(backend, sent_at.elapsed());
+                        let took = transport.now().saturating_duration_since(sent_at);
+                        timings.upstream(backend, took);
                     }
                 }
                 ExchangeOutput::Respond(response) => {
@@ -133,8 +137,11 @@ pub async fn drive<T: Transport>(
             Either::Left((Ok((id, backend, sent_at, result)), _)) => {
                 aborts.remove(&id);
                 sent.remove(&id);
-                let now = Instant::now();
+                let now = transport.now();
                 timings.upstream(backend, now.saturating_duration_since(sent_at));
+                // The core's own work is timed on the system clock, whatever clock the
+                // transport keeps.
+                let work = Instant::now();
                 match result {
                     Ok((response, held_body)) => {
                         if let Some(body) = held_body {
@@ -145,14 +152,14 @@ pub async fn drive<T: Transport>(
                     }
                     Err(failure) => exchange.handle_upstream_failure(now, id, failure),
                 }
-                timings.core(now.elapsed());
+                timings.core(work.elapsed());
             }
             // Aborted: its answer is no longer wanted.
             Either::Left((Err(_), _)) => {}
             Either::Right(((), _)) => {
-                let now = Instant::now();
-                exchange.handle_timeout(now);
-                timings.core(now.elapsed());
+                let work = Instant::now();
+                exchange.handle_timeout(transport.now());
+                timings.core(work.elapsed());
             }
         }
     }

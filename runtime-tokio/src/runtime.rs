@@ -53,6 +53,11 @@ impl pdbmux_driver::Runtime for Tokio {
         tokio::time::sleep_until(deadline.into())
     }
 
+    /// tokio's clock, the one its timers keep (paused in tests that pause it).
+    fn now(&self) -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
     fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) -> TokioTask {
         TokioTask(tokio::spawn(future))
     }
