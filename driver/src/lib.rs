@@ -27,6 +27,7 @@ mod process;
 mod redis_store;
 mod request_counts;
 mod timing;
+pub mod upstream;
 
 pub use host::{Answer, EstateHost, Runtime, Task, TaskRole};
 pub use json_check::{CheckedStream, NotJson};

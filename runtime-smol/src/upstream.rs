@@ -3,14 +3,14 @@
 //! `max_body_bytes` while they are read. The caller bounds each request by its deadline (by
 //! dropping it).
 
-use std::io;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 
 use futures_rustls::TlsConnector;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use pdbmux_core::config::{BackendConfig, Config};
-use pdbmux_core::{UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use pdbmux_core::{UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use pdbmux_driver::upstream::{answer_framing, request_bytes, take_answer, BodyLimit};
 use rustls::pki_types::ServerName;
 use smol::future::FutureExt;
 use smol::io::AsyncWriteExt;
@@ -23,7 +23,7 @@ pub use pdbmux_tls::{error_chain, ClientSetupError};
 /// The clients for every backend, in configured order.
 pub struct Upstreams {
     backends: Vec<Backend>,
-    max_body_bytes: u64,
+    limit: BodyLimit,
 }
 
 impl Upstreams {
@@ -76,7 +76,7 @@ impl Upstreams {
             .collect::<Result<Vec<_>, ClientSetupError>>()?;
         Ok(Upstreams {
             backends,
-            max_body_bytes: config.max_body_bytes,
+            limit: BodyLimit::of(config),
         })
     }
 
@@ -162,85 +162,24 @@ impl Upstreams {
         let status = StatusCode::from_u16(u16::from(response.status()))
             .map_err(|e| UpstreamFailure::Transport(format!("bad status: {e}")))?;
         let headers = convert_headers(&response);
-        let length = match headers.get(http::header::CONTENT_LENGTH) {
-            Some(value) => Some(
-                value
-                    .to_str()
-                    .ok()
-                    .and_then(|v| v.trim().parse::<u64>().ok())
-                    .ok_or_else(|| UpstreamFailure::Transport("bad Content-Length".into()))?,
-            ),
-            None => None,
+        let framing = answer_framing(status, &headers)?;
+        self.limit.check_declared(framing.length)?;
+        lease.reusable = framing.reusable;
+        let body = HeldBody::new(
+            response.take_body(),
+            lease,
+            self.limit.bytes(),
+            framing.length,
+        );
+        let limit = self.limit;
+        let read_whole = |body: HeldBody| async move {
+            body.read_all().await.map_err(|error| {
+                let over = error.get_ref().is_some_and(|inner| inner.is::<OverLimit>());
+                limit.read_failure(over, &error)
+            })
         };
-        if length.is_some_and(|length| length > self.max_body_bytes) {
-            return Err(UpstreamFailure::BodyTooLarge {
-                limit: self.max_body_bytes,
-            });
-        }
-        let chunked = headers
-            .get(http::header::TRANSFER_ENCODING)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.trim().to_ascii_lowercase().ends_with("chunked"));
-        let bodiless = status.is_informational()
-            || status == StatusCode::NO_CONTENT
-            || status == StatusCode::NOT_MODIFIED;
-        if length.is_none() && !chunked && !bodiless {
-            // async-h1 does not read a body delimited by the connection's close.
-            return Err(UpstreamFailure::Transport(
-                "answer without Content-Length or chunked framing".into(),
-            ));
-        }
-        lease.reusable = !has_token(&headers, "close");
-        let body = HeldBody::new(response.take_body(), lease, self.max_body_bytes, length);
-        if request.body_mode.holds(status, length) {
-            let response = UpstreamResponse {
-                status,
-                headers,
-                body: UpstreamBody::Held,
-            };
-            return Ok((response, Some(body)));
-        }
-        let bytes = body.read_all().await.map_err(|e| self.body_error(&e))?;
-        let response = UpstreamResponse {
-            status,
-            headers,
-            body: UpstreamBody::Full(bytes),
-        };
-        Ok((response, None))
+        take_answer(request, (status, headers), framing.length, body, read_whole).await
     }
-
-    /// Maps a body read error: over the limit, or a transport failure.
-    pub fn body_error(&self, error: &io::Error) -> UpstreamFailure {
-        if error.get_ref().is_some_and(|inner| inner.is::<OverLimit>()) {
-            UpstreamFailure::BodyTooLarge {
-                limit: self.max_body_bytes,
-            }
-        } else {
-            UpstreamFailure::Transport(error_chain(error))
-        }
-    }
-}
-
-/// The request head (and JSON body), exactly as sent: the core's path and query go out verbatim.
-fn request_bytes(authority: &str, request: &UpstreamRequest) -> Vec<u8> {
-    let body: &[u8] = request.body.as_deref().unwrap_or_default();
-    let mut wire = Vec::with_capacity(256 + request.path_and_query.len() + body.len());
-    wire.extend_from_slice(request.method.as_str().as_bytes());
-    wire.push(b' ');
-    wire.extend_from_slice(request.path_and_query.as_bytes());
-    wire.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    wire.extend_from_slice(authority.as_bytes());
-    wire.extend_from_slice(b"\r\naccept: application/json\r\nuser-agent: pdbmux/");
-    wire.extend_from_slice(env!("CARGO_PKG_VERSION").as_bytes());
-    wire.extend_from_slice(b"\r\n");
-    if request.body.is_some() {
-        wire.extend_from_slice(b"content-type: application/json\r\ncontent-length: ");
-        wire.extend_from_slice(body.len().to_string().as_bytes());
-        wire.extend_from_slice(b"\r\n");
-    }
-    wire.extend_from_slice(b"\r\n");
-    wire.extend_from_slice(body);
-    wire
 }
 
 /// async-h1's headers as an `http::HeaderMap` (values that do not convert are dropped).
@@ -259,16 +198,6 @@ fn convert_headers(response: &http_types::Response) -> HeaderMap {
     headers
 }
 
-/// Whether a `Connection` header names `token`.
-fn has_token(headers: &HeaderMap, token: &str) -> bool {
-    headers
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case(token))
-}
-
 /// The TLS connector for an https backend: system roots plus its CA file, its client certificate.
 fn tls_for(
     backend: &BackendConfig,
@@ -281,46 +210,4 @@ fn tls_for(
             reason: format!("server name {}: {e}", backend.url.host),
         })?;
     Ok((TlsConnector::from(Arc::new(config)), name))
-}
-
-#[cfg(test)]
-mod tests {
-    use std::time::Instant;
-
-    use pdbmux_core::{BackendId, BodyMode, UpstreamId};
-
-    use super::*;
-
-    fn request(method: http::Method, target: &str, body: Option<&'static str>) -> UpstreamRequest {
-        UpstreamRequest {
-            id: UpstreamId(0),
-            backend: BackendId(0),
-            method,
-            path_and_query: target.to_owned(),
-            body: body.map(bytes::Bytes::from),
-            body_mode: BodyMode::Buffer,
-            deadline: Instant::now(),
-        }
-    }
-
-    #[test]
-    fn the_target_goes_out_verbatim() {
-        let target = "/pdb/query/v4/nodes?query=%5B%22=%22%5D&x='y'";
-        let wire = request_bytes("db:8081", &request(http::Method::GET, target, None));
-        let text = String::from_utf8(wire).unwrap_or_default();
-        assert!(text.starts_with(&format!("GET {target} HTTP/1.1\r\nhost: db:8081\r\n")));
-        assert!(text.ends_with("\r\n\r\n") && !text.contains("content-length"));
-    }
-
-    #[test]
-    fn a_post_carries_its_json_body_with_a_length() {
-        let wire = request_bytes(
-            "db",
-            &request(http::Method::POST, "/pdb/query/v4/nodes", Some("{\"q\":1}")),
-        );
-        let text = String::from_utf8(wire).unwrap_or_default();
-        assert!(text.starts_with("POST /pdb/query/v4/nodes HTTP/1.1\r\n"));
-        assert!(text.contains("content-type: application/json\r\ncontent-length: 7\r\n"));
-        assert!(text.ends_with("\r\n\r\n{\"q\":1}"));
-    }
 }

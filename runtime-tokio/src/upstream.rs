@@ -4,16 +4,17 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE, USER_AGENT};
-use http::{HeaderValue, Request};
-use http_body_util::{BodyExt, Full, Limited};
+use http::header::CONTENT_LENGTH;
+use http::Request;
+use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use pdbmux_core::config::{BackendConfig, Config};
-use pdbmux_core::{BackendId, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use pdbmux_core::{BackendId, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use pdbmux_driver::upstream::{request_headers, take_answer, BodyLimit};
 
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -22,7 +23,7 @@ pub use pdbmux_tls::{error_chain, ClientSetupError};
 /// The clients for every backend, in configured order.
 pub struct Upstreams {
     backends: Vec<Backend>,
-    max_body_bytes: u64,
+    limit: BodyLimit,
 }
 
 struct Backend {
@@ -49,7 +50,7 @@ impl Upstreams {
             .collect::<Result<Vec<_>, ClientSetupError>>()?;
         Ok(Upstreams {
             backends,
-            max_body_bytes: config.max_body_bytes,
+            limit: BodyLimit::of(config),
         })
     }
 
@@ -61,13 +62,9 @@ impl Upstreams {
     ) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
         let backend = self.backend(request.backend)?;
         let uri = format!("{}{}", backend.base, request.path_and_query);
-        let mut builder = Request::builder()
-            .method(request.method.clone())
-            .uri(&uri)
-            .header(ACCEPT, HeaderValue::from_static("application/json"))
-            .header(USER_AGENT, concat!("pdbmux/", env!("CARGO_PKG_VERSION")));
-        if request.body.is_some() {
-            builder = builder.header(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let mut builder = Request::builder().method(request.method.clone()).uri(&uri);
+        for (name, value) in request_headers(request) {
+            builder = builder.header(name, value);
         }
         let http_request = builder
             .body(Full::new(request.body.clone().unwrap_or_default()))
@@ -83,49 +80,32 @@ impl Upstreams {
             .get(CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
-        if length.is_some_and(|length| length > self.max_body_bytes) {
-            return Err(UpstreamFailure::BodyTooLarge {
-                limit: self.max_body_bytes,
-            });
-        }
-        let limit = usize::try_from(self.max_body_bytes).unwrap_or(usize::MAX);
-        let body = Limited::new(body, limit);
-        if request.body_mode.holds(parts.status, length) {
-            let response = UpstreamResponse {
-                status: parts.status,
-                headers: parts.headers,
-                body: UpstreamBody::Held,
-            };
-            return Ok((response, Some(body)));
-        }
-        let bytes = body
-            .collect()
-            .await
-            .map_err(|e| self.body_error(e))?
-            .to_bytes();
-        let response = UpstreamResponse {
-            status: parts.status,
-            headers: parts.headers,
-            body: UpstreamBody::Full(bytes),
+        self.limit.check_declared(length)?;
+        let body = Limited::new(
+            body,
+            usize::try_from(self.limit.bytes()).unwrap_or(usize::MAX),
+        );
+        let limit = self.limit;
+        let read_whole = |body: HeldBody| async move {
+            match body.collect().await {
+                Ok(collected) => Ok(collected.to_bytes()),
+                Err(error) => Err(limit.read_failure(error.is::<LengthLimitError>(), &*error)),
+            }
         };
-        Ok((response, None))
+        take_answer(
+            request,
+            (parts.status, parts.headers),
+            length,
+            body,
+            read_whole,
+        )
+        .await
     }
 
     fn backend(&self, id: BackendId) -> Result<&Backend, UpstreamFailure> {
         self.backends
             .get(id.0)
             .ok_or_else(|| UpstreamFailure::Transport(format!("no backend {id}")))
-    }
-
-    /// Maps a body read error: over the limit, or a transport failure.
-    pub fn body_error(&self, error: Box<dyn std::error::Error + Send + Sync>) -> UpstreamFailure {
-        if error.is::<http_body_util::LengthLimitError>() {
-            UpstreamFailure::BodyTooLarge {
-                limit: self.max_body_bytes,
-            }
-        } else {
-            UpstreamFailure::Transport(error_chain(&*error))
-        }
     }
 }
 
