@@ -272,7 +272,8 @@ pub struct EstateHost<R: Runtime> {
     sealer: Sealer,
     /// pdbmux's own metrics, when they are served.
     metrics: Option<Metrics>,
-    runtime: R,
+    /// The runtime it runs on (also [`crate::lifecycle`]'s).
+    pub(crate) runtime: R,
 }
 
 /// Takes a lock whose holder may have panicked: every critical section here is one call on the

@@ -21,6 +21,7 @@ use std::time::Instant;
 mod host;
 pub mod http1;
 mod json_check;
+mod lifecycle;
 mod metrics;
 #[cfg(target_os = "linux")]
 mod process;
@@ -31,6 +32,7 @@ pub mod upstream;
 
 pub use host::{Answer, EstateHost, Runtime, Task, TaskRole};
 pub use json_check::{CheckedStream, NotJson};
+pub use lifecycle::StartError;
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};
 pub use redis_store::{prefer_runtime, Clients, RedisStore};
 pub use timing::Timings;

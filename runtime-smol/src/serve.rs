@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use async_signal::{Signal, Signals};
 use pdbmux_cli::{Reloader, Settings};
-use pdbmux_core::{ClockAnchor, Estate};
-use pdbmux_sealed::Sealer;
+use pdbmux_driver::StartError;
 use smol::channel;
 use smol::future::FutureExt;
 use smol::stream::StreamExt;
@@ -21,9 +20,6 @@ use smol::{Async, Executor, Timer};
 use crate::conn;
 use crate::runtime::{spawn_guarded, Host, Smol};
 use crate::upstream::Upstreams;
-
-/// Extra time in-flight requests get after the upstream timeout when shutting down.
-const DRAIN_GRACE: Duration = Duration::from_secs(5);
 
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -34,29 +30,15 @@ pub enum ServeError {
     /// The signal handlers could not be installed.
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
-    /// The listen address could not be bound.
-    #[error("listening on {addr}: {source}")]
-    Bind {
-        /// The configured address.
-        addr: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A backend's client could not be built.
+    /// Binding, or building the upstream or store clients, failed.
     #[error(transparent)]
-    Client(#[from] crate::upstream::ClientSetupError),
-    /// The shared cache store's client could not be built.
-    #[error("{0}")]
-    Store(String),
+    Start(#[from] StartError),
 }
 
-fn bind(addr: &str) -> Result<Async<TcpListener>, ServeError> {
+fn bind(addr: &str) -> Result<Async<TcpListener>, StartError> {
     TcpListener::bind(addr)
         .and_then(Async::new)
-        .map_err(|source| ServeError::Bind {
-            addr: addr.to_owned(),
-            source,
-        })
+        .map_err(StartError::bind(addr))
 }
 
 /// Runs the server until a shutdown signal; the entry point of `pdbmux-smol serve`.
@@ -89,36 +71,25 @@ async fn serve(
 ) -> Result<(), ServeError> {
     let config = settings.config;
     pdbmux_driver::prefer_runtime(true);
-    let clients = pdbmux_driver::Clients::with_store(&config, Upstreams::new(&config)?)
-        .map_err(ServeError::Store)?;
+    let upstreams = Upstreams::new(&config).map_err(StartError::from)?;
+    let clients =
+        pdbmux_driver::Clients::with_store(&config, upstreams).map_err(StartError::Store)?;
     let mut signals =
         Signals::new([Signal::Term, Signal::Int, Signal::Hup]).map_err(ServeError::Signals)?;
     // The metrics listener first: once the query port accepts, so does it.
     let metrics_listener = config.metrics_listen.as_deref().map(bind).transpose()?;
     let listener = bind(&config.listen)?;
-    let drain_limit = config.timeout + DRAIN_GRACE;
-    tracing::info!(
-        listen = %listener.get_ref().local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),
-        backends = %config.backends.iter().map(|b| format!("{}={}", b.name, b.url.base())).collect::<Vec<_>>().join(","),
-        metrics = %metrics_listener.as_ref().and_then(|l| l.get_ref().local_addr().ok()).map_or_else(|| "off".to_owned(), |a| a.to_string()),
-        config = %settings.config_source,
-        "pdbmux serving"
-    );
-    let clock = ClockAnchor {
-        instant: std::time::Instant::now(),
-        wall: std::time::SystemTime::now(),
+    let build = pdbmux_driver::Build {
+        binary: "pdbmux-smol",
+        version: pdbmux_cli::version(),
     };
-    let sealer = Sealer::new(config.facts_cache_bytes);
-    let estate = Estate::new(config, clock);
-    let metrics = metrics_listener.as_ref().map(|_| {
-        pdbmux_driver::Metrics::new(pdbmux_driver::Build {
-            binary: "pdbmux-smol",
-            version: pdbmux_cli::version(),
-        })
-    });
     let runtime = Smol::new(Arc::clone(&executor));
-    let host = Host::new(estate, sealer, (runtime, clients), metrics);
-    let driver = host.spawn_driver();
+    let (host, driver) = Host::start(config, (runtime, clients), build);
+    host.announce(
+        listener.get_ref().local_addr(),
+        metrics_listener.as_ref().map(|l| l.get_ref().local_addr()),
+        &settings.config_source,
+    );
     // Dropped (and so stopped) when serving ends.
     let _metrics_task = metrics_listener.map(|listener| {
         let served = crate::metrics::serve(listener, Arc::clone(&host), Arc::clone(&executor));
@@ -131,15 +102,14 @@ async fn serve(
     let reload_host = Arc::clone(&host);
     let _reloader_task = spawn_guarded(&executor, "reload", async move {
         while reloads.recv().await.is_ok() {
-            let (running, reloader) = (reload_host.config(), reloader.clone());
-            // Files are read (the config, the TLS material) on the blocking pool.
-            let prepared = smol::unblock(move || {
-                reloader.prepare(&running, |config| {
-                    pdbmux_driver::Clients::build(config, Upstreams::new)
+            let reloader = reloader.clone();
+            reload_host
+                .reread(move |running| {
+                    reloader.prepare(running, |config| {
+                        pdbmux_driver::Clients::build(config, Upstreams::new)
+                    })
                 })
-            })
-            .await;
-            reload_host.reload(prepared);
+                .await;
         }
     });
     // Idle upstream connections the backends closed are closed here too, not left in CLOSE-WAIT.
@@ -150,7 +120,7 @@ async fn serve(
             sweep_host.clients().upstreams.sweep();
         }
     });
-    let context = conn::Context::new(host, closing_watch, open);
+    let context = conn::Context::new(Arc::clone(&host), closing_watch, open);
     let signal = loop {
         let accepted = async { Ok(listener.accept().await) };
         let signalled = async { Err(signals.next().await) };
@@ -169,7 +139,6 @@ async fn serve(
                 Timer::after(Duration::from_millis(50)).await;
             }
             Err(Some(Ok(Signal::Hup))) => {
-                tracing::info!("SIGHUP: reading the configuration again");
                 // One reload at a time, in the order of the signals.
                 let _ = hangups.try_send(());
             }
@@ -177,25 +146,12 @@ async fn serve(
             Err(_) => break "SIGINT",
         }
     };
-    tracing::info!(
-        "{signal}: no longer accepting; draining in-flight requests for up to {drain_limit:?}"
-    );
     drop(listener);
     drop(closing);
     drop(context);
-    let all_closed = async {
+    let drained = async {
         let _ = drained.recv().await;
-        true
     };
-    let limit = async {
-        Timer::after(drain_limit).await;
-        false
-    };
-    if all_closed.or(limit).await {
-        tracing::info!("drained; exiting");
-    } else {
-        tracing::warn!("drain limit reached; exiting with requests still in flight");
-    }
-    pdbmux_driver::Task::cancel(driver);
+    host.shut_down(driver, signal, drained).await;
     Ok(())
 }

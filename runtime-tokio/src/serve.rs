@@ -12,8 +12,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use pdbmux_cli::{Reloader, Settings};
-use pdbmux_core::{ClockAnchor, Estate};
-use pdbmux_sealed::Sealer;
+use pdbmux_driver::StartError;
 use tokio::net::TcpListener;
 
 use crate::runtime::{Host, Tokio};
@@ -21,29 +20,15 @@ use crate::sealed_io::SealedIo;
 use crate::service;
 use crate::upstream::Upstreams;
 
-/// Extra time in-flight requests get after the upstream timeout when shutting down.
-const DRAIN_GRACE: Duration = Duration::from_secs(5);
-
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
     /// The tokio runtime could not start.
     #[error("starting the runtime: {0}")]
     Runtime(std::io::Error),
-    /// The listen address could not be bound.
-    #[error("listening on {addr}: {source}")]
-    Bind {
-        /// The configured address.
-        addr: String,
-        /// The OS error.
-        source: std::io::Error,
-    },
-    /// A backend's client could not be built.
+    /// Binding, or building the upstream or store clients, failed.
     #[error(transparent)]
-    Client(#[from] crate::upstream::ClientSetupError),
-    /// The shared cache store's client could not be built.
-    #[error("{0}")]
-    Store(String),
+    Start(#[from] StartError),
     /// The SIGHUP handler could not be installed.
     #[error("installing the SIGHUP handler: {0}")]
     Signals(std::io::Error),
@@ -58,13 +43,10 @@ pub fn run(settings: Settings, reloader: Reloader) -> Result<(), ServeError> {
     runtime.block_on(serve(settings, reloader))
 }
 
-async fn bind(addr: &str) -> Result<TcpListener, ServeError> {
+async fn bind(addr: &str) -> Result<TcpListener, StartError> {
     TcpListener::bind(addr)
         .await
-        .map_err(|source| ServeError::Bind {
-            addr: addr.to_owned(),
-            source,
-        })
+        .map_err(StartError::bind(addr))
 }
 
 async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError> {
@@ -73,52 +55,38 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     let mut hangups = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let config = settings.config;
     pdbmux_driver::prefer_runtime(false);
-    let clients = pdbmux_driver::Clients::with_store(&config, Upstreams::new(&config)?)
-        .map_err(ServeError::Store)?;
+    let upstreams = Upstreams::new(&config).map_err(StartError::from)?;
+    let clients =
+        pdbmux_driver::Clients::with_store(&config, upstreams).map_err(StartError::Store)?;
     // The metrics listener first: once the query port accepts, so does it.
     let metrics_listener = match &config.metrics_listen {
         Some(addr) => Some(bind(addr).await?),
         None => None,
     };
     let listener = bind(&config.listen).await?;
-    let drain_limit = config.timeout + DRAIN_GRACE;
-    tracing::info!(
-        listen = %listener.local_addr().map_or_else(|_| config.listen.clone(), |a| a.to_string()),
-        backends = %config.backends.iter().map(|b| format!("{}={}", b.name, b.url.base())).collect::<Vec<_>>().join(","),
-        metrics = %metrics_listener.as_ref().and_then(|l| l.local_addr().ok()).map_or_else(|| "off".to_owned(), |a| a.to_string()),
-        config = %settings.config_source,
-        "pdbmux serving"
-    );
-    let clock = ClockAnchor {
-        instant: std::time::Instant::now(),
-        wall: std::time::SystemTime::now(),
+    let build = pdbmux_driver::Build {
+        binary: "pdbmux",
+        version: pdbmux_cli::version(),
     };
-    let sealer = Sealer::new(config.facts_cache_bytes);
-    let estate = Estate::new(config, clock);
-    let metrics = metrics_listener.as_ref().map(|_| {
-        pdbmux_driver::Metrics::new(pdbmux_driver::Build {
-            binary: "pdbmux",
-            version: pdbmux_cli::version(),
-        })
-    });
-    let host = Host::new(estate, sealer, (Tokio, clients), metrics);
-    let driver = host.spawn_driver();
+    let (host, driver) = Host::start(config, (Tokio, clients), build);
+    host.announce(
+        listener.local_addr(),
+        metrics_listener.as_ref().map(TcpListener::local_addr),
+        &settings.config_source,
+    );
     let metrics_task = metrics_listener
         .map(|listener| tokio::spawn(crate::metrics::serve(listener, Arc::clone(&host))));
     let reload_host = Arc::clone(&host);
     let reloads = tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            tracing::info!("SIGHUP: reading the configuration again");
-            let (running, reloader) = (reload_host.config(), reloader.clone());
-            // Files are read (the config, the TLS material) off the async workers.
-            let prepared = tokio::task::spawn_blocking(move || {
-                reloader.prepare(&running, |config| {
-                    pdbmux_driver::Clients::build(config, Upstreams::new)
+            let reloader = reloader.clone();
+            reload_host
+                .reread(move |running| {
+                    reloader.prepare(running, |config| {
+                        pdbmux_driver::Clients::build(config, Upstreams::new)
+                    })
                 })
-            })
-            .await
-            .unwrap_or_else(|error| Err(format!("reading the configuration: {error}")));
-            reload_host.reload(prepared);
+                .await;
         }
     });
     let graceful = GracefulShutdown::new();
@@ -128,7 +96,7 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
         .max_buf_size(64 * 1024);
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
-    loop {
+    let signal = loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let (stream, peer) = match accepted {
@@ -165,18 +133,11 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
                     );
                 });
             }
-            signal = &mut shutdown => {
-                tracing::info!("{signal}: no longer accepting; draining in-flight requests for up to {drain_limit:?}");
-                break;
-            }
+            signal = &mut shutdown => break signal,
         }
-    }
+    };
     drop(listener);
-    match tokio::time::timeout(drain_limit, graceful.shutdown()).await {
-        Ok(()) => tracing::info!("drained; exiting"),
-        Err(_) => tracing::warn!("drain limit reached; exiting with requests still in flight"),
-    }
-    pdbmux_driver::Task::cancel(driver);
+    host.shut_down(driver, signal, graceful.shutdown()).await;
     reloads.abort();
     if let Some(task) = metrics_task {
         task.abort();

@@ -1,0 +1,141 @@
+//! Starting, reloading and stopping pdbmux, the same on every runtime: what the estate is built
+//! with, the line that says pdbmux is serving, a reload read off the async threads, and the
+//! shutdown drain (docs/operating.md, "Shutdown" and "Reload"). A runtime binds its sockets,
+//! catches its signals and accepts connections around these.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures_util::future::{self, Either};
+use pdbmux_core::config::Config;
+use pdbmux_core::{ClockAnchor, Estate};
+use pdbmux_sealed::Sealer;
+
+use crate::{Build, EstateHost, Metrics, Runtime, Task};
+
+/// Extra time in-flight requests get after the upstream timeout when shutting down.
+const DRAIN_GRACE: Duration = Duration::from_secs(5);
+
+/// Why pdbmux could not start serving, whatever the runtime.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The listen address could not be bound.
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        /// The configured address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A backend's client could not be built.
+    #[error(transparent)]
+    Client(#[from] pdbmux_tls::ClientSetupError),
+    /// The shared cache store's client could not be built.
+    #[error("{0}")]
+    Store(String),
+}
+
+impl StartError {
+    /// The error binding `addr` failed with.
+    pub fn bind(addr: &str) -> impl FnOnce(std::io::Error) -> StartError + '_ {
+        move |source| StartError::Bind {
+            addr: addr.to_owned(),
+            source,
+        }
+    }
+}
+
+impl<R: Runtime> EstateHost<R> {
+    /// Starts serving `config` on `runtime` with `clients` built for it: the estate (its clock
+    /// anchored now), the sealer for its cache budget, pdbmux's own metrics (as `build`) when
+    /// `metrics_listen` is set, and the estate's task, whose handle comes back for
+    /// [`EstateHost::shut_down`].
+    pub fn start(
+        config: Config,
+        (runtime, clients): (R, R::Clients),
+        build: Build,
+    ) -> (Arc<Self>, R::Task) {
+        let anchor = ClockAnchor {
+            instant: runtime.now(),
+            wall: SystemTime::now(),
+        };
+        let sealer = Sealer::new(config.facts_cache_bytes);
+        let metrics = config.metrics_listen.is_some().then(|| Metrics::new(build));
+        let host = EstateHost::new(
+            Estate::new(config, anchor),
+            sealer,
+            (runtime, clients),
+            metrics,
+        );
+        let driver = host.spawn_driver();
+        (host, driver)
+    }
+
+    /// Logs the line that says pdbmux is serving: the address it listens on (as bound, else as
+    /// configured), its backends, its metrics address and where its configuration came from.
+    pub fn announce(
+        &self,
+        listen: std::io::Result<SocketAddr>,
+        metrics: Option<std::io::Result<SocketAddr>>,
+        config_source: &str,
+    ) {
+        let config = self.config();
+        let listen = listen.map_or_else(|_| config.listen.clone(), |a| a.to_string());
+        let metrics = metrics
+            .and_then(Result::ok)
+            .map_or_else(|| "off".to_owned(), |a| a.to_string());
+        let backends = config
+            .backends
+            .iter()
+            .map(|b| format!("{}={}", b.name, b.url.base()))
+            .collect::<Vec<_>>()
+            .join(",");
+        tracing::info!(%listen, %backends, %metrics, config = %config_source, "pdbmux serving");
+    }
+
+    /// A reload (SIGHUP): `prepare` reads the configuration again and builds its clients (it
+    /// reads files, so it runs on the blocking pool; a panic in it refuses the reload), then
+    /// [`EstateHost::reload`] applies it. Returns whether it was applied.
+    pub async fn reread(
+        &self,
+        prepare: impl FnOnce(&Config) -> Result<(Config, R::Clients), String> + Send + 'static,
+    ) -> bool {
+        tracing::info!("SIGHUP: reading the configuration again");
+        let running = self.config();
+        let prepared = self
+            .runtime
+            .unblock(move || {
+                std::panic::catch_unwind(AssertUnwindSafe(|| prepare(&running)))
+                    .unwrap_or_else(|_| Err("reading the configuration panicked".to_owned()))
+            })
+            .await;
+        self.reload(prepared)
+    }
+
+    /// Shuts down once the runtime has stopped accepting (after `signal`): waits until
+    /// `drained` (every connection closed) for up to the upstream timeout and 5 s more, then
+    /// stops the estate's task (`driver`, from [`EstateHost::start`]).
+    pub async fn shut_down(
+        &self,
+        driver: R::Task,
+        signal: &str,
+        drained: impl Future<Output = ()>,
+    ) {
+        let limit = self.config().timeout + DRAIN_GRACE;
+        tracing::info!(
+            "{signal}: no longer accepting; draining in-flight requests for up to {limit:?}"
+        );
+        let expired = pin!(self.runtime.sleep_until(self.runtime.now() + limit));
+        match future::select(pin!(drained), expired).await {
+            Either::Left(_) => tracing::info!("drained; exiting"),
+            Either::Right(_) => {
+                tracing::warn!("drain limit reached; exiting with requests still in flight")
+            }
+        }
+        driver.cancel();
+    }
+}
