@@ -173,9 +173,149 @@ impl CheckedStream {
     }
 }
 
+/// Why a streamed body was cut off.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StreamFailure {
+    /// The body is not one JSON value.
+    #[error(transparent)]
+    NotJson(#[from] NotJson),
+    /// Reading the upstream body failed (it went over `max_body_bytes`, its connection broke).
+    #[error("reading the upstream body: {0}")]
+    Upstream(String),
+    /// The deadline passed before the body's end.
+    #[error("upstream body not complete before the deadline")]
+    DeadlinePassed,
+}
+
+/// What both binaries' streamed-body wrappers decide, whatever their body type: each chunk
+/// checked ([`CheckedStream`]), the upstream body's end, its failure and the deadline. A failure
+/// sticks (every later call fails the same way, so nothing can complete the body) and is logged
+/// once. A wrapper feeds it what it reads and sends what it gives back; on `Err` it fails the
+/// client's body.
+#[derive(Default)]
+pub struct StreamedBody {
+    check: CheckedStream,
+    ended: bool,
+    failed: Option<StreamFailure>,
+}
+
+impl StreamedBody {
+    /// A new body, nothing read yet.
+    pub fn new() -> StreamedBody {
+        StreamedBody::default()
+    }
+
+    /// A chunk read from upstream: `Ok` gives what may go out now (see [`CheckedStream::push`]).
+    pub fn chunk(&mut self, chunk: Bytes) -> Result<Option<Bytes>, StreamFailure> {
+        self.still_going()?;
+        let checked = self.check.push(chunk);
+        checked.map_err(|not_json| self.fail(not_json.into()))
+    }
+
+    /// The upstream body ended: `Ok` gives the last chunk to send; after it, only trailers.
+    pub fn end(&mut self) -> Result<Option<Bytes>, StreamFailure> {
+        self.still_going()?;
+        match self.check.finish() {
+            Ok(last) => {
+                self.ended = true;
+                Ok(last)
+            }
+            Err(not_json) => Err(self.fail(not_json.into())),
+        }
+    }
+
+    /// Reading the upstream body failed with `why`.
+    pub fn upstream_failed(&mut self, why: &dyn std::fmt::Display) -> StreamFailure {
+        self.failed
+            .clone()
+            .unwrap_or_else(|| self.fail(StreamFailure::Upstream(why.to_string())))
+    }
+
+    /// The deadline passed while the body was still streaming.
+    pub fn deadline_passed(&mut self) -> StreamFailure {
+        self.failed
+            .clone()
+            .unwrap_or_else(|| self.fail(StreamFailure::DeadlinePassed))
+    }
+
+    /// Whether the body was read and checked to its end.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// Why the body failed, if it did.
+    pub fn failure(&self) -> Option<&StreamFailure> {
+        self.failed.as_ref()
+    }
+
+    /// How many bytes are held back, to count in a size hint.
+    pub fn held_len(&self) -> usize {
+        self.check.held_len()
+    }
+
+    fn still_going(&self) -> Result<(), StreamFailure> {
+        match &self.failed {
+            Some(failure) => Err(failure.clone()),
+            None => Ok(()),
+        }
+    }
+
+    fn fail(&mut self, failure: StreamFailure) -> StreamFailure {
+        tracing::warn!("aborting a streamed response: {failure}");
+        self.failed = Some(failure.clone());
+        failure
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_streamed_body_failure_sticks_whatever_comes_after() {
+        let mut body = StreamedBody::new();
+        assert_eq!(body.chunk(Bytes::from_static(b"[1,")), Ok(None));
+        assert_eq!(
+            body.deadline_passed(),
+            StreamFailure::DeadlinePassed,
+            "the first failure is the one"
+        );
+        assert_eq!(
+            body.upstream_failed(&"reset"),
+            StreamFailure::DeadlinePassed
+        );
+        assert_eq!(
+            body.chunk(Bytes::from_static(b"2]")),
+            Err(StreamFailure::DeadlinePassed)
+        );
+        assert_eq!(body.end(), Err(StreamFailure::DeadlinePassed));
+        assert!(!body.ended());
+    }
+
+    #[test]
+    fn a_streamed_body_that_is_not_json_fails_at_the_chunk_that_shows_it() {
+        let mut body = StreamedBody::new();
+        assert_eq!(body.chunk(Bytes::from_static(b"[1]")), Ok(None));
+        let failed = body.chunk(Bytes::from_static(b"x"));
+        assert!(
+            matches!(failed, Err(StreamFailure::NotJson(_))),
+            "{failed:?}"
+        );
+        assert_eq!(body.failure().cloned(), failed.err());
+    }
+
+    #[test]
+    fn a_whole_streamed_body_ends_with_its_held_chunk() {
+        let mut body = StreamedBody::new();
+        assert_eq!(body.chunk(Bytes::from_static(b"[1,")), Ok(None));
+        assert_eq!(body.held_len(), 3);
+        assert_eq!(
+            body.chunk(Bytes::from_static(b"2]")),
+            Ok(Some(Bytes::from_static(b"[1,")))
+        );
+        assert_eq!(body.end(), Ok(Some(Bytes::from_static(b"2]"))));
+        assert!(body.ended() && body.failure().is_none());
+    }
 
     /// The body in chunks of `size`: what was sent, and whether it finished.
     fn stream(body: &[u8], size: usize) -> (Vec<u8>, Result<(), NotJson>) {

@@ -31,7 +31,7 @@ mod timing;
 pub mod upstream;
 
 pub use host::{Answer, EstateHost, Runtime, Task, TaskRole};
-pub use json_check::{CheckedStream, NotJson};
+pub use json_check::{CheckedStream, NotJson, StreamFailure, StreamedBody};
 pub use lifecycle::StartError;
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};
 pub use redis_store::{prefer_runtime, Clients, RedisStore};

@@ -7,7 +7,7 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes};
-use pdbmux_driver::CheckedStream;
+use pdbmux_driver::{StreamFailure, StreamedBody};
 use smol::io::{AsyncBufRead, AsyncRead, AsyncReadExt};
 use smol::Timer;
 
@@ -119,18 +119,15 @@ impl AsyncRead for HeldBody {
 /// Streams a held body to the client until its end; going over the byte limit, past `deadline`
 /// or a body that is not JSON is an error, so the client connection is aborted rather than sent
 /// a truncated or broken 200. The JSON check holds back the latest chunk until the body is known
-/// to continue or to end as one value ([`CheckedStream`]).
+/// to continue or to end as one value ([`StreamedBody`]).
 pub struct Deadlined {
     inner: HeldBody,
     timer: Timer,
-    check: CheckedStream,
+    body: StreamedBody,
     /// Read from `inner`, not yet checked.
     scratch: Box<[u8]>,
     /// Checked, not yet handed out.
     ready: Bytes,
-    ended: bool,
-    /// Why the body failed; every later read fails the same way, so nothing can complete it.
-    failed: Option<(io::ErrorKind, String)>,
 }
 
 /// How much of a streamed body is read from the backend at a time.
@@ -142,52 +139,48 @@ impl Deadlined {
         Deadlined {
             inner,
             timer: Timer::at(deadline),
-            check: CheckedStream::new(),
+            body: StreamedBody::new(),
             scratch: vec![0; READ_SIZE].into_boxed_slice(),
             ready: Bytes::new(),
-            ended: false,
-            failed: None,
         }
     }
 
     /// Reads and checks the next piece of the upstream body into `ready`.
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        while self.ready.is_empty() && !self.ended {
-            if let Some((kind, why)) = &self.failed {
-                return Poll::Ready(Err(io::Error::new(*kind, why.clone())));
+        while self.ready.is_empty() && !self.body.ended() {
+            if let Some(failure) = self.body.failure() {
+                return Poll::Ready(Err(io_error(failure)));
             }
             if let Poll::Ready(result) = Pin::new(&mut self.inner).poll_read(cx, &mut self.scratch)
             {
                 let checked = match result {
-                    Ok(0) => self.check.finish().inspect(|_| self.ended = true),
-                    Ok(n) => self.check.push(Bytes::copy_from_slice(&self.scratch[..n])),
-                    Err(error) => return Poll::Ready(Err(self.fail(error.kind(), &error))),
+                    Ok(0) => self.body.end(),
+                    Ok(n) => self.body.chunk(Bytes::copy_from_slice(&self.scratch[..n])),
+                    Err(error) => Err(self.body.upstream_failed(&error)),
                 };
                 match checked {
                     Ok(ready) => self.ready = ready.unwrap_or_default(),
-                    Err(not_json) => {
-                        return Poll::Ready(Err(self.fail(io::ErrorKind::InvalidData, &not_json)))
-                    }
+                    Err(failure) => return Poll::Ready(Err(io_error(&failure))),
                 }
                 continue;
             }
             return match std::future::Future::poll(Pin::new(&mut self.timer), cx) {
-                Poll::Ready(_) => {
-                    let why = "upstream body not complete before the deadline";
-                    Poll::Ready(Err(self.fail(io::ErrorKind::TimedOut, &why)))
-                }
+                Poll::Ready(_) => Poll::Ready(Err(io_error(&self.body.deadline_passed()))),
                 Poll::Pending => Poll::Pending,
             };
         }
         Poll::Ready(Ok(()))
     }
+}
 
-    /// Fails the body for good, logging why once.
-    fn fail(&mut self, kind: io::ErrorKind, why: &dyn std::fmt::Display) -> io::Error {
-        tracing::warn!("aborting a streamed response: {why}");
-        self.failed = Some((kind, why.to_string()));
-        io::Error::new(kind, why.to_string())
-    }
+/// A failed streamed body as the encoder reads it.
+fn io_error(failure: &StreamFailure) -> io::Error {
+    let kind = match failure {
+        StreamFailure::NotJson(_) => io::ErrorKind::InvalidData,
+        StreamFailure::Upstream(_) => io::ErrorKind::Other,
+        StreamFailure::DeadlinePassed => io::ErrorKind::TimedOut,
+    };
+    io::Error::new(kind, failure.clone())
 }
 
 impl AsyncBufRead for Deadlined {
