@@ -20,18 +20,19 @@ pub(crate) struct NodeScope {
 impl NodeScope {
     /// For a query on `entity`: `/nodes` and history always take the fresher holding (a node's
     /// record and latest report are the newest one's); the other node-owned entities take the
-    /// configured merge. A query naming `node_state` sees every node state.
+    /// configured merge. A query naming `node_state` (`Analysis::names_node_state`) sees every
+    /// node state.
     pub(crate) fn of(
         entity: Entity,
         configured: MergeStrategy,
-        raw_query: Option<&str>,
+        names_node_state: bool,
     ) -> NodeScope {
         let strategy = match entity {
             Entity::Nodes => MergeStrategy::Freshness,
             _ if entity.is_history() => MergeStrategy::Freshness,
             _ => configured,
         };
-        let scope = if raw_query.is_some_and(|q| q.contains("node_state")) {
+        let scope = if names_node_state {
             Scope::Any
         } else {
             entity.default_scope()

@@ -102,9 +102,7 @@ pub(crate) fn mapped_target(ast: &Value, params: &Params) -> Option<String> {
     }
     let mut query = queries.first().map(|q| (*q).clone());
     let sees_every_state = matches!(entity, Entity::Reports | Entity::Events | Entity::Catalogs);
-    let names_state = query
-        .as_ref()
-        .is_some_and(|q| q.to_string().contains("\"node_state\""));
+    let names_state = query.as_ref().is_some_and(crate::query::names_node_state);
     if sees_every_state && !names_state {
         let active = serde_json::json!(["=", "node_state", "active"]);
         query = Some(crate::query::add_clause(query.as_ref(), active));

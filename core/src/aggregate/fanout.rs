@@ -103,10 +103,10 @@ impl AggregatePlan {
             Err(error) => return Some(Err(error.response())),
         };
         let latest_report = analysis.is_some_and(|a| a.uses_latest_report);
+        let names_node_state = analysis.is_some_and(|a| a.names_node_state);
         let node_owned = entity.is_node_owned() || (entity.is_history() && latest_report);
         let pushable = matches!(query, QueryText::Absent | QueryText::Ast(_));
-        let node_scope =
-            node_owned.then(|| NodeScope::of(entity, config.merge, params.get("query")));
+        let node_scope = node_owned.then(|| NodeScope::of(entity, config.merge, names_node_state));
         let correction = match (node_owned, entity, pushable) {
             (_, _, false) => None,
             (true, _, true) => plan.correct(Correction::Owned),
@@ -117,12 +117,7 @@ impl AggregatePlan {
             (false, _, true) => None,
         };
         let upstreams = plan.upstream();
-        let history_node_state = entity.is_history()
-            && !node_owned
-            && pushable
-            && params
-                .get("query")
-                .is_some_and(|q| q.contains("node_state"));
+        let history_node_state = entity.is_history() && !node_owned && pushable && names_node_state;
         Some(Ok(AggregatePlan {
             plan,
             upstreams,

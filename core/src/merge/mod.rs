@@ -277,8 +277,8 @@ impl RecordPlan {
             }
         };
 
-        let raw_query = params.get("query");
         let latest_report = analysis.as_ref().is_some_and(|a| a.uses_latest_report);
+        let names_node_state = analysis.as_ref().is_some_and(|a| a.names_node_state);
         let node_owned = entity.is_node_owned() || (entity.is_history() && latest_report);
         let names_node = match analysis.as_ref() {
             Some(a) if !a.plain_columns.is_empty() || a.has_function_column() => {
@@ -298,17 +298,15 @@ impl RecordPlan {
             (false, _, false) => None,
         };
         let owned = match (node_owned, technique) {
-            (true, Some(technique)) => {
-                Some((NodeScope::of(entity, config.merge, raw_query), technique))
-            }
+            (true, Some(technique)) => Some((
+                NodeScope::of(entity, config.merge, names_node_state),
+                technique,
+            )),
             _ => None,
         };
         let history_total =
             entity.is_history() && include_total && window.is_paged() && pushable && !node_owned;
-        let history_node_state = entity.is_history()
-            && !node_owned
-            && pushable
-            && raw_query.is_some_and(|q| q.contains("node_state"));
+        let history_node_state = entity.is_history() && !node_owned && pushable && names_node_state;
         let history_helpers = match (&analysis, pushable && !node_owned) {
             (Some(a), true) if !a.plain_columns.is_empty() && !a.has_function_column() => {
                 history_identity(entity)

@@ -75,6 +75,9 @@ pub struct Analysis {
     /// `["in","certname",["array",[...]]]` as the query or one of the conjuncts of its outer
     /// `and` (several pins intersect). Sorted and deduped; `None` when the query is not pinned.
     pub pinned_certnames: Option<Vec<String>>,
+    /// The query names `node_state` anywhere ([`names_node_state`]): PuppetDB then drops the
+    /// `node_state = active` it otherwise adds for history, and the query sees every node state.
+    pub names_node_state: bool,
 }
 
 impl Analysis {
@@ -120,6 +123,7 @@ pub fn analyze(ast: &Value) -> Analysis {
         uses_latest_report: mentions_latest_report(ast),
         in_query_paging: in_query_paging(ast),
         pinned_certnames: pinned_certnames(ast),
+        names_node_state: names_node_state(ast),
         ..Analysis::default()
     };
     if let Some(extract) = outer_extract(ast) {
@@ -292,6 +296,18 @@ fn mentions_latest_report(node: &Value) -> bool {
     items.iter().any(mentions_latest_report)
 }
 
+/// Whether `node` holds the string `node_state` anywhere, subqueries and values included. A
+/// value spelled so is vanishingly rare, and reading it as the field only widens the query's
+/// scope to every node state, which is what naming the field does.
+pub(crate) fn names_node_state(node: &Value) -> bool {
+    match node {
+        Value::String(text) => text == "node_state",
+        Value::Array(items) => items.iter().any(names_node_state),
+        Value::Object(fields) => fields.values().any(names_node_state),
+        _ => false,
+    }
+}
+
 /// The filter the outer query applies: the query itself, or what a top-level `from` and an
 /// outer extract filter by; `None` when there is none (a bare extract, paging alone).
 pub(crate) fn outer_filter(ast: &Value) -> Option<&Value> {
@@ -357,6 +373,39 @@ fn in_query_paging(ast: &Value) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn node_state_is_named_as_a_field_anywhere_but_not_inside_other_strings() {
+        let named = [
+            json!(["=", "node_state", "any"]),
+            json!([
+                "and",
+                ["=", "status", "failed"],
+                ["=", "node_state", "inactive"]
+            ]),
+            json!([
+                "in",
+                "certname",
+                [
+                    "extract",
+                    ["certname"],
+                    ["from", "nodes", ["=", "node_state", "any"]]
+                ]
+            ]),
+            json!(["extract", ["certname", "node_state"]]),
+        ];
+        for ast in named {
+            assert!(analyze(&ast).names_node_state, "{ast}");
+        }
+        let unnamed = [
+            json!(["=", "certname", "node_state_x"]),
+            json!(["~", "certname", "node_state.*"]),
+            json!(["=", "status", "failed"]),
+        ];
+        for ast in unnamed {
+            assert!(!analyze(&ast).names_node_state, "{ast}");
+        }
+    }
 
     #[test]
     fn daily_chart_columns() {

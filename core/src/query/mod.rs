@@ -25,8 +25,8 @@ mod gate_vectors;
 mod params;
 mod rewrite;
 
-pub(crate) use ast::outer_filter;
 pub use ast::{analyze, Analysis, FunctionColumn, GroupByItem};
+pub(crate) use ast::{names_node_state, outer_filter};
 pub use foldable::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
 pub use params::{JsonBodyError, Param, Params};
 pub use rewrite::{
