@@ -22,6 +22,7 @@ use crate::merge::filter_source_records;
 use crate::message::{Response, ResponseBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use crate::policy::{Planned, Work};
 use crate::root::{Pql, Translating};
+use crate::route::RouteClass;
 use crate::sequence::Sequence;
 use crate::status::{Failure, Unusable};
 use crate::translations::Translations;
@@ -140,7 +141,7 @@ enum Stage {
 #[derive(Debug)]
 struct PendingFetch {
     context: Context,
-    class: &'static str,
+    class: RouteClass,
     target: String,
     plan: Box<dyn crate::fanout::Plan>,
 }
@@ -609,7 +610,7 @@ impl Estate {
         };
         let plan = Box::new(Sequence::translation(asked.clone()));
         Admission::Translate {
-            exchange: Exchange::new(now, context, ("root", asked), plan),
+            exchange: Exchange::new(now, context, (RouteClass::Root, asked), plan),
             translating: Translating { pql, target },
         }
     }

@@ -16,6 +16,7 @@ use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, Verdict};
 use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::message::{Response, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::route::RouteClass;
 use crate::stats::CallOutcome;
 use crate::status::{self, backend_name, Failure, Outcome, Rejection, Unusable};
 
@@ -38,9 +39,9 @@ pub enum ExchangeOutput {
 
 /// What a finished exchange tells the estate: the round `/healthz` counts, and the corrections
 /// it learned (docs/merging.md). Hand it to [`crate::Estate::handle_report`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ExchangeReport {
-    pub(crate) class: &'static str,
+    pub(crate) class: RouteClass,
     pub(crate) round: Option<Round>,
     /// The membership snapshot's generation and what was learned against it.
     pub(crate) learned: Option<(u64, Vec<Learned>)>,
@@ -49,7 +50,7 @@ pub struct ExchangeReport {
 
 impl ExchangeReport {
     /// The route class of the request it answered ([`crate::Planned::class`]).
-    pub fn class(&self) -> &'static str {
+    pub fn class(&self) -> RouteClass {
         self.class
     }
 
@@ -90,7 +91,7 @@ impl Exchange {
     pub(crate) fn new(
         now: Instant,
         context: Context,
-        (class, target): (&'static str, String),
+        (class, target): (RouteClass, String),
         plan: Box<dyn Plan>,
     ) -> Exchange {
         let mut exchange = Exchange {
@@ -104,7 +105,9 @@ impl Exchange {
             failed_over: false,
             report: ExchangeReport {
                 class,
-                ..ExchangeReport::default()
+                round: None,
+                learned: None,
+                calls: Vec::new(),
             },
         };
         let first = exchange.plan.start(&exchange.context);

@@ -78,5 +78,5 @@ pub use message::{
 pub use policy::{plan, Planned};
 pub use records::{check_json, MAX_DEPTH as MAX_JSON_DEPTH};
 pub use root::Translating;
-pub use route::ROUTE_CLASSES;
+pub use route::RouteClass;
 pub use sequence::forwarded_headers;

@@ -21,14 +21,14 @@ use crate::message::{ClientRequest, Response};
 use crate::meta::{FirstInOrder, LowestVersion};
 use crate::query::{analyze, Params};
 use crate::root::{self, Pql, RootQuery};
-use crate::route::{classify, Route};
+use crate::route::{classify, Route, RouteClass};
 use crate::sequence::{Holder, Sequence};
 
 /// A request read and planned once: what [`crate::Estate::admit`] takes.
 #[derive(Debug)]
 pub struct Planned {
     pub(crate) config: Arc<Config>,
-    pub(crate) class: &'static str,
+    pub(crate) class: RouteClass,
     pub(crate) target: String,
     pub(crate) cache: Option<Cacheable>,
     pub(crate) work: Work,
@@ -52,7 +52,7 @@ pub(crate) enum Work {
 impl Planned {
     /// The route class it was planned as (`query`, `root`, `per-certname`, …, or `refused`): a
     /// bounded label for metrics and logs.
-    pub fn class(&self) -> &'static str {
+    pub fn class(&self) -> RouteClass {
         self.class
     }
 
@@ -72,7 +72,7 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
     let classified = classify(request);
     let class = classified
         .as_ref()
-        .map_or(crate::route::REFUSED_CLASS, Route::class);
+        .map_or(RouteClass::Refused, Route::class);
     let planned = |cache, work| Planned {
         config: Arc::clone(config),
         class,

@@ -83,35 +83,86 @@ pub enum Route {
     Healthz,
 }
 
-/// The class of a request refused before any route was found (a bad target, method or size).
-pub const REFUSED_CLASS: &str = "refused";
+/// How a request is answered, one class per way of answering: the bounded label set of logs,
+/// transcripts and metrics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RouteClass {
+    /// A merged entity query (`/nodes`, `/facts/<name>`, `/resources/<type>`, …).
+    Query,
+    /// A node's own answer, from its owner (`/catalogs/<certname>`, …).
+    PerCertname,
+    /// A report found by its hash.
+    ReportHash,
+    /// The root query endpoint (PQL or an AST with `from`).
+    Root,
+    /// An answer passed through from the first backend that has one.
+    PassThrough,
+    /// `/pdb/meta/v1/*`.
+    Meta,
+    /// Jolokia metrics.
+    Metrics,
+    /// `/healthz`.
+    Healthz,
+    /// Refused before any route was found (a bad target, method or size).
+    Refused,
+}
 
-/// Every route class ([`Route::class`], and [`REFUSED_CLASS`]): the bounded label set metrics use.
-pub const ROUTE_CLASSES: [&str; 9] = [
-    "query",
-    "per-certname",
-    "report-hash",
-    "root",
-    "pass-through",
-    "meta",
-    "metrics",
-    "healthz",
-    REFUSED_CLASS,
-];
+impl RouteClass {
+    /// Every class, in the order of [`RouteClass::index`].
+    pub const ALL: [RouteClass; 9] = [
+        RouteClass::Query,
+        RouteClass::PerCertname,
+        RouteClass::ReportHash,
+        RouteClass::Root,
+        RouteClass::PassThrough,
+        RouteClass::Meta,
+        RouteClass::Metrics,
+        RouteClass::Healthz,
+        RouteClass::Refused,
+    ];
+
+    /// Its label: `query`, `per-certname`, `report-hash`, `root`, `pass-through`, `meta`,
+    /// `metrics`, `healthz` or `refused`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RouteClass::Query => "query",
+            RouteClass::PerCertname => "per-certname",
+            RouteClass::ReportHash => "report-hash",
+            RouteClass::Root => "root",
+            RouteClass::PassThrough => "pass-through",
+            RouteClass::Meta => "meta",
+            RouteClass::Metrics => "metrics",
+            RouteClass::Healthz => "healthz",
+            RouteClass::Refused => "refused",
+        }
+    }
+
+    /// Its place in [`RouteClass::ALL`], for counters kept in arrays.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+impl std::fmt::Display for RouteClass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 impl Route {
-    /// The short class name used in logs, transcripts and metrics: one of [`ROUTE_CLASSES`], one
-    /// per way of answering.
-    pub fn class(&self) -> &'static str {
+    /// How this route is answered ([`RouteClass`]).
+    pub fn class(&self) -> RouteClass {
         match self {
-            Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => "query",
-            Route::PerCertname { .. } => "per-certname",
-            Route::ReportHash { .. } => "report-hash",
-            Route::Root => "root",
-            Route::PassThrough => "pass-through",
-            Route::MetaVersion | Route::ServerTime => "meta",
-            Route::Metrics(_) => "metrics",
-            Route::Healthz => "healthz",
+            Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
+                RouteClass::Query
+            }
+            Route::PerCertname { .. } => RouteClass::PerCertname,
+            Route::ReportHash { .. } => RouteClass::ReportHash,
+            Route::Root => RouteClass::Root,
+            Route::PassThrough => RouteClass::PassThrough,
+            Route::MetaVersion | Route::ServerTime => RouteClass::Meta,
+            Route::Metrics(_) => RouteClass::Metrics,
+            Route::Healthz => RouteClass::Healthz,
         }
     }
 
@@ -434,8 +485,8 @@ mod tests {
         ];
         for (target, class) in cases {
             let route = route(target).unwrap_or_else(|e| panic!("{target}: {e}"));
-            assert_eq!(route.class(), *class, "{target}");
-            assert!(ROUTE_CLASSES.contains(class), "{class} is listed");
+            assert_eq!(route.class().as_str(), *class, "{target}");
+            assert_eq!(RouteClass::ALL[route.class().index()], route.class());
         }
     }
 

@@ -19,7 +19,8 @@ use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId,
-    Planned, Response, ResponseBody, Translating, UpstreamId, UpstreamRequest, WaiterId,
+    Planned, Response, ResponseBody, RouteClass, Translating, UpstreamId, UpstreamRequest,
+    WaiterId,
 };
 use pdbmux_sealed::Sealer;
 
@@ -168,7 +169,7 @@ impl<R: Runtime> Clone for Generation<R> {
 /// dropped unanswered.
 struct ClientGone<'a> {
     metrics: &'a Metrics,
-    class: &'static str,
+    class: RouteClass,
     started: Instant,
     answered: bool,
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use pdbmux_core::config::Config;
 use pdbmux_core::stats::{CallOutcome, EstateStats, BACKEND_STATES, TRANSITIONS};
-use pdbmux_core::{ExchangeReport, Response};
+use pdbmux_core::{ExchangeReport, Response, RouteClass};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -183,7 +183,7 @@ impl Metrics {
     /// a `cacheable` one also counts what `X-Cache` says answered it.
     pub(crate) fn observe_request(
         &self,
-        (class, cacheable): (&'static str, bool),
+        (class, cacheable): (RouteClass, bool),
         response: &Response,
         took: Duration,
     ) {
@@ -194,7 +194,7 @@ impl Metrics {
 
     /// A client went away before its answer: counted as status 499 (nginx's "client closed
     /// request"), after `took`.
-    pub(crate) fn observe_client_gone(&self, class: &'static str, took: Duration) {
+    pub(crate) fn observe_client_gone(&self, class: RouteClass, took: Duration) {
         self.counts.observe(class, CLIENT_GONE, took, None);
     }
 
@@ -207,7 +207,7 @@ impl Metrics {
             return;
         };
         let route = RouteLabels {
-            route: report.class(),
+            route: report.class().as_str(),
         };
         if round.contributed == 0 {
             self.unanswered.get_or_create(&route).inc();

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
-use pdbmux_core::ROUTE_CLASSES;
+use pdbmux_core::RouteClass;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -30,7 +30,7 @@ const CODES: [u16; 13] = [
 /// Cache results, in `X-Cache`'s spelling, as the `result` label.
 pub(crate) const CACHE_RESULTS: [&str; 3] = ["hit", "miss", "stale"];
 
-const ROUTES: usize = ROUTE_CLASSES.len();
+const ROUTES: usize = RouteClass::ALL.len();
 const BUCKETS: usize = DURATION_BUCKETS.len() + 1;
 /// Shards: threads beyond this many share them (still exact: the adds are atomic).
 const SHARDS: usize = 16;
@@ -85,11 +85,14 @@ impl RequestCounts {
 
     /// One request of route class `route` answered `code` after `took`, with cache result
     /// `cache` (an index into [`CACHE_RESULTS`]) on the cached path.
-    pub(crate) fn observe(&self, route: &str, code: u16, took: Duration, cache: Option<usize>) {
-        let route = ROUTE_CLASSES
-            .iter()
-            .position(|class| *class == route)
-            .unwrap_or(ROUTES - 1);
+    pub(crate) fn observe(
+        &self,
+        class: RouteClass,
+        code: u16,
+        took: Duration,
+        cache: Option<usize>,
+    ) {
+        let route = class.index();
         let shard = self.shard();
         match CODES.iter().position(|known| *known == code) {
             Some(index) => {
@@ -158,7 +161,7 @@ impl Collector for RequestCounts {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .clone();
-        for (route, class) in ROUTE_CLASSES.iter().enumerate() {
+        for (route, class) in RouteClass::ALL.iter().map(|c| c.as_str()).enumerate() {
             let mut counts: BTreeMap<u16, u64> = CODES
                 .iter()
                 .enumerate()
@@ -180,7 +183,7 @@ impl Collector for RequestCounts {
             Some(&seconds),
             MetricType::Histogram,
         )?;
-        for (route, class) in ROUTE_CLASSES.iter().enumerate() {
+        for (route, class) in RouteClass::ALL.iter().map(|c| c.as_str()).enumerate() {
             // Per bucket, not cumulative: the encoder adds them up (as for its own histograms).
             let buckets: Vec<(f64, u64)> = DURATION_BUCKETS
                 .iter()
