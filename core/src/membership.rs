@@ -153,6 +153,12 @@ struct View {
     entries: BTreeMap<String, Entry>,
     shared: Vec<Vec<(String, Owners)>>,
     held: Vec<usize>,
+    /// How many certnames each backend owns under [`MergeStrategy::Freshness`] and
+    /// [`MergeStrategy::Static`]: counted once when the snapshot is built, so a scrape (under
+    /// the estate's lock) does not walk the map.
+    owned: [Vec<usize>; 2],
+    /// How many certnames more than one backend holds.
+    shared_nodes: usize,
 }
 
 impl View {
@@ -175,6 +181,8 @@ impl View {
             entries: BTreeMap::new(),
             shared: vec![Vec::new(); per_backend.len()],
             held,
+            owned: [vec![0; per_backend.len()], vec![0; per_backend.len()]],
+            shared_nodes: 0,
         };
         for (certname, held) in holders {
             let first = held[0].0;
@@ -188,7 +196,10 @@ impl View {
                 freshness: freshness.0,
                 first,
             };
+            view.owned[0][owners.freshness.0] += 1;
+            view.owned[1][owners.first.0] += 1;
             if held.len() > 1 {
+                view.shared_nodes += 1;
                 for (backend, _) in &held {
                     view.shared[backend.0].push((certname.to_owned(), owners));
                 }
@@ -306,22 +317,18 @@ impl Ownership {
 
     /// How many active nodes each of `backends` backends owns under `strategy` (configured order).
     pub fn owned_counts(&self, strategy: MergeStrategy, backends: usize) -> Vec<usize> {
-        let mut counts = vec![0; backends];
-        for entry in self.active.entries.values() {
-            if let Some(count) = counts.get_mut(entry.owners.under(strategy).0) {
-                *count += 1;
-            }
-        }
+        let owned = match strategy {
+            MergeStrategy::Freshness => &self.active.owned[0],
+            MergeStrategy::Static => &self.active.owned[1],
+        };
+        let mut counts = owned.clone();
+        counts.resize(backends, 0);
         counts
     }
 
     /// How many active certnames more than one backend holds.
     pub fn shared_count(&self) -> usize {
-        self.active
-            .entries
-            .values()
-            .filter(|entry| entry.holders.len() > 1)
-            .count()
+        self.active.shared_nodes
     }
 
     /// How many distinct active certnames the estate holds.
@@ -413,6 +420,10 @@ mod tests {
         assert_eq!(owner("both-null"), Some((a, a)));
         assert_eq!(owner("nowhere"), None);
         let fresh = MergeStrategy::Freshness;
+        assert_eq!(ownership.owned_counts(fresh, 2), [4, 3]);
+        assert_eq!(ownership.owned_counts(MergeStrategy::Static, 2), [6, 1]);
+        assert_eq!(ownership.shared_count(), 5);
+        assert_eq!(ownership.node_count(), 7);
         assert_eq!(
             ownership.excluded(a, fresh, Scope::Active, &BOTH),
             ["newer-in-b", "null-in-a"]
