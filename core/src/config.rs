@@ -164,74 +164,41 @@ impl Config {
     /// The keys whose values differ in `new`, for a reload's log line (listeners excluded: they
     /// never change without a restart).
     pub fn changed_keys(&self, new: &Config) -> Vec<&'static str> {
-        let old = self;
-        let mut changed = Vec::new();
-        let mut check = |key, differs: bool| {
-            if differs {
-                changed.push(key);
-            }
-        };
-        check("backends", old.backends != new.backends);
-        check("merge", old.merge != new.merge);
-        check("timeout", old.timeout != new.timeout);
-        check("freshness_ttl", old.freshness_ttl != new.freshness_ttl);
-        check("facts_ttl", old.facts_ttl != new.facts_ttl);
-        check(
-            "facts_cache_bytes",
-            old.facts_cache_bytes != new.facts_cache_bytes,
+        // The struct is destructured without `..`: a key added to it does not compile until it
+        // is listed here. Each field is named as its configuration key.
+        macro_rules! changed {
+            ($($key:ident),* $(,)?) => {{
+                let Config { listen: _, metrics_listen: _, $($key),* } = self;
+                [$((stringify!($key), *$key != new.$key)),*]
+            }};
+        }
+        let keys = changed!(
+            backends,
+            merge,
+            timeout,
+            freshness_ttl,
+            facts_ttl,
+            facts_cache_bytes,
+            source_fact,
+            source_fact_enabled,
+            health_probe_enabled,
+            health_probe_path,
+            health_probe_interval,
+            health_probe_timeout,
+            health_probe_failures,
+            health_probe_successes,
+            max_body_bytes,
+            cache_backend,
+            cache_key_prefix,
+            cache_stale_ttl,
+            cache_max_entry_bytes,
+            client_header_timeout,
+            client_send_timeout,
         );
-        check("source_fact", old.source_fact != new.source_fact);
-        check(
-            "source_fact_enabled",
-            old.source_fact_enabled != new.source_fact_enabled,
-        );
-        check(
-            "health_probe_enabled",
-            old.health_probe_enabled != new.health_probe_enabled,
-        );
-        check(
-            "health_probe_path",
-            old.health_probe_path != new.health_probe_path,
-        );
-        check(
-            "health_probe_interval",
-            old.health_probe_interval != new.health_probe_interval,
-        );
-        check(
-            "health_probe_timeout",
-            old.health_probe_timeout != new.health_probe_timeout,
-        );
-        check(
-            "health_probe_failures",
-            old.health_probe_failures != new.health_probe_failures,
-        );
-        check(
-            "health_probe_successes",
-            old.health_probe_successes != new.health_probe_successes,
-        );
-        check("max_body_bytes", old.max_body_bytes != new.max_body_bytes);
-        check("cache_backend", old.cache_backend != new.cache_backend);
-        check(
-            "cache_key_prefix",
-            old.cache_key_prefix != new.cache_key_prefix,
-        );
-        check(
-            "cache_stale_ttl",
-            old.cache_stale_ttl != new.cache_stale_ttl,
-        );
-        check(
-            "cache_max_entry_bytes",
-            old.cache_max_entry_bytes != new.cache_max_entry_bytes,
-        );
-        check(
-            "client_header_timeout",
-            old.client_header_timeout != new.client_header_timeout,
-        );
-        check(
-            "client_send_timeout",
-            old.client_send_timeout != new.client_send_timeout,
-        );
-        changed
+        keys.into_iter()
+            .filter(|(_, differs)| *differs)
+            .map(|(key, _)| key)
+            .collect()
     }
 
     /// A configuration with every default and the given backends; for tests and examples.
@@ -261,5 +228,26 @@ impl Config {
             cache_stale_ttl: Duration::from_secs(300),
             cache_max_entry_bytes: 8 * 1024 * 1024,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn a_reload_names_the_keys_that_changed_but_never_the_listeners() {
+        let old = Config::with_backends(Vec::new());
+        assert!(old.changed_keys(&old.clone()).is_empty());
+        let new = Config {
+            listen: "127.0.0.1:1".to_owned(),
+            metrics_listen: None,
+            timeout: Duration::from_secs(3),
+            client_send_timeout: Duration::from_secs(5),
+            ..old.clone()
+        };
+        assert_eq!(old.changed_keys(&new), ["timeout", "client_send_timeout"]);
     }
 }
