@@ -18,13 +18,14 @@ use pdbmux_manifest_check::{
 use serde_json::Value as Json;
 use serde_norway::Value;
 
-const ALERTS: [&str; 7] = [
+const ALERTS: [&str; 8] = [
     "PdbmuxScrapeDown",
     "PdbmuxBackendDown",
     "PdbmuxPartialAnswers",
     "PdbmuxAllBackendsFailing",
     "PdbmuxCacheServingStale",
     "PdbmuxMembershipStale",
+    "PdbmuxCacheStoreDown",
     "PdbmuxConfigReloadFailed",
 ];
 const SEVERITIES: [&str; 2] = ["warning", "critical"];
@@ -348,6 +349,8 @@ fn dashboard_problems(dashboard: &Json) -> Vec<String> {
         &["pdbmux_cache_entries"],
         &["pdbmux_cache_body_bytes"],
         &["pdbmux_cache_evictions_total"],
+        &["pdbmux_cache_store_up"],
+        &["pdbmux_cache_store_requests_total", "by (op, outcome)"],
         &["pdbmux_membership_age_seconds"],
         &["pdbmux_membership_refresh_failures_total"],
         &["pdbmux_config_reloads_total", "result"],
@@ -448,6 +451,7 @@ fn templates_name_only_labels_pdbmux_metrics_carry() {
         "result",
         "binary",
         "version",
+        "op",
     ]
     .into();
     let rules = rules_file();

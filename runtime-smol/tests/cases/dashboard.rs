@@ -99,6 +99,10 @@ pub fn every_metric_the_dashboard_and_rules_use_is_exported(bin: &Path) {
     });
     let failing = FakeBackend::start(|_| respond("500 Server Error", "text/plain", "boom"));
     let metrics = metrics_addr();
+    // A shared store nobody listens on: the store's metrics are exported (down) all the same.
+    let store = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let store_url = format!("redis://{}", store.local_addr().unwrap());
+    drop(store);
     let pdbmux = Pdbmux::start(
         bin,
         &[
@@ -107,6 +111,8 @@ pub fn every_metric_the_dashboard_and_rules_use_is_exported(bin: &Path) {
                 format!("a={},b={}", answering.url(), failing.url()),
             ),
             ("PDBMUX_METRICS_LISTEN", metrics.to_string()),
+            ("PDBMUX_CACHE_BACKEND", "redis".to_owned()),
+            ("PDBMUX_CACHE_REDIS_URL", store_url),
         ],
     );
     let nodes = pdbmux.get("/pdb/query/v4/nodes");
