@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pdbmux_core::config::Config;
 use pdbmux_core::{ClientRequest, ClockAnchor, Estate, ResponseBody};
-use pdbmux_driver::{Answer, EstateHost, Task};
+use pdbmux_driver::{ClientAnswer, EstateHost, Task};
 use pdbmux_sealed::Sealer;
 
 use crate::error::HarnessError;
@@ -362,16 +362,16 @@ impl Drop for Harness {
 
 /// What a client's task does with its answer: reads a streamed body whole and hands the
 /// response to the harness.
-fn record(sim: &Sim, client: ClientId, answer: Answer<SimHeld>) {
+fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<SimHeld>) {
     let (response, body, streamed_from) = match answer {
-        Answer::Whole(response) => {
+        ClientAnswer::Whole(response) => {
             let body = match &response.body {
                 ResponseBody::Full(bytes) => bytes.clone(),
                 ResponseBody::Upstream(_) => Bytes::new(),
             };
             (response, body, None)
         }
-        Answer::Streamed { response, body, .. } => {
+        ClientAnswer::Streamed { response, body, .. } => {
             let id = body.id();
             (response, body.read(), Some(id))
         }

@@ -48,7 +48,7 @@ pub use puppetdb::{
     resource_record, sort_records, window, Asking, Column, Dir, PuppetDb,
 };
 pub use record::{ClientId, ClientResponse, Machine, SentRequest};
-pub use script::{ms, Answer, Asked, FakeBackend, Reply, ReplyOutcome, Script};
+pub use script::{ms, Asked, FakeBackend, Reply, ReplyOutcome, Script, ScriptedAnswer};
 pub use setup::{config_for, parse_backend_url, DEFAULT_TIMEOUT};
 pub use store::FakeStore;
 pub use transcript::{

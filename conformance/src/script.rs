@@ -17,7 +17,7 @@ use crate::error::HarnessError;
 
 /// A scripted answer from a backend: a status line with headers and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Answer {
+pub struct ScriptedAnswer {
     /// The status the backend answers with.
     pub status: StatusCode,
     /// The `Content-Type` it sends, if any.
@@ -28,7 +28,7 @@ pub struct Answer {
     pub body: Bytes,
 }
 
-impl Answer {
+impl ScriptedAnswer {
     /// The answer's headers as an HTTP header map; an error names a header that is not valid.
     pub fn header_map(&self) -> Result<HeaderMap, HarnessError> {
         let mut headers = HeaderMap::new();
@@ -55,7 +55,7 @@ impl Answer {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplyOutcome {
     /// The backend answers.
-    Answer(Answer),
+    Answer(ScriptedAnswer),
     /// The request fails without an answer (`Timeout` is the core's to decide, so scripts use
     /// `Connect`, `Transport` or `BodyTooLarge`).
     Fail(UpstreamFailure),
@@ -80,7 +80,7 @@ impl Reply {
     pub fn answer(status: StatusCode, content_type: Option<&str>, body: impl Into<Bytes>) -> Reply {
         Reply {
             latency: Duration::ZERO,
-            outcome: ReplyOutcome::Answer(Answer {
+            outcome: ReplyOutcome::Answer(ScriptedAnswer {
                 status,
                 content_type: content_type.map(str::to_owned),
                 headers: Vec::new(),

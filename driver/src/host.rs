@@ -83,7 +83,7 @@ pub trait Runtime: Send + Sync + 'static {
 }
 
 /// The answer to a client, as a runtime writes it.
-pub enum Answer<H> {
+pub enum ClientAnswer<H> {
     /// A whole body (in the response).
     Whole(Response),
     /// A response whose body is the held upstream body, to stream until `deadline`.
@@ -97,31 +97,31 @@ pub enum Answer<H> {
     },
 }
 
-impl<H> Answer<H> {
+impl<H> ClientAnswer<H> {
     /// Pairs a response with the held body it names; one whose body went missing (a contract
     /// violation) becomes a 502.
-    fn of((response, held): (Response, Option<(H, Instant)>)) -> Answer<H> {
+    fn of((response, held): (Response, Option<(H, Instant)>)) -> ClientAnswer<H> {
         match (&response.body, held) {
-            (ResponseBody::Upstream(_), Some((body, deadline))) => Answer::Streamed {
+            (ResponseBody::Upstream(_), Some((body, deadline))) => ClientAnswer::Streamed {
                 response,
                 body,
                 deadline,
             },
             (ResponseBody::Upstream(id), None) => {
                 tracing::error!("no held body for upstream {id}; answering 502");
-                Answer::Whole(Response::text(
+                ClientAnswer::Whole(Response::text(
                     http::StatusCode::BAD_GATEWAY,
                     "pdbmux: upstream body lost",
                 ))
             }
-            (ResponseBody::Full(_), _) => Answer::Whole(response),
+            (ResponseBody::Full(_), _) => ClientAnswer::Whole(response),
         }
     }
 
     /// The status and headers.
     pub fn response(&self) -> &Response {
         match self {
-            Answer::Whole(response) | Answer::Streamed { response, .. } => response,
+            ClientAnswer::Whole(response) | ClientAnswer::Streamed { response, .. } => response,
         }
     }
 }
@@ -409,7 +409,7 @@ impl<R: Runtime> EstateHost<R> {
     /// Answers one client request: admits it, drives its exchange on this task or waits for
     /// the estate (a flight, the first membership map), admits it again when told to, and
     /// writes its access log line. Never fails: every outcome is a response.
-    pub async fn answer(self: &Arc<Self>, request: &ClientRequest) -> Answer<R::Held> {
+    pub async fn answer(self: &Arc<Self>, request: &ClientRequest) -> ClientAnswer<R::Held> {
         let mut timings = Timings::start();
         // Planned once, before the estate's lock is taken.
         let config = self.config();
@@ -430,7 +430,7 @@ impl<R: Runtime> EstateHost<R> {
             metrics.observe_request(labels, &answer.0, timings.elapsed());
             self.observe_upstream_durations(&config, &timings);
         }
-        let answer = Answer::of(answer);
+        let answer = ClientAnswer::of(answer);
         tracing::info!(
             target: "pdbmux::access",
             method = %request.method,

@@ -30,7 +30,7 @@ mod request_counts;
 mod timing;
 pub mod upstream;
 
-pub use host::{Answer, EstateHost, Runtime, Task, TaskRole};
+pub use host::{ClientAnswer, EstateHost, Runtime, Task, TaskRole};
 pub use json_check::{CheckedStream, NotJson, StreamFailure, StreamedBody};
 pub use lifecycle::StartError;
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};

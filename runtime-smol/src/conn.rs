@@ -36,7 +36,7 @@ use crate::body::HeldBody;
 use crate::runtime::Host;
 
 /// The driver's answer, with this runtime's held body.
-type Answer = pdbmux_driver::Answer<HeldBody>;
+type ClientAnswer = pdbmux_driver::ClientAnswer<HeldBody>;
 
 /// How long this connection waits on its client: `client_header_timeout` for a request head
 /// (and while idle between requests), `client_send_timeout` for each write the client takes no
@@ -107,7 +107,7 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
         let head = match read_head(&stream, &mut pending, &context.closing, timeouts.header).await {
             HeadRead::Request(head) => head,
             HeadRead::Refuse(status, why) => {
-                let answer = Answer::Whole(Response::text(status, format!("pdbmux: {why}")));
+                let answer = ClientAnswer::Whole(Response::text(status, format!("pdbmux: {why}")));
                 let _ = write(
                     &stream,
                     &mut sender,
@@ -275,7 +275,7 @@ async fn skip(
 async fn write(
     stream: &Async<TcpStream>,
     sender: &mut SealedSender,
-    answer: Answer,
+    answer: ClientAnswer,
     send_timeout: Duration,
     keep_alive: bool,
     http11: bool,
@@ -289,7 +289,7 @@ async fn write(
     };
     // The body's `Bytes` (cheap to clone) outlives the answer, which goes into the encoder.
     let full_body = match &answer {
-        Answer::Whole(Response {
+        ClientAnswer::Whole(Response {
             body: ResponseBody::Full(body),
             ..
         }) if !head_only => Some(body.clone()),
@@ -419,8 +419,8 @@ async fn drain(
 }
 
 /// Reads a streamed body whole (for an HTTP/1.0 client); a failure becomes a 502.
-async fn buffered(answer: Answer) -> Answer {
-    let Answer::Streamed {
+async fn buffered(answer: ClientAnswer) -> ClientAnswer {
+    let ClientAnswer::Streamed {
         response,
         body: held,
         deadline,
@@ -431,11 +431,11 @@ async fn buffered(answer: Answer) -> Answer {
     let mut body = Vec::new();
     let mut reader = Deadlined::new(held, deadline);
     match reader.read_to_end(&mut body).await {
-        Ok(_) => Answer::Whole(Response {
+        Ok(_) => ClientAnswer::Whole(Response {
             body: ResponseBody::Full(body.into()),
             ..response
         }),
-        Err(error) => Answer::Whole(Response::text(
+        Err(error) => ClientAnswer::Whole(Response::text(
             StatusCode::BAD_GATEWAY,
             format!("pdbmux: upstream body failed: {error}"),
         )),
@@ -443,9 +443,9 @@ async fn buffered(answer: Answer) -> Answer {
 }
 
 /// The core's response as an async-h1 (http-types) response.
-fn to_wire(answer: Answer, keep_alive: bool, http11: bool) -> http_types::Response {
+fn to_wire(answer: ClientAnswer, keep_alive: bool, http11: bool) -> http_types::Response {
     let (response, body) = match answer {
-        Answer::Streamed {
+        ClientAnswer::Streamed {
             response,
             body: held,
             deadline,
@@ -454,8 +454,8 @@ fn to_wire(answer: Answer, keep_alive: bool, http11: bool) -> http_types::Respon
             let body = http_types::Body::from_reader(Deadlined::new(held, deadline), length);
             (response, body)
         }
-        Answer::Whole(response) => {
-            // Never `Upstream`: the driver pairs those with their bodies (`Answer::Streamed`).
+        ClientAnswer::Whole(response) => {
+            // Never `Upstream`: the driver pairs those with their bodies (`ClientAnswer::Streamed`).
             let body = match &response.body {
                 ResponseBody::Full(bytes) => full(bytes.clone()),
                 ResponseBody::Upstream(_) => http_types::Body::empty(),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use hyper::body::Incoming;
 use pdbmux_core::{ClientRequest, Response, ResponseBody};
-use pdbmux_driver::Answer;
+use pdbmux_driver::ClientAnswer;
 
 use crate::body;
 use crate::runtime::Host;
@@ -34,7 +34,7 @@ fn refusal(request: &http::Request<Incoming>) -> Option<http::Response<body::Res
         .map(|(name, value)| (name.as_str(), value.as_bytes()));
     let why = pdbmux_driver::http1::check_head(http10, fields).err()?;
     let refused = Response::text(http::StatusCode::BAD_REQUEST, format!("pdbmux: {why}"));
-    let mut refused = into_hyper(Answer::Whole(refused));
+    let mut refused = into_hyper(ClientAnswer::Whole(refused));
     refused.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
@@ -62,17 +62,17 @@ fn client_request(request: &http::Request<Incoming>) -> ClientRequest {
 }
 
 /// Converts the driver's answer, attaching a held upstream body when it is streamed.
-fn into_hyper(answer: Answer<HeldBody>) -> http::Response<body::ResponseBody> {
+fn into_hyper(answer: ClientAnswer<HeldBody>) -> http::Response<body::ResponseBody> {
     let (response, body) = match answer {
-        Answer::Whole(response) => {
-            // Never `Upstream`: the driver pairs those with their bodies (`Answer::Streamed`).
+        ClientAnswer::Whole(response) => {
+            // Never `Upstream`: the driver pairs those with their bodies (`ClientAnswer::Streamed`).
             let body = match &response.body {
                 ResponseBody::Full(bytes) => body::full(bytes.clone()),
                 ResponseBody::Upstream(_) => body::full(bytes::Bytes::new()),
             };
             (response, body)
         }
-        Answer::Streamed {
+        ClientAnswer::Streamed {
             response,
             body,
             deadline,

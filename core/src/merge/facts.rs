@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 
 use super::rows::{Collected, Page, Raw, Row};
-use super::{parse_answers, Answer, Merged, Provenance, RecordPlan};
+use super::{parse_answers, BackendPage, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
 use crate::ownership::{Holding, Owning};
 use crate::records::{is_str, parse_array, parse_picked, raw_str, write_array, Fields};
@@ -86,7 +86,7 @@ const PICKED: [&str; 4] = ["certname", "name", "environment", "value"];
 
 pub(crate) fn merge(
     plan: &RecordPlan,
-    answers: &[Answer<'_>],
+    answers: &[BackendPage<'_>],
     owning: Option<Owning<'_>>,
 ) -> Merged {
     let (parsed, unusable) = match parse_answers(answers, |body| parse_picked(body, PICKED)) {

@@ -77,7 +77,7 @@ enum Technique {
 }
 
 /// One backend's usable answer.
-pub(crate) struct Answer<'a> {
+pub(crate) struct BackendPage<'a> {
     pub(crate) backend: BackendId,
     pub(crate) headers: &'a HeaderMap,
     pub(crate) body: &'a Bytes,
@@ -126,12 +126,12 @@ struct Correction {
 }
 
 /// A backend's records, parsed as raw JSON and borrowed from its body.
-pub(crate) type Parsed<'a, T> = Vec<(&'a Answer<'a>, T)>;
+pub(crate) type Parsed<'a, T> = Vec<(&'a BackendPage<'a>, T)>;
 
 /// Parses every answer's body with `parse`; a body that does not parse makes its backend
 /// unusable (D7). `Err` holds every backend's reason when no body parsed at all.
 pub(crate) fn parse_answers<'a, T>(
-    answers: &'a [Answer<'a>],
+    answers: &'a [BackendPage<'a>],
     parse: impl Fn(&'a [u8]) -> Result<T, serde_json::Error>,
 ) -> Result<(Parsed<'a, T>, Unusables), Unusables> {
     let mut unusable = Vec::new();
@@ -550,7 +550,7 @@ impl RecordPlan {
     }
 
     /// Merges the backends' answers (configured order).
-    fn merge(&self, answers: &[Answer<'_>], owning: Option<Owning<'_>>) -> Merged {
+    fn merge(&self, answers: &[BackendPage<'_>], owning: Option<Owning<'_>>) -> Merged {
         match self.entity.merge_rule() {
             MergeRule::Node => nodes::merge(self, answers, owning),
             MergeRule::Owned if self.entity == Entity::Facts => facts::merge(self, answers, owning),
@@ -572,7 +572,7 @@ impl RecordPlan {
 
     /// The total to report, for a paged request: each backend's `X-Records`, less what its
     /// correction says it holds for others (node-owned) or what is stored twice (history).
-    fn paged_total(&self, answers: &[&Answer<'_>], calls: &Calls) -> Result<u64, BackendId> {
+    fn paged_total(&self, answers: &[&BackendPage<'_>], calls: &Calls) -> Result<u64, BackendId> {
         let mut total: u64 = 0;
         let mut twice: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
         for answer in answers {
@@ -738,7 +738,7 @@ impl Plan for RecordPlan {
                 unusable.push((backend, Unusable::IncompleteParts));
                 continue;
             }
-            answers.push(Answer {
+            answers.push(BackendPage {
                 backend,
                 headers,
                 body,
@@ -778,7 +778,7 @@ impl Plan for RecordPlan {
                 unusable,
             });
         }
-        let usable: Vec<&Answer<'_>> = answers
+        let usable: Vec<&BackendPage<'_>> = answers
             .iter()
             .filter(|a| !unusable.iter().any(|(b, _)| *b == a.backend))
             .collect();
@@ -828,12 +828,12 @@ impl RecordPlan {
     /// The merge without the page check (when a short page cannot be asked again).
     fn merge_unchecked(
         &self,
-        answers: &[Answer<'_>],
+        answers: &[BackendPage<'_>],
         owning: Option<Owning<'_>>,
     ) -> Option<(Vec<u8>, usize)> {
-        let unlimited: Vec<Answer<'_>> = answers
+        let unlimited: Vec<BackendPage<'_>> = answers
             .iter()
-            .map(|a| Answer {
+            .map(|a| BackendPage {
                 backend: a.backend,
                 headers: a.headers,
                 body: a.body,

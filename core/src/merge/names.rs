@@ -4,11 +4,11 @@
 use std::borrow::Cow;
 use std::collections::BTreeSet;
 
-use super::{Answer, Merged, RecordPlan};
+use super::{BackendPage, Merged, RecordPlan};
 use crate::sort::Direction;
 use crate::status::Unusable;
 
-pub(crate) fn merge(plan: &RecordPlan, answers: &[Answer<'_>]) -> Merged {
+pub(crate) fn merge(plan: &RecordPlan, answers: &[BackendPage<'_>]) -> Merged {
     let mut unusable = Vec::new();
     let mut names: BTreeSet<Cow<'_, str>> = BTreeSet::new();
     let mut contributed = 0;

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use serde_json::value::RawValue;
 
 use super::rows::{check_filled, sort_rows, Page, Raw, Row};
-use super::{parse_answers, Answer, Merged, RecordPlan};
+use super::{parse_answers, BackendPage, Merged, RecordPlan};
 use crate::membership::compare_timestamps;
 use crate::ownership::{Holding, Owning};
 use crate::records::{parse_records, with_key, write_array, Fields};
@@ -25,7 +25,7 @@ struct Kept<'a> {
 
 pub(crate) fn merge(
     plan: &RecordPlan,
-    answers: &[Answer<'_>],
+    answers: &[BackendPage<'_>],
     owning: Option<Owning<'_>>,
 ) -> Merged {
     let (parsed, unusable) = match parse_answers(answers, parse_records) {

@@ -8,13 +8,13 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use super::rows::{Collected, Page, Raw, Row};
-use super::{parse_answers, Answer, Merged, RecordPlan};
+use super::{parse_answers, BackendPage, Merged, RecordPlan};
 use crate::ownership::{Holding, Owning};
 use crate::records::{parse_picked, raw_str, Fields};
 
 pub(crate) fn merge(
     plan: &RecordPlan,
-    answers: &[Answer<'_>],
+    answers: &[BackendPage<'_>],
     owning: Option<Owning<'_>>,
 ) -> Merged {
     let (parsed, unusable) = match parse_answers(answers, |body| parse_picked(body, ["certname"])) {

@@ -9,7 +9,7 @@ use std::collections::HashSet;
 use serde_json::value::RawValue;
 
 use super::rows::{Collected, Page, Raw, Row};
-use super::{parse_answers, Answer, Merged, RecordPlan};
+use super::{parse_answers, BackendPage, Merged, RecordPlan};
 use crate::entity::{Entity, Identity};
 use crate::ownership::{Holding, Owning};
 use crate::records::{parse_records, Fields};
@@ -17,7 +17,7 @@ use crate::sort::{ColumnKind, Direction, OrderBy, OrderField};
 
 pub(crate) fn merge(
     plan: &RecordPlan,
-    answers: &[Answer<'_>],
+    answers: &[BackendPage<'_>],
     identity: Identity,
     owning: Option<Owning<'_>>,
 ) -> Merged {
