@@ -40,19 +40,6 @@ impl Reloader {
         }
     }
 
-    /// [`Reloader::reload`], then `clients` built for the new configuration (reading its TLS
-    /// files): everything a reload applies, or why it cannot be, on one line. It reads files:
-    /// call it off the async threads.
-    pub fn prepare<C, E: std::fmt::Display>(
-        &self,
-        running: &Config,
-        clients: impl FnOnce(&Config) -> Result<C, E>,
-    ) -> Result<(Config, C), String> {
-        let config = self.reload(running).map_err(|error| error.to_string())?;
-        let clients = clients(&config).map_err(|error| error.to_string())?;
-        Ok((config, clients))
-    }
-
     /// The configuration as it reads now, for a process running `running`: `listen` and
     /// `metrics_listen` stay as they are (a warning says a restart is needed to move them), as
     /// does logging. An invalid configuration is an error and changes nothing.

@@ -599,6 +599,10 @@ impl pdbmux_driver::Runtime for Sim {
     type Task = SimTask;
     type Clients = ();
 
+    fn clients(_config: &pdbmux_core::config::Config) -> Result<(), pdbmux_driver::StartError> {
+        Ok(())
+    }
+
     fn store(
         &self,
         _clients: &(),

@@ -35,6 +35,10 @@ pub trait Runtime: Send + Sync + 'static {
     /// The upstream clients of one configuration (its backends' pools and TLS settings).
     type Clients: Send + Sync + 'static;
 
+    /// Builds the clients `config` asks for. It reads TLS files: the host calls it at start and,
+    /// for a reload, on the blocking pool.
+    fn clients(config: &Config) -> Result<Self::Clients, crate::StartError>;
+
     /// Carries one request to the shared cache store of `clients` (its configuration's
     /// `cache_backend`); any failure is [`StoreAnswer::Failed`]. The caller bounds it by the
     /// request's deadline.

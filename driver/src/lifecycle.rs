@@ -50,15 +50,16 @@ impl StartError {
 }
 
 impl<R: Runtime> EstateHost<R> {
-    /// Starts serving `config` on `runtime` with `clients` built for it: the estate (its clock
-    /// anchored now), the sealer for its cache budget, pdbmux's own metrics (as `build`) when
-    /// `metrics_listen` is set, and the estate's task, whose handle comes back for
-    /// [`EstateHost::shut_down`].
+    /// Starts serving `config` on `runtime`: the clients it asks for ([`Runtime::clients`]), the
+    /// estate (its clock anchored now), the sealer for its cache budget, pdbmux's own metrics
+    /// (as `build`) when `metrics_listen` is set, and the estate's task, whose handle comes back
+    /// for [`EstateHost::shut_down`].
     pub fn start(
         config: Config,
-        (runtime, clients): (R, R::Clients),
+        runtime: R,
         build: Build,
-    ) -> (Arc<Self>, R::Task) {
+    ) -> Result<(Arc<Self>, R::Task), StartError> {
+        let clients = R::clients(&config)?;
         let anchor = ClockAnchor {
             instant: runtime.now(),
             wall: SystemTime::now(),
@@ -72,7 +73,7 @@ impl<R: Runtime> EstateHost<R> {
             metrics,
         );
         let driver = host.spawn_driver();
-        (host, driver)
+        Ok((host, driver))
     }
 
     /// Logs the line that says pdbmux is serving: the address it listens on (as bound, else as
@@ -97,19 +98,25 @@ impl<R: Runtime> EstateHost<R> {
         tracing::info!(%listen, %backends, %metrics, config = %config_source, "pdbmux serving");
     }
 
-    /// A reload (SIGHUP): `prepare` reads the configuration again and builds its clients (it
-    /// reads files, so it runs on the blocking pool; a panic in it refuses the reload), then
-    /// [`EstateHost::reload`] applies it. Returns whether it was applied.
+    /// A reload (SIGHUP): `read` reads the configuration again for the running one, then the
+    /// clients it asks for are built ([`Runtime::clients`]); both read files, so they run on the
+    /// blocking pool, and a panic in them refuses the reload. [`EstateHost::reload`] applies the
+    /// result. Returns whether it was applied.
     pub async fn reread(
         &self,
-        prepare: impl FnOnce(&Config) -> Result<(Config, R::Clients), String> + Send + 'static,
+        read: impl FnOnce(&Config) -> Result<Config, String> + Send + 'static,
     ) -> bool {
         tracing::info!("SIGHUP: reading the configuration again");
         let running = self.config();
+        let prepare = move || {
+            let config = read(&running)?;
+            let clients = R::clients(&config).map_err(|error| error.to_string())?;
+            Ok((config, clients))
+        };
         let prepared = self
             .runtime
             .unblock(move || {
-                std::panic::catch_unwind(AssertUnwindSafe(|| prepare(&running)))
+                std::panic::catch_unwind(AssertUnwindSafe(prepare))
                     .unwrap_or_else(|_| Err("reading the configuration panicked".to_owned()))
             })
             .await;

@@ -137,23 +137,16 @@ pub struct Clients<U> {
 }
 
 impl<U> Clients<U> {
-    /// The clients `config` asks for, the upstream ones built by `upstreams`; reads TLS files.
-    pub fn build<E: std::fmt::Display>(
+    /// The clients `config` asks for: the upstream ones built by `upstreams`, and the shared
+    /// store for `cache_backend: redis`; reads TLS files. A runtime's [`crate::Runtime::clients`].
+    pub fn of(
         config: &pdbmux_core::config::Config,
-        upstreams: impl FnOnce(&pdbmux_core::config::Config) -> Result<U, E>,
-    ) -> Result<Clients<U>, String> {
-        let upstreams = upstreams(config).map_err(|e| e.to_string())?;
-        Clients::with_store(config, upstreams)
-    }
-
-    /// `upstreams` with the shared store `config` asks for (none for `cache_backend: memory`).
-    pub fn with_store(
-        config: &pdbmux_core::config::Config,
-        upstreams: U,
-    ) -> Result<Clients<U>, String> {
+        upstreams: impl FnOnce(&pdbmux_core::config::Config) -> Result<U, pdbmux_tls::ClientSetupError>,
+    ) -> Result<Clients<U>, crate::StartError> {
+        let upstreams = upstreams(config)?;
         let store = match &config.cache_backend {
             pdbmux_core::config::CacheBackend::Redis { url, tls } => {
-                Some(RedisStore::new(url, tls)?)
+                Some(RedisStore::new(url, tls).map_err(crate::StartError::Store)?)
             }
             pdbmux_core::config::CacheBackend::Memory => None,
         };

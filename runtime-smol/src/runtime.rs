@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
+use pdbmux_core::config::Config;
 use pdbmux_core::UpstreamRequest;
 use pdbmux_driver::UpstreamResult;
 use smol::future::FutureExt;
@@ -51,6 +52,10 @@ impl pdbmux_driver::Runtime for Smol {
     type Held = HeldBody;
     type Task = SmolTask;
     type Clients = pdbmux_driver::Clients<Upstreams>;
+
+    fn clients(config: &Config) -> Result<Self::Clients, pdbmux_driver::StartError> {
+        pdbmux_driver::Clients::of(config, Upstreams::new)
+    }
 
     async fn send(
         &self,

@@ -19,7 +19,6 @@ use smol::{Async, Executor, Timer};
 
 use crate::conn;
 use crate::runtime::{spawn_guarded, Host, Smol};
-use crate::upstream::Upstreams;
 
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -71,9 +70,6 @@ async fn serve(
 ) -> Result<(), ServeError> {
     let config = settings.config;
     pdbmux_driver::prefer_runtime(true);
-    let upstreams = Upstreams::new(&config).map_err(StartError::from)?;
-    let clients =
-        pdbmux_driver::Clients::with_store(&config, upstreams).map_err(StartError::Store)?;
     let mut signals =
         Signals::new([Signal::Term, Signal::Int, Signal::Hup]).map_err(ServeError::Signals)?;
     // The metrics listener first: once the query port accepts, so does it.
@@ -84,7 +80,7 @@ async fn serve(
         version: pdbmux_cli::version(),
     };
     let runtime = Smol::new(Arc::clone(&executor));
-    let (host, driver) = Host::start(config, (runtime, clients), build);
+    let (host, driver) = Host::start(config, runtime, build)?;
     host.announce(
         listener.get_ref().local_addr(),
         metrics_listener.as_ref().map(|l| l.get_ref().local_addr()),
@@ -103,13 +99,8 @@ async fn serve(
     let _reloader_task = spawn_guarded(&executor, "reload", async move {
         while reloads.recv().await.is_ok() {
             let reloader = reloader.clone();
-            reload_host
-                .reread(move |running| {
-                    reloader.prepare(running, |config| {
-                        pdbmux_driver::Clients::build(config, Upstreams::new)
-                    })
-                })
-                .await;
+            let read = move |running: &_| reloader.reload(running).map_err(|e| e.to_string());
+            reload_host.reread(read).await;
         }
     });
     // Idle upstream connections the backends closed are closed here too, not left in CLOSE-WAIT.

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::time::Instant;
 
 use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
+use pdbmux_core::config::Config;
 use pdbmux_core::UpstreamRequest;
 use pdbmux_driver::UpstreamResult;
 use tokio::task::JoinHandle;
@@ -36,6 +37,10 @@ impl pdbmux_driver::Runtime for Tokio {
     type Held = HeldBody;
     type Task = TokioTask;
     type Clients = pdbmux_driver::Clients<Upstreams>;
+
+    fn clients(config: &Config) -> Result<Self::Clients, pdbmux_driver::StartError> {
+        pdbmux_driver::Clients::of(config, Upstreams::new)
+    }
 
     async fn send(
         &self,

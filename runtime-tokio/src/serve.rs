@@ -18,7 +18,6 @@ use tokio::net::TcpListener;
 use crate::runtime::{Host, Tokio};
 use crate::sealed_io::SealedIo;
 use crate::service;
-use crate::upstream::Upstreams;
 
 /// Why serving stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -55,9 +54,6 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     let mut hangups = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
     let config = settings.config;
     pdbmux_driver::prefer_runtime(false);
-    let upstreams = Upstreams::new(&config).map_err(StartError::from)?;
-    let clients =
-        pdbmux_driver::Clients::with_store(&config, upstreams).map_err(StartError::Store)?;
     // The metrics listener first: once the query port accepts, so does it.
     let metrics_listener = match &config.metrics_listen {
         Some(addr) => Some(bind(addr).await?),
@@ -68,7 +64,7 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
         binary: "pdbmux",
         version: pdbmux_cli::version(),
     };
-    let (host, driver) = Host::start(config, (Tokio, clients), build);
+    let (host, driver) = Host::start(config, Tokio, build)?;
     host.announce(
         listener.local_addr(),
         metrics_listener.as_ref().map(TcpListener::local_addr),
@@ -80,13 +76,8 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     let reloads = tokio::spawn(async move {
         while hangups.recv().await.is_some() {
             let reloader = reloader.clone();
-            reload_host
-                .reread(move |running| {
-                    reloader.prepare(running, |config| {
-                        pdbmux_driver::Clients::build(config, Upstreams::new)
-                    })
-                })
-                .await;
+            let read = move |running: &_| reloader.reload(running).map_err(|e| e.to_string());
+            reload_host.reread(read).await;
         }
     });
     let graceful = GracefulShutdown::new();
