@@ -324,6 +324,15 @@ impl<R: Runtime> EstateHost<R> {
         self.estate().stats(self.runtime.now())
     }
 
+    /// The metrics listener's answer to one request ([`Metrics::answer`]); 404 when the metrics
+    /// are off.
+    pub fn scrape(&self, method: &http::Method, path: &str, accept: Option<&str>) -> Response {
+        match &self.metrics {
+            Some(metrics) => metrics.answer(method, path, accept),
+            None => Response::text(http::StatusCode::NOT_FOUND, "pdbmux: metrics are off"),
+        }
+    }
+
     /// pdbmux's own metrics, when they are served (`metrics_listen`).
     pub fn metrics(&self) -> Option<&Metrics> {
         self.metrics.as_ref()

@@ -1,6 +1,6 @@
 //! The metrics listener (`metrics_listen`): pdbmux's own `/metrics` on an address of its own,
 //! never on the PuppetDB-facing one, served with async-h1's server. What it answers is the
-//! shared driver's ([`pdbmux_driver::Metrics::answer`]); this is only its socket.
+//! shared driver's ([`pdbmux_driver::EstateHost::scrape`]); this is only its socket.
 
 use std::io;
 use std::net::{TcpListener, TcpStream};
@@ -77,16 +77,13 @@ pub async fn serve(
 }
 
 fn scrape(host: &Host, request: &http_types::Request) -> http_types::Response {
-    let Some(metrics) = host.metrics() else {
-        return http_types::Response::new(http_types::StatusCode::NotFound);
-    };
     let method = match request.method() {
         http_types::Method::Get => http::Method::GET,
         http_types::Method::Head => http::Method::HEAD,
         _ => http::Method::POST,
     };
     let accept = request.header("accept").map(|values| values.as_str());
-    let answer = metrics.answer(&method, request.url().path(), accept);
+    let answer = host.scrape(&method, request.url().path(), accept);
     let status = http_types::StatusCode::try_from(answer.status.as_u16())
         .unwrap_or(http_types::StatusCode::InternalServerError);
     let mut response = http_types::Response::new(status);

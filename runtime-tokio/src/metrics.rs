@@ -1,6 +1,6 @@
 //! The metrics listener (`metrics_listen`): pdbmux's own `/metrics` on an address of its own,
 //! never on the PuppetDB-facing one. What it answers is the shared driver's
-//! ([`pdbmux_driver::Metrics::answer`]); this is only its socket.
+//! ([`pdbmux_driver::EstateHost::scrape`]); this is only its socket.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -49,16 +49,11 @@ pub async fn serve(listener: TcpListener, host: Arc<Host>) {
 }
 
 fn scrape<B>(host: &Host, request: &http::Request<B>) -> http::Response<body::ResponseBody> {
-    let Some(metrics) = host.metrics() else {
-        let mut response = http::Response::new(body::full("pdbmux: metrics are off\n".into()));
-        *response.status_mut() = http::StatusCode::NOT_FOUND;
-        return response;
-    };
     let accept = request
         .headers()
         .get(http::header::ACCEPT)
         .and_then(|value| value.to_str().ok());
-    let answer = metrics.answer(request.method(), request.uri().path(), accept);
+    let answer = host.scrape(request.method(), request.uri().path(), accept);
     let bytes = match answer.body {
         ResponseBody::Full(bytes) => bytes,
         ResponseBody::Upstream(_) => bytes::Bytes::new(),
