@@ -109,6 +109,7 @@ fuzz:
 lint: lint-core
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 
 # The core stays sans-IO: no async runtime, HTTP stack, config loader or OS-call crate (rustix,
 # memmap2: those live in sealed/) in its dependency tree,

@@ -48,7 +48,9 @@ pub trait Runtime: Send + Sync + 'static {
         request: StoreRequest,
     ) -> impl Future<Output = StoreAnswer> + Send;
 
-    /// Sends one upstream request with `clients` (see [`Transport::send`]).
+    /// Sends one upstream request with `clients`. The future is polled on the exchange's own
+    /// task, beside the others, and dropped (closing its connection) when the core cancels it or
+    /// answers.
     fn send(
         &self,
         clients: &Self::Clients,

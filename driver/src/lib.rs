@@ -2,14 +2,17 @@
 //!
 //! What both binaries run around the sans-IO core, so that they cannot drift apart:
 //!
-//! - [`drive`], the async loop of one exchange: send what the core asks for, feed the answers
-//!   and timeouts back, and stop at its response. It runs on a [`Transport`] (an upstream
-//!   client, a timer, and where finished rounds go); which requests are in flight, which are
-//!   cancelled, which answer's body is held for streaming is decided here.
-//! - [`EstateHost`], the estate shared by every connection: admitting requests, the queue of
-//!   waiting clients, single-flight tasks and their cancellation, and the task that drives the
-//!   estate's own outputs and deadline. It runs on a [`Runtime`] (the above, plus a task
-//!   spawner and a blocking pool).
+//! - [`EstateHost`], the estate shared by every connection: starting and stopping
+//!   ([`EstateHost::start`], [`EstateHost::shut_down`]), reloads, admitting requests, the queue
+//!   of waiting clients, single-flight tasks and their cancellation, the task that drives the
+//!   estate's own outputs and deadline, and each exchange's loop (`drive`: send what the core
+//!   asks for, feed the answers and timeouts back, cancel what it cancels, hold the body it
+//!   streams). It runs on a [`Runtime`]: upstream clients, a clock and timers, a task spawner
+//!   and a blocking pool.
+//! - The sans-IO HTTP/1 pieces both binaries share: request-head checks ([`http1`]), what an
+//!   upstream call carries and how its answer is taken ([`upstream`]), the streamed answer's
+//!   JSON check ([`StreamedBody`]).
+//! - pdbmux's own metrics ([`Metrics`]) and the shared cache store's client ([`Clients`]).
 
 #![forbid(unsafe_code)]
 
@@ -34,8 +37,8 @@ pub use host::{ClientAnswer, EstateHost, Runtime, Task, TaskRole};
 pub use json_check::{CheckedStream, NotJson, StreamFailure, StreamedBody};
 pub use lifecycle::StartError;
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};
-pub use redis_store::{prefer_runtime, Clients, RedisStore};
-pub use timing::Timings;
+pub use redis_store::{prefer_runtime, Clients};
+pub(crate) use timing::Timings;
 
 use futures_util::future::{self, AbortHandle, Abortable, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -48,8 +51,8 @@ use pdbmux_core::{
 /// (unread) when the core asked to stream it.
 pub type UpstreamResult<H> = Result<(UpstreamResponse, Option<H>), UpstreamFailure>;
 
-/// What a runtime gives [`drive`].
-pub trait Transport {
+/// What an exchange's loop ([`drive`]) runs on: the host's runtime with one generation's clients.
+pub(crate) trait Transport {
     /// An upstream body held open for streaming to the client.
     type Held;
 
@@ -75,7 +78,7 @@ pub trait Transport {
 /// instant it must be complete by) when the response streams one. Upstream requests run
 /// concurrently inside this future; dropping it (client gone, flight cancelled) drops them all and
 /// releases their connections. Each call's time and the core's own work go into `timings`.
-pub async fn drive<T: Transport>(
+pub(crate) async fn drive<T: Transport>(
     transport: &T,
     mut exchange: Exchange,
     timings: &mut Timings,

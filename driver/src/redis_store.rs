@@ -18,7 +18,7 @@ const TIMEOUT: Duration = Duration::from_millis(400);
 
 /// A connection to the shared store, shared by every request of one configuration.
 #[derive(Clone)]
-pub struct RedisStore {
+pub(crate) struct RedisStore {
     manager: ConnectionManager,
 }
 
@@ -133,7 +133,7 @@ pub struct Clients<U> {
     /// The backends' clients.
     pub upstreams: U,
     /// The shared cache store, when one is configured.
-    pub store: Option<RedisStore>,
+    store: Option<RedisStore>,
 }
 
 impl<U> Clients<U> {

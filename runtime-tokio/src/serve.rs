@@ -1,7 +1,7 @@
 //! The listener: HTTP/1.1 with keep-alive and a header-read timeout, graceful shutdown on SIGTERM
 //! or SIGINT (stop accepting, let in-flight requests finish for up to `timeout` + 5 s, exit 0),
 //! and the configuration read again on SIGHUP (docs/operating.md, "Reload").
-//! Large cached bodies are sealed ([`Sealer`]) and sent by reference by each connection's
+//! Large cached bodies are sealed (`pdbmux_sealed::Sealer`) and sent by reference by each connection's
 //! [`SealedIo`].
 
 use std::sync::atomic::Ordering;

@@ -349,7 +349,7 @@ fn peak_rss_mib(pid: u32) -> Option<f64> {
     (!kb.is_empty()).then(|| kb.iter().sum::<u64>() as f64 / 1024.0)
 }
 
-/// (ppid, utime, stime) from /proc/<pid>/stat.
+/// (ppid, utime, stime) from `/proc/<pid>/stat`.
 fn proc_stat(pid: u32) -> Option<(u32, u64, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let rest = &stat[stat.rfind(')')? + 1..];
@@ -386,7 +386,7 @@ fn machine_cpu() -> (u64, u64) {
     (total - idle, total)
 }
 
-/// A /proc/<pid>/status field in kB.
+/// A `/proc/<pid>/status` field in kB.
 fn status_kb(pid: u32, field: &str) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     status.lines().find_map(|line| {

@@ -29,7 +29,7 @@ pub enum StoreOp {
     Put {
         /// The full key.
         key: String,
-        /// The envelope ([`encode`]).
+        /// The envelope (`encode`).
         value: Bytes,
         /// How long the store keeps it: the TTL plus the stale window.
         keep: Duration,

@@ -75,7 +75,7 @@ pub struct Analysis {
     /// `["in","certname",["array",[...]]]` as the query or one of the conjuncts of its outer
     /// `and` (several pins intersect). Sorted and deduped; `None` when the query is not pinned.
     pub pinned_certnames: Option<Vec<String>>,
-    /// The query names `node_state` anywhere ([`names_node_state`]): PuppetDB then drops the
+    /// The query names `node_state` anywhere (`names_node_state`): PuppetDB then drops the
     /// `node_state = active` it otherwise adds for history, and the query sees every node state.
     pub names_node_state: bool,
 }
