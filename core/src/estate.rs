@@ -1085,7 +1085,8 @@ fn filtered_by_source(mut response: Response, value: &str) -> Response {
 mod tests {
     use super::*;
     use crate::config::{BackendConfig, BackendUrl, TlsFiles};
-    use crate::message::{ClientRequest, UpstreamResponse};
+    use crate::exchange::ExchangeOutput;
+    use crate::message::{ClientRequest, UpstreamBody, UpstreamResponse};
 
     fn config(backends: &[(&str, u16)]) -> Config {
         let backends = backends
@@ -1131,6 +1132,60 @@ mod tests {
     }
 
     const MEMBERSHIP: &str = r#"[{"certname":"n1","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}]"#;
+
+    /// The exchange's contract (`Exchange`'s doc): an answer for a cancelled or unknown id is
+    /// ignored, and a held body among them is cancelled again. The driver never delivers one
+    /// (it drops a cancelled call's future), so the conformance harness cannot show this; a
+    /// runtime that did would still be safe.
+    #[test]
+    fn answers_for_cancelled_or_unknown_ids_are_ignored_and_a_held_one_cancelled_again() {
+        let (mut estate, start) = estate(config(&[("a", 1), ("b", 2)]));
+        let target =
+            "/pdb/query/v4/catalog-inputs?query=%5B%22%3D%22%2C%22certname%22%2C%22web1%22%5D";
+        let Admission::Exchange(mut exchange) = admit(&mut estate, start, target) else {
+            panic!("a pass-through is an exchange of its own");
+        };
+        let outputs = |exchange: &mut Exchange| {
+            std::iter::from_fn(|| exchange.poll_output()).collect::<Vec<_>>()
+        };
+        let first = match outputs(&mut exchange).as_slice() {
+            [ExchangeOutput::Send(request)] => request.id,
+            other => panic!("one send first: {other:?}"),
+        };
+        let deadline = exchange.poll_timeout().expect("a deadline");
+        exchange.handle_timeout(deadline);
+        let second = match outputs(&mut exchange).as_slice() {
+            [ExchangeOutput::Cancel(id), ExchangeOutput::Send(request)] if *id == first => {
+                request.id
+            }
+            other => panic!("cancel, then the next backend: {other:?}"),
+        };
+        let held = || UpstreamResponse {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: UpstreamBody::Held,
+        };
+        exchange.handle_upstream_response(deadline, first, held());
+        assert!(
+            matches!(outputs(&mut exchange).as_slice(), [ExchangeOutput::Cancel(id)] if *id == first),
+            "a late held answer is cancelled again"
+        );
+        let unknown = UpstreamResponse {
+            body: UpstreamBody::Full(bytes::Bytes::from_static(b"[]")),
+            ..held()
+        };
+        exchange.handle_upstream_response(deadline, UpstreamId(99), unknown);
+        assert!(
+            outputs(&mut exchange).is_empty(),
+            "an unknown id is ignored"
+        );
+        exchange.handle_upstream_response(deadline, second, held());
+        let respond = outputs(&mut exchange);
+        assert!(
+            matches!(respond.as_slice(), [ExchangeOutput::Respond(r)] if r.body == ResponseBody::Upstream(second)),
+            "{respond:?}"
+        );
+    }
 
     #[test]
     fn a_reload_with_other_backends_asks_the_membership_of_the_new_ones_for_its_waiters() {
