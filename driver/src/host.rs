@@ -380,12 +380,7 @@ impl<R: Runtime> EstateHost<R> {
         let applied = match prepared {
             Ok((config, clients)) => {
                 let changed = self.config().changed_keys(&config);
-                let backends = config
-                    .backends
-                    .iter()
-                    .map(|b| format!("{}={}", b.name, b.url.base()))
-                    .collect::<Vec<_>>()
-                    .join(",");
+                let backends = backend_list(&config);
                 self.reconfigure(config, clients);
                 tracing::info!(
                     changed = %if changed.is_empty() { "nothing".to_owned() } else { changed.join(",") },
@@ -815,6 +810,16 @@ fn store_op_name(op: &pdbmux_core::cache::shared::StoreOp) -> &'static str {
         StoreOp::Lock { .. } => "lock",
         StoreOp::Unlock { .. } => "unlock",
     }
+}
+
+/// Every backend as `name=url`, in configured order, for log lines.
+pub(crate) fn backend_list(config: &Config) -> String {
+    let backends: Vec<String> = config
+        .backends
+        .iter()
+        .map(|b| format!("{}={}", b.name, b.url.base()))
+        .collect();
+    backends.join(",")
 }
 
 /// A backend's configured name, for log lines and metric labels.

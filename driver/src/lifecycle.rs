@@ -89,12 +89,7 @@ impl<R: Runtime> EstateHost<R> {
         let metrics = metrics
             .and_then(Result::ok)
             .map_or_else(|| "off".to_owned(), |a| a.to_string());
-        let backends = config
-            .backends
-            .iter()
-            .map(|b| format!("{}={}", b.name, b.url.base()))
-            .collect::<Vec<_>>()
-            .join(",");
+        let backends = crate::host::backend_list(&config);
         tracing::info!(%listen, %backends, %metrics, config = %config_source, "pdbmux serving");
     }
 
