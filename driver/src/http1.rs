@@ -8,6 +8,11 @@ use pdbmux_core::ClientRequest;
 /// The most header fields parsed; the core refuses more than 100 (431), and so does this.
 const MAX_HEADERS: usize = 128;
 
+/// The most request-head bytes either binary buffers (hyper's buffer limit in the tokio one).
+/// The core refuses targets over 8 KiB (414) and header blocks over 16 KiB (431); a head past
+/// this is refused by the connection the same way.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+
 /// A parsed request head.
 #[derive(Debug)]
 pub struct Head {

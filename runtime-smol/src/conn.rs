@@ -29,7 +29,7 @@ use smol::future::{self, FutureExt};
 use smol::io::{AsyncReadExt, AsyncWriteExt, Cursor};
 use smol::{Async, Timer};
 
-use pdbmux_driver::http1::{parse_head, Head, Parsed, RequestBody};
+use pdbmux_driver::http1::{parse_head, Head, Parsed, RequestBody, MAX_HEAD_BYTES};
 
 use crate::body::Deadlined;
 use crate::body::HeldBody;
@@ -48,9 +48,6 @@ struct Timeouts {
     header: Duration,
     send: Duration,
 }
-/// The most head bytes buffered. The core refuses targets over 8 KiB (414) and header blocks
-/// over 16 KiB (431); a head past this is refused here the same way (as hyper's buffer limit).
-const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// The largest request body skipped to keep a connection open; a larger one closes it.
 const MAX_SKIPPED_BODY: u64 = 1024 * 1024;
 /// Response bytes gathered per write.

@@ -84,7 +84,7 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new())
         .keep_alive(true)
-        .max_buf_size(64 * 1024);
+        .max_buf_size(pdbmux_driver::http1::MAX_HEAD_BYTES);
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let signal = loop {
