@@ -18,7 +18,7 @@ pub const MAX_DEPTH: usize = 128;
 /// counting them is one vectorised search (memchr); only other text has its brackets followed,
 /// strings skipped.
 fn check_depth(text: &[u8], limit: usize) -> Result<(), serde_json::Error> {
-    if memchr::memchr2_iter(b'[', b'{', text).nth(limit).is_none() {
+    if text.len() <= limit || memchr::memchr2_iter(b'[', b'{', text).nth(limit).is_none() {
         return Ok(());
     }
     let mut depth = 0usize;
@@ -144,6 +144,35 @@ impl<'a> Fields<'a> {
     }
 }
 
+/// Whether two short texts (keys, certnames) are equal, compared in a few word loads instead of
+/// a call to `memcmp`: a merge compares several per record, and the call cost more than the
+/// comparison (bench/README.md, figure 1). Longer texts compare as usual.
+pub fn same_text(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let len = a.len();
+    if len != b.len() {
+        return false;
+    }
+    // Two loads of `N` bytes from each end cover a text of `N` to `2N` bytes.
+    fn ends<const N: usize>(a: &[u8], b: &[u8]) -> bool {
+        let word = |text: &[u8], at: usize| -> [u8; N] {
+            let mut word = [0; N];
+            word.copy_from_slice(&text[at..at + N]);
+            word
+        };
+        let last = a.len() - N;
+        word(a, 0) == word(b, 0) && word(a, last) == word(b, last)
+    }
+    match len {
+        0 => true,
+        1..=3 => a.iter().zip(b).all(|(x, y)| x == y),
+        4..=7 => ends::<4>(a, b),
+        8..=15 => ends::<8>(a, b),
+        16..=32 => ends::<16>(a, b),
+        _ => a == b,
+    }
+}
+
 /// A raw JSON string's value; `None` for any other JSON.
 pub fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     let text = raw.get();
@@ -157,9 +186,21 @@ pub fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
 }
 
 /// Whether a raw JSON value is the string `expected`. Most other strings are told apart by length
-/// alone: a JSON string's text is never shorter than its value plus the two quotes.
+/// alone: a JSON string's text is never shorter than its value plus the two quotes, exactly that
+/// long without escapes, and longer only with them.
 pub fn is_str(raw: &RawValue, expected: &str) -> bool {
-    raw.get().len() >= expected.len() + 2 && raw_str(raw).as_deref() == Some(expected)
+    let text = raw.get();
+    let plain = expected.len() + 2;
+    match text.len().cmp(&plain) {
+        std::cmp::Ordering::Less => false,
+        std::cmp::Ordering::Equal => {
+            let inner = text.get(1..text.len() - 1).unwrap_or_default();
+            text.starts_with('"') && same_text(inner, expected) && !inner.contains('\\')
+        }
+        std::cmp::Ordering::Greater => {
+            text.contains('\\') && raw_str(raw).as_deref() == Some(expected)
+        }
+    }
 }
 
 /// A JSON string borrowed from the input when it has no escapes (serde's own `Cow<str>` always
@@ -234,9 +275,6 @@ pub fn parse_picked<'a, const N: usize>(
         .ok()
         .and_then(|text| parse_objects(text, &names))
     {
-        for record in &records {
-            check_element_depth(record.text)?;
-        }
         return Ok(records);
     }
     Ok(parse_records(body)?
@@ -362,7 +400,11 @@ impl<'de, const N: usize> Visitor<'de> for ObjectSeed<'_, N> {
         let mut last = None;
         while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
             let value: &'de RawValue = map.next_value()?;
-            if let Some(index) = self.names.iter().position(|name| *name == key) {
+            // Only a structured value nests: the array and the record are two levels.
+            if value.get().starts_with(['[', '{']) {
+                check_depth(value.get().as_bytes(), MAX_DEPTH - 2).map_err(de::Error::custom)?;
+            }
+            if let Some(index) = self.names.iter().position(|name| same_text(name, &key)) {
                 fields[index].get_or_insert(value);
             }
             last = Some(value);
@@ -534,6 +576,21 @@ mod tests {
         assert!(parse_picked(br#"[{"a":1}] x"#, ["a"]).is_err());
         assert!(parse_picked(b"{}", ["a"]).is_err());
         assert!(parse_picked(b"[\xff]", ["a"]).is_err());
+    }
+
+    #[test]
+    fn short_texts_compare_like_strings_at_every_length_and_position() {
+        for len in 0..=40 {
+            let text: String = (0..len).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            assert!(same_text(&text, &text.clone()), "{len}");
+            assert!(!same_text(&text, &format!("{text}x")), "{len}: longer");
+            for at in 0..len {
+                let mut other = text.clone().into_bytes();
+                other[at] = b'Z';
+                let other = String::from_utf8(other).unwrap_or_default();
+                assert!(!same_text(&text, &other), "{len}: differs at {at}");
+            }
+        }
     }
 
     #[test]

@@ -16,7 +16,7 @@ use super::rows::{Collected, Page, Raw, Row};
 use super::{parse_answers, BackendPage, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
 use crate::ownership::{Holding, Owning};
-use crate::records::{is_str, parse_array, parse_picked, raw_str, write_array, Fields};
+use crate::records::{is_str, parse_array, parse_picked, raw_str, same_text, write_array, Fields};
 use crate::sort::OrderBy;
 
 /// Where pass 1 put an upstream record.
@@ -113,7 +113,9 @@ pub(crate) fn merge(
                 Place::Dropped
             } else {
                 match (certname, previous) {
-                    (Some(raw), Some((last, node))) if raw.get() == last => Place::Node(node),
+                    (Some(raw), Some((last, node))) if same_text(raw.get(), last) => {
+                        Place::Node(node)
+                    }
                     (Some(raw), _) => match raw_str(raw) {
                         Some(certname) => {
                             let node = nodes.seen(certname, backend.0, owning);
