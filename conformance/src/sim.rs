@@ -658,7 +658,7 @@ impl pdbmux_driver::Runtime for Sim {
     ) -> SimTask {
         match role {
             TaskRole::Flight(flight) => self.spawn_for(Machine::Flight(flight), true, future),
-            TaskRole::Driver | TaskRole::EstateCall(_) | TaskRole::StoreCall => {
+            TaskRole::Driver | TaskRole::EstateCall | TaskRole::StoreCall => {
                 self.spawn_for(Machine::Estate, false, future)
             }
         }

@@ -581,7 +581,9 @@ mod tests {
     #[test]
     fn short_texts_compare_like_strings_at_every_length_and_position() {
         for len in 0..=40 {
-            let text: String = (0..len).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+            let text: String = (0..len)
+                .map(|i| char::from(b'a' + (i % 26) as u8))
+                .collect();
             assert!(same_text(&text, &text.clone()), "{len}");
             assert!(!same_text(&text, &format!("{text}x")), "{len}: longer");
             for at in 0..len {

@@ -19,8 +19,7 @@ use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::config::Config;
 use pdbmux_core::{
     Admission, BackendId, ClientRequest, Estate, EstateOutput, Exchange, ExchangeReport, FlightId,
-    Planned, Response, ResponseBody, RouteClass, Translating, UpstreamId, UpstreamRequest,
-    WaiterId,
+    Planned, Response, ResponseBody, RouteClass, Translating, UpstreamRequest, WaiterId,
 };
 use pdbmux_sealed::Sealer;
 
@@ -138,7 +137,7 @@ pub enum TaskRole {
     /// The task driving the estate's outputs and deadline ([`EstateHost::spawn_driver`]).
     Driver,
     /// One upstream request the estate sends itself (membership, health).
-    EstateCall(UpstreamId),
+    EstateCall,
     /// One request to the shared cache store.
     StoreCall,
     /// A single-flight exchange, driven apart from any client.
@@ -647,7 +646,7 @@ impl<R: Runtime> EstateHost<R> {
                     EstateOutput::Send(request) => {
                         let id = request.id;
                         let sent = self.send_for_estate(request, generation.clone());
-                        let task = self.runtime.spawn_as(TaskRole::EstateCall(id), sent);
+                        let task = self.runtime.spawn_as(TaskRole::EstateCall, sent);
                         sends.retain(|_, task: &mut R::Task| !task.is_finished());
                         sends.insert(id, task);
                     }
