@@ -505,6 +505,9 @@ impl Sim {
                             }
                         }
                     };
+                    if dropped.is_some() && announced {
+                        self.world().log(format!("{machine} cancelled"));
+                    }
                     drop(dropped);
                 }
                 Ok(Poll::Ready(())) => {
