@@ -491,6 +491,16 @@ mod tests {
     }
 
     #[test]
+    fn every_route_class_has_its_place_and_a_label_of_its_own() {
+        let mut labels = std::collections::BTreeSet::new();
+        for (index, class) in RouteClass::ALL.iter().enumerate() {
+            assert_eq!(class.index(), index, "{class}");
+            assert!(labels.insert(class.as_str()), "{class} labelled twice");
+        }
+        assert_eq!(RouteClass::Refused.as_str(), "refused");
+    }
+
+    #[test]
     fn outside_the_allowlist_is_not_found() {
         for target in [
             "/",

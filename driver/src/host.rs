@@ -47,9 +47,10 @@ pub trait Runtime: Send + Sync + 'static {
         request: StoreRequest,
     ) -> impl Future<Output = StoreAnswer> + Send;
 
-    /// Sends one upstream request with `clients`. The future is polled on the exchange's own
-    /// task, beside the others, and dropped (closing its connection) when the core cancels it or
-    /// answers.
+    /// Sends one upstream request with `clients`. An exchange's sends are polled on its own task,
+    /// beside each other, and dropped (closing their connections) when the core cancels them or
+    /// answers; each of the estate's own requests runs on a task of its own
+    /// ([`TaskRole::EstateCall`]), cancelled the same way.
     fn send(
         &self,
         clients: &Self::Clients,

@@ -50,15 +50,13 @@ impl StartError {
 }
 
 impl<R: Runtime> EstateHost<R> {
-    /// Starts serving `config` on `runtime`: the clients it asks for ([`Runtime::clients`]), the
-    /// estate (its clock anchored now), the sealer for its cache budget, pdbmux's own metrics
-    /// (as `build`) when `metrics_listen` is set, and the estate's task, whose handle comes back
-    /// for [`EstateHost::shut_down`].
-    pub fn start(
-        config: Config,
-        runtime: R,
-        build: Build,
-    ) -> Result<(Arc<Self>, R::Task), StartError> {
+    /// Builds what serving `config` on `runtime` needs: the clients it asks for
+    /// ([`Runtime::clients`]; call it before binding, so a TLS file that cannot be read stops the
+    /// start with no port bound), the estate (its clock anchored now), the sealer for its cache
+    /// budget, and pdbmux's own metrics (as `build`) when `metrics_listen` is set. Then bind,
+    /// [`EstateHost::announce`], and start the estate's task ([`EstateHost::spawn_driver`]),
+    /// whose handle [`EstateHost::shut_down`] takes.
+    pub fn start(config: Config, runtime: R, build: Build) -> Result<Arc<Self>, StartError> {
         let clients = R::clients(&config)?;
         let anchor = ClockAnchor {
             instant: runtime.now(),
@@ -72,8 +70,7 @@ impl<R: Runtime> EstateHost<R> {
             (runtime, clients),
             metrics,
         );
-        let driver = host.spawn_driver();
-        Ok((host, driver))
+        Ok(host)
     }
 
     /// Logs the line that says pdbmux is serving: the address it listens on (as bound, else as

@@ -68,24 +68,25 @@ async fn serve(
     settings: Settings,
     reloader: Reloader,
 ) -> Result<(), ServeError> {
-    let config = settings.config;
     pdbmux_driver::prefer_runtime(true);
     let mut signals =
         Signals::new([Signal::Term, Signal::Int, Signal::Hup]).map_err(ServeError::Signals)?;
-    // The metrics listener first: once the query port accepts, so does it.
-    let metrics_listener = config.metrics_listen.as_deref().map(bind).transpose()?;
-    let listener = bind(&config.listen)?;
     let build = pdbmux_driver::Build {
         binary: "pdbmux-smol",
         version: pdbmux_cli::version(),
     };
     let runtime = Smol::new(Arc::clone(&executor));
-    let (host, driver) = Host::start(config, runtime, build)?;
+    let host = Host::start(settings.config, runtime, build)?;
+    let config = host.config();
+    // The metrics listener first: once the query port accepts, so does it.
+    let metrics_listener = config.metrics_listen.as_deref().map(bind).transpose()?;
+    let listener = bind(&config.listen)?;
     host.announce(
         listener.get_ref().local_addr(),
         metrics_listener.as_ref().map(|l| l.get_ref().local_addr()),
         &settings.config_source,
     );
+    let driver = host.spawn_driver();
     // Dropped (and so stopped) when serving ends.
     let _metrics_task = metrics_listener.map(|listener| {
         let served = crate::metrics::serve(listener, Arc::clone(&host), Arc::clone(&executor));

@@ -71,7 +71,9 @@ impl pdbmux_driver::Runtime for Tokio {
         match tokio::task::spawn_blocking(work).await {
             Ok(value) => value,
             // Carried on to the awaiting task, as if `work` had run there.
-            Err(error) => std::panic::resume_unwind(error.into_panic()),
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            // Cancelled: the runtime is shutting down, and the awaiting task goes with it.
+            Err(_) => std::future::pending().await,
         }
     }
 }

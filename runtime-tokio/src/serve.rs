@@ -52,24 +52,25 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     use tokio::signal::unix::{signal, SignalKind};
     // Installed first: without a handler, SIGHUP would end the process.
     let mut hangups = signal(SignalKind::hangup()).map_err(ServeError::Signals)?;
-    let config = settings.config;
     pdbmux_driver::prefer_runtime(false);
+    let build = pdbmux_driver::Build {
+        binary: "pdbmux",
+        version: pdbmux_cli::version(),
+    };
+    let host = Host::start(settings.config, Tokio, build)?;
+    let config = host.config();
     // The metrics listener first: once the query port accepts, so does it.
     let metrics_listener = match &config.metrics_listen {
         Some(addr) => Some(bind(addr).await?),
         None => None,
     };
     let listener = bind(&config.listen).await?;
-    let build = pdbmux_driver::Build {
-        binary: "pdbmux",
-        version: pdbmux_cli::version(),
-    };
-    let (host, driver) = Host::start(config, Tokio, build)?;
     host.announce(
         listener.local_addr(),
         metrics_listener.as_ref().map(TcpListener::local_addr),
         &settings.config_source,
     );
+    let driver = host.spawn_driver();
     let metrics_task = metrics_listener
         .map(|listener| tokio::spawn(crate::metrics::serve(listener, Arc::clone(&host))));
     let reload_host = Arc::clone(&host);
