@@ -23,7 +23,7 @@ use pdbmux_core::{
 };
 use pdbmux_sealed::Sealer;
 
-use crate::{Metrics, Timings, Transport, UpstreamResult};
+use crate::{Metrics, Timings, UpstreamResult};
 
 /// What a runtime gives the estate host.
 pub trait Runtime: Send + Sync + 'static {
@@ -757,9 +757,9 @@ impl<R: Runtime> EstateHost<R> {
     }
 }
 
-/// An exchange's transport: the host's runtime, with the clients of the generation the exchange
-/// was admitted in.
-struct Bound<'a, R: Runtime> {
+/// What an exchange's loop ([`crate::drive`]) runs on: the host's runtime, with the clients of
+/// the generation the exchange was admitted in.
+pub(crate) struct Bound<'a, R: Runtime> {
     host: &'a EstateHost<R>,
     generation: Generation<R>,
 }
@@ -771,27 +771,28 @@ impl<'a, R: Runtime> Bound<'a, R> {
 }
 
 /// Exchanges run on the host's runtime, and hand their rounds to the estate.
-impl<R: Runtime> Transport for Bound<'_, R> {
-    type Held = R::Held;
-
-    fn send(
-        &self,
-        request: UpstreamRequest,
-    ) -> impl Future<Output = UpstreamResult<R::Held>> + Send {
-        let clients = Arc::clone(&self.generation.clients);
-        let runtime = &self.host.runtime;
-        async move { runtime.send(&clients, request).await }
+impl<R: Runtime> Bound<'_, R> {
+    /// Sends one upstream request with this generation's clients ([`Runtime::send`]).
+    pub(crate) async fn send(&self, request: UpstreamRequest) -> UpstreamResult<R::Held> {
+        self.host
+            .runtime
+            .send(&self.generation.clients, request)
+            .await
     }
 
-    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {
+    /// Resolves at `deadline` ([`Runtime::sleep_until`]).
+    pub(crate) fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send + '_ {
         self.host.runtime.sleep_until(deadline)
     }
 
-    fn now(&self) -> Instant {
+    /// The runtime's clock ([`Runtime::now`]).
+    pub(crate) fn now(&self) -> Instant {
         self.host.runtime.now()
     }
 
-    fn report(&self, report: ExchangeReport) {
+    /// Hands what the exchange tells the estate once it answered (its `/healthz` round, the
+    /// corrections it learned) to the estate and the metrics.
+    pub(crate) fn report(&self, report: ExchangeReport) {
         if let Some(metrics) = &self.host.metrics {
             metrics.observe_exchange(&report, &self.generation.config);
         }

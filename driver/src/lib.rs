@@ -17,7 +17,6 @@
 #![forbid(unsafe_code)]
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::pin::pin;
 use std::time::Instant;
 
@@ -43,49 +42,25 @@ pub(crate) use timing::Timings;
 use futures_util::future::{self, AbortHandle, Abortable, Either};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use pdbmux_core::{
-    Exchange, ExchangeOutput, ExchangeReport, Response, ResponseBody, UpstreamFailure, UpstreamId,
-    UpstreamRequest, UpstreamResponse,
+    Exchange, ExchangeOutput, Response, ResponseBody, UpstreamFailure, UpstreamId, UpstreamResponse,
 };
 
 /// One upstream answer as a runtime's client gives it: the response, and its body still held
 /// (unread) when the core asked to stream it.
 pub type UpstreamResult<H> = Result<(UpstreamResponse, Option<H>), UpstreamFailure>;
 
-/// What an exchange's loop ([`drive`]) runs on: the host's runtime with one generation's clients.
-pub(crate) trait Transport {
-    /// An upstream body held open for streaming to the client.
-    type Held;
-
-    /// Sends one upstream request. The future is polled on the exchange's own task, beside the
-    /// others, and dropped (closing its connection) when the core cancels it or answers.
-    fn send(
-        &self,
-        request: UpstreamRequest,
-    ) -> impl Future<Output = UpstreamResult<Self::Held>> + Send;
-
-    /// Resolves at `deadline`.
-    fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send;
-
-    /// The time now, on the clock `sleep_until` keeps.
-    fn now(&self) -> Instant;
-
-    /// Receives what the exchange tells the estate once it answered (its `/healthz` round, the
-    /// corrections it learned).
-    fn report(&self, report: ExchangeReport);
-}
-
 /// Drives `exchange` to its response on the current task, with the held upstream body (and the
 /// instant it must be complete by) when the response streams one. Upstream requests run
 /// concurrently inside this future; dropping it (client gone, flight cancelled) drops them all and
 /// releases their connections. Each call's time and the core's own work go into `timings`.
-pub(crate) async fn drive<T: Transport>(
-    transport: &T,
+pub(crate) async fn drive<R: Runtime>(
+    bound: &host::Bound<'_, R>,
     mut exchange: Exchange,
     timings: &mut Timings,
-) -> (Response, Option<(T::Held, Instant)>) {
+) -> (Response, Option<(R::Held, Instant)>) {
     let mut in_flight = FuturesUnordered::new();
     let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
-    let mut held: BTreeMap<UpstreamId, (T::Held, Instant)> = BTreeMap::new();
+    let mut held: BTreeMap<UpstreamId, (R::Held, Instant)> = BTreeMap::new();
     let mut deadlines: BTreeMap<UpstreamId, Instant> = BTreeMap::new();
     // Calls in flight: their backend and when they were sent (an abandoned one is timed too).
     let mut sent: BTreeMap<UpstreamId, (pdbmux_core::BackendId, Instant)> = BTreeMap::new();
@@ -94,11 +69,11 @@ pub(crate) async fn drive<T: Transport>(
             match output {
                 ExchangeOutput::Send(request) => {
                     let (handle, registration) = AbortHandle::new_pair();
-                    let (id, backend, sent_at) = (request.id, request.backend, transport.now());
+                    let (id, backend, sent_at) = (request.id, request.backend, bound.now());
                     aborts.insert(id, handle);
                     deadlines.insert(id, request.deadline);
                     sent.insert(id, (backend, sent_at));
-                    let sent = transport.send(request);
+                    let sent = bound.send(request);
                     in_flight.push(Abortable::new(
                         async move { (id, backend, sent_at, sent.await) },
                         registration,
@@ -111,7 +86,7 @@ pub(crate) async fn drive<T: Transport>(
                     held.remove(&id);
                     // Timed out or no longer wanted: it took this long until it was given up.
                     if let Some((backend, sent_at)) = sent.remove(&id) {
-                        let took = transport.now().saturating_duration_since(sent_at);
+                        let took = bound.now().saturating_duration_since(sent_at);
                         timings.upstream(backend, took);
                     }
                 }
@@ -120,7 +95,7 @@ pub(crate) async fn drive<T: Transport>(
                         ResponseBody::Upstream(id) => held.remove(id),
                         ResponseBody::Full(_) => None,
                     };
-                    transport.report(exchange.report());
+                    bound.report(exchange.report());
                     return (response, stream);
                 }
             }
@@ -135,7 +110,7 @@ pub(crate) async fn drive<T: Transport>(
         });
         let timer = pin!(async {
             match deadline {
-                Some(deadline) => transport.sleep_until(deadline).await,
+                Some(deadline) => bound.sleep_until(deadline).await,
                 None => future::pending().await,
             }
         });
@@ -143,7 +118,7 @@ pub(crate) async fn drive<T: Transport>(
             Either::Left((Ok((id, backend, sent_at, result)), _)) => {
                 aborts.remove(&id);
                 sent.remove(&id);
-                let now = transport.now();
+                let now = bound.now();
                 timings.upstream(backend, now.saturating_duration_since(sent_at));
                 // The core's own work is timed on the system clock, whatever clock the
                 // transport keeps.
@@ -164,7 +139,7 @@ pub(crate) async fn drive<T: Transport>(
             Either::Left((Err(_), _)) => {}
             Either::Right(((), _)) => {
                 let work = Instant::now();
-                exchange.handle_timeout(transport.now());
+                exchange.handle_timeout(bound.now());
                 timings.core(work.elapsed());
             }
         }
