@@ -22,16 +22,16 @@ const USER_AGENT_VALUE: &str = concat!("pdbmux/", env!("CARGO_PKG_VERSION"));
 /// The headers every upstream request carries besides `Host` and `Content-Length` (which the
 /// HTTP library, or [`request_bytes`], sets): JSON asked for, pdbmux named, and a JSON body's
 /// type when the request has one (a query sent as a POST).
-pub fn request_headers(request: &UpstreamRequest) -> Vec<(HeaderName, HeaderValue)> {
-    let json = HeaderValue::from_static("application/json");
-    let mut headers = vec![
-        (ACCEPT, json.clone()),
+pub fn request_headers(
+    request: &UpstreamRequest,
+) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
+    let json = || HeaderValue::from_static("application/json");
+    let always = [
+        (ACCEPT, json()),
         (USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE)),
     ];
-    if request.body.is_some() {
-        headers.push((CONTENT_TYPE, json));
-    }
-    headers
+    let body = request.body.is_some().then(|| (CONTENT_TYPE, json()));
+    always.into_iter().chain(body)
 }
 
 /// The request as pdbmux-smol writes it on the connection: the core's path and query go out
