@@ -7,6 +7,9 @@ use std::time::Duration;
 /// contract (or the harness being misused by a test).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HarnessError {
+    /// The host did not start on the simulated runtime (`EstateHost::start`).
+    #[error("the host did not start: {0}")]
+    Start(String),
     /// A fake backend's URL is not `http(s)://host[:port]`.
     #[error("bad backend url {0:?}")]
     BadUrl(String),

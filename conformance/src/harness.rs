@@ -6,9 +6,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use pdbmux_core::config::Config;
-use pdbmux_core::{ClientRequest, ClockAnchor, Estate, ResponseBody};
+use pdbmux_core::{ClientRequest, ResponseBody};
 use pdbmux_driver::{ClientAnswer, EstateHost, Task};
-use pdbmux_sealed::Sealer;
 
 use crate::error::HarnessError;
 use crate::record::{ClientId, ClientResponse, Machine, SentRequest};
@@ -76,13 +75,13 @@ impl Harness {
         // The one reading of the real clock; everything after is simulated.
         let start = Instant::now();
         let sim = Sim::new(backends, start);
-        let anchor = ClockAnchor {
-            instant: start,
-            wall: std::time::UNIX_EPOCH,
+        let build = pdbmux_driver::Build {
+            binary: "pdbmux-conformance",
+            version: env!("CARGO_PKG_VERSION"),
         };
-        let sealer = Sealer::new(config.facts_cache_bytes);
-        let estate = Estate::new(config, anchor);
-        let host = EstateHost::new(estate, sealer, (sim.clone(), ()), None);
+        // Started as a binary starts it (its clients, sealer, metrics, the estate's task).
+        let host = EstateHost::start(config, sim.clone(), build)
+            .map_err(|error| HarnessError::Start(error.to_string()))?;
         host.spawn_driver().detach();
         let store = sim.world().store.clone();
         let mut harness = Harness {

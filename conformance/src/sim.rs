@@ -650,6 +650,11 @@ impl pdbmux_driver::Runtime for Sim {
         self.world().now
     }
 
+    /// The Unix epoch at the start, moving with the simulated clock: no real wall clock.
+    fn wall_clock(&self) -> std::time::SystemTime {
+        std::time::UNIX_EPOCH + self.world().elapsed()
+    }
+
     fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) -> SimTask {
         self.spawn_for(self.current().1, false, future)
     }

@@ -66,6 +66,12 @@ pub trait Runtime: Send + Sync + 'static {
         Instant::now()
     }
 
+    /// The wall-clock time now, read once at start to anchor the estate's timestamps to
+    /// [`Runtime::now`]. The system's clock unless a runtime simulates time.
+    fn wall_clock(&self) -> std::time::SystemTime {
+        std::time::SystemTime::now()
+    }
+
     /// Runs `future` on its own task; a panic in it ends that task only.
     fn spawn(&self, future: impl Future<Output = ()> + Send + 'static) -> Self::Task;
 

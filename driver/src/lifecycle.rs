@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::pin::pin;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use futures_util::future::{self, Either};
 use pdbmux_core::config::Config;
@@ -60,7 +60,7 @@ impl<R: Runtime> EstateHost<R> {
         let clients = R::clients(&config)?;
         let anchor = ClockAnchor {
             instant: runtime.now(),
-            wall: SystemTime::now(),
+            wall: runtime.wall_clock(),
         };
         let sealer = Sealer::new(config.facts_cache_bytes);
         let metrics = config.metrics_listen.is_some().then(|| Metrics::new(build));
