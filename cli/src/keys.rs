@@ -122,6 +122,20 @@ pub(crate) const KEYS: &[Key] = &[
         "for cache_backend redis: redis://[user:password@]host:6379[/db] or rediss://",
     ),
     key(
+        "cache_redis_password_file",
+        "PDBMUX_CACHE_REDIS_PASSWORD_FILE",
+        None,
+        None,
+        "for cache_backend redis: a file holding the store's password (instead of one in the URL)",
+    ),
+    key(
+        "cache_secret_file",
+        "PDBMUX_CACHE_SECRET_FILE",
+        None,
+        None,
+        "for cache_backend redis (required): a file holding the key, at least 16 bytes, every replica signs entries with",
+    ),
+    key(
         "cache_key_prefix",
         "PDBMUX_CACHE_KEY_PREFIX",
         None,

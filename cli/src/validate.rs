@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use figment::value::{Num, Value};
 use pdbmux_core::config::{
-    BackendConfig, BackendUrl, CacheBackend, Config, MergeStrategy, TlsFiles, FACTS_TTL_CAP,
+    BackendConfig, BackendUrl, CacheBackend, Config, MergeStrategy, Secret, TlsFiles, FACTS_TTL_CAP,
 };
 
 use crate::duration;
@@ -19,6 +19,30 @@ use crate::{LogFormat, Settings};
 /// The longest duration any key takes: longer is surely a mistake, and a deadline that far off
 /// would overflow the clock (`Instant + Duration`) where it is computed.
 const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 60 * 60);
+
+/// The floors of durations and sizes (docs/operating.md, "Floors"): each is the least value at
+/// which the key still does its job; below it, a value is a mistake that would hurt the estate.
+/// An upstream request (and so a probe) cannot be answered by a PuppetDB in less than this.
+const MIN_TIMEOUT: Duration = Duration::from_millis(100);
+/// A probe more often than this only loads the backend.
+const MIN_PROBE_INTERVAL: Duration = Duration::from_millis(100);
+/// See [`MIN_TIMEOUT`].
+const MIN_PROBE_TIMEOUT: Duration = Duration::from_millis(100);
+/// A membership refresh asks every backend for every node: more often than this is a loop.
+const MIN_FRESHNESS_TTL: Duration = Duration::from_secs(1);
+/// A client on a slow link takes this long for a head or a write.
+const MIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// A cache TTL other than 0 (off): ages are whole seconds.
+const MIN_FACTS_TTL: Duration = Duration::from_secs(1);
+/// PuppetDB's status answer (the health probe's) is about this long: a smaller body limit fails
+/// every probe.
+const MIN_BODY_BYTES: u64 = 1024;
+/// A cache budget or entry limit smaller than this holds nothing worth keeping.
+const MIN_CACHE_BYTES: u64 = 1024;
+/// See [`MIN_CACHE_BYTES`].
+const MIN_ENTRY_BYTES: u64 = 1024;
+/// The shortest shared-store secret: 128 bits.
+const MIN_SECRET_BYTES: usize = 16;
 
 /// One problem with one key's value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -60,6 +84,26 @@ pub enum ConfigProblem {
         max: u64,
         /// The value given.
         got: i128,
+    },
+    /// A duration under the smallest value its key takes.
+    #[error("{key}: \"{value}\" is below the floor of {floor}")]
+    BelowFloor {
+        /// The key.
+        key: String,
+        /// The value as given.
+        value: String,
+        /// The floor, as a duration.
+        floor: String,
+    },
+    /// A file a key names cannot be read, or does not hold what it must.
+    #[error("{key}: {path}: {reason}")]
+    File {
+        /// The key.
+        key: &'static str,
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
     },
     /// A boolean that is not one.
     #[error("{key}: \"{value}\" is not true or false")]
@@ -333,16 +377,20 @@ impl<'a> Checker<'a> {
         }
     }
 
-    /// A duration that must be more than zero: a zero timeout fails every request, a zero
-    /// interval probes (or refreshes) in a tight loop.
-    fn positive_duration(&mut self, key: &'static str) -> Option<(Duration, String)> {
+    /// A duration of at least `floor` (docs/operating.md, "Floors"): below it a timeout fails
+    /// requests that would succeed, an interval probes or refreshes in a tight loop.
+    fn duration_at_least(
+        &mut self,
+        key: &'static str,
+        floor: Duration,
+    ) -> Option<(Duration, String)> {
         let (duration, text) = self.duration(key)?;
-        if duration.is_zero() {
+        if duration < floor {
             self.shown.remove(key);
-            self.problems.push(ConfigProblem::Invalid {
+            self.problems.push(ConfigProblem::BelowFloor {
                 key: key.to_owned(),
-                value: text,
-                reason: "must be more than 0s",
+                value: text.trim().to_owned(),
+                floor: duration::format(floor),
             });
             return None;
         }
@@ -439,6 +487,33 @@ impl<'a> Checker<'a> {
                     expected,
                 });
                 None
+            }
+        }
+    }
+
+    /// The contents of the file an optional path key names, trailing whitespace (a final
+    /// newline) removed; `Ok(None)` when unset. `config show` shows the path and the length, never
+    /// the contents.
+    fn secret_file(&mut self, key: &'static str) -> Result<Option<Secret>, ()> {
+        let Some(path) = self.optional_path(key)? else {
+            return Ok(None);
+        };
+        match std::fs::read(&path) {
+            Ok(mut bytes) => {
+                while bytes.last().is_some_and(u8::is_ascii_whitespace) {
+                    bytes.pop();
+                }
+                let shown = format!("{} ({} bytes)", path.display(), bytes.len());
+                self.show(key, shown);
+                Ok(Some(Secret::new(bytes)))
+            }
+            Err(error) => {
+                self.problems.push(ConfigProblem::File {
+                    key,
+                    path: path.display().to_string(),
+                    reason: error.to_string(),
+                });
+                Err(())
             }
         }
     }
@@ -653,7 +728,13 @@ fn check_cache_backend(
         .setting("cache_redis_url")
         .and_then(|setting| c.scalar_of("cache_redis_url", &setting.value));
     match (kind, url) {
-        (Kind::Memory, _) => Some(CacheBackend::Memory),
+        (Kind::Memory, _) => {
+            // Shown as given; they are read only for a shared store.
+            for key in ["cache_secret_file", "cache_redis_password_file"] {
+                c.optional_path(key).ok()?;
+            }
+            Some(CacheBackend::Memory)
+        }
         (Kind::Redis, None) => {
             c.problems.push(ConfigProblem::Invalid {
                 key: "cache_redis_url".to_owned(),
@@ -679,7 +760,35 @@ fn check_cache_backend(
                 cert_file: global_tls[1].0.clone(),
                 key_file: global_tls[2].0.clone(),
             };
-            Some(CacheBackend::Redis { url, tls })
+            let secret = match c.secret_file("cache_secret_file") {
+                Ok(Some(secret)) if secret.expose().len() >= MIN_SECRET_BYTES => Some(secret),
+                Ok(Some(_)) => {
+                    c.problems.push(ConfigProblem::Invalid {
+                        key: "cache_secret_file".to_owned(),
+                        value: c.shown.get("cache_secret_file").cloned().unwrap_or_default(),
+                        reason: "holds fewer than 16 bytes: write at least 32 random bytes, e.g. `openssl rand -hex 32`",
+                    });
+                    None
+                }
+                Ok(None) => {
+                    c.problems.push(ConfigProblem::Invalid {
+                        key: "cache_secret_file".to_owned(),
+                        value: String::new(),
+                        reason: "is required with cache_backend: redis (the key replicas sign \
+                                 shared entries with, so a writer of the store cannot change \
+                                 answers; docs/caching.md)",
+                    });
+                    None
+                }
+                Err(()) => None,
+            };
+            let password = c.secret_file("cache_redis_password_file").ok()?;
+            Some(CacheBackend::Redis {
+                url,
+                tls,
+                secret: secret?,
+                password,
+            })
         }
     }
 }
@@ -710,15 +819,18 @@ fn parse_listen(text: &str) -> Option<String> {
 }
 
 /// `text` with any user info of a URL in it (`user:secret@`) replaced by `***@`, for messages:
-/// a password must not reach a log.
+/// a password must not reach a log. It works on the text, before anything parses it, so no
+/// character in a password (`/`, `?`, `#`, `@`, `:`) and no malformed scheme (`http:/u:pw@h`,
+/// none at all) lets it through: everything from the first `:` and the slashes after it to the
+/// last `@` is hidden, which may hide more than the user
+/// info (an `@` in a path) but never less.
 pub fn redact_userinfo(text: &str) -> String {
-    let Some(start) = text.find("://").map(|i| i + 3) else {
-        return text.to_owned();
-    };
-    let authority_end = text[start..]
-        .find(['/', '?', '#'])
-        .map_or(text.len(), |i| start + i);
-    match text[start..authority_end].rfind('@') {
+    // The first `:` ends a scheme (`http:`, `pdb-a=http:`) or, with none, a user name: a `://`
+    // inside a password comes later and cannot move the start into it.
+    let start = text.find(':').map_or(0, |colon| {
+        colon + 1 + text[colon + 1..].bytes().take_while(|b| *b == b'/').count()
+    });
+    match text[start..].rfind('@') {
         Some(at) => format!("{}***{}", &text[..start], &text[start + at..]),
         None => text.to_owned(),
     }
@@ -899,11 +1011,23 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         ],
         "freshness or static",
     );
-    let timeout = c.positive_duration("timeout");
-    let freshness_ttl = c.positive_duration("freshness_ttl");
+    let timeout = c.duration_at_least("timeout", MIN_TIMEOUT);
+    let freshness_ttl = c.duration_at_least("freshness_ttl", MIN_FRESHNESS_TTL);
     let mut clamped_from = None;
-    let facts_ttl = c.duration("facts_ttl").map(|(ttl, raw)| {
-        if ttl > FACTS_TTL_CAP {
+    let facts_ttl = c.duration("facts_ttl").and_then(|(ttl, raw)| {
+        if !ttl.is_zero() && ttl < MIN_FACTS_TTL {
+            c.shown.remove("facts_ttl");
+            c.problems.push(ConfigProblem::BelowFloor {
+                key: "facts_ttl".to_owned(),
+                value: raw.trim().to_owned(),
+                floor: format!(
+                    "{} (or 0 to turn the cache off)",
+                    duration::format(MIN_FACTS_TTL)
+                ),
+            });
+            return None;
+        }
+        Some(if ttl > FACTS_TTL_CAP {
             let cap = duration::format(FACTS_TTL_CAP);
             c.show(
                 "facts_ttl",
@@ -913,10 +1037,10 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
             FACTS_TTL_CAP
         } else {
             ttl
-        }
+        })
     });
     // A zero budget stores nothing: `facts_ttl: 0` is how the cache is turned off.
-    let facts_cache_bytes = c.integer("facts_cache_bytes", 1, u64::MAX);
+    let facts_cache_bytes = c.integer("facts_cache_bytes", MIN_CACHE_BYTES, u64::MAX);
     let source_fact = c.text("source_fact");
     let source_fact_enabled = c.flag("source_fact_enabled");
     let health_probe_enabled = c.flag("health_probe_enabled");
@@ -932,18 +1056,18 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         }
         ok
     });
-    let health_probe_interval = c.positive_duration("health_probe_interval");
-    let health_probe_timeout = c.positive_duration("health_probe_timeout");
+    let health_probe_interval = c.duration_at_least("health_probe_interval", MIN_PROBE_INTERVAL);
+    let health_probe_timeout = c.duration_at_least("health_probe_timeout", MIN_PROBE_TIMEOUT);
     let max_count = u64::from(u32::MAX);
     let health_probe_failures = c.integer("health_probe_failures", 1, max_count);
     let health_probe_successes = c.integer("health_probe_successes", 1, max_count);
-    let max_body_bytes = c.integer("max_body_bytes", 1, u64::MAX);
-    let client_header_timeout = c.positive_duration("client_header_timeout");
-    let client_send_timeout = c.positive_duration("client_send_timeout");
+    let max_body_bytes = c.integer("max_body_bytes", MIN_BODY_BYTES, u64::MAX);
+    let client_header_timeout = c.duration_at_least("client_header_timeout", MIN_CLIENT_TIMEOUT);
+    let client_send_timeout = c.duration_at_least("client_send_timeout", MIN_CLIENT_TIMEOUT);
     let cache_backend = check_cache_backend(&mut c, &global_tls);
     let cache_key_prefix = c.text("cache_key_prefix");
     let cache_stale_ttl = c.duration("cache_stale_ttl");
-    let cache_max_entry_bytes = c.integer("cache_max_entry_bytes", 1, u64::MAX);
+    let cache_max_entry_bytes = c.integer("cache_max_entry_bytes", MIN_ENTRY_BYTES, u64::MAX);
     let log_format = c.choice(
         "log_format",
         &[("text", LogFormat::Text), ("json", LogFormat::Json)],

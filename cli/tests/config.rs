@@ -107,7 +107,7 @@ fn precedence_default_file_env_flag() {
         let file = write(
             jail,
             "cfg.yaml",
-            "listen: 127.0.0.1:9000\nmerge: static\ntimeout: 20s\nfacts_cache_bytes: 1000\n\
+            "listen: 127.0.0.1:9000\nmerge: static\ntimeout: 20s\nfacts_cache_bytes: 4000\n\
              health_probe_enabled: false\nsource_fact: from_file\nlog_format: json\n\
              backends:\n  - name: file-a\n    url: http://file-a.example.com\n",
         );
@@ -119,7 +119,7 @@ fn precedence_default_file_env_flag() {
         assert_eq!(s.config.listen, "127.0.0.1:9000");
         assert_eq!(s.config.merge, MergeStrategy::Static);
         assert_eq!(s.config.timeout, Duration::from_secs(20));
-        assert_eq!(s.config.facts_cache_bytes, 1000);
+        assert_eq!(s.config.facts_cache_bytes, 4000);
         assert!(!s.config.health_probe_enabled);
         assert_eq!(s.config.source_fact, "from_file");
         assert_eq!(s.log_format, LogFormat::Json);
@@ -435,31 +435,62 @@ fn validation_messages() {
             "xml",
             "log_format: unknown value \"xml\" (expected text or json)",
         ),
-        // Zero would fail every request, or probe and refresh in a tight loop.
+        // Below a floor a timeout fails every request, an interval probes or refreshes in a
+        // tight loop (docs/operating.md, "Floors").
         (
             "PDBMUX_TIMEOUT",
             "0s",
-            "timeout: \"0s\" must be more than 0s",
+            "timeout: \"0s\" is below the floor of 100ms",
+        ),
+        (
+            "PDBMUX_TIMEOUT",
+            "99ms",
+            "timeout: \"99ms\" is below the floor of 100ms",
         ),
         (
             "PDBMUX_FRESHNESS_TTL",
             "0",
-            "freshness_ttl: \"0\" must be more than 0s",
+            "freshness_ttl: \"0\" is below the floor of 1s",
+        ),
+        (
+            "PDBMUX_FRESHNESS_TTL",
+            "999ms",
+            "freshness_ttl: \"999ms\" is below the floor of 1s",
         ),
         (
             "PDBMUX_HEALTH_PROBE_INTERVAL",
-            "0s",
-            "health_probe_interval: \"0s\" must be more than 0s",
+            "1ns",
+            "health_probe_interval: \"1ns\" is below the floor of 100ms",
+        ),
+        (
+            "PDBMUX_HEALTH_PROBE_INTERVAL",
+            "1ms",
+            "health_probe_interval: \"1ms\" is below the floor of 100ms",
         ),
         (
             "PDBMUX_HEALTH_PROBE_TIMEOUT",
             "0ms",
-            "health_probe_timeout: \"0ms\" must be more than 0s",
+            "health_probe_timeout: \"0ms\" is below the floor of 100ms",
+        ),
+        (
+            "PDBMUX_FACTS_TTL",
+            "500ms",
+            "facts_ttl: \"500ms\" is below the floor of 1s (or 0 to turn the cache off)",
         ),
         (
             "PDBMUX_FACTS_CACHE_BYTES",
             "0",
-            "facts_cache_bytes: must be at least 1, got 0",
+            "facts_cache_bytes: must be at least 1024, got 0",
+        ),
+        (
+            "PDBMUX_MAX_BODY_BYTES",
+            "100",
+            "max_body_bytes: must be at least 1024, got 100",
+        ),
+        (
+            "PDBMUX_CACHE_MAX_ENTRY_BYTES",
+            "1",
+            "cache_max_entry_bytes: must be at least 1024, got 1",
         ),
         // Beyond a year is a mistake, and would overflow a deadline.
         (
@@ -476,12 +507,12 @@ fn validation_messages() {
         (
             "PDBMUX_CLIENT_HEADER_TIMEOUT",
             "0s",
-            "client_header_timeout: \"0s\" must be more than 0s",
+            "client_header_timeout: \"0s\" is below the floor of 1s",
         ),
         (
             "PDBMUX_CLIENT_SEND_TIMEOUT",
-            "0s",
-            "client_send_timeout: \"0s\" must be more than 0s",
+            "500ms",
+            "client_send_timeout: \"500ms\" is below the floor of 1s",
         ),
     ];
     for (var, value, want) in cases {
@@ -601,10 +632,10 @@ fn facts_ttl_clamp_and_zero() {
         );
         jail.set_env("PDBMUX_FACTS_TTL", "0");
         assert_eq!(settings(jail, &[])?.config.facts_ttl, Duration::ZERO);
-        jail.set_env("PDBMUX_FACTS_TTL", "500ms");
+        jail.set_env("PDBMUX_FACTS_TTL", "1500ms");
         assert_eq!(
             settings(jail, &[])?.config.facts_ttl,
-            Duration::from_millis(500)
+            Duration::from_millis(1500)
         );
         // A YAML integer 0 works too.
         jail.set_env("PDBMUX_FACTS_TTL", "");
@@ -821,7 +852,8 @@ fn backend_url_parsing() {
     assert!(parse_backend_url("http://pdb.example.com#frag").is_err());
     assert_eq!(
         pdbmux_cli::validate::redact_userinfo("https://user:secret@pdb.example.com:8081/x@y"),
-        "https://***@pdb.example.com:8081/x@y"
+        "https://***@y",
+        "an @ after the host hides more than the user info, never less"
     );
     assert_eq!(
         pdbmux_cli::validate::redact_userinfo("pdb-a=http://pdb.example.com"),
@@ -905,11 +937,42 @@ fn cache_backend_redis_needs_a_redis_url_and_uses_the_global_tls_files() {
         );
         jail.set_env("PDBMUX_TLS_CA_FILE", "/etc/pdbmux/ca.pem");
         jail.set_env("PDBMUX_CACHE_STALE_TTL", "2m");
+        // A shared store needs the key entries are signed with (docs/caching.md).
+        let needed = problems(jail, &[]);
+        assert_eq!(needed.len(), 1, "{needed:?}");
+        assert!(
+            needed[0].starts_with("cache_secret_file: \"\" is required with cache_backend: redis"),
+            "{needed:?}"
+        );
+        jail.set_env("PDBMUX_CACHE_SECRET_FILE", "missing.key");
+        let missing = problems(jail, &[]);
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert!(
+            missing[0].starts_with("cache_secret_file: missing.key: "),
+            "{missing:?}"
+        );
+        write(jail, "short.key", "0123456789\n");
+        jail.set_env("PDBMUX_CACHE_SECRET_FILE", "short.key");
+        let short = problems(jail, &[]);
+        assert!(short[0].contains("holds fewer than 16 bytes"), "{short:?}");
+        let secret = "5f0c9d0e8a7b6c5d4e3f2a1b0c9d8e7f\n";
+        write(jail, "cache.key", secret);
+        write(jail, "redis.password", "from-the-file\n");
+        jail.set_env("PDBMUX_CACHE_SECRET_FILE", "cache.key");
+        jail.set_env("PDBMUX_CACHE_REDIS_PASSWORD_FILE", "redis.password");
         let redis = settings(jail, &[]).expect("valid");
         match redis.config.cache_backend {
-            pdbmux_core::config::CacheBackend::Redis { url, tls } => {
+            pdbmux_core::config::CacheBackend::Redis {
+                url,
+                tls,
+                secret,
+                password,
+            } => {
                 assert_eq!(url, "rediss://:secret@127.0.0.1:6380/2");
                 assert_eq!(tls.ca_file, Some(PathBuf::from("/etc/pdbmux/ca.pem")));
+                assert_eq!(secret.expose(), b"5f0c9d0e8a7b6c5d4e3f2a1b0c9d8e7f");
+                assert_eq!(password.expect("read").expose(), b"from-the-file");
+                assert_eq!(format!("{secret:?}"), "Secret(32 bytes)");
             }
             other => panic!("{other:?}"),
         }
@@ -923,6 +986,20 @@ fn cache_backend_redis_needs_a_redis_url_and_uses_the_global_tls_files() {
             .expect("shown");
         assert!(line.contains("rediss://***@127.0.0.1:6380/2"), "{line}");
         assert!(!line.contains("secret"), "{line}");
+        let key_line = shown
+            .lines
+            .iter()
+            .find(|l| l.starts_with("cache_secret_file"))
+            .expect("shown");
+        assert!(key_line.contains("cache.key (32 bytes)"), "{key_line}");
+        assert!(
+            shown
+                .lines
+                .iter()
+                .all(|l| !l.contains("5f0c9d0e") && !l.contains("from-the-file")),
+            "{:?}",
+            shown.lines
+        );
         Ok(())
     });
 }

@@ -1,4 +1,4 @@
-//! A scripted shared cache store for the harness: the Redis semantics pdbmux relies on (`GET`,
+//! A scripted shared cache store for the harness: the Redis semantics pdbmux relies on (`GETRANGE`,
 //! `SET PX`, `SET NX PX` locks, delete-if-token) on the harness's simulated clock, shared between
 //! harnesses (replicas) through a handle, with a switch that makes every request fail.
 
@@ -73,9 +73,15 @@ impl FakeStore {
             return StoreAnswer::Failed("scripted failure".to_owned());
         }
         let (answer, word) = match op {
-            StoreOp::Get { key } => match state.keys.get(key) {
-                Some(held) => (StoreAnswer::Value(Some(held.value.clone())), "hit"),
-                None => (StoreAnswer::Value(None), "none"),
+            // `GETRANGE key 0 limit`: at most `limit + 1` bytes, and an empty value for a key
+            // that holds nothing, as Redis answers.
+            StoreOp::Get { key, limit } => match state.keys.get(key) {
+                Some(held) => {
+                    let end = usize::try_from(limit.saturating_add(1))
+                        .map_or(held.value.len(), |end| end.min(held.value.len()));
+                    (StoreAnswer::Value(Some(held.value.slice(..end))), "hit")
+                }
+                None => (StoreAnswer::Value(Some(Bytes::new())), "none"),
             },
             StoreOp::Put { key, value, keep } => {
                 let held = Held {
@@ -130,7 +136,7 @@ pub(crate) fn answer_text(answer: &StoreAnswer) -> String {
 /// One line for a store request, in transcripts and [`FakeStore::ops`].
 pub(crate) fn describe(op: &StoreOp) -> String {
     match op {
-        StoreOp::Get { key } => format!("get {key}"),
+        StoreOp::Get { key, .. } => format!("get {key}"),
         StoreOp::Put { key, .. } => format!("put {key}"),
         StoreOp::Lock { key, .. } => format!("lock {key}"),
         StoreOp::Unlock { key, .. } => format!("unlock {key}"),

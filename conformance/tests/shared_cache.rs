@@ -10,11 +10,52 @@ use std::time::Duration;
 
 use common::{STEPS, URL_A, URL_B};
 use pdbmux_conformance::{ms, FakeBackend, FakeStore, Harness, Reply};
-use pdbmux_core::config::{CacheBackend, TlsFiles};
+use pdbmux_core::cache::shared::{encode, Refusal};
+use pdbmux_core::config::{CacheBackend, Secret, TlsFiles};
 
 const NAMES: &str = "/pdb/query/v4/fact-names";
 const ENTRY: &str = "pdbmux:entry:/pdb/query/v4/fact-names";
 const LOCK: &str = "pdbmux:lock:/pdb/query/v4/fact-names";
+
+/// The key every replica of these tests signs entries with.
+fn secret() -> Secret {
+    Secret::new(b"conformance-secret-0123456789abcdef".to_vec())
+}
+
+fn shared_store() -> CacheBackend {
+    CacheBackend::Redis {
+        url: "redis://127.0.0.1:6379".to_owned(),
+        tls: TlsFiles::default(),
+        secret: secret(),
+        password: None,
+    }
+}
+
+/// A well-formed entry for `NAMES` holding `body`, dated `stored_at_ms` and signed with `key`.
+fn entry(key: &Secret, stored_at_ms: u64, body: &'static str) -> bytes::Bytes {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(pdbmux_core::JSON_CONTENT_TYPE),
+    );
+    headers.insert("x-backends", http::HeaderValue::from_static("2/2"));
+    let body = bytes::Bytes::from_static(body.as_bytes());
+    encode(
+        key,
+        ENTRY,
+        stored_at_ms,
+        http::StatusCode::OK,
+        &headers,
+        &body,
+    )
+    .expect("a JSON 200")
+}
+
+/// Entries refused so far by the replica, for `reason`.
+fn refused(h: &Harness, reason: Refusal) -> u64 {
+    let cache = h.stats().cache.expect("cache on");
+    cache.shared_refused.expect("shared store")[reason.index()]
+}
 
 fn names(body: &str, latency: u64) -> Reply {
     Reply::ok(body.to_owned()).after(ms(latency))
@@ -28,10 +69,7 @@ fn replica(store: &FakeStore, a: Reply, b: Reply) -> Harness {
     ];
     let mut harness = Harness::with_config(backends, |config| {
         config.facts_ttl = Duration::from_secs(30);
-        config.cache_backend = CacheBackend::Redis {
-            url: "redis://127.0.0.1:6379".to_owned(),
-            tls: TlsFiles::default(),
-        };
+        config.cache_backend = shared_store();
     })
     .expect("valid test backends");
     harness.set_store(store.clone());
@@ -216,7 +254,8 @@ fn a_value_that_is_not_pdbmuxs_is_ignored_and_replaced() {
     let stored = store
         .get(Duration::from_millis(100), ENTRY)
         .expect("replaced");
-    assert!(stored.starts_with(b"pdbmux-cache-v1 "));
+    assert!(stored.starts_with(b"pdbmux-cache-v2 "));
+    assert_eq!(refused(&h, Refusal::Malformed), 1);
 }
 
 #[test]
@@ -249,10 +288,7 @@ fn an_answer_over_cache_max_entry_bytes_is_kept_in_memory_only() {
     let mut h = Harness::with_config(backends, |config| {
         config.facts_ttl = Duration::from_secs(30);
         config.cache_max_entry_bytes = 10;
-        config.cache_backend = CacheBackend::Redis {
-            url: "redis://127.0.0.1:6379".to_owned(),
-            tls: TlsFiles::default(),
-        };
+        config.cache_backend = shared_store();
     })
     .expect("valid test backends");
     h.set_store(store.clone());
@@ -278,4 +314,111 @@ fn an_answer_over_cache_max_entry_bytes_is_kept_in_memory_only() {
         Some("hit"),
         "the memory layer still keeps it"
     );
+}
+
+/// Whatever a writer of the store puts there without the deployment's secret, or dates wrongly,
+/// is a miss: the replica fans out, answers from the backends, counts the refusal and replaces
+/// the entry with its own (docs/reliability.md, "The shared store is untrusted").
+#[test]
+fn a_poisoned_entry_is_never_served() {
+    let forger = Secret::new(b"not the deployment's secret at all".to_vec());
+    let invented = r#"["invented","nodes"]"#;
+    for (name, value, reason) in [
+        (
+            "signed with another key",
+            entry(&forger, 0, invented),
+            Refusal::Forged,
+        ),
+        (
+            "dated a minute ahead",
+            entry(&secret(), 60_000, invented),
+            Refusal::FromTheFuture,
+        ),
+        (
+            "html under a valid tag",
+            entry(&secret(), 0, "<script>alert(1)</script>"),
+            Refusal::NotJson,
+        ),
+        (
+            "larger than cache_max_entry_bytes",
+            bytes::Bytes::from(vec![b'['; 9 * 1024 * 1024]),
+            Refusal::Oversized,
+        ),
+    ] {
+        let store = FakeStore::default();
+        store.put(Duration::ZERO, ENTRY, value, Duration::from_secs(60));
+        let mut h = healthy(&store);
+        let client = h.get(NAMES);
+        run_to(&mut h, Duration::from_millis(100));
+        let answer = h.response(client).expect("answered");
+        assert_eq!(answer.header("x-cache"), Some("miss"), "{name}");
+        assert_eq!(
+            answer.body_str(),
+            r#"["kernel","os","pdbmux_source"]"#,
+            "{name}"
+        );
+        assert_eq!(refused(&h, reason), 1, "{name}");
+        assert_eq!(asked(&h), 2, "{name}: both backends asked");
+        let stored = store
+            .get(Duration::from_millis(100), ENTRY)
+            .expect("replaced");
+        assert!(stored.starts_with(b"pdbmux-cache-v2 "), "{name}");
+    }
+}
+
+/// A replayed entry of this deployment's own, older than its TTL and the stale window, is
+/// refused too: its date is under the tag, so it cannot be made to look new.
+#[test]
+fn an_entry_past_its_ttl_and_stale_window_is_refused() {
+    let store = FakeStore::default();
+    let mut h = healthy(&store);
+    // Ten minutes in, an entry written at the start (TTL 30 s, stale window 5 min).
+    run_to(&mut h, Duration::from_secs(600));
+    store.put(
+        Duration::from_secs(600),
+        ENTRY,
+        entry(&secret(), 0, r#"["old"]"#),
+        Duration::from_secs(60),
+    );
+    let client = h.get(NAMES);
+    run_to(&mut h, Duration::from_millis(600_100));
+    let answer = h.response(client).expect("answered");
+    assert_eq!(answer.header("x-cache"), Some("miss"));
+    assert_eq!(answer.body_str(), r#"["kernel","os","pdbmux_source"]"#);
+    assert_eq!(refused(&h, Refusal::Expired), 1);
+}
+
+/// The entry's own fields are all a hit carries: its framing and headers are pdbmux's.
+#[test]
+fn a_hit_carries_only_the_headers_pdbmux_builds() {
+    let store = FakeStore::default();
+    store.put(
+        Duration::ZERO,
+        ENTRY,
+        entry(&secret(), 0, r#"["from","another","replica"]"#),
+        Duration::from_secs(60),
+    );
+    let mut h = healthy(&store);
+    let client = h.get(NAMES);
+    run_to(&mut h, Duration::from_millis(100));
+    let answer = h.response(client).expect("answered");
+    assert_eq!(answer.header("x-cache"), Some("hit"));
+    assert_eq!(answer.body_str(), r#"["from","another","replica"]"#);
+    let mut names: Vec<&str> = answer
+        .headers
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "age",
+            "content-type",
+            "x-backends",
+            "x-cache",
+            "x-content-type-options"
+        ]
+    );
+    assert_eq!(asked(&h), 0);
 }

@@ -37,11 +37,41 @@ pub enum CacheBackend {
     Memory,
     /// Also in a Redis-protocol store (Redis, Valkey) every replica shares.
     Redis {
-        /// `redis://` or `rediss://` URL, password and database included.
+        /// `redis://` or `rediss://` URL, database included (its password is redacted wherever
+        /// the URL is shown).
         url: String,
         /// For `rediss://`: the CA, client certificate and key (the global `tls_*` files).
         tls: TlsFiles,
+        /// The key every replica signs and checks entries with (docs/reliability.md, "The
+        /// shared store is untrusted"): an entry it does not authenticate is a miss.
+        secret: Secret,
+        /// The store's password from `cache_redis_password_file`, used instead of one in the
+        /// URL; `None`: the URL's, if any.
+        password: Option<Secret>,
     },
+}
+
+/// Bytes that must never be printed: the shared store's signing key, its password. `Debug`
+/// shows only the length; compare with [`Secret::expose`] where the value is needed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(std::sync::Arc<[u8]>);
+
+impl Secret {
+    /// A secret holding `bytes`.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Secret {
+        Secret(bytes.into().into())
+    }
+
+    /// The secret's bytes, for the one place that uses them (signing, authenticating).
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret({} bytes)", self.0.len())
+    }
 }
 
 /// Where to find certificates and keys for https backends (docs/decisions.md D8).

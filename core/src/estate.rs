@@ -345,7 +345,11 @@ impl Estate {
             for flight in asking {
                 self.start_fetch(now, flight);
             }
+            let refused = self.shared.as_ref().map(SharedTier::refused);
             self.shared = SharedTier::of(&config, token_base(&self.clock));
+            if let (Some(tier), Some(refused)) = (self.shared.as_mut(), refused) {
+                tier.keep_counts(refused);
+            }
         }
         if same_backends && ProbeSettings::from_config(&old) == ProbeSettings::from_config(&config)
         {
@@ -940,6 +944,7 @@ impl Estate {
                 evictions: self.counts.earlier_evictions + report.evictions,
                 flight_joins: self.counts.flight_joins,
                 shared_reachable: self.shared.as_ref().map(SharedTier::reachable),
+                shared_refused: self.shared.as_ref().map(SharedTier::refused),
             }
         });
         crate::stats::EstateStats {

@@ -478,13 +478,11 @@ fn outcome_of(status: StatusCode, headers: HeaderMap, body: Bytes) -> Outcome {
             headers,
             body,
         }
-    } else if status.as_u16() >= 400 {
-        Outcome::Rejected(Rejection {
-            status,
-            content_type: headers.get(http::header::CONTENT_TYPE).cloned(),
-            body,
-        })
+    } else if (400..600).contains(&status.as_u16()) {
+        Outcome::Rejected(Rejection { status, body })
     } else {
+        // 1xx and 3xx (PuppetDB sends neither to a query) and 600-999 (HTTP has none): not an
+        // answer to replay, so that backend failed.
         Outcome::Failed(Failure::UnexpectedStatus(status))
     }
 }

@@ -213,25 +213,21 @@ impl Plan for Holder {
     }
 }
 
-/// A buffered success served as the backend sent it: its status, its end-to-end headers and
-/// PuppetDB's content type when it sent none.
+/// A buffered success served as the backend sent it: its status, its end-to-end headers, and
+/// PuppetDB's JSON content type (its body was checked as JSON before it got here).
 pub(crate) fn verbatim(status: StatusCode, headers: &HeaderMap, body: &bytes::Bytes) -> Response {
-    let mut response = Response {
+    Response {
         status,
         headers: forwarded_headers(headers),
         body: ResponseBody::Full(body.clone()),
-    };
-    if !response.headers.contains_key(http::header::CONTENT_TYPE) {
-        response.headers.insert(
-            http::header::CONTENT_TYPE,
-            HeaderValue::from_static(crate::message::JSON_CONTENT_TYPE),
-        );
     }
-    response
 }
 
-/// The upstream headers a verbatim answer carries: end-to-end headers only, without framing
-/// (the runtime frames the body itself) and without the backend's Date and Server.
+/// The upstream headers a verbatim success carries: end-to-end headers only, without framing
+/// (the runtime frames the body itself) and without the backend's Date and Server; its content
+/// type is always PuppetDB's JSON one, whatever the backend named, because the body is checked
+/// as JSON (whole before it is served, or as it streams), so a backend that labels JSON
+/// `text/html` cannot make a browser run it (docs/reliability.md).
 pub fn forwarded_headers(upstream: &HeaderMap) -> HeaderMap {
     use http::header;
     let named_by_connection: Vec<String> = upstream
@@ -257,10 +253,15 @@ pub fn forwarded_headers(upstream: &HeaderMap) -> HeaderMap {
                 | "content-length"
                 | "date"
                 | "server"
+                | "content-type"
         ) || named_by_connection.iter().any(|n| n == name.as_str());
         if !dropped {
             headers.append(name.clone(), value.clone());
         }
     }
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(crate::message::JSON_CONTENT_TYPE),
+    );
     headers
 }

@@ -106,8 +106,6 @@ pub enum Unusable {
 pub struct Rejection {
     /// The backend's status (400 or above).
     pub status: StatusCode,
-    /// The backend's content type, if it sent one.
-    pub content_type: Option<HeaderValue>,
     /// The backend's body.
     pub body: Bytes,
 }
@@ -163,13 +161,21 @@ pub fn failure_verdict(
     FailureVerdict::BadGateway(bad_gateway(outcomes, backends))
 }
 
-/// Replays a backend's error answer: its status, content type and body, addresses scrubbed.
+/// Replays a backend's error answer: its status and body, addresses scrubbed, as JSON when the
+/// body is JSON and as plain text otherwise, whatever type the backend named: an error page a
+/// backend labels `text/html` is never relayed as HTML (docs/reliability.md).
 pub fn replay(rejection: &Rejection, backends: &[BackendConfig]) -> Response {
     let body = scrub_addresses(&rejection.body, backends);
+    let content_type = if crate::records::check_json(&body).is_ok() {
+        crate::message::JSON_CONTENT_TYPE
+    } else {
+        TEXT_CONTENT_TYPE
+    };
     let mut headers = HeaderMap::new();
-    if let Some(content_type) = &rejection.content_type {
-        headers.insert(http::header::CONTENT_TYPE, content_type.clone());
-    }
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(content_type),
+    );
     Response {
         status: rejection.status,
         headers,

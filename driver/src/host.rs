@@ -110,9 +110,17 @@ pub enum ClientAnswer<H> {
 }
 
 impl<H> ClientAnswer<H> {
+    /// A whole answer of the runtime's own (a refusal of a request head), with the headers
+    /// every answer ends with.
+    pub fn whole(mut response: Response) -> ClientAnswer<H> {
+        crate::http1::finish_response_headers(&mut response.headers);
+        ClientAnswer::Whole(response)
+    }
+
     /// Pairs a response with the held body it names; one whose body went missing (a contract
     /// violation) becomes a 502.
-    fn of((response, held): (Response, Option<(H, Instant)>)) -> ClientAnswer<H> {
+    fn of((mut response, held): (Response, Option<(H, Instant)>)) -> ClientAnswer<H> {
+        crate::http1::finish_response_headers(&mut response.headers);
         match (&response.body, held) {
             (ResponseBody::Upstream(_), Some((body, deadline))) => ClientAnswer::Streamed {
                 response,
@@ -121,7 +129,7 @@ impl<H> ClientAnswer<H> {
             },
             (ResponseBody::Upstream(id), None) => {
                 tracing::error!("no held body for upstream {id}; answering 502");
-                ClientAnswer::Whole(Response::text(
+                ClientAnswer::whole(Response::text(
                     http::StatusCode::BAD_GATEWAY,
                     "pdbmux: upstream body lost",
                 ))
@@ -335,10 +343,12 @@ impl<R: Runtime> EstateHost<R> {
     /// The metrics listener's answer to one request ([`Metrics::answer`]); 404 when the metrics
     /// are off.
     pub fn scrape(&self, method: &http::Method, path: &str, accept: Option<&str>) -> Response {
-        match &self.metrics {
+        let mut response = match &self.metrics {
             Some(metrics) => metrics.answer(method, path, accept),
             None => Response::text(http::StatusCode::NOT_FOUND, "pdbmux: metrics are off"),
-        }
+        };
+        crate::http1::finish_response_headers(&mut response.headers);
+        response
     }
 
     /// pdbmux's own metrics, when they are served (`metrics_listen`).

@@ -13,6 +13,30 @@ const MAX_HEADERS: usize = 128;
 /// this is refused by the connection the same way.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
+/// The headers every response pdbmux writes ends with, whatever made it (the core, a refusal of
+/// the runtime's, the metrics listener): framing is the runtime's own (its HTTP library writes
+/// `Content-Length` or chunks from the body it is given), so any framing or hop-by-hop header in
+/// `headers` is dropped; and `X-Content-Type-Options: nosniff` is added, so a browser never reads
+/// a body as another type than the one named (docs/reliability.md).
+pub fn finish_response_headers(headers: &mut http::HeaderMap) {
+    use http::header;
+    for name in [
+        header::CONTENT_LENGTH,
+        header::TRANSFER_ENCODING,
+        header::CONNECTION,
+        header::TE,
+        header::TRAILER,
+        header::UPGRADE,
+        http::HeaderName::from_static("keep-alive"),
+    ] {
+        headers.remove(name);
+    }
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
+}
+
 /// A parsed request head.
 #[derive(Debug)]
 pub struct Head {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderValue, StatusCode};
+use pdbmux_core::cache::shared::Refusal;
 use pdbmux_core::config::Config;
 use pdbmux_core::stats::{CallOutcome, EstateStats, BACKEND_STATES, TRANSITIONS};
 use pdbmux_core::{ExchangeReport, Response, RouteClass};
@@ -397,6 +398,11 @@ struct TransitionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RefusalLabels {
+    reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct NamedBackend {
     backend: String,
 }
@@ -564,6 +570,23 @@ impl Collector for EstateCollector {
                 ),
                 ConstCounter::new(cache.evictions),
             )?;
+            if let Some(refused) = cache.shared_refused {
+                encode_each(
+                    &mut encoder,
+                    (
+                        "pdbmux_cache_store_refused_entries",
+                        "Entries read from the shared cache store and refused as misses, by reason (forged, oversized, future, expired, not_json, malformed)",
+                        None,
+                    ),
+                    MetricType::Counter,
+                    Refusal::ALL.iter().zip(refused).map(|(reason, count)| {
+                        let labels = RefusalLabels {
+                            reason: reason.as_str(),
+                        };
+                        (labels, ConstCounter::new(count))
+                    }),
+                )?;
+            }
             if let Some(up) = cache.shared_reachable {
                 encode_one(
                     &mut encoder,

@@ -1,13 +1,15 @@
 //! The shared cache store on Redis or Valkey (docs/caching.md), through redis-rs's
 //! `ConnectionManager`: connected lazily, reconnected by itself when the server comes back, each
 //! request bounded by a short response timeout. The core decides what to ask; this only speaks
-//! the protocol (`GET`, `SET … PX`, `SET … NX PX`, and a compare-and-delete script for unlock).
+//! the protocol (`GETRANGE`, `SET … PX`, `SET … NX PX`, and a compare-and-delete script for
+//! unlock).
 
 use std::time::Duration;
 
 use pdbmux_core::cache::shared::{StoreAnswer, StoreOp, StoreRequest};
-use pdbmux_core::config::TlsFiles;
+use pdbmux_core::config::{Secret, TlsFiles};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::IntoConnectionInfo;
 
 /// Deletes the lock only while it still holds this replica's token.
 const UNLOCK: &str =
@@ -44,9 +46,10 @@ pub fn prefer_runtime(smol: bool) {
 
 impl RedisStore {
     /// A store at `url` (`redis://` or `rediss://`, whose TLS uses `tls`: the CA, client
-    /// certificate and key, read now). Nothing is connected yet: a server down at start is a
-    /// store failing, not a start-up error.
-    pub fn new(url: &str, tls: &TlsFiles) -> Result<RedisStore, String> {
+    /// certificate and key, read now), authenticating with `password` when given (else the
+    /// URL's). Nothing is connected yet: a server down at start is a store failing, not a
+    /// start-up error.
+    pub fn new(url: &str, tls: &TlsFiles, password: Option<&Secret>) -> Result<RedisStore, String> {
         let read = |path: &Option<std::path::PathBuf>| -> Result<Option<Vec<u8>>, String> {
             path.as_ref()
                 .map(|path| {
@@ -54,6 +57,14 @@ impl RedisStore {
                 })
                 .transpose()
         };
+        let url_error = |e: redis::RedisError| format!("the shared cache store's URL: {e}");
+        let mut info = url.into_connection_info().map_err(url_error)?;
+        if let Some(password) = password {
+            let password = std::str::from_utf8(password.expose())
+                .map_err(|_| "cache_redis_password_file does not hold UTF-8 text".to_owned())?;
+            let settings = info.redis_settings().clone().set_password(password);
+            info = info.set_redis_settings(settings);
+        }
         let client = if url.starts_with("rediss://") {
             let client_tls = match (read(&tls.cert_file)?, read(&tls.key_file)?) {
                 (Some(client_cert), Some(client_key)) => Some(redis::ClientTlsConfig {
@@ -66,11 +77,11 @@ impl RedisStore {
                 client_tls,
                 root_cert: read(&tls.ca_file)?,
             };
-            redis::Client::build_with_tls(url, certificates)
+            redis::Client::build_with_tls(info, certificates)
         } else {
-            redis::Client::open(url)
+            redis::Client::open(info)
         }
-        .map_err(|e| format!("the shared cache store's URL: {e}"))?;
+        .map_err(url_error)?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(TIMEOUT))
             .set_response_timeout(Some(TIMEOUT))
@@ -85,8 +96,11 @@ impl RedisStore {
     pub async fn answer(&self, request: StoreRequest) -> StoreAnswer {
         let mut connection = self.manager.clone();
         let result = match request.op {
-            StoreOp::Get { key } => redis::cmd("GET")
+            // The range's end is inclusive: one byte past the limit tells a value too long.
+            StoreOp::Get { key, limit } => redis::cmd("GETRANGE")
                 .arg(key)
+                .arg(0)
+                .arg(limit)
                 .query_async::<Option<Vec<u8>>>(&mut connection)
                 .await
                 .map(|value| StoreAnswer::Value(value.map(bytes::Bytes::from))),
@@ -145,9 +159,11 @@ impl<U> Clients<U> {
     ) -> Result<Clients<U>, crate::StartError> {
         let upstreams = upstreams(config)?;
         let store = match &config.cache_backend {
-            pdbmux_core::config::CacheBackend::Redis { url, tls } => {
-                Some(RedisStore::new(url, tls).map_err(crate::StartError::Store)?)
-            }
+            pdbmux_core::config::CacheBackend::Redis {
+                url, tls, password, ..
+            } => Some(
+                RedisStore::new(url, tls, password.as_ref()).map_err(crate::StartError::Store)?,
+            ),
             pdbmux_core::config::CacheBackend::Memory => None,
         };
         Ok(Clients { upstreams, store })

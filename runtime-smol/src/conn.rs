@@ -104,7 +104,7 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
         let head = match read_head(&stream, &mut pending, &context.closing, timeouts.header).await {
             HeadRead::Request(head) => head,
             HeadRead::Refuse(status, why) => {
-                let answer = ClientAnswer::Whole(Response::text(status, format!("pdbmux: {why}")));
+                let answer = ClientAnswer::whole(Response::text(status, format!("pdbmux: {why}")));
                 let _ = write(
                     &stream,
                     &mut sender,
@@ -432,7 +432,7 @@ async fn buffered(answer: ClientAnswer) -> ClientAnswer {
             body: ResponseBody::Full(body.into()),
             ..response
         }),
-        Err(error) => ClientAnswer::Whole(Response::text(
+        Err(error) => ClientAnswer::whole(Response::text(
             StatusCode::BAD_GATEWAY,
             format!("pdbmux: upstream body failed: {error}"),
         )),

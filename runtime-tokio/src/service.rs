@@ -34,7 +34,7 @@ fn refusal(request: &http::Request<Incoming>) -> Option<http::Response<body::Res
         .map(|(name, value)| (name.as_str(), value.as_bytes()));
     let why = pdbmux_driver::http1::check_head(http10, fields).err()?;
     let refused = Response::text(http::StatusCode::BAD_REQUEST, format!("pdbmux: {why}"));
-    let mut refused = into_hyper(ClientAnswer::Whole(refused));
+    let mut refused = into_hyper(ClientAnswer::whole(refused));
     refused.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),

@@ -4,13 +4,19 @@
 //! runtime only carries each [`StoreRequest`] to the store and hands back its [`StoreAnswer`].
 //!
 //! A stored value is pdbmux's own envelope: a version line with the wall-clock time it was stored
-//! (so a hit on another replica carries the right `Age`), the headers, the body. A value that does
-//! not parse as one (another program's, a truncated one) is ignored, never served.
+//! (so a hit on another replica carries the right `Age`) and the few fields its headers are built
+//! from, an HMAC tag, the body. The store is untrusted (docs/reliability.md, "The shared store is
+//! untrusted"): a value whose tag does not authenticate it under the deployment's secret, that is
+//! too long, misdated or not JSON is a miss, never served, and no header is ever read from it.
 
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+
+use crate::config::Secret;
+use crate::exchange::{X_BACKENDS, X_RECORDS};
+use crate::message::JSON_CONTENT_TYPE;
 
 /// One request to the shared store, issued by the [`crate::Estate`]; the runtime answers it with
 /// [`crate::Estate::handle_store_answer`].
@@ -20,10 +26,14 @@ pub struct StoreId(pub u64);
 /// What to ask the shared store.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum StoreOp {
-    /// `GET key`: answered with [`StoreAnswer::Value`].
+    /// `GETRANGE key 0 limit`: answered with [`StoreAnswer::Value`]; a value longer than
+    /// `limit` bytes is cut after `limit + 1` (so it is known to be too long without reading it
+    /// whole), and an empty one means the key holds nothing.
     Get {
         /// The full key, prefix included.
         key: String,
+        /// The most bytes an entry may have; at most one more is read.
+        limit: u64,
     },
     /// `SET key value PX keep`: answered with [`StoreAnswer::Done`].
     Put {
@@ -78,71 +88,222 @@ pub enum StoreAnswer {
 }
 
 /// The first bytes of every value pdbmux stores.
-const MAGIC: &[u8] = b"pdbmux-cache-v1 ";
+const MAGIC: &[u8] = b"pdbmux-cache-v2 ";
+/// The bytes of the authentication tag after the envelope's first line (HMAC-SHA256).
+const TAG_BYTES: usize = 32;
+/// The most bytes an envelope holds besides its body: the first line and the tag. A value
+/// longer than `cache_max_entry_bytes` plus this is refused unread (`StoreOp::Get::limit`).
+pub const ENVELOPE_BYTES: u64 = 128 + TAG_BYTES as u64;
+/// How far in the future a writer's clock may date an entry before it is refused: replicas'
+/// clocks differ by this much at most under NTP, a forged or replayed date by more.
+pub(crate) const CLOCK_SKEW: Duration = Duration::from_secs(1);
 
-/// One entry read from the shared store.
+/// One entry read from the shared store and authenticated.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SharedEntry {
     /// When it was stored, in milliseconds since the Unix epoch (the writer's clock).
     pub stored_at_ms: u64,
-    /// The headers it was served with.
+    /// Its status (a 2xx).
+    pub status: StatusCode,
+    /// The headers it is served with, built by pdbmux from the entry's fields (content type,
+    /// `X-Records`, `X-Backends`): nothing in the store names a header.
     pub headers: HeaderMap,
-    /// The merged body.
+    /// The merged body, checked to be JSON.
     pub body: Bytes,
 }
 
-/// The envelope of an entry: `pdbmux-cache-v1 <stored_at_ms> <header bytes> <body bytes>\n`,
-/// then the headers as `name: value\n` lines, then the body (both lengths checked on reading, so
-/// a truncated value is no entry).
-pub(crate) fn encode(stored_at_ms: u64, headers: &HeaderMap, body: &Bytes) -> Bytes {
-    let mut head = Vec::new();
-    for (name, value) in headers {
-        head.extend_from_slice(name.as_str().as_bytes());
-        head.extend_from_slice(b": ");
-        head.extend_from_slice(value.as_bytes());
-        head.push(b'\n');
-    }
-    let line = format!("{stored_at_ms} {} {}\n", head.len(), body.len());
-    let mut out = BytesMut::with_capacity(MAGIC.len() + line.len() + head.len() + body.len());
-    out.put_slice(MAGIC);
-    out.put_slice(line.as_bytes());
-    out.put_slice(&head);
-    out.put_slice(body);
-    out.freeze()
+/// Why a value read from the store is not served: each is a miss, counted by reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Not pdbmux's envelope (another program's value, an older version's, a truncated one).
+    Malformed,
+    /// The envelope's tag does not authenticate it under this deployment's secret.
+    Forged,
+    /// Longer than `cache_max_entry_bytes` allows (not read past the limit).
+    Oversized,
+    /// Dated later than now (beyond [`CLOCK_SKEW`]).
+    FromTheFuture,
+    /// Older than its TTL and the stale window: it should have expired in the store.
+    Expired,
+    /// Authenticated, yet its body is not JSON.
+    NotJson,
 }
 
-/// An entry from its envelope; `None` for anything else.
-pub(crate) fn decode(value: &Bytes) -> Option<SharedEntry> {
-    let rest = value.strip_prefix(MAGIC)?;
-    let newline = rest.iter().position(|b| *b == b'\n')?;
-    let line = std::str::from_utf8(&rest[..newline]).ok()?;
-    let mut numbers = line.split(' ');
-    let stored_at_ms: u64 = numbers.next()?.parse().ok()?;
-    let head_len: usize = numbers.next()?.parse().ok()?;
-    let body_len: usize = numbers.next()?.parse().ok()?;
-    if numbers.next().is_some() {
+impl Refusal {
+    /// Every reason, in the order [`crate::stats::CacheStats::shared_refused`] counts them.
+    pub const ALL: [Refusal; 6] = [
+        Refusal::Malformed,
+        Refusal::Forged,
+        Refusal::Oversized,
+        Refusal::FromTheFuture,
+        Refusal::Expired,
+        Refusal::NotJson,
+    ];
+
+    /// The metrics label and log word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::Malformed => "malformed",
+            Refusal::Forged => "forged",
+            Refusal::Oversized => "oversized",
+            Refusal::FromTheFuture => "future",
+            Refusal::Expired => "expired",
+            Refusal::NotJson => "not_json",
+        }
+    }
+
+    /// Its index in [`Refusal::ALL`].
+    pub fn index(self) -> usize {
+        Refusal::ALL.iter().position(|r| *r == self).unwrap_or(0)
+    }
+}
+
+/// The tag of an envelope: HMAC-SHA256 under `secret` over the full key (length first, so no
+/// two keys share an input), the envelope's first line (date, status, counts, body length) and
+/// the body.
+fn tag(secret: &Secret, key: &str, line: &[u8], body: &[u8]) -> ring::hmac::Tag {
+    let key_bytes = key.as_bytes();
+    let mut context = ring::hmac::Context::with_key(&signing_key(secret));
+    context.update(&(key_bytes.len() as u64).to_be_bytes());
+    context.update(key_bytes);
+    context.update(line);
+    context.update(body);
+    context.sign()
+}
+
+fn signing_key(secret: &Secret) -> ring::hmac::Key {
+    ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret.expose())
+}
+
+/// The envelope of a successful JSON answer stored under the full `key`:
+/// `pdbmux-cache-v2 <stored_at_ms> <status> <x-records|-> <x-backends|-> <body length>\n`, the
+/// 32-byte tag, the body. `None` for an answer the store does not take (not a 2xx, not JSON).
+/// The estate stores what it fans out with it; public for tests and tools that write a store as
+/// a replica would.
+pub fn encode(
+    secret: &Secret,
+    key: &str,
+    stored_at_ms: u64,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Option<Bytes> {
+    let json = headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|value| value.as_bytes() == JSON_CONTENT_TYPE.as_bytes());
+    if !status.is_success() || !json {
         return None;
     }
-    let start = MAGIC.len() + newline + 1;
-    let body_start = start.checked_add(head_len)?;
-    if value.len() != body_start.checked_add(body_len)? {
-        return None;
+    let field = |name: &HeaderName| -> Option<String> {
+        match headers.get(name) {
+            None => Some("-".to_owned()),
+            Some(value) => value
+                .to_str()
+                .ok()
+                .filter(|text| !text.is_empty() && !text.contains(char::is_whitespace))
+                .map(str::to_owned),
+        }
+    };
+    let records = field(&X_RECORDS)?;
+    let backends = field(&X_BACKENDS)?;
+    let mut line = MAGIC.to_vec();
+    line.extend_from_slice(
+        format!(
+            "{stored_at_ms} {} {records} {backends} {}\n",
+            status.as_u16(),
+            body.len()
+        )
+        .as_bytes(),
+    );
+    let tag = tag(secret, key, &line, body);
+    let mut out = BytesMut::with_capacity(line.len() + TAG_BYTES + body.len());
+    out.put_slice(&line);
+    out.put_slice(tag.as_ref());
+    out.put_slice(body);
+    Some(out.freeze())
+}
+
+/// The entry in `value` read under the full `key`, authenticated and its body checked; the
+/// reason it is refused otherwise. Dates are judged by the caller ([`Refusal::FromTheFuture`],
+/// [`Refusal::Expired`]), which knows the clock.
+pub(crate) fn decode(
+    secret: &Secret,
+    key: &str,
+    value: &Bytes,
+    max_body_bytes: u64,
+) -> Result<SharedEntry, Refusal> {
+    if value.len() as u64 > max_body_bytes.saturating_add(ENVELOPE_BYTES) {
+        return Err(Refusal::Oversized);
     }
-    let head = value.get(start..body_start)?;
+    let rest = value.strip_prefix(MAGIC).ok_or(Refusal::Malformed)?;
+    let newline = rest
+        .iter()
+        .take(ENVELOPE_BYTES as usize)
+        .position(|b| *b == b'\n')
+        .ok_or(Refusal::Malformed)?;
+    let line_end = MAGIC.len() + newline + 1;
+    let fields = std::str::from_utf8(&rest[..newline]).map_err(|_| Refusal::Malformed)?;
+    let mut fields = fields.split(' ');
+    let mut next = || fields.next().ok_or(Refusal::Malformed);
+    let stored_at_ms: u64 = next()?.parse().map_err(|_| Refusal::Malformed)?;
+    let status: u16 = next()?.parse().map_err(|_| Refusal::Malformed)?;
+    let records = header_field(next()?, |text| text.parse::<u64>().is_ok())?;
+    let backends = header_field(next()?, |text| {
+        text.split_once('/')
+            .is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok())
+    })?;
+    let body_len: usize = next()?.parse().map_err(|_| Refusal::Malformed)?;
+    if next().is_ok() {
+        return Err(Refusal::Malformed);
+    }
+    let body_start = line_end + TAG_BYTES;
+    if body_len as u64 > max_body_bytes {
+        return Err(Refusal::Oversized);
+    }
+    if value.len() != body_start.checked_add(body_len).ok_or(Refusal::Malformed)? {
+        return Err(Refusal::Malformed);
+    }
+    let status = StatusCode::from_u16(status)
+        .ok()
+        .filter(StatusCode::is_success)
+        .ok_or(Refusal::Malformed)?;
+    let body = value.slice(body_start..);
+    let expected = tag(secret, key, &value[..line_end], &body);
+    let authentic: bool =
+        subtle::ConstantTimeEq::ct_eq(expected.as_ref(), &value[line_end..body_start]).into();
+    if !authentic {
+        return Err(Refusal::Forged);
+    }
+    if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
+        return Err(Refusal::NotJson);
+    }
     let mut headers = HeaderMap::new();
-    for line in head.split(|b| *b == b'\n').filter(|line| !line.is_empty()) {
-        let text = std::str::from_utf8(line).ok()?;
-        let (name, value) = text.split_once(": ")?;
-        headers.append(
-            HeaderName::from_bytes(name.as_bytes()).ok()?,
-            HeaderValue::from_str(value).ok()?,
-        );
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static(JSON_CONTENT_TYPE),
+    );
+    for (name, value) in [(X_RECORDS, records), (X_BACKENDS, backends)] {
+        if let Some(value) = value {
+            headers.insert(name, value);
+        }
     }
-    Some(SharedEntry {
+    Ok(SharedEntry {
         stored_at_ms,
+        status,
         headers,
-        body: value.slice(body_start..),
+        body,
     })
+}
+
+/// A header's value from an envelope field: `-` for none, else `valid` must accept it.
+fn header_field(text: &str, valid: impl Fn(&str) -> bool) -> Result<Option<HeaderValue>, Refusal> {
+    match text {
+        "-" => Ok(None),
+        text if valid(text) => HeaderValue::from_str(text)
+            .map(Some)
+            .map_err(|_| Refusal::Malformed),
+        _ => Err(Refusal::Malformed),
+    }
 }
 
 /// How the shared tier is set up; from the configuration.
@@ -181,39 +342,128 @@ pub(crate) const POLL_INTERVAL: Duration = Duration::from_millis(25);
 mod tests {
     use super::*;
 
+    const KEY: &str = "pdbmux:entry:/pdb/query/v4/fact-names";
+
+    fn secret() -> Secret {
+        Secret::new(b"0123456789abcdef0123456789abcdef".to_vec())
+    }
+
     fn headers() -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert("content-type", HeaderValue::from_static("application/json"));
-        headers.insert("x-records", HeaderValue::from_static("3"));
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static(JSON_CONTENT_TYPE),
+        );
+        headers.insert(X_RECORDS, HeaderValue::from_static("3"));
+        headers.insert(X_BACKENDS, HeaderValue::from_static("2/2"));
         headers
+    }
+
+    fn stored(body: &'static [u8]) -> Bytes {
+        let body = Bytes::from_static(body);
+        encode(
+            &secret(),
+            KEY,
+            1_700_000_000_123,
+            StatusCode::OK,
+            &headers(),
+            &body,
+        )
+        .expect("a JSON 200 is stored")
     }
 
     #[test]
     fn an_entry_round_trips_through_its_envelope() {
-        let body = Bytes::from_static(b"[{\"certname\":\"a\"}]");
-        let value = encode(1_700_000_000_123, &headers(), &body);
-        let entry = decode(&value).expect("decodes");
+        let value = stored(b"[{\"certname\":\"a\"}]");
+        let entry = decode(&secret(), KEY, &value, 1024).expect("decodes");
         assert_eq!(entry.stored_at_ms, 1_700_000_000_123);
+        assert_eq!(entry.status, StatusCode::OK);
         assert_eq!(entry.headers, headers());
-        assert_eq!(entry.body, body);
-        let empty = encode(5, &HeaderMap::new(), &Bytes::new());
-        assert_eq!(decode(&empty).map(|e| e.body.len()), Some(0));
+        assert_eq!(&entry.body[..], b"[{\"certname\":\"a\"}]");
     }
 
     #[test]
-    fn a_foreign_or_damaged_value_is_no_entry() {
-        let value = encode(7, &headers(), &Bytes::from_static(b"[]"));
+    fn only_a_json_success_is_stored_and_only_its_own_headers_are_kept() {
+        let body = Bytes::from_static(b"[]");
+        let mut text = headers();
+        text.insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/html"),
+        );
+        assert_eq!(
+            encode(&secret(), KEY, 1, StatusCode::OK, &text, &body),
+            None
+        );
+        let not_found = encode(&secret(), KEY, 1, StatusCode::NOT_FOUND, &headers(), &body);
+        assert_eq!(not_found, None);
+        let mut extra = headers();
+        extra.insert(http::header::SET_COOKIE, HeaderValue::from_static("a=b"));
+        extra.insert(http::header::CONTENT_LENGTH, HeaderValue::from_static("5"));
+        let value = encode(&secret(), KEY, 1, StatusCode::OK, &extra, &body).expect("stored");
+        let entry = decode(&secret(), KEY, &value, 1024).expect("decodes");
+        assert_eq!(entry.headers, headers(), "nothing but the three fields");
+    }
+
+    #[test]
+    fn an_entry_altered_anywhere_or_read_under_another_key_or_secret_is_forged() {
+        let value = stored(b"[1,2,3]");
+        let other = Secret::new(b"another secret of the same length".to_vec());
+        assert_eq!(decode(&other, KEY, &value, 1024), Err(Refusal::Forged));
+        let other_key = "pdbmux:entry:/pdb/query/v4/nodes";
+        assert_eq!(
+            decode(&secret(), other_key, &value, 1024),
+            Err(Refusal::Forged)
+        );
+        // The date moved on, the counts changed, the body swapped for one of the same length.
+        for (from, to) in [
+            ("1700000000123", "1800000000123"),
+            (" 3 2/2", " 9 2/2"),
+            ("[1,2,3]", "[7,8,9]"),
+        ] {
+            let mut bytes = value.to_vec();
+            let at = bytes
+                .windows(from.len())
+                .position(|window| window == from.as_bytes())
+                .expect("field present");
+            bytes.splice(at..at + from.len(), to.bytes());
+            assert_eq!(
+                decode(&secret(), KEY, &Bytes::from(bytes), 1024),
+                Err(Refusal::Forged),
+                "{from} -> {to}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_foreign_damaged_oversized_or_non_json_value_is_refused_with_its_reason() {
+        let value = stored(b"[]");
         for bad in [
             Bytes::from_static(b"[]"),
-            Bytes::from_static(b"pdbmux-cache-v2 7 0 2\n[]"),
-            Bytes::from_static(b"pdbmux-cache-v1 x 0 2\n[]"),
-            Bytes::from_static(b"pdbmux-cache-v1 7 999 2\n[]"),
-            Bytes::from_static(b"pdbmux-cache-v1 7 9 2\nno-colon\n[]"),
-            Bytes::from_static(b"pdbmux-cache-v1 7 0 3\n[]"),
+            Bytes::from_static(b"pdbmux-cache-v1 7 0 2\n[]"),
+            Bytes::from_static(b"pdbmux-cache-v2 x 200 - - 2\n"),
+            Bytes::from_static(b"pdbmux-cache-v2 7 302 - - 0\n"),
+            Bytes::from_static(b"pdbmux-cache-v2 7 200 a - 0\n"),
+            Bytes::from_static(b"pdbmux-cache-v2 7 200 - 1 0\n"),
             value.slice(..20),
             value.slice(..value.len() - 1),
         ] {
-            assert_eq!(decode(&bad), None, "{bad:?}");
+            assert_eq!(
+                decode(&secret(), KEY, &bad, 1024),
+                Err(Refusal::Malformed),
+                "{bad:?}"
+            );
         }
+        let large = Bytes::from(vec![b' '; 2048]);
+        assert_eq!(
+            decode(&secret(), KEY, &large, 1024),
+            Err(Refusal::Oversized)
+        );
+        let declared = stored(b"[1,2,3,4,5,6,7,8,9]");
+        assert_eq!(
+            decode(&secret(), KEY, &declared, 8),
+            Err(Refusal::Oversized)
+        );
+        let html = stored(b"<script>alert(1)</script>");
+        assert_eq!(decode(&secret(), KEY, &html, 1024), Err(Refusal::NotJson));
     }
 }

@@ -9,10 +9,11 @@ use std::time::{Duration, Instant};
 
 use super::{Estate, EstateOutput, Flight, FlightId, Stage};
 use crate::cache::shared::{
-    decode, encode, SharedSettings, StoreAnswer, StoreId, StoreOp, StoreRequest, POLL_INTERVAL,
+    decode, encode, Refusal, SharedSettings, StoreAnswer, StoreId, StoreOp, StoreRequest,
+    CLOCK_SKEW, ENVELOPE_BYTES, POLL_INTERVAL,
 };
 use crate::cache::{CacheStatus, CachedResponse};
-use crate::config::{CacheBackend, Config};
+use crate::config::{CacheBackend, Config, Secret};
 use crate::ids::Counter;
 use crate::message::{Response, ResponseBody};
 
@@ -20,6 +21,9 @@ use crate::message::{Response, ResponseBody};
 const STORE_TIMEOUT: Duration = Duration::from_millis(500);
 /// After the store failed, how long this replica answers without it before trying it again.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
+/// How many keys a refused entry is logged for before the list starts again: each key's refusal
+/// is logged once, without a forger being able to grow the list without bound.
+const REFUSALS_REMEMBERED: usize = 1024;
 
 /// The shared tier's state: the requests out, and whether the store is answering.
 #[derive(Debug)]
@@ -32,6 +36,12 @@ pub(super) struct SharedTier {
     retry_at: Option<Instant>,
     /// Makes lock tokens unique to this process.
     token_base: String,
+    /// Signs what this replica stores and authenticates what it reads.
+    secret: Secret,
+    /// Entries refused since start, by [`Refusal::index`].
+    refused: [u64; Refusal::ALL.len()],
+    /// Keys whose refusal was logged (each once, until [`REFUSALS_REMEMBERED`]).
+    refusals_logged: std::collections::BTreeSet<String>,
 }
 
 /// A store request out: for which flight, until when, and the lock it would take.
@@ -45,8 +55,10 @@ struct Asked {
 impl SharedTier {
     /// The tier `config` asks for, if any; `token_base` is unique to this process (its start).
     pub(super) fn of(config: &Config, token_base: String) -> Option<SharedTier> {
-        if config.facts_ttl.is_zero() || !matches!(config.cache_backend, CacheBackend::Redis { .. })
-        {
+        let CacheBackend::Redis { secret, .. } = &config.cache_backend else {
+            return None;
+        };
+        if config.facts_ttl.is_zero() {
             return None;
         }
         Some(SharedTier {
@@ -63,7 +75,44 @@ impl SharedTier {
             reachable: true,
             retry_at: None,
             token_base,
+            secret: secret.clone(),
+            refused: [0; Refusal::ALL.len()],
+            refusals_logged: std::collections::BTreeSet::new(),
         })
+    }
+
+    /// Entries refused since start, by [`Refusal::index`].
+    pub(super) fn refused(&self) -> [u64; Refusal::ALL.len()] {
+        self.refused
+    }
+
+    /// Carries the refusal counts of the tier a reload replaced, so the counters only grow.
+    pub(super) fn keep_counts(&mut self, refused: [u64; Refusal::ALL.len()]) {
+        self.refused = refused;
+    }
+
+    /// The `GET` of the entry for cache key `key`, read no further than the largest entry.
+    fn get(&self, key: &str) -> StoreOp {
+        StoreOp::Get {
+            key: self.settings.entry_key(key),
+            limit: self.settings.max_entry_bytes.saturating_add(ENVELOPE_BYTES),
+        }
+    }
+
+    /// Counts a refused entry and logs it, once per key.
+    fn refuse(&mut self, key: &str, refusal: Refusal) {
+        self.refused[refusal.index()] += 1;
+        if self.refusals_logged.len() >= REFUSALS_REMEMBERED {
+            self.refusals_logged.clear();
+        }
+        if self.refusals_logged.insert(key.to_owned()) {
+            tracing::warn!(
+                key,
+                reason = refusal.as_str(),
+                "shared cache store entry refused and treated as a miss (docs/reliability.md, \
+                 \"The shared store is untrusted\"); later refusals of this key are only counted"
+            );
+        }
     }
 
     /// Whether the store answers (as far as this replica knows).
@@ -134,9 +183,7 @@ impl Estate {
         flight: FlightId,
     ) -> Option<StoreId> {
         let tier = self.shared.as_mut().filter(|tier| tier.usable(now))?;
-        let op = StoreOp::Get {
-            key: tier.settings.entry_key(key),
-        };
+        let op = tier.get(key);
         let request = tier.ask(now, op, Some(flight), None);
         let id = request.id;
         self.outputs.push_back(EstateOutput::Store(request));
@@ -215,23 +262,56 @@ impl Estate {
         }
     }
 
-    /// A fresh entry answers the flight (`true`); an expired one is kept for the stale fallback
-    /// and `false` is returned, as for none or a value that is not pdbmux's.
+    /// A fresh entry answers the flight (`true`); an expired one within the stale window is
+    /// kept for the stale fallback and `false` is returned, as for none or a value refused
+    /// (counted and logged by [`SharedTier::refuse`]).
     fn take_shared_entry(
         &mut self,
         now: Instant,
         flight_id: FlightId,
         value: Option<bytes::Bytes>,
     ) -> bool {
-        let Some(entry) = value.as_ref().and_then(decode) else {
+        // A `GETRANGE` of a key that holds nothing answers an empty value.
+        let Some(value) = value.filter(|value| !value.is_empty()) else {
             return false;
         };
-        let stored_at = self.clock.instant_at_unix_millis(entry.stored_at_ms);
-        let age_ms = self
+        let (Some(tier), Some(key)) = (
+            self.shared.as_mut(),
+            self.flights.get(&flight_id).map(|f| f.key.clone()),
+        ) else {
+            return false;
+        };
+        let now_ms = self.clock.unix_millis(now);
+        let ttl = self.config.facts_ttl;
+        let kept = ttl + tier.settings.stale_keep;
+        let entry = decode(
+            &tier.secret,
+            &tier.settings.entry_key(&key),
+            &value,
+            tier.settings.max_entry_bytes,
+        )
+        .and_then(|entry| {
+            let age_ms = now_ms.saturating_sub(entry.stored_at_ms);
+            if entry.stored_at_ms > now_ms.saturating_add(millis(CLOCK_SKEW)) {
+                Err(Refusal::FromTheFuture)
+            } else if u128::from(age_ms) >= kept.as_millis() {
+                Err(Refusal::Expired)
+            } else {
+                Ok((entry, u128::from(age_ms) < ttl.as_millis()))
+            }
+        });
+        let (entry, fresh) = match entry {
+            Ok(found) => found,
+            Err(refusal) => {
+                tier.refuse(&key, refusal);
+                return false;
+            }
+        };
+        // Dated up to the allowed skew ahead: its age counts from now.
+        let stored_at = self
             .clock
-            .unix_millis(now)
-            .saturating_sub(entry.stored_at_ms);
-        let fresh = u128::from(age_ms) < self.config.facts_ttl.as_millis();
+            .instant_at_unix_millis(entry.stored_at_ms.min(now_ms));
+        let status = entry.status;
         let cached = CachedResponse {
             body: entry.body,
             headers: entry.headers,
@@ -248,7 +328,7 @@ impl Estate {
         };
         self.forget_flight_key(&flight.key, flight_id);
         let response = Response {
-            status: http::StatusCode::OK,
+            status,
             headers: cached.headers.clone(),
             body: ResponseBody::Full(cached.body.clone()),
         };
@@ -343,11 +423,25 @@ impl Estate {
         if let (true, true, ResponseBody::Full(body)) =
             (current, response.status.is_success(), &response.body)
         {
-            if body.len() as u64 <= tier.settings.max_entry_bytes {
-                let stored_at_ms = self.clock.unix_millis(now);
+            let key = tier.settings.entry_key(&flight.key);
+            let stored_at_ms = self.clock.unix_millis(now);
+            let value = (body.len() as u64 <= tier.settings.max_entry_bytes)
+                .then(|| {
+                    let status = response.status;
+                    encode(
+                        &tier.secret,
+                        &key,
+                        stored_at_ms,
+                        status,
+                        &response.headers,
+                        body,
+                    )
+                })
+                .flatten();
+            if let Some(value) = value {
                 let op = StoreOp::Put {
-                    key: tier.settings.entry_key(&flight.key),
-                    value: encode(stored_at_ms, &response.headers, body),
+                    key,
+                    value,
                     keep: self.config.facts_ttl + tier.settings.stale_keep,
                 };
                 let request = tier.ask(now, op, None, None);
@@ -394,9 +488,7 @@ impl Estate {
             let Some(tier) = self.shared.as_mut() else {
                 continue;
             };
-            let op = StoreOp::Get {
-                key: tier.settings.entry_key(&key),
-            };
+            let op = tier.get(&key);
             let request = tier.ask(now, op, Some(flight_id), None);
             if let Some(flight) = self.flights.get_mut(&flight_id) {
                 flight.stage = Stage::Polling {
@@ -420,4 +512,8 @@ impl Estate {
             });
         polls.chain(tier.next_deadline()).min()
     }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
