@@ -365,6 +365,70 @@ fn a_backend_taken_out_is_asked_when_every_backend_in_service_fails() {
     end(&mut h, 3_700);
 }
 
+/// Every route class fails open as the merged ones do: the prober keeps pdb-a out (its probes
+/// fail, its queries work) and pdb-b, in service, answers every query 500. A per-certname,
+/// report-hash, pass-through, sub-route or PQL request is asked of pdb-a before it fails, and
+/// pdb-a's answer is served.
+#[test]
+fn every_route_class_asks_the_backends_kept_out_when_every_one_in_service_fails() {
+    let answering = |asked: &Asked<'_>| {
+        let path = asked.path_and_query;
+        let body = if path.starts_with("/pdb/query/v4/nodes/web1") {
+            r#"{"certname":"web1","from":"pdb-a"}"#.to_owned()
+        } else if path.contains("ast_only=true") {
+            r#"["from","nodes",["=","certname","web1"]]"#.to_owned()
+        } else if path.starts_with("/pdb/meta/v1/version") {
+            r#"{"version":"7.12.1"}"#.to_owned()
+        } else if path.starts_with("/pdb/query/v4/nodes") {
+            r#"[{"certname":"web1","report_timestamp":"2024-05-01T10:00:00.000Z"}]"#.to_owned()
+        } else {
+            r#"[{"from":"pdb-a"}]"#.to_owned()
+        };
+        Reply::ok(body).after(ms(1))
+    };
+    for (class, target) in [
+        ("per-certname", "/pdb/query/v4/nodes/web1"),
+        ("report hash", "/pdb/query/v4/reports/0123abcd/events"),
+        ("pass-through", "/pdb/query/v4/catalog-inputs"),
+        ("sub-route", "/pdb/query/v4/environments/production/facts"),
+        (
+            "translation (PQL)",
+            "/pdb/query/v4?query=nodes%20%7B%20certname%20%3D%20%22web1%22%20%7D",
+        ),
+    ] {
+        let mut h = harness(vec![
+            FakeBackend::probed(
+                "pdb-a",
+                URL_A,
+                vec![probe_running()],
+                probe_status(503),
+                answering,
+            ),
+            FakeBackend::probed("pdb-b", URL_B, Vec::new(), probe_running(), |_| {
+                Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "boom").after(ms(1))
+            }),
+        ]);
+        run_to(&mut h, 3_500);
+        let client = h.get(target);
+        run_to(&mut h, 3_560);
+        let response = h.response(client).expect("one response");
+        assert_eq!(
+            response.status,
+            StatusCode::OK,
+            "{class}: {}",
+            h.transcript()
+        );
+        assert!(
+            response.body_str().contains("pdb-a") || response.body_str().contains("web1"),
+            "{class}: {}",
+            response.body_str()
+        );
+        let healthz = healthz_at(&mut h, 3_600);
+        assert_eq!(prober_fields(&healthz, "pdb-a").0, "unhealthy", "{class}");
+        end(&mut h, 3_700);
+    }
+}
+
 #[test]
 fn all_down_fails_open() {
     let mut h = harness(vec![

@@ -295,7 +295,9 @@ impl Exchange {
                     .status
                     .is_server_error()
             }
-            Verdict::Verbatim(response) => response.status == StatusCode::BAD_GATEWAY,
+            // A per-certname, report-hash, pass-through or translation answer: a 5xx replayed
+            // from every backend in service is no answer either.
+            Verdict::Verbatim(response) => response.status.is_server_error(),
             Verdict::Merged { .. } => false,
         };
         unanswered && !self.failed_over && !self.kept_out().is_empty()
@@ -312,9 +314,14 @@ impl Exchange {
     /// Starts the request again, planned afresh, over the backends the prober kept out.
     fn fail_over(&mut self, now: Instant) {
         self.failed_over = true;
-        let request = crate::message::ClientRequest::get(self.target.clone());
-        let planned = crate::policy::plan(&request, &self.context.config);
-        let crate::policy::Work::Fanout(plan) = planned.work else {
+        let plan = self.plan.again().or_else(|| {
+            let request = crate::message::ClientRequest::get(self.target.clone());
+            match crate::policy::plan(&request, &self.context.config).work {
+                crate::policy::Work::Fanout(plan) => Some(plan),
+                _ => None,
+            }
+        });
+        let Some(plan) = plan else {
             return self.respond(Response::text(
                 StatusCode::BAD_GATEWAY,
                 "pdbmux: no backend answered",
@@ -344,7 +351,11 @@ impl Exchange {
         let rounds = self.plan.counts_rounds();
         let response = match verdict {
             Verdict::Verbatim(response) => {
-                self.log_failures();
+                if response.status.is_server_error() {
+                    self.warn_unanswered(response.status);
+                } else {
+                    self.log_failures();
+                }
                 response
             }
             Verdict::Merged {
@@ -456,6 +467,23 @@ impl Exchange {
                 outcome.describe()
             );
         }
+    }
+
+    /// Logs, once per request, why it is answered with a 5xx: each backend that failed.
+    fn warn_unanswered(&self, status: StatusCode) {
+        let reasons: Vec<String> = self
+            .failed_calls()
+            .map(|(backend, outcome)| {
+                let name = backend_name(&self.context.config.backends, backend);
+                format!("{name}: {}", outcome.describe())
+            })
+            .collect();
+        tracing::warn!(
+            target = %self.target,
+            status = status.as_u16(),
+            "no backend could answer: {}",
+            reasons.join("; ")
+        );
     }
 
     fn log_failures(&self) {

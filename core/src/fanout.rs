@@ -174,6 +174,14 @@ pub(crate) trait Plan: fmt::Debug + Send {
         false
     }
 
+    /// A fresh copy of this plan, to ask the backends the prober kept out when every backend in
+    /// service failed (fail open); `None`: the exchange plans the request again from its target.
+    /// A plan built for one step of a request (a PQL translation, read whole) must give one: its
+    /// target alone would plan another kind.
+    fn again(&self) -> Option<Box<dyn Plan>> {
+        None
+    }
+
     /// The first calls, `(backend, part)`, over the backends in `context.roster`.
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)>;
 

@@ -13,7 +13,7 @@ use crate::status::{self, Outcome, Rejection};
 
 /// Backends asked one at a time; the first success is the answer, streamed when it is a held
 /// body.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Sequence {
     target: String,
     /// The certname of a per-certname route: its owner is asked first, and an answer other than
@@ -22,6 +22,9 @@ pub(crate) struct Sequence {
     /// How the answer is read: streamed to the client, or whole (a translation pdbmux reads).
     body_mode: BodyMode,
     order: Vec<BackendId>,
+    /// The node's owner in the membership map, once started: when it fails, another backend's
+    /// 404 is no answer (the node exists; its owner could not say what it holds).
+    owner: Option<BackendId>,
 }
 
 impl Sequence {
@@ -33,6 +36,7 @@ impl Sequence {
             owner_of: None,
             body_mode: BodyMode::StreamSuccess,
             order: Vec::new(),
+            owner: None,
         }
     }
 
@@ -55,6 +59,32 @@ impl Sequence {
             ),
             body_mode: BodyMode::StreamSuccess,
             order: Vec::new(),
+            owner: None,
+        }
+    }
+}
+
+impl Sequence {
+    /// When the node's owner failed and another backend's answer stands in for it (as an
+    /// unreachable owner must not take the node with it), says so: that answer may be a 404 or
+    /// an old copy of a node the owner holds.
+    fn warn_if_owner_failed(&self, calls: &Calls, context: &Context) {
+        let Some(owner) = self.owner else {
+            return;
+        };
+        let failed = calls
+            .outcomes(0)
+            .into_iter()
+            .find_map(|(backend, outcome)| {
+                (backend == owner && matches!(outcome, Outcome::Failed(_))).then_some(outcome)
+            });
+        if let Some(outcome) = failed {
+            tracing::warn!(
+                certname = self.owner_of.as_deref().unwrap_or_default(),
+                owner = status::backend_name(&context.config.backends, owner),
+                "the node's owner failed ({}); another backend's answer stands in",
+                outcome.describe()
+            );
         }
     }
 }
@@ -62,6 +92,13 @@ impl Sequence {
 impl Plan for Sequence {
     fn answers_verbatim(&self) -> bool {
         true
+    }
+
+    fn again(&self) -> Option<Box<dyn Plan>> {
+        Some(Box::new(Sequence {
+            order: Vec::new(),
+            ..self.clone()
+        }))
     }
 
     fn needs_ownership(&self) -> bool {
@@ -76,6 +113,7 @@ impl Plan for Sequence {
                 .or_else(|| ownership.owners(certname, Scope::Any));
             if let Some(owners) = owners {
                 let owner = owners.under(context.config.merge);
+                self.owner = Some(owner);
                 if let Some(position) = self.order.iter().position(|b| *b == owner) {
                     let owner = self.order.remove(position);
                     self.order.insert(0, owner);
@@ -108,17 +146,19 @@ impl Plan for Sequence {
                     status,
                     headers,
                 } => {
+                    self.warn_if_owner_failed(calls, context);
                     return Step::Done(Verdict::Verbatim(Response {
                         status: *status,
                         headers: forwarded_headers(headers),
                         body: ResponseBody::Upstream(*id),
-                    }))
+                    }));
                 }
                 CallState::Done(Outcome::Success {
                     status,
                     headers,
                     body,
                 }) => {
+                    self.warn_if_owner_failed(calls, context);
                     return Step::Done(Verdict::Verbatim(verbatim(*status, headers, body)));
                 }
                 CallState::Done(Outcome::Rejected(rejection))
@@ -131,14 +171,17 @@ impl Plan for Sequence {
             }
         }
         // Every backend was asked and none succeeded: replay the first error answer (a 404 for
-        // per-certname routes), or 502 when nobody answered.
+        // per-certname routes), or 502 when nobody answered or the node's owner failed.
         let outcomes = calls.outcomes(0);
         let first_rejection = outcomes.iter().find_map(|(_, outcome)| match outcome {
             Outcome::Rejected(rejection) => Some(rejection),
             _ => None,
         });
         Step::Done(Verdict::Verbatim(match first_rejection {
-            Some(rejection) => status::replay(rejection, &context.config.backends),
+            Some(rejection) => {
+                self.warn_if_owner_failed(calls, context);
+                status::replay(rejection, &context.config.backends)
+            }
             None => status::bad_gateway(&outcomes, &context.config.backends),
         }))
     }

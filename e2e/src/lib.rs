@@ -514,6 +514,17 @@ impl Pdbmux {
         Ok(maps.lines().map(str::to_owned).collect())
     }
 
+    /// pdbmux's resident memory (`VmRSS` in `/proc/<pid>/status`, Linux only), in KiB.
+    pub fn resident_kib(&self) -> Result<u64, Error> {
+        let path = format!("/proc/{}/status", self.child.id());
+        let status = fs::read_to_string(&path).map_err(io_err("read pdbmux's status"))?;
+        let rss = status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok());
+        Ok(rss.unwrap_or(0))
+    }
+
     /// The address pdbmux listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -65,6 +65,48 @@ impl Redis {
         format!("{scheme}://127.0.0.1:{}", self.port)
     }
 
+    /// `redis-cli` beside `redis-server` (Debian ships both in redis-tools and redis-server).
+    fn cli(&self) -> Command {
+        let mut command = Command::new(self.binary.with_file_name("redis-cli"));
+        command.args(["-h", "127.0.0.1", "-p", &self.port.to_string()]);
+        command
+    }
+
+    /// The keys matching `pattern`, as another client of the store sees them.
+    fn keys(&self, pattern: &str) -> Vec<String> {
+        let out = self
+            .cli()
+            .args(["--scan", "--pattern", pattern])
+            .output()
+            .expect("run redis-cli");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Writes `value` under `key` for a minute, as anyone who can write the store can.
+    fn set(&self, key: &str, value: &[u8]) {
+        use std::io::Write as _;
+        let mut child = self
+            .cli()
+            .args(["-x", "SET", key])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("run redis-cli");
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(value)
+            .expect("write the value");
+        assert!(child.wait().expect("redis-cli").success());
+        let expire = self.cli().args(["PEXPIRE", key, "60000"]).output();
+        assert!(expire.expect("redis-cli").status.success());
+    }
+
     /// Starts the server (again), in memory only, and waits until it accepts connections.
     fn run(&mut self) {
         let mut command = Command::new(&self.binary);
@@ -109,6 +151,18 @@ impl Drop for Redis {
     }
 }
 
+/// The file every replica of these tests reads the key it signs shared entries with from.
+fn secret_file() -> String {
+    static FILE: std::sync::OnceLock<(tempfile::TempDir, PathBuf)> = std::sync::OnceLock::new();
+    let (_, path) = FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("cache.key");
+        std::fs::write(&path, "e2e-shared-cache-secret-0123456789\n").expect("write the key");
+        (dir, path)
+    });
+    path.display().to_string()
+}
+
 /// A replica sharing `redis` under `prefix`.
 fn replica(label: &str, redis: &Redis, prefix: &str) -> Pdbmux {
     pdbmux_env(
@@ -116,10 +170,47 @@ fn replica(label: &str, redis: &Redis, prefix: &str) -> Pdbmux {
         &[
             ("PDBMUX_CACHE_BACKEND", "redis"),
             ("PDBMUX_CACHE_REDIS_URL", &redis.url()),
+            ("PDBMUX_CACHE_SECRET_FILE", &secret_file()),
             ("PDBMUX_CACHE_KEY_PREFIX", prefix),
             ("PDBMUX_HEALTH_PROBE_ENABLED", "false"),
         ],
     )
+}
+
+/// The key in `secret_file`, for writing entries as a replica would.
+fn secret() -> pdbmux_core::config::Secret {
+    let text = std::fs::read_to_string(secret_file()).expect("read the key");
+    pdbmux_core::config::Secret::new(text.trim_end().as_bytes().to_vec())
+}
+
+/// An entry for the full `key` holding `body`, dated `stored_at_ms` and signed with `secret`.
+fn signed(
+    secret: &pdbmux_core::config::Secret,
+    key: &str,
+    stored_at_ms: u64,
+    body: &str,
+) -> Vec<u8> {
+    let mut headers = http::HeaderMap::new();
+    headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(pdbmux_core::JSON_CONTENT_TYPE),
+    );
+    headers.insert("x-backends", http::HeaderValue::from_static("2/2"));
+    let body = bytes::Bytes::copy_from_slice(body.as_bytes());
+    let value = pdbmux_core::cache::shared::encode(
+        secret,
+        key,
+        stored_at_ms,
+        http::StatusCode::OK,
+        &headers,
+        &body,
+    );
+    value.expect("a JSON 200").to_vec()
+}
+
+fn now_ms() -> u64 {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    u64::try_from(since.expect("after 1970").as_millis()).expect("in range")
 }
 
 /// A `/facts` question only this test asks (its marker in the query), so the PuppetDBs' access
@@ -313,6 +404,8 @@ fn a_rediss_store_is_reached_with_the_tls_files_of_the_backends() {
         ];
         let url = redis.url();
         vars.push(("PDBMUX_CACHE_REDIS_URL", &url));
+        let secret = secret_file();
+        vars.push(("PDBMUX_CACHE_SECRET_FILE", &secret));
         vars.extend(files.iter().map(|(k, v)| (*k, v.as_str())));
         pdbmux_env(label, &vars)
     };
@@ -328,4 +421,119 @@ fn a_rediss_store_is_reached_with_the_tls_files_of_the_backends() {
         b.log()
     );
     assert_eq!(hit.body, miss.body);
+}
+
+/// Anything that can write the store can at most cause misses (docs/reliability.md, "The shared
+/// store is untrusted"): for each poisoned value under a key replica A stored, replica B (which
+/// never asked before) answers from the PuppetDBs, with its own framing, and its kept-alive
+/// connection stays in step; an entry signed with the deployment's key is the control that B
+/// reads that very key.
+#[test]
+fn a_poisoned_store_entry_is_never_served_and_never_desyncs_a_client() {
+    let Some(redis) = Redis::start() else {
+        eprintln!("PDBMUX_E2E_REDIS_SERVER not set: no shared cache to test");
+        return;
+    };
+    let prefix = format!("{}:", marker("prefix"));
+    let a = replica("poison-a", &redis, &prefix);
+    let b = replica("poison-b", &redis, &prefix);
+    let invented = r#"[{"certname":"invented.example","name":"os","value":"pwned"}]"#;
+    let forger = pdbmux_core::config::Secret::new(b"a key that is not the deployment's".to_vec());
+    // The old envelope, with framing and cookies that would desync or hijack a client.
+    let v1_headers = |body: &str| {
+        format!(
+            "pdbmux-cache-v1 {} 88 {}\ncontent-length: 5\ntransfer-encoding: chunked\n\
+             set-cookie: session=stolen\nlocation: http://evil.invalid/\n{body}",
+            now_ms(),
+            body.len()
+        )
+        .into_bytes()
+    };
+    type Poison = Box<dyn Fn(&str) -> Vec<u8>>;
+    let shapes: Vec<(&str, Poison, &str)> = vec![
+        (
+            "headers and framing",
+            Box::new(move |_| v1_headers(invented)),
+            "malformed",
+        ),
+        (
+            "signed with another key",
+            Box::new(move |key| signed(&forger, key, now_ms(), invented)),
+            "forged",
+        ),
+        (
+            "dated an hour ahead",
+            Box::new(move |key| signed(&secret(), key, now_ms() + 3_600_000, invented)),
+            "future",
+        ),
+        (
+            "html under a valid tag",
+            Box::new(move |key| signed(&secret(), key, now_ms(), "<script>alert(1)</script>")),
+            "not_json",
+        ),
+        (
+            "100 MB",
+            Box::new(|_| {
+                let mut value = b"pdbmux-cache-v2 ".to_vec();
+                value.resize(100 << 20, b'x');
+                value
+            }),
+            "oversized",
+        ),
+    ];
+    let rss_before = b.resident_kib().unwrap_or(0);
+    for (name, poison, reason) in &shapes {
+        let mark = marker("poison");
+        let query = question(&mark);
+        let stored = get(&a, FACTS, &[("query", &query)]);
+        assert_eq!(stored.header("x-cache"), Some("miss"), "{name}: {stored:?}");
+        let keys = redis.keys(&format!("{prefix}entry:*"));
+        let key = keys
+            .iter()
+            .find(|key| key.contains(&mark))
+            .unwrap_or_else(|| panic!("{name}: A's entry among {keys:?}"));
+        redis.set(key, &poison(key));
+        // Two requests in a row through the tests' one pooled agent, so on one kept-alive
+        // connection: a response framed by the store would leave the second reading garbage.
+        for (round, want) in [(0, "miss"), (1, "hit")] {
+            let answer = get(&b, FACTS, &[("query", &query)]);
+            assert_eq!(answer.status, 200, "{name} round {round}: {answer:?}");
+            assert_eq!(answer.header("x-cache"), Some(want), "{name} round {round}");
+            assert_eq!(
+                answer.body, stored.body,
+                "{name} round {round}: the PuppetDBs' answer"
+            );
+            assert_eq!(answer.header("set-cookie"), None, "{name}");
+            assert_eq!(answer.header("location"), None, "{name}");
+            assert_eq!(
+                answer.header("x-content-type-options"),
+                Some("nosniff"),
+                "{name}"
+            );
+        }
+        b.wait_for_log(&format!("reason=\"{reason}\""), 1)
+            .or_else(|_| b.wait_for_log(&format!("reason={reason}"), 1))
+            .unwrap_or_else(|e| panic!("{name}: refusal not logged: {e}\n{}", b.log()));
+    }
+    let rss_after = b.resident_kib().unwrap_or(0);
+    assert!(
+        rss_after < rss_before + 32 * 1024,
+        "the 100 MB value was not read whole: {rss_before} KiB -> {rss_after} KiB"
+    );
+    // The control: an entry signed with the deployment's key is served, so B read that key.
+    let mark = marker("poison-control");
+    let query = question(&mark);
+    get(&a, FACTS, &[("query", &query)]);
+    let keys = redis.keys(&format!("{prefix}entry:*"));
+    let key = keys
+        .iter()
+        .find(|key| key.contains(&mark))
+        .expect("A's entry");
+    redis.set(
+        key,
+        &signed(&secret(), key, now_ms(), r#"["signed","by","a","replica"]"#),
+    );
+    let hit = get(&b, FACTS, &[("query", &query)]);
+    assert_eq!(hit.header("x-cache"), Some("hit"), "{hit:?}");
+    assert_eq!(hit.body, r#"["signed","by","a","replica"]"#);
 }

@@ -336,6 +336,12 @@ async fn write(
 
 /// Fails with `TimedOut` when `write` has not completed within `timeout`. Each write given here
 /// completes as soon as the client takes some bytes, so this bounds how long it takes none.
+///
+/// The timer is polled before the write: when it fires, the socket has not once been reported
+/// writable for the whole timeout, and that is the end, even if a write tried now would take a
+/// few bytes (the kernel may free some buffer without waking a writer). Polling the write first
+/// let that last-moment write start a second timeout: a client that stopped reading was held
+/// for twice `client_send_timeout`.
 async fn within<T>(timeout: Duration, write: impl Future<Output = io::Result<T>>) -> io::Result<T> {
     let expired = async {
         Timer::after(timeout).await;
@@ -344,7 +350,7 @@ async fn within<T>(timeout: Duration, write: impl Future<Output = io::Result<T>>
             format!("the client took no bytes for {timeout:?}"),
         ))
     };
-    write.or(expired).await
+    expired.or(write).await
 }
 
 /// Writes all of `bytes`, one `write` (and one send timeout) at a time.

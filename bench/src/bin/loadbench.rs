@@ -251,9 +251,13 @@ fn start_pdbmux(
         command.env("PDBMUX_LOG_LEVEL", "warn");
     }
     if let Some((url, prefix)) = setup.redis {
+        // Every replica reads the same key, so each one's entries authenticate on the others.
+        let secret = log.with_extension("cache.key");
+        std::fs::write(&secret, "loadbench-shared-cache-secret-0123456789")?;
         command
             .env("PDBMUX_CACHE_BACKEND", "redis")
             .env("PDBMUX_CACHE_REDIS_URL", url)
+            .env("PDBMUX_CACHE_SECRET_FILE", secret)
             .env("PDBMUX_CACHE_KEY_PREFIX", prefix);
     }
     let child = command

@@ -103,6 +103,9 @@ pub fn every_metric_the_dashboard_and_rules_use_is_exported(bin: &Path) {
     let store = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let store_url = format!("redis://{}", store.local_addr().unwrap());
     drop(store);
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("cache.key");
+    std::fs::write(&secret, "dashboard-test-secret-0123456789").unwrap();
     let pdbmux = Pdbmux::start(
         bin,
         &[
@@ -113,6 +116,7 @@ pub fn every_metric_the_dashboard_and_rules_use_is_exported(bin: &Path) {
             ("PDBMUX_METRICS_LISTEN", metrics.to_string()),
             ("PDBMUX_CACHE_BACKEND", "redis".to_owned()),
             ("PDBMUX_CACHE_REDIS_URL", store_url),
+            ("PDBMUX_CACHE_SECRET_FILE", secret.display().to_string()),
         ],
     );
     let nodes = pdbmux.get("/pdb/query/v4/nodes");

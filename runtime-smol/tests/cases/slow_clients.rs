@@ -169,8 +169,9 @@ pub fn a_client_that_stops_reading_is_cut_at_the_send_timeout(bin: &Path) {
         // from the answer's first byte, after whatever planning and merging took.
         first_byte(&client);
         let held = until_server_lets_go(&pdbmux, &client, Duration::from_secs(20));
+        // Once, not twice: a write the kernel takes at the deadline must not start another.
         assert!(
-            held >= Duration::from_millis(1500) && held < Duration::from_secs(8),
+            held >= Duration::from_millis(1500) && held < Duration::from_millis(3600),
             "{name}: a client that stopped reading was let go after {held:?}, not about 2 s"
         );
         // A client that keeps reading is never cut, though its answer takes longer than the
