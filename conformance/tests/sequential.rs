@@ -440,3 +440,37 @@ fn a_panic_reading_one_clients_answer_ends_that_client_only() {
     assert!(transcript.contains("+5ms c0 panicked"), "{transcript}");
     insta::assert_snapshot!(transcript);
 }
+
+/// One timeout per request: a backend that lets the first request wait out the whole timeout for
+/// the membership map is not waited for again by that request's query; the others' answer is
+/// served, partial, one timeout after the request came (not two).
+#[test]
+fn the_first_requests_wait_for_membership_counts_against_its_timeout() {
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10)]),
+            vec![Reply::ok(r#"[{"certname":"web1"}]"#).after(ms(2))],
+        ),
+        FakeBackend::always("pdb-b", URL_B, Reply::never()),
+    ]);
+    let c = h.get("/pdb/query/v4/nodes");
+    finish(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::OK, "{}", h.transcript());
+    assert_eq!(response.header("x-backends"), Some("1/2"));
+    let timeout = h.config().timeout;
+    assert!(
+        response.at < timeout + ms(100),
+        "answered after {:?}, one timeout is {timeout:?}\n{}",
+        response.at,
+        h.transcript()
+    );
+    let asked_b = h
+        .sends()
+        .iter()
+        .filter(|s| s.backend_name == "pdb-b")
+        .count();
+    assert_eq!(asked_b, 1, "pdb-b is asked for the membership map only");
+}

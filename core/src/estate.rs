@@ -538,6 +538,7 @@ impl Estate {
                         target: planned.target,
                         cache: planned.cache,
                         work: Work::Fanout(plan),
+                        waited_out: planned.waited_out,
                     };
                     refresh.waiters.push((waiter, Box::new(planned)));
                     return Admission::Wait(waiter);
@@ -549,7 +550,7 @@ impl Estate {
         };
         let context = Context {
             config: Arc::clone(&self.config),
-            roster: self.health.roster(),
+            roster: without(self.health.roster(), &planned.waited_out),
             ownership,
             corrections: Arc::clone(&self.membership.corrections),
         };
@@ -1004,6 +1005,20 @@ impl Estate {
     }
 
     fn apply_membership(&mut self, now: Instant, refresh: MembershipRefresh) {
+        // Backends that gave no answer in the whole timeout: a request that waited for this map
+        // does not wait for them again (one timeout per request).
+        let waited_out: Vec<BackendId> = refresh
+            .calls
+            .0
+            .iter()
+            .filter(|call| {
+                matches!(
+                    &call.result,
+                    None | Some(Err(Failure::Upstream(UpstreamFailure::Timeout)))
+                )
+            })
+            .map(|call| call.backend)
+            .collect();
         for call in &refresh.calls.0 {
             let parsed = match &call.result {
                 Some(Ok(body)) => parse_membership(body).ok_or_else(|| {
@@ -1032,12 +1047,25 @@ impl Estate {
             Arc::new(Ownership::build(&self.membership.per_backend, generation));
         self.membership.corrections = Arc::new(Corrections::new(generation));
         self.membership.refreshed_at = Some(now);
-        self.outputs.extend(
-            refresh
-                .waiters
-                .into_iter()
-                .map(|(waiter, planned)| EstateOutput::Resume { waiter, planned }),
-        );
+        self.outputs
+            .extend(refresh.waiters.into_iter().map(|(waiter, mut planned)| {
+                planned.waited_out.clone_from(&waited_out);
+                EstateOutput::Resume { waiter, planned }
+            }));
+    }
+}
+
+/// `roster` less `left_out`, unless that leaves nobody (then every one of them is asked).
+fn without(roster: Vec<BackendId>, left_out: &[BackendId]) -> Vec<BackendId> {
+    let kept: Vec<BackendId> = roster
+        .iter()
+        .copied()
+        .filter(|backend| !left_out.contains(backend))
+        .collect();
+    if kept.is_empty() {
+        roster
+    } else {
+        kept
     }
 }
 

@@ -32,6 +32,10 @@ pub struct Planned {
     pub(crate) target: String,
     pub(crate) cache: Option<Cacheable>,
     pub(crate) work: Work,
+    /// Backends not to ask: those that let this request wait out the whole timeout for the
+    /// first membership map, so that its wait and its query share one timeout (asking again
+    /// would only wait again); they count as failed for this request.
+    pub(crate) waited_out: Vec<crate::ids::BackendId>,
 }
 
 /// What answers a planned request.
@@ -79,6 +83,7 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
         target: request.target.clone(),
         cache,
         work,
+        waited_out: Vec::new(),
     };
     let route = match classified {
         Ok(route) => route,
@@ -174,6 +179,7 @@ pub(crate) fn plan_translated(
             target: original.to_owned(),
             cache: None,
             work: Work::Fanout(Box::new(Sequence::first_success(original.to_owned()))),
+            waited_out: Vec::new(),
         },
     })
 }
@@ -188,6 +194,7 @@ fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> P
             target: request.target.clone(),
             cache: None,
             work: Work::Fanout(Box::new(Sequence::first_success(request.target.clone()))),
+            waited_out: Vec::new(),
         };
     };
     let params = Params::parse(request.query());
@@ -240,6 +247,7 @@ fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> P
         target: request.target.clone(),
         cache: cacheable,
         work,
+        waited_out: Vec::new(),
     }
 }
 

@@ -510,6 +510,173 @@ fn https_backend_without_a_client_certificate_fails() {
     assert_eq!(r.status, 502, "{r:?}");
 }
 
+/// Runs `openssl` with `args` in `dir`, failing the test on an error.
+fn openssl(dir: &std::path::Path, args: &[&str]) {
+    let out = std::process::Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("run openssl");
+    assert!(out.status.success(), "openssl {args:?}: {out:?}");
+}
+
+/// A TLS server on loopback (`openssl s_server`) presenting `cert`; killed on drop.
+struct TlsServer {
+    child: std::process::Child,
+    url: String,
+}
+
+impl TlsServer {
+    fn start(dir: &std::path::Path, cert: &str, key: &str) -> TlsServer {
+        let port = pdbmux_e2e::free_port().expect("a free port");
+        let child = std::process::Command::new("openssl")
+            .args(["s_server", "-quiet", "-www", "-accept"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(["-cert", cert, "-key", key])
+            .current_dir(dir)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start openssl s_server");
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "s_server never listened"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        TlsServer {
+            child,
+            url: format!("https://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for TlsServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An https backend whose certificate another CA signed, or that expired, is that backend
+/// failing: the others answer (`X-Backends: 1/2`), alone it is a 502 that names the TLS failure,
+/// and nothing is served from it.
+#[test]
+fn https_backends_with_a_wrong_ca_or_an_expired_certificate_fail_cleanly() {
+    let env = env();
+    let Some(tls) = &env.tls else {
+        eprintln!("PDBMUX_E2E_TLS_URL not set: no TLS backend to test");
+        return;
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let dir = dir.path();
+    // Another throwaway CA, which signed nothing the PuppetDB presents.
+    openssl(
+        dir,
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-sha256",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=pdbmux e2e wrong CA",
+            "-keyout",
+            "wrong-ca.key",
+            "-out",
+            "wrong-ca.pem",
+        ],
+    );
+    // A certificate for 127.0.0.1 from the e2e CA, expired a day ago.
+    let pki = tls.ca_file.parent().expect("the PKI directory");
+    std::fs::write(dir.join("san.ext"), "subjectAltName=IP:127.0.0.1\n").expect("write");
+    openssl(
+        dir,
+        &[
+            "req",
+            "-new",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+            "expired.key",
+            "-out",
+            "expired.csr",
+        ],
+    );
+    let ca_key = pki.join("ca.key");
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "expired.csr",
+            "-CA",
+            &tls.ca_file.to_string_lossy(),
+            "-CAkey",
+            &ca_key.to_string_lossy(),
+            "-CAcreateserial",
+            "-days",
+            "-1",
+            "-sha256",
+            "-extfile",
+            "san.ext",
+            "-out",
+            "expired.pem",
+        ],
+    );
+    let expired = TlsServer::start(dir, "expired.pem", "expired.key");
+    let wrong_ca = dir.join("wrong-ca.pem");
+    let first = (env.first().name.as_str(), env.first().url.as_str());
+    let cases = [
+        (
+            "wrong CA",
+            tls.url.as_str(),
+            wrong_ca.to_string_lossy().into_owned(),
+            "issuer",
+        ),
+        (
+            "expired certificate",
+            expired.url.as_str(),
+            tls.ca_file.to_string_lossy().into_owned(),
+            "expired",
+        ),
+    ];
+    for (name, url, ca, reason) in cases {
+        let start = |label: &str, backends: &[(&str, &str)]| {
+            env.pdbmux_with(backends)
+                .env("PDBMUX_TLS_CA_FILE", &ca)
+                .env("PDBMUX_TLS_CERT_FILE", &tls.cert_file.to_string_lossy())
+                .env("PDBMUX_TLS_KEY_FILE", &tls.key_file.to_string_lossy())
+                .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
+                .label(label)
+                .spawn()
+                .unwrap_or_else(|e| panic!("{name}: start pdbmux: {e}"))
+        };
+        let alone = start("tls-bad-alone", &[("tls", url)]);
+        let r = get(&alone, "/pdb/meta/v1/version", &[]);
+        assert_eq!(r.status, 502, "{name}: {r:?}");
+        assert!(
+            r.body.to_ascii_lowercase().contains(reason),
+            "{name}: the 502 names the TLS failure: {r:?}"
+        );
+        drop(alone);
+        let mixed = start("tls-bad-mixed", &[first, ("tls", url)]);
+        let r = get(&mixed, "/pdb/query/v4/nodes", &[]);
+        assert_eq!(r.status, 200, "{name}: {r:?}");
+        assert_eq!(r.header("x-backends"), Some("1/2"), "{name}: {r:?}");
+    }
+}
+
 // --- /healthz ---------------------------------------------------------------------------------
 
 fn healthz(p: &Pdbmux) -> (u16, Value) {

@@ -77,13 +77,42 @@ pub async fn serve(
 }
 
 fn scrape(host: &Host, request: &http_types::Request) -> http_types::Response {
-    let method = match request.method() {
-        http_types::Method::Get => http::Method::GET,
-        http_types::Method::Head => http::Method::HEAD,
-        _ => http::Method::POST,
+    // The head checks the query listener applies (framing, Host), here too.
+    let http10 = request.version() == Some(http_types::Version::Http1_0);
+    let fields: Vec<(String, Vec<u8>)> = request
+        .iter()
+        .flat_map(|(name, values)| {
+            values
+                .iter()
+                .map(move |value| (name.as_str().to_owned(), value.as_str().as_bytes().to_vec()))
+        })
+        .collect();
+    let fields = fields
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_slice()));
+    let answer = match pdbmux_driver::http1::check_head(http10, fields) {
+        Err(why) => {
+            let mut refused = pdbmux_core::Response::text(
+                http::StatusCode::BAD_REQUEST,
+                format!("pdbmux: {why}"),
+            );
+            pdbmux_driver::http1::finish_response_headers(&mut refused.headers);
+            refused.headers.insert(
+                http::header::CONNECTION,
+                http::HeaderValue::from_static("close"),
+            );
+            refused
+        }
+        Ok(_) => {
+            let method = match request.method() {
+                http_types::Method::Get => http::Method::GET,
+                http_types::Method::Head => http::Method::HEAD,
+                _ => http::Method::POST,
+            };
+            let accept = request.header("accept").map(|values| values.as_str());
+            host.scrape(&method, request.url().path(), accept)
+        }
     };
-    let accept = request.header("accept").map(|values| values.as_str());
-    let answer = host.scrape(&method, request.url().path(), accept);
     let status = http_types::StatusCode::try_from(answer.status.as_u16())
         .unwrap_or(http_types::StatusCode::InternalServerError);
     let mut response = http_types::Response::new(status);

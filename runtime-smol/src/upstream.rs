@@ -56,10 +56,10 @@ impl Upstreams {
             .backends
             .iter()
             .map(|backend| {
-                let tls = match backend.url.scheme.as_str() {
-                    "https" => Some(tls_for(backend, &roots)?),
-                    _ => None,
-                };
+                // Read for every backend, as the tokio binary does: a TLS file that cannot be
+                // read is refused at start whatever the scheme, and used for https only.
+                let connector = tls_for(backend, &roots)?;
+                let tls = (backend.url.scheme == "https").then_some(connector);
                 let authority = match backend.url.port {
                     Some(port) => format!("{}:{port}", backend.url.host_for_authority()),
                     None => backend.url.host_for_authority(),

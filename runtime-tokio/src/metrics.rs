@@ -49,6 +49,9 @@ pub async fn serve(listener: TcpListener, host: Arc<Host>) {
 }
 
 fn scrape<B>(host: &Host, request: &http::Request<B>) -> http::Response<body::ResponseBody> {
+    if let Some(refused) = crate::service::refusal(request) {
+        return refused;
+    }
     let accept = request
         .headers()
         .get(http::header::ACCEPT)

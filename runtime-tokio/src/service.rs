@@ -23,10 +23,11 @@ pub async fn handle(
     Ok(into_hyper(host.answer(&client_request(&request)).await))
 }
 
-/// A 400 that closes the connection for a head hyper accepted but both binaries refuse
+/// A 400 that closes the connection for a head hyper accepted but both binaries refuse (on the
+/// query and the metrics listener alike)
 /// ([`pdbmux_driver::http1::check_head`]: framing hyper resolves one way and another reader
 /// could resolve another, a missing or repeated Host).
-fn refusal(request: &http::Request<Incoming>) -> Option<http::Response<body::ResponseBody>> {
+pub(crate) fn refusal<B>(request: &http::Request<B>) -> Option<http::Response<body::ResponseBody>> {
     let http10 = request.version() == http::Version::HTTP_10;
     let fields = request
         .headers()

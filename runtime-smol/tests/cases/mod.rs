@@ -27,6 +27,8 @@ mod slow_clients;
 pub use slow_clients::*;
 mod corpus;
 pub use corpus::*;
+mod untrusted;
+pub use untrusted::*;
 
 fn chunk(data: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", data.len()).into_bytes();
@@ -633,6 +635,11 @@ macro_rules! runtime_cases {
             a_client_that_stops_reading_is_cut_at_the_send_timeout,
             request_smuggling_shapes_are_refused_and_never_reach_a_backend,
             bad_input_is_refused_locally_with_a_clear_status,
+            a_status_past_599_is_a_failed_backend,
+            a_backends_content_type_is_never_relayed,
+            an_unreadable_tls_file_is_refused_at_start_for_http_backends_too,
+            an_owner_whose_answer_is_not_json_is_logged,
+            the_metrics_listener_refuses_ambiguous_framing,
         );
     };
     (@each $binary:expr; $($case:ident),* $(,)?) => {
