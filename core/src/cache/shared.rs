@@ -121,7 +121,7 @@ pub enum Refusal {
     Forged,
     /// Longer than `cache_max_entry_bytes` allows (not read past the limit).
     Oversized,
-    /// Dated later than now (beyond [`CLOCK_SKEW`]).
+    /// Dated later than now, beyond the clock skew replicas may have (1 s).
     FromTheFuture,
     /// Older than its TTL and the stale window: it should have expired in the store.
     Expired,
