@@ -125,7 +125,8 @@ pub enum Refusal {
     FromTheFuture,
     /// Older than its TTL and the stale window: it should have expired in the store.
     Expired,
-    /// Authenticated, yet its body is not JSON.
+    /// Authenticated, yet its body is not JSON (as `records::check_json` judges a backend's
+    /// body: at most 128 levels deep).
     NotJson,
 }
 
@@ -274,7 +275,7 @@ pub(crate) fn decode(
     if !authentic {
         return Err(Refusal::Forged);
     }
-    if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_err() {
+    if crate::records::check_json(&body).is_err() {
         return Err(Refusal::NotJson);
     }
     let mut headers = HeaderMap::new();
@@ -465,5 +466,9 @@ mod tests {
         );
         let html = stored(b"<script>alert(1)</script>");
         assert_eq!(decode(&secret(), KEY, &html, 1024), Err(Refusal::NotJson));
+        // Found by the shared_value fuzz target: a string that is not UTF-8, which serde_json
+        // lets by when it only skips a value.
+        let not_utf8 = stored(b"\"\xc2\xc2\xc2\"");
+        assert_eq!(decode(&secret(), KEY, &not_utf8, 1024), Err(Refusal::NotJson));
     }
 }
