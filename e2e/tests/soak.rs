@@ -62,8 +62,29 @@ struct Expected {
     full: Value,
     /// Every element of the full answer and of each backend's alone, serialized.
     known: BTreeSet<String>,
-    /// The whole answers a verbatim route may give (the owner's, or the other backend's).
+    /// The whole answers a verbatim route may give (the owner's, or the other backend's), in
+    /// [`canonical`] form.
     verbatim: Vec<Value>,
+}
+
+/// `value` with every array sorted (by each element's canonical text), at any depth: PuppetDB
+/// promises no order for a catalog's resources and edges or a factset's facts, and PostgreSQL
+/// returns them in another order once a restart or a vacuum moved the rows, so one backend's
+/// verbatim answer is compared as the set it is.
+fn canonical(value: &Value) -> Value {
+    match value {
+        Value::Array(items) => {
+            let mut items: Vec<Value> = items.iter().map(canonical).collect();
+            items.sort_by_cached_key(Value::to_string);
+            Value::Array(items)
+        }
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(key, value)| (key.clone(), canonical(value)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// The elements of an answer (itself when it is not an array), serialized, sorted.
@@ -163,7 +184,7 @@ fn judge(
             }
         }
         None => {
-            if expected.verbatim.contains(&body) {
+            if expected.verbatim.contains(&canonical(&body)) {
                 tally.verbatim += 1;
             } else {
                 tally.wrong.push(format!(
@@ -324,7 +345,11 @@ fn answers_stay_whole_under_faults_and_a_backend_restart() {
                     .into_iter()
                     .flat_map(elements)
                     .collect(),
-                verbatim: vec![full[i].clone(), a_alone[i].clone(), b_alone[i].clone()],
+                verbatim: vec![
+                    canonical(&full[i]),
+                    canonical(&a_alone[i]),
+                    canonical(&b_alone[i]),
+                ],
                 full: full[i].clone(),
             })
             .collect(),

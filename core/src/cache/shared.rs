@@ -469,6 +469,9 @@ mod tests {
         // Found by the shared_value fuzz target: a string that is not UTF-8, which serde_json
         // lets by when it only skips a value.
         let not_utf8 = stored(b"\"\xc2\xc2\xc2\"");
-        assert_eq!(decode(&secret(), KEY, &not_utf8, 1024), Err(Refusal::NotJson));
+        assert_eq!(
+            decode(&secret(), KEY, &not_utf8, 1024),
+            Err(Refusal::NotJson)
+        );
     }
 }
