@@ -1113,3 +1113,110 @@ fn every_node_owned_entity_is_answered_from_each_nodes_owner() {
         insta::assert_snapshot!(format!("owned_entity_{entity}"), transcript);
     }
 }
+
+/// `target` with its query value percent-encoded.
+fn with_query(path: &str, query: &Value, rest: &str) -> String {
+    let encoded: String = form_urlencoded::byte_serialize(query.to_string().as_bytes()).collect();
+    format!("{path}?query={encoded}{rest}")
+}
+
+/// A sub-route below an environment or a producer is its entity's route with the parent's
+/// constraint added as PuppetDB adds it (D21): the same answer, headers and upstream requests
+/// as the entity's own route asked with that constraint, paging, totals, extract and provenance
+/// included; a query that is PQL is passed through for PuppetDB to refuse.
+#[test]
+fn a_sub_route_below_an_environment_or_producer_is_its_entity_with_that_constraint() {
+    let staging = json!(["=", "environment", "staging"]);
+    let os = json!(["=", "name", "os"]);
+    let extract = json!(["extract", ["certname", "value"], ["=", "name", "os"]]);
+    let cases = [
+        (
+            "/pdb/query/v4/environments/staging/facts".to_owned(),
+            with_query("/pdb/query/v4/facts", &staging, ""),
+        ),
+        (
+            with_query(
+                "/pdb/query/v4/environments/staging/facts",
+                &os,
+                "&limit=1&include_total=true&order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D",
+            ),
+            with_query(
+                "/pdb/query/v4/facts",
+                &json!(["and", os, staging]),
+                "&limit=1&include_total=true&order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D",
+            ),
+        ),
+        (
+            with_query("/pdb/query/v4/environments/production/facts", &extract, ""),
+            with_query(
+                "/pdb/query/v4/facts",
+                &json!([
+                    "extract",
+                    ["certname", "value"],
+                    [
+                        "and",
+                        ["=", "name", "os"],
+                        ["=", "environment", "production"]
+                    ]
+                ]),
+                "",
+            ),
+        ),
+        (
+            "/pdb/query/v4/environments/staging/facts/os".to_owned(),
+            with_query("/pdb/query/v4/facts/os", &staging, ""),
+        ),
+    ];
+    for (sub_route, entity_route) in cases {
+        let mut below = shared_facts_harness(|_| {});
+        let c = below.get(&sub_route);
+        finish(&mut below);
+        let mut direct = shared_facts_harness(|_| {});
+        let d = direct.get(&entity_route);
+        finish(&mut direct);
+        let (got, want) = (
+            below.response(c).expect("answered"),
+            direct.response(d).expect("answered"),
+        );
+        assert_eq!(
+            got.status,
+            StatusCode::OK,
+            "{sub_route}: {}",
+            got.body_str()
+        );
+        assert_eq!(got.body_str(), want.body_str(), "{sub_route}");
+        assert_eq!(
+            got.header("x-records"),
+            want.header("x-records"),
+            "{sub_route}"
+        );
+        assert_eq!(got.header("x-backends"), Some("2/2"), "{sub_route}");
+        if sub_route.ends_with("/environments/staging/facts") {
+            let body = got.body_str();
+            assert!(
+                body.contains(r#""pdbmux_source""#) && !body.contains("production"),
+                "staging's facts only, provenance included: {body}"
+            );
+        }
+        let upstream = |h: &Harness| -> Vec<String> {
+            exchange_sends(h)
+                .iter()
+                .map(|s| s.request.path_and_query.clone())
+                .collect()
+        };
+        assert_eq!(upstream(&below), upstream(&direct), "{sub_route}");
+    }
+    // PQL below an environment is no query PuppetDB takes there: passed through as it is.
+    let mut h = shared_facts_harness(|_| {});
+    h.get("/pdb/query/v4/environments/staging/facts?query=facts%20%7B%7D");
+    finish(&mut h);
+    let sends = exchange_sends(&h);
+    assert!(
+        sends[0]
+            .request
+            .path_and_query
+            .starts_with("/pdb/query/v4/environments/staging/facts?query="),
+        "{:?}",
+        sends[0].request.path_and_query
+    );
+}

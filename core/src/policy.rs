@@ -19,7 +19,7 @@ use crate::jolokia::JolokiaPlan;
 use crate::merge::RecordPlan;
 use crate::message::{ClientRequest, Response};
 use crate::meta::{FirstInOrder, LowestVersion};
-use crate::query::{analyze, Params};
+use crate::query::{analyze, Params, QueryText};
 use crate::root::{self, Pql, RootQuery};
 use crate::route::{classify, Route, RouteClass};
 use crate::sequence::{Holder, Sequence};
@@ -100,7 +100,11 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
     let target = request.target.clone();
     let merged = matches!(
         route,
-        Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType | Route::Root
+        Route::Query(_)
+            | Route::FactsByName { .. }
+            | Route::ResourcesByType
+            | Route::Root
+            | Route::Within { .. }
     );
     if let Some(key) = merged.then(|| repeated_param(request)).flatten() {
         let message = format!("pdbmux: query parameter {key} given more than once");
@@ -129,6 +133,11 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
         Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
             return plan_query(request, &route, config);
         }
+        Route::Within {
+            field,
+            value,
+            entity_path,
+        } => return plan_within(request, (field, value), entity_path, config),
     };
     planned(None, work)
 }
@@ -157,6 +166,59 @@ fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
     Planned {
         class: Route::Root.class(),
         ..planned
+    }
+}
+
+/// Plans a sub-route (`/environments/<env>/facts`, `/producers/<p>/reports`, …) as its entity's
+/// route with `["=", field, value]` added to the query the way PuppetDB adds it
+/// (`add_clause`), and the request's other parameters as they are. A query that is not an AST
+/// (PQL, malformed JSON) is passed through: PuppetDB answers it with its own 400. A path below
+/// the entity that is no entity route of its own is unknown (404).
+fn plan_within(
+    request: &ClientRequest,
+    (field, raw_value): (&str, &str),
+    entity_path: &str,
+    config: &Arc<Config>,
+) -> Planned {
+    let params = Params::parse(request.query());
+    let value = percent_encoding::percent_decode_str(raw_value).decode_utf8_lossy();
+    let clause = serde_json::json!(["=", field, value]);
+    let query = match params.query_text() {
+        QueryText::Absent => clause,
+        QueryText::Ast(ast) => crate::query::add_clause(Some(&ast), clause),
+        QueryText::Pql(_) | QueryText::Malformed(_) => {
+            return Planned {
+                config: Arc::clone(config),
+                class: RouteClass::PassThrough,
+                target: request.target.clone(),
+                cache: None,
+                work: Work::Fanout(Box::new(Sequence::first_success(request.target.clone()))),
+                waited_out: Vec::new(),
+            };
+        }
+    };
+    let mut mapped = Params::default();
+    mapped.set("query", &query.to_string());
+    for param in params.iter().filter(|p| p.key() != "query") {
+        mapped.set(param.key(), param.value());
+    }
+    let target = format!("{}/{entity_path}?{}", root::ROOT, mapped.to_query_string());
+    let mapped_request = ClientRequest::get(target);
+    match classify(&ClientRequest::get(mapped_request.path())) {
+        Ok(route @ (Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType)) => {
+            plan_query(&mapped_request, &route, config)
+        }
+        _ => Planned {
+            config: Arc::clone(config),
+            class: RouteClass::Refused,
+            target: request.target.clone(),
+            cache: None,
+            work: Work::Local(Response::text(
+                StatusCode::NOT_FOUND,
+                format!("pdbmux: {}", crate::route::Refusal::NotFound),
+            )),
+            waited_out: Vec::new(),
+        },
     }
 }
 

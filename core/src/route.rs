@@ -71,6 +71,18 @@ pub enum Route {
     /// `/pdb/query/v4` itself: PQL and `from` queries, answered as their entity's route
     /// (docs/merging.md, "PQL and the root endpoint").
     Root,
+    /// `/environments/<env>/{facts,resources,reports,events}[/…]` and
+    /// `/producers/<p>/{catalogs,factsets,reports}[/…]`: the entity's own route with the
+    /// parent's constraint added to its query, as PuppetDB adds it (docs/merging.md, "The route
+    /// table"). Answered as that route: merged, paged, totalled and cached the same way.
+    Within {
+        /// The field the parent constrains: `environment` or `producer`.
+        field: &'static str,
+        /// The parent's raw (still percent-encoded) segment.
+        value: String,
+        /// The entity's path below `/pdb/query/v4/`, e.g. `facts/os`.
+        entity_path: String,
+    },
     /// Every other `/pdb/query/v4` path: first success in configured order.
     PassThrough,
     /// `/pdb/meta/v1/version`: the lowest version any backend runs.
@@ -153,9 +165,10 @@ impl Route {
     /// How this route is answered ([`RouteClass`]).
     pub fn class(&self) -> RouteClass {
         match self {
-            Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
-                RouteClass::Query
-            }
+            Route::Query(_)
+            | Route::FactsByName { .. }
+            | Route::ResourcesByType
+            | Route::Within { .. } => RouteClass::Query,
             Route::PerCertname { .. } => RouteClass::PerCertname,
             Route::ReportHash { .. } => RouteClass::ReportHash,
             Route::Root => RouteClass::Root,
@@ -354,6 +367,20 @@ fn contains_escape(segment: &str, hex: &str) -> bool {
         .any(|w| w[0] == b'%' && w[1..].eq_ignore_ascii_case(hex.as_bytes()))
 }
 
+/// The entity route below a parent (`/environments/<env>`, `/producers/<p>`).
+fn within(field: &'static str, value: &str, entity: &str, tail: &[&str]) -> Route {
+    let mut entity_path = entity.to_owned();
+    for segment in tail {
+        entity_path.push('/');
+        entity_path.push_str(segment);
+    }
+    Route::Within {
+        field,
+        value: value.to_owned(),
+        entity_path,
+    }
+}
+
 /// The route for an allowlisted path, or `None`.
 fn allowlisted(segments: &[&str]) -> Option<Route> {
     match segments {
@@ -380,9 +407,19 @@ fn query_route(rest: &[&str]) -> Option<Route> {
         [segment] if Entity::from_segment(segment).is_some() => {
             Entity::from_segment(segment).map_or(Route::PassThrough, Route::Query)
         }
-        ["catalog-inputs"] | ["catalog-inputs", _] => Route::PassThrough,
-        ["environments" | "producers", _, ..] => Route::PassThrough,
-        ["package-inventory", _] => Route::PassThrough,
+        ["catalog-inputs"] => Route::PassThrough,
+        // One node's catalog inputs or packages: from the node's owner, as its catalog or facts.
+        ["catalog-inputs" | "package-inventory", certname] => Route::PerCertname {
+            certname: (*certname).to_owned(),
+        },
+        // Whether an environment or producer is known: any backend that knows it answers.
+        ["environments" | "producers", _] => Route::PassThrough,
+        ["environments", environment, entity @ ("facts" | "resources" | "reports" | "events"), tail @ ..] => {
+            within("environment", environment, entity, tail)
+        }
+        ["producers", producer, entity @ ("catalogs" | "factsets" | "reports"), tail @ ..] => {
+            within("producer", producer, entity, tail)
+        }
         ["facts", name] => Route::FactsByName {
             name: (*name).to_owned(),
             value: None,
@@ -457,16 +494,30 @@ mod tests {
             ("/pdb/query/v4?query=nodes%20%7B%7D", "root"),
             ("/pdb/query/v4/resources/File/foo", "query"),
             ("/pdb/query/v4/resources/File", "query"),
-            ("/pdb/query/v4/catalog-inputs/web1", "pass-through"),
+            ("/pdb/query/v4/catalog-inputs/web1", "per-certname"),
+            ("/pdb/query/v4/environments/production", "pass-through"),
+            ("/pdb/query/v4/environments/production/facts", "query"),
+            ("/pdb/query/v4/environments/production/facts/os", "query"),
             (
-                "/pdb/query/v4/environments/production/facts",
-                "pass-through",
+                "/pdb/query/v4/environments/production/resources/File",
+                "query",
             ),
+            ("/pdb/query/v4/environments/production/reports", "query"),
+            ("/pdb/query/v4/environments/production/events", "query"),
+            ("/pdb/query/v4/producers/puppet.example.com", "pass-through"),
             (
                 "/pdb/query/v4/producers/puppet.example.com/catalogs",
-                "pass-through",
+                "query",
             ),
-            ("/pdb/query/v4/package-inventory/web1", "pass-through"),
+            (
+                "/pdb/query/v4/producers/puppet.example.com/factsets",
+                "query",
+            ),
+            (
+                "/pdb/query/v4/producers/puppet.example.com/reports",
+                "query",
+            ),
+            ("/pdb/query/v4/package-inventory/web1", "per-certname"),
             ("/pdb/query/v4/facts/path/a%2Fb", "query"),
             ("/pdb/meta/v1/version", "meta"),
             ("/pdb/meta/v1/server-time", "meta"),
@@ -524,6 +575,11 @@ mod tests {
             "/pdb/query/v4/resources/File/a/b",
             "/pdb/query/v4/reports/abc123",
             "/pdb/query/v4/reports/abc123/nosuch",
+            // Below an environment or producer: only what PuppetDB 7.12.1 serves there.
+            "/pdb/query/v4/environments/production/nodes",
+            "/pdb/query/v4/environments/production/nosuch",
+            "/pdb/query/v4/producers/puppet.example.com/facts",
+            "/pdb/query/v4/package-inventory/web1/extra",
         ] {
             assert_eq!(route(target), Err(Refusal::NotFound), "{target}");
         }
