@@ -963,3 +963,31 @@ fn refusals_equal_the_union() {
     }
     check("union-refusals", &questions);
 }
+
+/// The sub-routes below an environment or a producer are their entity with that constraint
+/// (D21): what one PuppetDB holding the estate answers on the same sub-route.
+#[test]
+fn sub_routes_equal_the_union() {
+    let producer = "puppet.pdbmux.test";
+    let mut questions = Vec::new();
+    for environment in ["production", "staging"] {
+        let below = |entity: &str| format!("/pdb/query/v4/environments/{environment}/{entity}");
+        for entity in ["facts", "resources", "reports", "events"] {
+            questions.push(Question::new(&below(entity), &[]));
+        }
+        questions.push(Question::new(&below("facts/e2e_loaded_into"), &[]));
+        questions.push(Question::new(&below("resources/Service"), &[]));
+        questions.push(Question::new(
+            &below("facts"),
+            &[(
+                "query",
+                q(json!(["extract", ["certname", "value"], ["=", "name", "e2e_weight"]])),
+            )],
+        ));
+    }
+    for entity in ["catalogs", "factsets", "reports"] {
+        let path = format!("/pdb/query/v4/producers/{producer}/{entity}");
+        questions.push(Question::new(&path, &[]));
+    }
+    check("sub-routes", &questions);
+}
