@@ -981,7 +981,11 @@ fn sub_routes_equal_the_union() {
             &below("facts"),
             &[(
                 "query",
-                q(json!(["extract", ["certname", "value"], ["=", "name", "e2e_weight"]])),
+                q(json!([
+                    "extract",
+                    ["certname", "value"],
+                    ["=", "name", "e2e_weight"]
+                ])),
             )],
         ));
     }
