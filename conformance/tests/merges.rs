@@ -1220,3 +1220,72 @@ fn a_sub_route_below_an_environment_or_producer_is_its_entity_with_that_constrai
         sends[0].request.path_and_query
     );
 }
+
+/// The provenance fact asked for by name, or by name and value, on `/facts` (what Puppetboard's
+/// fact pages send, its value links included) answers as the fact's own path does: the backends
+/// hold no such fact, so a plain `/facts` query would answer nothing.
+#[test]
+fn the_provenance_fact_by_name_and_value_on_facts_answers_as_its_own_path() {
+    let by_name = json!(["=", "name", "pdbmux_source"]);
+    let cases = [
+        (
+            with_query("/pdb/query/v4/facts", &by_name, ""),
+            "/pdb/query/v4/facts/pdbmux_source",
+        ),
+        (
+            with_query(
+                "/pdb/query/v4/facts",
+                &json!([
+                    "and",
+                    ["=", "name", "pdbmux_source"],
+                    ["=", "value", "pdb-a"]
+                ]),
+                "",
+            ),
+            "/pdb/query/v4/facts/pdbmux_source/pdb-a",
+        ),
+        (
+            with_query(
+                "/pdb/query/v4/facts",
+                &json!([
+                    "and",
+                    ["=", "value", "pdb-b"],
+                    ["=", "name", "pdbmux_source"]
+                ]),
+                "",
+            ),
+            "/pdb/query/v4/facts/pdbmux_source/pdb-b",
+        ),
+    ];
+    for (asked, own_path) in cases {
+        let mut h = shared_facts_harness(|_| {});
+        let c = h.get(&asked);
+        finish(&mut h);
+        let mut direct = shared_facts_harness(|_| {});
+        let d = direct.get(own_path);
+        finish(&mut direct);
+        let got = body_json(&h, c);
+        assert_eq!(got, body_json(&direct, d), "{asked}");
+        let rows = got.as_array().expect("an array");
+        assert!(!rows.is_empty(), "{asked}: {got}");
+        assert!(
+            rows.iter().all(|row| row["name"] == "pdbmux_source"),
+            "{asked}: {got}"
+        );
+    }
+    // Another fact by name and value is a plain /facts query.
+    let mut h = shared_facts_harness(|_| {});
+    let asked = with_query(
+        "/pdb/query/v4/facts",
+        &json!(["and", ["=", "name", "os"], ["=", "value", "Debian"]]),
+        "",
+    );
+    let c = h.get(&asked);
+    finish(&mut h);
+    let got = body_json(&h, c);
+    assert!(
+        got.as_array()
+            .is_some_and(|rows| !rows.is_empty() && rows.iter().all(|r| r["name"] == "os")),
+        "{got}"
+    );
+}

@@ -222,6 +222,68 @@ fn plan_within(
     }
 }
 
+/// What a path segment keeps unencoded: the unreserved characters.
+const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'~');
+
+/// A `/facts` query that asks for the provenance fact by name, or by name and value (what
+/// Puppetboard's fact pages send: `["=","name","pdbmux_source"]`,
+/// `["and",["=","name","pdbmux_source"],["=","value","pdb-a"]]`), as the target of the
+/// provenance fact's own path (`/facts/pdbmux_source[/pdb-a]`, docs/merging.md "Provenance"),
+/// with the request's other parameters: the backends hold no such fact, so only that path
+/// answers it. `None` for any other request.
+fn source_fact_target(request: &ClientRequest, route: &Route, config: &Config) -> Option<String> {
+    if route != &Route::Query(crate::entity::Entity::Facts) || !config.source_fact_enabled {
+        return None;
+    }
+    let params = Params::parse(request.query());
+    let QueryText::Ast(ast) = params.query_text() else {
+        return None;
+    };
+    let equals = |clause: &serde_json::Value, field: &str| -> Option<String> {
+        match clause.as_array()?.as_slice() {
+            [op, f, serde_json::Value::String(value)] if op == "=" && f == field => {
+                Some(value.clone())
+            }
+            _ => None,
+        }
+    };
+    let (name, value) = match ast.as_array()?.as_slice() {
+        [_, _, _] if equals(&ast, "name").is_some() => (equals(&ast, "name")?, None),
+        [op, a, b] if op == "and" => match (equals(a, "name"), equals(b, "name")) {
+            (Some(name), None) => (name, Some(equals(b, "value")?)),
+            (None, Some(name)) => (name, Some(equals(a, "value")?)),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    if name != config.source_fact {
+        return None;
+    }
+    let mut path = format!(
+        "{}/facts/{}",
+        root::ROOT,
+        percent_encoding::utf8_percent_encode(&name, SEGMENT)
+    );
+    if let Some(value) = value {
+        path.push('/');
+        path.extend(percent_encoding::utf8_percent_encode(&value, SEGMENT));
+    }
+    let mut rest = Params::default();
+    for param in params.iter().filter(|p| p.key() != "query") {
+        rest.set(param.key(), param.value());
+    }
+    let rest = rest.to_query_string();
+    Some(if rest.is_empty() {
+        path
+    } else {
+        format!("{path}?{rest}")
+    })
+}
+
 /// Plans PQL once a backend translated it (`translation`, the body of its `ast_only=true`
 /// answer): a `from` query on a merged entity is planned as that route's; anything else is
 /// asked of the backends as the client sent it (`original`). `None` when the body is not a JSON
@@ -249,6 +311,9 @@ pub(crate) fn plan_translated(
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
 /// cached when the entity's record sets are.
 fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> Planned {
+    if let Some(target) = source_fact_target(request, route, config) {
+        return plan(&ClientRequest::get(target), config);
+    }
     let Some(entity) = route.entity() else {
         return Planned {
             config: Arc::clone(config),
