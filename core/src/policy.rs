@@ -172,8 +172,7 @@ fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
 /// Plans a sub-route (`/environments/<env>/facts`, `/producers/<p>/reports`, …) as its entity's
 /// route with `["=", field, value]` added to the query the way PuppetDB adds it
 /// (`add_clause`), and the request's other parameters as they are. A query that is not an AST
-/// (PQL, malformed JSON) is passed through: PuppetDB answers it with its own 400. A path below
-/// the entity that is no entity route of its own is unknown (404).
+/// (PQL, malformed JSON) is passed through: PuppetDB answers it with its own 400.
 fn plan_within(
     request: &ClientRequest,
     (field, raw_value): (&str, &str),
@@ -203,23 +202,8 @@ fn plan_within(
         mapped.set(param.key(), param.value());
     }
     let target = format!("{}/{entity_path}?{}", root::ROOT, mapped.to_query_string());
-    let mapped_request = ClientRequest::get(target);
-    match classify(&ClientRequest::get(mapped_request.path())) {
-        Ok(route @ (Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType)) => {
-            plan_query(&mapped_request, &route, config)
-        }
-        _ => Planned {
-            config: Arc::clone(config),
-            class: RouteClass::Refused,
-            target: request.target.clone(),
-            cache: None,
-            work: Work::Local(Response::text(
-                StatusCode::NOT_FOUND,
-                format!("pdbmux: {}", crate::route::Refusal::NotFound),
-            )),
-            waited_out: Vec::new(),
-        },
-    }
+    // The route table admitted only an entity's record routes below a parent.
+    plan(&ClientRequest::get(target), config)
 }
 
 /// What a path segment keeps unencoded: the unreserved characters.

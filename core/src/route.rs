@@ -367,18 +367,18 @@ fn contains_escape(segment: &str, hex: &str) -> bool {
         .any(|w| w[0] == b'%' && w[1..].eq_ignore_ascii_case(hex.as_bytes()))
 }
 
-/// The entity route below a parent (`/environments/<env>`, `/producers/<p>`).
-fn within(field: &'static str, value: &str, entity: &str, tail: &[&str]) -> Route {
-    let mut entity_path = entity.to_owned();
-    for segment in tail {
-        entity_path.push('/');
-        entity_path.push_str(segment);
+/// The entity route below a parent (`/environments/<env>`, `/producers/<p>`): `below` (the
+/// entity and what follows it) must be one of the entity's own record routes, else `None`.
+fn within(field: &'static str, value: &str, below: &[&str]) -> Option<Route> {
+    match query_route(below)? {
+        Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {}
+        _ => return None,
     }
-    Route::Within {
+    Some(Route::Within {
         field,
         value: value.to_owned(),
-        entity_path,
-    }
+        entity_path: below.join("/"),
+    })
 }
 
 /// The route for an allowlisted path, or `None`.
@@ -414,11 +414,19 @@ fn query_route(rest: &[&str]) -> Option<Route> {
         },
         // Whether an environment or producer is known: any backend that knows it answers.
         ["environments" | "producers", _] => Route::PassThrough,
-        ["environments", environment, entity @ ("facts" | "resources" | "reports" | "events"), tail @ ..] => {
-            within("environment", environment, entity, tail)
+        ["environments", environment, below @ ..]
+            if below
+                .first()
+                .is_some_and(|e| matches!(*e, "facts" | "resources" | "reports" | "events")) =>
+        {
+            within("environment", environment, below)?
         }
-        ["producers", producer, entity @ ("catalogs" | "factsets" | "reports"), tail @ ..] => {
-            within("producer", producer, entity, tail)
+        ["producers", producer, below @ ..]
+            if below
+                .first()
+                .is_some_and(|e| matches!(*e, "catalogs" | "factsets" | "reports")) =>
+        {
+            within("producer", producer, below)?
         }
         ["facts", name] => Route::FactsByName {
             name: (*name).to_owned(),

@@ -2,7 +2,7 @@
 
 Every expected value comes from fixture.json (support.Estate applies the merge rules to it) or
 from the backends queried directly; never from pdbmux's answers. Pages are fetched the way a
-browser and Puppetboard's DataTables code fetch them (see shared/reference/puppetboard.md).
+browser and Puppetboard's DataTables code fetch them: the page, then each JSON endpoint it loads.
 """
 
 from __future__ import annotations

@@ -292,7 +292,7 @@ impl Estate {
         )
         .and_then(|entry| {
             let age_ms = now_ms.saturating_sub(entry.stored_at_ms);
-            if entry.stored_at_ms > now_ms.saturating_add(millis(CLOCK_SKEW)) {
+            if u128::from(entry.stored_at_ms) > u128::from(now_ms) + CLOCK_SKEW.as_millis() {
                 Err(Refusal::FromTheFuture)
             } else if u128::from(age_ms) >= kept.as_millis() {
                 Err(Refusal::Expired)
@@ -512,8 +512,4 @@ impl Estate {
             });
         polls.chain(tier.next_deadline()).min()
     }
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

@@ -1,5 +1,6 @@
 //! Test vectors for the provenance gates and the other [`Analysis`] flags: Puppetboard's real
-//! query shapes (../shared/reference/puppetboard.md) and the edge cases around subqueries.
+//! query shapes (the data requests of the pages `e2e/puppetboard/test_puppetboard.py` loads
+//! through a real Puppetboard 7) and the edge cases around subqueries.
 
 use serde_json::{json, Value};
 
@@ -50,7 +51,7 @@ fn flags(analysis: &Analysis) -> Flags {
 /// Test vectors for every gate: (what it is, the AST, the expected flags).
 fn vectors() -> Vec<(&'static str, Value, Flags)> {
     vec![
-        // Puppetboard's shapes (../shared/reference/puppetboard.md).
+        // Puppetboard's shapes, as its pages ask them (e2e/puppetboard/).
         (
             "overview node count",
             json!([
