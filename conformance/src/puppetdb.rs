@@ -24,7 +24,9 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde_json::{Map, Value};
 
-use crate::script::{Asked, FakeBackend, Reply};
+use pdbmux_core::membership::{CATALOGS_PRODUCED_QUERY, FACTS_PRODUCED_QUERY};
+
+use crate::script::{Asked, FakeBackend, Reply, ReplyOutcome};
 
 /// The entity path prefix the fake answers under.
 const QUERY_V4: &str = "/pdb/query/v4/";
@@ -85,6 +87,10 @@ pub struct PuppetDb {
     /// What the root endpoint answers `query=<PQL>&ast_only=true` with, by PQL text; other PQL
     /// gets PuppetDB's 400.
     pub translations: std::collections::BTreeMap<String, Value>,
+    /// When a node's factset (`"factsets"`) or catalog (`"catalogs"`) was produced (`None`: it
+    /// has none), by (segment, certname), where it differs from its report time (see
+    /// [`produced_at_report_time`]).
+    pub produced: std::collections::BTreeMap<(String, String), Option<String>>,
 }
 
 impl PuppetDb {
@@ -150,6 +156,17 @@ impl PuppetDb {
         self
     }
 
+    /// Says the node's factset (`segment` `"factsets"`) or catalog (`"catalogs"`) was produced
+    /// at `at` (`None`: it has none) rather than in the run of its latest report.
+    #[must_use]
+    pub fn produced(mut self, segment: &str, certname: &str, at: Option<&str>) -> PuppetDb {
+        self.produced.insert(
+            (segment.to_owned(), certname.to_owned()),
+            at.map(str::to_owned),
+        );
+        self
+    }
+
     /// Teaches the root endpoint the AST `pql` translates to.
     #[must_use]
     pub fn translation(mut self, pql: &str, ast: Value) -> PuppetDb {
@@ -190,6 +207,14 @@ impl PuppetDb {
     pub fn answer(&self, asked: &Asked<'_>) -> Reply {
         if let Some(reply) = self.translate(asked) {
             return reply;
+        }
+        let segment = match asked.path_and_query {
+            FACTS_PRODUCED_QUERY => Some("factsets"),
+            CATALOGS_PRODUCED_QUERY => Some("catalogs"),
+            _ => None,
+        };
+        if let Some(segment) = segment {
+            return Reply::ok(self.produced_rows(segment).to_string());
         }
         let asking = match read_asking(asked) {
             Ok(asking) => asking,
@@ -297,6 +322,25 @@ impl PuppetDb {
     }
 
     /// The distinct fact names, as `{"name": …}` records sorted by name.
+    /// The membership refresh's producer times of `segment` (`factsets` or `catalogs`): each
+    /// node's report time unless [`PuppetDb::produced`] said otherwise.
+    fn produced_rows(&self, segment: &str) -> Value {
+        let mut rows = produced_at_report_time(&self.nodes);
+        let Value::Array(list) = &mut rows else {
+            return rows;
+        };
+        for ((kind, certname), at) in &self.produced {
+            if kind != segment {
+                continue;
+            }
+            list.retain(|row| row["certname"] != certname.as_str());
+            if let Some(at) = at {
+                list.push(serde_json::json!({ "certname": certname, "producer_timestamp": at }));
+            }
+        }
+        rows
+    }
+
     fn fact_names(&self) -> Vec<Value> {
         let mut names: Vec<&str> = self
             .facts
@@ -332,6 +376,41 @@ impl FakeBackend {
     pub fn puppetdb(name: &str, url: &str, db: PuppetDb, latency: Duration) -> FakeBackend {
         FakeBackend::by_request(name, url, move |asked| db.answer(asked).after(latency))
     }
+}
+
+/// The answer to a producer-time query of the membership refresh (`/factsets` or `/catalogs`,
+/// `["extract",["certname","producer_timestamp"]]`) from a backend whose nodes each produced
+/// their facts and catalog in the run of their latest report: one row per node record (objects
+/// with `certname` and `report_timestamp`), produced at its report time; none for a node
+/// without a report. A test that needs the kinds apart answers these queries itself.
+pub fn produced_at_report_time(nodes: &[Value]) -> Value {
+    let rows = nodes
+        .iter()
+        .filter_map(|node| {
+            let certname = node.get("certname")?;
+            let at = node.get("report_timestamp").filter(|t| !t.is_null())?;
+            Some(serde_json::json!({ "certname": certname, "producer_timestamp": at }))
+        })
+        .collect();
+    Value::Array(rows)
+}
+
+/// The producer-time reply of a scripted backend whose membership reply is `membership`, under
+/// the model of [`produced_at_report_time`]: an answer that is not a JSON array (or not an
+/// answer at all) is given back as it is, so a failing membership fails every part of it.
+pub fn produced_in_runs(membership: &Reply) -> Reply {
+    if let ReplyOutcome::Answer(answer) = &membership.outcome {
+        if let Ok(Value::Array(nodes)) = serde_json::from_slice::<Value>(&answer.body) {
+            return Reply {
+                outcome: ReplyOutcome::Answer(crate::script::ScriptedAnswer {
+                    body: produced_at_report_time(&nodes).to_string().into(),
+                    ..answer.clone()
+                }),
+                ..membership.clone()
+            };
+        }
+    }
+    membership.clone()
 }
 
 /// A node record as PuppetDB 7 writes one (the fields the tests use).

@@ -24,8 +24,11 @@
 //!   distinct reports' window, and the total counts a report stored twice once;
 //! - the answer does not depend on the order the backends answered in (latencies permuted).
 //!
-//! Owners follow freshness: the newer report_timestamp, on a tie the newer facts_timestamp, then
-//! configured order.
+//! Owners follow freshness per kind of data, by producer time (docs/decisions.md, D14): a node's
+//! record from the newer report_timestamp, then the newer facts, then the newer catalog; its
+//! facts from the newer factset `producer_timestamp`; its resources from the newer catalog
+//! `producer_timestamp`; ties and nulls to configured order. The receive time
+//! (`facts_timestamp`) is random and never decides.
 
 use http::Method;
 use pdbmux_conformance::{
@@ -34,6 +37,7 @@ use pdbmux_conformance::{
     SentRequest,
 };
 use pdbmux_core::config::MergeStrategy;
+use pdbmux_core::membership::Kind;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
@@ -101,8 +105,12 @@ struct Holding {
     certname: String,
     stamp: Option<&'static str>,
     environment: &'static str,
-    /// When its facts arrived (breaks a report_timestamp tie).
+    /// When its facts arrived (a receive time: no evidence of newness).
     facts_stamp: Option<&'static str>,
+    /// When its factset was produced (`None`: none).
+    facts_produced: Option<&'static str>,
+    /// When its catalog was produced (`None`: none).
+    catalog_produced: Option<&'static str>,
     facts: Vec<(&'static str, Value)>,
     /// An upstream fact named like the provenance fact (always dropped while it is enabled).
     impostor: bool,
@@ -145,6 +153,9 @@ impl Estate {
             let mut node = node_record(&holding.certname, holding.stamp);
             node["facts_timestamp"] = json!(holding.facts_stamp);
             db.nodes.push(node);
+            db = db
+                .produced("factsets", &holding.certname, holding.facts_produced)
+                .produced("catalogs", &holding.certname, holding.catalog_produced);
             db.resources.extend(holding.resource_records());
             db.reports.extend(holding.report_records());
             for (name, value) in &holding.facts {
@@ -174,15 +185,28 @@ impl Estate {
         self
     }
 
-    /// The owner of every certname: the newer report_timestamp (null older than any), on a tie
-    /// the newer facts_timestamp, then configured order; or the first holder in configured order.
-    fn owners(&self, strategy: MergeStrategy) -> std::collections::BTreeMap<String, usize> {
-        type Freshness<'a> = (Option<&'a str>, Option<&'a str>);
+    /// The owner of every certname's `kind` of data: by the producer times of that kind (null
+    /// older than any; a node record by report, then facts, then catalog), ties to configured
+    /// order; or the first holder in configured order.
+    fn owners(
+        &self,
+        strategy: MergeStrategy,
+        kind: Kind,
+    ) -> std::collections::BTreeMap<String, usize> {
+        type Freshness<'a> = [Option<&'a str>; 3];
         let mut owners: std::collections::BTreeMap<String, (usize, Freshness<'_>)> =
             std::collections::BTreeMap::new();
         for (backend, holdings) in self.backends.iter().enumerate() {
             for holding in holdings {
-                let freshness = (holding.stamp, holding.facts_stamp);
+                let freshness = match kind {
+                    Kind::Node => [
+                        holding.stamp,
+                        holding.facts_produced,
+                        holding.catalog_produced,
+                    ],
+                    Kind::Facts => [holding.facts_produced, None, None],
+                    Kind::Catalog => [holding.catalog_produced, None, None],
+                };
                 match owners.get_mut(&holding.certname) {
                     None => {
                         owners.insert(holding.certname.clone(), (backend, freshness));
@@ -201,8 +225,8 @@ impl Estate {
     }
 
     /// The shared certnames `backend` holds but another backend owns, sorted.
-    fn excluded(&self, backend: usize, strategy: MergeStrategy) -> Vec<String> {
-        let owners = self.owners(strategy);
+    fn excluded(&self, backend: usize, strategy: MergeStrategy, kind: Kind) -> Vec<String> {
+        let owners = self.owners(strategy, kind);
         let mut out: Vec<String> = self.backends[backend]
             .iter()
             .filter(|h| owners.get(&h.certname) != Some(&backend))
@@ -230,7 +254,7 @@ fn holdings(long: bool) -> impl Strategy<Value = Vec<Holding>> {
         prop::collection::vec((0..FACT_NAMES.len(), 0usize..8), 0..4),
         prop::bool::weighted(0.2),
         (
-            0..STAMPS.len(),
+            (0..STAMPS.len(), 0..STAMPS.len(), 0..STAMPS.len()),
             prop::collection::btree_set(0..RESOURCES.len(), 0..=3),
             prop::collection::btree_set(0..REPORT_TIMES.len(), 0..=3),
         ),
@@ -238,7 +262,8 @@ fn holdings(long: bool) -> impl Strategy<Value = Vec<Holding>> {
     prop::collection::vec(holding, 0..=7).prop_map(move |rows| {
         let mut seen = Vec::new();
         let mut out = Vec::new();
-        for (name, stamp, environment, facts, impostor, (facts_stamp, resources, reports)) in rows {
+        for (name, stamp, environment, facts, impostor, (stamps, resources, reports)) in rows {
+            let (facts_stamp, facts_produced, catalog_produced) = stamps;
             if seen.contains(&name) {
                 continue;
             }
@@ -258,6 +283,8 @@ fn holdings(long: bool) -> impl Strategy<Value = Vec<Holding>> {
                 stamp: STAMPS[stamp],
                 environment: ENVIRONMENTS[environment],
                 facts_stamp: STAMPS[facts_stamp],
+                facts_produced: STAMPS[facts_produced],
+                catalog_produced: STAMPS[catalog_produced],
                 facts,
                 impostor,
                 resources: resources.into_iter().collect(),
@@ -460,7 +487,7 @@ fn run(
 fn check_upstream(
     sends: &[SentRequest],
     estate: &Estate,
-    strategy: MergeStrategy,
+    (strategy, kind): (MergeStrategy, Kind),
     paging: &Paging,
     query: Option<&Value>,
     transcript: &str,
@@ -506,7 +533,7 @@ fn check_upstream(
             pushed[backend] += 1;
             prop_assert_eq!(
                 &excluded,
-                &estate.excluded(backend, strategy),
+                &estate.excluded(backend, strategy, kind),
                 "exclusions for {}\n{}",
                 sent.backend_name,
                 transcript
@@ -527,7 +554,7 @@ fn check_upstream(
         }
     }
     // A query pinned to certnames goes only to their owners (everyone when one is unknown).
-    let owners = estate.owners(strategy);
+    let owners = estate.owners(strategy, kind);
     let needed: Option<Vec<usize>> = query
         .and_then(|q| pdbmux_core::query::analyze(q).pinned_certnames)
         .filter(|pinned| !pinned.is_empty())
@@ -546,7 +573,7 @@ fn check_upstream(
 }
 
 fn nodes_reference(estate: &Estate, paging: &Paging) -> (Vec<Value>, usize) {
-    let owners = estate.owners(MergeStrategy::Freshness);
+    let owners = estate.owners(MergeStrategy::Freshness, Kind::Node);
     let mut records = Vec::new();
     for (backend, holdings) in estate.backends.iter().enumerate() {
         for holding in holdings {
@@ -571,7 +598,7 @@ fn facts_reference(
     filter: Option<&Value>,
     paging: &Paging,
 ) -> (Vec<Value>, usize) {
-    let owners = estate.owners(strategy);
+    let owners = estate.owners(strategy, Kind::Facts);
     let mut records: Vec<Value> = Vec::new();
     for (backend, holdings) in estate.backends.iter().enumerate() {
         for holding in holdings {
@@ -604,7 +631,7 @@ fn facts_reference(
 
 /// The owners' resources, sorted (storage order for ties and unordered requests) and windowed.
 fn resources_reference(estate: &Estate, paging: &Paging) -> (Vec<Value>, usize) {
-    let owners = estate.owners(MergeStrategy::Freshness);
+    let owners = estate.owners(MergeStrategy::Freshness, Kind::Catalog);
     let mut records: Vec<Value> = Vec::new();
     for (backend, holdings) in estate.backends.iter().enumerate() {
         for holding in holdings {
@@ -763,7 +790,7 @@ proptest! {
         let (first, sends, transcript) = run(&estate, &latencies, MergeStrategy::Freshness, &target)?;
         let (second, _, second_transcript) = run(&estate, &shuffled, MergeStrategy::Freshness, &target)?;
         prop_assert_eq!(&first, &second, "latencies {:?} vs {:?}\n{}\n{}", latencies, shuffled, transcript, second_transcript);
-        check_upstream(&sends, &estate, MergeStrategy::Freshness, &paging, None, &transcript)?;
+        check_upstream(&sends, &estate, (MergeStrategy::Freshness, Kind::Node), &paging, None, &transcript)?;
         let (expected, total) = nodes_reference(&estate, &paging);
         prop_assert_eq!(first.status, 200);
         prop_assert_eq!(&first.body, &Value::Array(expected), "{}", transcript);
@@ -786,7 +813,7 @@ proptest! {
         let (first, sends, transcript) = run(&estate, &latencies, strategy, &target)?;
         let (second, _, second_transcript) = run(&estate, &shuffled, strategy, &target)?;
         prop_assert_eq!(&first, &second, "latencies {:?} vs {:?}\n{}\n{}", latencies, shuffled, transcript, second_transcript);
-        check_upstream(&sends, &estate, strategy, &paging, query.as_ref(), &transcript)?;
+        check_upstream(&sends, &estate, (strategy, Kind::Facts), &paging, query.as_ref(), &transcript)?;
         let (expected, total) = facts_reference(&estate, strategy, query.as_ref(), &paging);
         prop_assert_eq!(first.status, 200);
         prop_assert_eq!(&first.body, &Value::Array(expected), "{}", transcript);
@@ -813,11 +840,14 @@ proptest! {
 
 #[test]
 fn the_reference_owners_follow_freshness_and_configured_order() {
+    // One run per holding: its report, facts and catalog produced at `stamp`.
     let holding = |certname: &str, stamp| Holding {
         certname: certname.to_owned(),
         stamp,
         environment: "production",
         facts_stamp: None,
+        facts_produced: stamp,
+        catalog_produced: stamp,
         facts: vec![("os", json!("Debian"))],
         impostor: false,
         resources: Vec::new(),
@@ -837,19 +867,34 @@ fn the_reference_owners_follow_freshness_and_configured_order() {
             ],
         ],
     };
-    let owners = estate.owners(MergeStrategy::Freshness);
+    let owners = estate.owners(MergeStrategy::Freshness, Kind::Node);
     assert_eq!(owners["tie"], 0);
     assert_eq!(owners["null-first"], 1);
     assert_eq!(owners["newer-later"], 1);
     assert!(estate
-        .owners(MergeStrategy::Static)
+        .owners(MergeStrategy::Static, Kind::Facts)
         .values()
         .all(|b| *b == 0));
     assert_eq!(
-        estate.excluded(0, MergeStrategy::Freshness),
+        estate.excluded(0, MergeStrategy::Freshness, Kind::Facts),
         ["newer-later", "null-first"]
     );
-    assert_eq!(estate.excluded(1, MergeStrategy::Freshness), ["tie"]);
+    assert_eq!(
+        estate.excluded(1, MergeStrategy::Freshness, Kind::Catalog),
+        ["tie"]
+    );
+    // The kinds apart: tie's facts produced later in pdb-1 make its facts pdb-1's.
+    let mut split = estate.clone();
+    split.backends[1][0].facts_produced = STAMPS[3];
+    assert_eq!(
+        split.owners(MergeStrategy::Freshness, Kind::Facts)["tie"],
+        1
+    );
+    assert_eq!(
+        split.owners(MergeStrategy::Freshness, Kind::Catalog)["tie"],
+        0
+    );
+    assert_eq!(split.owners(MergeStrategy::Freshness, Kind::Node)["tie"], 1);
     let paging = Paging {
         order_by: vec![("certname", Dir::Asc)],
         limit: None,

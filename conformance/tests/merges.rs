@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{finish, harness, member_backend, members, URL_A, URL_B, URL_C};
+use common::{exchange_sends, finish, harness, member_backend, members, URL_A, URL_B, URL_C};
 use http::{Method, StatusCode};
 use pdbmux_conformance::{
     decoded_upstream, form_target, ms, FakeBackend, Harness, PuppetDb, Reply,
@@ -45,13 +45,6 @@ fn body_json(h: &Harness, client: pdbmux_conformance::ClientId) -> Value {
 }
 
 /// The upstream requests an exchange sent (not the estate's membership fetches).
-fn exchange_sends(h: &Harness) -> Vec<&pdbmux_conformance::SentRequest> {
-    h.sends()
-        .iter()
-        .filter(|s| s.machine != pdbmux_conformance::Machine::Estate)
-        .collect()
-}
-
 /// `/nodes` records as the fake writes them, with pdbmux's source key.
 fn node(certname: &str, timestamp: Option<&str>, source: &str) -> Value {
     json!({"certname": certname, "deactivated": null, "report_timestamp": timestamp, "pdbmux_source": source})
@@ -1037,21 +1030,26 @@ const OWNED_ENTITIES: [&str; 7] = [
     "package-inventory",
 ];
 
-/// pdb-a and pdb-b holding `shared` (newer in pdb-b), `tie` (the same report time, the facts
-/// fresher in pdb-b: D14) and one node of their own, with one `entity` record per node naming
-/// the backend it came from.
+/// pdb-a and pdb-b holding `shared` (newer in pdb-b), `tie` (the same report in both; its facts
+/// produced later in pdb-b, its catalog later in pdb-a, D14; pdb-a processed its facts last)
+/// and one node of their own, with one `entity` record per node naming the backend it came from.
 fn owned_entity_backends(entity: &str) -> (PuppetDb, PuppetDb) {
     let record = |certname: &str, backend: &str| json!({"certname": certname, "backend": backend});
     let mut a = PuppetDb::new()
         .node("only-a", T09)
         .node("shared", T10)
-        .node("tie", T10);
+        .node("tie", T10)
+        .produced("factsets", "tie", Some("2024-05-01T09:58:00.000Z"))
+        .produced("catalogs", "tie", Some("2024-05-01T09:59:30.000Z"));
     let mut b = PuppetDb::new()
         .node("shared", T11)
         .node("tie", T10)
-        .node("only-b", T09);
-    a.nodes[2]["facts_timestamp"] = json!("2024-05-01T10:01:00.000Z");
-    b.nodes[1]["facts_timestamp"] = json!("2024-05-01T10:05:00.000Z");
+        .node("only-b", T09)
+        .produced("factsets", "tie", Some("2024-05-01T09:59:00.000Z"))
+        .produced("catalogs", "tie", Some("2024-05-01T09:59:10.000Z"));
+    // Receive times are no evidence: pdb-a received tie's older facts last.
+    a.nodes[2]["facts_timestamp"] = json!("2024-05-01T10:05:00.000Z");
+    b.nodes[1]["facts_timestamp"] = json!("2024-05-01T10:01:00.000Z");
     for certname in ["only-a", "shared", "tie"] {
         a = a.record(entity, record(certname, "pdb-a"));
     }
@@ -1083,6 +1081,11 @@ fn every_node_owned_entity_is_answered_from_each_nodes_owner() {
         let transcript = run(&mut h);
         let owned =
             |certname: &str, backend: &str| json!({"certname": certname, "backend": backend});
+        // tie's facts are newest in pdb-b, its catalog in pdb-a: each entity follows its kind.
+        let tie_owner = match entity {
+            "resources" | "catalogs" | "edges" => "pdb-a",
+            _ => "pdb-b",
+        };
         let mut got = body_json(&h, whole).as_array().cloned().unwrap_or_default();
         got.sort_by_key(|r| r["certname"].to_string());
         assert_eq!(
@@ -1091,7 +1094,7 @@ fn every_node_owned_entity_is_answered_from_each_nodes_owner() {
                 owned("only-a", "pdb-a"),
                 owned("only-b", "pdb-b"),
                 owned("shared", "pdb-b"),
-                owned("tie", "pdb-b"),
+                owned("tie", tie_owner),
             ]),
             "{entity}: each node from its owner"
         );

@@ -1,5 +1,5 @@
 //! The estate's own fan-outs (the `/healthz` check, the membership refresh): one request per
-//! backend, each with a deadline, complete when every one has a result.
+//! backend and query, each with a deadline, complete when every one has a result.
 
 use std::time::Instant;
 
@@ -14,6 +14,8 @@ use crate::status::{Failure, Rejected};
 #[derive(Debug)]
 pub(crate) struct BroadcastCall {
     pub(crate) backend: BackendId,
+    /// Which of the broadcast's queries (index into the paths it was sent with).
+    pub(crate) query: usize,
     pub(crate) id: UpstreamId,
     pub(crate) deadline: Instant,
     /// `Ok(body)` for a 2xx; why not for anything else.
@@ -25,32 +27,36 @@ pub(crate) struct BroadcastCall {
 pub(crate) struct Broadcast(pub(crate) Vec<BroadcastCall>);
 
 impl Broadcast {
-    /// Plans one GET of `path_and_query` per backend; returns the calls and the requests to send.
+    /// Plans one GET of each of `queries` (paths and queries) per backend, all at once; returns
+    /// the calls and the requests to send.
     pub(crate) fn send(
         ids: &mut Counter,
         backends: &[BackendId],
-        path_and_query: &str,
+        queries: &[&str],
         deadline: Instant,
     ) -> (Broadcast, Vec<UpstreamRequest>) {
-        let mut calls = Vec::with_capacity(backends.len());
-        let mut requests = Vec::with_capacity(backends.len());
+        let mut calls = Vec::with_capacity(backends.len() * queries.len());
+        let mut requests = Vec::with_capacity(backends.len() * queries.len());
         for &backend in backends {
-            let id = UpstreamId(ids.next());
-            requests.push(UpstreamRequest {
-                id,
-                backend,
-                method: Method::GET,
-                path_and_query: path_and_query.to_owned(),
-                body: None,
-                body_mode: BodyMode::Buffer,
-                deadline,
-            });
-            calls.push(BroadcastCall {
-                backend,
-                id,
-                deadline,
-                result: None,
-            });
+            for (query, path_and_query) in queries.iter().enumerate() {
+                let id = UpstreamId(ids.next());
+                requests.push(UpstreamRequest {
+                    id,
+                    backend,
+                    method: Method::GET,
+                    path_and_query: (*path_and_query).to_owned(),
+                    body: None,
+                    body_mode: BodyMode::Buffer,
+                    deadline,
+                });
+                calls.push(BroadcastCall {
+                    backend,
+                    query,
+                    id,
+                    deadline,
+                    result: None,
+                });
+            }
         }
         (Broadcast(calls), requests)
     }

@@ -2,7 +2,7 @@
 //! about each: where it is served, how its records merge, which nodes its queries see, the
 //! columns it can be ordered by. One row per entity; docs/merging.md is the same table in prose.
 
-use crate::membership::Scope;
+use crate::membership::{Kind, Scope};
 use crate::sort::OrderEntity;
 
 /// A v4 query entity pdbmux merges across backends.
@@ -190,6 +190,30 @@ impl Entity {
             self,
             Entity::Reports | Entity::Events | Entity::EventCounts | Entity::AggregateEventCounts
         )
+    }
+
+    /// The kind of node data its records derive from, whose owner answers for a node
+    /// (docs/decisions.md, D14): facts for the fact entities, inventory and packages, the
+    /// catalog for catalogs, resources and edges, the node record and latest report for the rest.
+    pub fn kind(self) -> Kind {
+        match self {
+            Entity::Facts
+            | Entity::FactContents
+            | Entity::FactNames
+            | Entity::FactPaths
+            | Entity::Factsets
+            | Entity::Inventory
+            | Entity::Packages
+            | Entity::PackageInventory => Kind::Facts,
+            Entity::Catalogs | Entity::Edges | Entity::Resources => Kind::Catalog,
+            Entity::Nodes
+            | Entity::Producers
+            | Entity::Environments
+            | Entity::Reports
+            | Entity::Events
+            | Entity::EventCounts
+            | Entity::AggregateEventCounts => Kind::Node,
+        }
     }
 
     /// The nodes a query on this entity sees when it does not name `node_state`: PuppetDB adds

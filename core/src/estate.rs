@@ -17,7 +17,7 @@ use crate::fanout::Context;
 use crate::health::{HealthTable, ProbeResult, ProbeSettings};
 use crate::healthz::{QueryRounds, ReachabilityCheck, REACHABILITY_PATH};
 use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
-use crate::membership::{parse_membership, BackendNodes, Ownership, MEMBERSHIP_QUERY};
+use crate::membership::{parse_membership, BackendNodes, Ownership, MEMBERSHIP_QUERIES};
 use crate::merge::filter_source_records;
 use crate::message::{Response, ResponseBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use crate::policy::{Planned, Work};
@@ -736,7 +736,7 @@ impl Estate {
         let (calls, requests) = Broadcast::send(
             &mut self.upstream_ids,
             &roster,
-            MEMBERSHIP_QUERY,
+            &MEMBERSHIP_QUERIES,
             now + self.config.timeout,
         );
         self.outputs
@@ -764,7 +764,7 @@ impl Estate {
         let (calls, requests) = Broadcast::send(
             &mut self.upstream_ids,
             &roster,
-            REACHABILITY_PATH,
+            &[REACHABILITY_PATH],
             now + self.config.timeout,
         );
         self.outputs
@@ -931,6 +931,7 @@ impl Estate {
         let membership = crate::stats::MembershipStats {
             nodes: ownership.node_count(),
             shared_nodes: ownership.shared_count(),
+            split_nodes: ownership.split_count(),
             refreshes: self.counts.refreshes,
             last_refresh_duration: self.counts.last_refresh_duration,
             age: self
@@ -1007,7 +1008,7 @@ impl Estate {
     fn apply_membership(&mut self, now: Instant, refresh: MembershipRefresh) {
         // Backends that gave no answer in the whole timeout: a request that waited for this map
         // does not wait for them again (one timeout per request).
-        let waited_out: Vec<BackendId> = refresh
+        let mut waited_out: Vec<BackendId> = refresh
             .calls
             .0
             .iter()
@@ -1019,22 +1020,18 @@ impl Estate {
             })
             .map(|call| call.backend)
             .collect();
-        for call in &refresh.calls.0 {
-            let parsed = match &call.result {
-                Some(Ok(body)) => parse_membership(body).ok_or_else(|| {
-                    Failure::Unusable(Unusable::Unparseable("not a membership answer".to_owned()))
-                }),
-                Some(Err(failure)) => Err(failure.clone()),
-                None => Err(Failure::Upstream(UpstreamFailure::Timeout)),
-            };
-            match parsed {
-                Ok(nodes) => self.membership.per_backend[call.backend.0] = Some(nodes),
+        waited_out.dedup();
+        let mut backends: Vec<BackendId> = refresh.calls.0.iter().map(|c| c.backend).collect();
+        backends.dedup();
+        for backend in backends {
+            match membership_of(&refresh.calls, backend) {
+                Ok(nodes) => self.membership.per_backend[backend.0] = Some(nodes),
                 Err(failure) => {
-                    if let Some(count) = self.counts.membership_failures.get_mut(call.backend.0) {
+                    if let Some(count) = self.counts.membership_failures.get_mut(backend.0) {
                         *count += 1;
                     }
                     tracing::warn!(
-                        backend = crate::status::backend_name(&self.config.backends, call.backend),
+                        backend = crate::status::backend_name(&self.config.backends, backend),
                         "membership refresh failed; keeping this backend's previous entries: {failure}"
                     )
                 }
@@ -1053,6 +1050,28 @@ impl Estate {
                 EstateOutput::Resume { waiter, planned }
             }));
     }
+}
+
+/// One backend's membership from its answers to the refresh's queries (nodes, factsets,
+/// catalogs: [`MEMBERSHIP_QUERIES`]), or the first reason one of them is unusable.
+fn membership_of(calls: &Broadcast, backend: BackendId) -> Result<BackendNodes, Failure> {
+    let mut bodies = Vec::with_capacity(MEMBERSHIP_QUERIES.len());
+    for query in 0..MEMBERSHIP_QUERIES.len() {
+        let call = calls
+            .0
+            .iter()
+            .find(|call| call.backend == backend && call.query == query);
+        match call.and_then(|call| call.result.as_ref()) {
+            Some(Ok(body)) => bodies.push(body.clone()),
+            Some(Err(failure)) => return Err(failure.clone()),
+            None => return Err(Failure::Upstream(UpstreamFailure::Timeout)),
+        }
+    }
+    match bodies.as_slice() {
+        [nodes, factsets, catalogs] => parse_membership(nodes, factsets, catalogs),
+        _ => None,
+    }
+    .ok_or_else(|| Failure::Unusable(Unusable::Unparseable("not a membership answer".to_owned())))
 }
 
 /// `roster` less `left_out`, unless that leaves nobody (then every one of them is asked).
@@ -1227,22 +1246,30 @@ mod tests {
             panic!("the first /nodes waits for the membership map");
         };
         let old = sends(&mut estate);
-        assert_eq!(old.len(), 2, "one membership request per backend");
+        assert_eq!(old.len(), 2 * 3, "three membership queries per backend");
         estate.reconfigure(now, Arc::new(config(&[("c", 3)])));
         let new = sends(&mut estate);
-        assert_eq!(new.len(), 1, "the new backend is asked: {new:?}");
-        assert_eq!(new[0].backend, BackendId(0));
-        let answer =
-            || UpstreamResponse::full(http::StatusCode::OK, "application/json", MEMBERSHIP);
+        assert_eq!(new.len(), 3, "the new backend is asked: {new:?}");
+        assert!(new.iter().all(|r| r.backend == BackendId(0)));
+        let answer = |request: &UpstreamRequest| {
+            let body = if request.path_and_query == MEMBERSHIP_QUERIES[0] {
+                MEMBERSHIP
+            } else {
+                "[]"
+            };
+            UpstreamResponse::full(http::StatusCode::OK, "application/json", body)
+        };
         // The old backends' answers belong to no refresh any more.
         for request in &old {
-            estate.handle_upstream_response(now, request.id, answer());
+            estate.handle_upstream_response(now, request.id, answer(request));
         }
         assert!(
             estate.poll_output().is_none(),
             "nothing resumes on old answers"
         );
-        estate.handle_upstream_response(now, new[0].id, answer());
+        for request in &new {
+            estate.handle_upstream_response(now, request.id, answer(request));
+        }
         match estate.poll_output() {
             Some(EstateOutput::Resume {
                 waiter: resumed, ..
@@ -1307,8 +1334,15 @@ mod tests {
                 _ => None,
             })
             .collect();
-        assert_eq!(sent.len(), 1, "only the new backend is asked: {outputs:?}");
-        assert_eq!(sent[0].path_and_query, MEMBERSHIP_QUERY);
+        let asked: Vec<(BackendId, &str)> = sent
+            .iter()
+            .map(|r| (r.backend, r.path_and_query.as_str()))
+            .collect();
+        let new_backend = MEMBERSHIP_QUERIES.map(|q| (BackendId(0), q));
+        assert_eq!(
+            asked, new_backend,
+            "only the new backend is asked: {outputs:?}"
+        );
     }
 
     #[test]

@@ -1,11 +1,11 @@
 //! The membership map (docs/merging.md, "Who owns a node"): which backends hold each certname,
-//! with its `report_timestamp`, `facts_timestamp` and whether it is active there, and from it the
-//! owner of every node.
+//! with the producer times of what each holds (its latest report's, its facts', its catalog's)
+//! and whether it is active there, and from it the owner of every node, per kind of data.
 //!
-//! Built from `["extract",["certname","report_timestamp","facts_timestamp","deactivated",
-//! "expired"],["=","node_state","any"]]` on every backend's `/nodes`, reused for `freshness_ttl`,
-//! refreshed by one fan-out at a time. A backend that fails a refresh keeps the entries of its
-//! last good one.
+//! Built from three extracts on every backend, asked together: `/nodes` (certname,
+//! `report_timestamp`, `deactivated`, `expired`, every node state), `/factsets` and `/catalogs`
+//! (certname, `producer_timestamp`). Reused for `freshness_ttl`, refreshed by one fan-out at a
+//! time. A backend that fails any of the three keeps the entries of its last good refresh.
 //!
 //! Ownership has two scopes. Queries that see active nodes only (the default of `/nodes`,
 //! `/facts`, `/resources` and the other node-owned entities) weigh only the backends where the
@@ -13,9 +13,14 @@
 //! report and event history with `latest_report?`) weigh every backend holding it, so a node
 //! deactivated in one backend and active in another still counts once.
 //!
-//! The owner under `merge: freshness` is the backend with the newer `report_timestamp`; on a tie
-//! the one with the newer `facts_timestamp` (the same report stored in both backends, the facts
-//! fresher in one); only then the first in configured order.
+//! Under `merge: freshness` each kind of a node's data has its own owner, as one PuppetDB keeps
+//! the copy with the newest producer time of each (docs/decisions.md, D14): its facts (and
+//! everything derived from them) from the backend with the newest factset `producer_timestamp`,
+//! its catalog (resources, edges) from the newest catalog `producer_timestamp`, its node record
+//! and latest report from the newest report (then the newest facts, then the newest catalog).
+//! Only on equal producer times does configured order decide. Receive times (`facts_timestamp`,
+//! `catalog_timestamp`, `receive_time`) are never asked for: a backend with a command backlog
+//! processes old data after new.
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
@@ -27,51 +32,117 @@ use crate::config::MergeStrategy;
 use crate::ids::BackendId;
 use crate::sort::parse_instant;
 
-/// The upstream path and query that fetches one backend's membership.
-pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22facts_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+/// The upstream path and query that fetches one backend's nodes:
+/// `["extract",["certname","report_timestamp","deactivated","expired"],["=","node_state","any"]]`.
+pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+
+/// The upstream path and query that fetches when one backend's factsets were produced:
+/// `["extract",["certname","producer_timestamp"],["=","node_state","any"]]` (`/factsets` sees
+/// active nodes only unless told otherwise).
+pub const FACTS_PRODUCED_QUERY: &str = "/pdb/query/v4/factsets?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+
+/// The upstream path and query that fetches when one backend's catalogs were produced:
+/// `["extract",["certname","producer_timestamp"]]` (`/catalogs` sees every node state).
+pub const CATALOGS_PRODUCED_QUERY: &str = "/pdb/query/v4/catalogs?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%5D";
+
+/// The three queries of one backend's membership, in the order [`parse_membership`] takes their
+/// answers.
+pub const MEMBERSHIP_QUERIES: [&str; 3] = [
+    MEMBERSHIP_QUERY,
+    FACTS_PRODUCED_QUERY,
+    CATALOGS_PRODUCED_QUERY,
+];
+
+/// A kind of node data whose newest copy one PuppetDB keeps on its own (docs/decisions.md, D14):
+/// which copy of a node a record comes from depends on the kind it derives from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    /// The node record and its reports: the newest report, then the newest facts, then the
+    /// newest catalog (`/nodes`, `latest_report?` on history).
+    Node,
+    /// The factset and what derives from it (facts, fact contents, inventory, packages).
+    Facts,
+    /// The catalog and what derives from it (resources, edges, catalog inputs).
+    Catalog,
+}
+
+impl Kind {
+    const ALL: [Kind; 3] = [Kind::Node, Kind::Facts, Kind::Catalog];
+
+    fn index(self) -> usize {
+        match self {
+            Kind::Node => 0,
+            Kind::Facts => 1,
+            Kind::Catalog => 2,
+        }
+    }
+}
 
 /// One node as one backend holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
-    /// Its latest report's end time (`None`: no report).
+    /// Its latest report's end time, as the agent wrote it (`None`: no report).
     pub report_timestamp: Option<String>,
-    /// When that backend received its facts (`None`: no facts).
-    pub facts_timestamp: Option<String>,
+    /// When its factset was produced (`None`: no facts).
+    pub facts_produced: Option<String>,
+    /// When its catalog was produced (`None`: no catalog).
+    pub catalog_produced: Option<String>,
     /// Neither deactivated nor expired there.
     pub active: bool,
 }
 
 impl Member {
-    /// An active node with this report timestamp and no facts timestamp.
+    /// An active node with this report timestamp and neither facts nor a catalog.
     pub fn active(report_timestamp: Option<&str>) -> Member {
         Member {
             report_timestamp: report_timestamp.map(str::to_owned),
-            facts_timestamp: None,
+            facts_produced: None,
+            catalog_produced: None,
             active: true,
         }
     }
 
-    /// The same node with this facts timestamp.
+    /// An active node whose last run produced its report, facts and catalog at `at` (one
+    /// backend holding all of it, as a node that never moved mid-run).
+    pub fn ran_at(at: &str) -> Member {
+        Member::active(Some(at))
+            .with_facts_produced(Some(at))
+            .with_catalog_produced(Some(at))
+    }
+
+    /// The same node with facts produced at this time.
     #[must_use]
-    pub fn with_facts_timestamp(mut self, facts_timestamp: Option<&str>) -> Member {
-        self.facts_timestamp = facts_timestamp.map(str::to_owned);
+    pub fn with_facts_produced(mut self, produced: Option<&str>) -> Member {
+        self.facts_produced = produced.map(str::to_owned);
         self
     }
 
-    /// Whether this holding is fresher than `other` (D14): the newer report, then the newer
-    /// facts; `false` on a full tie (configured order decides).
-    fn is_fresher_than(&self, other: &Member) -> bool {
-        let by_report = compare_timestamps(
-            self.report_timestamp.as_deref(),
-            other.report_timestamp.as_deref(),
-        );
-        let by_facts = || {
-            compare_timestamps(
-                self.facts_timestamp.as_deref(),
-                other.facts_timestamp.as_deref(),
-            )
+    /// The same node with a catalog produced at this time.
+    #[must_use]
+    pub fn with_catalog_produced(mut self, produced: Option<&str>) -> Member {
+        self.catalog_produced = produced.map(str::to_owned);
+        self
+    }
+
+    /// Whether this holding's `kind` is newer than `other`'s (D14); `false` on a tie
+    /// (configured order decides).
+    fn is_newer_than(&self, other: &Member, kind: Kind) -> bool {
+        fn report(m: &Member) -> Option<&str> {
+            m.report_timestamp.as_deref()
+        }
+        fn facts(m: &Member) -> Option<&str> {
+            m.facts_produced.as_deref()
+        }
+        fn catalog(m: &Member) -> Option<&str> {
+            m.catalog_produced.as_deref()
+        }
+        let by = |field: fn(&Member) -> Option<&str>| compare_timestamps(field(self), field(other));
+        let order = match kind {
+            Kind::Node => by(report).then_with(|| by(facts)).then_with(|| by(catalog)),
+            Kind::Facts => by(facts),
+            Kind::Catalog => by(catalog),
         };
-        by_report.then_with(by_facts) == Ordering::Greater
+        order == Ordering::Greater
     }
 }
 
@@ -83,31 +154,44 @@ struct MembershipRow {
     certname: String,
     report_timestamp: Option<String>,
     #[serde(default)]
-    facts_timestamp: Option<String>,
-    #[serde(default)]
     deactivated: Option<String>,
     #[serde(default)]
     expired: Option<String>,
 }
 
-/// Parses a membership answer; `None` when the body is not an array of such rows.
-pub fn parse_membership(body: &[u8]) -> Option<BackendNodes> {
-    let rows: Vec<MembershipRow> = serde_json::from_slice(body).ok()?;
-    Some(
-        rows.into_iter()
-            .map(|row| {
-                let active = row.deactivated.is_none() && row.expired.is_none();
-                (
-                    row.certname,
-                    Member {
-                        report_timestamp: row.report_timestamp,
-                        facts_timestamp: row.facts_timestamp,
-                        active,
-                    },
-                )
-            })
-            .collect(),
-    )
+#[derive(Deserialize)]
+struct ProducedRow {
+    certname: String,
+    producer_timestamp: Option<String>,
+}
+
+/// Parses one backend's answers to [`MEMBERSHIP_QUERIES`] (nodes, factsets, catalogs); `None`
+/// when one is not an array of such rows. A factset or catalog of a certname `/nodes` did not
+/// list is ignored.
+pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Option<BackendNodes> {
+    let rows: Vec<MembershipRow> = serde_json::from_slice(nodes).ok()?;
+    let mut held: BackendNodes = rows
+        .into_iter()
+        .map(|row| {
+            let active = row.deactivated.is_none() && row.expired.is_none();
+            let mut member = Member::active(row.report_timestamp.as_deref());
+            member.active = active;
+            (row.certname, member)
+        })
+        .collect();
+    let factsets: Vec<ProducedRow> = serde_json::from_slice(factsets).ok()?;
+    for row in factsets {
+        if let Some(member) = held.get_mut(&row.certname) {
+            member.facts_produced = row.producer_timestamp;
+        }
+    }
+    let catalogs: Vec<ProducedRow> = serde_json::from_slice(catalogs).ok()?;
+    for row in catalogs {
+        if let Some(member) = held.get_mut(&row.certname) {
+            member.catalog_produced = row.producer_timestamp;
+        }
+    }
+    Some(held)
 }
 
 /// Which nodes a query can see, and so which holders ownership weighs.
@@ -122,20 +206,27 @@ pub enum Scope {
 /// Who owns one certname under each strategy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Owners {
-    /// The backend with the fresher holding (newer report, then newer facts; null is older than
-    /// any timestamp; full ties to configured order).
-    pub freshness: BackendId,
+    /// Per [`Kind`] (by its index): the backend holding its newest copy (null is older than any
+    /// timestamp; ties to configured order).
+    newest: [BackendId; 3],
     /// The first backend in configured order that holds the node.
     pub first: BackendId,
 }
 
 impl Owners {
-    /// The owner under `strategy`.
-    pub fn under(&self, strategy: MergeStrategy) -> BackendId {
+    /// The owner of the node's `kind` of data under `strategy`.
+    pub fn under(&self, strategy: MergeStrategy, kind: Kind) -> BackendId {
         match strategy {
-            MergeStrategy::Freshness => self.freshness,
+            MergeStrategy::Freshness => self.newest[kind.index()],
             MergeStrategy::Static => self.first,
         }
+    }
+
+    /// Whether one backend owns all of the node's data under `strategy`.
+    fn is_whole(&self, strategy: MergeStrategy) -> bool {
+        Kind::ALL
+            .iter()
+            .all(|kind| self.under(strategy, *kind) == self.under(strategy, Kind::Node))
     }
 }
 
@@ -159,6 +250,8 @@ struct View {
     owned: [Vec<usize>; 2],
     /// How many certnames more than one backend holds.
     shared_nodes: usize,
+    /// How many certnames have kinds of data owned by different backends.
+    split_nodes: usize,
 }
 
 impl View {
@@ -183,20 +276,24 @@ impl View {
             held,
             owned: [vec![0; per_backend.len()], vec![0; per_backend.len()]],
             shared_nodes: 0,
+            split_nodes: 0,
         };
         for (certname, held) in holders {
             let first = held[0].0;
-            let mut freshness = held[0];
-            for candidate in &held[1..] {
-                if candidate.1.is_fresher_than(freshness.1) {
-                    freshness = *candidate;
+            let newest = Kind::ALL.map(|kind| {
+                let mut newest = held[0];
+                for candidate in &held[1..] {
+                    if candidate.1.is_newer_than(newest.1, kind) {
+                        newest = *candidate;
+                    }
                 }
+                newest.0
+            });
+            let owners = Owners { newest, first };
+            if !owners.is_whole(MergeStrategy::Freshness) {
+                view.split_nodes += 1;
             }
-            let owners = Owners {
-                freshness: freshness.0,
-                first,
-            };
-            view.owned[0][owners.freshness.0] += 1;
+            view.owned[0][owners.under(MergeStrategy::Freshness, Kind::Node).0] += 1;
             view.owned[1][owners.first.0] += 1;
             if held.len() > 1 {
                 view.shared_nodes += 1;
@@ -257,20 +354,20 @@ impl Ownership {
             .map_or(&[][..], |e| &e.holders[..])
     }
 
-    /// The certnames `backend` holds but another backend owns (under `strategy`, within
-    /// `scope`): what that backend must not answer for. Only owners among `asked` count: a node
-    /// whose owner this fan-out does not ask (the prober took it out) is answered by the others
-    /// that hold it.
+    /// The certnames `backend` holds but another backend owns the `kind` of (under `strategy`,
+    /// within `scope`): what that backend must not answer for. Only owners among `asked` count:
+    /// a node whose owner this fan-out does not ask (the prober took it out) is answered by the
+    /// others that hold it.
     pub fn excluded(
         &self,
         backend: BackendId,
-        strategy: MergeStrategy,
+        (strategy, kind): (MergeStrategy, Kind),
         scope: Scope,
         asked: &[BackendId],
     ) -> Vec<&str> {
         self.shared(backend, scope)
             .filter(|(_, owners)| {
-                let owner = owners.under(strategy);
+                let owner = owners.under(strategy, kind);
                 owner != backend && asked.contains(&owner)
             })
             .map(|(certname, _)| certname)
@@ -315,7 +412,8 @@ impl Ownership {
         self.view(scope).held.get(backend.0).copied().unwrap_or(0)
     }
 
-    /// How many active nodes each of `backends` backends owns under `strategy` (configured order).
+    /// How many active nodes each of `backends` backends owns (their node record and latest
+    /// report) under `strategy` (configured order).
     pub fn owned_counts(&self, strategy: MergeStrategy, backends: usize) -> Vec<usize> {
         let owned = match strategy {
             MergeStrategy::Freshness => &self.active.owned[0],
@@ -329,6 +427,12 @@ impl Ownership {
     /// How many active certnames more than one backend holds.
     pub fn shared_count(&self) -> usize {
         self.active.shared_nodes
+    }
+
+    /// How many active certnames have their facts, catalog or latest report newest in different
+    /// backends (a command that reached one backend and not the other).
+    pub fn split_count(&self) -> usize {
+        self.active.split_nodes
     }
 
     /// How many distinct active certnames the estate holds.
@@ -401,7 +505,7 @@ mod tests {
         let owner = |c: &str| {
             ownership
                 .owners(c, Scope::Active)
-                .map(|o| (o.freshness, o.first))
+                .map(|o| (o.under(MergeStrategy::Freshness, Kind::Node), o.first))
         };
         assert_eq!(owner("only-a"), Some((a, a)));
         assert_eq!(owner("only-b"), Some((b, b)));
@@ -425,19 +529,19 @@ mod tests {
         assert_eq!(ownership.shared_count(), 5);
         assert_eq!(ownership.node_count(), 7);
         assert_eq!(
-            ownership.excluded(a, fresh, Scope::Active, &BOTH),
+            ownership.excluded(a, (fresh, Kind::Node), Scope::Active, &BOTH),
             ["newer-in-b", "null-in-a"]
         );
         assert_eq!(
-            ownership.excluded(b, fresh, Scope::Active, &BOTH),
+            ownership.excluded(b, (fresh, Kind::Node), Scope::Active, &BOTH),
             ["both-null", "newer-in-a", "tie"]
         );
         assert!(ownership
-            .excluded(a, MergeStrategy::Static, Scope::Active, &BOTH)
+            .excluded(a, (MergeStrategy::Static, Kind::Node), Scope::Active, &BOTH)
             .is_empty());
         assert_eq!(
             ownership
-                .excluded(b, MergeStrategy::Static, Scope::Active, &BOTH)
+                .excluded(b, (MergeStrategy::Static, Kind::Node), Scope::Active, &BOTH)
                 .len(),
             5
         );
@@ -445,45 +549,106 @@ mod tests {
     }
 
     #[test]
-    fn a_report_tie_goes_to_the_fresher_facts_then_to_configured_order() {
+    fn a_report_tie_goes_to_the_newer_facts_then_the_newer_catalog_then_configured_order() {
         let report = Some("2026-11-30T08:00:00.000Z");
-        let member = |facts: Option<&str>| Member::active(report).with_facts_timestamp(facts);
+        let member = |facts: Option<&str>, catalog: Option<&str>| {
+            Member::active(report)
+                .with_facts_produced(facts)
+                .with_catalog_produced(catalog)
+        };
+        let at = |minute: u32| format!("2026-11-30T08:{minute:02}:00.000Z");
+        let (m1, m2, m5) = (at(1), at(2), at(5));
         let a: BackendNodes = [
-            ("facts-newer-in-b", member(Some("2026-11-30T08:01:00.000Z"))),
-            ("facts-newer-in-a", member(Some("2026-11-30T08:05:00.000Z"))),
-            ("facts-tie", member(Some("2026-11-30T08:01:00.000Z"))),
-            ("facts-null-in-a", member(None)),
+            ("facts-newer-in-b", member(Some(&m1), None)),
+            ("facts-newer-in-a", member(Some(&m5), None)),
+            ("facts-tie-catalog-newer-in-b", member(Some(&m1), Some(&m1))),
+            ("all-tie", member(Some(&m1), Some(&m1))),
+            ("facts-null-in-a", member(None, None)),
         ]
         .into_iter()
         .map(|(c, m)| (c.to_owned(), m))
         .collect();
         let b: BackendNodes = [
-            ("facts-newer-in-b", member(Some("2026-11-30T08:02:00.000Z"))),
+            ("facts-newer-in-b", member(Some(&m2), None)),
             (
                 "facts-newer-in-a",
-                member(Some("2026-11-30T09:00:00.000+02:00")),
+                member(Some("2026-11-30T09:00:00.000+02:00"), None),
             ),
-            ("facts-tie", member(Some("2026-11-30T08:01:00.000Z"))),
-            ("facts-null-in-a", member(Some("2020-01-01T00:00:00.000Z"))),
+            ("facts-tie-catalog-newer-in-b", member(Some(&m1), Some(&m2))),
+            ("all-tie", member(Some(&m1), Some(&m1))),
+            (
+                "facts-null-in-a",
+                member(Some("2020-01-01T00:00:00.000Z"), None),
+            ),
         ]
         .into_iter()
         .map(|(c, m)| (c.to_owned(), m))
         .collect();
         let ownership = Ownership::build(&[Some(a), Some(b)], 1);
-        let owner = |c: &str| ownership.owners(c, Scope::Active).map(|o| o.freshness);
+        let owner = |c: &str| {
+            ownership
+                .owners(c, Scope::Active)
+                .map(|o| o.under(MergeStrategy::Freshness, Kind::Node))
+        };
         assert_eq!(owner("facts-newer-in-b"), Some(BackendId(1)));
         assert_eq!(
             owner("facts-newer-in-a"),
             Some(BackendId(0)),
             "09:00+02:00 is 07:00Z"
         );
-        assert_eq!(owner("facts-tie"), Some(BackendId(0)));
+        assert_eq!(owner("facts-tie-catalog-newer-in-b"), Some(BackendId(1)));
+        assert_eq!(owner("all-tie"), Some(BackendId(0)));
         assert_eq!(owner("facts-null-in-a"), Some(BackendId(1)));
         assert_eq!(
-            ownership.holders("facts-tie", Scope::Active),
+            ownership.holders("all-tie", Scope::Active),
             [BackendId(0), BackendId(1)]
         );
-        assert_eq!(ownership.held(BackendId(1), Scope::Active), 4);
+        assert_eq!(ownership.held(BackendId(1), Scope::Active), 5);
+    }
+
+    #[test]
+    fn each_kind_of_data_is_owned_where_its_newest_copy_was_produced() {
+        // The move: the old backend (a) processed the node's last facts after the new one (b)
+        // had its newer catalog and report; a receive time would make a's copy look fresher.
+        let a: BackendNodes = [(
+            "moved".to_owned(),
+            Member::active(Some("2026-11-30T08:00:00.000Z"))
+                .with_facts_produced(Some("2026-11-30T09:00:00.000Z"))
+                .with_catalog_produced(Some("2026-11-30T07:59:00.000Z")),
+        )]
+        .into_iter()
+        .collect();
+        let b: BackendNodes = [(
+            "moved".to_owned(),
+            Member::active(Some("2026-11-30T08:30:00.000Z"))
+                .with_facts_produced(Some("2026-11-30T08:29:00.000Z"))
+                .with_catalog_produced(Some("2026-11-30T08:29:30.000Z")),
+        )]
+        .into_iter()
+        .collect();
+        let ownership = Ownership::build(&[Some(a), Some(b)], 1);
+        let owners = ownership.owners("moved", Scope::Active).expect("held");
+        let fresh = MergeStrategy::Freshness;
+        assert_eq!(owners.under(fresh, Kind::Node), BackendId(1));
+        assert_eq!(owners.under(fresh, Kind::Facts), BackendId(0));
+        assert_eq!(owners.under(fresh, Kind::Catalog), BackendId(1));
+        for kind in Kind::ALL {
+            assert_eq!(owners.under(MergeStrategy::Static, kind), BackendId(0));
+        }
+        assert_eq!(ownership.split_count(), 1);
+        assert_eq!(
+            ownership.excluded(BackendId(0), (fresh, Kind::Facts), Scope::Active, &BOTH),
+            Vec::<&str>::new()
+        );
+        assert_eq!(
+            ownership.excluded(BackendId(1), (fresh, Kind::Facts), Scope::Active, &BOTH),
+            ["moved"]
+        );
+        assert_eq!(
+            ownership.excluded(BackendId(0), (fresh, Kind::Catalog), Scope::Active, &BOTH),
+            ["moved"]
+        );
+        assert_eq!(ownership.owned_counts(fresh, 2), [0, 1]);
     }
 
     #[test]
@@ -497,11 +662,16 @@ mod tests {
         );
         let fresh = MergeStrategy::Freshness;
         assert_eq!(
-            ownership.excluded(BackendId(0), fresh, Scope::Active, &BOTH),
+            ownership.excluded(BackendId(0), (fresh, Kind::Node), Scope::Active, &BOTH),
             ["n"]
         );
         assert!(ownership
-            .excluded(BackendId(0), fresh, Scope::Active, &[BackendId(0)])
+            .excluded(
+                BackendId(0),
+                (fresh, Kind::Node),
+                Scope::Active,
+                &[BackendId(0)]
+            )
             .is_empty());
     }
 
@@ -520,12 +690,12 @@ mod tests {
         );
         assert!(
             ownership
-                .excluded(BackendId(0), fresh, Scope::Active, &BOTH)
+                .excluded(BackendId(0), (fresh, Kind::Node), Scope::Active, &BOTH)
                 .is_empty(),
             "a does not answer for it anyway"
         );
         assert_eq!(
-            ownership.excluded(BackendId(0), fresh, Scope::Any, &BOTH),
+            ownership.excluded(BackendId(0), (fresh, Kind::Node), Scope::Any, &BOTH),
             ["moved"]
         );
         assert_eq!(ownership.node_count(), 1);
@@ -535,20 +705,39 @@ mod tests {
     fn a_backend_that_never_answered_holds_nothing() {
         let ownership = Ownership::build(&[None, nodes(&[("x", None)])], 1);
         assert_eq!(
-            ownership.owners("x", Scope::Active).map(|o| o.freshness),
+            ownership
+                .owners("x", Scope::Active)
+                .map(|o| o.under(MergeStrategy::Freshness, Kind::Facts)),
             Some(BackendId(1))
         );
     }
 
     #[test]
     fn membership_bodies() {
-        let parsed = parse_membership(
-            br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#,
-        )
-        .expect("parses");
+        let nodes = br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#;
+        let factsets = br#"[{"certname":"a","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"gone","producer_timestamp":"2026-11-30T07:00:00.000Z"}]"#;
+        let catalogs = br#"[{"certname":"b","producer_timestamp":"2026-11-30T07:30:00.000Z"}]"#;
+        let parsed = parse_membership(nodes, factsets, catalogs).expect("parses");
         assert_eq!(parsed.get("a").map(|m| m.active), Some(true));
         assert_eq!(parsed.get("b").map(|m| m.active), Some(false));
-        assert!(parse_membership(b"[{\"certname\":1}]").is_none());
-        assert!(parse_membership(b"[").is_none());
+        assert_eq!(
+            parsed.get("a").and_then(|m| m.facts_produced.as_deref()),
+            Some("2026-11-30T07:00:00.000Z")
+        );
+        assert_eq!(
+            parsed.get("a").and_then(|m| m.catalog_produced.as_deref()),
+            None
+        );
+        assert_eq!(
+            parsed.get("b").and_then(|m| m.catalog_produced.as_deref()),
+            Some("2026-11-30T07:30:00.000Z")
+        );
+        assert!(
+            !parsed.contains_key("gone"),
+            "a factset without a node is not a node"
+        );
+        assert!(parse_membership(b"[{\"certname\":1}]", b"[]", b"[]").is_none());
+        assert!(parse_membership(b"[", b"[]", b"[]").is_none());
+        assert!(parse_membership(b"[]", b"{}", b"[]").is_none());
     }
 }

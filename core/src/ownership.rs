@@ -7,18 +7,19 @@
 use crate::config::MergeStrategy;
 use crate::entity::Entity;
 use crate::ids::BackendId;
-use crate::membership::{Ownership, Scope};
+use crate::membership::{Kind, Ownership, Scope};
 
-/// How a request weighs the membership map: the strategy that picks a node's owner and the
-/// nodes its query sees.
+/// How a request weighs the membership map: the strategy that picks a node's owner, the kind
+/// of data its records derive from (each kind has its own owner) and the nodes its query sees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NodeScope {
     pub(crate) strategy: MergeStrategy,
+    pub(crate) kind: Kind,
     pub(crate) scope: Scope,
 }
 
 impl NodeScope {
-    /// For a query on `entity`: `/nodes` and history always take the fresher holding (a node's
+    /// For a query on `entity`: `/nodes` and history always take the newest holding (a node's
     /// record and latest report are the newest one's); the other node-owned entities take the
     /// configured merge. A query naming `node_state` (`Analysis::names_node_state`) sees every
     /// node state.
@@ -37,7 +38,11 @@ impl NodeScope {
         } else {
             entity.default_scope()
         };
-        NodeScope { strategy, scope }
+        NodeScope {
+            strategy,
+            kind: entity.kind(),
+            scope,
+        }
     }
 }
 
@@ -66,7 +71,7 @@ impl<'a> Owning<'a> {
         match self.ownership.owners(certname, self.scope.scope) {
             None => Holding::Unknown,
             Some(owners) => {
-                let owner = owners.under(self.scope.strategy);
+                let owner = owners.under(self.scope.strategy, self.scope.kind);
                 if owner == backend {
                     Holding::Own
                 } else if self.asked.contains(&owner) {
@@ -82,9 +87,12 @@ impl<'a> Owning<'a> {
     /// the nodes it holds that an asked backend owns, only those among `pinned` when the query
     /// is pinned.
     pub(crate) fn excluded(&self, backend: BackendId, pinned: Option<&[String]>) -> Vec<&'a str> {
-        let excluded =
-            self.ownership
-                .excluded(backend, self.scope.strategy, self.scope.scope, self.asked);
+        let excluded = self.ownership.excluded(
+            backend,
+            (self.scope.strategy, self.scope.kind),
+            self.scope.scope,
+            self.asked,
+        );
         match pinned {
             None => excluded,
             Some(pinned) => excluded
@@ -152,7 +160,7 @@ pub(crate) fn narrow(
         let owner = scope.and_then(|scope| {
             let owner = ownership
                 .owners(certname, scope.scope)?
-                .under(scope.strategy);
+                .under(scope.strategy, scope.kind);
             roster.contains(&owner).then_some(owner)
         });
         match owner {
@@ -176,7 +184,7 @@ mod tests {
         let nodes = |rows: &[(&str, &str)]| -> Option<BackendNodes> {
             Some(
                 rows.iter()
-                    .map(|(c, t)| ((*c).to_owned(), Member::active(Some(t))))
+                    .map(|(c, t)| ((*c).to_owned(), Member::ran_at(t)))
                     .collect(),
             )
         };
@@ -201,6 +209,7 @@ mod tests {
     const B: BackendId = BackendId(1);
     const FRESH: NodeScope = NodeScope {
         strategy: MergeStrategy::Freshness,
+        kind: Kind::Node,
         scope: Scope::Active,
     };
 

@@ -115,8 +115,8 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
     }
     let work = match &route {
         Route::Healthz => return planned(None, Work::Healthz),
-        Route::PerCertname { certname } => {
-            Work::Fanout(Box::new(Sequence::owner_first(target, certname)))
+        Route::PerCertname { certname, kind } => {
+            Work::Fanout(Box::new(Sequence::owner_first(target, certname, *kind)))
         }
         Route::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
         Route::Root => match root::read(&Params::parse(request.query())) {

@@ -8,6 +8,7 @@ use http::{Method, StatusCode};
 use std::borrow::Cow;
 
 use crate::entity::Entity;
+use crate::membership::Kind;
 use crate::message::ClientRequest;
 
 /// The longest request target accepted (D6); longer gets 414.
@@ -60,6 +61,8 @@ pub enum Route {
     PerCertname {
         /// The raw certname segment.
         certname: String,
+        /// The kind of the node's data the answer derives from: its owner is asked first.
+        kind: Kind,
     },
     /// `/reports/<hash>/{events,logs,metrics}`: served by whichever backend holds the report.
     ReportHash {
@@ -397,6 +400,17 @@ fn allowlisted(segments: &[&str]) -> Option<Route> {
     }
 }
 
+/// Which kind of a node's data answers `/<entity>/<certname>/<below>` (docs/decisions.md, D14):
+/// a factset and facts from the newest facts, a catalog and its resources and edges from the
+/// newest catalog, the node record from the newest report.
+fn per_certname_kind(entity: &str, below: &[&str]) -> Kind {
+    match (entity, below.first().copied()) {
+        ("factsets", _) | ("nodes", Some("facts")) => Kind::Facts,
+        ("catalogs", _) | ("nodes", Some("resources")) => Kind::Catalog,
+        _ => Kind::Node,
+    }
+}
+
 /// The route for a path under `/pdb/query/v4`: the merged entities and their sub-routes, the
 /// endpoints of PuppetDB 7.12.1 pdbmux passes through (catalog inputs, the environment and
 /// producer sub-routes, one node's package inventory), `None` for anything else (PuppetDB
@@ -409,8 +423,13 @@ fn query_route(rest: &[&str]) -> Option<Route> {
         }
         ["catalog-inputs"] => Route::PassThrough,
         // One node's catalog inputs or packages: from the node's owner, as its catalog or facts.
-        ["catalog-inputs" | "package-inventory", certname] => Route::PerCertname {
+        ["catalog-inputs", certname] => Route::PerCertname {
             certname: (*certname).to_owned(),
+            kind: Kind::Catalog,
+        },
+        ["package-inventory", certname] => Route::PerCertname {
+            certname: (*certname).to_owned(),
+            kind: Kind::Facts,
         },
         // Whether an environment or producer is known: any backend that knows it answers.
         ["environments" | "producers", _] => Route::PassThrough,
@@ -437,9 +456,12 @@ fn query_route(rest: &[&str]) -> Option<Route> {
             value: Some((*value).to_owned()),
         },
         ["resources", _] | ["resources", _, _] => Route::ResourcesByType,
-        ["nodes" | "factsets" | "catalogs", certname, ..] => Route::PerCertname {
-            certname: (*certname).to_owned(),
-        },
+        [entity @ ("nodes" | "factsets" | "catalogs"), certname, below @ ..] => {
+            Route::PerCertname {
+                certname: (*certname).to_owned(),
+                kind: per_certname_kind(entity, below),
+            }
+        }
         ["reports", hash, part] => match *part {
             "events" => Route::ReportHash {
                 hash: (*hash).to_owned(),

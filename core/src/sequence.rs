@@ -7,7 +7,7 @@ use percent_encoding::percent_decode_str;
 
 use crate::fanout::{everyone, CallState, Calls, Context, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
-use crate::membership::Scope;
+use crate::membership::{Kind, Scope};
 use crate::message::{BodyMode, Response, ResponseBody};
 use crate::status::{self, Outcome, Rejection};
 
@@ -19,6 +19,8 @@ pub(crate) struct Sequence {
     /// The certname of a per-certname route: its owner is asked first, and an answer other than
     /// 404 stands (the owner's refusal is the answer, not a reason to ask the others).
     owner_of: Option<String>,
+    /// Which kind of the node's data the answer derives from (whose owner is asked first).
+    kind: Kind,
     /// How the answer is read: streamed to the client, or whole (a translation pdbmux reads).
     body_mode: BodyMode,
     order: Vec<BackendId>,
@@ -34,6 +36,7 @@ impl Sequence {
         Sequence {
             target,
             owner_of: None,
+            kind: Kind::Node,
             body_mode: BodyMode::StreamSuccess,
             order: Vec::new(),
             owner: None,
@@ -48,8 +51,8 @@ impl Sequence {
         }
     }
 
-    /// Per-certname: the owner of the raw certname segment first.
-    pub(crate) fn owner_first(target: String, raw_certname: &str) -> Sequence {
+    /// Per-certname: the owner of the raw certname segment's `kind` of data first.
+    pub(crate) fn owner_first(target: String, raw_certname: &str, kind: Kind) -> Sequence {
         Sequence {
             target,
             owner_of: Some(
@@ -57,6 +60,7 @@ impl Sequence {
                     .decode_utf8_lossy()
                     .into_owned(),
             ),
+            kind,
             body_mode: BodyMode::StreamSuccess,
             order: Vec::new(),
             owner: None,
@@ -112,7 +116,7 @@ impl Plan for Sequence {
                 .owners(certname, Scope::Active)
                 .or_else(|| ownership.owners(certname, Scope::Any));
             if let Some(owners) = owners {
-                let owner = owners.under(context.config.merge);
+                let owner = owners.under(context.config.merge, self.kind);
                 self.owner = Some(owner);
                 if let Some(position) = self.order.iter().position(|b| *b == owner) {
                     let owner = self.order.remove(position);

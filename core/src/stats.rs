@@ -32,6 +32,8 @@ pub struct MembershipStats {
     pub nodes: usize,
     /// Active certnames more than one backend holds.
     pub shared_nodes: usize,
+    /// Active certnames whose kinds of data are newest in different backends.
+    pub split_nodes: usize,
     /// Refreshes completed since start.
     pub refreshes: u64,
     /// How long the last refresh took, from the first request sent to the last answer.

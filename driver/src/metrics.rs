@@ -505,6 +505,15 @@ impl Collector for EstateCollector {
         encode_one(
             &mut encoder,
             (
+                "pdbmux_membership_split_nodes",
+                "Active certnames whose facts, catalog or latest report are newest in different backends",
+                None,
+            ),
+            ConstGauge::new(membership.split_nodes as i64),
+        )?;
+        encode_one(
+            &mut encoder,
+            (
                 "pdbmux_membership_refreshes",
                 "Membership refreshes completed since start",
                 None,

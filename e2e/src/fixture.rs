@@ -3,6 +3,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use pdbmux_core::membership::Kind;
 use serde::Deserialize;
 
 use crate::order::instant;
@@ -239,8 +240,9 @@ impl Fixture {
 
     /// The backend whose record wins a node's /nodes merge (and owns it under `merge:
     /// freshness`): among the backends holding it active, the newer newest report (no report is
-    /// older than any), then the newer facts (received later), a tie going to the first in load
-    /// order. None when no backend holds it active.
+    /// older than any), then the facts produced later, then the catalog produced later, a tie
+    /// going to the first in load order (receive times never decide). None when no backend
+    /// holds it active.
     pub fn freshness_winner(&self, certname: &str) -> Option<&str> {
         self.fresher_holder(certname, true)
     }
@@ -251,9 +253,20 @@ impl Fixture {
         self.fresher_holder(certname, false)
     }
 
+    /// The backend owning a node's `kind` of data under `merge: freshness` among the backends
+    /// holding it active: the one whose copy of that kind was produced last (a node record by
+    /// [`Fixture::freshness_winner`]'s rule), a tie going to the first in load order.
+    pub fn kind_owner(&self, certname: &str, kind: Kind) -> Option<&str> {
+        self.newest_holder(certname, true, kind)
+    }
+
     fn fresher_holder(&self, certname: &str, active_only: bool) -> Option<&str> {
+        self.newest_holder(certname, active_only, Kind::Node)
+    }
+
+    fn newest_holder(&self, certname: &str, active_only: bool, kind: Kind) -> Option<&str> {
         let node = self.nodes.get(certname)?;
-        type Freshness = (Option<(i64, u32)>, Option<(i64, u32)>);
+        type Freshness = [Option<(i64, u32)>; 3];
         let mut winner: Option<(&str, Freshness)> = None;
         for b in &self.backends {
             let Some(state) = node
@@ -263,10 +276,17 @@ impl Fixture {
             else {
                 continue;
             };
-            let freshness = (
-                state.report_timestamp.as_deref().and_then(instant),
-                state.facts_timestamp.as_deref().and_then(instant),
-            );
+            let report = state.report_timestamp.as_deref().and_then(instant);
+            let facts = instant(&state.facts_producer_timestamp);
+            let catalog = state
+                .catalog_producer_timestamp
+                .as_deref()
+                .and_then(instant);
+            let freshness = match kind {
+                Kind::Node => [report, facts, catalog],
+                Kind::Facts => [facts, None, None],
+                Kind::Catalog => [catalog, None, None],
+            };
             match winner {
                 Some((_, best)) if freshness <= best => {}
                 _ => winner = Some((b.name.as_str(), freshness)),

@@ -22,6 +22,7 @@ use common::{
     certname, certname_query, direct, direct_records, direct_total, env, get, json_of, multiset,
     newer_wins, node_of, pdbmux, records, union_total, x_records,
 };
+use pdbmux_core::membership::Kind;
 use pdbmux_e2e::order::{self, order_by_param, sort_keys, sort_records, window, OrderField};
 use pdbmux_e2e::{closed_backend_url, Backend, Pdbmux, Response};
 use serde_json::{json, Value};
@@ -1617,13 +1618,14 @@ fn per_certname_routes_answer_the_owner() {
     let names = names();
     let p = pdbmux("merge-per-certname");
     for c in env.fixture.held_by_exactly(&names) {
-        let owner = env.fixture.freshness_winner(c).expect("active somewhere");
-        for path in [
-            format!("{NODES}/{c}"),
-            format!("{NODES}/{c}/facts"),
-            format!("/pdb/query/v4/factsets/{c}"),
-            format!("/pdb/query/v4/catalogs/{c}"),
+        // Each route from the owner of the kind of data it shows (D14).
+        for (path, kind) in [
+            (format!("{NODES}/{c}"), Kind::Node),
+            (format!("{NODES}/{c}/facts"), Kind::Facts),
+            (format!("/pdb/query/v4/factsets/{c}"), Kind::Facts),
+            (format!("/pdb/query/v4/catalogs/{c}"), Kind::Catalog),
         ] {
+            let owner = env.fixture.kind_owner(c, kind).expect("active somewhere");
             let want = direct(backend(owner), &path, &[]);
             assert_eq!(want.status, 200, "{owner} {path}: {want:?}");
             let r = get(&p, &path, &[]);

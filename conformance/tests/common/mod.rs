@@ -54,16 +54,58 @@ pub fn members(rows: &[(&str, Option<&str>)]) -> Reply {
     Reply::ok(serde_json::Value::Array(rows).to_string())
 }
 
-/// A backend answering the membership query with `membership` (after 3 ms) and everything else
-/// from `replies` in order.
+/// A producer-time answer (`["extract",["certname","producer_timestamp"]]` on `/factsets` or
+/// `/catalogs`): these certnames produced at these times.
+pub fn produced(rows: &[(&str, &str)]) -> Reply {
+    let rows: Vec<serde_json::Value> = rows
+        .iter()
+        .map(|(certname, at)| serde_json::json!({ "certname": certname, "producer_timestamp": at }))
+        .collect();
+    Reply::ok(serde_json::Value::Array(rows).to_string())
+}
+
+/// A backend answering the membership query with `membership` (after 3 ms), the producer-time
+/// queries as if each node's facts and catalog came with its latest report (a failing
+/// membership answer fails them too), and everything else from `replies` in order.
 pub fn member_backend(
     name: &str,
     url: &str,
     membership: Reply,
     replies: Vec<Reply>,
 ) -> FakeBackend {
-    FakeBackend::queue(name, url, replies).on(
-        pdbmux_core::membership::MEMBERSHIP_QUERY,
-        membership.after(pdbmux_conformance::ms(3)),
-    )
+    let produced = pdbmux_conformance::produced_in_runs(&membership);
+    member_backend_produced(name, url, membership, (produced.clone(), produced), replies)
+}
+
+/// [`member_backend`] whose factsets and catalogs were produced as `(facts, catalogs)` say.
+pub fn member_backend_produced(
+    name: &str,
+    url: &str,
+    membership: Reply,
+    (facts, catalogs): (Reply, Reply),
+    replies: Vec<Reply>,
+) -> FakeBackend {
+    let after = pdbmux_conformance::ms(3);
+    FakeBackend::queue(name, url, replies)
+        .on(
+            pdbmux_core::membership::MEMBERSHIP_QUERY,
+            membership.after(after),
+        )
+        .on(
+            pdbmux_core::membership::FACTS_PRODUCED_QUERY,
+            facts.after(after),
+        )
+        .on(
+            pdbmux_core::membership::CATALOGS_PRODUCED_QUERY,
+            catalogs.after(after),
+        )
+}
+
+/// What the harness sent for clients' requests: every upstream request but the estate's own
+/// (the membership refresh, probes, the `/healthz` check).
+pub fn exchange_sends(h: &pdbmux_conformance::Harness) -> Vec<&pdbmux_conformance::SentRequest> {
+    h.sends()
+        .iter()
+        .filter(|s| s.machine != pdbmux_conformance::Machine::Estate)
+        .collect()
 }

@@ -15,7 +15,7 @@ use crate::config::MergeStrategy;
 use crate::fanout::{everyone, Calls, Context, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
 use crate::jolokia::{self, JolokiaMerge};
-use crate::membership::Scope;
+use crate::membership::{Kind, Scope};
 use crate::message::Response;
 use crate::outbound;
 use crate::ownership::{NodeScope, Owning};
@@ -203,6 +203,7 @@ impl Plan for JolokiaPlan {
             ownership,
             scope: NodeScope {
                 strategy: self.strategy,
+                kind: Kind::Catalog,
                 scope: Scope::Any,
             },
             asked: &context.roster,

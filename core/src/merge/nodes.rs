@@ -1,6 +1,8 @@
-//! `/nodes`: one record per certname, the owner's (the fresher holding: newer report, then newer
-//! facts, then configured order); each merged record gains a `pdbmux_source` key naming it.
-//! A node the membership map does not know is deduped the same way from the records themselves.
+//! `/nodes`: one record per certname, the owner's (the newest holding by producer time: newer
+//! report, then newer facts, then newer catalog, then configured order); each merged record
+//! gains a `pdbmux_source` key naming it. A node the membership map does not know (it appeared
+//! since the last refresh) is deduped from the records themselves by `report_timestamp`, the
+//! one producer time a node record carries, then configured order.
 
 use std::collections::HashMap;
 
@@ -15,11 +17,11 @@ use crate::records::{parse_records, with_key, write_array, Fields};
 /// The key naming the winning backend on each merged node record.
 pub(crate) const SOURCE_KEY: &str = "pdbmux_source";
 
-/// A kept node record: its row, its report and facts timestamps (raw JSON) for deduping a node
-/// the map does not know, and the page it came from.
+/// A kept node record: its row, its report timestamp (raw JSON) for deduping a node the map
+/// does not know, and the page it came from.
 struct Kept<'a> {
     row: Row<'a>,
-    freshness: (Option<&'a str>, Option<&'a str>),
+    freshness: Option<&'a str>,
     page: usize,
 }
 
@@ -44,7 +46,7 @@ pub(crate) fn merge(
             let fields = Fields::of(record.get());
             let certname = fields.as_ref().and_then(|f| f.str("certname"));
             let stamp = |name: &str| fields.as_ref().and_then(|f| f.raw(name)).map(RawValue::get);
-            let freshness = (stamp("report_timestamp"), stamp("facts_timestamp"));
+            let freshness = stamp("report_timestamp");
             let row = Row::new(backend.0, Raw::Borrowed(record.get()), order, |name| {
                 fields.as_ref().and_then(|f| f.raw(name))
             });
@@ -130,15 +132,10 @@ pub(crate) fn merge(
     }
 }
 
-/// Whether a node record with these raw timestamps (report, facts) is fresher than the one kept:
-/// the newer report, then the newer facts; a full tie keeps the earlier backend's.
-fn is_fresher(
-    (report, facts): (Option<&str>, Option<&str>),
-    (kept_report, kept_facts): (Option<&str>, Option<&str>),
-) -> bool {
-    compare_timestamps(json_str(report), json_str(kept_report))
-        .then_with(|| compare_timestamps(json_str(facts), json_str(kept_facts)))
-        .is_gt()
+/// Whether a node record with this raw report timestamp is fresher than the one kept; a tie
+/// keeps the earlier backend's.
+fn is_fresher(report: Option<&str>, kept_report: Option<&str>) -> bool {
+    compare_timestamps(json_str(report), json_str(kept_report)).is_gt()
 }
 
 /// A raw JSON timestamp (`"…"` or `null`) as text; `None` for null or anything else.

@@ -36,7 +36,7 @@ fn ownership(a: &[(&str, &str)], b: &[(&str, &str)]) -> Arc<Ownership> {
     let nodes = |rows: &[(&str, &str)]| -> Option<BackendNodes> {
         Some(
             rows.iter()
-                .map(|(c, t)| ((*c).to_owned(), Member::active(Some(t))))
+                .map(|(c, t)| ((*c).to_owned(), Member::ran_at(t)))
                 .collect(),
         )
     };

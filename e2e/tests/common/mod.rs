@@ -171,19 +171,31 @@ pub fn healthz_backend<'a>(body: &'a Value, name: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no backend {name} in /healthz {body}"))
 }
 
-/// The /nodes rule, computed from the backends' own answers (configured order): per certname the
-/// record with the strictly newer report_timestamp (none is older than any), then the newer
-/// facts_timestamp, a full tie going to the earlier backend. certname -> (backend index, record).
+/// The /nodes rule, computed from the backends' own answers (configured order) and what the
+/// fixture says each backend was sent: per certname the record whose holding has the strictly
+/// newer report_timestamp (none is older than any), then the facts produced later, then the
+/// catalog produced later (producer times from the fixture: a node record carries none), a full
+/// tie going to the earlier backend. certname -> (backend index, record).
 pub fn newer_wins(answers: &[Vec<Value>]) -> std::collections::BTreeMap<String, (usize, Value)> {
-    let freshness = |record: &Value| {
-        let instant = |field: &str| record[field].as_str().and_then(pdbmux_e2e::order::instant);
-        (instant("report_timestamp"), instant("facts_timestamp"))
+    let e2e = env();
+    let freshness = |backend: usize, record: &Value| {
+        let instant = |ts: Option<&str>| ts.and_then(pdbmux_e2e::order::instant);
+        let held = e2e
+            .fixture
+            .nodes
+            .get(certname(record))
+            .and_then(|node| node.backends.get(&e2e.backends[backend].name));
+        [
+            instant(record["report_timestamp"].as_str()),
+            instant(held.map(|h| h.facts_producer_timestamp.as_str())),
+            instant(held.and_then(|h| h.catalog_producer_timestamp.as_deref())),
+        ]
     };
     let mut out: std::collections::BTreeMap<String, (usize, Value)> = Default::default();
     for (i, recs) in answers.iter().enumerate() {
         for rec in recs {
             match out.get(certname(rec)) {
-                Some((_, held)) if freshness(rec) <= freshness(held) => {}
+                Some((held_at, held)) if freshness(i, rec) <= freshness(*held_at, held) => {}
                 _ => {
                     out.insert(certname(rec).to_owned(), (i, rec.clone()));
                 }

@@ -290,7 +290,7 @@ pub fn a_scrape_during_load_is_well_formed(bin: &Path) {
             ("PDBMUX_LOG_LEVEL", "warn".to_owned()),
         ],
     );
-    // One membership refresh (one call per backend) besides the two /nodes calls.
+    // One membership refresh (three queries per backend) besides the two /nodes calls.
     let nodes = pdbmux.get("/pdb/query/v4/nodes");
     assert_eq!(nodes.status(), 200, "{}", nodes.text);
     let addr = pdbmux.addr;
@@ -320,13 +320,14 @@ pub fn a_scrape_during_load_is_well_formed(bin: &Path) {
     assert_eq!(
         scrape.value("pdbmux_upstream_requests_total", "backend=a,outcome=ok")
             + scrape.value("pdbmux_upstream_requests_total", "backend=b,outcome=ok"),
-        (2 * answered) as f64 + 4.0,
-        "two calls per answer, plus /nodes and each backend's membership refresh:\n{}",
+        (2 * answered) as f64 + 2.0 + 2.0 * 3.0,
+        "two calls per answer, plus /nodes and each backend's three membership queries:\n{}",
         scrape.text
     );
     // n1 is in both backends, with the same report: a owns it (configured order breaks the tie).
     assert_eq!(scrape.value("pdbmux_membership_nodes", ""), 1.0);
     assert_eq!(scrape.value("pdbmux_membership_shared_nodes", ""), 1.0);
+    assert_eq!(scrape.value("pdbmux_membership_split_nodes", ""), 0.0);
     assert_eq!(scrape.value("pdbmux_backend_owned_nodes", "backend=a"), 1.0);
     assert_eq!(scrape.value("pdbmux_backend_owned_nodes", "backend=b"), 0.0);
     assert_eq!(scrape.value("pdbmux_membership_refreshes_total", ""), 1.0);
