@@ -986,6 +986,52 @@ fn events_dedupe_by_verbatim_record() {
 }
 
 #[test]
+fn a_latest_report_projection_keeps_the_rows_one_puppetdb_returns() {
+    // D22: two events of web1's latest report project to the same row; one PuppetDB returns it
+    // twice. pdbmux asks for the fields that tell events apart, dedupes on them, drops them.
+    let event = |report: &str, title: &str| {
+        json!({"certname": "web1", "report": report, "resource_type": "File",
+               "resource_title": title, "property": "content"})
+    };
+    let b = json!([event("h2", "/etc/motd"), event("h2", "/etc/issue")]).to_string();
+    let a = json!([event("h1", "/etc/motd")]).to_string();
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web1", T10)]),
+            vec![Reply::ok(a).after(ms(1))],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web1", T11)]),
+            vec![Reply::ok(b).after(ms(1))],
+        ),
+    ]);
+    let c = h.get(&form_target(
+        "/pdb/query/v4/events",
+        &[(
+            "query",
+            r#"["extract",["certname"],["=","latest_report?",true]]"#,
+        )],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([{"certname": "web1"}, {"certname": "web1"}]),
+        "{transcript}"
+    );
+    for send in exchange_sends(&h) {
+        let asked = pdbmux_conformance::decode_component(&send.request.path_and_query);
+        assert!(
+            asked.contains(r#"["certname","report","resource_type","resource_title","property"]"#),
+            "{asked}"
+        );
+    }
+}
+
+#[test]
 fn facts_paged_window_is_exact_despite_an_upstream_source_fact() {
     // pdb-a holds an upstream fact named pdbmux_source; it is dropped (docs/merging.md, "Provenance"), but it took one of
     // the `offset + limit` records pdb-a was asked for, so web4's fact never arrives. A single

@@ -33,6 +33,7 @@ use std::sync::atomic::{self, AtomicUsize};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub mod differential;
 mod fixture;
 mod http;
 pub mod order;
@@ -337,7 +338,9 @@ pub struct PdbmuxBuilder {
 }
 
 impl PdbmuxBuilder {
-    fn new(bin: &Path, state_dir: Option<&Path>) -> Self {
+    /// A pdbmux running `bin` with no backends yet, logging under `state_dir` (else a temporary
+    /// directory): for suites whose backends are not `PDBMUX_E2E_BACKENDS` (the history suite).
+    pub fn new(bin: &Path, state_dir: Option<&Path>) -> Self {
         let log_dir = state_dir
             .map(|d| d.join("pdbmux-logs"))
             .unwrap_or_else(|| std::env::temp_dir().join("pdbmux-e2e-logs"));

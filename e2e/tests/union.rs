@@ -20,20 +20,10 @@
 
 mod common;
 
-use common::{env, get, pdbmux};
-use pdbmux_e2e::{Backend, Pdbmux, Response};
+use common::{env, pdbmux};
+use pdbmux_e2e::differential::{mismatches, Compare, Question};
+use pdbmux_e2e::Backend;
 use serde_json::{json, Value};
-
-/// The fields each PuppetDB stamps itself on receipt, on every entity.
-const RECEIPT_TIMES: [&str; 4] = [
-    "facts_timestamp",
-    "catalog_timestamp",
-    "receive_time",
-    "report_receive_time",
-];
-
-/// The name of pdbmux's provenance fact and `/nodes` key.
-const SOURCE: &str = "pdbmux_source";
 
 fn union() -> Option<&'static Backend> {
     let union = env().union.as_ref();
@@ -41,44 +31,6 @@ fn union() -> Option<&'static Backend> {
         eprintln!("no PDBMUX_E2E_UNION: the differential suite is skipped");
     }
     union
-}
-
-/// A record or value with the receipt times and pdbmux's additions removed, and expanded
-/// sub-collections in one order. `timestamp` is a receipt time on factsets and inventory only
-/// (an event's is when it happened).
-fn normalise(path: &str, value: &Value) -> Value {
-    let receipt_timestamp = path.contains("/factsets") || path.contains("/inventory");
-    match value {
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .filter(|(k, _)| {
-                    !RECEIPT_TIMES.contains(&k.as_str())
-                        && k.as_str() != SOURCE
-                        && !(receipt_timestamp && k.as_str() == "timestamp")
-                })
-                .map(|(k, v)| match (k.as_str(), normalise(path, v)) {
-                    // An expanded sub-collection (a catalog's resources and edges, a factset's
-                    // facts) is a set: each PuppetDB lists it in its own storage order.
-                    ("data", Value::Array(mut items)) => {
-                        items.sort_by_cached_key(Value::to_string);
-                        (k.clone(), Value::Array(items))
-                    }
-                    (_, v) => (k.clone(), v),
-                })
-                .collect(),
-        ),
-        Value::Array(items) => Value::Array(
-            items
-                .iter()
-                .filter(|item| {
-                    // The synthetic provenance fact, and its name on /fact-names.
-                    item.as_str() != Some(SOURCE) && item.get("name") != Some(&json!(SOURCE))
-                })
-                .map(|item| normalise(path, item))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
 }
 
 /// The node whose single-PuppetDB answer depends on arrival order (see the module doc).
@@ -122,157 +74,18 @@ fn without_order_dependent(query: Option<&str>) -> String {
     with.to_string()
 }
 
-/// How two answers are compared.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Compare {
-    /// As multisets: the request does not order.
-    Set,
-    /// In order: the request orders by a key unique to each record.
-    Sequence,
-}
-
-/// One question asked of pdbmux and the union.
-struct Question {
-    path: String,
-    params: Vec<(String, String)>,
-    compare: Compare,
-    /// The entity route whose records the answer holds (the root endpoint answers any entity's).
-    entity_path: String,
-}
-
-impl Question {
-    fn new(path: &str, params: &[(&str, String)]) -> Question {
-        let compare = if params.iter().any(|(k, _)| *k == "order_by") {
-            Compare::Sequence
-        } else {
-            Compare::Set
-        };
-        let mut params: Vec<(String, String)> = params
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), v.clone()))
-            .collect();
-        if has_certname(path) && !path.contains("/facts/") {
-            let query = params.iter().position(|(k, _)| k == "query");
-            let text = without_order_dependent(query.map(|at| params[at].1.as_str()));
-            match query {
-                Some(at) => params[at].1 = text,
-                None => params.insert(0, ("query".to_owned(), text)),
-            }
-        }
-        Question {
-            path: path.to_owned(),
-            params,
-            compare,
-            entity_path: path.to_owned(),
+/// A question on `path`; on an entity with certnames, the order-dependent node left out.
+fn question(path: &str, params: &[(&str, String)]) -> Question {
+    let mut question = Question::new(path, params);
+    if has_certname(path) && !path.contains("/facts/") {
+        let query = question.params.iter().position(|(k, _)| k == "query");
+        let text = without_order_dependent(query.map(|at| question.params[at].1.as_str()));
+        match query {
+            Some(at) => question.params[at].1 = text,
+            None => question.params.insert(0, ("query".to_owned(), text)),
         }
     }
-
-    /// A root-endpoint question (PQL or a `from` AST) on `entity`'s records, asked as written:
-    /// it leaves the order-dependent node out itself.
-    fn root(entity: &str, query: String, extra: &[(&str, &str)], compare: Compare) -> Question {
-        let mut params = vec![("query".to_owned(), query)];
-        params.extend(
-            extra
-                .iter()
-                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
-        );
-        Question {
-            path: "/pdb/query/v4".to_owned(),
-            params,
-            compare,
-            entity_path: format!("/pdb/query/v4/{entity}"),
-        }
-    }
-
-    fn pairs(&self) -> Vec<(&str, &str)> {
-        self.params
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str()))
-            .collect()
-    }
-}
-
-impl std::fmt::Display for Question {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {:?}", self.path, self.params)
-    }
-}
-
-/// Asks every question of pdbmux and the union; the mismatches, one line each.
-fn mismatches(p: &Pdbmux, union: &Backend, questions: &[Question]) -> Vec<String> {
-    let mut out = Vec::new();
-    for question in questions {
-        let pairs = question.pairs();
-        let got = get(p, &question.path, &pairs);
-        let want = common::direct(union, &question.path, &pairs);
-        if let Some(problem) = compare(question, &got, &want) {
-            out.push(format!("{question}: {problem}"));
-        }
-    }
-    out
-}
-
-fn compare(question: &Question, got: &Response, want: &Response) -> Option<String> {
-    if got.status != want.status {
-        return Some(format!(
-            "status {} (the union {}): {}",
-            got.status,
-            want.status,
-            got.body.trim()
-        ));
-    }
-    if want.status != 200 {
-        return (got.body.trim() != want.body.trim())
-            .then(|| format!("the refusal {:?}, the union's {:?}", got.body, want.body));
-    }
-    let (Ok(got_body), Ok(want_body)) = (got.json(), want.json()) else {
-        return Some("a body is not JSON".to_owned());
-    };
-    // Only /facts adds records of its own: elsewhere the provenance fact is a name or a path
-    // the union holds too (the fixture forges an upstream `pdbmux_source` fact).
-    let synthetic = match question.entity_path.ends_with("/facts") {
-        true => count_synthetic(&got_body),
-        false => 0,
-    };
-    let (got_body, want_body) = (
-        normalise(&question.entity_path, &got_body),
-        normalise(&question.entity_path, &want_body),
-    );
-    let same = match (question.compare, &got_body, &want_body) {
-        (Compare::Set, Value::Array(a), Value::Array(b)) => {
-            common::multiset(a) == common::multiset(b)
-        }
-        _ => got_body == want_body,
-    };
-    if !same {
-        return Some(format!(
-            "the records differ\n    pdbmux:    {}\n    the union: {}",
-            shorten(&got_body),
-            shorten(&want_body)
-        ));
-    }
-    let got_total = common::x_records(got).map(|t| t.saturating_sub(synthetic));
-    let want_total = common::x_records(want);
-    (got_total != want_total)
-        .then(|| format!("X-Records {got_total:?}, the union's {want_total:?}"))
-}
-
-/// The synthetic provenance records in an answer (an unpaged /facts total counts them).
-fn count_synthetic(body: &Value) -> u64 {
-    body.as_array().map_or(0, |records| {
-        records
-            .iter()
-            .filter(|r| r.get("name") == Some(&json!(SOURCE)))
-            .count() as u64
-    })
-}
-
-fn shorten(value: &Value) -> String {
-    let text = value.to_string();
-    match text.char_indices().nth(1500) {
-        Some((at, _)) => format!("{}… ({} bytes)", &text[..at], text.len()),
-        None => text,
-    }
+    question
 }
 
 fn check(label: &str, questions: &[Question]) {
@@ -280,7 +93,7 @@ fn check(label: &str, questions: &[Question]) {
         return;
     };
     let p = pdbmux(label);
-    let problems = mismatches(&p, union, questions);
+    let problems = mismatches(&p, union, questions).expect("pdbmux and the union answer");
     assert!(
         problems.is_empty(),
         "{} of {} questions differ from the union's answers:\n  {}",
@@ -315,24 +128,24 @@ fn q(value: Value) -> String {
 /// hard case (alone and with the others), filtered by environment.
 fn node_owned_questions(path: &str, environment_field: &str) -> Vec<Question> {
     let mut questions = vec![
-        Question::new(path, &[]),
-        Question::new(path, &[("query", q(json!(["=", "node_state", "any"])))]),
-        Question::new(
+        question(path, &[]),
+        question(path, &[("query", q(json!(["=", "node_state", "any"])))]),
+        question(
             path,
             &[("query", q(json!(["=", environment_field, "production"])))],
         ),
-        Question::new(
+        question(
             path,
             &[("query", q(json!(["=", environment_field, "staging"])))],
         ),
     ];
     let cases = hard_cases();
     for certname in &cases {
-        questions.push(Question::new(
+        questions.push(question(
             path,
             &[("query", q(json!(["=", "certname", certname])))],
         ));
-        questions.push(Question::new(
+        questions.push(question(
             path,
             &[(
                 "query",
@@ -344,7 +157,7 @@ fn node_owned_questions(path: &str, environment_field: &str) -> Vec<Question> {
             )],
         ));
     }
-    questions.push(Question::new(
+    questions.push(question(
         path,
         &[("query", q(json!(["in", "certname", ["array", cases]])))],
     ));
@@ -390,7 +203,7 @@ fn paged_questions(
             params.push(("limit", limit.to_string()));
             params.push(("offset", offset.to_string()));
             params.push(("include_total", "true".to_owned()));
-            questions.push(Question::new(path, &params));
+            questions.push(question(path, &params));
         }
     }
     questions
@@ -403,7 +216,7 @@ fn asc(fields: &[&str]) -> Value {
 #[test]
 fn nodes_equal_the_union() {
     let mut questions = node_owned_questions("/pdb/query/v4/nodes", "catalog_environment");
-    questions.push(Question::new(
+    questions.push(question(
         "/pdb/query/v4/nodes",
         &[(
             "query",
@@ -435,18 +248,18 @@ fn nodes_equal_the_union() {
 fn facts_equal_the_union() {
     let mut questions = node_owned_questions("/pdb/query/v4/facts", "environment");
     questions.extend([
-        Question::new(
+        question(
             "/pdb/query/v4/facts",
             &[("query", q(json!(["=", "name", "kernel"])))],
         ),
-        Question::new("/pdb/query/v4/facts/e2e_loaded_into", &[]),
-        Question::new("/pdb/query/v4/facts/e2e_loaded_into/pdb-a", &[]),
-        Question::new(
+        question("/pdb/query/v4/facts/e2e_loaded_into", &[]),
+        question("/pdb/query/v4/facts/e2e_loaded_into/pdb-a", &[]),
+        question(
             "/pdb/query/v4/facts/e2e_weight",
             &[("query", q(json!(["=", "node_state", "any"])))],
         ),
         // A projection without certname: ownership is pushed down.
-        Question::new(
+        question(
             "/pdb/query/v4/facts",
             &[(
                 "query",
@@ -490,24 +303,24 @@ fn node_owned_entities_equal_the_union() {
         questions.extend(node_owned_questions(path, environment));
     }
     questions.extend([
-        Question::new(
+        question(
             "/pdb/query/v4/resources",
             &[("query", q(json!(["=", "type", "File"])))],
         ),
-        Question::new("/pdb/query/v4/resources/Service", &[]),
-        Question::new(
+        question("/pdb/query/v4/resources/Service", &[]),
+        question(
             "/pdb/query/v4/resources",
             &[("query", q(json!(["=", "exported", true])))],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/fact-contents",
             &[("query", q(json!(["=", "path", ["os", "release", "full"]])))],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/inventory",
             &[("query", q(json!(["=", "facts.e2e_loaded_into", "pdb-b"])))],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/resources",
             &[(
                 "query",
@@ -575,7 +388,7 @@ fn unions_equal_the_union() {
         "/pdb/query/v4/producers",
         "/pdb/query/v4/packages",
     ] {
-        questions.push(Question::new(path, &[]));
+        questions.push(question(path, &[]));
     }
     questions.extend(paged_questions(
         "/pdb/query/v4/fact-paths",
@@ -597,32 +410,32 @@ fn history_equals_the_union() {
     let reports = "/pdb/query/v4/reports";
     let events = "/pdb/query/v4/events";
     let mut questions = vec![
-        Question::new(reports, &[]),
-        Question::new(events, &[]),
-        Question::new(
+        question(reports, &[]),
+        question(events, &[]),
+        question(
             reports,
             &[("query", q(json!(["=", "latest_report?", true])))],
         ),
-        Question::new(
+        question(
             events,
             &[("query", q(json!(["=", "latest_report?", true])))],
         ),
-        Question::new(reports, &[("query", q(json!(["=", "status", "failed"])))]),
+        question(reports, &[("query", q(json!(["=", "status", "failed"])))]),
         // By node state: a node that moved is active in the estate, its old backend's reports
         // included; a node deactivated everywhere is inactive.
-        Question::new(
+        question(
             reports,
             &[("query", q(json!(["=", "node_state", "active"])))],
         ),
-        Question::new(
+        question(
             reports,
             &[("query", q(json!(["=", "node_state", "inactive"])))],
         ),
-        Question::new(
+        question(
             events,
             &[("query", q(json!(["=", "node_state", "active"])))],
         ),
-        Question::new(
+        question(
             reports,
             &[(
                 "query",
@@ -634,7 +447,7 @@ fn history_equals_the_union() {
                 ])),
             )],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/event-counts",
             &[
                 ("query", q(json!(["=", "node_state", "active"]))),
@@ -642,11 +455,11 @@ fn history_equals_the_union() {
             ],
         ),
         // Projections that leave out what tells copies apart are still served once each.
-        Question::new(
+        question(
             reports,
             &[("query", q(json!(["extract", ["certname", "status"]])))],
         ),
-        Question::new(
+        question(
             events,
             &[(
                 "query",
@@ -656,7 +469,7 @@ fn history_equals_the_union() {
     ];
     for certname in hard_cases() {
         for path in [reports, events] {
-            questions.push(Question::new(
+            questions.push(question(
                 path,
                 &[("query", q(json!(["=", "certname", certname])))],
             ));
@@ -719,41 +532,41 @@ fn aggregates_equal_the_union() {
         ("/pdb/query/v4/reports", "environment"),
         ("/pdb/query/v4/events", "environment"),
     ] {
-        questions.push(Question::new(path, &[("query", count(Value::Null, &[]))]));
-        questions.push(Question::new(
+        questions.push(question(path, &[("query", count(Value::Null, &[]))]));
+        questions.push(question(
             path,
             &[("query", count(json!(["=", environment, "production"]), &[]))],
         ));
-        questions.push(Question::new(
+        questions.push(question(
             path,
             &[("query", count(Value::Null, &[environment]))],
         ));
     }
     questions.extend([
-        Question::new(
+        question(
             "/pdb/query/v4/reports",
             &[("query", count(Value::Null, &["status"]))],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/events",
             &[("query", count(Value::Null, &["status"]))],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/reports",
             &[(
                 "query",
                 count(json!(["=", "latest_report?", true]), &["status"]),
             )],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/facts",
             &[("query", count(json!(["=", "name", "kernel"]), &["value"]))],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/nodes",
             &[("query", count(json!(["=", "node_state", "any"]), &[]))],
         ),
-        Question::new(
+        question(
             "/pdb/query/v4/resources",
             &[("query", count(json!(["=", "node_state", "any"]), &["type"]))],
         ),
@@ -777,7 +590,7 @@ fn aggregates_equal_the_union() {
                 json!(["=", "status", "success"]),
             ),
         ] {
-            questions.push(Question::new(
+            questions.push(question(
                 path,
                 &[
                     ("query", q(query)),
@@ -794,7 +607,7 @@ fn aggregates_equal_the_union() {
                 "/pdb/query/v4/event-counts",
                 "/pdb/query/v4/aggregate-event-counts",
             ] {
-                questions.push(Question::new(
+                questions.push(question(
                     path,
                     &[
                         ("summarize_by", summarize_by.to_owned()),
@@ -803,7 +616,7 @@ fn aggregates_equal_the_union() {
                 ));
             }
         }
-        questions.push(Question::new(
+        questions.push(question(
             "/pdb/query/v4/event-counts",
             &[
                 ("query", q(json!(["=", "environment", "production"]))),
@@ -812,7 +625,7 @@ fn aggregates_equal_the_union() {
             ],
         ));
     }
-    questions.push(Question::new(
+    questions.push(question(
         "/pdb/query/v4/aggregate-event-counts",
         &[
             (
@@ -953,13 +766,13 @@ fn refusals_equal_the_union() {
         "/pdb/query/v4/edges",
         "/pdb/query/v4/packages",
     ] {
-        questions.push(Question::new(path, &[("limit", "0".to_owned())]));
-        questions.push(Question::new(path, &[("offset", "-1".to_owned())]));
-        questions.push(Question::new(
+        questions.push(question(path, &[("limit", "0".to_owned())]));
+        questions.push(question(path, &[("offset", "-1".to_owned())]));
+        questions.push(question(
             path,
             &[("order_by", q(json!([{"field": "nope"}])))],
         ));
-        questions.push(Question::new(path, &[("order_by", "[".to_owned())]));
+        questions.push(question(path, &[("order_by", "[".to_owned())]));
     }
     check("union-refusals", &questions);
 }
@@ -973,11 +786,11 @@ fn sub_routes_equal_the_union() {
     for environment in ["production", "staging"] {
         let below = |entity: &str| format!("/pdb/query/v4/environments/{environment}/{entity}");
         for entity in ["facts", "resources", "reports", "events"] {
-            questions.push(Question::new(&below(entity), &[]));
+            questions.push(question(&below(entity), &[]));
         }
-        questions.push(Question::new(&below("facts/e2e_loaded_into"), &[]));
-        questions.push(Question::new(&below("resources/Service"), &[]));
-        questions.push(Question::new(
+        questions.push(question(&below("facts/e2e_loaded_into"), &[]));
+        questions.push(question(&below("resources/Service"), &[]));
+        questions.push(question(
             &below("facts"),
             &[(
                 "query",
@@ -991,7 +804,7 @@ fn sub_routes_equal_the_union() {
     }
     for entity in ["catalogs", "factsets", "reports"] {
         let path = format!("/pdb/query/v4/producers/{producer}/{entity}");
-        questions.push(Question::new(&path, &[]));
+        questions.push(question(&path, &[]));
     }
     check("sub-routes", &questions);
 }

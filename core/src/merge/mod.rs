@@ -307,7 +307,9 @@ impl RecordPlan {
         let history_total =
             entity.is_history() && include_total && window.is_paged() && pushable && !node_owned;
         let history_node_state = entity.is_history() && !node_owned && pushable && names_node_state;
-        let history_helpers = match (&analysis, pushable && !node_owned) {
+        // Asked whether or not `latest_report?` makes the history node-owned: one backend's own
+        // rows are not merged by their projected content either (D22).
+        let history_helpers = match (&analysis, pushable) {
             (Some(a), true) if !a.plain_columns.is_empty() && !a.has_function_column() => {
                 history_identity(entity)
                     .iter()

@@ -69,18 +69,8 @@ pub fn certname(record: &Value) -> &str {
         .unwrap_or_else(|| panic!("no certname in {record}"))
 }
 
-/// The X-Records header as a number.
-pub fn x_records(r: &Response) -> Option<u64> {
-    r.header("x-records").and_then(|v| v.trim().parse().ok())
-}
-
-/// Records as sorted canonical JSON texts: compares two answers as multisets.
-pub fn multiset(records: &[Value]) -> Vec<String> {
-    // serde_json's maps are sorted by key here (no preserve_order): to_string is canonical.
-    let mut texts: Vec<String> = records.iter().map(Value::to_string).collect();
-    texts.sort();
-    texts
-}
+#[allow(unused_imports)] // each test binary uses its own share of these
+pub use pdbmux_e2e::differential::{multiset, x_records};
 
 /// Every backend's own answer to `path` with `params`, in configured order (each must be 200).
 pub fn direct_records(path: &str, params: &[(&str, &str)]) -> Vec<Vec<Value>> {

@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""Send a seeded, replayable fleet history to several PuppetDBs and all of it to one more.
+
+Usage: generate.py --seed 7 --backends h1=http://127.0.0.1:18090,h2=http://127.0.0.1:18091 \
+                   --union http://127.0.0.1:18094 --out history.json [--nodes 16]
+
+A history is what a fleet in a migration sends (docs/decisions.md, D23): every node runs every
+30 minutes or so; each run sends its facts, then its catalog, then its report to the PuppetDB the
+node reports to. Nodes move through one to all of the backends, each move leaving a full stale
+copy behind (other facts, packages, environment, catalog, resources, reports); at a move a
+command can miss the new backend (the facts still go to the old one while the catalog and report
+reach the new one), a report can be sent to the old and the new backend, and some nodes report to
+two backends for a while. Some nodes send facts and never a report; some are deactivated at the
+end (in every backend that held them). The union PuppetDB is sent every command once.
+
+Delivery is a fleet's, not a loader's: each PuppetDB is fed by its own thread at once, in an
+order shuffled across nodes, and for some nodes a backend's commands arrive out of order (a
+command backlog: older facts processed after newer). One PuppetDB keeps the newest copy of each
+kind of data by producer time whatever the order, so the union's answers do not depend on it.
+
+Everything follows from the seed: the certnames (`s<seed>-b<k>-n<i>.hist.test`, so histories
+over different backend counts never share a node), the runs, the moves, the faults, the delivery
+order. Timestamps are relative to the time of the run. The output file describes the history
+(seed, backends, union, each node's runs and where each command went) for the test that asks
+pdbmux and the union the same questions (e2e/tests/histories.rs).
+
+Python 3 standard library only; the HTTP helpers are the fixture loader's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib.util
+import json
+import random
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+_LOADER = importlib.util.spec_from_file_location(
+    "fixture_load", Path(__file__).resolve().parent.parent / "fixture" / "load.py")
+load = importlib.util.module_from_spec(_LOADER)
+_LOADER.loader.exec_module(load)
+
+DOMAIN = "hist.test"
+PRODUCER = f"puppet.{DOMAIN}"
+UUID_NS = uuid.UUID("0b7e6d1c-3f53-4c4e-9d0e-5d2e1b7f9a01")
+ENVIRONMENTS = ["production", "staging", "development"]
+KINDS = ["changed", "unchanged", "unchanged", "failed", "noop"]
+RUN_EVERY = dt.timedelta(minutes=30)
+
+
+def stamp(t: dt.datetime) -> str:
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def uid(*parts) -> str:
+    return str(uuid.uuid5(UUID_NS, "/".join(str(p) for p in parts)))
+
+
+# --- payloads -------------------------------------------------------------------------------------
+
+def facts_payload(certname: str, run: dict) -> dict:
+    i, env = run["index"], run["env"]
+    return {
+        "certname": certname,
+        "environment": env,
+        "producer_timestamp": run["facts_at"],
+        "producer": PRODUCER,
+        "values": {
+            "kernel": "Linux",
+            "kernelrelease": f"6.1.0-{20 + i}-amd64",
+            "osfamily": "Debian",
+            "os": {"name": "Debian", "family": "Debian",
+                   "release": {"major": "12", "minor": str(i), "full": f"12.{i}"}},
+            "uptime_seconds": 1800 * i + 11,
+            "is_virtual": i % 2 == 0,
+            "memorysize_mb": 2048.5 + i,
+            "hist_run": i,
+            "hist_backend": run["facts_to"][0],
+            "hist_env": env,
+            "hist_roles": ["web", "db", "cache"][: 1 + i % 3],
+        },
+        "package_inventory": [
+            ["openssh-server", f"1:9.2p1-{i}", "apt"],
+            ["puppet-agent", f"7.{20 + i}.0", "apt"],
+            *([["nginx", f"1.22.{i}", "apt"]] if env == "production" else []),
+        ],
+    }
+
+
+def catalog_payload(certname: str, run: dict) -> dict:
+    i, env = run["index"], run["env"]
+    site = f"/etc/puppetlabs/code/environments/{env}/manifests/site.pp"
+
+    def res(rtype, title, params, line=None, exported=False):
+        r = {"type": rtype, "title": title, "exported": exported,
+             "tags": [rtype.lower(), "class"], "parameters": params}
+        if line is not None:
+            r["file"], r["line"] = site, line
+        return r
+
+    resources = [
+        res("Stage", "main", {"name": "main"}),
+        res("Class", "Main", {"name": "main"}),
+        res("Package", "openssh-server", {"ensure": f"1:9.2p1-{i}"}, line=3),
+        res("File", "/etc/motd", {"content": f"{certname} run {i} in {env}"}, line=12),
+        *[res("File", f"/etc/hist/{env}-{k}.conf", {"index": k}, line=20 + k)
+          for k in range(i % 3)],
+    ]
+    if env == "production":
+        resources.append(res("Service", "nginx", {"ensure": "running"}, line=30))
+    if i % 4 == 1:
+        resources.append(res("Sshkey", certname, {"key": f"AAAAhist{i}"}, line=40, exported=True))
+    edges = [{"source": {"type": "Stage", "title": "main"},
+              "target": {"type": "Class", "title": "Main"}, "relationship": "contains"}]
+    edges += [{"source": {"type": "Class", "title": "Main"},
+               "target": {"type": r["type"], "title": r["title"]}, "relationship": "contains"}
+              for r in resources[2:]]
+    return {
+        "certname": certname,
+        "version": str(1_700_000_000 + i),
+        "environment": env,
+        "transaction_uuid": uid("transaction", certname, i),
+        "catalog_uuid": uid("catalog", certname, i),
+        "code_id": None,
+        "producer_timestamp": run["catalog_at"],
+        "producer": PRODUCER,
+        "edges": edges,
+        "resources": resources,
+    }
+
+
+def report_payload(certname: str, run: dict) -> dict:
+    kind, env = run["kind"], run["env"]
+    resources = load.report_resources(kind, env, run["report_end"])
+    statuses = [e["status"] for r in resources for e in r["events"]]
+    status = {"changed": "changed", "failed": "failed"}.get(kind, "unchanged")
+    return {
+        "certname": certname,
+        "environment": env,
+        "puppet_version": "7.23.0",
+        "report_format": 12,
+        "configuration_version": str(1_700_000_000 + run["index"]),
+        "start_time": run["report_start"],
+        "end_time": run["report_end"],
+        "producer_timestamp": run["report_at"],
+        "producer": PRODUCER,
+        "resources": resources,
+        "metrics": [
+            {"category": "resources", "name": "total", "value": 4 + run["index"] % 3},
+            {"category": "events", "name": "failure", "value": statuses.count("failure")},
+            {"category": "events", "name": "success", "value": statuses.count("success")},
+            {"category": "time", "name": "total", "value": 12.5},
+        ],
+        "logs": [{"file": None, "line": None, "level": "notice", "source": "Puppet",
+                  "message": f"Applied catalog ({kind})", "tags": ["notice"],
+                  "time": run["report_end"]}],
+        "noop": kind == "noop",
+        "noop_pending": kind == "noop",
+        "corrective_change": False,
+        "transaction_uuid": uid("transaction", certname, run["index"]),
+        "catalog_uuid": uid("catalog", certname, run["index"]),
+        "code_id": None,
+        "cached_catalog_status": "not_used",
+        "status": status,
+    }
+
+
+# --- the history ----------------------------------------------------------------------------------
+
+def plan_node(rng: random.Random, certname: str, backends: list[str], start: dt.datetime) -> dict:
+    """One node's runs: where each run's facts, catalog and report go."""
+    runs_n = rng.randint(1, 5)
+    facts_only = rng.random() < 0.15
+    holder = rng.choice(backends)
+    moves = sorted(rng.sample(range(1, runs_n), min(runs_n - 1, rng.randint(0, len(backends) - 1))))
+    env = rng.choice(ENVIRONMENTS)
+    dual_until = rng.randint(0, runs_n) if rng.random() < 0.2 else -1
+    runs = []
+    t = start + dt.timedelta(seconds=rng.randint(0, 1700))
+    previous = None
+    for index in range(runs_n):
+        fault = None
+        if index in moves:
+            previous = holder
+            holder = rng.choice([b for b in backends if b != holder])
+            if rng.random() < 0.5:
+                env = rng.choice(ENVIRONMENTS)
+            fault = rng.choice([None, "facts-to-old", "report-twice"])
+        facts_to = [holder]
+        catalog_to = [holder]
+        report_to = [holder]
+        if fault == "facts-to-old":
+            facts_to = [previous]
+        elif fault == "report-twice":
+            report_to = [previous, holder]
+        if index < dual_until:
+            other = next((b for b in backends if b != holder), holder)
+            if other != holder:
+                report_to = sorted(set(report_to) | {other})
+        run = {
+            "index": index,
+            "env": env,
+            "kind": rng.choice(KINDS),
+            "fault": fault,
+            "facts_at": stamp(t),
+            "catalog_at": stamp(t + dt.timedelta(seconds=5)),
+            "report_start": stamp(t + dt.timedelta(seconds=6)),
+            "report_end": stamp(t + dt.timedelta(seconds=20)),
+            "report_at": stamp(t + dt.timedelta(seconds=25)),
+            "facts_to": facts_to,
+            "catalog_to": [] if facts_only else catalog_to,
+            "report_to": [] if facts_only else report_to,
+        }
+        runs.append(run)
+        t += RUN_EVERY + dt.timedelta(seconds=rng.randint(-120, 120))
+    held = sorted({b for r in runs for b in r["facts_to"] + r["catalog_to"] + r["report_to"]})
+    deactivated = stamp(t) if rng.random() < 0.15 else None
+    return {"certname": certname, "facts_only": facts_only, "runs": runs, "held_by": held,
+            "deactivated": deactivated, "last_holder": holder}
+
+
+def commands(node: dict) -> list[tuple[list[str], dict]]:
+    """Every command of a node, oldest first, with the backends it goes to."""
+    c = node["certname"]
+    out = []
+    for run in node["runs"]:
+        out.append((run["facts_to"], {"command": "replace_facts", "version": 5, "certname": c,
+                                      "payload": facts_payload(c, run)}))
+        if run["catalog_to"]:
+            out.append((run["catalog_to"], {"command": "replace_catalog", "version": 9,
+                                            "certname": c, "payload": catalog_payload(c, run)}))
+        if run["report_to"]:
+            out.append((run["report_to"], {"command": "store_report", "version": 8,
+                                           "certname": c, "payload": report_payload(c, run)}))
+    if node["deactivated"]:
+        out.append((node["held_by"], {"command": "deactivate_node", "version": 3, "certname": c,
+                                      "payload": {"certname": c,
+                                                  "producer_timestamp": node["deactivated"]}}))
+    return out
+
+
+def delivery_order(rng: random.Random, per_node: list[list[dict]]) -> list[dict]:
+    """One PuppetDB's commands: nodes interleaved at random, each node's own commands in order,
+    except that a fifth of the nodes arrive as a backlog (their commands in any order)."""
+    queues = []
+    for cmds in per_node:
+        cmds = list(cmds)
+        if len(cmds) > 1 and rng.random() < 0.2:
+            rng.shuffle(cmds)
+        if cmds:
+            queues.append(cmds)
+    out = []
+    while queues:
+        q = rng.choice(queues)
+        out.append(q.pop(0))
+        if not q:
+            queues.remove(q)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, required=True)
+    parser.add_argument("--backends", required=True, help="name=url,... (2 to 4)")
+    parser.add_argument("--union", required=True, help="the PuppetDB sent every command")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--nodes", type=int, default=16)
+    args = parser.parse_args()
+    backends = []
+    for part in args.backends.split(","):
+        name, _, url = part.partition("=")
+        backends.append({"name": name, "url": url.rstrip("/")})
+    names = [b["name"] for b in backends]
+    rng = random.Random(args.seed)
+    start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(hours=3)
+    nodes = [plan_node(rng, f"s{args.seed}-b{len(names)}-n{i}.{DOMAIN}", names, start)
+             for i in range(args.nodes)]
+
+    per_backend: dict[str, list[list[dict]]] = {n: [] for n in names}
+    union: list[list[dict]] = []
+    for node in nodes:
+        cmds = commands(node)
+        for name in names:
+            per_backend[name].append([cmd for to, cmd in cmds if name in to])
+        union.append([cmd for _, cmd in cmds])
+    feeds = {b["url"]: delivery_order(rng, per_backend[b["name"]]) for b in backends}
+    feeds[args.union.rstrip("/")] = delivery_order(rng, union)
+
+    errors: list[str] = []
+
+    def feed(url: str, cmds: list[dict]) -> None:
+        try:
+            for cmd in cmds:
+                load.submit(url, cmd)
+        except load.LoadError as err:
+            errors.append(f"{url}: {err}")
+
+    threads = [threading.Thread(target=feed, args=item) for item in feeds.items()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        print("generate.py: " + "\n".join(errors), file=sys.stderr)
+        return 1
+    for url in feeds:
+        load.wait_queue_empty(url)
+    sent = {url: len(cmds) for url, cmds in feeds.items()}
+    with open(args.out, "w", encoding="utf-8") as out:
+        json.dump({"format": 1, "seed": args.seed, "backends": backends,
+                   "union": args.union.rstrip("/"), "domain": DOMAIN,
+                   "prefix": f"s{args.seed}-b{len(names)}-", "commands_sent": sent,
+                   "nodes": nodes}, out, indent=1)
+    moved = sum(1 for n in nodes if len(n["held_by"]) > 1)
+    print(f"seed {args.seed} over {len(names)} backends: {len(nodes)} nodes ({moved} held by "
+          f"several), commands sent {sent}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

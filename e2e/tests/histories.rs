@@ -1,0 +1,516 @@
+//! The history suite (docs/decisions.md, D23): pdbmux over two to four real PuppetDBs that were
+//! sent a seeded fleet history (`e2e/histories/generate.py`: nodes moving through the backends,
+//! commands delivered concurrently and out of order, reports sent twice, commands that missed a
+//! backend, deactivations) answers every route of the route table as the union PuppetDB, which
+//! was sent every command, does: whole, filtered, pinned to nodes, through subqueries, paged with
+//! totals, projected, aggregated, as PQL, and the population metrics. Compared as
+//! `pdbmux_e2e::differential` compares (less receipt times and `pdbmux_source`).
+//!
+//! Run by `e2e/run` (the history phase) with `PDBMUX_E2E_HISTORY` naming the history file it just
+//! sent; without it the suite has nothing to compare and says so. A difference prints the seed,
+//! the question and a minimal diff; `PDBMUX_E2E_HISTORY_SEED=<seed> e2e/run --histories-only`
+//! replays it.
+
+use std::path::PathBuf;
+
+use pdbmux_e2e::differential::{mismatches, Compare, Question};
+use pdbmux_e2e::{Backend, Pdbmux, PdbmuxBuilder};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// The history file `generate.py --out` writes (the parts the suite reads).
+#[derive(Debug, Deserialize)]
+struct History {
+    seed: u64,
+    backends: Vec<Backend>,
+    union: String,
+    nodes: Vec<HistoryNode>,
+}
+
+#[derive(Debug, Deserialize)]
+struct HistoryNode {
+    certname: String,
+    held_by: Vec<String>,
+    facts_only: bool,
+}
+
+const V4: &str = "/pdb/query/v4";
+
+fn q(value: Value) -> String {
+    value.to_string()
+}
+
+fn with_query(path: &str, query: Value) -> Question {
+    Question::new(path, &[("query", q(query))])
+}
+
+/// The history of this run, or `None` (with a note) outside the history phase.
+fn history() -> Option<History> {
+    let Some(path) = std::env::var_os("PDBMUX_E2E_HISTORY") else {
+        eprintln!("no PDBMUX_E2E_HISTORY: the history suite runs in e2e/run's history phase");
+        return None;
+    };
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", PathBuf::from(&path).display()));
+    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("history file: {e}")))
+}
+
+fn pdbmux(history: &History) -> Pdbmux {
+    let bin = std::env::var_os("PDBMUX_E2E_BIN").expect("PDBMUX_E2E_BIN names the binary");
+    let state = std::env::var_os("PDBMUX_E2E_STATE").map(PathBuf::from);
+    let mut builder = PdbmuxBuilder::new(&PathBuf::from(bin), state.as_deref())
+        .label(&format!(
+            "history-{}-over-{}",
+            history.seed,
+            history.backends.len()
+        ))
+        // Every question reads the backends: the cache would answer a later question from an
+        // earlier answer, which is the cache's suite's business.
+        .env("PDBMUX_CACHE_ENABLED", "false");
+    for backend in &history.backends {
+        builder = builder.backend(&backend.name, &backend.url);
+    }
+    builder.spawn().expect("pdbmux starts")
+}
+
+/// Every node-owned entity with its environment field (`None`: it has none) and whether it
+/// takes `node_state`.
+const NODE_OWNED: [(&str, Option<&str>); 9] = [
+    ("nodes", Some("facts_environment")),
+    ("facts", Some("environment")),
+    ("fact-contents", Some("environment")),
+    ("factsets", Some("environment")),
+    ("catalogs", Some("environment")),
+    ("edges", None),
+    ("resources", Some("environment")),
+    ("inventory", Some("environment")),
+    ("package-inventory", Some("environment")),
+];
+
+/// The questions on every route of the table, for this history's nodes.
+fn questions(history: &History) -> Vec<Question> {
+    let moved: Vec<&str> = history
+        .nodes
+        .iter()
+        .filter(|n| n.held_by.len() > 1)
+        .map(|n| n.certname.as_str())
+        .collect();
+    let all: Vec<&str> = history.nodes.iter().map(|n| n.certname.as_str()).collect();
+    let mut out = Vec::new();
+    for (entity, environment) in NODE_OWNED {
+        let path = format!("{V4}/{entity}");
+        out.push(Question::new(&path, &[]));
+        out.push(with_query(&path, json!(["=", "node_state", "any"])));
+        out.push(with_query(&path, json!(["in", "certname", ["array", all]])));
+        for certname in &moved {
+            out.push(with_query(&path, json!(["=", "certname", certname])));
+        }
+        if let Some(field) = environment {
+            for env in ["production", "staging"] {
+                out.push(with_query(&path, json!(["=", field, env])));
+            }
+        }
+    }
+    out.extend(nodes_questions(&moved));
+    out.extend(facts_questions());
+    out.extend(resources_questions());
+    out.extend(history_questions(&all));
+    out.extend(union_questions());
+    out.extend(pql_questions());
+    out.extend(sub_route_questions(&moved));
+    out
+}
+
+fn nodes_questions(moved: &[&str]) -> Vec<Question> {
+    let nodes = format!("{V4}/nodes");
+    let mut out = vec![
+        with_query(&nodes, json!(["=", "catalog_environment", "production"])),
+        with_query(&nodes, json!(["=", "report_environment", "staging"])),
+        with_query(&nodes, json!(["=", "latest_report_status", "failed"])),
+        with_query(
+            &nodes,
+            json!(["extract", ["certname", "latest_report_hash"]]),
+        ),
+        with_query(
+            &nodes,
+            json!([
+                "extract",
+                [["function", "count"]],
+                ["=", "node_state", "any"]
+            ]),
+        ),
+        with_query(
+            &nodes,
+            json!([
+                "extract",
+                [["function", "count"], "facts_environment"],
+                ["group_by", "facts_environment"]
+            ]),
+        ),
+        with_query(
+            &nodes,
+            json!([
+                "in",
+                "certname",
+                [
+                    "extract",
+                    "certname",
+                    [
+                        "select_facts",
+                        [
+                            "and",
+                            ["=", "name", "hist_env"],
+                            ["=", "value", "production"]
+                        ]
+                    ]
+                ]
+            ]),
+        ),
+        with_query(
+            &nodes,
+            json!([
+                "in",
+                "certname",
+                [
+                    "extract",
+                    "certname",
+                    ["select_resources", ["=", "type", "Service"]]
+                ]
+            ]),
+        ),
+    ];
+    for offset in [0, 5, 10] {
+        out.push(Question::new(
+            &nodes,
+            &[
+                ("order_by", q(json!([{"field": "certname"}]))),
+                ("limit", "5".to_owned()),
+                ("offset", offset.to_string()),
+                ("include_total", "true".to_owned()),
+            ],
+        ));
+    }
+    if let Some(certname) = moved.first() {
+        out.push(with_query(
+            &nodes,
+            json!([
+                "and",
+                ["=", "certname", certname],
+                ["=", "node_state", "any"]
+            ]),
+        ));
+    }
+    out
+}
+
+fn facts_questions() -> Vec<Question> {
+    let facts = format!("{V4}/facts");
+    let mut out = vec![
+        with_query(&facts, json!(["=", "name", "hist_backend"])),
+        with_query(
+            &facts,
+            json!(["and", ["=", "name", "hist_env"], ["=", "value", "staging"]]),
+        ),
+        with_query(
+            &facts,
+            json!(["extract", ["certname", "value"], ["=", "name", "hist_run"]]),
+        ),
+        with_query(
+            &facts,
+            json!(["extract", ["environment"], ["=", "name", "kernel"]]),
+        ),
+        with_query(
+            &facts,
+            json!([
+                "extract",
+                [["function", "count"], "name"],
+                ["~", "name", "^hist"],
+                ["group_by", "name"]
+            ]),
+        ),
+        with_query(
+            &facts,
+            json!([
+                "extract",
+                [["function", "avg", "value"]],
+                ["=", "name", "uptime_seconds"]
+            ]),
+        ),
+        with_query(
+            &facts,
+            json!([
+                "and",
+                ["=", "name", "kernelrelease"],
+                [
+                    "in",
+                    "certname",
+                    [
+                        "extract",
+                        "certname",
+                        ["select_resources", ["=", "title", "nginx"]]
+                    ]
+                ]
+            ]),
+        ),
+        with_query(
+            &format!("{V4}/fact-contents"),
+            json!(["=", "path", ["os", "release", "minor"]]),
+        ),
+        with_query(
+            &format!("{V4}/inventory"),
+            json!(["=", "facts.hist_env", "production"]),
+        ),
+    ];
+    for offset in [0, 20] {
+        out.push(Question::new(
+            &facts,
+            &[
+                ("query", q(json!(["~", "name", "^hist"]))),
+                (
+                    "order_by",
+                    q(json!([{"field": "certname"}, {"field": "name"}])),
+                ),
+                ("limit", "20".to_owned()),
+                ("offset", offset.to_string()),
+                ("include_total", "true".to_owned()),
+            ],
+        ));
+    }
+    out
+}
+
+fn resources_questions() -> Vec<Question> {
+    let resources = format!("{V4}/resources");
+    vec![
+        with_query(&resources, json!(["=", "type", "File"])),
+        with_query(&resources, json!(["=", "exported", true])),
+        with_query(
+            &resources,
+            json!([
+                "extract",
+                [["function", "count"], "type"],
+                ["group_by", "type"]
+            ]),
+        ),
+        with_query(
+            &resources,
+            json!(["extract", ["title"], ["=", "type", "File"]]),
+        ),
+        Question::new(
+            &resources,
+            &[
+                ("query", q(json!(["=", "type", "File"]))),
+                (
+                    "order_by",
+                    q(json!([{"field": "certname"}, {"field": "title"}])),
+                ),
+                ("limit", "6".to_owned()),
+                ("offset", "3".to_owned()),
+                ("include_total", "true".to_owned()),
+            ],
+        ),
+        Question::new(&format!("{resources}/File"), &[]),
+        Question::new(&format!("{resources}/Service/nginx"), &[]),
+    ]
+}
+
+fn history_questions(all: &[&str]) -> Vec<Question> {
+    let (reports, events) = (format!("{V4}/reports"), format!("{V4}/events"));
+    let latest = json!(["=", "latest_report?", true]);
+    vec![
+        Question::new(&reports, &[]),
+        with_query(&reports, latest.clone()),
+        with_query(&reports, json!(["in", "certname", ["array", all]])),
+        with_query(&reports, json!(["extract", ["certname", "status"]])),
+        with_query(&reports, json!(["extract", ["certname"], latest.clone()])),
+        with_query(
+            &reports,
+            json!([
+                "extract",
+                [["function", "count"], "status"],
+                latest.clone(),
+                ["group_by", "status"]
+            ]),
+        ),
+        Question::new(
+            &reports,
+            &[
+                (
+                    "order_by",
+                    q(
+                        json!([{"field": "producer_timestamp", "order": "desc"}, {"field": "certname"}]),
+                    ),
+                ),
+                ("limit", "7".to_owned()),
+                ("offset", "2".to_owned()),
+                ("include_total", "true".to_owned()),
+            ],
+        ),
+        Question::new(&events, &[]),
+        with_query(&events, latest.clone()),
+        with_query(&events, json!(["extract", ["certname"], latest.clone()])),
+        with_query(
+            &events,
+            json!(["extract", ["certname", "status"], latest.clone()]),
+        ),
+        with_query(
+            &events,
+            json!([
+                "extract",
+                [["function", "count"], "status"],
+                latest.clone(),
+                ["group_by", "status"]
+            ]),
+        ),
+        Question::new(
+            &format!("{V4}/event-counts"),
+            &[
+                ("query", q(latest.clone())),
+                ("summarize_by", "certname".to_owned()),
+            ],
+        ),
+        Question::new(
+            &format!("{V4}/aggregate-event-counts"),
+            &[
+                ("query", q(latest)),
+                ("summarize_by", "containing_class".to_owned()),
+            ],
+        ),
+    ]
+}
+
+fn union_questions() -> Vec<Question> {
+    [
+        "fact-names",
+        "fact-paths",
+        "environments",
+        "producers",
+        "packages",
+    ]
+    .iter()
+    .map(|entity| Question::new(&format!("{V4}/{entity}"), &[]))
+    .chain([with_query(
+        &format!("{V4}/packages"),
+        json!(["=", "package_name", "nginx"]),
+    )])
+    .collect()
+}
+
+fn pql_questions() -> Vec<Question> {
+    [
+        (
+            "nodes",
+            "nodes[certname] { facts_environment = \"production\" }",
+        ),
+        ("facts", "facts[certname, value] { name = \"hist_env\" }"),
+        (
+            "resources",
+            "resources[certname, title] { type = \"File\" }",
+        ),
+        (
+            "reports",
+            "reports[certname, status] { latest_report? = true }",
+        ),
+        ("events", "events[certname] { latest_report? = true }"),
+        ("nodes", "nodes[count()] { }"),
+    ]
+    .into_iter()
+    .map(|(entity, pql)| Question::root(entity, pql.to_owned(), &[], Compare::Set))
+    .collect()
+}
+
+fn sub_route_questions(moved: &[&str]) -> Vec<Question> {
+    let mut out: Vec<Question> = ["facts", "resources", "reports", "events"]
+        .iter()
+        .flat_map(|entity| {
+            ["production", "staging"]
+                .map(|env| Question::new(&format!("{V4}/environments/{env}/{entity}"), &[]))
+        })
+        .collect();
+    out.push(Question::new(&format!("{V4}/environments/production"), &[]));
+    for certname in moved {
+        for path in [
+            format!("{V4}/nodes/{certname}"),
+            format!("{V4}/nodes/{certname}/facts"),
+            format!("{V4}/nodes/{certname}/resources"),
+            format!("{V4}/factsets/{certname}"),
+            format!("{V4}/factsets/{certname}/facts"),
+            format!("{V4}/catalogs/{certname}"),
+            format!("{V4}/catalogs/{certname}/resources"),
+            format!("{V4}/package-inventory/{certname}"),
+        ] {
+            out.push(Question::new(&path, &[]));
+        }
+    }
+    out
+}
+
+/// The population metrics against what the union counts: num-nodes its active nodes,
+/// num-inactive-nodes the others, num-resources every catalog's resources (PuppetDB's own metric
+/// reads a row estimate, so the exact count is asked of it).
+fn population_mismatches(p: &Pdbmux, union: &Backend) -> Vec<String> {
+    let count = |path: &str, state: &str| {
+        let query = json!([
+            "extract",
+            [["function", "count"]],
+            ["=", "node_state", state]
+        ]);
+        let r = union
+            .get_query(path, &[("query", &query.to_string())])
+            .expect("the union answers");
+        r.json().expect("JSON")[0]["count"].clone()
+    };
+    let mut out = Vec::new();
+    for (name, want) in [
+        ("num-nodes", count(&format!("{V4}/nodes"), "active")),
+        (
+            "num-inactive-nodes",
+            count(&format!("{V4}/nodes"), "inactive"),
+        ),
+        ("num-resources", count(&format!("{V4}/resources"), "any")),
+    ] {
+        let path = format!("/metrics/v2/read/puppetlabs.puppetdb.population:name={name}");
+        let got = p.get(&path).expect("pdbmux answers");
+        let got = got.json().expect("JSON")["value"]["Value"].clone();
+        if got != want {
+            out.push(format!("{path}: {got}, the union counts {want}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_route_equals_the_union_over_the_history() {
+    let Some(history) = history() else {
+        return;
+    };
+    let union = Backend {
+        name: "union".to_owned(),
+        url: history.union.clone(),
+    };
+    let p = pdbmux(&history);
+    let questions = questions(&history);
+    let mut problems = mismatches(&p, &union, &questions).expect("pdbmux and the union answer");
+    problems.extend(population_mismatches(&p, &union));
+    let facts_only = history.nodes.iter().filter(|n| n.facts_only).count();
+    eprintln!(
+        "seed {} over {} backends: {} questions and 3 metrics, {} nodes \
+         ({facts_only} without reports), {} differ",
+        history.seed,
+        history.backends.len(),
+        questions.len(),
+        history.nodes.len(),
+        problems.len()
+    );
+    assert!(
+        problems.is_empty(),
+        "seed {} over {} backends: {} of {} questions differ from the union's answers \
+         (replay: PDBMUX_E2E_HISTORY_SEED={} e2e/run --histories-only):\n  {}",
+        history.seed,
+        history.backends.len(),
+        problems.len(),
+        questions.len() + 3,
+        history.seed,
+        problems.join("\n  ")
+    );
+}
