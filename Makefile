@@ -3,14 +3,15 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DIST  ?= dist
 
-.PHONY: help build test lint lint-core lint-portable deny fuzz e2e demo bench-latency
+.PHONY: help build test lint lint-core lint-portable deny fuzz e2e e2e-histories demo bench-latency
 
 help:
 	@echo "make build   release binaries into $(DIST)/"
 	@echo "make test    unit and conformance tests (fast; no PuppetDB needed)"
 	@echo "make lint    rustfmt, clippy -D warnings, and the core's sans-IO rules"
 	@echo "make lint-portable   clippy of pdbmux-sealed for a non-Linux target (rustup adds its std)"
-	@echo "make e2e     end-to-end tests against two real PuppetDBs (installs them if missing)"
+	@echo "make e2e     end-to-end tests against real PuppetDBs (installs them if missing), one history per backend count"
+	@echo "make e2e-histories SEEDS=20   the history suite alone: seeds 1..20 over 2, 3 and 4 PuppetDBs (SEED=n replays one)"
 	@echo "make demo    pdbmux and Puppetboard in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
 	@echo "make bench-latency   Puppetboard's questions through pdbmux against real PuppetDBs (bench/latency)"
 	@echo "make image   the container image (podman); make image-test checks it against real PuppetDBs"
@@ -135,6 +136,11 @@ lint-portable:
 
 e2e:
 	bash e2e/run
+
+# The history suite alone (e2e/tests/histories.rs): SEEDS histories per backend count, or SEED.
+SEEDS ?= 1
+e2e-histories:
+	PDBMUX_E2E_HISTORY_SEEDS=$(SEEDS) $(if $(SEED),PDBMUX_E2E_HISTORY_SEED=$(SEED)) bash e2e/run --histories-only
 
 demo:
 	bash e2e/demo

@@ -574,12 +574,25 @@ fn check_upstream(
 
 fn nodes_reference(estate: &Estate, paging: &Paging) -> (Vec<Value>, usize) {
     let owners = estate.owners(MergeStrategy::Freshness, Kind::Node);
+    // Unpaged, a record's facts fields are its facts owner's (the record is composed).
+    let facts_owners = estate.owners(MergeStrategy::Freshness, Kind::Facts);
+    let facts_stamp = |certname: &str| {
+        let owner = facts_owners.get(certname).copied()?;
+        estate.backends[owner]
+            .iter()
+            .find(|h| h.certname == certname)
+            .map(|h| h.facts_stamp)
+    };
     let mut records = Vec::new();
     for (backend, holdings) in estate.backends.iter().enumerate() {
         for holding in holdings {
             if owners.get(&holding.certname) == Some(&backend) {
                 let mut record = node_record(&holding.certname, holding.stamp);
-                record["facts_timestamp"] = json!(holding.facts_stamp);
+                let stamp = match paging.is_paged() {
+                    false => facts_stamp(&holding.certname).unwrap_or(holding.facts_stamp),
+                    true => holding.facts_stamp,
+                };
+                record["facts_timestamp"] = json!(stamp);
                 record["pdbmux_source"] = json!(backend_name(backend));
                 records.push(record);
             }

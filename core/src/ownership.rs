@@ -83,6 +83,16 @@ impl<'a> Owning<'a> {
         }
     }
 
+    /// The backend this request asks that owns `certname`'s `kind` of data, if the map knows
+    /// the node and that owner is asked.
+    pub(crate) fn kind_owner(&self, certname: &str, kind: Kind) -> Option<BackendId> {
+        let owner = self
+            .ownership
+            .owners(certname, self.scope.scope)?
+            .under(self.scope.strategy, kind);
+        self.asked.contains(&owner).then_some(owner)
+    }
+
     /// The certnames `backend` must not answer for when ownership is pushed into its query:
     /// the nodes it holds that an asked backend owns, only those among `pinned` when the query
     /// is pinned.
@@ -158,13 +168,24 @@ pub(crate) fn narrow(
             return roster.to_vec();
         }
         let owner = scope.and_then(|scope| {
-            let owner = ownership
-                .owners(certname, scope.scope)?
-                .under(scope.strategy, scope.kind);
-            roster.contains(&owner).then_some(owner)
+            let owners = ownership.owners(certname, scope.scope)?;
+            let owner = owners.under(scope.strategy, scope.kind);
+            roster.contains(&owner).then_some((owners, scope))
         });
         match owner {
-            Some(owner) => needed.push(owner),
+            Some((owners, scope)) => {
+                // A node record takes its facts and catalog fields from their owners.
+                let kinds: &[Kind] = match scope.kind {
+                    Kind::Node => &[Kind::Node, Kind::Facts, Kind::Catalog],
+                    kind => &[kind][..],
+                };
+                needed.extend(
+                    kinds
+                        .iter()
+                        .map(|kind| owners.under(scope.strategy, *kind))
+                        .filter(|b| roster.contains(b)),
+                );
+            }
             None => needed.extend(holders),
         }
     }

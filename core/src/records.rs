@@ -430,18 +430,37 @@ pub fn write_array<'r>(records: impl IntoIterator<Item = &'r str>, capacity: usi
 /// A record object without the keys in `skip`, every other entry's bytes untouched; `None` for
 /// something that is not an object.
 pub fn without_keys(record: &str, skip: &[&str]) -> Option<String> {
+    rebuilt(record, |name| (!skip.contains(&name)).then_some(None))
+}
+
+/// A record object with the values of the keys in `replace` replaced (raw JSON), every other
+/// entry's bytes untouched; `None` for something that is not an object.
+pub fn with_values(record: &str, replace: &[(&str, &RawValue)]) -> Option<String> {
+    rebuilt(record, |name| {
+        Some(
+            replace
+                .iter()
+                .find(|(key, _)| *key == name)
+                .map(|(_, value)| value.get()),
+        )
+    })
+}
+
+/// A record object rebuilt entry by entry: `entry(name)` is `None` to leave the entry out,
+/// `Some(None)` to keep its bytes, `Some(Some(raw))` to give it that value.
+fn rebuilt<'v>(record: &str, entry: impl Fn(&str) -> Option<Option<&'v str>>) -> Option<String> {
     let fields = Fields::of(record)?;
     let mut out = String::from("{");
     for (name, value) in fields.entries() {
-        if skip.contains(&name.as_ref()) {
+        let Some(replacement) = entry(name.as_ref()) else {
             continue;
-        }
+        };
         if out.len() > 1 {
             out.push(',');
         }
         out.push_str(&serde_json::to_string(name.as_ref()).ok()?);
         out.push(':');
-        out.push_str(value.get());
+        out.push_str(replacement.unwrap_or(value.get()));
     }
     out.push('}');
     Some(out)

@@ -220,7 +220,29 @@ def plan_node(rng: random.Random, certname: str, backends: list[str], start: dt.
     held = sorted({b for r in runs for b in r["facts_to"] + r["catalog_to"] + r["report_to"]})
     deactivated = stamp(t) if rng.random() < 0.15 else None
     return {"certname": certname, "facts_only": facts_only, "runs": runs, "held_by": held,
-            "deactivated": deactivated, "last_holder": holder}
+            "deactivated": deactivated, "last_holder": holder,
+            "split": is_split(runs, backends)}
+
+
+def is_split(runs: list[dict], backends: list[str]) -> bool:
+    """Whether the node's newest facts, catalog and report are not all in one backend (a command
+    that missed the new backend): pdbmux composes its /nodes record from several backends."""
+    def newest(key: str) -> list[str]:
+        for run in reversed(runs):
+            if run[key]:
+                return run[key]
+        return []
+
+    first = lambda among: min(among, key=backends.index) if among else None  # noqa: E731
+    facts, catalog, reports = newest("facts_to"), newest("catalog_to"), newest("report_to")
+    facts_owner, catalog_owner = first(facts), first(catalog)
+    # The node record's owner: the newest report, then the newest facts, then the catalog.
+    node_owner = first(reports)
+    if len(reports) > 1:
+        node_owner = next((b for b in (facts_owner, catalog_owner) if b in reports), node_owner)
+    if node_owner is None:
+        node_owner = facts_owner
+    return len({o for o in (node_owner, facts_owner, catalog_owner) if o is not None}) > 1
 
 
 def commands(node: dict) -> list[tuple[list[str], dict]]:

@@ -25,6 +25,10 @@ struct History {
     backends: Vec<Backend>,
     union: String,
     nodes: Vec<HistoryNode>,
+    /// The split nodes of every history the backends hold (this one and those sent before it,
+    /// read from the same directory): filled in by [`history`].
+    #[serde(skip)]
+    split_in_estate: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -32,6 +36,8 @@ struct HistoryNode {
     certname: String,
     held_by: Vec<String>,
     facts_only: bool,
+    /// Its newest facts, catalog and report are not all in one backend.
+    split: bool,
 }
 
 const V4: &str = "/pdb/query/v4";
@@ -50,9 +56,27 @@ fn history() -> Option<History> {
         eprintln!("no PDBMUX_E2E_HISTORY: the history suite runs in e2e/run's history phase");
         return None;
     };
-    let text = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e}", PathBuf::from(&path).display()));
-    Some(serde_json::from_str(&text).unwrap_or_else(|e| panic!("history file: {e}")))
+    let path = PathBuf::from(path);
+    let read = |path: &std::path::Path| -> History {
+        let text =
+            std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    };
+    let mut history = read(&path);
+    // The backends (and the union) also hold every history sent before this one in the run.
+    let dir = path.parent().expect("the history file is in a directory");
+    for entry in std::fs::read_dir(dir).expect("the history directory") {
+        let other = entry.expect("a directory entry").path();
+        if other.extension().is_some_and(|e| e == "json") {
+            let nodes = read(&other).nodes;
+            history
+                .split_in_estate
+                .extend(nodes.into_iter().filter(|n| n.split).map(|n| n.certname));
+        }
+    }
+    history.split_in_estate.sort();
+    history.split_in_estate.dedup();
+    Some(history)
 }
 
 fn pdbmux(history: &History) -> Pdbmux {
@@ -87,6 +111,51 @@ const NODE_OWNED: [(&str, Option<&str>); 9] = [
     ("package-inventory", Some("environment")),
 ];
 
+/// `question` with the split nodes left out (known limits, docs/merging.md: a filter on `/nodes`
+/// or a subquery across kinds of data is evaluated by each backend on its own copy; a page of
+/// `/nodes` is not composed): into an extract's filter, as a conjunct, as the query, or for PQL
+/// as a conjunct of its filter.
+fn without_split(mut question: Question, split: &[&str]) -> Question {
+    if split.is_empty() {
+        return question;
+    }
+    let clause = json!(["not", ["in", "certname", ["array", split]]]);
+    let Some(at) = question.params.iter().position(|(k, _)| k == "query") else {
+        question
+            .params
+            .insert(0, ("query".to_owned(), clause.to_string()));
+        return question;
+    };
+    let text = &question.params[at].1;
+    let rewritten = match serde_json::from_str::<Value>(text) {
+        Ok(query) if query.get(0) == Some(&json!("extract")) => {
+            let mut items = query.as_array().cloned().unwrap_or_default();
+            match items.get(2) {
+                Some(filter) if filter.get(0) != Some(&json!("group_by")) => {
+                    items[2] = json!(["and", filter, clause]);
+                }
+                _ => items.insert(2.min(items.len()), clause),
+            }
+            Value::Array(items).to_string()
+        }
+        Ok(query) => json!(["and", query, clause]).to_string(),
+        Err(_) => {
+            // PQL: `entity[...] { filter }`.
+            let names: Vec<String> = split.iter().map(|c| format!("{c:?}")).collect();
+            let not_split = format!("!(certname in [{}])", names.join(", "));
+            match text.rfind('}') {
+                Some(end) if text[..end].trim_end().ends_with('{') => {
+                    format!("{} {not_split} }}", &text[..end])
+                }
+                Some(end) => format!("{} and {not_split} }}", &text[..end]),
+                None => text.clone(),
+            }
+        }
+    };
+    question.params[at].1 = rewritten;
+    question
+}
+
 /// The questions on every route of the table, for this history's nodes.
 fn questions(history: &History) -> Vec<Question> {
     let moved: Vec<&str> = history
@@ -96,6 +165,7 @@ fn questions(history: &History) -> Vec<Question> {
         .map(|n| n.certname.as_str())
         .collect();
     let all: Vec<&str> = history.nodes.iter().map(|n| n.certname.as_str()).collect();
+    let split: Vec<&str> = history.split_in_estate.iter().map(String::as_str).collect();
     let mut out = Vec::new();
     for (entity, environment) in NODE_OWNED {
         let path = format!("{V4}/{entity}");
@@ -107,26 +177,27 @@ fn questions(history: &History) -> Vec<Question> {
         }
         if let Some(field) = environment {
             for env in ["production", "staging"] {
-                out.push(with_query(&path, json!(["=", field, env])));
+                let question = with_query(&path, json!(["=", field, env]));
+                out.push(match entity {
+                    "nodes" => without_split(question, &split),
+                    _ => question,
+                });
             }
         }
     }
-    out.extend(nodes_questions(&moved));
-    out.extend(facts_questions());
+    out.extend(nodes_questions(&moved, &split));
+    out.extend(facts_questions(&split));
     out.extend(resources_questions());
     out.extend(history_questions(&all));
     out.extend(union_questions());
-    out.extend(pql_questions());
-    out.extend(sub_route_questions(&moved));
+    out.extend(pql_questions(&split));
+    out.extend(sub_route_questions(&moved, &split));
     out
 }
 
-fn nodes_questions(moved: &[&str]) -> Vec<Question> {
+fn nodes_questions(moved: &[&str], split: &[&str]) -> Vec<Question> {
     let nodes = format!("{V4}/nodes");
     let mut out = vec![
-        with_query(&nodes, json!(["=", "catalog_environment", "production"])),
-        with_query(&nodes, json!(["=", "report_environment", "staging"])),
-        with_query(&nodes, json!(["=", "latest_report_status", "failed"])),
         with_query(
             &nodes,
             json!(["extract", ["certname", "latest_report_hash"]]),
@@ -139,6 +210,12 @@ fn nodes_questions(moved: &[&str]) -> Vec<Question> {
                 ["=", "node_state", "any"]
             ]),
         ),
+    ];
+    // Filters: each backend evaluates them on its own record of a split node.
+    let filtered = [
+        with_query(&nodes, json!(["=", "catalog_environment", "production"])),
+        with_query(&nodes, json!(["=", "report_environment", "staging"])),
+        with_query(&nodes, json!(["=", "latest_report_status", "failed"])),
         with_query(
             &nodes,
             json!([
@@ -179,8 +256,10 @@ fn nodes_questions(moved: &[&str]) -> Vec<Question> {
             ]),
         ),
     ];
+    out.extend(filtered.into_iter().map(|q| without_split(q, split)));
+    // Paged: a page holds a window of each backend's records, not every kind's owner's.
     for offset in [0, 5, 10] {
-        out.push(Question::new(
+        let page = Question::new(
             &nodes,
             &[
                 ("order_by", q(json!([{"field": "certname"}]))),
@@ -188,7 +267,8 @@ fn nodes_questions(moved: &[&str]) -> Vec<Question> {
                 ("offset", offset.to_string()),
                 ("include_total", "true".to_owned()),
             ],
-        ));
+        );
+        out.push(without_split(page, split));
     }
     if let Some(certname) = moved.first() {
         out.push(with_query(
@@ -203,7 +283,7 @@ fn nodes_questions(moved: &[&str]) -> Vec<Question> {
     out
 }
 
-fn facts_questions() -> Vec<Question> {
+fn facts_questions(split: &[&str]) -> Vec<Question> {
     let facts = format!("{V4}/facts");
     let mut out = vec![
         with_query(&facts, json!(["=", "name", "hist_backend"])),
@@ -236,21 +316,25 @@ fn facts_questions() -> Vec<Question> {
                 ["=", "name", "uptime_seconds"]
             ]),
         ),
-        with_query(
-            &facts,
-            json!([
-                "and",
-                ["=", "name", "kernelrelease"],
-                [
-                    "in",
-                    "certname",
+        // Facts selected by their node's resources: across kinds of data.
+        without_split(
+            with_query(
+                &facts,
+                json!([
+                    "and",
+                    ["=", "name", "kernelrelease"],
                     [
-                        "extract",
+                        "in",
                         "certname",
-                        ["select_resources", ["=", "title", "nginx"]]
+                        [
+                            "extract",
+                            "certname",
+                            ["select_resources", ["=", "title", "nginx"]]
+                        ]
                     ]
-                ]
-            ]),
+                ]),
+            ),
+            split,
         ),
         with_query(
             &format!("{V4}/fact-contents"),
@@ -396,7 +480,7 @@ fn union_questions() -> Vec<Question> {
     .collect()
 }
 
-fn pql_questions() -> Vec<Question> {
+fn pql_questions(split: &[&str]) -> Vec<Question> {
     [
         (
             "nodes",
@@ -415,11 +499,17 @@ fn pql_questions() -> Vec<Question> {
         ("nodes", "nodes[count()] { }"),
     ]
     .into_iter()
-    .map(|(entity, pql)| Question::root(entity, pql.to_owned(), &[], Compare::Set))
+    .map(|(entity, pql)| {
+        let question = Question::root(entity, pql.to_owned(), &[], Compare::Set);
+        match pql.contains("facts_environment") {
+            true => without_split(question, split),
+            false => question,
+        }
+    })
     .collect()
 }
 
-fn sub_route_questions(moved: &[&str]) -> Vec<Question> {
+fn sub_route_questions(moved: &[&str], split: &[&str]) -> Vec<Question> {
     let mut out: Vec<Question> = ["facts", "resources", "reports", "events"]
         .iter()
         .flat_map(|entity| {
@@ -429,8 +519,11 @@ fn sub_route_questions(moved: &[&str]) -> Vec<Question> {
         .collect();
     out.push(Question::new(&format!("{V4}/environments/production"), &[]));
     for certname in moved {
+        // One node's record is its node owner's answer, not composed (docs/merging.md).
+        if !split.contains(certname) {
+            out.push(Question::new(&format!("{V4}/nodes/{certname}"), &[]));
+        }
         for path in [
-            format!("{V4}/nodes/{certname}"),
             format!("{V4}/nodes/{certname}/facts"),
             format!("{V4}/nodes/{certname}/resources"),
             format!("{V4}/factsets/{certname}"),

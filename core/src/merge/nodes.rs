@@ -11,8 +11,10 @@ use serde_json::value::RawValue;
 use super::rows::{check_filled, sort_rows, Page, Raw, Row};
 use super::{parse_answers, BackendPage, Merged, RecordPlan};
 use crate::membership::compare_timestamps;
+use crate::membership::Kind;
 use crate::ownership::{Holding, Owning};
-use crate::records::{parse_records, with_key, write_array, Fields};
+use crate::records::{parse_records, with_key, with_values, write_array, Fields};
+use crate::sort::{sort_key, OrderBy};
 
 /// The key naming the winning backend on each merged node record.
 pub(crate) const SOURCE_KEY: &str = "pdbmux_source";
@@ -35,6 +37,11 @@ pub(crate) fn merge(
         Err(unusable) => return Merged::nothing(unusable),
     };
     let order = plan.order.as_ref();
+    // Composed from the rows an unpaged answer holds; a page holds a window of each backend's
+    // rows, in which the other kinds' owners' rows may not be (docs/merging.md, "Known limits").
+    let composed = owning
+        .filter(|_| !plan.window.is_paged())
+        .map(|owning| composed_fields(owning, &parsed));
     let mut pages: Vec<Page> = Vec::with_capacity(parsed.len());
     let mut kept: Vec<Option<Kept<'_>>> = Vec::new();
     let mut by_certname: HashMap<std::borrow::Cow<'_, str>, usize> = HashMap::new();
@@ -59,6 +66,16 @@ pub(crate) fn merge(
             if holding == Holding::Other {
                 continue;
             }
+            // A node whose facts or catalog are newest elsewhere: those fields are that
+            // backend's, as one PuppetDB composes the row (docs/merging.md, "Who owns a node").
+            let patch = certname
+                .as_deref()
+                .and_then(|c| composed.as_ref()?.get(c))
+                .filter(|_| holding == Holding::Own);
+            let row = match patch.and_then(|patch| composed_row(backend.0, record, patch, order)) {
+                Some(composed) => composed,
+                None => row,
+            };
             let Some(certname) = certname else {
                 kept.push(Some(Kept {
                     row,
@@ -115,12 +132,12 @@ pub(crate) fn merge(
     let backends = &plan.config().backends;
     let records: Vec<String> = rows
         .iter()
-        .map(|row| match (&row.raw, stamp) {
-            (Raw::Borrowed(raw), true) => {
+        .map(|row| match stamp {
+            true => {
                 let name = backends.get(row.backend).map_or("", |b| b.name.as_str());
-                with_key(raw, SOURCE_KEY, name)
+                with_key(row.raw.get(), SOURCE_KEY, name)
             }
-            (raw, _) => raw.get().to_owned(),
+            false => row.raw.get().to_owned(),
         })
         .collect();
     let capacity = records.iter().map(String::len).sum::<usize>() + records.len();
@@ -130,6 +147,67 @@ pub(crate) fn merge(
         contributed: parsed.len(),
         unusable,
     }
+}
+
+/// The fields of a node record that come from another kind of data than its latest report:
+/// its facts' and its catalog's.
+const COMPOSED: [(Kind, [&str; 2]); 2] = [
+    (Kind::Facts, ["facts_timestamp", "facts_environment"]),
+    (Kind::Catalog, ["catalog_timestamp", "catalog_environment"]),
+];
+
+/// Per certname whose facts or catalog are newest in another backend than its node record
+/// (a split node): those fields' values in that backend's record, when the answers hold it.
+fn composed_fields<'r>(
+    owning: Owning<'_>,
+    parsed: &[(&BackendPage<'_>, Vec<&'r RawValue>)],
+) -> HashMap<String, Vec<(&'static str, &'r RawValue)>> {
+    let mut out: HashMap<String, Vec<(&'static str, &'r RawValue)>> = HashMap::new();
+    for (answer, records) in parsed {
+        for record in records {
+            let Some(fields) = Fields::of(record.get()) else {
+                continue;
+            };
+            let Some(certname) = fields.str("certname") else {
+                continue;
+            };
+            let node_owner = owning.kind_owner(&certname, Kind::Node);
+            for (kind, names) in COMPOSED {
+                let owner = owning.kind_owner(&certname, kind);
+                if owner != Some(answer.backend) || owner == node_owner {
+                    continue;
+                }
+                for name in names {
+                    if let Some(value) = fields.raw(name) {
+                        out.entry(certname.to_string())
+                            .or_default()
+                            .push((name, value));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `record` with `patch`'s values, as a row sorted by its new values; `None` if it cannot be
+/// rebuilt (not an object).
+fn composed_row<'a>(
+    backend: usize,
+    record: &RawValue,
+    patch: &[(&str, &RawValue)],
+    order: Option<&OrderBy>,
+) -> Option<Row<'a>> {
+    let raw = RawValue::from_string(with_values(record.get(), patch)?).ok()?;
+    let key = {
+        let fields = Fields::of(raw.get())?;
+        order.map(|order| sort_key(order, |name| fields.raw(name)))
+    };
+    Some(Row {
+        backend,
+        raw: Raw::Owned(raw),
+        key,
+    })
 }
 
 /// Whether a node record with this raw report timestamp is fresher than the one kept; a tie
