@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::{
     certname, certname_query, direct, direct_records, direct_total, env, get, json_of, multiset,
-    newer_wins, node_of, pdbmux, records, union_total, x_records,
+    newer_wins, newer_wins_uncomposed, node_of, pdbmux, records, union_total, x_records,
 };
 use pdbmux_core::membership::Kind;
 use pdbmux_e2e::order::{self, order_by_param, sort_keys, sort_records, window, OrderField};
@@ -465,7 +465,7 @@ fn nodes_deactivated_ones_only_with_a_node_state_query() {
 #[test]
 fn nodes_paging_windows_follow_postgresql_order() {
     let names = names();
-    let expected = stamped_nodes(&newer_wins(&direct_records(NODES, &[])), &names);
+    let expected = stamped_nodes(&newer_wins_uncomposed(&direct_records(NODES, &[])), &names);
     assert!(
         expected.iter().any(|r| r["report_timestamp"].is_null()),
         "a node without a report (null report_timestamp) to place"
@@ -495,7 +495,7 @@ fn nodes_paging_windows_follow_postgresql_order() {
     // Paging a filtered query.
     let q = json!(["~", "certname", "^both-"]).to_string();
     let expected_q = stamped_nodes(
-        &newer_wins(&direct_records(NODES, &[("query", &q)])),
+        &newer_wins_uncomposed(&direct_records(NODES, &[("query", &q)])),
         &names,
     );
     check_paging(

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)] // each test target uses its own subset
 
+use pdbmux_core::membership::Kind;
 use pdbmux_e2e::{Backend, E2eEnv, Pdbmux, Response};
 use serde_json::{json, Value};
 
@@ -165,8 +166,19 @@ pub fn healthz_backend<'a>(body: &'a Value, name: &str) -> &'a Value {
 /// fixture says each backend was sent: per certname the record whose holding has the strictly
 /// newer report_timestamp (none is older than any), then the facts produced later, then the
 /// catalog produced later (producer times from the fixture: a node record carries none), a full
-/// tie going to the earlier backend. certname -> (backend index, record).
+/// tie going to the earlier backend, its facts and catalog fields from those kinds' owners'
+/// records. certname -> (backend index, record).
 pub fn newer_wins(answers: &[Vec<Value>]) -> std::collections::BTreeMap<String, (usize, Value)> {
+    let mut out = newer_wins_uncomposed(answers);
+    compose(&mut out, answers);
+    out
+}
+
+/// [`newer_wins`] without the composition: what a page of `/nodes` serves (a page holds a
+/// window of each backend's records, docs/merging.md "Known limits").
+pub fn newer_wins_uncomposed(
+    answers: &[Vec<Value>],
+) -> std::collections::BTreeMap<String, (usize, Value)> {
     let e2e = env();
     let freshness = |backend: usize, record: &Value| {
         let instant = |ts: Option<&str>| ts.and_then(pdbmux_e2e::order::instant);
@@ -193,6 +205,33 @@ pub fn newer_wins(answers: &[Vec<Value>]) -> std::collections::BTreeMap<String, 
         }
     }
     out
+}
+
+/// The records composed: each one's facts and catalog fields are those kinds' owners' (D14),
+/// from their records in `answers`.
+fn compose(out: &mut std::collections::BTreeMap<String, (usize, Value)>, answers: &[Vec<Value>]) {
+    let e2e = env();
+    for (c, (_, record)) in out.iter_mut() {
+        for (kind, fields) in [
+            (Kind::Facts, ["facts_timestamp", "facts_environment"]),
+            (Kind::Catalog, ["catalog_timestamp", "catalog_environment"]),
+        ] {
+            let Some(owner) = e2e.fixture.kind_owner(c, kind) else {
+                continue;
+            };
+            let Some(at) = e2e.backends.iter().position(|b| b.name == owner) else {
+                continue;
+            };
+            let Some(theirs) = answers[at].iter().find(|r| certname(r) == c) else {
+                continue;
+            };
+            for field in fields {
+                if let Some(value) = theirs.get(field) {
+                    record[field] = value.clone();
+                }
+            }
+        }
+    }
 }
 
 /// Bytes of memory pdbmux holds read-only, private and anonymous (no file, inode 0): its sealed
