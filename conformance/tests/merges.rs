@@ -894,6 +894,75 @@ fn environments_union_sorted_by_name() {
 }
 
 #[test]
+fn packages_only_a_stale_copy_holds_are_not_listed() {
+    // `moved` went from pdb-a to pdb-b and upgraded nginx there; pdb-a's packages still hold the
+    // version its stale copy has. pdb-a is asked the packages of the nodes it owns (its package
+    // inventory grouped by package, less `moved`); pdb-b, holding no one else's node, its
+    // /packages as they are (docs/merging.md, "`/packages`").
+    let inventory = |certname: &str, version: &str| json!({"certname": certname, "package_name": "nginx", "version": version, "provider": "apt"});
+    let package =
+        |version: &str| json!({"package_name": "nginx", "version": version, "provider": "apt"});
+    let a = PuppetDb::new()
+        .node("moved", T09)
+        .node("stays", T09)
+        .record("package-inventory", inventory("moved", "1.0"))
+        .record("package-inventory", inventory("stays", "1.2"))
+        .record("packages", package("1.0"))
+        .record("packages", package("1.2"));
+    let b = PuppetDb::new()
+        .node("moved", T10)
+        .record("package-inventory", inventory("moved", "1.1"))
+        .record("packages", package("1.1"));
+    let mut h = harness(vec![pdb("pdb-a", URL_A, a, 1), pdb("pdb-b", URL_B, b, 2)]);
+    let c = h.get(&form_target(
+        "/pdb/query/v4/packages",
+        &[
+            ("query", r#"["=","package_name","nginx"]"#),
+            ("order_by", r#"[{"field":"version"}]"#),
+        ],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(body_json(&h, c), json!([package("1.1"), package("1.2")]));
+    let sends = exchange_sends(&h);
+    let asked: Vec<(String, Value)> = sends
+        .iter()
+        .map(|sent| {
+            let asking =
+                pdbmux_conformance::read_asking(&pdbmux_conformance::Asked::of(&sent.request))
+                    .expect("readable");
+            (asking.path, asking.query.unwrap_or(Value::Null))
+        })
+        .collect();
+    assert_eq!(
+        asked,
+        [
+            (
+                "/pdb/query/v4/package-inventory".to_owned(),
+                json!([
+                    "extract",
+                    ["package_name", "version", "provider"],
+                    [
+                        "and",
+                        [
+                            "and",
+                            ["=", "package_name", "nginx"],
+                            ["=", "node_state", "any"]
+                        ],
+                        ["not", ["in", "certname", ["array", ["moved"]]]]
+                    ],
+                    ["group_by", "package_name", "version", "provider"]
+                ])
+            ),
+            (
+                "/pdb/query/v4/packages".to_owned(),
+                json!(["=", "package_name", "nginx"])
+            ),
+        ]
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
 fn reports_dedupe_by_hash_resorted_repaged_total_counts_a_report_stored_twice_once() {
     // h2 is stored in both backends: the window holds it once, and the total counts it once
     // (D16): each backend's X-Records, less the copies its correction (the hashes of its

@@ -176,6 +176,20 @@ impl Entity {
         }
     }
 
+    /// The node-owned entity this union entity is the distinct projection of, and the columns
+    /// projected: `/packages` lists the packages `/package-inventory` holds. A backend holding
+    /// nodes that other backends own is asked this projection less those nodes, so that what
+    /// only its stale copies hold is not listed (docs/merging.md, "`/packages`").
+    pub fn distinct_of(self) -> Option<(Entity, &'static [&'static str])> {
+        match self {
+            Entity::Packages => Some((
+                Entity::PackageInventory,
+                &["package_name", "version", "provider"],
+            )),
+            _ => None,
+        }
+    }
+
     /// Whether each of its records belongs to one node (it carries `certname`), so a node two
     /// backends hold is answered from its owner alone.
     pub fn is_node_owned(self) -> bool {

@@ -397,7 +397,7 @@ mod tests {
             ("/pdb/query/v4/resources", true, false),
             ("/pdb/query/v4/resources/File", true, false),
             ("/pdb/query/v4/factsets", true, false),
-            ("/pdb/query/v4/packages", false, false),
+            ("/pdb/query/v4/packages", true, false),
             ("/pdb/query/v4/package-inventory", true, false),
             (
                 "/pdb/query/v4/reports?query=%5B%22%3D%22%2C%22latest_report%3F%22%2Ctrue%5D",

@@ -17,6 +17,9 @@ Delivery is a fleet's, not a loader's: each PuppetDB is fed by its own thread at
 order shuffled across nodes, and for some nodes a backend's commands arrive out of order (a
 command backlog: older facts processed after newer). One PuppetDB keeps the newest copy of each
 kind of data by producer time whatever the order, so the union's answers do not depend on it.
+Once every queue is empty, each PuppetDB is asked to collect its package garbage (the admin
+`clean` command's `gc_packages`): a PuppetDB lists a package no node holds any more until its
+periodic collection runs, so without it `/packages` would depend on when that last ran.
 
 Everything follows from the seed: the certnames (`s<seed>-b<k>-n<i>.hist.test`, so histories
 over different backend counts never share a node), the runs, the moves, the faults, the delivery
@@ -36,6 +39,7 @@ import json
 import random
 import sys
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -284,6 +288,19 @@ def delivery_order(rng: random.Random, per_node: list[list[dict]]) -> list[dict]
     return out
 
 
+def collect_package_garbage(base: str, timeout: float = 60) -> None:
+    """Runs PuppetDB's package collection now; waits out a clean already under way (503)."""
+    body = json.dumps({"command": "clean", "version": 1, "payload": ["gc_packages"]}).encode()
+    deadline = time.monotonic() + timeout
+    while True:
+        status, answer = load.http("POST", f"{base}/pdb/admin/v1/cmd", body)
+        if status == 200:
+            return
+        if status != 503 or time.monotonic() > deadline:
+            raise load.LoadError(f"{base}: gc_packages: HTTP {status}: {answer[:300]}")
+        time.sleep(0.5)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seed", type=int, required=True)
@@ -329,8 +346,13 @@ def main() -> int:
     if errors:
         print("generate.py: " + "\n".join(errors), file=sys.stderr)
         return 1
-    for url in feeds:
-        load.wait_queue_empty(url)
+    try:
+        for url in feeds:
+            load.wait_queue_empty(url)
+            collect_package_garbage(url)
+    except load.LoadError as err:
+        print(f"generate.py: {err}", file=sys.stderr)
+        return 1
     sent = {url: len(cmds) for url, cmds in feeds.items()}
     with open(args.out, "w", encoding="utf-8") as out:
         json.dump({"format": 1, "seed": args.seed, "backends": backends,

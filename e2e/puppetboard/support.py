@@ -5,11 +5,12 @@ Expectations come from fixture.json (what e2e/fixture/load.py sent and what the 
 from it) or from the backends queried directly, never from pdbmux's answers. The merge rules
 applied here are docs/merging.md's:
 
-- /nodes: one record per active certname, from its freshness owner (the backend holding the
-  newer report_timestamp among those where the node is active; a null report_timestamp is older
-  than any; on a tie the newer facts_timestamp; then configured order) ("Who owns a node").
-- /facts, /facts/<name>[/<value>], /catalogs, /resources: the same owner under the default
-  `merge: freshness`; so a node's facts, catalog and resource count are its owner's.
+- Each kind of node data has its owner among the backends where the node is active ("Who owns
+  a node"): the one whose copy was produced last, a tie going to configured order. The node
+  record and its latest report: the newer report_timestamp (a null one older than any), then
+  the newer facts, then the newer catalog producer_timestamp; facts (/facts, /facts/<name>,
+  /factsets, inventory): the newer factset producer_timestamp; the catalog (/catalogs,
+  /resources, /edges): the newer catalog producer_timestamp. Receive times are never compared.
 - /reports, /events: union; a report stored in two backends is one record (dedupe on hash) and
   counted once by include_total and aggregates ("History counted once").
 - Population MBeans ("Metrics"): num-nodes = distinct active certnames; num-resources = resources
@@ -75,18 +76,23 @@ class Estate:
         per = self.nodes[certname]["backends"]
         return [b for b in self.order if b in per and per[b]["active"]]
 
-    def owner(self, certname: str, active_only: bool = True) -> str | None:
-        """The freshness owner among the backends where the node is active (or, with
-        `active_only=False`, every backend holding it): the newer report, then the newer facts,
-        then configured order."""
+    def owner(self, certname: str, active_only: bool = True, kind: str = "node") -> str | None:
+        """The backend owning `kind` ("node", "facts" or "catalog") of the node's data among the
+        backends where it is active (or, with `active_only=False`, every backend holding it):
+        the one whose copy of that kind was produced last, then configured order."""
         per = self.nodes[certname]["backends"]
         holders = [b for b in self.order if b in per and (per[b]["active"] or not active_only)]
+        fields = {"node": ["report_timestamp", "facts_producer_timestamp",
+                           "catalog_producer_timestamp"],
+                  "facts": ["facts_producer_timestamp"],
+                  "catalog": ["catalog_producer_timestamp"]}[kind]
 
         def freshness(b: str):
-            state = per[b]
-            r, f = parse_ts(state["report_timestamp"]), parse_ts(state.get("facts_timestamp"))
-            return (r is not None, r or dt.datetime.min.replace(tzinfo=dt.timezone.utc),
-                    f is not None, f or dt.datetime.min.replace(tzinfo=dt.timezone.utc))
+            out = []
+            for field in fields:
+                t = parse_ts(per[b].get(field))
+                out += [t is not None, t or dt.datetime.min.replace(tzinfo=dt.timezone.utc)]
+            return tuple(out)
 
         best = None
         for b in holders:  # configured order: a full tie keeps the first
@@ -97,42 +103,44 @@ class Estate:
     def active_certnames(self) -> list[str]:
         return sorted(c for c in self.nodes if self.owner(c) is not None)
 
-    def winner(self, certname: str) -> dict:
-        return self.state(self.owner(certname), certname)
+    def winner(self, certname: str, kind: str = "node") -> dict:
+        """The state of the backend owning `kind` of the node's data."""
+        return self.state(self.owner(certname, kind=kind), certname)
 
     def catalog_nodes(self, env: str) -> list[str]:
         """Active certnames whose merged node record has catalog_environment = env ('*': any) and
         a catalog."""
         out = []
         for c in self.active_certnames():
-            w = self.winner(c)
+            w = self.winner(c, "catalog")
             if w["catalog_producer_timestamp"] is not None and env in ("*", w["environment"]):
                 out.append(c)
         return out
 
     def fact_nodes(self, env: str) -> list[str]:
-        """Active certnames whose owner holds facts in env ('*': any)."""
+        """Active certnames whose facts owner holds facts in env ('*': any)."""
         return [c for c in self.active_certnames()
-                if (self.owner(c), c) in self.facts and env in ("*", self.winner(c)["environment"])]
+                if (self.owner(c, kind="facts"), c) in self.facts
+                and env in ("*", self.winner(c, "facts")["environment"])]
 
     def owned_resources(self, certnames) -> int:
-        return sum(self.winner(c)["catalog_resources"] for c in certnames)
+        return sum(self.winner(c, "catalog")["catalog_resources"] for c in certnames)
 
     def population_resources(self) -> int:
-        """num-resources: every node's catalog resources, from its owner over every node state
+        """num-resources: every node's catalog resources, from its catalog owner over every node state
         (a deactivated node's catalog still counts, as in one PuppetDB)."""
         total = 0
         for c in self.nodes:
-            owner = self.owner(c, active_only=False)
+            owner = self.owner(c, active_only=False, kind="catalog")
             if owner is not None:
                 total += self.state(owner, c).get("catalog_resources") or 0
         return total
 
     def merged_facts(self, certname: str) -> dict:
-        return self.facts[(self.owner(certname), certname)]
+        return self.facts[(self.owner(certname, kind="facts"), certname)]
 
     def merged_catalog(self, certname: str) -> dict:
-        return self.catalogs[(self.owner(certname), certname)]
+        return self.catalogs[(self.owner(certname, kind="catalog"), certname)]
 
     def status(self, certname: str) -> str:
         """What Puppetboard shows for the merged node (its UNRESPONSIVE_HOURS set wide enough)."""

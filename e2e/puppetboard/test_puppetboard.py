@@ -227,7 +227,7 @@ def test_node_page_second_backend_only(board: Http, estate: Estate):
 
 
 def test_node_page_shared_node_shows_owner(board: Http, estate: Estate):
-    """A node in both backends: one set of facts, the freshness owner's."""
+    """A node in both backends: one set of facts, its facts owner's."""
     for certname in estate.active_certnames():
         if len(estate.active_backends(certname)) < 2:
             continue
@@ -236,7 +236,7 @@ def test_node_page_shared_node_shows_owner(board: Http, estate: Estate):
         facts = facts_of_node(board, env, certname)
         want = estate.merged_facts(certname)
         assert facts["e2e_loaded_into"] == want["e2e_loaded_into"], (
-            f"{certname}: facts of the owner {estate.owner(certname)}")
+            f"{certname}: facts of the facts owner {estate.owner(certname, kind='facts')}")
         assert facts["e2e_weight"] == want["e2e_weight"]
 
 
@@ -595,7 +595,7 @@ def check_catalog_page(board: Http, estate: Estate, certname: str) -> None:
     assert row[0].links[0][1] == certname
     assert (row[1].text.strip(), row[2].text.strip()) == (
         catalog["version"], catalog["transaction_uuid"]), (
-        f"{certname}: the catalog of its owner {estate.owner(certname)}")
+        f"{certname}: the catalog of its catalog owner {estate.owner(certname, kind='catalog')}")
     shown = sorted(r[0].text.strip() for r in resources.rows)
     assert shown == sorted(f"{r['type']}[{r['title']}]" for r in catalog["resources"])
     assert len(edges.rows) == len(catalog["edges"])

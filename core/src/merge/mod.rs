@@ -32,6 +32,7 @@ use crate::corrections::Learned;
 use crate::entity::{Entity, MergeRule};
 use crate::fanout::{Calls, Context, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
+use crate::membership::Scope;
 use crate::message::Response;
 use crate::outbound;
 use crate::ownership::{narrow, NodeScope, Owning};
@@ -173,6 +174,10 @@ pub(crate) struct RecordPlan {
     /// The fields a history projection is asked for beyond the client's, so that copies of one
     /// report (or event) can be told apart and served once; dropped from the answer.
     history_helpers: Vec<&'static str>,
+    /// For a union entity derived from a node-owned one (`/packages`): whose nodes count when a
+    /// backend holding other owners' nodes is asked the distinct projection of the nodes it
+    /// owns ([`Entity::distinct_of`]).
+    distinct_owned: Option<NodeScope>,
     /// The backends asked, the limit each was asked for, and whether ownership was pushed into
     /// its first request; set by [`Plan::start`].
     asked: Vec<Asked>,
@@ -320,6 +325,12 @@ impl RecordPlan {
             _ => Vec::new(),
         };
 
+        let distinct_owned = (entity.distinct_of().is_some() && pushable).then_some(NodeScope {
+            strategy: config.merge,
+            kind: entity.kind(),
+            scope: Scope::Any,
+        });
+
         Ok(RecordPlan {
             entity,
             config: Arc::clone(config),
@@ -335,6 +346,7 @@ impl RecordPlan {
             history_total,
             history_helpers,
             history_node_state,
+            distinct_owned,
             asked: Vec::new(),
             excused: 0,
             corrections: Vec::new(),
@@ -441,6 +453,9 @@ impl RecordPlan {
         push: bool,
         context: &Context,
     ) -> Outbound {
+        if let Some(distinct) = self.distinct_request(backend, limit, context) {
+            return distinct;
+        }
         let (mut params, mut query, mut rewritten) = self.base_params(limit);
         if let Some(widened) = self.widened(backend, query.as_ref(), context) {
             query = Some(widened);
@@ -464,6 +479,33 @@ impl RecordPlan {
             }
         }
         outbound::request(&self.upstream_path, &params, rewritten)
+    }
+
+    /// The request of a derived union entity's records of `backend` as the distinct projection
+    /// of the nodes it owns, when it holds nodes that other asked backends own; `None` asks the
+    /// union entity itself (docs/merging.md, "`/packages`").
+    fn distinct_request(
+        &self,
+        backend: BackendId,
+        limit: Option<u64>,
+        context: &Context,
+    ) -> Option<Outbound> {
+        let scope = self.distinct_owned?;
+        let (source, columns) = self.entity.distinct_of()?;
+        let asked = self.asked_ids();
+        let owning = Owning {
+            ownership: context.ownership.as_deref()?,
+            scope,
+            asked: &asked,
+        };
+        let excluded = owning.excluded(backend, None);
+        if excluded.is_empty() {
+            return None;
+        }
+        let (mut params, query, _) = self.base_params(limit);
+        let distinct = query::distinct_among_owned(query.as_ref(), columns, &excluded)?;
+        params.set("query", &distinct.to_string());
+        Some(outbound::request(&source.path(), &params, true))
     }
 
     /// The correction one backend is asked for, with its cache key, if the total needs one:
@@ -631,6 +673,7 @@ impl RecordPlan {
 impl Plan for RecordPlan {
     fn needs_ownership(&self) -> bool {
         self.owned.is_some()
+            || self.distinct_owned.is_some()
             || self.history_total
             || self.history_node_state
             || self.pinned().is_some()

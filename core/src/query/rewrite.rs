@@ -1,5 +1,6 @@
-//! The two rewrites pdbmux makes to an AST before fanning it out: ownership push-down (D4) and the
-//! `avg` → `sum` + `count` rewrite of combined aggregates.
+//! The rewrites pdbmux makes to an AST before fanning it out: ownership push-down (D4), the
+//! `avg` → `sum` + `count` rewrite of combined aggregates, and a distinct projection asked of a
+//! node-owned entity in place of a union one (`/packages` as `/package-inventory`).
 
 use serde_json::{json, Value};
 
@@ -188,6 +189,53 @@ fn add_criteria(query: &Value, clause: Value) -> Value {
             Value::Array(items)
         }
         _ => json!(["and", query, clause]),
+    }
+}
+
+/// The distinct `columns` of a node-owned entity's records over every node state, less the nodes
+/// `excluded` names: `["extract", columns, ["and", F, node_state any, clause], ["group_by",
+/// columns…]]`. It asks a backend for a union entity's records (`/packages`) only as the nodes
+/// it owns hold them (docs/merging.md, "`/packages`").
+///
+/// `None` unless `query` is absent or a filter over `columns` alone (`and`, `or`, `not` over
+/// `=`, `<`, `<=`, `>`, `>=`, `~` and `null?` on them): any other shape, or a field the union
+/// entity does not have, is sent to the union entity as it is, so that it is refused or
+/// answered as PuppetDB would.
+pub fn distinct_among_owned(
+    query: Option<&Value>,
+    columns: &[&str],
+    excluded: &[&str],
+) -> Option<Value> {
+    if !query.is_none_or(|q| filters_only(q, columns)) {
+        return None;
+    }
+    let every_state = json!(["=", "node_state", "any"]);
+    let filter = match query {
+        None => every_state,
+        Some(query) => json!(["and", query, every_state]),
+    };
+    let filter = exclude_certnames(Some(&filter), excluded)?;
+    let mut group_by = vec![json!("group_by")];
+    group_by.extend(columns.iter().map(|c| json!(c)));
+    Some(json!(["extract", columns, filter, group_by]))
+}
+
+/// Whether `node` is a boolean combination of comparisons on `columns` only.
+fn filters_only(node: &Value, columns: &[&str]) -> bool {
+    let Some((op, form)) = form(node) else {
+        return false;
+    };
+    let args = &form[1..];
+    match op {
+        "and" | "or" => !args.is_empty() && args.iter().all(|a| filters_only(a, columns)),
+        "not" => args.len() == 1 && filters_only(&args[0], columns),
+        "=" | "<" | "<=" | ">" | ">=" | "~" | "null?" => {
+            args.len() == 2
+                && args[0]
+                    .as_str()
+                    .is_some_and(|field| columns.contains(&field))
+        }
+        _ => false,
     }
 }
 
@@ -430,6 +478,59 @@ mod tests {
             json!(["extract"]),
         ] {
             assert_eq!(exclude(query.clone()), query);
+        }
+    }
+
+    const PACKAGE: [&str; 3] = ["package_name", "version", "provider"];
+
+    #[test]
+    fn distinct_packages_of_the_owned_nodes() {
+        let group_by = json!(["group_by", "package_name", "version", "provider"]);
+        let every_state = json!(["=", "node_state", "any"]);
+        assert_eq!(
+            distinct_among_owned(None, &PACKAGE, &["a", "b"]),
+            Some(json!([
+                "extract",
+                PACKAGE,
+                ["and", every_state, clause()],
+                group_by
+            ]))
+        );
+        let filter = json!([
+            "and",
+            ["=", "package_name", "nginx"],
+            ["~", "version", "^1"]
+        ]);
+        assert_eq!(
+            distinct_among_owned(Some(&filter), &PACKAGE, &["a", "b"]),
+            Some(json!([
+                "extract",
+                PACKAGE,
+                ["and", ["and", filter, every_state], clause()],
+                group_by
+            ]))
+        );
+        assert_eq!(
+            distinct_among_owned(None, &PACKAGE, &[]),
+            Some(json!(["extract", PACKAGE, every_state, group_by]))
+        );
+    }
+
+    #[test]
+    fn distinct_packages_leave_other_shapes_to_the_union_entity() {
+        for query in [
+            json!(["=", "certname", "a"]),
+            json!(["extract", ["package_name"], ["=", "provider", "apt"]]),
+            json!(["not", ["=", "environment", "production"]]),
+            json!(["in", "package_name", ["array", ["nginx"]]]),
+            json!(["and"]),
+            json!("package_name"),
+        ] {
+            assert_eq!(
+                distinct_among_owned(Some(&query), &PACKAGE, &["a"]),
+                None,
+                "{query}"
+            );
         }
     }
 
