@@ -1407,3 +1407,104 @@ fn the_provenance_fact_by_name_and_value_on_facts_answers_as_its_own_path() {
         "{got}"
     );
 }
+
+/// The estate of [`shared_facts`] plus a third backend, pdb-c, owning web4: for value
+/// constraints that name some backends but not all.
+fn three_backends_facts_harness(
+    configure: impl FnOnce(&mut pdbmux_core::config::Config),
+) -> Harness {
+    let (a, b) = shared_facts();
+    let c = PuppetDb::new()
+        .node("web4", T09)
+        .fact("web4", "os", "Debian", "staging");
+    Harness::with_config(
+        vec![
+            pdb("pdb-a", URL_A, a, 4),
+            pdb("pdb-b", URL_B, b, 2),
+            pdb("pdb-c", URL_C, c, 3),
+        ],
+        configure,
+    )
+    .expect("valid test backends")
+}
+
+fn by_source_value(constraint: Value) -> String {
+    with_query(
+        "/pdb/query/v4/facts",
+        &json!(["and", ["=", "name", "pdbmux_source"], constraint]),
+        "",
+    )
+}
+
+/// The provenance fact's value constrained with `in` or `~` (pypuppetdb and hand-written
+/// queries) answers the records of the backends whose names meet it, cached or not; a
+/// constraint no name meets answers `[]` without a fan-out; one that meets every name, or one,
+/// is the fact's own path; a regular expression pdbmux cannot read is a 400.
+#[test]
+fn the_provenance_fact_value_under_in_and_regex_keeps_the_backends_it_names() {
+    let a_and_c = json!([
+        source("web2", "pdb-a", "production"),
+        source("web4", "pdb-c", "staging"),
+    ]);
+    let constraints = [
+        json!(["in", "value", ["array", ["pdb-a", "pdb-c", "pdb-zzz"]]]),
+        json!(["~", "value", "^pdb-[ac]$"]),
+    ];
+    for ttl in [0, 30] {
+        for constraint in &constraints {
+            let mut h = three_backends_facts_harness(|config| {
+                config.facts_ttl = std::time::Duration::from_secs(ttl);
+            });
+            let c = h.get(&by_source_value(constraint.clone()));
+            let all = h.get("/pdb/query/v4/facts/pdbmux_source");
+            finish(&mut h);
+            assert_eq!(body_json(&h, c), a_and_c, "{constraint} (facts_ttl {ttl}s)");
+            assert_eq!(
+                body_json(&h, all).as_array().map(Vec::len),
+                Some(4),
+                "the whole path is not narrowed (facts_ttl {ttl}s)"
+            );
+            if ttl > 0 {
+                assert_eq!(exchange_sends(&h).len(), 3, "one /facts fan-out shared");
+                let again = h.get(&by_source_value(constraint.clone()));
+                finish(&mut h);
+                let again = h.response(again).expect("one response");
+                assert_eq!(again.header("x-cache"), Some("hit"), "{constraint}");
+                assert_eq!(
+                    serde_json::from_str::<Value>(&again.body_str()).expect("json"),
+                    a_and_c
+                );
+            }
+        }
+    }
+    // No backend's name: [] at once. Every name, or one: the fact's own path.
+    let mut h = three_backends_facts_harness(|_| {});
+    let none = h.get(&by_source_value(json!(["~", "value", "^nosuch"])));
+    let every = h.get(&by_source_value(json!(["~", "value", "^pdb-"])));
+    let one = h.get(&by_source_value(json!([
+        "in",
+        "value",
+        ["array", ["pdb-b"]]
+    ])));
+    finish(&mut h);
+    assert_eq!(h.response(none).expect("one").body_str(), "[]");
+    assert_eq!(body_json(&h, every).as_array().map(Vec::len), Some(4));
+    assert_eq!(
+        body_json(&h, one),
+        json!([
+            source("web1", "pdb-b", "staging"),
+            source("web3", "pdb-b", "production"),
+        ])
+    );
+    let mut h = three_backends_facts_harness(|_| {});
+    let bad = h.get(&by_source_value(json!(["~", "value", "(unclosed"])));
+    finish(&mut h);
+    let bad = h.response(bad).expect("one response");
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(
+        bad.body_str().contains("regular expression"),
+        "{}",
+        bad.body_str()
+    );
+    assert!(exchange_sends(&h).is_empty());
+}

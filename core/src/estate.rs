@@ -156,7 +156,7 @@ impl PendingFetch {
 #[derive(Debug)]
 struct Participant {
     key: String,
-    filter: Option<String>,
+    filter: Option<Vec<String>>,
 }
 
 impl Participant {
@@ -663,7 +663,7 @@ impl Estate {
         for (waiter, participant) in flight.participants {
             if !settled.contains_key(&participant.key) {
                 let answer = match &participant.filter {
-                    Some(value) => filtered_by_source(response.clone(), value),
+                    Some(values) => filtered_by_source(response.clone(), values),
                     None => response.clone(),
                 };
                 let current = flight.cache_generation == self.cache_generation;
@@ -1117,11 +1117,11 @@ fn finish_cached(
     response
 }
 
-/// The provenance drilldown's answer from the shared record set's: the records of backend
-/// `value`, before it is stored (docs/merging.md, "Provenance"). A failure is left as it is.
-fn filtered_by_source(mut response: Response, value: &str) -> Response {
+/// The provenance drilldown's answer from the shared record set's: the records of the backends
+/// `values` names, before it is stored (docs/merging.md, "Provenance"). A failure is left as it is.
+fn filtered_by_source(mut response: Response, values: &[String]) -> Response {
     if let (ResponseBody::Full(body), true) = (&response.body, response.status.is_success()) {
-        let (filtered, count) = filter_source_records(body, value);
+        let (filtered, count) = filter_source_records(body, values);
         if response.headers.contains_key(crate::exchange::X_RECORDS) {
             response
                 .headers

@@ -213,13 +213,25 @@ const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
     .remove(b'.')
     .remove(b'~');
 
-/// A `/facts` query that asks for the provenance fact by name, or by name and value (what
-/// Puppetboard's fact pages send: `["=","name","pdbmux_source"]`,
-/// `["and",["=","name","pdbmux_source"],["=","value","pdb-a"]]`), as the target of the
-/// provenance fact's own path (`/facts/pdbmux_source[/pdb-a]`, docs/merging.md "Provenance"),
-/// with the request's other parameters: the backends hold no such fact, so only that path
-/// answers it. `None` for any other request.
-fn source_fact_target(request: &ClientRequest, route: &Route, config: &Config) -> Option<String> {
+/// What a `/facts` query that asks for the provenance fact by name resolves to: the backends
+/// hold no such fact, so only its own path answers it (docs/merging.md, "Provenance").
+#[derive(Debug, PartialEq)]
+enum SourceAsk {
+    /// The provenance fact's own path, `/facts/<source_fact>[/<value>]`, with the request's
+    /// other parameters.
+    Path(String),
+    /// The records naming one of several backends (but not all): the whole path narrowed.
+    Values { whole: String, values: Vec<String> },
+    /// A value constraint no backend's name meets: no records.
+    Nothing,
+    /// A value constraint pdbmux cannot evaluate (a regular expression it cannot compile).
+    Refused(String),
+}
+
+/// Reads a `/facts` query that names the provenance fact (`["=","name",<source_fact>]`, alone or
+/// in an `and` with one constraint on `value`: `=`, `in` over an `array`, or `~`), what
+/// Puppetboard's fact pages and pypuppetdb send. `None` for any other request.
+fn source_fact_ask(request: &ClientRequest, route: &Route, config: &Config) -> Option<SourceAsk> {
     if route != &Route::Query(crate::entity::Entity::Facts) || !config.source_fact_enabled {
         return None;
     }
@@ -227,45 +239,140 @@ fn source_fact_target(request: &ClientRequest, route: &Route, config: &Config) -
     let QueryText::Ast(ast) = params.query_text() else {
         return None;
     };
-    let equals = |clause: &serde_json::Value, field: &str| -> Option<String> {
-        match clause.as_array()?.as_slice() {
-            [op, f, serde_json::Value::String(value)] if op == "=" && f == field => {
-                Some(value.clone())
-            }
-            _ => None,
-        }
+    let names_source = |clause: &serde_json::Value| {
+        matches!(clause.as_array().map(Vec::as_slice),
+            Some([op, field, serde_json::Value::String(name)])
+                if op == "=" && field == "name" && *name == config.source_fact)
     };
-    let (name, value) = match ast.as_array()?.as_slice() {
-        [_, _, _] if equals(&ast, "name").is_some() => (equals(&ast, "name")?, None),
-        [op, a, b] if op == "and" => match (equals(a, "name"), equals(b, "name")) {
-            (Some(name), None) => (name, Some(equals(b, "value")?)),
-            (None, Some(name)) => (name, Some(equals(a, "value")?)),
-            _ => return None,
-        },
+    let value = match ast.as_array()?.as_slice() {
+        _ if names_source(&ast) => None,
+        [op, a, b] if op == "and" && names_source(a) => Some(b),
+        [op, a, b] if op == "and" && names_source(b) => Some(a),
         _ => return None,
     };
-    if name != config.source_fact {
-        return None;
-    }
-    let mut path = format!(
-        "{}/facts/{}",
-        root::ROOT,
-        percent_encoding::utf8_percent_encode(&name, SEGMENT)
-    );
-    if let Some(value) = value {
-        path.push('/');
-        path.extend(percent_encoding::utf8_percent_encode(&value, SEGMENT));
-    }
     let mut rest = Params::default();
     for param in params.iter().filter(|p| p.key() != "query") {
         rest.set(param.key(), param.value());
     }
-    let rest = rest.to_query_string();
-    Some(if rest.is_empty() {
-        path
-    } else {
-        format!("{path}?{rest}")
+    let target = |value: Option<&str>| {
+        let mut path = format!(
+            "{}/facts/{}",
+            root::ROOT,
+            percent_encoding::utf8_percent_encode(&config.source_fact, SEGMENT)
+        );
+        if let Some(value) = value {
+            path.push('/');
+            path.extend(percent_encoding::utf8_percent_encode(value, SEGMENT));
+        }
+        let rest = rest.to_query_string();
+        match rest.is_empty() {
+            true => path,
+            false => format!("{path}?{rest}"),
+        }
+    };
+    let Some(value) = value else {
+        return Some(SourceAsk::Path(target(None)));
+    };
+    let names: Vec<&str> = config.backends.iter().map(|b| b.name.as_str()).collect();
+    let matching: Vec<String> = match value.as_array()?.as_slice() {
+        [op, field, serde_json::Value::String(value)] if op == "=" && field == "value" => {
+            return Some(SourceAsk::Path(target(Some(value))));
+        }
+        [op, field, list] if op == "in" && field == "value" => {
+            let listed: Vec<&str> = match list.as_array()?.as_slice() {
+                [array, serde_json::Value::Array(values)] if array == "array" => values
+                    .iter()
+                    .filter_map(serde_json::Value::as_str)
+                    .collect(),
+                _ => return None,
+            };
+            names
+                .iter()
+                .filter(|name| listed.contains(name))
+                .map(|name| (*name).to_owned())
+                .collect()
+        }
+        [op, field, serde_json::Value::String(pattern)] if op == "~" && field == "value" => {
+            let regex = match regex::Regex::new(pattern) {
+                Ok(regex) => regex,
+                Err(error) => {
+                    return Some(SourceAsk::Refused(format!(
+                        "pdbmux: the regular expression {pattern:?} on {} cannot be read: {error}",
+                        config.source_fact
+                    )))
+                }
+            };
+            names
+                .iter()
+                .filter(|name| regex.is_match(name))
+                .map(|name| (*name).to_owned())
+                .collect()
+        }
+        _ => return None,
+    };
+    Some(match matching.as_slice() {
+        [] => SourceAsk::Nothing,
+        [one] => SourceAsk::Path(target(Some(one))),
+        all if all.len() == names.len() => SourceAsk::Path(target(None)),
+        _ => SourceAsk::Values {
+            whole: target(None),
+            values: matching,
+        },
     })
+}
+
+/// Plans a `/facts` query for the provenance records of several backends: with the cache, it
+/// joins the fan-out of the whole `/facts/<source_fact>` record set and is filtered from it
+/// (stored under its own key); without, the whole path's merge keeps only those records.
+fn plan_source_values(
+    request: &ClientRequest,
+    whole: &str,
+    values: Vec<String>,
+    config: &Arc<Config>,
+) -> Planned {
+    let whole_request = ClientRequest::get(whole);
+    let mut planned = plan(&whole_request, config);
+    match planned.cache.take() {
+        Some(shared) => {
+            planned.cache = cache::cache_key(
+                &Route::Query(crate::entity::Entity::Facts),
+                request.path(),
+                request.query(),
+                &config.source_fact,
+            )
+            .map(|own| Cacheable {
+                key: own.key,
+                flight_key: shared.flight_key,
+                fan_out_target: Some(whole.to_owned()),
+                value_filter: Some(values),
+            });
+        }
+        None => {
+            let Ok(route) = classify(&whole_request) else {
+                return planned;
+            };
+            if let Work::Fanout(_) = planned.work {
+                let params = Params::parse(whole_request.query());
+                let plan = RecordPlan::plan(
+                    &route,
+                    crate::entity::Entity::Facts,
+                    whole_request.path(),
+                    params,
+                    QueryText::Absent,
+                    None,
+                    config,
+                );
+                planned.work = match plan {
+                    Ok(mut plan) => {
+                        plan.keep_sources(values);
+                        Work::Fanout(Box::new(plan))
+                    }
+                    Err(response) => Work::Local(*response),
+                };
+            }
+        }
+    }
+    planned
 }
 
 /// Plans PQL once a backend translated it (`translation`, the body of its `ast_only=true`
@@ -295,8 +402,33 @@ pub(crate) fn plan_translated(
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
 /// cached when the entity's record sets are.
 fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> Planned {
-    if let Some(target) = source_fact_target(request, route, config) {
-        return plan(&ClientRequest::get(target), config);
+    match source_fact_ask(request, route, config) {
+        Some(SourceAsk::Path(target)) => return plan(&ClientRequest::get(target), config),
+        Some(SourceAsk::Values { whole, values }) => {
+            return plan_source_values(request, &whole, values, config)
+        }
+        Some(SourceAsk::Nothing) => {
+            let work = Work::Local(Response::json(StatusCode::OK, "[]"));
+            return Planned {
+                config: Arc::clone(config),
+                class: route.class(),
+                target: request.target.clone(),
+                cache: None,
+                work,
+                waited_out: Vec::new(),
+            };
+        }
+        Some(SourceAsk::Refused(message)) => {
+            return Planned {
+                config: Arc::clone(config),
+                class: route.class(),
+                target: request.target.clone(),
+                cache: None,
+                work: Work::Local(Response::refusal(message)),
+                waited_out: Vec::new(),
+            };
+        }
+        None => {}
     }
     let Some(entity) = route.entity() else {
         return Planned {

@@ -92,9 +92,11 @@ impl std::fmt::Display for Question {
     }
 }
 
-/// A record or value with the receipt times and pdbmux's additions removed, and expanded
-/// sub-collections in one order. `timestamp` is a receipt time on factsets and inventory only
-/// (an event's is when it happened).
+/// A record or value with the receipt times and pdbmux's additions removed, expanded
+/// sub-collections in one order, and fractional numbers to 12 significant digits: an `avg`
+/// pdbmux folds is a float64 division of sums and counts, PostgreSQL's a numeric one, and they
+/// part in the last digits (docs/merging.md, "Aggregates"). `timestamp` is a receipt time on
+/// factsets and inventory only (an event's is when it happened).
 pub fn normalise(path: &str, value: &Value) -> Value {
     let receipt_timestamp = path.contains("/factsets") || path.contains("/inventory");
     match value {
@@ -126,6 +128,10 @@ pub fn normalise(path: &str, value: &Value) -> Value {
                 .map(|item| normalise(path, item))
                 .collect(),
         ),
+        Value::Number(n) if n.is_f64() => n
+            .as_f64()
+            .and_then(|f| format!("{f:.11e}").parse::<f64>().ok())
+            .map_or_else(|| value.clone(), |f| json!(f)),
         other => other.clone(),
     }
 }

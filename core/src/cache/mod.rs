@@ -53,9 +53,10 @@ pub struct Cacheable {
     /// For the provenance drilldown, the target to fan out to instead of the request's (its
     /// `<value>` removed); `None` for every other request.
     pub fan_out_target: Option<String>,
-    /// `/facts/<source_fact>/<value>`: the value the shared answer is filtered by before it is
-    /// stored under [`Cacheable::key`].
-    pub value_filter: Option<String>,
+    /// `/facts/<source_fact>/<value>` (or a `/facts` query constraining the provenance fact's
+    /// value): the values the shared answer is filtered by before it is stored under
+    /// [`Cacheable::key`].
+    pub value_filter: Option<Vec<String>>,
 }
 
 /// Whether a query takes the combining branch (an extract with a function column): such answers
@@ -90,11 +91,9 @@ pub fn cache_key(
         Route::FactsByName { name, value } => {
             let decoded = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
             if let (true, Some(value)) = (decoded == source_fact, value) {
-                value_filter = Some(
-                    percent_encoding::percent_decode_str(value)
-                        .decode_utf8_lossy()
-                        .into_owned(),
-                );
+                value_filter = Some(vec![percent_encoding::percent_decode_str(value)
+                    .decode_utf8_lossy()
+                    .into_owned()]);
                 drilldown_path = Some(format!("/pdb/query/v4/facts/{name}"));
             }
         }
@@ -332,7 +331,7 @@ mod tests {
         assert_eq!(all.flight_key, all.key);
         assert_eq!(one.flight_key, all.key);
         assert_eq!(other.flight_key, all.key);
-        assert_eq!(one.value_filter.as_deref(), Some("pdb-a"));
+        assert_eq!(one.value_filter, Some(vec!["pdb-a".to_owned()]));
         assert_eq!(
             one.fan_out_target.as_deref(),
             Some("/pdb/query/v4/facts/pdbmux_source?query=%5B%5D")

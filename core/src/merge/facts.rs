@@ -162,7 +162,7 @@ pub(crate) fn merge(
     let (upstream, synthetic) = match &plan.provenance {
         Provenance::Off | Provenance::DropOnly => (true, None),
         Provenance::Inject => (true, Some(None)),
-        Provenance::SyntheticOnly { value } => (false, Some(value.as_deref())),
+        Provenance::SyntheticOnly { values } => (false, Some(values.as_deref())),
     };
     let mut rows = Collected::new(
         order,
@@ -222,7 +222,9 @@ pub(crate) fn merge(
             if let (Some(only), Some((node_index, environment))) = (synthetic, provenance_due) {
                 let certname = &nodes.list[node_index].certname;
                 let name = config.backends.get(backend.0).map(|b| b.name.as_str());
-                if let Some(name) = name.filter(|name| only.is_none_or(|only| only == *name)) {
+                if let Some(name) =
+                    name.filter(|name| only.is_none_or(|only| only.iter().any(|v| v == name)))
+                {
                     let row = provenance_row(
                         certname,
                         source_fact,
@@ -285,8 +287,8 @@ fn synthetic_record(
 }
 
 /// The provenance drilldown's filter on a shared `/facts/<source_fact>` record set: the records
-/// whose `value` is `value`, and how many there are.
-pub(crate) fn filter_source_records(body: &[u8], value: &str) -> (bytes::Bytes, usize) {
+/// whose `value` is one of `values` (backend names), and how many there are.
+pub(crate) fn filter_source_records(body: &[u8], values: &[String]) -> (bytes::Bytes, usize) {
     let Ok(records) = parse_array(body) else {
         return (bytes::Bytes::from_static(b"[]"), 0);
     };
@@ -295,8 +297,7 @@ pub(crate) fn filter_source_records(body: &[u8], value: &str) -> (bytes::Bytes, 
         .filter(|raw| {
             Fields::of(raw.get())
                 .and_then(|f| f.str("value"))
-                .as_deref()
-                == Some(value)
+                .is_some_and(|value| values.iter().any(|v| *v == value))
         })
         .map(|raw| raw.get())
         .collect();

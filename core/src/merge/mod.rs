@@ -60,8 +60,10 @@ pub(crate) enum Provenance {
     DropOnly,
     /// Drop upstream records of that name and inject one synthetic record per node.
     Inject,
-    /// `/facts/<source_fact>[/<value>]`: answer only the synthetic records (those naming `value`).
-    SyntheticOnly { value: Option<String> },
+    /// `/facts/<source_fact>[/<value>]`, or a `/facts` query naming the provenance fact by name
+    /// and value: answer only the synthetic records (those naming one of `values`, every
+    /// backend's when `None`).
+    SyntheticOnly { values: Option<Vec<String>> },
 }
 
 /// How a node-owned merge makes each node's records its owner's.
@@ -274,7 +276,9 @@ impl RecordPlan {
                     if gated || !known {
                         return Err(Box::new(Response::json(StatusCode::OK, "[]")));
                     }
-                    Provenance::SyntheticOnly { value }
+                    Provenance::SyntheticOnly {
+                        values: value.map(|value| vec![value]),
+                    }
                 }
                 None if route != &Route::Query(Entity::Facts) => Provenance::DropOnly,
                 None if gated => Provenance::DropOnly,
@@ -351,6 +355,15 @@ impl RecordPlan {
             excused: 0,
             corrections: Vec::new(),
         })
+    }
+
+    /// Narrows the provenance fact's own path (`/facts/<source_fact>`, every backend's records)
+    /// to the records naming one of `values`: a `/facts` query constraining the provenance
+    /// fact's value to several backends (`in`, `~`).
+    pub(crate) fn keep_sources(&mut self, values: Vec<String>) {
+        if let Provenance::SyntheticOnly { values: kept } = &mut self.provenance {
+            *kept = Some(values);
+        }
     }
 
     /// The fields asked for beyond the client's projection, dropped from the answer.
