@@ -231,11 +231,10 @@ enum SourceAsk {
 /// Reads a `/facts` query that names the provenance fact (`["=","name",<source_fact>]`, alone or
 /// in an `and` with one constraint on `value`: `=`, `in` over an `array`, or `~`), what
 /// Puppetboard's fact pages and pypuppetdb send. `None` for any other request.
-fn source_fact_ask(request: &ClientRequest, route: &Route, config: &Config) -> Option<SourceAsk> {
+fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<SourceAsk> {
     if route != &Route::Query(crate::entity::Entity::Facts) || !config.source_fact_enabled {
         return None;
     }
-    let params = Params::parse(request.query());
     let QueryText::Ast(ast) = params.query_text() else {
         return None;
     };
@@ -402,45 +401,32 @@ pub(crate) fn plan_translated(
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
 /// cached when the entity's record sets are.
 fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> Planned {
-    match source_fact_ask(request, route, config) {
+    let uncached = |work| Planned {
+        config: Arc::clone(config),
+        class: route.class(),
+        target: request.target.clone(),
+        cache: None,
+        work,
+        waited_out: Vec::new(),
+    };
+    let params = Params::parse(request.query());
+    match source_fact_ask(&params, route, config) {
         Some(SourceAsk::Path(target)) => return plan(&ClientRequest::get(target), config),
         Some(SourceAsk::Values { whole, values }) => {
             return plan_source_values(request, &whole, values, config)
         }
         Some(SourceAsk::Nothing) => {
-            let work = Work::Local(Response::json(StatusCode::OK, "[]"));
-            return Planned {
-                config: Arc::clone(config),
-                class: route.class(),
-                target: request.target.clone(),
-                cache: None,
-                work,
-                waited_out: Vec::new(),
-            };
+            return uncached(Work::Local(Response::json(StatusCode::OK, "[]")))
         }
         Some(SourceAsk::Refused(message)) => {
-            return Planned {
-                config: Arc::clone(config),
-                class: route.class(),
-                target: request.target.clone(),
-                cache: None,
-                work: Work::Local(Response::refusal(message)),
-                waited_out: Vec::new(),
-            };
+            return uncached(Work::Local(Response::refusal(message)))
         }
         None => {}
     }
     let Some(entity) = route.entity() else {
-        return Planned {
-            config: Arc::clone(config),
-            class: route.class(),
-            target: request.target.clone(),
-            cache: None,
-            work: Work::Fanout(Box::new(Sequence::first_success(request.target.clone()))),
-            waited_out: Vec::new(),
-        };
+        let target = request.target.clone();
+        return uncached(Work::Fanout(Box::new(Sequence::first_success(target))));
     };
-    let params = Params::parse(request.query());
     let query = params.query_text();
     let analysis = query.as_ast().map(analyze);
     let path = request.path();
@@ -530,6 +516,12 @@ mod tests {
             ("/pdb/query/v4/resources/File", true, false),
             ("/pdb/query/v4/factsets", true, false),
             ("/pdb/query/v4/packages", true, false),
+            // A shape the owned-packages rewrite leaves alone goes to /packages at once.
+            (
+                "/pdb/query/v4/packages?query=%5B%22extract%22%2C%5B%22package_name%22%5D%5D",
+                false,
+                false,
+            ),
             ("/pdb/query/v4/package-inventory", true, false),
             (
                 "/pdb/query/v4/reports?query=%5B%22%3D%22%2C%22latest_report%3F%22%2Ctrue%5D",

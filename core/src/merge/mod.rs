@@ -176,9 +176,9 @@ pub(crate) struct RecordPlan {
     /// The fields a history projection is asked for beyond the client's, so that copies of one
     /// report (or event) can be told apart and served once; dropped from the answer.
     history_helpers: Vec<&'static str>,
-    /// For a union entity derived from a node-owned one (`/packages`): whose nodes count when a
-    /// backend holding other owners' nodes is asked the distinct projection of the nodes it
-    /// owns ([`Entity::distinct_of`]).
+    /// For a union entity derived from a node-owned one (`/packages`), asked with a query that
+    /// shape allows: whose nodes count when a backend holding other owners' nodes is asked the
+    /// distinct projection of the nodes it owns ([`Entity::distinct_of`]).
     distinct_owned: Option<NodeScope>,
     /// The backends asked, the limit each was asked for, and whether ownership was pushed into
     /// its first request; set by [`Plan::start`].
@@ -329,11 +329,14 @@ impl RecordPlan {
             _ => Vec::new(),
         };
 
-        let distinct_owned = (entity.distinct_of().is_some() && pushable).then_some(NodeScope {
-            strategy: config.merge,
-            kind: entity.kind(),
-            scope: Scope::Any,
-        });
+        let distinct_owned = entity
+            .distinct_of()
+            .filter(|(_, columns)| pushable && query::is_filter_on(query.as_ast(), columns))
+            .map(|_| NodeScope {
+                strategy: config.merge,
+                kind: entity.kind(),
+                scope: Scope::Any,
+            });
 
         Ok(RecordPlan {
             entity,

@@ -30,8 +30,8 @@ pub(crate) use ast::{names_node_state, outer_filter};
 pub use foldable::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
 pub use params::{JsonBodyError, Param, Params};
 pub use rewrite::{
-    add_clause, count_among, distinct_among_owned, exclude_certnames, only_certnames_clause,
-    ownership_clause, rewrite_avg, widen_node_state, with_extract_columns,
+    add_clause, count_among, distinct_among_owned, exclude_certnames, is_filter_on,
+    only_certnames_clause, ownership_clause, rewrite_avg, widen_node_state, with_extract_columns,
 };
 
 use serde_json::Value;

@@ -206,7 +206,7 @@ pub fn distinct_among_owned(
     columns: &[&str],
     excluded: &[&str],
 ) -> Option<Value> {
-    if !query.is_none_or(|q| filters_only(q, columns)) {
+    if !is_filter_on(query, columns) {
         return None;
     }
     let every_state = json!(["=", "node_state", "any"]);
@@ -218,6 +218,13 @@ pub fn distinct_among_owned(
     let mut group_by = vec![json!("group_by")];
     group_by.extend(columns.iter().map(|c| json!(c)));
     Some(json!(["extract", columns, filter, group_by]))
+}
+
+/// Whether `query` is absent or a filter on `columns` alone, the shape
+/// [`distinct_among_owned`] rewrites: check it when planning, so that a query it leaves alone
+/// does not wait for the membership map.
+pub fn is_filter_on(query: Option<&Value>, columns: &[&str]) -> bool {
+    query.is_none_or(|q| filters_only(q, columns))
 }
 
 /// Whether `node` is a boolean combination of comparisons on `columns` only.
