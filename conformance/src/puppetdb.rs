@@ -220,6 +220,9 @@ impl PuppetDb {
             Ok(asking) => asking,
             Err(message) => return Reply::text(StatusCode::BAD_REQUEST, message),
         };
+        if let Some(reply) = self.parent(&asking.path) {
+            return reply;
+        }
         match self.evaluate(&asking) {
             Ok(Some((records, total))) => {
                 let body = Value::Array(records).to_string();
@@ -353,6 +356,27 @@ impl PuppetDb {
             .into_iter()
             .map(|name| serde_json::json!({ "name": name }))
             .collect()
+    }
+
+    /// `/environments/<env>`: the environment's record when a fact names it, else PuppetDB's
+    /// 404; `None` for any other path.
+    fn parent(&self, path: &str) -> Option<Reply> {
+        let raw = path.strip_prefix("/pdb/query/v4/environments/")?;
+        if raw.contains('/') {
+            return None;
+        }
+        let name = decode_component(raw);
+        let known = self.environments().into_iter().find(|e| e["name"] == name);
+        Some(match known {
+            Some(record) => Reply::ok(record.to_string()),
+            None => Reply::json(
+                StatusCode::NOT_FOUND,
+                serde_json::json!({
+                    "error": format!("No information is known about environment {name}")
+                })
+                .to_string(),
+            ),
+        })
     }
 
     /// The distinct environments of the facts, as `{"name": …}` records sorted by name.

@@ -1320,9 +1320,20 @@ fn a_sub_route_below_an_environment_or_producer_is_its_entity_with_that_constrai
             exchange_sends(h)
                 .iter()
                 .map(|s| s.request.path_and_query.clone())
+                .filter(|target| !target.starts_with("/pdb/query/v4/environments/"))
                 .collect()
         };
         assert_eq!(upstream(&below), upstream(&direct), "{sub_route}");
+        // The parent is asked of every backend at the same time (the 404 check below).
+        let parent = format!(
+            "/pdb/query/v4/environments/{}",
+            sub_route.split('/').nth(5).expect("an environment segment")
+        );
+        let parents = exchange_sends(&below)
+            .iter()
+            .filter(|s| s.request.path_and_query == parent)
+            .count();
+        assert_eq!(parents, 2, "{sub_route}: the parent asked of each backend");
     }
     // PQL below an environment is no query PuppetDB takes there: passed through as it is.
     let mut h = shared_facts_harness(|_| {});
@@ -1337,6 +1348,46 @@ fn a_sub_route_below_an_environment_or_producer_is_its_entity_with_that_constrai
         "{:?}",
         sends[0].request.path_and_query
     );
+}
+
+/// Below an environment no backend knows, a sub-route is PuppetDB's 404 ("No information is
+/// known about environment …"), whatever the query (an empty list, a count of 0 or a page would
+/// say the environment exists); one backend knowing it is enough for the merged answer.
+#[test]
+fn a_sub_route_below_an_environment_no_backend_knows_is_not_found() {
+    let count = json!(["extract", [["function", "count"]]]);
+    for target in [
+        "/pdb/query/v4/environments/nowhere/facts".to_owned(),
+        with_query("/pdb/query/v4/environments/nowhere/facts", &count, ""),
+        "/pdb/query/v4/environments/nowhere/facts/os?limit=5&include_total=true".to_owned(),
+    ] {
+        let mut h = shared_facts_harness(|_| {});
+        let c = h.get(&target);
+        finish(&mut h);
+        let got = h.response(c).expect("answered");
+        assert_eq!(
+            got.status,
+            StatusCode::NOT_FOUND,
+            "{target}: {}",
+            got.body_str()
+        );
+        assert_eq!(
+            serde_json::from_str::<Value>(&got.body_str()).expect("JSON"),
+            json!({"error": "No information is known about environment nowhere"}),
+            "{target}"
+        );
+    }
+    // `staging` is known to pdb-b alone: the merge answers, from both.
+    let mut h = shared_facts_harness(|_| {});
+    let c = h.get(&with_query(
+        "/pdb/query/v4/environments/staging/facts",
+        &count,
+        "",
+    ));
+    finish(&mut h);
+    let got = h.response(c).expect("answered");
+    assert_eq!(got.status, StatusCode::OK, "{}", got.body_str());
+    assert_eq!(got.header("x-backends"), Some("2/2"));
 }
 
 /// The provenance fact asked for by name, or by name and value, on `/facts` (what Puppetboard's

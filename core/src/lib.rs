@@ -54,6 +54,7 @@ mod message;
 mod meta;
 mod outbound;
 mod ownership;
+mod parent;
 mod policy;
 pub mod query;
 mod records;

@@ -19,6 +19,7 @@ use crate::jolokia::JolokiaPlan;
 use crate::merge::RecordPlan;
 use crate::message::{ClientRequest, Response};
 use crate::meta::{FirstInOrder, LowestVersion};
+use crate::parent::ParentChecked;
 use crate::query::{analyze, Params, QueryText};
 use crate::root::{self, Pql, RootQuery};
 use crate::route::{classify, Route, RouteClass};
@@ -203,7 +204,23 @@ fn plan_within(
     }
     let target = format!("{}/{entity_path}?{}", root::ROOT, mapped.to_query_string());
     // The route table admitted only an entity's record routes below a parent.
-    plan(&ClientRequest::get(target), config)
+    let planned = plan(&ClientRequest::get(target), config);
+    // The field names its parent: `environment` is found at `/environments/<env>`.
+    let parent_path = format!("{}/{field}s/{raw_value}", root::ROOT);
+    Planned {
+        // Stored apart from the entity route's own answer to the same query: that one is `[]`
+        // where this one is a 404.
+        cache: planned.cache.map(|cacheable| Cacheable {
+            key: format!("{parent_path} {}", cacheable.key),
+            flight_key: format!("{parent_path} {}", cacheable.flight_key),
+            ..cacheable
+        }),
+        work: match planned.work {
+            Work::Fanout(merge) => Work::Fanout(Box::new(ParentChecked::new(merge, parent_path))),
+            other => other,
+        },
+        ..planned
+    }
 }
 
 /// What a path segment keeps unencoded: the unreserved characters.

@@ -425,7 +425,9 @@ fn answers_stay_whole_under_faults_and_a_backend_restart() {
          connections per fault (none, truncate, stall, garble): a {:?}, b {:?}",
         faults[0], faults[1]
     );
-    let mut wrong = Vec::new();
+    // Every failed expectation, collected and reported last (after the pdbmux processes are
+    // stopped, so that no log dump buries the reason).
+    let mut failures = Vec::new();
     for label in muxes.iter().map(|(label, _)| label) {
         let mine: Vec<&Tally> = tallies
             .iter()
@@ -439,24 +441,35 @@ fn answers_stay_whole_under_faults_and_a_backend_restart() {
             sum(Tally::total), sum(|t| t.full), sum(|t| t.partial), sum(|t| t.verbatim),
             sum(|t| t.bad_gateway), sum(|t| t.unavailable), sum(|t| t.aborted), bad.len()
         );
-        assert!(sum(|t| t.full) > 0, "{label}: no whole answer at all");
-        assert!(
-            sum(|t| t.partial) + sum(|t| t.bad_gateway) > 0,
-            "{label}: no fault ever showed"
-        );
-        wrong.extend(bad.into_iter().take(20).cloned());
+        if sum(|t| t.full) == 0 {
+            failures.push(format!("{label}: no whole answer at all"));
+        }
+        if sum(|t| t.partial) + sum(|t| t.bad_gateway) == 0 {
+            failures.push(format!("{label}: no fault ever showed"));
+        }
+        failures.extend(bad.into_iter().take(20).cloned());
     }
     for (i, counts) in faults.iter().enumerate() {
-        assert!(
-            counts.iter().all(|n| *n > 0),
-            "proxy {i} did not inflict every kind of fault: {counts:?}"
-        );
+        if !counts.iter().all(|n| *n > 0) {
+            failures.push(format!(
+                "proxy {i} did not inflict every kind of fault: {counts:?}"
+            ));
+        }
     }
     for (label, mux) in &mut muxes {
-        assert!(
-            mux.is_running(),
-            "{label} is no longer running after the soak"
-        );
+        if !mux.is_running() {
+            failures.push(format!("{label} is no longer running after the soak"));
+        }
     }
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    let logs: Vec<String> = muxes
+        .iter()
+        .map(|(label, mux)| format!("{label}: {}", mux.log_path().display()))
+        .collect();
+    drop(muxes);
+    assert!(
+        failures.is_empty(),
+        "the fault soak failed ({} logs kept):\n{}",
+        logs.join(", "),
+        failures.join("\n")
+    );
 }
