@@ -449,7 +449,7 @@ mod tests {
     #[test]
     fn a_client_that_left_has_no_response() {
         let mut h = one_backend(vec![Reply::never()]);
-        let c = h.get("/pdb/query/v4/catalog-inputs");
+        let c = h.get("/pdb/query/v4/environments/production");
         assert_eq!(h.disconnect(c), Ok(()));
         assert_eq!(h.drive_bounded(10), Ok(0));
         assert!(matches!(

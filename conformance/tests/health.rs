@@ -389,7 +389,7 @@ fn every_route_class_asks_the_backends_kept_out_when_every_one_in_service_fails(
     for (class, target) in [
         ("per-certname", "/pdb/query/v4/nodes/web1"),
         ("report hash", "/pdb/query/v4/reports/0123abcd/events"),
-        ("pass-through", "/pdb/query/v4/catalog-inputs"),
+        ("pass-through", "/pdb/query/v4/environments/production"),
         ("sub-route", "/pdb/query/v4/environments/production/facts"),
         (
             "translation (PQL)",

@@ -23,7 +23,7 @@ const TARGETS: [&str; 4] = [
     "/pdb/query/v4/fact-names",
     "/pdb/query/v4/facts/os",
     "/pdb/query/v4/environments",
-    "/pdb/query/v4/catalog-inputs",
+    "/pdb/query/v4/environments/production",
 ];
 
 fn harness(backends: Vec<FakeBackend>) -> Harness {

@@ -1135,11 +1135,13 @@ fn facts_paged_window_is_exact_despite_an_upstream_source_fact() {
 // The other node-owned entities (D15): one merge, the entity table's row for each
 
 /// The node-owned entities besides /nodes and /facts, by path segment.
-const OWNED_ENTITIES: [&str; 7] = [
+const OWNED_ENTITIES: [&str; 9] = [
     "resources",
     "fact-contents",
     "factsets",
     "catalogs",
+    "catalog-inputs",
+    "catalog-input-contents",
     "edges",
     "inventory",
     "package-inventory",
@@ -1198,7 +1200,9 @@ fn every_node_owned_entity_is_answered_from_each_nodes_owner() {
             |certname: &str, backend: &str| json!({"certname": certname, "backend": backend});
         // tie's facts are newest in pdb-b, its catalog in pdb-a: each entity follows its kind.
         let tie_owner = match entity {
-            "resources" | "catalogs" | "edges" => "pdb-a",
+            "resources" | "catalogs" | "catalog-inputs" | "catalog-input-contents" | "edges" => {
+                "pdb-a"
+            }
             _ => "pdb-b",
         };
         let mut got = body_json(&h, whole).as_array().cloned().unwrap_or_default();

@@ -227,10 +227,19 @@ fn a_translation_no_backend_answers_is_502() {
 }
 
 #[test]
-fn pql_on_an_entity_pdbmux_does_not_merge_is_passed_through() {
-    let text = "catalog_inputs {}";
+fn pql_pdbmux_cannot_map_is_passed_through() {
+    // Two queries in one `from`: no entity route asks that (PuppetDB refuses it itself).
+    let text = "nodes { certname = 'a' } { certname = 'b' }";
     let target = form_target(ROOT, &[("query", text)]);
-    let (a, b) = estate(&[(text, json!(["from", "catalog_inputs"]))]);
+    let (a, b) = estate(&[(
+        text,
+        json!([
+            "from",
+            "nodes",
+            ["=", "certname", "a"],
+            ["=", "certname", "b"]
+        ]),
+    )]);
     let first = FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2))
         .on(&target, Reply::ok(r#"[{"certname":"only-a"}]"#));
     let mut h = harness(vec![first, FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3))]);

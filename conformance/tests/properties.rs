@@ -259,7 +259,7 @@ fn timed_reply() -> impl Strategy<Value = Reply> {
 const TARGETS: [&str; 11] = [
     "/pdb/meta/v1/version",
     "/pdb/meta/v1/server-time",
-    "/pdb/query/v4/catalog-inputs",
+    "/pdb/query/v4/environments/production",
     "/pdb/query/v4?query=nodes%20%7B%7D",
     "/pdb/query/v4/nodes/web1",
     "/pdb/query/v4/catalogs/web1",

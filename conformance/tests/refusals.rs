@@ -78,7 +78,7 @@ fn more_refusals_and_their_boundaries() {
     let clients: Vec<_> = refused.iter().map(|(target, _)| h.get(target)).collect();
     let too_big_headers = h.submit(ClientRequest {
         header_bytes: 16 * 1024 + 1,
-        ..ClientRequest::get("/pdb/query/v4/catalog-inputs")
+        ..ClientRequest::get("/pdb/query/v4/environments/production")
     });
     let head = h.submit(ClientRequest {
         method: Method::HEAD,
@@ -97,14 +97,14 @@ fn more_refusals_and_their_boundaries() {
 
     // Exactly at the limits: served.
     let mut h = harness(backends());
-    let prefix = "/pdb/query/v4/catalog-inputs?q=";
+    let prefix = "/pdb/query/v4/environments/production?q=";
     let target = format!("{prefix}{}", "x".repeat(8 * 1024 - prefix.len()));
     assert_eq!(target.len(), 8 * 1024);
     let at_url_limit = h.get(&target);
     let at_header_limit = h.submit(ClientRequest {
         header_count: 100,
         header_bytes: 16 * 1024,
-        ..ClientRequest::get("/pdb/query/v4/catalog-inputs")
+        ..ClientRequest::get("/pdb/query/v4/environments/production")
     });
     finish(&mut h);
     assert_eq!(status_of(&h, at_url_limit), StatusCode::OK);

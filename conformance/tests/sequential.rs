@@ -10,8 +10,7 @@ use http::StatusCode;
 use pdbmux_conformance::{ms, FakeBackend, Reply};
 use pdbmux_core::membership::MEMBERSHIP_QUERIES;
 
-const PASS_THROUGH: &str =
-    "/pdb/query/v4/catalog-inputs?query=%5B%22%3D%22%2C%22certname%22%2C%22web1%22%5D";
+const PASS_THROUGH: &str = "/pdb/query/v4/environments/production";
 
 #[test]
 fn pass_through_first_404_then_second_200_streamed() {
@@ -51,8 +50,7 @@ fn pass_through_first_empty_success_wins() {
         FakeBackend::queue("pdb-a", URL_A, [Reply::ok("[]").after(ms(2))]),
         FakeBackend::queue("pdb-b", URL_B, [Reply::ok(r#"[{"certname":"web1"}]"#)]),
     ]);
-    let c =
-        h.get("/pdb/query/v4/catalog-inputs?query=%5B%22%3D%22%2C%22certname%22%2C%22web1%22%5D");
+    let c = h.get("/pdb/query/v4/environments/production");
     let transcript = finish(&mut h);
     let response = h.response(c).expect("one response");
     assert_eq!(response.body_str(), "[]");

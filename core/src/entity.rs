@@ -22,6 +22,10 @@ pub enum Entity {
     Factsets,
     /// `/catalogs`.
     Catalogs,
+    /// `/catalog-inputs` (one record per node: its catalog's inputs).
+    CatalogInputs,
+    /// `/catalog-input-contents` (one record per input of a node's catalog).
+    CatalogInputContents,
     /// `/edges`.
     Edges,
     /// `/resources`.
@@ -52,7 +56,8 @@ pub enum MergeRule {
     /// One record per node, from the node's owner (`/nodes`, with `pdbmux_source`).
     Node,
     /// Every record of a node comes from the node's owner, the others' copies are dropped
-    /// (facts, fact-contents, factsets, catalogs, edges, resources, inventory, package-inventory).
+    /// (facts, fact-contents, factsets, catalogs, catalog inputs, edges, resources, inventory,
+    /// package-inventory).
     Owned,
     /// Every backend's records, each distinct record once.
     Union(Identity),
@@ -75,7 +80,7 @@ pub enum Identity {
 }
 
 /// Every entity, in the order of the v4 API's documentation.
-pub const ALL: [Entity; 18] = [
+pub const ALL: [Entity; 20] = [
     Entity::Nodes,
     Entity::Facts,
     Entity::FactContents,
@@ -83,6 +88,8 @@ pub const ALL: [Entity; 18] = [
     Entity::FactPaths,
     Entity::Factsets,
     Entity::Catalogs,
+    Entity::CatalogInputs,
+    Entity::CatalogInputContents,
     Entity::Edges,
     Entity::Resources,
     Entity::Inventory,
@@ -112,6 +119,8 @@ impl Entity {
             Entity::FactPaths => "fact-paths",
             Entity::Factsets => "factsets",
             Entity::Catalogs => "catalogs",
+            Entity::CatalogInputs => "catalog-inputs",
+            Entity::CatalogInputContents => "catalog-input-contents",
             Entity::Edges => "edges",
             Entity::Resources => "resources",
             Entity::Inventory => "inventory",
@@ -141,6 +150,8 @@ impl Entity {
             Entity::FactPaths => "/pdb/query/v4/fact-paths",
             Entity::Factsets => "/pdb/query/v4/factsets",
             Entity::Catalogs => "/pdb/query/v4/catalogs",
+            Entity::CatalogInputs => "/pdb/query/v4/catalog-inputs",
+            Entity::CatalogInputContents => "/pdb/query/v4/catalog-input-contents",
             Entity::Edges => "/pdb/query/v4/edges",
             Entity::Resources => "/pdb/query/v4/resources",
             Entity::Inventory => "/pdb/query/v4/inventory",
@@ -163,6 +174,8 @@ impl Entity {
             | Entity::FactContents
             | Entity::Factsets
             | Entity::Catalogs
+            | Entity::CatalogInputs
+            | Entity::CatalogInputContents
             | Entity::Edges
             | Entity::Resources
             | Entity::Inventory
@@ -208,7 +221,8 @@ impl Entity {
 
     /// The kind of node data its records derive from, whose owner answers for a node
     /// (docs/decisions.md, D14): facts for the fact entities, inventory and packages, the
-    /// catalog for catalogs, resources and edges, the node record and latest report for the rest.
+    /// catalog for catalogs, catalog inputs, resources and edges, the node record and latest report
+    /// for the rest.
     pub fn kind(self) -> Kind {
         match self {
             Entity::Facts
@@ -219,7 +233,11 @@ impl Entity {
             | Entity::Inventory
             | Entity::Packages
             | Entity::PackageInventory => Kind::Facts,
-            Entity::Catalogs | Entity::Edges | Entity::Resources => Kind::Catalog,
+            Entity::Catalogs
+            | Entity::CatalogInputs
+            | Entity::CatalogInputContents
+            | Entity::Edges
+            | Entity::Resources => Kind::Catalog,
             Entity::Nodes
             | Entity::Producers
             | Entity::Environments
@@ -238,6 +256,8 @@ impl Entity {
             | Entity::Facts
             | Entity::FactContents
             | Entity::Factsets
+            | Entity::CatalogInputs
+            | Entity::CatalogInputContents
             | Entity::Edges
             | Entity::Resources
             | Entity::Inventory
@@ -259,6 +279,8 @@ impl Entity {
             Entity::FactPaths => OrderEntity::FactPaths,
             Entity::Factsets => OrderEntity::Factsets,
             Entity::Catalogs => OrderEntity::Catalogs,
+            Entity::CatalogInputs => OrderEntity::CatalogInputs,
+            Entity::CatalogInputContents => OrderEntity::CatalogInputContents,
             Entity::Edges => OrderEntity::Edges,
             Entity::Resources => OrderEntity::Resources,
             Entity::Inventory => OrderEntity::Inventory,
@@ -298,7 +320,6 @@ mod tests {
             assert_eq!(Entity::from_segment(entity.segment()), Some(entity));
             assert_eq!(entity.path(), format!("/pdb/query/v4/{}", entity.segment()));
         }
-        assert_eq!(Entity::from_segment("catalog-inputs"), None);
         assert_eq!(Entity::from_segment("nodes/x"), None);
     }
 
@@ -313,6 +334,8 @@ mod tests {
                 Entity::FactContents,
                 Entity::Factsets,
                 Entity::Catalogs,
+                Entity::CatalogInputs,
+                Entity::CatalogInputContents,
                 Entity::Edges,
                 Entity::Resources,
                 Entity::Inventory,

@@ -1192,8 +1192,7 @@ mod tests {
     #[test]
     fn answers_for_cancelled_or_unknown_ids_are_ignored_and_a_held_one_cancelled_again() {
         let (mut estate, start) = estate(config(&[("a", 1), ("b", 2)]));
-        let target =
-            "/pdb/query/v4/catalog-inputs?query=%5B%22%3D%22%2C%22certname%22%2C%22web1%22%5D";
+        let target = "/pdb/query/v4/environments/production";
         let Admission::Exchange(mut exchange) = admit(&mut estate, start, target) else {
             panic!("a pass-through is an exchange of its own");
         };

@@ -555,7 +555,8 @@ mod tests {
                 true,
                 false,
             ),
-            ("/pdb/query/v4/catalog-inputs", false, false),
+            ("/pdb/query/v4/catalog-inputs", true, false),
+            ("/pdb/query/v4/environments/production", false, false),
             ("/pdb/query/v4/nodes/web1", true, false),
             ("/pdb/meta/v1/version", false, false),
             ("/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes", true, false),
@@ -590,7 +591,7 @@ mod tests {
         }
         assert!(matches!(
             plan(
-                &ClientRequest::get("/pdb/query/v4/catalog-inputs?limit=1&limit=2"),
+                &ClientRequest::get("/pdb/query/v4/environments/production?limit=1&limit=2"),
                 &config
             )
             .work,

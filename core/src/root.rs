@@ -230,7 +230,6 @@ mod tests {
     #[test]
     fn what_is_not_a_mappable_from_query_passes_through() {
         assert_eq!(mapped(json!(["=", "certname", "a"]), ""), None);
-        assert_eq!(mapped(json!(["from", "catalog_inputs"]), ""), None);
         assert_eq!(mapped(json!(["from", "event_counts"]), ""), None);
         assert_eq!(
             mapped(json!(["from", "nodes", ["limit", 2]]), "&limit=3").as_deref(),

@@ -412,16 +412,15 @@ fn per_certname_kind(entity: &str, below: &[&str]) -> Kind {
 }
 
 /// The route for a path under `/pdb/query/v4`: the merged entities and their sub-routes, the
-/// endpoints of PuppetDB 7.12.1 pdbmux passes through (catalog inputs, the environment and
-/// producer sub-routes, one node's package inventory), `None` for anything else (PuppetDB
-/// would redirect it to its dashboard).
+/// endpoints of PuppetDB 7.12.1 one backend answers (an environment's or producer's name, one
+/// node's catalog inputs or package inventory), `None` for anything else (PuppetDB would
+/// redirect it to its dashboard).
 fn query_route(rest: &[&str]) -> Option<Route> {
     Some(match rest {
         [] => Route::Root,
         [segment] if Entity::from_segment(segment).is_some() => {
             Entity::from_segment(segment).map_or(Route::PassThrough, Route::Query)
         }
-        ["catalog-inputs"] => Route::PassThrough,
         // One node's catalog inputs or packages: from the node's owner, as its catalog or facts.
         ["catalog-inputs", certname] => Route::PerCertname {
             certname: (*certname).to_owned(),
@@ -512,7 +511,8 @@ mod tests {
             ("/pdb/query/v4/packages", "query"),
             ("/pdb/query/v4/package-inventory", "query"),
             ("/pdb/query/v4/producers", "query"),
-            ("/pdb/query/v4/catalog-inputs", "pass-through"),
+            ("/pdb/query/v4/catalog-inputs", "query"),
+            ("/pdb/query/v4/catalog-input-contents", "query"),
             ("/pdb/query/v4/nodes/web1.example.com", "per-certname"),
             ("/pdb/query/v4/nodes/web1/facts/kernel", "per-certname"),
             ("/pdb/query/v4/factsets/web1", "per-certname"),

@@ -155,6 +155,10 @@ pub enum OrderEntity {
     Resources,
     /// `/catalogs`.
     Catalogs,
+    /// `/catalog-inputs`.
+    CatalogInputs,
+    /// `/catalog-input-contents`.
+    CatalogInputContents,
     /// `/factsets` (the `facts` column is the stored jsonb map, not the expanded `{href,data}`).
     Factsets,
     /// `/inventory`.
@@ -303,6 +307,14 @@ const CATALOGS: &[&str] = &[
     "version",
     "producer_timestamp",
 ];
+const CATALOG_INPUTS: &[&str] = &["certname", "producer_timestamp", "catalog_uuid", "inputs"];
+const CATALOG_INPUT_CONTENTS: &[&str] = &[
+    "certname",
+    "producer_timestamp",
+    "catalog_uuid",
+    "name",
+    "type",
+];
 const FACTSETS: &[&str] = &[
     "timestamp",
     "facts",
@@ -345,6 +357,8 @@ pub fn orderable_fields(entity: OrderEntity) -> &'static [&'static str] {
         OrderEntity::EventCounts(SummarizeBy::ContainingClass) => EVENT_COUNTS_CLASS,
         OrderEntity::Resources => RESOURCES,
         OrderEntity::Catalogs => CATALOGS,
+        OrderEntity::CatalogInputs => CATALOG_INPUTS,
+        OrderEntity::CatalogInputContents => CATALOG_INPUT_CONTENTS,
         OrderEntity::Factsets => FACTSETS,
         OrderEntity::Inventory => INVENTORY,
         OrderEntity::FactContents => FACT_CONTENTS,
@@ -383,7 +397,9 @@ pub fn column_kind(entity: OrderEntity, field: &str) -> ColumnKind {
             "run_end_time",
             "report_receive_time",
         ],
-        OrderEntity::Catalogs => &["producer_timestamp"],
+        OrderEntity::Catalogs | OrderEntity::CatalogInputs | OrderEntity::CatalogInputContents => {
+            &["producer_timestamp"]
+        }
         OrderEntity::Factsets => &["timestamp", "producer_timestamp"],
         OrderEntity::Inventory => &["timestamp"],
         _ => &[],

@@ -5,7 +5,7 @@ Usage: generate.py --seed 7 --backends h1=http://127.0.0.1:18090,h2=http://127.0
                    --union http://127.0.0.1:18094 --out history.json [--nodes 16]
 
 A history is what a fleet in a migration sends (docs/decisions.md, D23): every node runs every
-30 minutes or so; each run sends its facts, then its catalog, then its report to the PuppetDB the
+30 minutes or so; each run sends its facts, then its catalog (and its catalog inputs), then its report to the PuppetDB the
 node reports to. Nodes move through one to all of the backends, each move leaving a full stale
 copy behind (other facts, packages, environment, catalog, resources, reports); at a move a
 command can miss the new backend (the facts still go to the old one while the catalog and report
@@ -137,6 +137,19 @@ def catalog_payload(certname: str, run: dict) -> dict:
     }
 
 
+def catalog_inputs_payload(certname: str, run: dict) -> dict:
+    """The hiera keys the run's catalog looked up, as Puppet Server sends them beside the catalog
+    (same catalog, same producer time): a common key and some of the environment's own."""
+    i, env = run["index"], run["env"]
+    keys = ["common::ntp_servers", *[f"{env}::key{k}" for k in range(i % 3 + 1)]]
+    return {
+        "certname": certname,
+        "catalog_uuid": uid("catalog", certname, i),
+        "producer_timestamp": run["catalog_at"],
+        "inputs": [["hiera", key] for key in keys],
+    }
+
+
 def report_payload(certname: str, run: dict) -> dict:
     kind, env = run["kind"], run["env"]
     resources = load.report_resources(kind, env, run["report_end"])
@@ -259,6 +272,9 @@ def commands(node: dict) -> list[tuple[list[str], dict]]:
         if run["catalog_to"]:
             out.append((run["catalog_to"], {"command": "replace_catalog", "version": 9,
                                             "certname": c, "payload": catalog_payload(c, run)}))
+            out.append((run["catalog_to"], {"command": "replace_catalog_inputs", "version": 1,
+                                            "certname": c,
+                                            "payload": catalog_inputs_payload(c, run)}))
         if run["report_to"]:
             out.append((run["report_to"], {"command": "store_report", "version": 8,
                                            "certname": c, "payload": report_payload(c, run)}))

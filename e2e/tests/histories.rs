@@ -41,6 +41,8 @@ struct HistoryNode {
 }
 
 const V4: &str = "/pdb/query/v4";
+/// The Puppet Server every command of a history names (e2e/histories/generate.py's `PRODUCER`).
+const PRODUCER: &str = "puppet.hist.test";
 
 fn q(value: Value) -> String {
     value.to_string()
@@ -99,12 +101,14 @@ fn pdbmux(history: &History) -> Pdbmux {
 
 /// Every node-owned entity with its environment field (`None`: it has none) and whether it
 /// takes `node_state`.
-const NODE_OWNED: [(&str, Option<&str>); 9] = [
+const NODE_OWNED: [(&str, Option<&str>); 11] = [
     ("nodes", Some("facts_environment")),
     ("facts", Some("environment")),
     ("fact-contents", Some("environment")),
     ("factsets", Some("environment")),
     ("catalogs", Some("environment")),
+    ("catalog-inputs", None),
+    ("catalog-input-contents", None),
     ("edges", None),
     ("resources", Some("environment")),
     ("inventory", Some("environment")),
@@ -518,6 +522,25 @@ fn sub_route_questions(moved: &[&str], split: &[&str]) -> Vec<Question> {
         })
         .collect();
     out.push(Question::new(&format!("{V4}/environments/production"), &[]));
+    // Below a parent no backend knows: PuppetDB's 404, whatever the query.
+    out.push(Question::new(
+        &format!("{V4}/environments/nowhere/facts"),
+        &[],
+    ));
+    out.push(with_query(
+        &format!("{V4}/environments/nowhere/reports"),
+        json!(["extract", [["function", "count"]]]),
+    ));
+    out.push(Question::new(
+        &format!("{V4}/producers/nowhere/catalogs"),
+        &[],
+    ));
+    for entity in ["catalogs", "factsets", "reports"] {
+        out.push(Question::new(
+            &format!("{V4}/producers/{PRODUCER}/{entity}"),
+            &[],
+        ));
+    }
     for certname in moved {
         // One node's record is its node owner's answer, not composed (docs/merging.md).
         if !split.contains(certname) {
@@ -531,6 +554,7 @@ fn sub_route_questions(moved: &[&str], split: &[&str]) -> Vec<Question> {
             format!("{V4}/catalogs/{certname}"),
             format!("{V4}/catalogs/{certname}/resources"),
             format!("{V4}/package-inventory/{certname}"),
+            format!("{V4}/catalog-inputs/{certname}"),
         ] {
             out.push(Question::new(&path, &[]));
         }

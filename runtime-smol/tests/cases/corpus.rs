@@ -9,7 +9,7 @@ use crate::support::{respond, FakeBackend, Pdbmux};
 
 /// A request hidden in the body of the one before it: a pass-through, so a backend would see it.
 const SMUGGLED: &str =
-    "GET /pdb/query/v4/catalog-inputs?smuggled HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+    "GET /pdb/query/v4/environments/production?smuggled HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
 
 /// What a connection carrying a smuggling shape must end with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -316,5 +316,8 @@ pub fn bad_input_is_refused_locally_with_a_clear_status(bin: &Path) {
         "no backend is asked"
     );
     // The server is unharmed: a good request is answered.
-    assert_eq!(pdbmux.get("/pdb/query/v4/catalog-inputs").status(), 200);
+    assert_eq!(
+        pdbmux.get("/pdb/query/v4/environments/production").status(),
+        200
+    );
 }

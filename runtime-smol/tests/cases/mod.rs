@@ -84,7 +84,7 @@ pub fn a_streamed_body_over_the_limit_aborts_the_connection(bin: &Path) {
             ("PDBMUX_MAX_BODY_BYTES", "2000".into()),
         ],
     );
-    let response = pdbmux.get("/pdb/query/v4/catalog-inputs");
+    let response = pdbmux.get("/pdb/query/v4/environments/production");
     assert_eq!(response.status(), 200, "{}", response.text);
     assert!(
         !response.text.ends_with("0\r\n\r\n"),
@@ -107,7 +107,7 @@ pub fn a_declared_length_over_the_limit_fails_that_backend_and_the_next_one_answ
             ("PDBMUX_MAX_BODY_BYTES", "2000".into()),
         ],
     );
-    let response = pdbmux.get("/pdb/query/v4/catalog-inputs");
+    let response = pdbmux.get("/pdb/query/v4/environments/production");
     assert_eq!(response.status(), 200);
     assert_eq!(response.body(), "[1]");
 
@@ -118,7 +118,7 @@ pub fn a_declared_length_over_the_limit_fails_that_backend_and_the_next_one_answ
             ("PDBMUX_MAX_BODY_BYTES", "2000".into()),
         ],
     );
-    let response = alone.get("/pdb/query/v4/catalog-inputs");
+    let response = alone.get("/pdb/query/v4/environments/production");
     assert_eq!(response.status(), 502);
     assert!(
         response.body().contains("body over 2000 bytes"),
@@ -131,11 +131,14 @@ pub fn request_limits_are_enforced_before_any_backend_is_asked(bin: &Path) {
     let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
 
-    let long = format!("/pdb/query/v4/catalog-inputs?query={}", "x".repeat(8200));
+    let long = format!(
+        "/pdb/query/v4/environments/production?query={}",
+        "x".repeat(8200)
+    );
     assert_eq!(pdbmux.get(&long).status(), 414);
 
     let mut request = String::from(
-        "GET /pdb/query/v4/catalog-inputs HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\n",
+        "GET /pdb/query/v4/environments/production HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\n",
     );
     for i in 0..100 {
         request.push_str(&format!("X-Filler-{i}: 1\r\n"));
@@ -144,7 +147,7 @@ pub fn request_limits_are_enforced_before_any_backend_is_asked(bin: &Path) {
     assert_eq!(pdbmux.raw(&request).status(), 431);
 
     let big_header = format!(
-        "GET /pdb/query/v4/catalog-inputs HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\nX-Big: {}\r\n\r\n",
+        "GET /pdb/query/v4/environments/production HTTP/1.1\r\nHost: pdbmux\r\nConnection: close\r\nX-Big: {}\r\n\r\n",
         "y".repeat(17 * 1024)
     );
     assert_eq!(pdbmux.raw(&big_header).status(), 431);
@@ -180,7 +183,7 @@ pub fn sigterm_lets_in_flight_requests_finish_then_exits_zero(bin: &Path) {
     let in_flight = thread::spawn(move || {
         Pdbmux::raw_at(
             addr,
-            "GET /pdb/query/v4/catalog-inputs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            "GET /pdb/query/v4/environments/production HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
         )
     });
     thread::sleep(Duration::from_millis(200));
@@ -202,7 +205,7 @@ pub fn a_client_that_leaves_releases_the_upstream_request(bin: &Path) {
         pieces
     });
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
-    leave_once_asked(&pdbmux, &backend, "/pdb/query/v4/catalog-inputs");
+    leave_once_asked(&pdbmux, &backend, "/pdb/query/v4/environments/production");
 }
 
 /// Sends a GET for `target` and leaves (closes the connection) as soon as `backend` has been
@@ -322,7 +325,7 @@ pub fn a_streamed_body_past_its_deadline_aborts_the_connection(bin: &Path) {
         ],
     );
     let started = Instant::now();
-    let response = pdbmux.get("/pdb/query/v4/catalog-inputs");
+    let response = pdbmux.get("/pdb/query/v4/environments/production");
     assert_eq!(response.status(), 200, "{}", response.text);
     assert!(
         started.elapsed() < Duration::from_secs(3),
@@ -351,7 +354,7 @@ pub fn a_backend_closing_mid_body_aborts_the_connection(bin: &Path) {
         ]
     });
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
-    let response = pdbmux.get("/pdb/query/v4/catalog-inputs");
+    let response = pdbmux.get("/pdb/query/v4/environments/production");
     assert_eq!(response.status(), 200, "{}", response.text);
     match response.header("content-length") {
         Some(length) => assert!(
@@ -374,8 +377,8 @@ pub fn keep_alive_answers_pipelined_requests_in_order(bin: &Path) {
     });
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
     let both = pdbmux.raw(
-        "GET /pdb/query/v4/catalog-inputs?first HTTP/1.1\r\nHost: x\r\n\r\n\
-         GET /pdb/query/v4/catalog-inputs?second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        "GET /pdb/query/v4/environments/production?first HTTP/1.1\r\nHost: x\r\n\r\n\
+         GET /pdb/query/v4/environments/production?second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     assert_eq!(
         both.text.matches("HTTP/1.1 200").count(),
@@ -395,7 +398,10 @@ pub fn upstream_connections_are_kept_alive_and_reused(bin: &Path) {
     let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
     for _ in 0..5 {
-        assert_eq!(pdbmux.get("/pdb/query/v4/catalog-inputs").status(), 200);
+        assert_eq!(
+            pdbmux.get("/pdb/query/v4/environments/production").status(),
+            200
+        );
         thread::sleep(Duration::from_millis(50));
     }
     let opened = backend.connections_opened.load(Ordering::SeqCst);
@@ -417,7 +423,8 @@ pub fn an_http10_client_gets_a_whole_body_without_chunks(bin: &Path) {
         ]
     });
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
-    let response = pdbmux.raw("GET /pdb/query/v4/catalog-inputs HTTP/1.0\r\nHost: x\r\n\r\n");
+    let response =
+        pdbmux.raw("GET /pdb/query/v4/environments/production HTTP/1.0\r\nHost: x\r\n\r\n");
     assert_eq!(response.status(), 200, "{}", response.text);
     assert_eq!(
         response.header("transfer-encoding"),
@@ -432,7 +439,7 @@ pub fn the_request_target_reaches_the_backend_verbatim(bin: &Path) {
     let backend = FakeBackend::start(|_| respond("200 OK", "application/json", "[]"));
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
     let target =
-        "/pdb/query/v4/catalog-inputs?query=%5B%22%3D%22%2C%22certname%22%2C%22a%22%5D&limit=1";
+        "/pdb/query/v4/environments/production?query=%5B%22%3D%22%2C%22certname%22%2C%22a%22%5D&limit=1";
     assert_eq!(pdbmux.get(target).status(), 200);
     assert_eq!(
         backend.request_lines(),
@@ -446,7 +453,7 @@ pub fn shutdown_closes_idle_keep_alive_connections_at_once(bin: &Path) {
     let mut idle = TcpStream::connect(pdbmux.addr).unwrap();
     idle.set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
-    idle.write_all(b"GET /pdb/query/v4/catalog-inputs HTTP/1.1\r\nHost: x\r\n\r\n")
+    idle.write_all(b"GET /pdb/query/v4/environments/production HTTP/1.1\r\nHost: x\r\n\r\n")
         .unwrap();
     let mut seen = Vec::new();
     let mut buffer = [0u8; 1024];

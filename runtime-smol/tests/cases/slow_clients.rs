@@ -82,7 +82,7 @@ pub fn a_client_that_sends_its_head_slowly_is_cut_at_the_header_timeout(bin: &Pa
             stream
         })
         .collect();
-    let head = b"GET /pdb/query/v4/catalog-inputs HTTP/1.1\r\nHost: x\r\nX-Padding: ";
+    let head = b"GET /pdb/query/v4/environments/production HTTP/1.1\r\nHost: x\r\nX-Padding: ";
     let mut served = 0;
     let mut cut = vec![None; slow.len()];
     let mut sent = 0;
@@ -101,7 +101,7 @@ pub fn a_client_that_sends_its_head_slowly_is_cut_at_the_header_timeout(bin: &Pa
         sent += 1;
         // Meanwhile a normal client is answered at once.
         let asked = Instant::now();
-        let response = pdbmux.get("/pdb/query/v4/catalog-inputs");
+        let response = pdbmux.get("/pdb/query/v4/environments/production");
         assert_eq!(response.status(), 200, "{}", response.text);
         assert!(
             asked.elapsed() < Duration::from_secs(1),
@@ -126,7 +126,7 @@ pub fn a_client_that_stops_reading_is_cut_at_the_send_timeout(bin: &Path) {
     let body = records(24 << 20);
     let streamed = body.clone();
     let backend = FakeBackend::start(move |line| {
-        if line.contains("catalog-inputs") {
+        if line.contains("environments/production") {
             // Chunked, as PuppetDB streams: pdbmux streams it on.
             chunked(&streamed, End::Terminated)
         } else if line.contains("/facts") {
@@ -138,7 +138,7 @@ pub fn a_client_that_stops_reading_is_cut_at_the_send_timeout(bin: &Path) {
     for (name, target, ttl) in [
         (
             "a streamed pass-through answer",
-            "/pdb/query/v4/catalog-inputs",
+            "/pdb/query/v4/environments/production",
             "0s",
         ),
         ("a merged answer, not cached", "/pdb/query/v4/facts", "0s"),

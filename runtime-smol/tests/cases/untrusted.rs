@@ -35,14 +35,14 @@ pub fn a_status_past_599_is_a_failed_backend(bin: &Path) {
             ("PDBMUX_FACTS_TTL", "0s".into()),
         ],
     );
-    let passed = pdbmux.get("/pdb/query/v4/catalog-inputs");
+    let passed = pdbmux.get("/pdb/query/v4/environments/production");
     assert_eq!(passed.status(), 200, "{}", passed.text);
     assert_eq!(passed.body(), r#"["kernel"]"#);
     let merged = pdbmux.get("/pdb/query/v4/fact-names");
     assert_eq!(merged.status(), 200, "{}", merged.text);
     assert_eq!(merged.header("x-backends").as_deref(), Some("1/2"));
     let alone = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", weird.url()))]);
-    let refused = alone.get("/pdb/query/v4/catalog-inputs");
+    let refused = alone.get("/pdb/query/v4/environments/production");
     assert_eq!(refused.status(), 502, "{}", refused.text);
 }
 
@@ -64,7 +64,7 @@ pub fn a_backends_content_type_is_never_relayed(bin: &Path) {
     });
     let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", html.url()))]);
     for target in [
-        "/pdb/query/v4/catalog-inputs",
+        "/pdb/query/v4/environments/production",
         "/pdb/meta/v1/server-time",
         "/pdb/query/v4?query=%5B%22from%22%2C%22catalog_inputs%22%5D&ast_only=true",
     ] {

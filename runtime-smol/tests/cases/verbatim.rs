@@ -8,7 +8,7 @@ use crate::support::{respond, FakeBackend, Pdbmux, Piece};
 
 /// The routes one backend answers as it is.
 const VERBATIM_TARGETS: [&str; 4] = [
-    "/pdb/query/v4/catalog-inputs",
+    "/pdb/query/v4/environments/production",
     "/pdb/query/v4/catalogs/web1.example",
     "/pdb/query/v4/nodes/web1.example",
     "/pdb/query/v4/factsets/web1.example/facts",
