@@ -3,7 +3,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DIST  ?= dist
 
-.PHONY: help build test lint lint-core lint-portable deny fuzz e2e e2e-histories demo bench-latency
+.PHONY: help build test lint lint-core lint-portable deny fuzz e2e e2e-histories demo bench-latency bench-membership
 
 help:
 	@echo "make build   release binaries into $(DIST)/"
@@ -14,6 +14,7 @@ help:
 	@echo "make e2e-histories SEEDS=20   the history suite alone: seeds 1..20 over 2, 3 and 4 PuppetDBs (SEED=n replays one)"
 	@echo "make demo    pdbmux and Puppetboard in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
 	@echo "make bench-latency   Puppetboard's questions through pdbmux against real PuppetDBs (bench/latency)"
+	@echo "make bench-membership BASELINE=<commit>  the membership refresh, this checkout against a baseline (bench/membership)"
 	@echo "make image   the container image (podman); make image-test checks it against real PuppetDBs"
 	@echo "make patch|minor|major   bump the version and tag it"
 
@@ -147,3 +148,6 @@ demo:
 
 bench-latency:
 	bash bench/latency/run.sh
+
+bench-membership:
+	BASELINE=$(BASELINE) bash bench/membership/run.sh

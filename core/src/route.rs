@@ -413,7 +413,7 @@ fn per_certname_kind(entity: &str, below: &[&str]) -> Kind {
 
 /// The route for a path under `/pdb/query/v4`: the merged entities and their sub-routes, the
 /// endpoints of PuppetDB 7.12.1 one backend answers (an environment's or producer's name, one
-/// node's catalog inputs or package inventory), `None` for anything else (PuppetDB would
+/// node's package inventory), `None` for anything else (PuppetDB would
 /// redirect it to its dashboard).
 fn query_route(rest: &[&str]) -> Option<Route> {
     Some(match rest {
@@ -421,11 +421,7 @@ fn query_route(rest: &[&str]) -> Option<Route> {
         [segment] if Entity::from_segment(segment).is_some() => {
             Entity::from_segment(segment).map_or(Route::PassThrough, Route::Query)
         }
-        // One node's catalog inputs or packages: from the node's owner, as its catalog or facts.
-        ["catalog-inputs", certname] => Route::PerCertname {
-            certname: (*certname).to_owned(),
-            kind: Kind::Catalog,
-        },
+        // One node's packages: from the node's facts owner.
         ["package-inventory", certname] => Route::PerCertname {
             certname: (*certname).to_owned(),
             kind: Kind::Facts,
@@ -524,7 +520,6 @@ mod tests {
             ("/pdb/query/v4?query=nodes%20%7B%7D", "root"),
             ("/pdb/query/v4/resources/File/foo", "query"),
             ("/pdb/query/v4/resources/File", "query"),
-            ("/pdb/query/v4/catalog-inputs/web1", "per-certname"),
             ("/pdb/query/v4/environments/production", "pass-through"),
             ("/pdb/query/v4/environments/production/facts", "query"),
             ("/pdb/query/v4/environments/production/facts/os", "query"),
@@ -605,6 +600,8 @@ mod tests {
             "/pdb/query/v4/resources/File/a/b",
             "/pdb/query/v4/reports/abc123",
             "/pdb/query/v4/reports/abc123/nosuch",
+            // Catalog inputs are served only as whole entities (PuppetDB redirects this too).
+            "/pdb/query/v4/catalog-inputs/web1",
             // Below an environment or producer: only what PuppetDB 7.12.1 serves there.
             "/pdb/query/v4/environments/production/nodes",
             "/pdb/query/v4/environments/production/nosuch",

@@ -554,7 +554,6 @@ fn sub_route_questions(moved: &[&str], split: &[&str]) -> Vec<Question> {
             format!("{V4}/catalogs/{certname}"),
             format!("{V4}/catalogs/{certname}/resources"),
             format!("{V4}/package-inventory/{certname}"),
-            format!("{V4}/catalog-inputs/{certname}"),
         ] {
             out.push(Question::new(&path, &[]));
         }

@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""How long pdbmux's membership refresh takes, for two pdbmux binaries over the same PuppetDBs.
+
+Each binary is started in turn (rounds interleaved, so a drift in the machine's load falls on
+both alike) with a short `freshness_ttl`; a request that needs the membership map is sent once
+the map is older than that, and the refresh it starts is read from pdbmux's own metric,
+`pdbmux_membership_last_refresh_duration`. Prints the median and 90th percentile of each binary
+and their ratio.
+
+    refresh.py --backends pdb-a=http://127.0.0.1:19080,pdb-b=... \\
+        --binary baseline=/path/to/old/pdbmux --binary current=target/release/pdbmux
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+
+TTL_SECONDS = 1
+# A request that needs the membership map: one node's facts.
+QUESTION = "/pdb/query/v4/facts?query=%5B%22%3D%22%2C%22certname%22%2C%22nobody%22%5D"
+
+
+def scrape(metrics: str) -> dict:
+    """The samples of the Prometheus text at `metrics`, by series name."""
+    with urllib.request.urlopen(metrics, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def wait_listening(url: str, deadline: float) -> None:
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=1).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def sample(binary: str, backends: str, port: int, refreshes: int) -> list[float]:
+    """`refreshes` refresh durations (seconds) of one pdbmux process."""
+    env = {
+        "PATH": os.environ["PATH"],
+        "PDBMUX_BACKENDS": backends,
+        "PDBMUX_LISTEN": f"127.0.0.1:{port}",
+        "PDBMUX_METRICS_LISTEN": f"127.0.0.1:{port + 1}",
+        "PDBMUX_FRESHNESS_TTL": f"{TTL_SECONDS}s",
+        "PDBMUX_CACHE_ENABLED": "false",
+        "PDBMUX_LOG_LEVEL": "warn",
+    }
+    proc = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    base, metrics = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}/metrics"
+    try:
+        wait_listening(metrics, time.monotonic() + 30)
+        took = []
+        seen = 0.0
+        while len(took) < refreshes:
+            urllib.request.urlopen(base + QUESTION, timeout=60).read()
+            deadline = time.monotonic() + 60
+            while True:
+                m = scrape(metrics)
+                done = m.get("pdbmux_membership_refreshes_total", 0.0)
+                if done > seen:
+                    seen = done
+                    took.append(m["pdbmux_membership_last_refresh_duration_seconds"])
+                    break
+                if time.monotonic() > deadline:
+                    sys.exit(f"{binary}: no membership refresh within 60 s")
+                time.sleep(0.05)
+            time.sleep(TTL_SECONDS + 0.2)
+        return took
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backends", required=True, help="name=url,... (PDBMUX_BACKENDS)")
+    parser.add_argument("--binary", action="append", required=True,
+                        help="label=path; the first is the baseline")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--per-round", type=int, default=6, help="refreshes per process")
+    parser.add_argument("--port", type=int, default=19950)
+    args = parser.parse_args()
+    binaries = [b.split("=", 1) for b in args.binary]
+    took = {label: [] for label, _ in binaries}
+    for _ in range(args.rounds):
+        for label, path in binaries:
+            # The first refresh of a process also opens its connections: left out.
+            took[label] += sample(path, args.backends, args.port, args.per_round + 1)[1:]
+    print(f"membership refresh over {args.backends.count('=')} backends "
+          f"({args.rounds} rounds x {args.per_round} refreshes per binary)")
+    print(f"{'binary':<12} {'median ms':>10} {'p90 ms':>10} {'n':>4}")
+    medians = {}
+    for label, _ in binaries:
+        values = sorted(took[label])
+        medians[label] = statistics.median(values)
+        p90 = values[min(len(values) - 1, int(len(values) * 0.9))]
+        print(f"{label:<12} {medians[label] * 1000:>10.1f} {p90 * 1000:>10.1f} {len(values):>4}")
+    base = binaries[0][0]
+    for label, _ in binaries[1:]:
+        print(f"{label} / {base}: {medians[label] / medians[base]:.2f}x (median)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
