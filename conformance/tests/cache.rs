@@ -122,16 +122,68 @@ fn stale_is_served_only_when_every_backend_fails() {
     assert_eq!(stale.header("x-cache"), Some("stale"));
     assert_eq!(
         stale.header("age"),
-        Some("39"),
-        "the partial answer stored at +40s"
+        Some("79"),
+        "the whole answer stored at +0s: the partial one at +40s was never stored"
     );
     assert_eq!(
         stale.header("x-backends"),
-        Some("1/2"),
+        Some("2/2"),
         "the stored body's X-Backends"
     );
-    assert_eq!(stale.body_str(), r#"["b2","pdbmux_source"]"#);
+    assert_eq!(stale.body_str(), r#"["a","b","pdbmux_source"]"#);
     insta::assert_snapshot!(transcript);
+}
+
+/// A partial answer is served but not stored: the next request within the TTL asks every
+/// backend again, so a backend that is back is seen at once rather than one TTL later, and the
+/// whole answer is what the cache then holds.
+#[test]
+fn a_partial_answer_is_never_stored() {
+    let mut h = cached(vec![
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [
+                Reply::refused().after(ms(1)),
+                names(r#"["a"]"#),
+                names(r#"["unasked"]"#),
+            ],
+        ),
+        FakeBackend::queue(
+            "pdb-b",
+            URL_B,
+            [
+                names(r#"["b"]"#),
+                names(r#"["b"]"#),
+                names(r#"["unasked"]"#),
+            ],
+        ),
+    ]);
+    let partial = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(2));
+    let again = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(4));
+    let hit = h.get(NAMES);
+    finish(&mut h);
+
+    let partial = h.response(partial).expect("answered");
+    assert_eq!(
+        (partial.header("x-cache"), partial.header("x-backends")),
+        (Some("miss"), Some("1/2"))
+    );
+    let again = h.response(again).expect("answered");
+    assert_eq!(
+        (again.header("x-cache"), again.header("x-backends")),
+        (Some("miss"), Some("2/2")),
+        "asked again within the TTL: the partial answer was not stored"
+    );
+    assert_eq!(again.body_str(), r#"["a","b","pdbmux_source"]"#);
+    let hit = h.response(hit).expect("answered");
+    assert_eq!(
+        (hit.header("x-cache"), hit.header("x-backends")),
+        (Some("hit"), Some("2/2"))
+    );
+    assert_eq!(sends_to(&h, NAMES), 4, "the hit asked no backend");
 }
 
 #[test]

@@ -682,8 +682,8 @@ impl Estate {
         }
     }
 
-    /// Stores a success, serves the stale entry for a failure (5xx) when one is kept, and serves
-    /// a unanimous refusal (4xx) as it is.
+    /// Stores a whole success (a partial one is served, not stored), serves the stale entry for
+    /// a failure (5xx) when one is kept, and serves a unanimous refusal (4xx) as it is.
     fn settle_flight(
         &mut self,
         now: Instant,
@@ -711,7 +711,7 @@ impl Estate {
             }
         }
         cache.served_live();
-        if response.status.is_success() {
+        if cache::is_storable(&response) {
             if let ResponseBody::Full(body) = &response.body {
                 cache.store(now, key, body.clone(), response.headers.clone());
             }

@@ -421,7 +421,7 @@ impl Estate {
         // Nothing is stored in a store known to be failing (until it is tried again).
         let current = flight.cache_generation == self.cache_generation && tier.usable(now);
         if let (true, true, ResponseBody::Full(body)) =
-            (current, response.status.is_success(), &response.body)
+            (current, crate::cache::is_storable(response), &response.body)
         {
             let key = tier.settings.entry_key(&flight.key);
             let stored_at_ms = self.clock.unix_millis(now);

@@ -86,12 +86,12 @@ pub(crate) fn scrape_until(addr: SocketAddr, ready: impl Fn(&Scrape) -> bool) ->
     }
 }
 
-/// A backend serving one node and `["kernel"]` for fact-names; every query 500 while `failing`,
-/// and its health probe 503 when `probe_fails`.
-fn scripted(failing: Arc<AtomicBool>, probe_fails: bool) -> FakeBackend {
+/// A backend serving one node and `["kernel"]` for fact-names; while `failing`, every query is
+/// a 500 and its health probe a 503.
+fn scripted(failing: Arc<AtomicBool>) -> FakeBackend {
     FakeBackend::start(move |line| {
         if line.contains("/status/v1/services") {
-            return if probe_fails {
+            return if failing.load(Ordering::SeqCst) {
                 respond("503 Service Unavailable", "application/json", "{}")
             } else {
                 respond("200 OK", "application/json", "{}")
@@ -112,13 +112,15 @@ fn scripted(failing: Arc<AtomicBool>, probe_fails: bool) -> FakeBackend {
     })
 }
 
-/// One partial answer, one stale hit and one health transition, counted exactly: backend b's
-/// probe fails (it goes down), so the first `/fact-names` is answered by a alone; then a fails
-/// too, and once the entry is past its TTL the stale copy answers.
+/// One whole answer, one partial answer, one stale hit and one health transition, counted
+/// exactly: the first `/fact-names` is answered by both backends and stored; then backend b
+/// fails (its probe too, so it goes down) and, past the entry's TTL, the second is answered by a
+/// alone (served, not stored); then a fails too and the expired whole entry answers.
 pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
     let a_failing = Arc::new(AtomicBool::new(false));
-    let a = scripted(Arc::clone(&a_failing), false);
-    let b = scripted(Arc::new(AtomicBool::new(true)), true);
+    let b_failing = Arc::new(AtomicBool::new(false));
+    let a = scripted(Arc::clone(&a_failing));
+    let b = scripted(Arc::clone(&b_failing));
     let metrics = metrics_addr();
     let pdbmux = Pdbmux::start(
         bin,
@@ -131,6 +133,11 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
             ("PDBMUX_FACTS_TTL", "1s".to_owned()),
         ],
     );
+    let whole = pdbmux.get("/pdb/query/v4/fact-names");
+    assert_eq!(whole.status(), 200, "{}", whole.text);
+    assert_eq!(whole.header("x-backends").as_deref(), Some("2/2"));
+    b_failing.store(true, Ordering::SeqCst);
+    thread::sleep(Duration::from_millis(1100));
     let down = scrape_until(metrics, |s| {
         s.value("pdbmux_backend_state", "backend=b,state=unhealthy") == 1.0
     });
@@ -151,10 +158,14 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
     assert_eq!(partial.status(), 200, "{}", partial.text);
     assert_eq!(partial.header("x-backends").as_deref(), Some("1/2"));
     a_failing.store(true, Ordering::SeqCst);
-    thread::sleep(Duration::from_millis(1100));
     let stale = pdbmux.get("/pdb/query/v4/fact-names");
     assert_eq!(stale.status(), 200, "{}", stale.text);
     assert_eq!(stale.header("x-cache").as_deref(), Some("stale"));
+    assert_eq!(
+        stale.header("x-backends").as_deref(),
+        Some("2/2"),
+        "the whole entry: the partial answer was not stored"
+    );
 
     let scrape = Scrape::of(metrics);
     let value = |name: &str, labels: &str| scrape.value(name, labels);
@@ -170,12 +181,12 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
         1.0,
         "{text}"
     );
-    let count = "pdbmux_request_duration_seconds_count{route=\"query\"} 2\n";
-    let inf = "pdbmux_request_duration_seconds_bucket{route=\"query\",le=\"+Inf\"} 2\n";
+    let count = "pdbmux_request_duration_seconds_count{route=\"query\"} 3\n";
+    let inf = "pdbmux_request_duration_seconds_bucket{route=\"query\",le=\"+Inf\"} 3\n";
     assert!(text.contains(count) && text.contains(inf), "{text}");
     assert_eq!(
         value("pdbmux_cache_requests_total", "result=miss"),
-        1.0,
+        2.0,
         "{text}"
     );
     assert_eq!(
@@ -190,7 +201,7 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
     );
     assert_eq!(
         value("pdbmux_requests_total", "code=200,route=query"),
-        2.0,
+        3.0,
         "{text}"
     );
     assert_eq!(
@@ -202,7 +213,8 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
         "{text}"
     );
     assert_eq!(value("pdbmux_cache_entries", ""), 1.0, "{text}");
-    // a answered the first fact-names, failed the second; b (down) was asked only when a failed.
+    // a answered the first two fact-names and failed the third; b answered the first, then
+    // (down) was asked only when a failed.
     assert_eq!(
         value("pdbmux_upstream_requests_total", "backend=a,outcome=5xx"),
         1.0,
@@ -229,7 +241,7 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
 /// The metrics listener answers `/metrics` and 404 for anything else (a PuppetDB path too); the
 /// PuppetDB-facing port does not serve `/metrics`.
 pub fn the_metrics_listener_serves_metrics_only_and_the_query_port_none(bin: &Path) {
-    let a = scripted(Arc::new(AtomicBool::new(false)), false);
+    let a = scripted(Arc::new(AtomicBool::new(false)));
     let metrics = metrics_addr();
     let pdbmux = Pdbmux::start(
         bin,
@@ -277,8 +289,8 @@ pub fn the_metrics_listener_serves_metrics_only_and_the_query_port_none(bin: &Pa
 /// grows, and at the end every answer and upstream call is counted; the membership gauges show
 /// the node both backends hold.
 pub fn a_scrape_during_load_is_well_formed(bin: &Path) {
-    let a = scripted(Arc::new(AtomicBool::new(false)), false);
-    let b = scripted(Arc::new(AtomicBool::new(false)), false);
+    let a = scripted(Arc::new(AtomicBool::new(false)));
+    let b = scripted(Arc::new(AtomicBool::new(false)));
     let metrics = metrics_addr();
     let pdbmux = Pdbmux::start(
         bin,
