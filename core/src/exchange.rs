@@ -54,11 +54,6 @@ impl ExchangeReport {
         self.class
     }
 
-    /// The merged fan-out round, if the exchange was one.
-    pub fn round(&self) -> Option<Round> {
-        self.round
-    }
-
     /// How each upstream call it made ended, in the order they were made.
     pub fn calls(&self) -> &[(BackendId, CallOutcome)] {
         &self.calls

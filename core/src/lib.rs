@@ -70,7 +70,7 @@ mod translations;
 pub use clock::ClockAnchor;
 pub use estate::{Admission, Estate, EstateOutput};
 pub use exchange::{Exchange, ExchangeOutput, ExchangeReport, X_BACKENDS, X_RECORDS};
-pub use healthz::{Round, REACHABILITY_PATH};
+pub use healthz::REACHABILITY_PATH;
 pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
     BodyMode, ClientRequest, Response, ResponseBody, UpstreamBody, UpstreamFailure,

@@ -105,13 +105,13 @@ impl Metrics {
         let partial = Family::default();
         registry.register(
             "pdbmux_partial_answers",
-            "Merged answers that lack a configured backend's records, by route class",
+            "Responses whose merged answer lacks a configured backend's records, by route class",
             partial.clone(),
         );
         let unanswered = Family::default();
         registry.register(
             "pdbmux_unanswered",
-            "Merged requests no backend answered (the failure replayed or a 502, or the stale cache entry), by route class",
+            "Responses to merged requests no backend answered (the failure replayed or a 502, or the stale cache entry), by route class",
             unanswered.clone(),
         );
         let upstream = Family::default();
@@ -191,6 +191,17 @@ impl Metrics {
         let cache = cacheable.then(|| cache_result(&response.headers)).flatten();
         self.counts
             .observe(class, response.status.as_u16(), took, cache);
+        let route = RouteLabels {
+            route: class.as_str(),
+        };
+        let counter = match Coverage::of(response) {
+            Coverage::Partial => Some(&self.partial),
+            Coverage::Unanswered => Some(&self.unanswered),
+            Coverage::Whole => None,
+        };
+        if let Some(family) = counter {
+            family.get_or_create(&route).inc();
+        }
     }
 
     /// A client went away before its answer: counted as status 499 (nginx's "client closed
@@ -199,21 +210,11 @@ impl Metrics {
         self.counts.observe(class, CLIENT_GONE, took, None);
     }
 
-    /// A finished exchange's calls (each with how it ended) and whether its answer is partial.
+    /// A finished exchange's calls, each with how it ended. (Its answer's coverage is counted
+    /// per response, in [`Metrics::observe_request`]: a shared fan-out answers many.)
     pub(crate) fn observe_exchange(&self, report: &ExchangeReport, config: &Config) {
         for (backend, outcome) in report.calls() {
             self.observe_upstream(config, *backend, *outcome);
-        }
-        let Some(round) = report.round().filter(|round| round.is_partial()) else {
-            return;
-        };
-        let route = RouteLabels {
-            route: report.class().as_str(),
-        };
-        if round.contributed == 0 {
-            self.unanswered.get_or_create(&route).inc();
-        } else {
-            self.partial.get_or_create(&route).inc();
         }
     }
 
@@ -343,6 +344,39 @@ impl Drop for ConnectionGuard {
 
 /// The cache's verdict on a response (an index into [`CACHE_RESULTS`]), from the `X-Cache`
 /// header the core sets on the cached path.
+/// How much of the estate a response's answer covers, from its headers.
+enum Coverage {
+    /// Every configured backend's part, or not a merged answer.
+    Whole,
+    /// Some backends' parts (`X-Backends: n/m`, 0 < n < m).
+    Partial,
+    /// No backend's: `X-Backends: 0/m` (a replayed failure, a 502) or the stale cache entry.
+    Unanswered,
+}
+
+impl Coverage {
+    fn of(response: &Response) -> Coverage {
+        if response
+            .headers
+            .get(pdbmux_core::cache::X_CACHE)
+            .map(|v| v.as_bytes())
+            == Some(b"stale")
+        {
+            return Coverage::Unanswered;
+        }
+        let parts = response
+            .headers
+            .get(pdbmux_core::X_BACKENDS)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once('/'));
+        match parts {
+            Some(("0", _)) => Coverage::Unanswered,
+            Some((contributed, configured)) if contributed != configured => Coverage::Partial,
+            _ => Coverage::Whole,
+        }
+    }
+}
+
 fn cache_result(headers: &HeaderMap) -> Option<usize> {
     let value = headers.get(pdbmux_core::cache::X_CACHE)?.as_bytes();
     CACHE_RESULTS
@@ -618,5 +652,44 @@ impl Collector for EstateCollector {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(headers: &[(&'static str, &'static str)]) -> Response {
+        let mut response = Response::text(http::StatusCode::OK, "[]");
+        for (name, value) in headers {
+            response
+                .headers
+                .insert(*name, http::HeaderValue::from_static(value));
+        }
+        response
+    }
+
+    #[test]
+    fn each_response_is_counted_by_the_part_of_the_estate_its_answer_covers() {
+        let cases = [
+            (with(&[("x-backends", "2/2")]), "whole"),
+            (with(&[]), "whole"),
+            (with(&[("x-backends", "1/2")]), "partial"),
+            (with(&[("x-backends", "2/3")]), "partial"),
+            (with(&[("x-backends", "0/2")]), "unanswered"),
+            (
+                with(&[("x-backends", "2/2"), ("x-cache", "stale")]),
+                "unanswered",
+            ),
+            (with(&[("x-backends", "2/2"), ("x-cache", "hit")]), "whole"),
+        ];
+        for (response, want) in cases {
+            let got = match Coverage::of(&response) {
+                Coverage::Whole => "whole",
+                Coverage::Partial => "partial",
+                Coverage::Unanswered => "unanswered",
+            };
+            assert_eq!(got, want, "{:?}", response.headers);
+        }
     }
 }
