@@ -164,7 +164,7 @@ fn a_partial_answer_is_never_stored() {
     let again = h.get(NAMES);
     run_to(&mut h, Duration::from_secs(4));
     let hit = h.get(NAMES);
-    finish(&mut h);
+    let transcript = finish(&mut h);
 
     let partial = h.response(partial).expect("answered");
     assert_eq!(
@@ -184,6 +184,7 @@ fn a_partial_answer_is_never_stored() {
         (Some("hit"), Some("2/2"))
     );
     assert_eq!(sends_to(&h, NAMES), 4, "the hit asked no backend");
+    insta::assert_snapshot!(transcript);
 }
 
 #[test]
