@@ -917,3 +917,50 @@ fn a_third_backend_is_not_special() {
     assert_eq!(query_at(&mut h, 3_500), names(&["pdb-a", "pdb-c"]));
     end(&mut h, 3_600);
 }
+
+/// A backend the prober keeps out is not asked for its membership: each refresh counts it as one
+/// that did not renew its part of the map, and the age of its part grows from its last renewal
+/// while the backend in service is renewed at every refresh (what the `PdbmuxMembershipStale`
+/// alert reads).
+#[test]
+fn a_backend_kept_out_ages_its_part_of_the_membership_map_and_counts_each_refresh() {
+    let mut h = Harness::with_config(
+        vec![
+            backend("pdb-a", URL_A, vec![probe_running()], probe_status(404)),
+            healthy("pdb-b", URL_B),
+        ],
+        |config| {
+            probing(config);
+            config.freshness_ttl = ms(1_000);
+        },
+    )
+    .expect("valid test backends");
+    let nodes_at = |h: &mut Harness, at_ms: u64| {
+        run_to(h, at_ms);
+        let client = h.get("/pdb/query/v4/nodes");
+        run_to(h, at_ms + 20);
+        h.exchange_backends(client)
+    };
+    assert_eq!(nodes_at(&mut h, 500), names(&["pdb-a", "pdb-b"]));
+    // pdb-a's probe path answers 404 from 2 s: it is out by 4 s.
+    assert_eq!(nodes_at(&mut h, 5_000), names(&["pdb-b"]));
+    assert_eq!(nodes_at(&mut h, 7_000), names(&["pdb-b"]));
+    let stats = h.stats();
+    let (a, b) = (&stats.backends[0], &stats.backends[1]);
+    assert_eq!(stats.membership.refreshes, 3);
+    assert_eq!(
+        (a.membership_failures, b.membership_failures),
+        (2, 0),
+        "pdb-a not renewed by the two refreshes it was out for"
+    );
+    assert!(
+        a.membership_age >= ms(6_500),
+        "pdb-a's part dates from the first refresh: {:?}",
+        a.membership_age
+    );
+    assert!(
+        b.membership_age <= ms(100),
+        "pdb-b's part is renewed at each refresh: {:?}",
+        b.membership_age
+    );
+}

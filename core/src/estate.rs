@@ -173,6 +173,9 @@ impl Participant {
 #[derive(Debug)]
 struct Membership {
     per_backend: Vec<Option<BackendNodes>>,
+    /// When each backend's part of the map was last renewed by an answer (or, until then, when
+    /// the estate started or took its backends): how stale that part is.
+    renewed_at: Vec<Instant>,
     snapshot: Arc<Ownership>,
     corrections: Arc<Corrections>,
     generations: Counter,
@@ -282,6 +285,7 @@ impl Estate {
             flight_keys: BTreeMap::new(),
             membership: Membership {
                 per_backend: vec![None; backends],
+                renewed_at: vec![clock.instant; backends],
                 snapshot: Ownership::empty(),
                 corrections: Arc::new(Corrections::new(0)),
                 generations: Counter::default(),
@@ -396,6 +400,7 @@ impl Estate {
         let backends = config.backends.len();
         let generation = self.membership.generations.next();
         self.membership.per_backend = vec![None; backends];
+        self.membership.renewed_at = vec![now; backends];
         self.membership.snapshot =
             Arc::new(Ownership::build(&self.membership.per_backend, generation));
         self.membership.corrections = Arc::new(Corrections::new(generation));
@@ -920,6 +925,12 @@ impl Estate {
                     .copied()
                     .unwrap_or_default(),
                 owned_nodes: owned.get(backend.0).copied().unwrap_or(0),
+                membership_age: self
+                    .membership
+                    .renewed_at
+                    .get(backend.0)
+                    .map(|at| now.saturating_duration_since(*at))
+                    .unwrap_or_default(),
                 membership_failures: self
                     .counts
                     .membership_failures
@@ -1021,20 +1032,31 @@ impl Estate {
             .map(|call| call.backend)
             .collect();
         waited_out.dedup();
-        let mut backends: Vec<BackendId> = refresh.calls.0.iter().map(|c| c.backend).collect();
-        backends.dedup();
-        for backend in backends {
-            match membership_of(&refresh.calls, backend) {
-                Ok(nodes) => self.membership.per_backend[backend.0] = Some(nodes),
-                Err(failure) => {
-                    if let Some(count) = self.counts.membership_failures.get_mut(backend.0) {
-                        *count += 1;
+        let mut asked: Vec<BackendId> = refresh.calls.0.iter().map(|c| c.backend).collect();
+        asked.dedup();
+        for backend in self.all_backends() {
+            let renewed = match asked.contains(&backend) {
+                // Out of service (the prober keeps it out): not asked, its part not renewed.
+                false => false,
+                true => match membership_of(&refresh.calls, backend) {
+                    Ok(nodes) => {
+                        self.membership.per_backend[backend.0] = Some(nodes);
+                        self.membership.renewed_at[backend.0] = now;
+                        true
                     }
-                    tracing::warn!(
-                        backend = crate::status::backend_name(&self.config.backends, backend),
-                        "membership refresh failed; keeping this backend's previous entries: {failure}"
-                    )
-                }
+                    Err(failure) => {
+                        tracing::warn!(
+                            backend = crate::status::backend_name(&self.config.backends, backend),
+                            "membership refresh failed; keeping this backend's previous entries: {failure}"
+                        );
+                        false
+                    }
+                },
+            };
+            if let (false, Some(count)) =
+                (renewed, self.counts.membership_failures.get_mut(backend.0))
+            {
+                *count += 1;
             }
         }
         self.counts.refreshes += 1;

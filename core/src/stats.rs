@@ -21,8 +21,12 @@ pub struct BackendStats {
     pub transitions: [u64; TRANSITIONS.len()],
     /// The active nodes it owns under the configured merge.
     pub owned_nodes: usize,
-    /// Membership refreshes whose answer from it could not be used (it kept its previous map).
+    /// Membership refreshes that did not renew its part of the map: its answer could not be
+    /// used, or it was out of service and not asked (its previous part is kept).
     pub membership_failures: u64,
+    /// How long since its part of the map was last renewed (since start, or since the
+    /// configuration gave this backend list, until a first renewal).
+    pub membership_age: Duration,
 }
 
 /// The membership map's numbers.

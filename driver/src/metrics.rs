@@ -506,7 +506,7 @@ impl Collector for EstateCollector {
             &mut encoder,
             (
                 "pdbmux_membership_refresh_failures",
-                "Membership refreshes whose answer from a backend could not be used",
+                "Membership refreshes that did not renew a backend's part of the map (its answer unusable, or it was out of service)",
                 None,
             ),
             MetricType::Counter,
@@ -515,6 +515,24 @@ impl Collector for EstateCollector {
                     backend: backend.name.clone(),
                 };
                 (labels, ConstCounter::new(backend.membership_failures))
+            }),
+        )?;
+        encode_each(
+            &mut encoder,
+            (
+                "pdbmux_backend_membership_age",
+                "How long since each backend's part of the membership map was last renewed",
+                Some(&seconds),
+            ),
+            MetricType::Gauge,
+            backends.iter().map(|backend| {
+                let labels = NamedBackend {
+                    backend: backend.name.clone(),
+                };
+                (
+                    labels,
+                    ConstGauge::new(backend.membership_age.as_secs_f64()),
+                )
             }),
         )?;
         let membership = stats.membership;

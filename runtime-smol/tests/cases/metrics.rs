@@ -87,11 +87,11 @@ pub(crate) fn scrape_until(addr: SocketAddr, ready: impl Fn(&Scrape) -> bool) ->
 }
 
 /// A backend serving one node and `["kernel"]` for fact-names; while `failing`, every query is
-/// a 500 and its health probe a 503.
-fn scripted(failing: Arc<AtomicBool>) -> FakeBackend {
+/// a 500, and its health probe a 503 too when `probe_follows`.
+fn scripted(failing: Arc<AtomicBool>, probe_follows: bool) -> FakeBackend {
     FakeBackend::start(move |line| {
         if line.contains("/status/v1/services") {
-            return if failing.load(Ordering::SeqCst) {
+            return if probe_follows && failing.load(Ordering::SeqCst) {
                 respond("503 Service Unavailable", "application/json", "{}")
             } else {
                 respond("200 OK", "application/json", "{}")
@@ -119,8 +119,8 @@ fn scripted(failing: Arc<AtomicBool>) -> FakeBackend {
 pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
     let a_failing = Arc::new(AtomicBool::new(false));
     let b_failing = Arc::new(AtomicBool::new(false));
-    let a = scripted(Arc::clone(&a_failing));
-    let b = scripted(Arc::clone(&b_failing));
+    let a = scripted(Arc::clone(&a_failing), false);
+    let b = scripted(Arc::clone(&b_failing), true);
     let metrics = metrics_addr();
     let pdbmux = Pdbmux::start(
         bin,
@@ -241,7 +241,7 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
 /// The metrics listener answers `/metrics` and 404 for anything else (a PuppetDB path too); the
 /// PuppetDB-facing port does not serve `/metrics`.
 pub fn the_metrics_listener_serves_metrics_only_and_the_query_port_none(bin: &Path) {
-    let a = scripted(Arc::new(AtomicBool::new(false)));
+    let a = scripted(Arc::new(AtomicBool::new(false)), false);
     let metrics = metrics_addr();
     let pdbmux = Pdbmux::start(
         bin,
@@ -289,8 +289,8 @@ pub fn the_metrics_listener_serves_metrics_only_and_the_query_port_none(bin: &Pa
 /// grows, and at the end every answer and upstream call is counted; the membership gauges show
 /// the node both backends hold.
 pub fn a_scrape_during_load_is_well_formed(bin: &Path) {
-    let a = scripted(Arc::new(AtomicBool::new(false)));
-    let b = scripted(Arc::new(AtomicBool::new(false)));
+    let a = scripted(Arc::new(AtomicBool::new(false)), false);
+    let b = scripted(Arc::new(AtomicBool::new(false)), false);
     let metrics = metrics_addr();
     let pdbmux = Pdbmux::start(
         bin,
