@@ -143,6 +143,14 @@ impl Metrics {
         for result in ["ok", "failed"] {
             drop(reloads.get_or_create(&ReloadLabels { result }));
         }
+        // Every route class from the start: a healthy system shows zeros, not empty panels.
+        for class in RouteClass::ALL {
+            let route = RouteLabels {
+                route: class.as_str(),
+            };
+            drop(partial.get_or_create(&route));
+            drop(unanswered.get_or_create(&route));
+        }
         let store = Family::default();
         registry.register(
             "pdbmux_cache_store_requests",

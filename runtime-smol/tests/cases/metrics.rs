@@ -250,6 +250,14 @@ pub fn the_metrics_listener_serves_metrics_only_and_the_query_port_none(bin: &Pa
             ("PDBMUX_METRICS_LISTEN", metrics.to_string()),
         ],
     );
+    // Before any request: the families with known label values are there, at zero.
+    let first = Scrape::of(metrics);
+    for class in ["query", "root", "per-certname", "pass-through"] {
+        for family in ["pdbmux_partial_answers_total", "pdbmux_unanswered_total"] {
+            let line = format!("{family}{{route=\"{class}\"}} 0\n");
+            assert!(first.text.contains(&line), "{line}{}", first.text);
+        }
+    }
     for path in [
         "/",
         "/pdb/query/v4/nodes",
