@@ -358,7 +358,9 @@ enum Coverage {
     Whole,
     /// Some backends' parts (`X-Backends: n/m`, 0 < n < m).
     Partial,
-    /// No backend's: `X-Backends: 0/m` (a replayed failure, a 502) or the stale cache entry.
+    /// No backend's: `X-Backends: 0/m` on a 5xx (a replayed failure, a 502) or the stale cache
+    /// entry. A refusal every backend gave (a 4xx: the client's own bad request) is the estate's
+    /// answer, not a failure of the backends.
     Unanswered,
 }
 
@@ -378,7 +380,8 @@ impl Coverage {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once('/'));
         match parts {
-            Some(("0", _)) => Coverage::Unanswered,
+            Some(("0", _)) if response.status.is_server_error() => Coverage::Unanswered,
+            Some(("0", _)) => Coverage::Whole,
             Some((contributed, configured)) if contributed != configured => Coverage::Partial,
             _ => Coverage::Whole,
         }
@@ -686,7 +689,11 @@ mod tests {
     use super::*;
 
     fn with(headers: &[(&'static str, &'static str)]) -> Response {
-        let mut response = Response::text(http::StatusCode::OK, "[]");
+        with_status(http::StatusCode::OK, headers)
+    }
+
+    fn with_status(status: http::StatusCode, headers: &[(&'static str, &'static str)]) -> Response {
+        let mut response = Response::text(status, "[]");
         for (name, value) in headers {
             response
                 .headers
@@ -702,7 +709,22 @@ mod tests {
             (with(&[]), "whole"),
             (with(&[("x-backends", "1/2")]), "partial"),
             (with(&[("x-backends", "2/3")]), "partial"),
-            (with(&[("x-backends", "0/2")]), "unanswered"),
+            (
+                with_status(http::StatusCode::BAD_GATEWAY, &[("x-backends", "0/2")]),
+                "unanswered",
+            ),
+            (
+                with_status(
+                    http::StatusCode::INTERNAL_SERVER_ERROR,
+                    &[("x-backends", "0/2")],
+                ),
+                "unanswered",
+            ),
+            // Every backend refused the client's own bad request: answered, not failing.
+            (
+                with_status(http::StatusCode::BAD_REQUEST, &[("x-backends", "0/2")]),
+                "whole",
+            ),
             (
                 with(&[("x-backends", "2/2"), ("x-cache", "stale")]),
                 "unanswered",
