@@ -20,8 +20,8 @@ import time
 import urllib.request
 
 TTL_SECONDS = 1
-# A request that needs the membership map: one node's facts.
-QUESTION = "/pdb/query/v4/facts?query=%5B%22%3D%22%2C%22certname%22%2C%22nobody%22%5D"
+# A request that needs the membership map (a page of /nodes may not: it is pushed down).
+QUESTION = "/pdb/query/v4/nodes"
 
 
 def scrape(metrics: str) -> dict:
@@ -55,7 +55,8 @@ def sample(binary: str, backends: str, port: int, refreshes: int) -> list[float]
         "PDBMUX_LISTEN": f"127.0.0.1:{port}",
         "PDBMUX_METRICS_LISTEN": f"127.0.0.1:{port + 1}",
         "PDBMUX_FRESHNESS_TTL": f"{TTL_SECONDS}s",
-        "PDBMUX_CACHE_ENABLED": "false",
+        # No cache: a hit would answer /nodes without the map.
+        "PDBMUX_FACTS_TTL": "0",
         "PDBMUX_LOG_LEVEL": "warn",
     }
     proc = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL,

@@ -91,8 +91,8 @@ fn pdbmux(history: &History) -> Pdbmux {
             history.backends.len()
         ))
         // Every question reads the backends: the cache would answer a later question from an
-        // earlier answer, which is the cache's suite's business.
-        .env("PDBMUX_CACHE_ENABLED", "false");
+        // earlier answer, which is the cache's suite's business (a TTL of 0 turns it off).
+        .env("PDBMUX_FACTS_TTL", "0");
     for backend in &history.backends {
         builder = builder.backend(&backend.name, &backend.url);
     }
