@@ -31,7 +31,7 @@ pub struct Cli {
 /// Flags that override config keys (the highest-precedence layer) and pick the config file.
 #[derive(Debug, Clone, Default, Args)]
 pub struct GlobalArgs {
-    /// Config file to read; it must exist [env: PDBMUX_CONFIG]
+    /// Config file to read (it must exist); for `config init`, the file to write [env: PDBMUX_CONFIG]
     #[arg(long, global = true, value_name = "PATH")]
     pub config: Option<PathBuf>,
     /// Overrides `listen`.
@@ -42,7 +42,7 @@ pub struct GlobalArgs {
         help = "Address to listen on: :PORT, HOST:PORT or [V6]:PORT [env: PDBMUX_LISTEN]"
     )]
     pub listen: Option<String>,
-    /// How /facts picks the owner of a node held by several backends [env: PDBMUX_MERGE]
+    /// How a node several backends hold is owned: which copy of its facts, catalog and reports answers [env: PDBMUX_MERGE]
     #[arg(long, global = true, value_name = "freshness|static", value_parser = ["freshness", "static"])]
     pub merge: Option<String>,
     /// Probe backends and skip unhealthy ones [env: PDBMUX_HEALTH_PROBE_ENABLED]
