@@ -5,8 +5,9 @@
 //! listener (`metrics_listen`), never on the PuppetDB-facing one.
 
 use std::fmt;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
 use pdbmux_core::cache::shared::Refusal;
@@ -86,6 +87,11 @@ pub struct Metrics {
     upstream_duration: HistogramFamily<BackendLabels>,
     connections: Gauge,
     reloads: Family<ReloadLabels, Counter>,
+    /// 1 while the configuration in force is the last one read (at start, or by the last
+    /// reload); 0 from a refused reload until one is applied.
+    last_reload_ok: Gauge,
+    /// When the configuration in force was read (start, or the last applied reload), Unix time.
+    last_reload_at: Gauge<f64, AtomicU64>,
     store: Family<StoreLabels, Counter>,
 }
 
@@ -143,6 +149,23 @@ impl Metrics {
         for result in ["ok", "failed"] {
             drop(reloads.get_or_create(&ReloadLabels { result }));
         }
+        // Named as Prometheus names its own (`prometheus_config_last_reload_successful`): an
+        // alert on the gauge stays firing while the refused file stays, unlike one on the counter.
+        let last_reload_ok = Gauge::default();
+        last_reload_ok.set(1);
+        registry.register(
+            "pdbmux_config_last_reload_successful",
+            "1 when the configuration in force is the last one read (at start or by a reload), 0 after a refused reload",
+            last_reload_ok.clone(),
+        );
+        let last_reload_at = Gauge::<f64, AtomicU64>::default();
+        last_reload_at.set(unix_now());
+        registry.register_with_unit(
+            "pdbmux_config_last_reload_success_timestamp",
+            "When the configuration in force was read: the start, or the last applied reload",
+            Unit::Seconds,
+            last_reload_at.clone(),
+        );
         // Every route class from the start: a healthy system shows zeros, not empty panels.
         for class in RouteClass::ALL {
             let route = RouteLabels {
@@ -173,6 +196,8 @@ impl Metrics {
             upstream_duration,
             connections,
             reloads,
+            last_reload_ok,
+            last_reload_at,
             store,
         }
     }
@@ -265,6 +290,10 @@ impl Metrics {
     pub fn observe_reload(&self, applied: bool) {
         let result = if applied { "ok" } else { "failed" };
         self.reloads.get_or_create(&ReloadLabels { result }).inc();
+        self.last_reload_ok.set(i64::from(applied));
+        if applied {
+            self.last_reload_at.set(unix_now());
+        }
     }
 
     /// A handle that adds to the bytes sent to clients, for a connection's writer to keep.
@@ -352,6 +381,13 @@ impl Drop for ConnectionGuard {
 
 /// The cache's verdict on a response (an index into [`CACHE_RESULTS`]), from the `X-Cache`
 /// header the core sets on the cached path.
+/// Now as Unix time in seconds (0 for a clock before 1970).
+fn unix_now() -> f64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0.0, |since| since.as_secs_f64())
+}
+
 /// How much of the estate a response's answer covers, from its headers.
 enum Coverage {
     /// Every configured backend's part, or not a merged answer.

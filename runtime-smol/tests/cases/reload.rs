@@ -134,6 +134,14 @@ pub fn a_bad_configuration_on_sighup_is_refused_and_the_old_one_serves(bin: &Pat
             ("PDBMUX_LOG_LEVEL", "warn".to_owned()),
         ],
     );
+    let started = Scrape::of(metrics);
+    assert_eq!(
+        started.value("pdbmux_config_last_reload_successful", ""),
+        1.0,
+        "the configuration read at start is in force"
+    );
+    let read_at = started.value("pdbmux_config_last_reload_success_timestamp_seconds", "");
+    assert!(read_at > 1.7e9, "a Unix time: {read_at}");
     std::fs::write(
         &file,
         format!(
@@ -155,6 +163,17 @@ pub fn a_bad_configuration_on_sighup_is_refused_and_the_old_one_serves(bin: &Pat
         "the running configuration still answers"
     );
     assert!(b.request_lines().is_empty(), "b was never asked");
+    let refused = Scrape::of(metrics);
+    assert_eq!(
+        refused.value("pdbmux_config_last_reload_successful", ""),
+        0.0,
+        "stays 0 while the refused file stays"
+    );
+    assert_eq!(
+        refused.value("pdbmux_config_last_reload_success_timestamp_seconds", ""),
+        read_at,
+        "the configuration in force is still the one read at start"
+    );
     // What takes a restart (here the log format; the listeners come from the environment, which
     // outranks the file) is kept and named while the rest applies.
     std::fs::write(
@@ -171,6 +190,12 @@ pub fn a_bad_configuration_on_sighup_is_refused_and_the_old_one_serves(bin: &Pat
         assert!(Instant::now() < deadline, "the good file was never applied");
         thread::sleep(Duration::from_millis(50));
     }
+    let applied = Scrape::of(metrics);
+    assert_eq!(
+        applied.value("pdbmux_config_last_reload_successful", ""),
+        1.0
+    );
+    assert!(applied.value("pdbmux_config_last_reload_success_timestamp_seconds", "") >= read_at);
     assert_eq!(
         fact_names(&pdbmux),
         (
