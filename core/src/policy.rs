@@ -208,6 +208,9 @@ fn plan_within(
     // The field names its parent: `environment` is found at `/environments/<env>`.
     let parent_path = format!("{}/{field}s/{raw_value}", root::ROOT);
     Planned {
+        // Planned again from the client's own target (after a reload, or to ask the backends the
+        // prober kept out), so the parent check comes with it.
+        target: request.target.clone(),
         // Stored apart from the entity route's own answer to the same query: that one is `[]`
         // where this one is a 404.
         cache: planned.cache.map(|cacheable| Cacheable {

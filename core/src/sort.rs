@@ -428,7 +428,7 @@ pub fn column_kind(entity: OrderEntity, field: &str) -> ColumnKind {
         (OrderEntity::EventCounts(_), "failures" | "skips" | "successes" | "noops") => Number,
         (OrderEntity::Resources, "exported") => Boolean,
         (OrderEntity::Resources, "line") => Number,
-        (OrderEntity::Resources, "tags") => TextArray,
+        (OrderEntity::Resources, "tags") | (OrderEntity::CatalogInputs, "inputs") => TextArray,
         (OrderEntity::Resources, "parameters") => Jsonb,
         (OrderEntity::Resources, "tag") => Other,
         (OrderEntity::Factsets, "facts") | (OrderEntity::Inventory, "facts" | "trusted") => Jsonb,

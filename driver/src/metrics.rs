@@ -117,7 +117,7 @@ impl Metrics {
         let unanswered = Family::default();
         registry.register(
             "pdbmux_unanswered",
-            "Responses to merged requests no backend answered (the failure replayed or a 502, or the stale cache entry), by route class",
+            "Responses to merged requests no backend answered (a 5xx every backend gave, a 502, or the stale cache entry), by route class",
             unanswered.clone(),
         );
         let upstream = Family::default();
@@ -379,8 +379,6 @@ impl Drop for ConnectionGuard {
     }
 }
 
-/// The cache's verdict on a response (an index into [`CACHE_RESULTS`]), from the `X-Cache`
-/// header the core sets on the cached path.
 /// Now as Unix time in seconds (0 for a clock before 1970).
 fn unix_now() -> f64 {
     SystemTime::now()
@@ -424,6 +422,8 @@ impl Coverage {
     }
 }
 
+/// The cache's verdict on a response (an index into [`CACHE_RESULTS`]), from the `X-Cache`
+/// header the core sets on the cached path.
 fn cache_result(headers: &HeaderMap) -> Option<usize> {
     let value = headers.get(pdbmux_core::cache::X_CACHE)?.as_bytes();
     CACHE_RESULTS
