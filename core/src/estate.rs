@@ -1035,27 +1035,23 @@ impl Estate {
         let mut asked: Vec<BackendId> = refresh.calls.0.iter().map(|c| c.backend).collect();
         asked.dedup();
         for backend in self.all_backends() {
-            let renewed = match asked.contains(&backend) {
-                // Out of service (the prober keeps it out): not asked, its part not renewed.
-                false => false,
-                true => match membership_of(&refresh.calls, backend) {
-                    Ok(nodes) => {
-                        self.membership.per_backend[backend.0] = Some(nodes);
-                        self.membership.renewed_at[backend.0] = now;
-                        true
-                    }
-                    Err(failure) => {
-                        tracing::warn!(
-                            backend = crate::status::backend_name(&self.config.backends, backend),
-                            "membership refresh failed; keeping this backend's previous entries: {failure}"
-                        );
-                        false
-                    }
-                },
-            };
-            if let (false, Some(count)) =
-                (renewed, self.counts.membership_failures.get_mut(backend.0))
-            {
+            // Not asked (the prober keeps it out), or its answer unusable: its part not renewed.
+            let answer = asked
+                .contains(&backend)
+                .then(|| membership_of(&refresh.calls, backend));
+            match answer {
+                Some(Ok(nodes)) => {
+                    self.membership.per_backend[backend.0] = Some(nodes);
+                    self.membership.renewed_at[backend.0] = now;
+                    continue;
+                }
+                Some(Err(failure)) => tracing::warn!(
+                    backend = crate::status::backend_name(&self.config.backends, backend),
+                    "membership refresh failed; keeping this backend's previous entries: {failure}"
+                ),
+                None => {}
+            }
+            if let Some(count) = self.counts.membership_failures.get_mut(backend.0) {
                 *count += 1;
             }
         }

@@ -40,6 +40,7 @@ pub mod cache;
 mod clock;
 pub mod config;
 mod corrections;
+mod coverage;
 mod entity;
 mod estate;
 mod exchange;
@@ -68,6 +69,7 @@ mod status;
 mod translations;
 
 pub use clock::ClockAnchor;
+pub use coverage::Coverage;
 pub use estate::{Admission, Estate, EstateOutput};
 pub use exchange::{Exchange, ExchangeOutput, ExchangeReport, X_BACKENDS, X_RECORDS};
 pub use healthz::REACHABILITY_PATH;

@@ -7,9 +7,11 @@
 //! backend for the parent (`/environments/<env>`, one small record) at the same time, so the
 //! check costs no round trip.
 
+use http::StatusCode;
+
 use crate::fanout::{CallState, Calls, Context, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
-use crate::status::{replay, Outcome};
+use crate::status::{replay, Outcome, Rejection};
 
 /// The part number of the parent calls: far above any part a merge plan numbers its own calls
 /// with, so the two never meet.
@@ -90,22 +92,21 @@ impl Plan for ParentChecked {
         }
         // Unknown only when every configured backend was asked and each said it does not know
         // the name; one that could not answer, or was not asked, may know it.
-        let unknown = context.roster.len() == context.config.backends.len()
-            && parent.iter().all(|state| {
-                matches!(state, CallState::Done(Outcome::Rejected(r)) if r.status == http::StatusCode::NOT_FOUND)
-            });
-        let first_refusal = parent.iter().find_map(|state| match state {
-            CallState::Done(Outcome::Rejected(rejection)) => Some(rejection),
-            _ => None,
-        });
-        match (unknown, first_refusal) {
-            (true, Some(refusal)) => {
-                Step::Done(Verdict::Verbatim(replay(refusal, &context.config.backends)))
+        let not_found: Option<Vec<&Rejection>> = parent
+            .iter()
+            .map(|state| match state {
+                CallState::Done(Outcome::Rejected(r)) if r.status == StatusCode::NOT_FOUND => {
+                    Some(r)
+                }
+                _ => None,
+            })
+            .collect();
+        let everyone_asked = context.roster.len() == context.config.backends.len();
+        match not_found.as_deref() {
+            Some([first, ..]) if everyone_asked => {
+                Step::Done(Verdict::Verbatim(replay(first, &context.config.backends)))
             }
-            _ => match self.verdict.take() {
-                Some(verdict) => Step::Done(verdict),
-                None => Step::Wait,
-            },
+            _ => self.verdict.take().map_or(Step::Wait, Step::Done),
         }
     }
 

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use pdbmux_core::cache::shared::Refusal;
 use pdbmux_core::config::Config;
 use pdbmux_core::stats::{CallOutcome, EstateStats, BACKEND_STATES, TRANSITIONS};
-use pdbmux_core::{ExchangeReport, Response, RouteClass};
+use pdbmux_core::{Coverage, ExchangeReport, Response, RouteClass};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -386,42 +386,6 @@ fn unix_now() -> f64 {
         .map_or(0.0, |since| since.as_secs_f64())
 }
 
-/// How much of the estate a response's answer covers, from its headers.
-enum Coverage {
-    /// Every configured backend's part, or not a merged answer.
-    Whole,
-    /// Some backends' parts (`X-Backends: n/m`, 0 < n < m).
-    Partial,
-    /// No backend's: `X-Backends: 0/m` on a 5xx (a replayed failure, a 502) or the stale cache
-    /// entry. A refusal every backend gave (a 4xx: the client's own bad request) is the estate's
-    /// answer, not a failure of the backends.
-    Unanswered,
-}
-
-impl Coverage {
-    fn of(response: &Response) -> Coverage {
-        if response
-            .headers
-            .get(pdbmux_core::cache::X_CACHE)
-            .map(|v| v.as_bytes())
-            == Some(b"stale")
-        {
-            return Coverage::Unanswered;
-        }
-        let parts = response
-            .headers
-            .get(pdbmux_core::X_BACKENDS)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.split_once('/'));
-        match parts {
-            Some(("0", _)) if response.status.is_server_error() => Coverage::Unanswered,
-            Some(("0", _)) => Coverage::Whole,
-            Some((contributed, configured)) if contributed != configured => Coverage::Partial,
-            _ => Coverage::Whole,
-        }
-    }
-}
-
 /// The cache's verdict on a response (an index into [`CACHE_RESULTS`]), from the `X-Cache`
 /// header the core sets on the cached path.
 fn cache_result(headers: &HeaderMap) -> Option<usize> {
@@ -717,63 +681,5 @@ impl Collector for EstateCollector {
             )?;
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with(headers: &[(&'static str, &'static str)]) -> Response {
-        with_status(http::StatusCode::OK, headers)
-    }
-
-    fn with_status(status: http::StatusCode, headers: &[(&'static str, &'static str)]) -> Response {
-        let mut response = Response::text(status, "[]");
-        for (name, value) in headers {
-            response
-                .headers
-                .insert(*name, http::HeaderValue::from_static(value));
-        }
-        response
-    }
-
-    #[test]
-    fn each_response_is_counted_by_the_part_of_the_estate_its_answer_covers() {
-        let cases = [
-            (with(&[("x-backends", "2/2")]), "whole"),
-            (with(&[]), "whole"),
-            (with(&[("x-backends", "1/2")]), "partial"),
-            (with(&[("x-backends", "2/3")]), "partial"),
-            (
-                with_status(http::StatusCode::BAD_GATEWAY, &[("x-backends", "0/2")]),
-                "unanswered",
-            ),
-            (
-                with_status(
-                    http::StatusCode::INTERNAL_SERVER_ERROR,
-                    &[("x-backends", "0/2")],
-                ),
-                "unanswered",
-            ),
-            // Every backend refused the client's own bad request: answered, not failing.
-            (
-                with_status(http::StatusCode::BAD_REQUEST, &[("x-backends", "0/2")]),
-                "whole",
-            ),
-            (
-                with(&[("x-backends", "2/2"), ("x-cache", "stale")]),
-                "unanswered",
-            ),
-            (with(&[("x-backends", "2/2"), ("x-cache", "hit")]), "whole"),
-        ];
-        for (response, want) in cases {
-            let got = match Coverage::of(&response) {
-                Coverage::Whole => "whole",
-                Coverage::Partial => "partial",
-                Coverage::Unanswered => "unanswered",
-            };
-            assert_eq!(got, want, "{:?}", response.headers);
-        }
     }
 }

@@ -59,20 +59,11 @@ pub struct Cacheable {
     pub value_filter: Option<Vec<String>>,
 }
 
-/// Whether `response` may be stored: a success holding every configured backend's part (its
-/// `X-Backends` says `n/n`, or it has none). A partial answer is served but never stored, so the
-/// next request asks again and sees a backend that is back at once, not one TTL later
-/// (docs/caching.md).
+/// Whether `response` may be stored: a success holding every configured backend's part
+/// ([`crate::Coverage::Whole`]). A partial answer is served but never stored, so the next request
+/// asks again and sees a backend that is back at once, not one TTL later (docs/caching.md).
 pub fn is_storable(response: &crate::message::Response) -> bool {
-    let whole = match response.headers.get(crate::exchange::X_BACKENDS) {
-        None => true,
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(|v| v.split_once('/'))
-            .is_some_and(|(contributed, configured)| contributed == configured),
-    };
-    whole && response.status.is_success()
+    response.status.is_success() && crate::Coverage::of(response) == crate::Coverage::Whole
 }
 
 /// Whether a query takes the combining branch (an extract with a function column): such answers
