@@ -1,25 +1,84 @@
-//! Go-style durations ("10s", "500ms", "1m30s", "2h", "0"), parsed with humantime.
+//! Durations as configuration values: Go's `time.ParseDuration` grammar without a sign.
+//!
+//! The grammar, exactly (README "Configuration" documents the same): `0`, or one or more
+//! `<number><unit>` pairs written together, where `<number>` is digits with an optional
+//! `.digits` fraction and `<unit>` is one of `ns`, `us` (or `µs`), `ms`, `s`, `m`, `h`, in
+//! lower case. No spaces, no sign. So `10s`, `500ms`, `1m30s`, `1.5s` and `2h` parse, and `10`,
+//! `10S`, `10 s`, `10sec` and `1y` do not. humantime computes the value once the text is known to
+//! be in the grammar (it accepts a wider one: `10sec`, `1 day`).
 
 use std::time::Duration;
 
-/// Parses a Go-style duration; `0` needs no unit, any other bare number is an error.
-///
-/// humantime also accepts its longer unit names ("10sec", "1 day"); those are allowed too.
+/// The units, as the error for an unknown one lists them.
+const UNITS: &[&str] = &["ns", "us", "µs", "ms", "s", "m", "h"];
+/// What a near miss is told to write instead.
+const EXAMPLES: &str = "e.g. 10s, 500ms, 1m30s";
+
+/// Parses a duration in the grammar above; the error says what is wrong, in words.
 pub fn parse(text: &str) -> Result<Duration, String> {
     let text = text.trim();
+    check_grammar(text)?;
     if text == "0" {
         return Ok(Duration::ZERO);
+    }
+    // `us` is humantime's spelling too; `µs` is not, so it is handed over as `us`.
+    humantime::parse_duration(&text.replace("µs", "us")).map_err(|e| e.to_string())
+}
+
+/// Checks `text` against the grammar, naming the first thing that is not in it.
+fn check_grammar(text: &str) -> Result<(), String> {
+    if text.is_empty() {
+        return Err(format!("empty ({EXAMPLES})"));
     }
     if text.starts_with('-') {
         return Err("negative durations are not allowed".to_owned());
     }
-    humantime::parse_duration(text).map_err(|e| match e {
-        humantime::DurationError::UnknownUnit { ref unit, .. } if unit.is_empty() => {
-            "missing unit (e.g. 10s, 500ms, 1m30s)".to_owned()
+    if text.contains(char::is_whitespace) {
+        return Err(format!("no spaces allowed ({EXAMPLES})"));
+    }
+    if text == "0" {
+        return Ok(());
+    }
+    let mut rest = text;
+    while !rest.is_empty() {
+        let number_len = number_prefix_len(rest);
+        if number_len == 0 {
+            return Err(format!("expected a number at \"{rest}\" ({EXAMPLES})"));
         }
-        humantime::DurationError::Empty => "empty".to_owned(),
-        other => other.to_string(),
-    })
+        if rest[..number_len].ends_with('.') {
+            return Err(format!(
+                "expected digits after the \".\" in \"{text}\" ({EXAMPLES})"
+            ));
+        }
+        let after_number = &rest[number_len..];
+        let unit_len = after_number
+            .find(|c: char| c.is_ascii_digit() || c == '.')
+            .unwrap_or(after_number.len());
+        let unit = &after_number[..unit_len];
+        if unit.is_empty() {
+            return Err(format!("missing unit ({EXAMPLES})"));
+        }
+        if !UNITS.contains(&unit) {
+            return Err(format!(
+                "unknown unit \"{unit}\" (units: ns, us, ms, s, m, h; {EXAMPLES})"
+            ));
+        }
+        rest = &after_number[unit_len..];
+    }
+    Ok(())
+}
+
+/// The length of the `digits[.[digits]]` at the start of `text`; 0 when there is none.
+fn number_prefix_len(text: &str) -> usize {
+    let digits = |s: &str| s.bytes().take_while(u8::is_ascii_digit).count();
+    let whole = digits(text);
+    if whole == 0 {
+        return 0;
+    }
+    match text[whole..].strip_prefix('.') {
+        Some(after_dot) => whole + 1 + digits(after_dot),
+        None => whole,
+    }
 }
 
 /// Formats a duration the way Go prints short ones: `0s`, `500ms`, `10s`, `1m30s`, `2h`, `1.5s`.
@@ -61,8 +120,9 @@ pub fn format(d: Duration) -> String {
 mod tests {
     use super::*;
 
+    /// Every example the README and the module doc give, with its value.
     #[test]
-    fn parses_go_durations() {
+    fn parses_the_documented_examples() {
         let cases = [
             ("10s", Duration::from_secs(10)),
             ("500ms", Duration::from_millis(500)),
@@ -73,25 +133,53 @@ mod tests {
             ("0s", Duration::ZERO),
             ("1.5s", Duration::from_millis(1500)),
             ("250us", Duration::from_micros(250)),
+            ("250µs", Duration::from_micros(250)),
+            ("100ns", Duration::from_nanos(100)),
+            ("1h1m1s1ms", Duration::from_millis(3_661_001)),
+            (" 10s ", Duration::from_secs(10)),
         ];
         for (text, want) in cases {
             assert_eq!(parse(text), Ok(want), "{text}");
         }
     }
 
+    /// The near misses a newcomer writes, each with the reason it is told.
     #[test]
-    fn rejects_bare_numbers_and_junk() {
-        assert_eq!(
-            parse("10"),
-            Err("missing unit (e.g. 10s, 500ms, 1m30s)".to_owned())
-        );
-        assert_eq!(
-            parse("-1s"),
-            Err("negative durations are not allowed".to_owned())
-        );
-        assert!(parse("ten").is_err());
-        assert!(parse("").is_err());
-        assert!(parse("10x").is_err());
+    fn refuses_near_misses_with_their_reason() {
+        let units = "(units: ns, us, ms, s, m, h; e.g. 10s, 500ms, 1m30s)";
+        let cases = [
+            ("10", "missing unit (e.g. 10s, 500ms, 1m30s)".to_owned()),
+            ("1m30", "missing unit (e.g. 10s, 500ms, 1m30s)".to_owned()),
+            ("10S", format!("unknown unit \"S\" {units}")),
+            ("1y", format!("unknown unit \"y\" {units}")),
+            ("10sec", format!("unknown unit \"sec\" {units}")),
+            ("1d", format!("unknown unit \"d\" {units}")),
+            (
+                "10 s",
+                "no spaces allowed (e.g. 10s, 500ms, 1m30s)".to_owned(),
+            ),
+            ("-1s", "negative durations are not allowed".to_owned()),
+            ("", "empty (e.g. 10s, 500ms, 1m30s)".to_owned()),
+            (
+                "ten",
+                "expected a number at \"ten\" (e.g. 10s, 500ms, 1m30s)".to_owned(),
+            ),
+            (
+                "+5s",
+                "expected a number at \"+5s\" (e.g. 10s, 500ms, 1m30s)".to_owned(),
+            ),
+            (
+                ".5s",
+                "expected a number at \".5s\" (e.g. 10s, 500ms, 1m30s)".to_owned(),
+            ),
+            (
+                "1.s",
+                "expected digits after the \".\" in \"1.s\" (e.g. 10s, 500ms, 1m30s)".to_owned(),
+            ),
+        ];
+        for (text, want) in cases {
+            assert_eq!(parse(text), Err(want), "{text:?}");
+        }
     }
 
     #[test]
@@ -107,6 +195,15 @@ mod tests {
         ];
         for (d, want) in cases {
             assert_eq!(format(d), want);
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever Go-style text `format` writes, `parse` reads back to the same duration.
+        #[test]
+        fn format_then_parse_is_the_identity(nanos in 0u64..(366 * 24 * 3600 * 1_000_000_000)) {
+            let d = Duration::from_nanos(nanos);
+            proptest::prop_assert_eq!(parse(&format(d)), Ok(d));
         }
     }
 }

@@ -63,6 +63,11 @@ impl Environment {
         self.vars.get(name).map(String::as_str)
     }
 
+    /// Every variable's name, in order; for finding the `PDBMUX_*` ones pdbmux does not know.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.vars.keys().map(String::as_str)
+    }
+
     /// The system-wide config path searched last.
     pub fn system_config(&self) -> &Path {
         &self.system_config

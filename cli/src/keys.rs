@@ -283,3 +283,148 @@ pub(crate) const BACKEND_KEYS: &[&str] = &[
 pub(crate) fn find(name: &str) -> Option<&'static Key> {
     KEYS.iter().find(|k| k.name == name)
 }
+
+/// The variable that names the config file; not a key, since it chooses where keys come from.
+pub(crate) const CONFIG_VAR: &str = "PDBMUX_CONFIG";
+
+/// The prefix every variable pdbmux reads starts with.
+pub(crate) const ENV_PREFIX: &str = "PDBMUX_";
+
+/// How alike two names must be (normalized Damerau–Levenshtein: one edit in seven is 0.86) for
+/// one to be offered as the other's spelling.
+const NEAR: f64 = 0.75;
+
+/// The name nearest to `word`, when it is near enough to be a misspelling of it or one of the two
+/// is the other cut at a `_` (`tls_ca` for `tls_ca_file`); each candidate is the text compared
+/// and the name offered.
+fn nearest(
+    word: &str,
+    candidates: impl Iterator<Item = (&'static str, &'static str)>,
+) -> Option<&'static str> {
+    candidates
+        .map(|(compared, offered)| {
+            let cut = |long: &str, short: &str| {
+                long.strip_prefix(short)
+                    .is_some_and(|rest| rest.starts_with('_'))
+            };
+            let score = if cut(compared, word) || cut(word, compared) {
+                NEAR
+            } else {
+                strsim::normalized_damerau_levenshtein(word, compared)
+            };
+            (score, offered)
+        })
+        .filter(|(score, _)| *score >= NEAR)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, offered)| offered)
+}
+
+/// The key `name` (not one of [`KEYS`]) is most likely a misspelling of.
+pub(crate) fn nearest_key(name: &str) -> Option<&'static str> {
+    nearest(name, KEYS.iter().map(|k| (k.name, k.name)))
+}
+
+/// The backend entry key `name` (not one of [`BACKEND_KEYS`]) is most likely a misspelling of.
+pub(crate) fn nearest_backend_key(name: &str) -> Option<&'static str> {
+    nearest(name, BACKEND_KEYS.iter().map(|k| (*k, *k)))
+}
+
+/// The variable an unknown `PDBMUX_*` variable is most likely a misspelling of. Names are
+/// compared without the shared prefix, which would make every pair look alike.
+pub(crate) fn nearest_var(var: &str) -> Option<&'static str> {
+    let stem = var.strip_prefix(ENV_PREFIX).unwrap_or(var);
+    let known = KEYS
+        .iter()
+        .map(|k| k.env)
+        .chain(std::iter::once(CONFIG_VAR));
+    nearest(stem, known.map(|env| (&env[ENV_PREFIX.len()..], env)))
+}
+
+/// Whether `var` is a `PDBMUX_*` variable pdbmux does not read and must refuse (a misspelling,
+/// most likely): not a key's variable, not [`CONFIG_VAR`], and not a service link.
+pub(crate) fn is_unknown_var(var: &str) -> bool {
+    var.starts_with(ENV_PREFIX)
+        && var != CONFIG_VAR
+        && !KEYS.iter().any(|k| k.env == var)
+        && !is_service_link(var)
+}
+
+/// Whether `var` has the shape of the variables Kubernetes (and Docker links) set in every pod
+/// for each Service of the namespace: `<SVC>_SERVICE_HOST`, `<SVC>_SERVICE_PORT[_<NAME>]`,
+/// `<SVC>_PORT` and `<SVC>_PORT_<n>_<TCP|UDP|SCTP>[_PROTO|_PORT|_ADDR]`. A Service named pdbmux
+/// (or pdbmux-anything) makes them `PDBMUX_*`; refusing them would stop every pod from starting.
+fn is_service_link(var: &str) -> bool {
+    if var.ends_with("_SERVICE_HOST")
+        || var.ends_with("_SERVICE_PORT")
+        || var.contains("_SERVICE_PORT_")
+        || var.ends_with("_PORT")
+    {
+        return true;
+    }
+    var.match_indices("_PORT_").any(|(at, _)| {
+        let mut parts = var[at + "_PORT_".len()..].split('_');
+        let number = parts
+            .next()
+            .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()));
+        let protocol = parts
+            .next()
+            .is_some_and(|p| matches!(p, "TCP" | "UDP" | "SCTP"));
+        let suffix = match parts.next() {
+            None => true,
+            Some(p) => matches!(p, "PROTO" | "PORT" | "ADDR") && parts.next().is_none(),
+        };
+        number && protocol && suffix
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_the_key_a_misspelling_is_near() {
+        assert_eq!(nearest_key("timout"), Some("timeout"));
+        assert_eq!(nearest_key("facts_tll"), Some("facts_ttl"));
+        assert_eq!(nearest_key("backend"), Some("backends"));
+        assert_eq!(nearest_key("colour"), None);
+        assert_eq!(nearest_backend_key("tls_ca"), Some("tls_ca_file"));
+        assert_eq!(nearest_backend_key("uri"), None);
+    }
+
+    #[test]
+    fn suggests_the_variable_a_misspelling_is_near() {
+        assert_eq!(nearest_var("PDBMUX_TIMOUT"), Some("PDBMUX_TIMEOUT"));
+        assert_eq!(nearest_var("PDBMUX_BACKEND"), Some("PDBMUX_BACKENDS"));
+        assert_eq!(nearest_var("PDBMUX_CONFIG_FILE"), Some("PDBMUX_CONFIG"));
+        assert_eq!(nearest_var("PDBMUX_CACHE_ENABLED"), None);
+    }
+
+    #[test]
+    fn refuses_unknown_variables_but_not_keys_config_or_service_links() {
+        for known in ["PDBMUX_TIMEOUT", "PDBMUX_BACKENDS", "PDBMUX_CONFIG"] {
+            assert!(!is_unknown_var(known), "{known}");
+        }
+        for link in [
+            "PDBMUX_SERVICE_HOST",
+            "PDBMUX_SERVICE_PORT",
+            "PDBMUX_SERVICE_PORT_HTTP",
+            "PDBMUX_PORT",
+            "PDBMUX_PORT_8080_TCP",
+            "PDBMUX_PORT_8080_TCP_PROTO",
+            "PDBMUX_PORT_8080_TCP_PORT",
+            "PDBMUX_PORT_8080_TCP_ADDR",
+            "PDBMUX_METRICS_PORT_9180_TCP_ADDR",
+        ] {
+            assert!(!is_unknown_var(link), "{link}");
+        }
+        for unknown in [
+            "PDBMUX_TIMOUT",
+            "PDBMUX_CACHE_ENABLED",
+            "PDBMUX_PORT_8080_HTTP",
+            "PDBMUX_PORT_X_TCP",
+        ] {
+            assert!(is_unknown_var(unknown), "{unknown}");
+        }
+        assert!(!is_unknown_var("RUST_LOG"));
+    }
+}

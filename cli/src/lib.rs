@@ -17,6 +17,7 @@ mod keys;
 mod limits;
 pub mod load;
 pub mod logging;
+pub mod origin;
 pub mod reload;
 pub mod show;
 pub mod validate;
@@ -30,9 +31,10 @@ pub use env::Environment;
 pub use init::{init, template, InitError};
 pub use load::{load, ConfigFile, LoadError, Loaded, Source};
 pub use logging::{init_logging, LoggingError};
+pub use origin::Origin;
 pub use reload::{ReloadError, Reloader};
 pub use show::{show, Shown};
-pub use validate::{parse_backend_url, validate, ConfigProblem, ValidateError};
+pub use validate::{parse_backend_url, validate, ConfigProblem, Problem, ValidateError};
 
 /// The error type a `serve` function returns.
 pub type ServeError = Box<dyn std::error::Error + Send + Sync>;

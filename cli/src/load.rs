@@ -126,6 +126,10 @@ pub struct Loaded {
     pub(crate) file: ConfigFile,
     pub(crate) settings: BTreeMap<&'static str, Setting>,
     pub(crate) unknown_keys: Vec<String>,
+    /// `PDBMUX_*` variables that are no key's (misspellings, most likely), in name order.
+    pub(crate) unknown_vars: Vec<String>,
+    /// The config file's text, for naming the line a key is on ([`crate::origin`]).
+    pub(crate) file_text: Option<String>,
     pub(crate) rust_log: Option<String>,
 }
 
@@ -281,10 +285,22 @@ pub fn load(args: &GlobalArgs, env: &Environment) -> Result<Loaded, LoadError> {
         settings.insert(key.name, value);
     }
 
+    // figment has read the file without complaint, so it can be read again; a file replaced in
+    // between only loses the line numbers.
+    let file_text = file
+        .path()
+        .and_then(|path| std::fs::read_to_string(path).ok());
+    let unknown_vars = env
+        .names()
+        .filter(|var| keys::is_unknown_var(var))
+        .map(str::to_owned)
+        .collect();
     Ok(Loaded {
         file,
         settings,
         unknown_keys,
+        unknown_vars,
+        file_text,
         rust_log: env.get("RUST_LOG").map(str::to_owned),
     })
 }

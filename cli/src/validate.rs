@@ -12,8 +12,9 @@ use pdbmux_core::config::{
 };
 
 use crate::duration;
-use crate::keys::BACKEND_KEYS;
+use crate::keys::{self, BACKEND_KEYS};
 use crate::load::{Loaded, Setting, Source};
+use crate::origin::{self, Origin};
 use crate::{LogFormat, Settings};
 
 /// The longest duration any key takes: longer is surely a mistake, and a deadline that far off
@@ -150,12 +151,21 @@ pub enum ConfigProblem {
         key: String,
     },
     /// A key in the config file pdbmux does not know (a typo, most likely).
-    #[error("{key}: unknown key in {}", path.display())]
+    #[error("{key}: unknown key{}", did_you_mean(*suggestion))]
     UnknownKey {
         /// The key as written.
         key: String,
-        /// The file.
-        path: PathBuf,
+        /// The known key it is most likely a misspelling of.
+        suggestion: Option<&'static str>,
+    },
+    /// A `PDBMUX_*` environment variable pdbmux does not read (a typo, most likely): refused like
+    /// an unknown key, so that a misspelled setting never goes unnoticed.
+    #[error("{var}: unknown variable{}", did_you_mean(*suggestion))]
+    UnknownVariable {
+        /// The variable.
+        var: String,
+        /// The known variable it is most likely a misspelling of.
+        suggestion: Option<&'static str>,
     },
     /// No backends at all.
     #[error(
@@ -187,18 +197,21 @@ pub enum ConfigProblem {
         field: &'static str,
     },
     /// A backend entry in the file with a key pdbmux does not know.
-    #[error("backends[{index}]: unknown key \"{field}\" (expected one of name, url, tls_ca_file, tls_cert_file, tls_key_file)")]
+    #[error("backends[{index}]: unknown key \"{field}\" ({})", match suggestion {
+        Some(near) => format!("did you mean {near}?"),
+        None => "expected one of name, url, tls_ca_file, tls_cert_file, tls_key_file".to_owned(),
+    })]
     UnknownBackendKey {
         /// The backend's position, from 0.
         index: usize,
         /// The key as written.
         field: String,
+        /// The backend key it is most likely a misspelling of.
+        suggestion: Option<&'static str>,
     },
-    /// A `PDBMUX_BACKENDS` entry that is not `name=url`.
-    #[error("{var}: malformed entry \"{entry}\" (expected name=url)")]
+    /// A `name=url,...` entry (`PDBMUX_BACKENDS`, or `backends` as a string) that is not one.
+    #[error("backends: malformed entry \"{entry}\" (expected name=url)")]
     BadBackendsEntry {
-        /// `PDBMUX_BACKENDS` (or `backends` when the file holds the string form).
-        var: &'static str,
         /// The entry as given.
         entry: String,
     },
@@ -222,12 +235,133 @@ pub enum ConfigProblem {
     },
 }
 
+/// `" (did you mean x?)"`, or nothing without a suggestion.
+fn did_you_mean(suggestion: Option<&str>) -> String {
+    suggestion.map_or_else(String::new, |near| format!(" (did you mean {near}?)"))
+}
+
+impl ConfigProblem {
+    /// The top-level key the problem is about, and for a problem with one entry of `backends`
+    /// its position and field; `None` for a problem that names its own source.
+    fn subject(&self) -> Option<Subject<'_>> {
+        use ConfigProblem as P;
+        /// `key`, `key[i]` or `key[i].field`.
+        fn of_key(key: &str) -> Subject<'_> {
+            let (path, field) = match key.split_once('.') {
+                Some((path, field)) => (path, Some(field)),
+                None => (key, None),
+            };
+            match path.split_once('[') {
+                Some((top, rest)) => Subject {
+                    key: top,
+                    item: rest.strip_suffix(']').and_then(|i| i.parse().ok()),
+                    field,
+                },
+                None => Subject::key(path),
+            }
+        }
+        let entry = |index: usize, field: Option<&'static str>| Subject {
+            key: "backends",
+            item: Some(index),
+            field,
+        };
+        match self {
+            P::InvalidDuration { key, .. }
+            | P::NotInteger { key, .. }
+            | P::TooSmall { key, .. }
+            | P::TooLarge { key, .. }
+            | P::BelowFloor { key, .. }
+            | P::NotBool { key, .. }
+            | P::UnknownValue { key, .. }
+            | P::WrongShape { key, .. }
+            | P::Invalid { key, .. }
+            | P::Missing { key }
+            | P::UnknownKey { key, .. } => Some(of_key(key)),
+            P::File { key, .. } => Some(of_key(key)),
+            P::BadLogFilter { key, .. } => Some(Subject::key(key)),
+            P::BadBackendUrl { index, .. } => Some(entry(*index, Some("url"))),
+            P::UnknownBackendKey { index, field, .. } => Some(Subject {
+                field: Some(field),
+                ..entry(*index, None)
+            }),
+            P::BackendFieldMissing { index, .. } | P::TlsPair { index, .. } => {
+                Some(entry(*index, None))
+            }
+            P::NoBackends | P::DuplicateBackend { .. } | P::BadBackendsEntry { .. } => {
+                Some(Subject::key("backends"))
+            }
+            P::UnknownVariable { .. } => None,
+        }
+    }
+}
+
+/// What a problem is about, as far as finding its line goes.
+struct Subject<'a> {
+    /// The top-level key.
+    key: &'a str,
+    /// The list item, for a problem with one entry of `backends`.
+    item: Option<usize>,
+    /// The item's field, when the problem is about one.
+    field: Option<&'a str>,
+}
+
+impl Subject<'_> {
+    fn key(key: &str) -> Subject<'_> {
+        Subject {
+            key,
+            item: None,
+            field: None,
+        }
+    }
+}
+
+/// One problem and where its value was set: the message a user reads, with its source first.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}{problem}", origin.as_ref().map_or_else(String::new, |o| format!("{o}: ")))]
+pub struct Problem {
+    /// Where the value was set; `None` for a default, or a problem that names its own source.
+    pub origin: Option<Origin>,
+    /// What is wrong.
+    pub problem: ConfigProblem,
+}
+
+impl Problem {
+    /// `problem`, with the place `loaded` took its value from: the config file's line, the
+    /// environment variable, or the flag.
+    fn locate(problem: ConfigProblem, loaded: &Loaded) -> Problem {
+        let origin = problem.subject().and_then(|subject| {
+            let source = match &problem {
+                // An unknown key has no setting; it can only be in the file.
+                ConfigProblem::UnknownKey { .. } => {
+                    Source::File(loaded.file.path().map(PathBuf::from).unwrap_or_default())
+                }
+                _ => loaded.settings.get(subject.key)?.source.clone(),
+            };
+            match source {
+                Source::Default => None,
+                Source::Env(var) => Some(Origin::Env(var)),
+                Source::Flag(flag) => Some(Origin::Flag(flag)),
+                Source::File(path) => {
+                    let text = loaded.file_text.as_deref().unwrap_or_default();
+                    let item = subject.item.and_then(|i| match subject.field {
+                        Some(field) => origin::item_field_line(text, subject.key, i, field),
+                        None => origin::item_line(text, subject.key, i),
+                    });
+                    let line = item.or_else(|| origin::key_line(text, subject.key));
+                    Some(Origin::File { path, line })
+                }
+            }
+        });
+        Problem { origin, problem }
+    }
+}
+
 /// Every problem found while validating, in key order.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", problems.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
 pub struct ValidateError {
     /// The problems; never empty.
-    pub problems: Vec<ConfigProblem>,
+    pub problems: Vec<Problem>,
 }
 
 /// One backend as `config show` prints it.
@@ -245,7 +379,7 @@ pub(crate) struct Checked {
     pub backends: Vec<BackendShown>,
     pub log_level_source: Option<Source>,
     pub clamped_from: Option<String>,
-    pub problems: Vec<ConfigProblem>,
+    pub problems: Vec<Problem>,
     pub settings: Option<Settings>,
 }
 
@@ -617,11 +751,7 @@ struct RawBackend {
 const TLS_KEYS: [&str; 3] = ["tls_ca_file", "tls_cert_file", "tls_key_file"];
 
 /// Splits `name=url,name=url` (the `PDBMUX_BACKENDS` form); blank entries are skipped.
-fn split_backends(
-    var: &'static str,
-    text: &str,
-    problems: &mut Vec<ConfigProblem>,
-) -> Vec<RawBackend> {
+fn split_backends(text: &str, problems: &mut Vec<ConfigProblem>) -> Vec<RawBackend> {
     let mut out = Vec::new();
     for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         match entry.split_once('=') {
@@ -633,7 +763,6 @@ fn split_backends(
                 });
             }
             _ => problems.push(ConfigProblem::BadBackendsEntry {
-                var,
                 entry: redact_userinfo(entry),
             }),
         }
@@ -642,12 +771,8 @@ fn split_backends(
 }
 
 fn raw_backends(checker: &mut Checker<'_>, setting: &Setting) -> Vec<RawBackend> {
-    let var = match setting.source {
-        Source::Env(var) => var,
-        _ => "backends",
-    };
     match &setting.value {
-        Value::String(_, text) => split_backends(var, text, &mut checker.problems),
+        Value::String(_, text) => split_backends(text, &mut checker.problems),
         Value::Array(_, items) => {
             let mut out = Vec::new();
             for (index, item) in items.iter().enumerate() {
@@ -665,6 +790,7 @@ fn raw_backends(checker: &mut Checker<'_>, setting: &Setting) -> Vec<RawBackend>
                     checker.problems.push(ConfigProblem::UnknownBackendKey {
                         index,
                         field: field.clone(),
+                        suggestion: keys::nearest_backend_key(field),
                     });
                 }
                 for field in ["name", "url"] {
@@ -984,7 +1110,13 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     for key in &loaded.unknown_keys {
         c.problems.push(ConfigProblem::UnknownKey {
             key: key.clone(),
-            path: loaded.file.path().map(PathBuf::from).unwrap_or_default(),
+            suggestion: keys::nearest_key(key),
+        });
+    }
+    for var in &loaded.unknown_vars {
+        c.problems.push(ConfigProblem::UnknownVariable {
+            var: var.clone(),
+            suggestion: keys::nearest_var(var),
         });
     }
 
@@ -1136,7 +1268,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                     backends: backends_shown,
                     log_level_source,
                     clamped_from,
-                    problems: c.problems,
+                    problems: locate_all(c.problems, loaded),
                     settings: None,
                 };
             };
@@ -1182,7 +1314,15 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         backends: backends_shown,
         log_level_source,
         clamped_from,
-        problems: c.problems,
+        problems: locate_all(c.problems, loaded),
         settings,
     }
+}
+
+/// Each problem with where its value was set ([`Problem::locate`]).
+fn locate_all(problems: Vec<ConfigProblem>, loaded: &Loaded) -> Vec<Problem> {
+    problems
+        .into_iter()
+        .map(|problem| Problem::locate(problem, loaded))
+        .collect()
 }

@@ -314,7 +314,7 @@ fn show_with_invalid_values_prints_and_fails() {
     assert_eq!(
         err,
         "pdbmux: backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)\n\
-         pdbmux: timeout: invalid duration \"ten\": expected number at 0\n"
+         pdbmux: env PDBMUX_TIMEOUT: timeout: invalid duration \"ten\": expected a number at \"ten\" (e.g. 10s, 500ms, 1m30s)\n"
     );
 
     // The same through the library call.
@@ -453,4 +453,49 @@ fn json_log_format_from_flag_reaches_serve() {
     let settings = served.expect("serve called");
     assert_eq!(settings.log_format, LogFormat::Json);
     assert!(!settings.config.health_probe_enabled);
+}
+
+/// What `pdbmux serve` prints for a file and an environment with a mistake of each kind: every
+/// line names where the value came from (the file's line, the variable), near misses get a
+/// suggestion, and nothing starts.
+#[test]
+fn serve_names_the_source_of_every_problem() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        let file = jail.directory().join("pdbmux.yaml");
+        std::fs::write(
+            &file,
+            "# pdbmux\n\
+             listen: 127.0.0.1:8080\n\
+             freshness_ttl: 30\n\
+             timout: 5s\n\
+             backends:\n\
+             \x20 - name: pdb-a\n\
+             \x20   url: ftp://pdb-a.example.com\n\
+             \x20 - name: pdb-b\n\
+             \x20   url: http://pdb-b.example.com\n\
+             \x20   tls_ca: /etc/pdbmux/ca.pem\n",
+        )
+        .expect("write");
+        jail.set_env("PDBMUX_TIMOUT", "5s");
+        jail.set_env("PDBMUX_HEALTH_PROBE_INTERVAL", "10S");
+        let f = file.display().to_string();
+        let (code, out, err, settings) = run(&env_of(jail), &["--config", &f]);
+        assert_eq!(code, 2);
+        assert!(settings.is_none(), "nothing may start");
+        assert_eq!(out, "");
+        let units = "(units: ns, us, ms, s, m, h; e.g. 10s, 500ms, 1m30s)";
+        assert_eq!(
+            err.lines().collect::<Vec<_>>(),
+            [
+                format!("pdbmux: {f}:4: timout: unknown key (did you mean timeout?)"),
+                "pdbmux: PDBMUX_TIMOUT: unknown variable (did you mean PDBMUX_TIMEOUT?)".to_owned(),
+                format!("pdbmux: {f}:10: backends[1]: unknown key \"tls_ca\" (did you mean tls_ca_file?)"),
+                format!("pdbmux: {f}:7: backends[0].url: \"ftp://pdb-a.example.com\" is not http(s)://host[:port]: scheme \"ftp\" is not http or https"),
+                format!("pdbmux: {f}:3: freshness_ttl: invalid duration \"30\": missing unit (e.g. 10s, 500ms, 1m30s)"),
+                format!("pdbmux: env PDBMUX_HEALTH_PROBE_INTERVAL: health_probe_interval: invalid duration \"10S\": unknown unit \"S\" {units}"),
+            ]
+        );
+        Ok(())
+    });
 }

@@ -359,8 +359,8 @@ fn backends_env_bad_entry() {
         assert_eq!(
             problems(jail, &[]),
             [
-                "PDBMUX_BACKENDS: malformed entry \"pdb-b\" (expected name=url)",
-                "PDBMUX_BACKENDS: malformed entry \"=http://x.example.com\" (expected name=url)",
+                "env PDBMUX_BACKENDS: backends: malformed entry \"pdb-b\" (expected name=url)",
+                "env PDBMUX_BACKENDS: backends: malformed entry \"=http://x.example.com\" (expected name=url)",
             ]
         );
         Ok(())
@@ -373,7 +373,7 @@ fn validation_messages() {
         (
             "PDBMUX_TIMEOUT",
             "ten",
-            "timeout: invalid duration \"ten\": expected number at 0",
+            "timeout: invalid duration \"ten\": expected a number at \"ten\" (e.g. 10s, 500ms, 1m30s)",
         ),
         (
             "PDBMUX_FRESHNESS_TTL",
@@ -495,13 +495,13 @@ fn validation_messages() {
         // Beyond a year is a mistake, and would overflow a deadline.
         (
             "PDBMUX_CLIENT_SEND_TIMEOUT",
-            "300000000000y",
-            "client_send_timeout: \"300000000000y\" must be at most a year",
+            "300000000000h",
+            "client_send_timeout: \"300000000000h\" must be at most a year",
         ),
         (
             "PDBMUX_TIMEOUT",
-            "400d",
-            "timeout: \"400d\" must be at most a year",
+            "8761h",
+            "timeout: \"8761h\" must be at most a year",
         ),
         // Zero would cut every client at once.
         (
@@ -520,7 +520,12 @@ fn validation_messages() {
             clean(jail);
             jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
             jail.set_env(var, value);
-            assert_eq!(problems(jail, &[]), [*want], "{var}={value}");
+            // Each message starts with the variable the value came from.
+            assert_eq!(
+                problems(jail, &[]),
+                [format!("env {var}: {want}")],
+                "{var}={value}"
+            );
             Ok(())
         });
     }
@@ -559,7 +564,8 @@ fn backend_validation_messages() {
         Jail::expect_with(|jail| {
             clean(jail);
             jail.set_env("PDBMUX_BACKENDS", backends);
-            assert_eq!(problems(jail, &[]), [*want], "{backends}");
+            let want = format!("env PDBMUX_BACKENDS: {want}");
+            assert_eq!(problems(jail, &[]), [want], "{backends}");
             Ok(())
         });
     }
@@ -573,11 +579,11 @@ fn no_backends() {
             problems(jail, &[]),
             ["backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)"]
         );
-        let file = write(jail, "cfg.yaml", "backends: []\n");
+        let file = write(jail, "cfg.yaml", "listen: :8080\nbackends: []\n");
         let f = file.display().to_string();
         assert_eq!(
             problems(jail, &["--config", &f]),
-            ["backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)"]
+            [format!("{f}:2: backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)")]
         );
         Ok(())
     });
@@ -596,9 +602,9 @@ fn file_shape_errors() {
         assert_eq!(
             problems(jail, &["--config", &f]),
             [
-                format!("timout: unknown key in {f}"),
-                "backends[0]: unknown key \"tls_ca\" (expected one of name, url, tls_ca_file, tls_cert_file, tls_key_file)".to_owned(),
-                "backends[1].name: missing".to_owned(),
+                format!("{f}:1: timout: unknown key (did you mean timeout?)"),
+                format!("{f}:5: backends[0]: unknown key \"tls_ca\" (did you mean tls_ca_file?)"),
+                format!("{f}:6: backends[1].name: missing"),
             ]
         );
         Ok(())
@@ -614,8 +620,11 @@ fn multiple_problems_are_all_reported() {
         let got = problems(jail, &[]);
         assert_eq!(got.len(), 3, "{got:?}");
         assert!(got[0].starts_with("backends: none configured"));
-        assert!(got[1].starts_with("timeout: invalid duration \"soon\""));
-        assert_eq!(got[2], "health_probe_successes: must be at least 1, got 0");
+        assert!(got[1].starts_with("env PDBMUX_TIMEOUT: timeout: invalid duration \"soon\""));
+        assert_eq!(
+            got[2],
+            "env PDBMUX_HEALTH_PROBE_SUCCESSES: health_probe_successes: must be at least 1, got 0"
+        );
         Ok(())
     });
 }
@@ -668,7 +677,9 @@ fn go_durations_everywhere() {
         let f = file.display().to_string();
         assert_eq!(
             problems(jail, &["--config", &f]),
-            ["timeout: invalid duration \"10\": missing unit (e.g. 10s, 500ms, 1m30s)"]
+            [format!(
+                "{f}:1: timeout: invalid duration \"10\": missing unit (e.g. 10s, 500ms, 1m30s)"
+            )]
         );
         Ok(())
     });
@@ -783,26 +794,55 @@ fn tls_cert_without_key_is_an_error() {
         jail.set_env("PDBMUX_TLS_CERT_FILE", "/etc/pdbmux/client.pem");
         assert_eq!(
             problems(jail, &[]),
-            ["backends[0] (a): tls_cert_file and tls_key_file must be set together"]
+            ["env PDBMUX_BACKENDS: backends[0] (a): tls_cert_file and tls_key_file must be set together"]
         );
         Ok(())
     });
 }
 
 #[test]
-fn only_known_pdbmux_vars_are_read() {
+fn unknown_pdbmux_vars_are_refused_with_the_nearest_name() {
     Jail::expect_with(|jail| {
         clean(jail);
         jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
-        jail.set_env(
-            "PDBMUX_E2E_OPENVOXDB_IMAGE",
-            "registry.example.com/openvoxdb:1",
-        );
-        jail.set_env("PDBMUX_E2E_NODE_LOOKUP", "/nonexistent/node-lookup");
-        jail.set_env("PDBMUX_WHATEVER", "x");
+        jail.set_env("PDBMUX_TIMOUT", "5s");
+        jail.set_env("PDBMUX_CACHE_ENABLED", "false");
+        jail.set_env("PDBMUX_CONFIG_FILE", "/etc/pdbmux/config.yaml");
+        // Not pdbmux's: other programs' variables are none of its business.
+        jail.set_env("TIMEOUT", "5s");
         let loaded = load(&flags(&[]), &env_of(jail)).map_err(|e| e.to_string())?;
-        assert_eq!(loaded.source("e2e_openvoxdb_image"), None);
-        let s = validate(&loaded).map_err(|e| e.to_string())?;
+        assert_eq!(loaded.source("timout"), None, "never read as a key");
+        assert_eq!(
+            problems(jail, &[]),
+            [
+                "PDBMUX_CACHE_ENABLED: unknown variable",
+                "PDBMUX_CONFIG_FILE: unknown variable (did you mean PDBMUX_CONFIG?)",
+                "PDBMUX_TIMOUT: unknown variable (did you mean PDBMUX_TIMEOUT?)",
+            ]
+        );
+        Ok(())
+    });
+}
+
+#[test]
+fn kubernetes_service_links_are_not_refused() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        jail.set_env("PDBMUX_BACKENDS", ONE_BACKEND);
+        // What Kubernetes puts in every pod of a namespace holding a Service named pdbmux.
+        for (var, value) in [
+            ("PDBMUX_SERVICE_HOST", "10.0.0.7"),
+            ("PDBMUX_SERVICE_PORT", "8080"),
+            ("PDBMUX_SERVICE_PORT_HTTP", "8080"),
+            ("PDBMUX_PORT", "tcp://10.0.0.7:8080"),
+            ("PDBMUX_PORT_8080_TCP", "tcp://10.0.0.7:8080"),
+            ("PDBMUX_PORT_8080_TCP_PROTO", "tcp"),
+            ("PDBMUX_PORT_8080_TCP_PORT", "8080"),
+            ("PDBMUX_PORT_8080_TCP_ADDR", "10.0.0.7"),
+        ] {
+            jail.set_env(var, value);
+        }
+        let s = settings(jail, &[])?;
         assert_eq!(s.config.backends.len(), 1);
         Ok(())
     });
@@ -828,7 +868,9 @@ fn log_level_and_rust_log() {
         let got = problems(jail, &[]);
         assert_eq!(got.len(), 1);
         assert!(
-            got[0].starts_with("log_level: invalid log filter \"pdbmux=loud\": "),
+            got[0].starts_with(
+                "env PDBMUX_LOG_LEVEL: log_level: invalid log filter \"pdbmux=loud\": "
+            ),
             "{got:?}"
         );
         Ok(())
@@ -887,7 +929,7 @@ fn metrics_listen_defaults_on_is_turned_off_by_empty_and_checked() {
         assert_eq!(
             bad,
             vec![
-                "metrics_listen: \"9180\" is not :port, host:port or [v6]:port (empty turns it off)"
+                "env PDBMUX_METRICS_LISTEN: metrics_listen: \"9180\" is not :port, host:port or [v6]:port (empty turns it off)"
                     .to_owned()
             ]
         );
@@ -927,7 +969,7 @@ fn cache_backend_redis_needs_a_redis_url_and_uses_the_global_tls_files() {
         assert_eq!(
             problems(jail, &[]),
             vec![
-                "cache_redis_url: \"http://***@127.0.0.1:6379\" is not a redis:// or rediss:// URL"
+                "env PDBMUX_CACHE_REDIS_URL: cache_redis_url: \"http://***@127.0.0.1:6379\" is not a redis:// or rediss:// URL"
                     .to_owned()
             ]
         );
@@ -948,7 +990,8 @@ fn cache_backend_redis_needs_a_redis_url_and_uses_the_global_tls_files() {
         let missing = problems(jail, &[]);
         assert_eq!(missing.len(), 1, "{missing:?}");
         assert!(
-            missing[0].starts_with("cache_secret_file: missing.key: "),
+            missing[0]
+                .starts_with("env PDBMUX_CACHE_SECRET_FILE: cache_secret_file: missing.key: "),
             "{missing:?}"
         );
         write(jail, "short.key", "0123456789\n");
