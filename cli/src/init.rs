@@ -4,7 +4,7 @@ use std::fs::OpenOptions;
 use std::io::Write;
 use std::path::PathBuf;
 
-use crate::args::GlobalArgs;
+use crate::args::InitFlags;
 use crate::env::Environment;
 use crate::keys::KEYS;
 
@@ -33,7 +33,7 @@ pub enum InitError {
 }
 
 /// Where `config init` writes: `--config`, else `PDBMUX_CONFIG`, else the per-user path.
-pub fn init_path(args: &GlobalArgs, env: &Environment) -> Option<PathBuf> {
+pub fn init_path(args: &InitFlags, env: &Environment) -> Option<PathBuf> {
     args.config
         .clone()
         .or_else(|| env.get("PDBMUX_CONFIG").map(PathBuf::from))
@@ -88,8 +88,9 @@ fn example_file(key: &str) -> &'static str {
 }
 
 /// Writes [`template`] to [`init_path`], creating parent directories; refuses to overwrite an
-/// existing file unless `force`. Returns the path written.
-pub fn init(args: &GlobalArgs, env: &Environment, force: bool) -> Result<PathBuf, InitError> {
+/// existing file unless `--force`. Returns the path written.
+pub fn init(args: &InitFlags, env: &Environment) -> Result<PathBuf, InitError> {
+    let force = args.force;
     let path = init_path(args, env).ok_or(InitError::NoPath)?;
     if !force && path.exists() {
         return Err(InitError::Exists { path });

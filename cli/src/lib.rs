@@ -26,7 +26,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::process::ExitCode;
 
-pub use args::{version, Cli, Command, ConfigCommand, GlobalArgs};
+pub use args::{version, Cli, Command, ConfigCommand, InitFlags, SettingFlags};
 pub use env::Environment;
 pub use init::{init, template, InitError};
 pub use load::{load, ConfigFile, LoadError, Loaded, Source};
@@ -78,7 +78,7 @@ pub struct Settings {
 }
 
 /// Loads and validates the configuration in one step; for callers that need no `config show`.
-pub fn settings(args: &GlobalArgs, env: &Environment) -> Result<Settings, ConfigError> {
+pub fn settings(args: &SettingFlags, env: &Environment) -> Result<Settings, ConfigError> {
     Ok(validate(&load(args, env)?)?)
 }
 
@@ -146,14 +146,14 @@ where
             return u8::try_from(e.exit_code()).unwrap_or(EXIT_USAGE);
         }
     };
-    match cli.command.unwrap_or(Command::Serve) {
+    match cli.into_command() {
         Command::Version => {
             let _ = writeln!(out, "{binary} {}", version());
             0
         }
         Command::Config {
-            command: ConfigCommand::Init { force },
-        } => match init(&cli.global, env, force) {
+            command: ConfigCommand::Init(flags),
+        } => match init(&flags, env) {
             Ok(path) => {
                 let _ = writeln!(out, "wrote {}", path.display());
                 0
@@ -161,9 +161,9 @@ where
             Err(e) => fail(binary, err, &e, EXIT_FAILURE),
         },
         Command::Config {
-            command: ConfigCommand::Show,
+            command: ConfigCommand::Show(flags),
         } => {
-            let loaded = match load(&cli.global, env) {
+            let loaded = match load(&flags, env) {
                 Ok(loaded) => loaded,
                 Err(e) => return fail(binary, err, &e, EXIT_USAGE),
             };
@@ -181,8 +181,8 @@ where
                 }
             }
         }
-        Command::Serve => {
-            let loaded = match load(&cli.global, env) {
+        Command::Serve(flags) => {
+            let loaded = match load(&flags, env) {
                 Ok(loaded) => loaded,
                 Err(e) => return fail(binary, err, &e, EXIT_USAGE),
             };
@@ -211,7 +211,7 @@ where
                 tracing::info!("open files limit raised from {before} to {after}");
             }
             let reloader = Reloader::new(
-                cli.global.clone(),
+                flags,
                 env.clone(),
                 settings.log_format,
                 settings.log_level.clone(),

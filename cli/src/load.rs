@@ -11,7 +11,7 @@ use figment::providers::Format;
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
 
-use crate::args::GlobalArgs;
+use crate::args::SettingFlags;
 use crate::env::Environment;
 use crate::keys::{self, KEYS};
 
@@ -190,7 +190,7 @@ fn env_layer(env: &Environment) -> Layer {
     }
 }
 
-fn flags_layer(args: &GlobalArgs) -> Layer {
+fn flags_layer(args: &SettingFlags) -> Layer {
     let mut dict = Dict::new();
     if let Some(listen) = &args.listen {
         dict.insert("listen".to_owned(), Value::from(listen.as_str()));
@@ -209,7 +209,7 @@ fn flags_layer(args: &GlobalArgs) -> Layer {
 
 /// Picks the config file: `--config`, else `PDBMUX_CONFIG`, else the first existing file on the
 /// search path ([`search_paths`]).
-pub fn choose_file(args: &GlobalArgs, env: &Environment) -> Result<ConfigFile, LoadError> {
+pub fn choose_file(args: &SettingFlags, env: &Environment) -> Result<ConfigFile, LoadError> {
     let given = match (&args.config, env.get("PDBMUX_CONFIG")) {
         (Some(path), _) => Some((path.clone(), "--config")),
         (None, Some(path)) => Some((PathBuf::from(path), "PDBMUX_CONFIG")),
@@ -241,7 +241,7 @@ pub fn search_paths(env: &Environment) -> Vec<PathBuf> {
 ///
 /// Fails only when a config file cannot be found or read; bad values are reported by
 /// [`crate::validate()`].
-pub fn load(args: &GlobalArgs, env: &Environment) -> Result<Loaded, LoadError> {
+pub fn load(args: &SettingFlags, env: &Environment) -> Result<Loaded, LoadError> {
     let file = choose_file(args, env)?;
     let mut figment = Figment::from(defaults_layer());
     if let Some(path) = file.path() {

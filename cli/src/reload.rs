@@ -4,13 +4,13 @@
 
 use pdbmux_core::config::Config;
 
-use crate::{load, validate, Environment, GlobalArgs, LogFormat};
+use crate::{load, validate, Environment, LogFormat, SettingFlags};
 
 /// What a binary keeps from its start to reload its configuration; handed to `serve` by
 /// [`crate::run`].
 #[derive(Debug, Clone)]
 pub struct Reloader {
-    args: GlobalArgs,
+    args: SettingFlags,
     env: Environment,
     log_format: LogFormat,
     log_level: String,
@@ -27,7 +27,7 @@ pub struct ReloadError {
 impl Reloader {
     /// A reloader for a process started with these flags, environment and logging settings.
     pub fn new(
-        args: GlobalArgs,
+        args: SettingFlags,
         env: Environment,
         log_format: LogFormat,
         log_level: String,

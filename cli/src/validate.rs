@@ -168,10 +168,14 @@ pub enum ConfigProblem {
         suggestion: Option<&'static str>,
     },
     /// No backends at all.
-    #[error(
-        "backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)"
-    )]
-    NoBackends,
+    #[error("backends: none configured (set backends in {} or PDBMUX_BACKENDS=name=url,...)", match file {
+        Some(path) => path.display().to_string(),
+        None => "a config file".to_owned(),
+    })]
+    NoBackends {
+        /// The config file read, if any: where they would go.
+        file: Option<PathBuf>,
+    },
     /// Two backends share a name.
     #[error("backends: duplicate name \"{name}\"")]
     DuplicateBackend {
@@ -287,7 +291,7 @@ impl ConfigProblem {
             P::BackendFieldMissing { index, .. } | P::TlsPair { index, .. } => {
                 Some(entry(*index, None))
             }
-            P::NoBackends | P::DuplicateBackend { .. } | P::BadBackendsEntry { .. } => {
+            P::NoBackends { .. } | P::DuplicateBackend { .. } | P::BadBackendsEntry { .. } => {
                 Some(Subject::key("backends"))
             }
             P::UnknownVariable { .. } => None,
@@ -1013,14 +1017,17 @@ fn check_backends(
     checker: &mut Checker<'_>,
     global_tls: &[(Option<PathBuf>, Option<Source>); 3],
 ) -> (Option<Vec<BackendConfig>>, Vec<BackendShown>) {
+    let none = ConfigProblem::NoBackends {
+        file: checker.loaded.file.path().map(PathBuf::from),
+    };
     let Some(setting) = checker.setting("backends") else {
-        checker.problems.push(ConfigProblem::NoBackends);
+        checker.problems.push(none);
         return (None, Vec::new());
     };
     let before = checker.problems.len();
     let raws = raw_backends(checker, setting);
     if raws.is_empty() && checker.problems.len() == before {
-        checker.problems.push(ConfigProblem::NoBackends);
+        checker.problems.push(none);
     }
 
     let mut seen = HashSet::new();

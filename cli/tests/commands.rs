@@ -9,13 +9,29 @@ use std::time::Duration;
 
 use figment::Jail;
 use pdbmux_cli::{
-    args, init, load, run_with, show, template, validate, Environment, GlobalArgs, InitError,
-    LogFormat, Settings,
+    args, init, load, run_with, show, template, validate, Command, ConfigCommand, Environment,
+    InitError, InitFlags, LogFormat, SettingFlags, Settings,
 };
 
-fn flags(list: &[&str]) -> GlobalArgs {
+fn flags(list: &[&str]) -> SettingFlags {
     let argv = std::iter::once("pdbmux").chain(list.iter().copied());
-    args::parse("pdbmux", argv).expect("flags parse").global
+    args::parse("pdbmux", argv).expect("flags parse").flags
+}
+
+/// `config init`'s flags parsed exactly as the binary would.
+fn init_flags(list: &[&str]) -> InitFlags {
+    let argv = ["pdbmux", "config", "init"]
+        .into_iter()
+        .chain(list.iter().copied());
+    match args::parse("pdbmux", argv)
+        .expect("flags parse")
+        .into_command()
+    {
+        Command::Config {
+            command: ConfigCommand::Init(flags),
+        } => flags,
+        other => panic!("not config init: {other:?}"),
+    }
 }
 
 fn clean(jail: &mut Jail) {
@@ -94,13 +110,13 @@ fn init_target_order() {
     Jail::expect_with(|jail| {
         clean(jail);
         // No XDG: $HOME/.config.
-        let path = init(&flags(&[]), &env_of(jail), false).map_err(|e| e.to_string())?;
+        let path = init(&init_flags(&[]), &env_of(jail)).map_err(|e| e.to_string())?;
         assert_eq!(path, jail.directory().join(".config/pdbmux/config.yaml"));
 
         // PDBMUX_CONFIG over the default, creating parent directories.
         let env_path = jail.directory().join("a/b/env.yaml");
         jail.set_env("PDBMUX_CONFIG", env_path.display());
-        let path = init(&flags(&[]), &env_of(jail), false).map_err(|e| e.to_string())?;
+        let path = init(&init_flags(&[]), &env_of(jail)).map_err(|e| e.to_string())?;
         assert_eq!(path, env_path);
         assert!(env_path.is_file());
 
@@ -108,13 +124,13 @@ fn init_target_order() {
         let flag_path = jail.directory().join("c/flag.yaml");
         let f = flag_path.display().to_string();
         let path =
-            init(&flags(&["--config", &f]), &env_of(jail), false).map_err(|e| e.to_string())?;
+            init(&init_flags(&["--config", &f]), &env_of(jail)).map_err(|e| e.to_string())?;
         assert_eq!(path, flag_path);
 
         // Nowhere to write.
         jail.clear_env();
         let err =
-            init(&flags(&[]), &Environment::from_pairs([("A", "b")]), false).expect_err("no path");
+            init(&init_flags(&[]), &Environment::from_pairs([("A", "b")])).expect_err("no path");
         assert!(matches!(err, InitError::NoPath));
         Ok(())
     });
@@ -126,13 +142,19 @@ fn init_file_loads_back_with_defaults() {
         clean(jail);
         let path: PathBuf = jail.directory().join("pdbmux.yaml");
         let p = path.display().to_string();
-        init(&flags(&["--config", &p]), &env_of(jail), false).map_err(|e| e.to_string())?;
+        init(&init_flags(&["--config", &p]), &env_of(jail)).map_err(|e| e.to_string())?;
 
         // Without backends it loads but does not validate, and says why.
         let loaded = load(&flags(&["--config", &p]), &env_of(jail)).map_err(|e| e.to_string())?;
         let err = validate(&loaded).expect_err("no backends");
         assert_eq!(err.problems.len(), 1, "{err}");
-        assert!(err.to_string().starts_with("backends: none configured"));
+        // It names the file to add them to (what a newcomer after `config init` needs).
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "backends: none configured (set backends in {p} or PDBMUX_BACKENDS=name=url,...)"
+            )
+        );
 
         // With backends from the env every value is the default.
         jail.set_env("PDBMUX_BACKENDS", "pdb-a=http://pdb-a.example.com:8080");
@@ -224,7 +246,7 @@ fn show_lines_and_sources() {
         jail.set_env("PDBMUX_HEALTH_PROBE_FAILURES", "4");
         let (code, out, err, served) = run(
             &env_of(jail),
-            &["--config", &f, "--listen", ":9000", "config", "show"],
+            &["config", "show", "--config", &f, "--listen", ":9000"],
         );
         assert_eq!((code, err.as_str()), (0, ""), "{out}");
         assert!(served.is_none());
@@ -313,12 +335,12 @@ fn show_with_invalid_values_prints_and_fails() {
     );
     assert_eq!(
         err,
-        "pdbmux: backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)\n\
+        "pdbmux: backends: none configured (set backends in a config file or PDBMUX_BACKENDS=name=url,...)\n\
          pdbmux: env PDBMUX_TIMEOUT: timeout: invalid duration \"ten\": expected a number at \"ten\" (e.g. 10s, 500ms, 1m30s)\n"
     );
 
     // The same through the library call.
-    let loaded = load(&GlobalArgs::default(), &env).expect("load");
+    let loaded = load(&SettingFlags::default(), &env).expect("load");
     let shown = show(&loaded);
     assert_eq!(shown.result.expect_err("invalid").problems.len(), 2);
 }
@@ -330,7 +352,7 @@ fn serve_is_the_default_and_gets_settings() {
         ("PDBMUX_FACTS_TTL", "10m"),
     ])
     .with_system_config("/nonexistent-etc/config.yaml");
-    for argv in [&[][..], &["serve"][..], &["--merge", "static", "serve"][..]] {
+    for argv in [&[][..], &["serve"][..], &["--merge", "static"][..]] {
         let (code, out, err, served) = run(&env, argv);
         assert_eq!((code, out.as_str(), err.as_str()), (0, "", ""), "{argv:?}");
         let settings = served.expect("serve called");
@@ -346,6 +368,63 @@ fn serve_is_the_default_and_gets_settings() {
         served.expect("serve called").config.merge,
         pdbmux_core::config::MergeStrategy::Static
     );
+    // A flag belongs to the command it is given to: before another command it is refused.
+    let (code, _, err, served) = run(&env, &["--merge", "static", "serve"]);
+    assert_eq!(code, 2);
+    assert!(served.is_none());
+    assert!(
+        err.contains("the subcommand 'serve' cannot be used with '--merge"),
+        "{err}"
+    );
+}
+
+/// Each command's help lists its own flags, and says true things of them.
+#[test]
+fn each_command_shows_only_its_own_flags() {
+    let env = Environment::from_pairs([("HOME", "/nonexistent-home")]);
+    let help = |argv: &[&str]| {
+        let (code, out, err, _) = run(&env, argv);
+        assert_eq!((code, err.as_str()), (0, ""), "{argv:?}");
+        out
+    };
+    let flags_of = |text: &str| -> Vec<String> {
+        let mut flags: Vec<String> = text
+            .lines()
+            .map(str::trim_start)
+            .filter(|line| line.starts_with('-'))
+            .filter_map(|line| line.split_whitespace().find(|w| w.starts_with("--")))
+            .map(str::to_owned)
+            .collect();
+        flags.sort();
+        flags
+    };
+    let serve_flags = [
+        "--config",
+        "--health-probe",
+        "--help",
+        "--listen",
+        "--log-format",
+        "--merge",
+    ];
+    assert_eq!(flags_of(&help(&["serve", "--help"])), serve_flags);
+    assert_eq!(flags_of(&help(&["config", "show", "--help"])), serve_flags);
+    assert_eq!(
+        flags_of(&help(&["config", "init", "--help"])),
+        ["--config", "--force", "--help"]
+    );
+    assert_eq!(flags_of(&help(&["version", "--help"])), ["--help"]);
+    assert_eq!(flags_of(&help(&["config", "--help"])), ["--help"]);
+
+    let init = help(&["config", "init", "--help"]);
+    assert!(init.contains("File to write"), "{init}");
+    assert!(!init.contains("must exist"), "init writes the file: {init}");
+    let serve = help(&["serve", "--help"]);
+    assert!(
+        serve.contains("Config file to read; it must exist"),
+        "{serve}"
+    );
+    assert!(!serve.contains("How /facts picks"), "{serve}");
+    assert!(serve.contains("its facts, catalog and reports"), "{serve}");
 }
 
 #[test]
@@ -402,7 +481,10 @@ fn usage_errors_help_and_version() {
 
     let (code, out, _, _) = run(&env, &["--help"]);
     assert_eq!(code, 0);
-    assert!(out.contains("Usage: pdbmux [OPTIONS] [COMMAND]"), "{out}");
+    assert!(
+        out.contains("Usage: pdbmux [OPTIONS]\n       pdbmux <COMMAND>"),
+        "{out}"
+    );
     for word in [
         "serve",
         "config",

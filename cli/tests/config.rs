@@ -8,15 +8,15 @@ use std::time::Duration;
 
 use figment::Jail;
 use pdbmux_cli::{
-    args, load, validate, ConfigFile, Environment, GlobalArgs, LoadError, LogFormat, Settings,
+    args, load, validate, ConfigFile, Environment, LoadError, LogFormat, SettingFlags, Settings,
     Source,
 };
 use pdbmux_core::config::{BackendUrl, MergeStrategy, TlsFiles};
 
 /// Global flags parsed exactly as the binary would.
-fn flags(list: &[&str]) -> GlobalArgs {
+fn flags(list: &[&str]) -> SettingFlags {
     let argv = std::iter::once("pdbmux").chain(list.iter().copied());
-    args::parse("pdbmux", argv).expect("flags parse").global
+    args::parse("pdbmux", argv).expect("flags parse").flags
 }
 
 /// A clean environment inside the jail: nothing but HOME (the jail) and what the test sets.
@@ -577,13 +577,13 @@ fn no_backends() {
         clean(jail);
         assert_eq!(
             problems(jail, &[]),
-            ["backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)"]
+            ["backends: none configured (set backends in a config file or PDBMUX_BACKENDS=name=url,...)"]
         );
         let file = write(jail, "cfg.yaml", "listen: :8080\nbackends: []\n");
         let f = file.display().to_string();
         assert_eq!(
             problems(jail, &["--config", &f]),
-            [format!("{f}:2: backends: none configured (set backends in the config file or PDBMUX_BACKENDS=name=url,...)")]
+            [format!("{f}:2: backends: none configured (set backends in {f} or PDBMUX_BACKENDS=name=url,...)")]
         );
         Ok(())
     });
