@@ -1,4 +1,4 @@
-//! The command line: global flags and subcommands (clap derive).
+//! The command line: the subcommands and the flags each takes (clap derive).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
