@@ -114,7 +114,10 @@ impl Reply {
 
     /// Connection refused.
     pub fn refused() -> Reply {
-        Reply::fail(UpstreamFailure::Connect("connection refused".to_owned()))
+        Reply::fail(UpstreamFailure::Connect {
+            cause: pdbmux_core::ConnectCause::Refused,
+            detail: "connection refused".to_owned(),
+        })
     }
 
     /// The connection broke after it was made.

@@ -281,6 +281,10 @@ fn a_probe_path_that_404s_from_the_start_is_probe_unsupported_for_ever() {
             Value::from("answered 404")
         )
     );
+    assert_eq!(
+        backend_report(&healthz, "pdb-a")["last_probe_result"],
+        "probe_path_not_found"
+    );
     assert_eq!(backend_report(&healthz, "pdb-a")["reachable"], true);
     assert_eq!(healthz["status"], "ok");
     insta::assert_snapshot!(end(&mut h, 9_700));
@@ -319,11 +323,16 @@ fn a_backend_unreachable_since_start_stays_in_service_until_it_answers_once() {
     assert_eq!(
         prober_fields(&healthz, "pdb-a"),
         (
-            "probe_unsupported".to_owned(),
+            "unreachable".to_owned(),
             5,
             0,
             Value::from("connect failed: connection refused")
         )
+    );
+    // Named as what it is, not as a probe-path problem.
+    assert_eq!(
+        backend_report(&healthz, "pdb-a")["last_probe_result"],
+        "connection_refused"
     );
     assert_eq!(backend_report(&healthz, "pdb-a")["reachable"], false);
     assert_eq!(healthz["status"], "degraded");

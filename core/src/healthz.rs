@@ -109,6 +109,7 @@ impl ReachabilityCheck {
                     consecutive_successes: probe.map_or(0, |p| p.consecutive_successes),
                     last_probe: probe.and_then(|p| p.last_probe).map(|at| clock.rfc3339(at)),
                     last_error: probe.and_then(|p| p.last_error.as_deref()).map(scrub),
+                    last_probe_result: probe.and_then(|p| p.last_result).map(|r| r.as_str()),
                 }
             })
             .collect();
@@ -203,4 +204,6 @@ struct BackendReport<'a> {
     consecutive_successes: u32,
     last_probe: Option<String>,
     last_error: Option<String>,
+    /// What the last probe found ([`crate::health::ProbeFinding::as_str`]).
+    last_probe_result: Option<&'static str>,
 }

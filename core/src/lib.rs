@@ -75,7 +75,7 @@ pub use exchange::{Exchange, ExchangeOutput, ExchangeReport, X_BACKENDS, X_RECOR
 pub use healthz::REACHABILITY_PATH;
 pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
-    BodyMode, ClientRequest, Response, ResponseBody, UpstreamBody, UpstreamFailure,
+    BodyMode, ClientRequest, ConnectCause, Response, ResponseBody, UpstreamBody, UpstreamFailure,
     UpstreamRequest, UpstreamResponse, HELD_ABOVE_BYTES, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,
 };
 pub use policy::{plan, Planned};

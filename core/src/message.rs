@@ -137,12 +137,56 @@ impl UpstreamResponse {
     }
 }
 
+/// Why no connection could be made to a backend: what an operator does next differs for each
+/// (start the PuppetDB, fix the name, fix the certificates, look at the network), so `/healthz`,
+/// the log and the metrics name them apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectCause {
+    /// Nothing listens on the address (the PuppetDB is down or on another port).
+    Refused,
+    /// The host name does not resolve.
+    Dns,
+    /// The TLS handshake failed (certificates, CA, protocol).
+    Tls,
+    /// The connection was not made within the timeout (a firewall dropping packets, a host down).
+    Timeout,
+    /// Anything else (no route to host, ...).
+    Other,
+}
+
+impl ConnectCause {
+    /// Every cause, in the order the metrics list them.
+    pub const ALL: [ConnectCause; 5] = [
+        ConnectCause::Refused,
+        ConnectCause::Dns,
+        ConnectCause::Tls,
+        ConnectCause::Timeout,
+        ConnectCause::Other,
+    ];
+
+    /// Its spelling in `/healthz`, log lines and metric labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ConnectCause::Refused => "connection_refused",
+            ConnectCause::Dns => "dns_error",
+            ConnectCause::Tls => "tls_error",
+            ConnectCause::Timeout => "connect_timeout",
+            ConnectCause::Other => "connect_error",
+        }
+    }
+}
+
 /// Why an upstream request produced no answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum UpstreamFailure {
-    /// No connection could be made (refused, DNS, TLS handshake).
-    #[error("connect failed: {0}")]
-    Connect(String),
+    /// No connection could be made.
+    #[error("connect failed: {detail}")]
+    Connect {
+        /// Which kind of failure it was.
+        cause: ConnectCause,
+        /// The error, as the runtime's libraries describe it.
+        detail: String,
+    },
     /// The deadline passed before the answer was complete.
     #[error("timed out")]
     Timeout,

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::cache::StoreStats;
 use crate::fanout::CallState;
-use crate::message::UpstreamFailure;
+use crate::message::{ConnectCause, UpstreamFailure};
 use crate::status::{Failure, Outcome};
 
 /// One backend's numbers.
@@ -74,19 +74,21 @@ pub struct EstateStats {
 }
 
 /// Every state a backend can be in, for gauges that are 1 for the current one and 0 otherwise.
-pub const BACKEND_STATES: [&str; 5] = [
+pub const BACKEND_STATES: [&str; 6] = [
     "healthy",
     "unhealthy",
     "probe_unsupported",
+    "unreachable",
     "unprobed",
     "unmonitored",
 ];
 
 /// Every kind of prober transition, as the metrics label them.
-pub const TRANSITIONS: [&str; 5] = [
+pub const TRANSITIONS: [&str; 6] = [
     "down",
     "up",
     "probe_unsupported",
+    "unreachable",
     "first_answer",
     "rejection_run",
 ];
@@ -102,8 +104,8 @@ pub enum CallOutcome {
     ServerError,
     /// No answer within the timeout.
     Timeout,
-    /// No connection (refused, DNS, TLS handshake).
-    Connect,
+    /// No connection, for this cause.
+    Connect(ConnectCause),
     /// The body went over `max_body_bytes`.
     BodyTooLarge,
     /// The connection failed after it was made.
@@ -124,7 +126,7 @@ impl CallOutcome {
             CallOutcome::ClientError => "4xx",
             CallOutcome::ServerError => "5xx",
             CallOutcome::Timeout => "timeout",
-            CallOutcome::Connect => "connect_error",
+            CallOutcome::Connect(cause) => cause.as_str(),
             CallOutcome::BodyTooLarge => "body_too_large",
             CallOutcome::Transport => "transport_error",
             CallOutcome::Unparseable => "unparseable",
@@ -156,7 +158,7 @@ impl CallOutcome {
 
     fn of_failure(failure: &UpstreamFailure) -> CallOutcome {
         match failure {
-            UpstreamFailure::Connect(_) => CallOutcome::Connect,
+            UpstreamFailure::Connect { cause, .. } => CallOutcome::Connect(*cause),
             UpstreamFailure::Timeout => CallOutcome::Timeout,
             UpstreamFailure::BodyTooLarge { .. } => CallOutcome::BodyTooLarge,
             UpstreamFailure::Transport(_) => CallOutcome::Transport,

@@ -6,7 +6,8 @@
 //! untouched) is taken out after `health_probe_failures` probes, after which /nodes no longer
 //! waits on it (latency measured before, during and after) and says `X-Backends: 1/2`; it comes
 //! back after `health_probe_successes` probes once the proxy forwards again; a probe path that
-//! 404s from the start leaves the backends in service as `probe_unsupported`, even when one of
+//! 404s from the start leaves the backends in service as `probe_unsupported` (`unreachable` once
+//! its probes get no reply), even when one of
 //! them hangs; every backend down fails open (queries still go to all of them).
 
 mod common;
@@ -290,11 +291,17 @@ fn a_probe_path_that_404s_leaves_backends_in_service() {
         eprintln!("{n}: {}", lines[0]);
     }
 
-    // A probe that never answered gates nothing: a hanging backend stays in service.
+    // A probe that never answered gates nothing: a hanging backend stays in service, and is
+    // named for what its probes now find (no reply), not for the probe path.
     proxy.set_mode(ProxyMode::Hang);
     std::thread::sleep(Duration::from_millis(2500)); // more than 2 probe intervals
     let (body, _) = wait_healthz(&p, "state after the hang", Duration::from_secs(5), |_| true);
-    assert_eq!(state(&body, &second.name), "probe_unsupported", "{body}");
+    assert_eq!(state(&body, &second.name), "unreachable", "{body}");
+    assert_eq!(
+        healthz_backend(&body, &second.name)["last_probe_result"],
+        "timeout",
+        "{body}"
+    );
     let (d, r) = timed(&p, NODES);
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(
@@ -398,4 +405,69 @@ fn every_backend_down_fails_open() {
         .map(|n| certname(n).to_owned())
         .collect();
     assert_eq!(merged, all, "every active node of both backends");
+}
+
+/// Each way a backend can be out of reach is named apart in `/healthz` and in its one warning:
+/// nothing listening (`connection_refused`), an https URL on a plain-HTTP PuppetDB (`tls_error`),
+/// a backend that accepts and never answers (`timeout`) — none of them a probe-path problem.
+#[test]
+fn unreachable_backends_are_named_by_their_cause() {
+    let e = env();
+    let closed_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind")
+        .port();
+    let refused = format!("http://127.0.0.1:{closed_port}");
+    let plain = e.backends[1]
+        .url
+        .strip_prefix("http://")
+        .expect("plain-HTTP backend");
+    let tls = format!("https://{plain}");
+    let hang = proxy_for(&e.backends[0].url);
+    hang.set_mode(ProxyMode::Hang);
+    let hang_url = hang.url();
+    let backends = [
+        ("pdb-a", e.backends[0].url.as_str()),
+        ("down", refused.as_str()),
+        ("plaintext", tls.as_str()),
+        ("hung", hang_url.as_str()),
+    ];
+    let p = pdbmux_at("unreachable-causes", &backends, &probe_vars(&[]));
+    let want = [
+        ("down", "connection_refused"),
+        ("plaintext", "tls_error"),
+        ("hung", "timeout"),
+    ];
+    let (body, _) = wait_healthz(&p, "every cause named", Duration::from_secs(10), |body| {
+        want.iter().all(|(name, cause)| {
+            let b = healthz_backend(body, name);
+            b["state"] == "unreachable" && b["last_probe_result"] == *cause
+        })
+    });
+    assert_eq!(state(&body, "pdb-a"), "healthy", "{body}");
+    assert_eq!(healthz_backend(&body, "pdb-a")["last_probe_result"], "ok");
+    // Two failed probes (the threshold) bring the one warning, with the cause as a field.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let warned = |name: &str, cause: &str| {
+        p.log().lines().any(|l| {
+            l.contains("backend unreachable since start")
+                && l.contains(&format!("\"{name}\""))
+                && l.contains(cause)
+        })
+    };
+    while !want.iter().all(|(n, c)| warned(n, c)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for (name, cause) in want {
+        assert!(
+            warned(name, cause),
+            "no warning for {name} ({cause}):\n{}",
+            p.log()
+        );
+    }
+    assert!(
+        !p.log().contains("check health_probe_path"),
+        "an unreachable backend is not a probe-path problem:\n{}",
+        p.log()
+    );
 }

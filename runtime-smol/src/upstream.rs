@@ -11,6 +11,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use pdbmux_core::config::{BackendConfig, Config};
 use pdbmux_core::{UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use pdbmux_driver::upstream::{answer_framing, request_bytes, take_answer, BodyLimit};
+use pdbmux_tls::connect_cause;
 use rustls::pki_types::ServerName;
 use smol::future::FutureExt;
 use smol::io::AsyncWriteExt;
@@ -119,7 +120,10 @@ impl Upstreams {
             .checkout(fresh)
             .await
             .map_err(|error| AttemptError {
-                failure: UpstreamFailure::Connect(error_chain(&error)),
+                failure: UpstreamFailure::Connect {
+                    cause: connect_cause(&error),
+                    detail: error_chain(&error),
+                },
                 before_answer: false,
             })?;
         let retry = lease.reused;

@@ -15,6 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use pdbmux_core::config::{BackendConfig, Config};
 use pdbmux_core::{BackendId, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use pdbmux_driver::upstream::{request_headers, take_answer, BodyLimit};
+use pdbmux_tls::connect_cause;
 
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -111,7 +112,10 @@ impl Upstreams {
 
 fn classify_client_error(error: hyper_util::client::legacy::Error) -> UpstreamFailure {
     if error.is_connect() {
-        UpstreamFailure::Connect(error_chain(&error))
+        UpstreamFailure::Connect {
+            cause: connect_cause(&error),
+            detail: error_chain(&error),
+        }
     } else {
         UpstreamFailure::Transport(error_chain(&error))
     }

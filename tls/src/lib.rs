@@ -8,6 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use pdbmux_core::config::BackendConfig;
+use pdbmux_core::ConnectCause;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -121,10 +122,99 @@ pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
+/// What kind of connect failure `error` is, from the errors in its chain: a rustls error is TLS,
+/// an I/O error says refused or timed out by its kind, and a failed name lookup is known by the
+/// resolver's words (getaddrinfo's error has no kind of its own: std reports it as "failed to
+/// lookup address information", hyper-util as "dns error"). An I/O error's `source` skips the
+/// error it wraps, so that one is looked into as well (TLS connectors wrap rustls's error in one,
+/// and sometimes that in another). Call it on the error a runtime got while connecting.
+pub fn connect_cause(error: &(dyn std::error::Error + 'static)) -> ConnectCause {
+    let mut found = ConnectCause::Other;
+    let mut next = Some(error);
+    while let Some(error) = next {
+        if let Some(cause) = wrapped_cause(error, &mut found) {
+            return cause;
+        }
+        next = error.source();
+    }
+    found
+}
+
+/// TLS when `error`, or an error an I/O error in it wraps, is rustls's; otherwise notes in
+/// `found` the refusal, timeout or failed lookup it shows.
+fn wrapped_cause(
+    error: &(dyn std::error::Error + 'static),
+    found: &mut ConnectCause,
+) -> Option<ConnectCause> {
+    if error.downcast_ref::<rustls::Error>().is_some() {
+        return Some(ConnectCause::Tls);
+    }
+    if let Some(io) = error.downcast_ref::<std::io::Error>() {
+        match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => *found = ConnectCause::Refused,
+            std::io::ErrorKind::TimedOut => *found = ConnectCause::Timeout,
+            _ => {}
+        }
+        if let Some(inner) = io.get_ref() {
+            if let Some(cause) = wrapped_cause(inner, found) {
+                return Some(cause);
+            }
+        }
+    }
+    let text = error.to_string();
+    if *found == ConnectCause::Other
+        && (text.contains("failed to lookup address") || text.starts_with("dns error"))
+    {
+        *found = ConnectCause::Dns;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use pdbmux_core::config::{BackendUrl, TlsFiles};
+
+    /// An error wrapping `source`, as connectors wrap the I/O error they got.
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct Wrapped(#[source] std::io::Error);
+
+    #[test]
+    fn connect_causes_are_told_apart_through_the_chain() {
+        // A port nothing listens on: bind one, learn it, close it.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind")
+            .port();
+        let refused = std::net::TcpStream::connect(("127.0.0.1", port)).expect_err("refused");
+        assert_eq!(connect_cause(&Wrapped(refused)), ConnectCause::Refused);
+
+        let timed_out = std::io::Error::from(std::io::ErrorKind::TimedOut);
+        assert_eq!(connect_cause(&Wrapped(timed_out)), ConnectCause::Timeout);
+
+        let tls = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        );
+        assert_eq!(connect_cause(&Wrapped(tls)), ConnectCause::Tls);
+        let bare_tls = rustls::Error::General("handshake".into());
+        assert_eq!(connect_cause(&bare_tls), ConnectCause::Tls);
+        // As hyper-rustls hands it over: rustls's error in an I/O error in another.
+        let twice = std::io::Error::other(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType),
+        ));
+        assert_eq!(connect_cause(&Wrapped(twice)), ConnectCause::Tls);
+
+        let lookup = std::io::Error::other(
+            "failed to lookup address information: Name or service not known",
+        );
+        assert_eq!(connect_cause(&Wrapped(lookup)), ConnectCause::Dns);
+
+        let unreachable = std::io::Error::other("No route to host");
+        assert_eq!(connect_cause(&Wrapped(unreachable)), ConnectCause::Other);
+    }
 
     fn backend(tls: TlsFiles) -> BackendConfig {
         BackendConfig {

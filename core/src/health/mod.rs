@@ -10,7 +10,8 @@
 //! - **The latch.** Set by the first reply readable as healthy or unhealthy ([`classify`] says
 //!   which: [`Verdict::sets_latch`]); never by a rejection or a transport failure; never cleared.
 //! - **Before the latch** the backend stays in service whatever happens. It is `unprobed` until its
-//!   first result, `probe_unsupported` after. Its unsuccessful probes are counted; when the count
+//!   first result; after it `unreachable` while its last probe got no reply (refused, DNS, TLS,
+//!   timeout) and `probe_unsupported` while the backend refuses the probe path. Its unsuccessful probes are counted; when the count
 //!   reaches `failures`, [`Transition::ProbeUnsupported`] is emitted once per process, and the
 //!   first answer after that emits [`Transition::FirstAnswerAfterUnsupported`].
 //! - **After the latch** the count restarts (probes before the latch do not count) and the
@@ -33,7 +34,7 @@ use bytes::Bytes;
 
 use crate::config::Config;
 use crate::ids::BackendId;
-use crate::message::{UpstreamBody, UpstreamFailure, UpstreamResponse};
+use crate::message::{ConnectCause, UpstreamBody, UpstreamFailure, UpstreamResponse};
 
 pub use classify::{classify, Verdict};
 
@@ -82,7 +83,7 @@ pub enum ProbeResult {
     },
     /// No reply: connect, DNS or TLS failure, a broken connection, an oversized body, or the
     /// probe's deadline passed. Never sets the latch.
-    TransportFailure(String),
+    TransportFailure(UpstreamFailure),
 }
 
 impl ProbeResult {
@@ -99,7 +100,7 @@ impl ProbeResult {
 
     /// The result for an upstream failure of a probe request.
     pub fn from_failure(failure: &UpstreamFailure) -> ProbeResult {
-        ProbeResult::TransportFailure(failure.to_string())
+        ProbeResult::TransportFailure(failure.clone())
     }
 
     /// The result for a probe whose deadline passed with no answer (see
@@ -116,6 +117,8 @@ pub enum Transition {
     Down {
         /// Which backend.
         backend: BackendId,
+        /// What the last probe found.
+        finding: ProbeFinding,
         /// The last probe's error.
         reason: String,
     },
@@ -125,13 +128,16 @@ pub enum Transition {
         backend: BackendId,
     },
     /// The backend's probe has never answered and its unsuccessful probes reached the failure
-    /// threshold; it stays in service, unmonitored. Emitted once per backend per process.
+    /// threshold; it stays in service, unmonitored. Emitted once per backend per process. Whether
+    /// the backend could not be reached or refused the probe path is in `finding`.
     ProbeUnsupported {
         /// Which backend.
         backend: BackendId,
         /// The probe path (`health_probe_path`).
         path: String,
-        /// The status of the probe that reached the threshold; `None` for a transport failure.
+        /// What the probe that reached the threshold found.
+        finding: ProbeFinding,
+        /// The status of that probe; `None` for a transport failure.
         status: Option<u16>,
         /// That probe's error.
         reason: String,
@@ -170,6 +176,9 @@ impl Transition {
         match self {
             Transition::Down { .. } => "down",
             Transition::Up { .. } => "up",
+            Transition::ProbeUnsupported { finding, .. } if finding.is_unreachable() => {
+                "unreachable"
+            }
             Transition::ProbeUnsupported { .. } => "probe_unsupported",
             Transition::FirstAnswerAfterUnsupported { .. } => "first_answer",
             Transition::RejectionRunStarted { .. } => "rejection_run",
@@ -181,8 +190,11 @@ impl Transition {
     /// configured name; scrub `reason` first if the log must not carry backend addresses.
     pub fn log(&self, backend_name: &str) {
         match self {
-            Transition::Down { reason, .. } => tracing::warn!(
+            Transition::Down {
+                finding, reason, ..
+            } => tracing::warn!(
                 backend = backend_name,
+                cause = finding.as_str(),
                 reason = reason.as_str(),
                 "backend down: health probes failing; queries skip it"
             ),
@@ -191,17 +203,28 @@ impl Transition {
                 "backend up: health probes succeeding; queries use it again"
             ),
             Transition::ProbeUnsupported {
+                finding, reason, ..
+            } if finding.is_unreachable() => tracing::warn!(
+                backend = backend_name,
+                cause = finding.as_str(),
+                reason = reason.as_str(),
+                "backend unreachable since start: no probe has reached it; kept in service until one \
+                 does, and queries it is asked fail meanwhile (check that it runs and its url)"
+            ),
+            Transition::ProbeUnsupported {
                 path,
+                finding,
                 status,
                 reason,
                 ..
             } => tracing::warn!(
                 backend = backend_name,
                 path = path.as_str(),
+                cause = finding.as_str(),
                 status = status.map(u64::from),
                 reason = reason.as_str(),
-                "health probe has never answered; backend kept in service without health checks \
-                 (check health_probe_path)"
+                "health probe path refused since start; backend kept in service without health \
+                 checks (check health_probe_path)"
             ),
             Transition::FirstAnswerAfterUnsupported { .. } => tracing::info!(
                 backend = backend_name,
@@ -225,8 +248,12 @@ pub enum HealthState {
     Healthy,
     /// The probe has answered at least once and the backend is out of the pool.
     Unhealthy,
-    /// Probed, but the probe has never answered: in service, not verified.
+    /// Probed, but the probe has never answered: the backend refused the probe path (a 404, a
+    /// 401); in service, not verified.
     ProbeUnsupported,
+    /// Probed, but no probe has ever reached the backend (refused, DNS, TLS, timeout): in service
+    /// until one does, and not verified.
+    Unreachable,
     /// No probe result yet: in service.
     Unprobed,
     /// Probing is off (`health_probe_enabled: false`): always in service.
@@ -240,6 +267,7 @@ impl HealthState {
             HealthState::Healthy => "healthy",
             HealthState::Unhealthy => "unhealthy",
             HealthState::ProbeUnsupported => "probe_unsupported",
+            HealthState::Unreachable => "unreachable",
             HealthState::Unprobed => "unprobed",
             HealthState::Unmonitored => "unmonitored",
         }
@@ -259,6 +287,71 @@ pub struct BackendHealthReport {
     pub last_probe: Option<Instant>,
     /// The latest probe's error; `None` when it succeeded or there was none.
     pub last_error: Option<String>,
+    /// What the latest probe found; `None` before the first.
+    pub last_result: Option<ProbeFinding>,
+}
+
+/// What one probe found, named so that an operator can tell the causes apart: the PuppetDB down
+/// (`connection_refused`), a wrong name (`dns_error`), certificates (`tls_error`), the network
+/// (`connect_timeout`, `timeout`), the probe path (`probe_path_not_found`, `probe_rejected`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeFinding {
+    /// A healthy answer.
+    Ok,
+    /// An answer saying the backend is unwell (a 5xx, a 429, a service not running).
+    Unhealthy,
+    /// The probe path is not there (404, 410).
+    PathNotFound,
+    /// Another refusal of the probe request (401, 403, 405, 501, a 3xx, ...).
+    Rejected,
+    /// No connection could be made, for this cause.
+    Connect(ConnectCause),
+    /// Connected, but no answer within `health_probe_timeout`.
+    Timeout,
+    /// Connected, but the exchange broke (reset, malformed HTTP, a body over the limit).
+    TransportError,
+}
+
+impl ProbeFinding {
+    /// Its spelling in `/healthz` (`last_probe_result`) and the log's `cause` field.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProbeFinding::Ok => "ok",
+            ProbeFinding::Unhealthy => "unhealthy",
+            ProbeFinding::PathNotFound => "probe_path_not_found",
+            ProbeFinding::Rejected => "probe_rejected",
+            ProbeFinding::Connect(cause) => cause.as_str(),
+            ProbeFinding::Timeout => "timeout",
+            ProbeFinding::TransportError => "transport_error",
+        }
+    }
+
+    /// Whether the probe got no reply at all: evidence about the backend's reachability, not
+    /// about the probe path.
+    pub fn is_unreachable(self) -> bool {
+        matches!(
+            self,
+            ProbeFinding::Connect(_) | ProbeFinding::Timeout | ProbeFinding::TransportError
+        )
+    }
+
+    fn of_failure(failure: &UpstreamFailure) -> ProbeFinding {
+        match failure {
+            UpstreamFailure::Connect { cause, .. } => ProbeFinding::Connect(*cause),
+            UpstreamFailure::Timeout => ProbeFinding::Timeout,
+            UpstreamFailure::BodyTooLarge { .. } | UpstreamFailure::Transport(_) => {
+                ProbeFinding::TransportError
+            }
+        }
+    }
+
+    fn of_refusal(status: u16) -> ProbeFinding {
+        if matches!(status, 404 | 410) {
+            ProbeFinding::PathNotFound
+        } else {
+            ProbeFinding::Rejected
+        }
+    }
 }
 
 /// What one probe says, once read.
@@ -276,25 +369,33 @@ enum Observation {
 }
 
 impl Observation {
-    fn read(result: ProbeResult) -> (Observation, Option<u16>) {
+    /// What the probe says, its status when it got one, and what it found.
+    fn read(result: ProbeResult) -> (Observation, Option<u16>, ProbeFinding) {
         match result {
             ProbeResult::Answered { status, body } => {
-                let observation = match classify(status, &body) {
-                    Verdict::Healthy => Observation::Healthy,
-                    Verdict::Unhealthy(reason) => Observation::Unhealthy {
-                        reason,
-                        answered: true,
-                    },
-                    Verdict::Rejected(reason) => Observation::Rejected { reason, status },
+                let (observation, finding) = match classify(status, &body) {
+                    Verdict::Healthy => (Observation::Healthy, ProbeFinding::Ok),
+                    Verdict::Unhealthy(reason) => (
+                        Observation::Unhealthy {
+                            reason,
+                            answered: true,
+                        },
+                        ProbeFinding::Unhealthy,
+                    ),
+                    Verdict::Rejected(reason) => (
+                        Observation::Rejected { reason, status },
+                        ProbeFinding::of_refusal(status),
+                    ),
                 };
-                (observation, Some(status))
+                (observation, Some(status), finding)
             }
-            ProbeResult::TransportFailure(reason) => (
+            ProbeResult::TransportFailure(failure) => (
                 Observation::Unhealthy {
-                    reason,
+                    reason: failure.to_string(),
                     answered: false,
                 },
                 None,
+                ProbeFinding::of_failure(&failure),
             ),
         }
     }
@@ -329,6 +430,7 @@ struct BackendHealth {
     next_due: Instant,
     last_probe: Option<Instant>,
     last_error: Option<String>,
+    last_result: Option<ProbeFinding>,
 }
 
 impl BackendHealth {
@@ -345,6 +447,7 @@ impl BackendHealth {
             next_due: now,
             last_probe: None,
             last_error: None,
+            last_result: None,
         }
     }
 
@@ -453,7 +556,8 @@ impl HealthTable {
         health.probed = true;
         let failures = settings.failures.max(1);
         let successes = settings.successes.max(1);
-        let (observation, status) = Observation::read(result);
+        let (observation, status, finding) = Observation::read(result);
+        health.last_result = Some(finding);
         let mut transitions = Vec::new();
 
         if !health.latched {
@@ -470,6 +574,7 @@ impl HealthTable {
                     transitions.push(Transition::ProbeUnsupported {
                         backend,
                         path: settings.path.clone(),
+                        finding,
                         status,
                         reason: reason.clone(),
                     });
@@ -523,6 +628,7 @@ impl HealthTable {
             health.up = false;
             transitions.push(Transition::Down {
                 backend,
+                finding,
                 reason: reason.clone(),
             });
         }
@@ -574,11 +680,15 @@ impl HealthTable {
                 consecutive_successes: 0,
                 last_probe: None,
                 last_error: None,
+                last_result: None,
             });
         }
         let state = match (health.latched, health.up, health.probed) {
             (true, true, _) => HealthState::Healthy,
             (true, false, _) => HealthState::Unhealthy,
+            (false, _, true) if health.last_result.is_some_and(ProbeFinding::is_unreachable) => {
+                HealthState::Unreachable
+            }
             (false, _, true) => HealthState::ProbeUnsupported,
             (false, _, false) => HealthState::Unprobed,
         };
@@ -588,6 +698,7 @@ impl HealthTable {
             consecutive_successes: health.successes,
             last_probe: health.last_probe,
             last_error: health.last_error.clone(),
+            last_result: health.last_result,
         })
     }
 }

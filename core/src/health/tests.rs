@@ -44,7 +44,10 @@ fn answered(status: u16, body: &str) -> ProbeResult {
 }
 
 fn refused() -> ProbeResult {
-    ProbeResult::from_failure(&UpstreamFailure::Connect("connection refused".into()))
+    ProbeResult::from_failure(&UpstreamFailure::Connect {
+        cause: crate::ConnectCause::Refused,
+        detail: "connection refused".into(),
+    })
 }
 
 /// A table on a simulated clock that probes one backend at a time, each as soon as it is due.
@@ -97,9 +100,10 @@ impl Sim {
     }
 }
 
-fn down(backend: usize, reason: &str) -> Transition {
+fn down(backend: usize, finding: ProbeFinding, reason: &str) -> Transition {
     Transition::Down {
         backend: BackendId(backend),
+        finding,
         reason: reason.to_owned(),
     }
 }
@@ -118,10 +122,16 @@ fn rejection_run(backend: usize, status: u16) -> Transition {
     }
 }
 
-fn unsupported(backend: usize, status: Option<u16>, reason: &str) -> Transition {
+fn unsupported(
+    backend: usize,
+    finding: ProbeFinding,
+    status: Option<u16>,
+    reason: &str,
+) -> Transition {
     Transition::ProbeUnsupported {
         backend: BackendId(backend),
         path: PATH.to_owned(),
+        finding,
         status,
         reason: reason.to_owned(),
     }
@@ -177,7 +187,13 @@ fn the_latch_is_not_set_by_refusals_or_transport_failures() {
     ] {
         let mut sim = Sim::new(3, 2, 1);
         let transitions = sim.run(0, vec![result.clone(); 50]);
-        assert_eq!(sim.state(0), HealthState::ProbeUnsupported, "{result:?}");
+        let never_reached = matches!(result, ProbeResult::TransportFailure(_));
+        let want = if never_reached {
+            HealthState::Unreachable
+        } else {
+            HealthState::ProbeUnsupported
+        };
+        assert_eq!(sim.state(0), want, "{result:?}");
         assert!(!sim.table.backends[0].latched, "{result:?}");
         assert_eq!(sim.roster(), vec![0], "never gated: {result:?}");
         assert_eq!(transitions.len(), 1, "one warning: {result:?}");
@@ -190,7 +206,10 @@ fn three_failures_take_a_backend_out_and_two_successes_bring_it_back() {
     let mut sim = Sim::new(3, 2, 2);
     assert!(sim.run(0, vec![ok(), status(503), status(503)]).is_empty());
     assert_eq!(sim.roster(), vec![0, 1]);
-    assert_eq!(sim.probe(0, status(503)), vec![down(0, "answered 503")]);
+    assert_eq!(
+        sim.probe(0, status(503)),
+        vec![down(0, ProbeFinding::Unhealthy, "answered 503")]
+    );
     assert_eq!(sim.state(0), HealthState::Unhealthy);
     assert_eq!(sim.roster(), vec![1]);
     assert!(
@@ -235,7 +254,7 @@ fn mixed_failure_kinds_trip_the_threshold() {
     assert_eq!(sim.probe(0, status(404)), vec![rejection_run(0, 404)]);
     assert_eq!(
         sim.probe(0, ProbeResult::timed_out()),
-        vec![down(0, "timed out")]
+        vec![down(0, ProbeFinding::Timeout, "timed out")]
     );
     assert_eq!(sim.report(0).consecutive_failures, 3);
     assert_eq!(sim.report(0).last_error.as_deref(), Some("timed out"));
@@ -274,7 +293,10 @@ fn probes_before_the_latch_do_not_count_toward_the_threshold() {
     assert_eq!(sim.report(0).consecutive_failures, 1);
     assert_eq!(sim.state(0), HealthState::Healthy);
     assert!(sim.probe(0, status(503)).is_empty());
-    assert_eq!(sim.probe(0, status(503)), vec![down(0, "answered 503")]);
+    assert_eq!(
+        sim.probe(0, status(503)),
+        vec![down(0, ProbeFinding::Unhealthy, "answered 503")]
+    );
 }
 
 #[test]
@@ -284,7 +306,12 @@ fn probe_unsupported_is_reported_once_at_the_threshold_and_the_first_answer_afte
     assert_eq!(sim.state(0), HealthState::ProbeUnsupported);
     assert_eq!(
         sim.probe(0, status(404)),
-        vec![unsupported(0, Some(404), "answered 404")]
+        vec![unsupported(
+            0,
+            ProbeFinding::PathNotFound,
+            Some(404),
+            "answered 404"
+        )]
     );
     assert!(sim.run(0, vec![status(404); 30]).is_empty(), "logged once");
     assert_eq!(sim.roster(), vec![0]);
@@ -298,7 +325,10 @@ fn probe_unsupported_is_reported_once_at_the_threshold_and_the_first_answer_afte
     // latched now: refusals count as failures and take it out
     assert_eq!(sim.probe(0, status(404)), vec![rejection_run(0, 404)]);
     assert!(sim.probe(0, status(404)).is_empty());
-    assert_eq!(sim.probe(0, status(404)), vec![down(0, "answered 404")]);
+    assert_eq!(
+        sim.probe(0, status(404)),
+        vec![down(0, ProbeFinding::PathNotFound, "answered 404")]
+    );
     assert_eq!(
         sim.run(0, vec![status(404), ok(), status(404)]),
         vec![rejection_run(0, 404)],
@@ -324,11 +354,27 @@ fn a_backend_unreachable_since_start_stays_in_service_until_it_answers() {
     let transitions = sim.run(0, vec![refused(); 3]);
     assert_eq!(
         transitions,
-        vec![unsupported(0, None, "connect failed: connection refused")]
+        vec![unsupported(
+            0,
+            ProbeFinding::Connect(crate::ConnectCause::Refused),
+            None,
+            "connect failed: connection refused"
+        )]
+    );
+    assert_eq!(transitions[0].kind(), "unreachable");
+    assert_eq!(sim.state(0), HealthState::Unreachable);
+    assert_eq!(
+        sim.report(0).last_result,
+        Some(ProbeFinding::Connect(crate::ConnectCause::Refused))
     );
     assert!(sim.run(0, vec![ProbeResult::timed_out(); 20]).is_empty());
     assert_eq!(sim.roster(), vec![0, 1]);
+    assert_eq!(sim.state(0), HealthState::Unreachable);
+    assert_eq!(sim.report(0).last_result, Some(ProbeFinding::Timeout));
+    // A refused probe path after it is a probe problem again, not a reachability one.
+    assert!(sim.probe(0, status(404)).is_empty());
     assert_eq!(sim.state(0), HealthState::ProbeUnsupported);
+    assert_eq!(sim.report(0).last_result, Some(ProbeFinding::PathNotFound));
     assert_eq!(
         sim.probe(0, status(503)),
         vec![Transition::FirstAnswerAfterUnsupported {
@@ -337,7 +383,11 @@ fn a_backend_unreachable_since_start_stays_in_service_until_it_answers() {
     );
     assert_eq!(
         sim.run(0, vec![refused(), refused()]),
-        vec![down(0, "connect failed: connection refused")]
+        vec![down(
+            0,
+            ProbeFinding::Connect(crate::ConnectCause::Refused),
+            "connect failed: connection refused"
+        )]
     );
     assert_eq!(sim.roster(), vec![1]);
 }
@@ -347,7 +397,12 @@ fn threshold_one_can_emit_two_transitions_at_once() {
     let mut sim = Sim::new(1, 1, 1);
     assert_eq!(
         sim.probe(0, status(404)),
-        vec![unsupported(0, Some(404), "answered 404")]
+        vec![unsupported(
+            0,
+            ProbeFinding::PathNotFound,
+            Some(404),
+            "answered 404"
+        )]
     );
     assert_eq!(
         sim.probe(0, status(503)),
@@ -355,13 +410,16 @@ fn threshold_one_can_emit_two_transitions_at_once() {
             Transition::FirstAnswerAfterUnsupported {
                 backend: BackendId(0)
             },
-            down(0, "answered 503"),
+            down(0, ProbeFinding::Unhealthy, "answered 503"),
         ]
     );
     assert_eq!(sim.probe(0, ok()), vec![up(0)]);
     assert_eq!(
         sim.probe(0, status(401)),
-        vec![rejection_run(0, 401), down(0, "answered 401")]
+        vec![
+            rejection_run(0, 401),
+            down(0, ProbeFinding::Rejected, "answered 401")
+        ]
     );
 }
 
@@ -375,7 +433,10 @@ fn a_rejection_run_after_the_latch_is_reported_once_per_run() {
             .is_empty(),
         "a transport failure does not end the run"
     );
-    assert_eq!(sim.probe(0, status(501)), vec![down(0, "answered 501")]);
+    assert_eq!(
+        sim.probe(0, status(501)),
+        vec![down(0, ProbeFinding::Rejected, "answered 501")]
+    );
     assert!(
         sim.probe(0, status(503)).is_empty(),
         "an answer ends the run"
@@ -454,7 +515,11 @@ fn probes_are_scheduled_an_interval_after_each_result_and_never_doubled() {
     let report = table.report(BackendId(1)).expect("known");
     assert_eq!(report.last_probe, Some(t0 + s(5)));
     assert_eq!(report.last_error.as_deref(), Some("timed out"));
-    assert_eq!(report.state.as_str(), "probe_unsupported");
+    assert_eq!(report.state.as_str(), "unreachable");
+    assert_eq!(
+        report.last_result.map(ProbeFinding::as_str),
+        Some("timeout")
+    );
 }
 
 #[test]
@@ -489,7 +554,7 @@ fn probe_results_come_from_upstream_messages() {
     );
     assert_eq!(
         ProbeResult::timed_out(),
-        ProbeResult::TransportFailure("timed out".into())
+        ProbeResult::TransportFailure(UpstreamFailure::Timeout)
     );
     assert_eq!(
         ProbeSettings::from_config(&Config::with_backends(Vec::new())),
@@ -500,9 +565,10 @@ fn probe_results_come_from_upstream_messages() {
 #[test]
 fn transitions_name_their_backend_and_log() {
     for transition in [
-        down(1, "x"),
+        down(1, ProbeFinding::Unhealthy, "x"),
         up(1),
-        unsupported(1, None, "x"),
+        unsupported(1, ProbeFinding::Timeout, None, "x"),
+        unsupported(1, ProbeFinding::PathNotFound, Some(404), "x"),
         Transition::FirstAnswerAfterUnsupported {
             backend: BackendId(1),
         },
@@ -604,5 +670,46 @@ proptest! {
             prop_assert!(first_answers.iter().all(|&n| n <= 1));
             prop_assert!(table.next_deadline().is_some());
         }
+    }
+}
+
+/// Each kind of failed probe is named apart in `/healthz` and the log: the PuppetDB down, a wrong
+/// name, certificates, the network, the probe path.
+#[test]
+fn each_probe_failure_is_named_by_its_cause() {
+    use crate::ConnectCause;
+    let connect = |cause| {
+        ProbeResult::from_failure(&UpstreamFailure::Connect {
+            cause,
+            detail: "x".into(),
+        })
+    };
+    let cases = [
+        (ok(), "ok"),
+        (status(503), "unhealthy"),
+        (status(404), "probe_path_not_found"),
+        (status(410), "probe_path_not_found"),
+        (status(401), "probe_rejected"),
+        (status(501), "probe_rejected"),
+        (connect(ConnectCause::Refused), "connection_refused"),
+        (connect(ConnectCause::Dns), "dns_error"),
+        (connect(ConnectCause::Tls), "tls_error"),
+        (connect(ConnectCause::Timeout), "connect_timeout"),
+        (connect(ConnectCause::Other), "connect_error"),
+        (ProbeResult::timed_out(), "timeout"),
+        (
+            ProbeResult::from_failure(&UpstreamFailure::Transport("reset".into())),
+            "transport_error",
+        ),
+        (
+            ProbeResult::from_failure(&UpstreamFailure::BodyTooLarge { limit: 1 }),
+            "transport_error",
+        ),
+    ];
+    for (result, want) in cases {
+        let mut sim = Sim::new(3, 2, 1);
+        sim.probe(0, result.clone());
+        let found = sim.report(0).last_result.map(ProbeFinding::as_str);
+        assert_eq!(found, Some(want), "{result:?}");
     }
 }
