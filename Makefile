@@ -8,7 +8,7 @@ DIST  ?= dist
 help:
 	@echo "make build   release binaries into $(DIST)/"
 	@echo "make test    unit and conformance tests (fast; no PuppetDB needed)"
-	@echo "make lint    rustfmt, clippy -D warnings, and the core's sans-IO rules"
+	@echo "make lint    rustfmt, clippy -D warnings, the core's sans-IO rules, and the README's route table against the routing"
 	@echo "make lint-portable   clippy of pdbmux-sealed for a non-Linux target (rustup adds its std)"
 	@echo "make e2e     end-to-end tests against real PuppetDBs (installs them if missing), one history per backend count"
 	@echo "make e2e-histories SEEDS=20   the history suite alone: seeds 1..20 over 2, 3 and 4 PuppetDBs (SEED=n replays one)"
@@ -112,6 +112,8 @@ lint: lint-core
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
+	@# the README's route table against the binary's routing (conformance/tests/readme.rs)
+	$(CARGO) test -q --locked -p pdbmux-conformance --test readme
 
 # The core stays sans-IO: no async runtime, HTTP stack, config loader or OS-call crate (rustix,
 # memmap2: those live in sealed/) in its dependency tree,
