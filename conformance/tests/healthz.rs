@@ -128,3 +128,30 @@ fn a_waiter_that_left_gets_nothing_and_the_other_is_answered() {
     assert!(h.responses(first).expect("known").is_empty());
     assert_eq!(h.response(second).expect("one").status, StatusCode::OK);
 }
+
+#[test]
+fn livez_and_readyz_answer_at_once_with_every_backend_down_and_ask_none() {
+    // Every backend refuses everything: /healthz would be 503. /livez and /readyz say only that
+    // the process serves and can answer (stale entries, PuppetDB's errors and partial answers
+    // are answers), so a backend outage neither empties the Service nor restarts the replicas.
+    let mut h = harness(vec![
+        FakeBackend::queue("pdb-a", URL_A, []),
+        FakeBackend::queue("pdb-b", URL_B, []),
+    ]);
+    let live = h.get("/livez");
+    let ready = h.get("/readyz");
+    let transcript = finish(&mut h);
+    let live = h.response(live).expect("one response");
+    let ready = h.response(ready).expect("one response");
+    assert_eq!(live.status, StatusCode::OK);
+    assert_eq!(live.body_str(), r#"{"status":"live"}"#);
+    assert_eq!(ready.status, StatusCode::OK);
+    assert_eq!(ready.body_str(), r#"{"backends":2,"status":"ready"}"#);
+    assert_eq!(live.at, std::time::Duration::ZERO, "answered at once");
+    assert_eq!(ready.at, std::time::Duration::ZERO, "answered at once");
+    assert!(
+        !transcript.contains(" GET /pdb/meta") && !transcript.contains("/status/v1"),
+        "no backend is asked for them:\n{transcript}"
+    );
+    insta::assert_snapshot!(transcript);
+}

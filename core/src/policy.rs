@@ -72,6 +72,20 @@ impl Planned {
     }
 }
 
+/// The answer to `/livez` or `/readyz` (README, "Probes and shutdown"): both are answered from
+/// the process alone, so a backend outage never takes a replica out of its Service nor restarts
+/// it; `/healthz` is where the backends' state is.
+fn probe_answer(route: &Route, config: &Config) -> Response {
+    let body = match route {
+        Route::Readyz => serde_json::json!({
+            "status": "ready",
+            "backends": config.backends.len(),
+        }),
+        _ => serde_json::json!({"status": "live"}),
+    };
+    Response::json(StatusCode::OK, body.to_string())
+}
+
 /// Plans one client request with `config`: the table every route's policy is read from.
 pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
     let classified = classify(request);
@@ -116,6 +130,9 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
     }
     let work = match &route {
         Route::Healthz => return planned(None, Work::Healthz),
+        Route::Livez | Route::Readyz => {
+            return planned(None, Work::Local(probe_answer(&route, config)))
+        }
         Route::PerCertname { certname, kind } => {
             Work::Fanout(Box::new(Sequence::owner_first(target, certname, *kind)))
         }

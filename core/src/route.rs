@@ -96,6 +96,11 @@ pub enum Route {
     Metrics(MetricsRoute),
     /// `/healthz`, answered by pdbmux itself.
     Healthz,
+    /// `/livez`: the process serves; answered at once, asking no backend.
+    Livez,
+    /// `/readyz`: the configuration is loaded and requests are answered (backends down or not:
+    /// stale entries, PuppetDB's own errors and partial answers are answers); asks no backend.
+    Readyz,
 }
 
 /// How a request is answered, one class per way of answering: the bounded label set of logs,
@@ -116,7 +121,7 @@ pub enum RouteClass {
     Meta,
     /// Jolokia metrics.
     Metrics,
-    /// `/healthz`.
+    /// `/healthz`, `/livez`, `/readyz`.
     Healthz,
     /// Refused before any route was found (a bad target, method or size).
     Refused,
@@ -178,7 +183,7 @@ impl Route {
             Route::PassThrough => RouteClass::PassThrough,
             Route::MetaVersion | Route::ServerTime => RouteClass::Meta,
             Route::Metrics(_) => RouteClass::Metrics,
-            Route::Healthz => RouteClass::Healthz,
+            Route::Healthz | Route::Livez | Route::Readyz => RouteClass::Healthz,
         }
     }
 
@@ -388,6 +393,8 @@ fn within(field: &'static str, value: &str, below: &[&str]) -> Option<Route> {
 fn allowlisted(segments: &[&str]) -> Option<Route> {
     match segments {
         ["healthz"] => Some(Route::Healthz),
+        ["livez"] => Some(Route::Livez),
+        ["readyz"] => Some(Route::Readyz),
         ["pdb", "meta", "v1", "version"] => Some(Route::MetaVersion),
         ["pdb", "meta", "v1", "server-time"] => Some(Route::ServerTime),
         ["metrics", "v2", "list"] => Some(Route::Metrics(MetricsRoute::List)),
@@ -558,6 +565,8 @@ mod tests {
             ("/metrics/v1/mbeans", "metrics"),
             ("/metrics/v1/mbeans/java.lang:type=Memory", "metrics"),
             ("/healthz", "healthz"),
+            ("/livez", "healthz"),
+            ("/readyz", "healthz"),
         ];
         for (target, class) in cases {
             let route = route(target).unwrap_or_else(|e| panic!("{target}: {e}"));

@@ -471,3 +471,32 @@ fn unreachable_backends_are_named_by_their_cause() {
         p.log()
     );
 }
+
+/// With every backend out of reach, `/healthz` says so (503) while `/livez` and `/readyz` stay
+/// 200 and answer at once: the probes the manifests use keep the replica in its Service.
+#[test]
+fn readiness_and_liveness_do_not_follow_the_backends() {
+    let closed = |_| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("bind")
+            .port()
+    };
+    let urls: Vec<String> = (0..2)
+        .map(closed)
+        .map(|port| format!("http://127.0.0.1:{port}"))
+        .collect();
+    let backends = [("a", urls[0].as_str()), ("b", urls[1].as_str())];
+    let p = pdbmux_at("probes-all-down", &backends, &probe_vars(&[]));
+    let (status, body) = healthz(&p);
+    assert_eq!(status, 503, "{body}");
+    for (path, want) in [
+        ("/livez", r#"{"status":"live"}"#),
+        ("/readyz", r#"{"backends":2,"status":"ready"}"#),
+    ] {
+        let (took, r) = timed(&p, path);
+        assert_eq!(r.status, 200, "{path}: {r:?}");
+        assert_eq!(r.body, want, "{path}");
+        assert!(took < Duration::from_millis(500), "{path} took {took:?}");
+    }
+}
