@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use pdbmux_core::config::Config;
 use pdbmux_core::{ClientRequest, ResponseBody};
-use pdbmux_driver::{ClientAnswer, EstateHost, Task};
+use pdbmux_driver::{ClientAnswer, ClientContext, EstateHost, Task};
 
 use crate::error::HarnessError;
 use crate::record::{ClientId, ClientResponse, Machine, SentRequest};
@@ -182,7 +182,25 @@ impl Harness {
     /// Submits a client request at the current simulated time: its task starts answering it at
     /// once and runs until it waits.
     pub fn submit(&mut self, request: ClientRequest) -> ClientId {
+        self.submit_with(request, &[])
+    }
+
+    /// [`Harness::submit`] for a request whose head carried these header fields (an
+    /// `X-Request-Id`, a `traceparent`); without one the request id is the client's name (`c0`).
+    pub fn submit_with(&mut self, request: ClientRequest, fields: &[(&str, &str)]) -> ClientId {
         let id = ClientId(self.clients.len());
+        let own_id = id.to_string();
+        let context = ClientContext::new(
+            None,
+            [("x-request-id", own_id.as_bytes())]
+                .into_iter()
+                .filter(|_| {
+                    !fields
+                        .iter()
+                        .any(|(n, _)| n.eq_ignore_ascii_case("x-request-id"))
+                })
+                .chain(fields.iter().map(|(n, v)| (*n, v.as_bytes()))),
+        );
         let mut line = format!("{id} {} {}", request.method, target_text(&request.target));
         if request.header_count > 0 || request.header_bytes > 0 {
             line.push_str(&format!(
@@ -201,7 +219,7 @@ impl Harness {
         let task: SimTask = self
             .sim
             .spawn_for(Machine::Exchange(id), false, async move {
-                let answer = host.answer(&asked).await;
+                let answer = host.answer(&asked, &context).await;
                 record(&sim, id, answer);
             });
         self.clients.push(Client {
@@ -375,7 +393,11 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<SimHeld>) {
             (response, body.read(), Some(id))
         }
     };
-    let headers = headers_text(&response.headers);
+    // Every answer echoes its request id (the client's name unless a test sent one); it is
+    // left out of transcripts and asserted where it is the subject (tests/correlation.rs).
+    let mut shown = response.headers.clone();
+    shown.remove(pdbmux_driver::REQUEST_ID);
+    let headers = headers_text(&shown);
     let body_label = match streamed_from {
         Some(id) => format!("body=stream({id}) "),
         None => "body=".to_owned(),

@@ -417,8 +417,14 @@ fn a_hit_carries_only_the_headers_pdbmux_builds() {
             "content-type",
             "x-backends",
             "x-cache",
-            "x-content-type-options"
+            "x-content-type-options",
+            "x-request-id"
         ]
+    );
+    assert_eq!(
+        answer.header("x-request-id"),
+        Some("c0"),
+        "this request's, not the entry's"
     );
     assert_eq!(asked(&h), 0);
 }

@@ -48,6 +48,7 @@ impl Broadcast {
                     body: None,
                     body_mode: BodyMode::Buffer,
                     deadline,
+                    correlation: Vec::new(),
                 });
                 calls.push(BroadcastCall {
                     backend,

@@ -445,6 +445,7 @@ impl Estate {
                 body: None,
                 body_mode: crate::message::BodyMode::Buffer,
                 deadline: now + self.health.settings().timeout,
+                correlation: Vec::new(),
             }));
         }
     }

@@ -260,6 +260,7 @@ impl Exchange {
                 body: outbound.body,
                 body_mode: outbound.body_mode,
                 deadline,
+                correlation: Vec::new(),
             }));
     }
 

@@ -96,6 +96,9 @@ pub struct UpstreamRequest {
     /// When the core gives up on this request. The core enforces it through `poll_timeout`; the
     /// runtime also stops streaming a held body to the client at this instant.
     pub deadline: Instant,
+    /// Headers that tie the call to the client request it is made for (its request id and
+    /// trace context); the core leaves it empty and the driver fills it in. Send them as given.
+    pub correlation: Vec<(http::HeaderName, http::HeaderValue)>,
 }
 
 /// An upstream answer's body as delivered to the core.

@@ -22,7 +22,9 @@ use pdbmux_core::{
     Planned, Response, ResponseBody, RouteClass, Translating, UpstreamRequest, WaiterId,
 };
 use pdbmux_sealed::Sealer;
+use tracing::Instrument;
 
+use crate::context::ClientContext;
 use crate::{Metrics, Timings, UpstreamResult};
 
 /// What a runtime gives the estate host.
@@ -144,6 +146,95 @@ impl<H> ClientAnswer<H> {
             ClientAnswer::Whole(response) | ClientAnswer::Streamed { response, .. } => response,
         }
     }
+
+    fn headers_mut(&mut self) -> &mut http::HeaderMap {
+        match self {
+            ClientAnswer::Whole(response) | ClientAnswer::Streamed { response, .. } => {
+                &mut response.headers
+            }
+        }
+    }
+}
+
+/// The one access line of a request (docs/operating.md, "Following a request"): at info, or at
+/// warn with the reason when the answer is a 5xx or lacks a backend's records (partial).
+fn access_line<H>(
+    request: &ClientRequest,
+    context: &ClientContext,
+    class: pdbmux_core::RouteClass,
+    answer: &ClientAnswer<H>,
+    took: std::time::Duration,
+) {
+    let response = answer.response();
+    let header = |name: &str| {
+        response
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned()
+    };
+    let bytes = match (answer, &response.body) {
+        (ClientAnswer::Whole(_), ResponseBody::Full(body)) => body.len().to_string(),
+        _ => "streamed".to_owned(),
+    };
+    let client = context
+        .peer
+        .map_or_else(|| "-".to_owned(), |peer| peer.to_string());
+    let why = if response.status.is_server_error() {
+        match &response.body {
+            ResponseBody::Full(body) => Some(reason_of(body)),
+            ResponseBody::Upstream(_) => Some("a backend's error, streamed".to_owned()),
+        }
+    } else if pdbmux_core::Coverage::of(response) == pdbmux_core::Coverage::Partial {
+        Some(format!(
+            "partial: {} backends answered",
+            header("x-backends")
+        ))
+    } else {
+        None
+    };
+    macro_rules! access {
+        ($level:ident, $($why:tt)*) => {
+            tracing::$level!(
+                target: "pdbmux::access",
+                request_id = %context.request_id,
+                method = %request.method,
+                target = %request.target,
+                route = %class,
+                status = response.status.as_u16(),
+                ms = took.as_millis() as u64,
+                backends = %header("x-backends"),
+                cache = %header("x-cache"),
+                bytes = %bytes,
+                client = %client,
+                $($why)*
+            )
+        };
+    }
+    match why {
+        Some(why) => access!(warn, why = %why),
+        None => access!(info,),
+    }
+}
+
+/// A 5xx body's reason for the log: its text (or PuppetDB's JSON `error`/`msg`), on one line,
+/// at most 300 characters.
+fn reason_of(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let from_json = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| {
+            ["error", "msg", "message"]
+                .iter()
+                .find_map(|k| v.get(k).and_then(|m| m.as_str()).map(str::to_owned))
+        });
+    let one_line: String = from_json
+        .unwrap_or_else(|| text.into_owned())
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    one_line.chars().take(300).collect()
 }
 
 /// What a task the estate host spawns is for.
@@ -434,8 +525,37 @@ impl<R: Runtime> EstateHost<R> {
 
     /// Answers one client request: admits it, drives its exchange on this task or waits for
     /// the estate (a flight, the first membership map), admits it again when told to, and
-    /// writes its access log line. Never fails: every outcome is a response.
-    pub async fn answer(self: &Arc<Self>, request: &ClientRequest) -> ClientAnswer<R::Held> {
+    /// writes its access log line. Never fails: every outcome is a response. Every log line
+    /// about the request is in a `request` span carrying its id; the id is echoed in the
+    /// response's `X-Request-Id` and sent, with a `traceparent`, on the upstream calls it makes
+    /// ([`ClientContext`]).
+    pub async fn answer(
+        self: &Arc<Self>,
+        request: &ClientRequest,
+        context: &ClientContext,
+    ) -> ClientAnswer<R::Held> {
+        let span = tracing::info_span!("request", id = %context.request_id);
+        let (mut answer, class, took) =
+            self.answer_in_span(request, context).instrument(span).await;
+        if let Ok(id) = http::HeaderValue::from_str(&context.request_id) {
+            answer.headers_mut().insert(crate::context::REQUEST_ID, id);
+        }
+        // Outside the span: the line names the id itself, as a field of its own.
+        access_line(request, context, class, &answer, took);
+        answer
+    }
+
+    /// [`EstateHost::answer`] inside the request's span: the answer, its route class and how
+    /// long it took.
+    async fn answer_in_span(
+        self: &Arc<Self>,
+        request: &ClientRequest,
+        context: &ClientContext,
+    ) -> (
+        ClientAnswer<R::Held>,
+        pdbmux_core::RouteClass,
+        std::time::Duration,
+    ) {
         let mut timings = Timings::start();
         // Planned once, before the estate's lock is taken.
         let config = self.config();
@@ -448,7 +568,9 @@ impl<R: Runtime> EstateHost<R> {
             answered: false,
         });
         let labels = (planned.class(), planned.is_cacheable());
-        let answer = self.answer_planned(request, planned, &mut timings).await;
+        let answer = self
+            .answer_planned(request, context, planned, &mut timings)
+            .await;
         if let Some(gone) = &mut gone {
             gone.answered = true;
         }
@@ -456,24 +578,19 @@ impl<R: Runtime> EstateHost<R> {
             metrics.observe_request(labels, &answer.0, timings.elapsed());
             self.observe_upstream_durations(&config, &timings);
         }
-        let answer = ClientAnswer::of(answer);
-        tracing::info!(
-            target: "pdbmux::access",
-            method = %request.method,
-            target = %request.target,
-            status = answer.response().status.as_u16(),
-            ms = timings.elapsed().as_millis() as u64,
-        );
-        answer
+        (ClientAnswer::of(answer), labels.0, timings.elapsed())
     }
 
     async fn answer_planned(
         self: &Arc<Self>,
         request: &ClientRequest,
+        context: &ClientContext,
         planned: Planned,
         timings: &mut Timings,
     ) -> (Response, Option<(R::Held, Instant)>) {
-        let mut admission = self.admit_with(|estate| estate.admit(self.runtime.now(), planned));
+        let mut admission = self.admit_with(Some(context), |estate| {
+            estate.admit(self.runtime.now(), planned)
+        });
         // Names are looked up only when the timing line is enabled.
         let log = |timings: &Timings, how: &str| {
             timings.log(&request.target, how, |id: BackendId| {
@@ -488,16 +605,16 @@ impl<R: Runtime> EstateHost<R> {
                 }
                 Admitted::Exchange(exchange, generation) => {
                     timings.exchange_started();
-                    let bound = Bound::new(self, generation);
+                    let bound = Bound::new(self, generation, Some(context.clone()));
                     let answer = crate::drive(&bound, exchange, timings).await;
                     log(timings, "exchange");
                     return answer;
                 }
                 Admitted::Translate(exchange, translating, generation) => {
                     // Buffered (never a held body): the translation is read, not forwarded.
-                    let bound = Bound::new(self, generation);
+                    let bound = Bound::new(self, generation, Some(context.clone()));
                     let (response, _) = crate::drive(&bound, exchange, timings).await;
-                    admission = self.admit_with(|estate| {
+                    admission = self.admit_with(Some(context), |estate| {
                         estate.handle_translated(self.runtime.now(), translating, response)
                     });
                 }
@@ -507,8 +624,9 @@ impl<R: Runtime> EstateHost<R> {
                         return (response, None);
                     }
                     Some(WaiterEvent::Resume(planned)) => {
-                        admission =
-                            self.admit_with(|estate| estate.readmit(self.runtime.now(), *planned))
+                        admission = self.admit_with(Some(context), |estate| {
+                            estate.readmit(self.runtime.now(), *planned)
+                        })
                     }
                     None => {
                         let response = Response::text(
@@ -549,7 +667,13 @@ impl<R: Runtime> EstateHost<R> {
         }
     }
 
-    fn admit_with(self: &Arc<Self>, admit: impl FnOnce(&mut Estate) -> Admission) -> Admitted<R> {
+    /// Runs `admit` under the estate's lock; a flight it starts runs on a task of its own with
+    /// `context`, the request it was started for (its calls carry that request's id).
+    fn admit_with(
+        self: &Arc<Self>,
+        context: Option<&ClientContext>,
+        admit: impl FnOnce(&mut Estate) -> Admission,
+    ) -> Admitted<R> {
         let mut estate = self.estate();
         let admission = admit(&mut estate);
         // The admission may have queued upstream requests (a membership refresh).
@@ -572,7 +696,7 @@ impl<R: Runtime> EstateHost<R> {
                 exchange,
             } => {
                 let ticket = self.ticket(waiter);
-                self.spawn_flight(flight, exchange, generation());
+                self.spawn_flight(flight, exchange, generation(), context.cloned());
                 Admitted::Wait(ticket)
             }
         };
@@ -589,6 +713,7 @@ impl<R: Runtime> EstateHost<R> {
         flight: FlightId,
         exchange: Exchange,
         generation: Generation<R>,
+        context: Option<ClientContext>,
     ) {
         let host = Arc::clone(self);
         // Held across the spawn so the task cannot remove its entry before it is inserted.
@@ -599,8 +724,8 @@ impl<R: Runtime> EstateHost<R> {
                 timings.exchange_started();
                 let target = exchange.target().to_owned();
                 let config = Arc::clone(&generation.config);
-                let (response, _) =
-                    crate::drive(&Bound::new(&host, generation), exchange, &mut timings).await;
+                let bound = Bound::new(&host, generation, context);
+                let (response, _) = crate::drive(&bound, exchange, &mut timings).await;
                 timings.log(&target, "flight", |id: BackendId| backend_name(&config, id));
                 host.observe_upstream_durations(&config, &timings);
                 host.sealed(response).await
@@ -683,7 +808,10 @@ impl<R: Runtime> EstateHost<R> {
                         self.runtime.spawn_as(TaskRole::StoreCall, asked).detach();
                     }
                     EstateOutput::StartFlight { flight, exchange } => {
-                        self.spawn_flight(flight, exchange, generation.clone());
+                        // Started by the estate (the shared store missed), not on a request's
+                        // task: its calls carry an id of their own.
+                        let context = ClientContext::internal();
+                        self.spawn_flight(flight, exchange, generation.clone(), Some(context));
                     }
                     EstateOutput::CancelFlight(flight) => {
                         // Taken out first: cancelling may drop the flight's future right here.
@@ -778,18 +906,31 @@ impl<R: Runtime> EstateHost<R> {
 pub(crate) struct Bound<'a, R: Runtime> {
     host: &'a EstateHost<R>,
     generation: Generation<R>,
+    /// The client request the exchange answers, whose ids its calls carry.
+    context: Option<ClientContext>,
 }
 
 impl<'a, R: Runtime> Bound<'a, R> {
-    fn new(host: &'a EstateHost<R>, generation: Generation<R>) -> Bound<'a, R> {
-        Bound { host, generation }
+    fn new(
+        host: &'a EstateHost<R>,
+        generation: Generation<R>,
+        context: Option<ClientContext>,
+    ) -> Bound<'a, R> {
+        Bound {
+            host,
+            generation,
+            context,
+        }
     }
 }
 
 /// Exchanges run on the host's runtime, and hand their rounds to the estate.
 impl<R: Runtime> Bound<'_, R> {
     /// Sends one upstream request with this generation's clients ([`Runtime::send`]).
-    pub(crate) async fn send(&self, request: UpstreamRequest) -> UpstreamResult<R::Held> {
+    pub(crate) async fn send(&self, mut request: UpstreamRequest) -> UpstreamResult<R::Held> {
+        if let Some(context) = &self.context {
+            request.correlation = context.upstream_headers().into();
+        }
         self.host
             .runtime
             .send(&self.generation.clients, request)

@@ -42,6 +42,8 @@ pub fn finish_response_headers(headers: &mut http::HeaderMap) {
 pub struct Head {
     /// The core's view of the request: method, the raw target, header count and bytes.
     pub request: ClientRequest,
+    /// Its request id and trace context, from the head's fields (the runtime adds the peer).
+    pub context: crate::ClientContext,
     /// HTTP/1.1 (else 1.0).
     pub http11: bool,
     /// Whether the connection may serve another request after this one.
@@ -128,6 +130,7 @@ pub fn parse_head(bytes: &[u8]) -> Parsed {
         body = RequestBody::Unskippable;
     }
     let http11 = version == 1;
+    let fields = parsed.headers.iter().map(|h| (h.name, h.value));
     let head = Head {
         request: ClientRequest {
             method,
@@ -135,6 +138,8 @@ pub fn parse_head(bytes: &[u8]) -> Parsed {
             header_count: parsed.headers.len(),
             header_bytes,
         },
+        // The runtime sets the peer: parsing sees bytes only.
+        context: crate::ClientContext::new(None, fields),
         http11,
         keep_alive: if http11 { !close } else { keep_alive && !close },
         body,

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::pin::pin;
 use std::time::Instant;
 
+mod context;
 mod host;
 pub mod http1;
 mod json_check;
@@ -32,6 +33,7 @@ mod request_counts;
 mod timing;
 pub mod upstream;
 
+pub use context::{ClientContext, REQUEST_ID, TRACEPARENT};
 pub use host::{ClientAnswer, EstateHost, Runtime, Task, TaskRole};
 pub use json_check::{CheckedStream, NotJson, StreamFailure, StreamedBody};
 pub use lifecycle::StartError;

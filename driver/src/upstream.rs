@@ -20,18 +20,22 @@ use crate::UpstreamResult;
 const USER_AGENT_VALUE: &str = concat!("pdbmux/", env!("CARGO_PKG_VERSION"));
 
 /// The headers every upstream request carries besides `Host` and `Content-Length` (which the
-/// HTTP library, or [`request_bytes`], sets): JSON asked for, pdbmux named, and a JSON body's
-/// type when the request has one (a query sent as a POST).
+/// HTTP library, or [`request_bytes`], sets): JSON asked for, pdbmux named, a JSON body's type
+/// when the request has one (a query sent as a POST), and the request id and `traceparent` of
+/// the client request the call is made for (docs/operating.md, "Following a request").
 pub fn request_headers(
     request: &UpstreamRequest,
-) -> impl Iterator<Item = (HeaderName, HeaderValue)> {
+) -> impl Iterator<Item = (HeaderName, HeaderValue)> + '_ {
     let json = || HeaderValue::from_static("application/json");
     let always = [
         (ACCEPT, json()),
         (USER_AGENT, HeaderValue::from_static(USER_AGENT_VALUE)),
     ];
     let body = request.body.is_some().then(|| (CONTENT_TYPE, json()));
-    always.into_iter().chain(body)
+    always
+        .into_iter()
+        .chain(body)
+        .chain(request.correlation.iter().cloned())
 }
 
 /// The request as pdbmux-smol writes it on the connection: the core's path and query go out
@@ -203,6 +207,7 @@ mod tests {
             body: body.map(Bytes::from),
             body_mode: BodyMode::StreamSuccess,
             deadline: Instant::now(),
+            correlation: Vec::new(),
         }
     }
 

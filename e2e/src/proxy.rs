@@ -6,8 +6,8 @@
 //! - `Hang`: connections are accepted and requests read, but nothing is ever answered; a
 //!   connection that was forwarding when the proxy started hanging freezes too (pdbmux keeps
 //!   pooled connections, so a hang must reach them);
-//! - `Fail`: each connection's request head is read, its request line recorded
-//!   ([`Proxy::failed_requests`]) and the connection closed without an answer: a transport failure
+//! - `Fail`: each connection's request head is read and recorded
+//!   ([`Proxy::failed_requests`], [`Proxy::failed_heads`]) and the connection closed without an answer: a transport failure
 //!   that still shows which requests were sent;
 //! - `Closed`: the listening socket is closed, so connections are refused (a stopped server);
 //! - `Faulty`: each new connection has one fault in its answers drawn at random ([`Fault`]): cut
@@ -67,7 +67,7 @@ struct Shared {
     stop: AtomicBool,
     /// Every open socket (both ends of each connection), to close them on a mode change.
     sockets: Mutex<Vec<TcpStream>>,
-    /// Request lines seen in `Fail` mode.
+    /// Request heads seen in `Fail` mode (request line and header fields).
     failed: Mutex<Vec<String>>,
     /// Connections accepted so far.
     accepted: AtomicUsize,
@@ -240,6 +240,15 @@ impl Proxy {
 
     /// Request lines received in `Fail` mode so far.
     pub fn failed_requests(&self) -> Vec<String> {
+        lock(&self.shared.failed)
+            .iter()
+            .map(|head| head.split("\r\n").next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    /// Whole request heads (request line and header fields, CRLF-separated) received in `Fail`
+    /// mode so far: what pdbmux sent a backend, headers included.
+    pub fn failed_heads(&self) -> Vec<String> {
         lock(&self.shared.failed).clone()
     }
 
@@ -405,7 +414,7 @@ fn discard(mut client: TcpStream, shared: &Shared) {
     let _ = client.shutdown(Shutdown::Both);
 }
 
-/// Reads the request head (up to 2 s), records its request line and closes.
+/// Reads the request head (up to 2 s), records it and closes.
 fn fail(mut client: TcpStream, shared: &Shared) {
     let _ = client.set_read_timeout(Some(TICK));
     let deadline = Instant::now() + Duration::from_secs(2);
@@ -419,13 +428,10 @@ fn fail(mut client: TcpStream, shared: &Shared) {
             Err(_) => break,
         }
     }
-    let line = String::from_utf8_lossy(&head)
-        .split("\r\n")
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    if !line.is_empty() {
-        lock(&shared.failed).push(line);
+    let text = String::from_utf8_lossy(&head);
+    let head = text.split("\r\n\r\n").next().unwrap_or_default().to_owned();
+    if !head.is_empty() {
+        lock(&shared.failed).push(head);
     }
     let _ = client.shutdown(Shutdown::Both);
 }

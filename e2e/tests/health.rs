@@ -500,3 +500,86 @@ fn readiness_and_liveness_do_not_follow_the_backends() {
         assert!(took < Duration::from_millis(500), "{path} took {took:?}");
     }
 }
+
+/// A request id travels end to end: the client's `X-Request-Id` is echoed, is on pdbmux's access
+/// line (with the route, the backends that answered and why the answer is partial), and reaches
+/// the backend with a `traceparent` continuing the client's trace (seen by a recording proxy).
+#[test]
+fn a_request_id_goes_from_the_client_to_the_log_and_the_backend() {
+    let e = env();
+    let recorder = proxy_for(&e.backends[1].url);
+    recorder.set_mode(ProxyMode::Fail);
+    let recorder_url = recorder.url();
+    let backends = [
+        ("pdb-a", e.backends[0].url.as_str()),
+        ("recorder", recorder_url.as_str()),
+    ];
+    let p = pdbmux_at("request-ids", &backends, &probe_vars(&[]));
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let request = format!(
+        "GET {NODES} HTTP/1.1\r\nHost: pdbmux\r\nAccept: application/json\r\n\
+         X-Request-Id: e2e-follow-me\r\ntraceparent: 00-{trace}-00f067aa0ba902b7-01\r\n\
+         Connection: close\r\n\r\n"
+    );
+    let r = p.raw(request.as_bytes()).expect("GET /nodes");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("x-request-id"), Some("e2e-follow-me"));
+    assert_eq!(
+        r.header("x-backends"),
+        Some("1/2"),
+        "the recorder fails every call"
+    );
+
+    // The request's calls carry its id; the estate's own (probes, the membership refresh) none.
+    let heads = recorder.failed_heads();
+    let (ours, own): (Vec<&String>, Vec<&String>) = heads
+        .iter()
+        .partition(|h| h.to_ascii_lowercase().contains("\r\nx-request-id:"));
+    assert!(
+        !ours.is_empty(),
+        "the query reached the recorder: {heads:#?}"
+    );
+    for head in own {
+        let estate = head.starts_with("GET /status/")
+            || head.contains("report_timestamp")
+            || head.contains("producer_timestamp");
+        assert!(
+            estate,
+            "a call without the request id that is not the estate's: {head}"
+        );
+    }
+    for head in ours {
+        let lower = head.to_ascii_lowercase();
+        assert!(lower.contains("\r\nx-request-id: e2e-follow-me"), "{head}");
+        assert!(
+            lower.contains(&format!("\r\ntraceparent: 00-{trace}-")),
+            "{head}"
+        );
+        assert!(!lower.contains("00f067aa0ba902b7"), "a child span: {head}");
+    }
+
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let line = loop {
+        let found = p
+            .log()
+            .lines()
+            .find(|l| l.contains("pdbmux::access") && l.contains("e2e-follow-me"))
+            .map(str::to_owned);
+        match found {
+            Some(line) => break line,
+            None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            None => panic!("no access line with the request id:\n{}", p.log()),
+        }
+    };
+    for field in [
+        "WARN",
+        "route=query",
+        "status=200",
+        "backends=1/2",
+        "cache=",
+        "client=127.0.0.1:",
+        "why=partial: 1/2 backends answered",
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+}

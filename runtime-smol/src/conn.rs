@@ -89,6 +89,8 @@ enum HeadRead {
 pub async fn serve(stream: Async<TcpStream>, context: Context) {
     let _open = context.host.metrics().map(|m| m.connection_opened());
     let sent = context.host.metrics().map(|m| m.sent_bytes());
+    // The client's address, for the access line of each of its requests.
+    let peer = stream.get_ref().peer_addr().ok();
     // Bytes received and not yet consumed (a pipelined next request, a body to skip).
     let mut pending: Vec<u8> = Vec::new();
     // Sends sealed bodies, through pipes it borrows while they hold bytes.
@@ -125,7 +127,9 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
             RequestBody::Length(n) => n <= MAX_SKIPPED_BODY,
             RequestBody::Unskippable => false,
         };
-        let handled = async { Some(context.host.answer(&head.request).await) };
+        let mut client = head.context.clone();
+        client.peer = peer;
+        let handled = async { Some(context.host.answer(&head.request, &client).await) };
         let gone = async {
             watch_client(&stream, &mut pending).await;
             None

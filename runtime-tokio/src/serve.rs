@@ -109,7 +109,7 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
                 let open = host.metrics().map(|m| m.connection_opened());
                 let connection = http.serve_connection(
                     TokioIo::new(io),
-                    service_fn(move |request| service::handle(Arc::clone(&host), request)),
+                    service_fn(move |request| service::handle(Arc::clone(&host), peer, request)),
                 );
                 let connection = graceful.watch(connection);
                 tokio::spawn(async move {

@@ -2,11 +2,12 @@
 //! estate host (which drives its exchange on this task and logs it), as a hyper response.
 
 use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
 use pdbmux_core::{ClientRequest, Response, ResponseBody};
-use pdbmux_driver::ClientAnswer;
+use pdbmux_driver::{ClientAnswer, ClientContext};
 
 use crate::body;
 use crate::runtime::Host;
@@ -15,12 +16,20 @@ use crate::upstream::HeldBody;
 /// Answers one client request. Never fails: every outcome is an HTTP response.
 pub async fn handle(
     host: Arc<Host>,
+    peer: SocketAddr,
     request: http::Request<Incoming>,
 ) -> Result<http::Response<body::ResponseBody>, Infallible> {
     if let Some(refused) = refusal(&request) {
         return Ok(refused);
     }
-    Ok(into_hyper(host.answer(&client_request(&request)).await))
+    let fields = request
+        .headers()
+        .iter()
+        .map(|(name, value)| (name.as_str(), value.as_bytes()));
+    let context = ClientContext::new(Some(peer), fields);
+    Ok(into_hyper(
+        host.answer(&client_request(&request), &context).await,
+    ))
 }
 
 /// A 400 that closes the connection for a head hyper accepted but both binaries refuse (on the
