@@ -137,7 +137,7 @@ lint-portable:
 	$(CARGO) clippy --locked --target $(PORTABLE_TARGET) -p pdbmux-sealed --all-targets -- -D warnings
 
 # e2e/run's suite, then the newcomer test (e2e/newcomer: README.md's Quick start on a fresh clone,
-# about 2 minutes; it runs even when the suite failed, not after an interrupt). Both count.
+# about 2 minutes, 4 the first time; it runs even when the suite failed, not after an interrupt). Both count.
 e2e:
 	@run=0; bash e2e/run || run=$$?; [ $$run != 130 ] || exit 130; \
 	newcomer=0; bash e2e/newcomer || newcomer=$$?; \
