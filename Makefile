@@ -3,14 +3,15 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DIST  ?= dist
 
-.PHONY: help build test lint lint-core lint-portable deny fuzz e2e e2e-histories demo bench-latency bench-membership
+.PHONY: help build test lint lint-core lint-portable deny fuzz e2e e2e-newcomer e2e-histories demo bench-latency bench-membership
 
 help:
 	@echo "make build   release binaries into $(DIST)/"
 	@echo "make test    unit and conformance tests (fast; no PuppetDB needed)"
 	@echo "make lint    rustfmt, clippy -D warnings, the core's sans-IO rules, and the README's route table against the routing"
 	@echo "make lint-portable   clippy of pdbmux-sealed for a non-Linux target (rustup adds its std)"
-	@echo "make e2e     end-to-end tests against real PuppetDBs (installs them if missing), one history per backend count"
+	@echo "make e2e     end-to-end tests against real PuppetDBs (installs them if missing), one history per backend count, then the newcomer test"
+	@echo "make e2e-newcomer   the newcomer test alone: README.md's Quick start (make demo and its examples) on a fresh clone"
 	@echo "make e2e-histories SEEDS=20   the history suite alone: seeds 1..20 over 2, 3 and 4 PuppetDBs (SEED=n replays one)"
 	@echo "make demo    pdbmux and Puppetboard in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
 	@echo "make bench-latency   Puppetboard's questions through pdbmux against real PuppetDBs (bench/latency)"
@@ -137,8 +138,15 @@ lint-portable:
 	rustup target list --installed | grep -qx '$(PORTABLE_TARGET)' || rustup target add $(PORTABLE_TARGET)
 	$(CARGO) clippy --locked --target $(PORTABLE_TARGET) -p pdbmux-sealed --all-targets -- -D warnings
 
+# e2e/run's suite, then the newcomer test (e2e/newcomer: README.md's Quick start on a fresh clone,
+# about 2 minutes, 4 the first time; it runs even when the suite failed, not after an interrupt). Both count.
 e2e:
-	bash e2e/run
+	@run=0; bash e2e/run || run=$$?; [ $$run != 130 ] || exit 130; \
+	newcomer=0; bash e2e/newcomer || newcomer=$$?; \
+	echo "make e2e: e2e/run exited $$run, e2e/newcomer $$newcomer"; [ $$run = 0 ] && [ $$newcomer = 0 ]
+
+e2e-newcomer:
+	bash e2e/newcomer
 
 # The history suite alone (e2e/tests/histories.rs): SEEDS histories per backend count, or SEED.
 SEEDS ?= 1
