@@ -78,7 +78,7 @@ image-test:
 # deploy/kubernetes/ parsed and checked (deploy/manifest-check, a crate outside the workspace);
 # with dist/pdbmux present, `pdbmux config show` must accept the ConfigMap's file and the env vars.
 deploy-check:
-	PDBMUX_BIN="$(if $(wildcard $(DIST)/pdbmux),$(abspath $(DIST)/pdbmux))" \
+	MUX_BIN="$(if $(wildcard $(DIST)/pdbmux),$(abspath $(DIST)/pdbmux))" \
 	  $(CARGO) test --locked --manifest-path deploy/manifest-check/Cargo.toml --target-dir target/deploy-check
 
 # Bump the version, commit Cargo.toml and Cargo.lock, create the annotated tag v<version>; refuses
@@ -151,7 +151,7 @@ e2e-newcomer:
 # The history suite alone (e2e/tests/histories.rs): SEEDS histories per backend count, or SEED.
 SEEDS ?= 1
 e2e-histories:
-	PDBMUX_E2E_HISTORY_SEEDS=$(SEEDS) $(if $(SEED),PDBMUX_E2E_HISTORY_SEED=$(SEED)) bash e2e/run --histories-only
+	E2E_HISTORY_SEEDS=$(SEEDS) $(if $(SEED),E2E_HISTORY_SEED=$(SEED)) bash e2e/run --histories-only
 
 demo:
 	bash e2e/demo

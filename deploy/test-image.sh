@@ -11,7 +11,7 @@
 #  4. the binary is static and resolves host names without NSS modules (deploy/test-static.sh);
 #  5. backends: the PuppetDBs of e2e/.state/env.sh when they answer, else `bash e2e/run
 #     --backends-only` starts and loads them (and this script stops them again at the end unless
-#     PDBMUX_IMAGE_TEST_KEEP=1);
+#     IMAGE_TEST_KEEP=1);
 #  6. env-only run in the image root as it is: PDBMUX_BACKENDS only; /healthz is 200 "ok" with
 #     every backend reachable, and /pdb/query/v4/nodes is the fixture's active nodes, merged
 #     (X-Backends 2/2, each node from a backend that holds it active);
@@ -25,7 +25,7 @@ IMAGE=${1:?usage: $0 <image:tag> <version>}
 VERSION=${2:?usage: $0 <image:tag> <version>}
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 PODMAN=(podman --storage-driver vfs)
-STATE=${PDBMUX_E2E_STATE:-$ROOT/e2e/.state}
+STATE=${E2E_STATE:-$ROOT/e2e/.state}
 T0=$SECONDS
 
 say() { printf '[image-test %4ss] %s\n' "$((SECONDS - T0))" "$*" >&2; }
@@ -46,7 +46,7 @@ cleanup() {
   set +e
   for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done
   [[ -z $MNT ]] || "${PODMAN[@]}" image unmount "$IMAGE" >/dev/null
-  if [[ $STARTED_BACKENDS == 1 && ${PDBMUX_IMAGE_TEST_KEEP:-0} != 1 ]]; then stop_backends; fi
+  if [[ $STARTED_BACKENDS == 1 && ${IMAGE_TEST_KEEP:-0} != 1 ]]; then stop_backends; fi
   rm -rf "$WORK"
   if [[ $rc == 0 ]]; then say "ok: $IMAGE"; else say "FAILED (exit $rc)"; fi
   exit "$rc"
@@ -97,10 +97,10 @@ bash "$ROOT/deploy/test-static.sh" "$MNT/usr/local/bin/pdbmux" 2>&1 | sed 's/^/ 
 say "static and resolution ok"
 
 # ---- 5. backends ----
-backends_up() { # every backend of PDBMUX_E2E_BACKENDS answers /pdb/meta/v1/version
+backends_up() { # every backend of E2E_BACKENDS answers /pdb/meta/v1/version
   local entry
-  [[ -n ${PDBMUX_E2E_BACKENDS:-} && -f ${PDBMUX_E2E_FIXTURE:-/nonexistent} ]] || return 1
-  for entry in ${PDBMUX_E2E_BACKENDS//,/ }; do
+  [[ -n ${E2E_BACKENDS:-} && -f ${E2E_FIXTURE:-/nonexistent} ]] || return 1
+  for entry in ${E2E_BACKENDS//,/ }; do
     curl -fsS -m 5 -o /dev/null "${entry#*=}/pdb/meta/v1/version" 2>/dev/null || return 1
   done
 }
@@ -130,22 +130,22 @@ stop_backends() { # what e2e/run --backends-only started for this test: its Pupp
 }
 PG_WAS_STARTED=0
 [[ ! -f $STATE/pg-started ]] || PG_WAS_STARTED=1
-if [[ -z ${PDBMUX_E2E_BACKENDS:-} && -f $STATE/env.sh ]]; then
+if [[ -z ${E2E_BACKENDS:-} && -f $STATE/env.sh ]]; then
   # shellcheck disable=SC1091
   source "$STATE/env.sh"
 fi
-PDBMUX_E2E_FIXTURE=${PDBMUX_E2E_FIXTURE:-$STATE/fixture.json}
+E2E_FIXTURE=${E2E_FIXTURE:-$STATE/fixture.json}
 if backends_up; then
-  say "using the running PuppetDBs: $PDBMUX_E2E_BACKENDS"
+  say "using the running PuppetDBs: $E2E_BACKENDS"
 else
   say "PuppetDBs are down: bash e2e/run --backends-only"
-  unset PDBMUX_E2E_BACKENDS PDBMUX_E2E_TLS_URL PDBMUX_E2E_TLS_CA PDBMUX_E2E_TLS_CERT PDBMUX_E2E_TLS_KEY
+  unset E2E_BACKENDS E2E_TLS_URL E2E_TLS_CA E2E_TLS_CERT E2E_TLS_KEY
   STARTED_BACKENDS=1
   bash "$ROOT/e2e/run" --backends-only >"$WORK/e2e-run.log" 2>&1 || { tail -n 30 "$WORK/e2e-run.log" >&2; fail "e2e/run --backends-only"; }
   # shellcheck disable=SC1091
   source "$STATE/env.sh"
   backends_up || fail "the PuppetDBs e2e/run started do not answer"
-  say "started and loaded: $PDBMUX_E2E_BACKENDS"
+  say "started and loaded: $E2E_BACKENDS"
 fi
 
 # ---- 6./7. runs ----
@@ -163,7 +163,7 @@ check_run() {
   code=$(curl -sS -D "$WORK/$label.nodes.headers" -o "$WORK/$label.nodes" -w '%{http_code}' \
     "http://127.0.0.1:$port/pdb/query/v4/nodes")
   [[ $code == 200 ]] || { cat "$log" >&2; fail "$label: /pdb/query/v4/nodes answered $code"; }
-  python3 - "$WORK/$label.healthz" "$WORK/$label.nodes" "$WORK/$label.nodes.headers" "$PDBMUX_E2E_FIXTURE" <<'PY' ||
+  python3 - "$WORK/$label.healthz" "$WORK/$label.nodes" "$WORK/$label.nodes.headers" "$E2E_FIXTURE" <<'PY' ||
 import json, sys
 health, nodes, headers, fixture = (open(p).read() for p in sys.argv[1:5])
 health, nodes, fixture = json.loads(health), json.loads(nodes), json.loads(fixture)
@@ -188,7 +188,7 @@ PY
 
 # 6. env only, the image root as it is
 port=$(free_port)
-env -i PDBMUX_BACKENDS="$PDBMUX_E2E_BACKENDS" PDBMUX_LISTEN="127.0.0.1:$port" PDBMUX_METRICS_LISTEN= \
+env -i PDBMUX_BACKENDS="$E2E_BACKENDS" PDBMUX_LISTEN="127.0.0.1:$port" PDBMUX_METRICS_LISTEN= \
   "$CHROOT" --userspec=65532:65532 "$MNT" /usr/local/bin/pdbmux >"$WORK/env.log" 2>&1 &
 PIDS+=($!)
 check_run env-config "$port" "$WORK/env.log"
@@ -201,16 +201,16 @@ mkdir -p "$root2/etc/pdbmux/tls"
 hosts="127.0.0.1\tlocalhost\n"
 config="listen: \"127.0.0.1:$(free_port)\"\nbackends:\n"
 i=0
-for entry in ${PDBMUX_E2E_BACKENDS//,/ }; do
+for entry in ${E2E_BACKENDS//,/ }; do
   name=${entry%%=*} url=${entry#*=}
   hostport=${url#*://}
   port_n=${hostport##*:}
-  if ((i == 1)) && [[ -n ${PDBMUX_E2E_TLS_URL:-} ]]; then
+  if ((i == 1)) && [[ -n ${E2E_TLS_URL:-} ]]; then
     # the second backend's TLS port (certificate for 127.0.0.1/localhost, client certificate required)
-    cp "$PDBMUX_E2E_TLS_CA" "$root2/etc/pdbmux/tls/ca.pem"
-    cp "$PDBMUX_E2E_TLS_CERT" "$root2/etc/pdbmux/tls/client.pem"
-    cp "$PDBMUX_E2E_TLS_KEY" "$root2/etc/pdbmux/tls/client.key"
-    config+="  - name: $name\n    url: https://localhost:${PDBMUX_E2E_TLS_URL##*:}\n"
+    cp "$E2E_TLS_CA" "$root2/etc/pdbmux/tls/ca.pem"
+    cp "$E2E_TLS_CERT" "$root2/etc/pdbmux/tls/client.pem"
+    cp "$E2E_TLS_KEY" "$root2/etc/pdbmux/tls/client.key"
+    config+="  - name: $name\n    url: https://localhost:${E2E_TLS_URL##*:}\n"
     config+="    tls_ca_file: /etc/pdbmux/tls/ca.pem\n    tls_cert_file: /etc/pdbmux/tls/client.pem\n"
     config+="    tls_key_file: /etc/pdbmux/tls/client.key\n"
   else

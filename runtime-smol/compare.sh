@@ -21,7 +21,7 @@
 #   TOKIO_BIN, SMOL_BIN, REPLAY_BIN  default target/release/{pdbmux,pdbmux-smol,examples/replay_backend}
 #
 # The e2e backends are started (`bash e2e/run --backends-only`) when 127.0.0.1:18080 does not
-# answer; `e2e/.state/env.sh` gives PDBMUX_E2E_BACKENDS. wrk is Debian's `wrk` (installed if
+# answer; `e2e/.state/env.sh` gives E2E_BACKENDS. wrk is Debian's `wrk` (installed if
 # missing and root).
 set -Eeuo pipefail
 
@@ -66,7 +66,7 @@ if ! curl -sf --max-time 5 127.0.0.1:18080/pdb/meta/v1/version >/dev/null; then
 fi
 # shellcheck source=/dev/null
 source e2e/.state/env.sh
-[[ -n ${PDBMUX_E2E_BACKENDS:-} ]] || die "PDBMUX_E2E_BACKENDS is not set by e2e/.state/env.sh"
+[[ -n ${E2E_BACKENDS:-} ]] || die "E2E_BACKENDS is not set by e2e/.state/env.sh"
 
 PIDS=()
 cleanup() {
@@ -88,11 +88,11 @@ wait_listening() { # addr
 }
 
 # The backends of each setup, as PDBMUX_BACKENDS.
-declare -A BACKENDS=([direct]=$PDBMUX_E2E_BACKENDS)
+declare -A BACKENDS=([direct]=$E2E_BACKENDS)
 if [[ " $SETUPS " == *" replayed "* ]]; then
   [[ -x $REPLAY_BIN ]] || die "$REPLAY_BIN is missing (run without --no-build)"
   replayed=()
-  IFS=, read -ra pairs <<<"$PDBMUX_E2E_BACKENDS"
+  IFS=, read -ra pairs <<<"$E2E_BACKENDS"
   for pair in "${pairs[@]}"; do
     name=${pair%%=*} url=${pair#*=}
     [[ $url == http://* ]] || die "replayed setup: $name is not plain http ($url)"
@@ -164,7 +164,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.0f%%", 100 * a /
 row() { printf '%-44s %16s %16s %10s\n' "$@"; }
 T=pdbmux S=pdbmux-smol
 echo
-echo "pdbmux (tokio) vs pdbmux-smol on the e2e fixture estate ($PDBMUX_E2E_BACKENDS)"
+echo "pdbmux (tokio) vs pdbmux-smol on the e2e fixture estate ($E2E_BACKENDS)"
 echo "wrk -t$THREADS -c$CONNECTIONS -d${DURATION}s --timeout 30s; $(nproc) cores; best of $ROUNDS round(s);" \
   "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 row "" "pdbmux (tokio)" "pdbmux-smol" "smol/tokio"

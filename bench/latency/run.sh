@@ -9,7 +9,7 @@
 #   ONLY="overview" bash bench/latency/run.sh   # only questions whose name starts so
 #
 # Environment: NODES (2000), FACTS (150), REPORTS (1 per node and backend), OVERLAPS ("0.2 0.6"),
-# ROUNDS (15), ONLY, PDBMUX_BIN
+# ROUNDS (15), ONLY, MUX_BIN
 # (default target/release/pdbmux, built here), KEEP=1 (leave the PuppetDBs running afterwards).
 # Loopback only; every process it starts is stopped before it exits unless KEEP=1.
 set -euo pipefail
@@ -20,14 +20,14 @@ FACTS=${FACTS:-150}
 REPORTS=${REPORTS:-1}
 OVERLAPS=${OVERLAPS:-0.2 0.6}
 ROUNDS=${ROUNDS:-15}
-STATE=${PDBMUX_BENCH_STATE:-$PWD/bench/.state}
-PORTS=${PDBMUX_BENCH_PORTS:-19080 19081 19443 19082}
-MUX_PORT=${PDBMUX_BENCH_LISTEN_PORT:-19900}
+STATE=${BENCH_STATE:-$PWD/bench/.state}
+PORTS=${BENCH_PORTS:-19080 19081 19443 19082}
+MUX_PORT=${BENCH_LISTEN_PORT:-19900}
 
-if [[ -z ${PDBMUX_BIN:-} ]]; then
+if [[ -z ${MUX_BIN:-} ]]; then
   echo "bench: building pdbmux (release)" >&2
   cargo build --release --locked -p pdbmux-runtime-tokio --bin pdbmux >&2
-  PDBMUX_BIN=target/release/pdbmux
+  MUX_BIN=target/release/pdbmux
 fi
 
 MUX_PID=""
@@ -46,19 +46,19 @@ for overlap in $OVERLAPS; do
   echo "bench: $NODES nodes, $FACTS facts each, $overlap held by both: starting three PuppetDBs" >&2
   stop_all
   # The previous level's env.sh must not make e2e/run take its PuppetDBs for external ones.
-  unset "${!PDBMUX_E2E_@}"
-  PDBMUX_E2E_STATE=$STATE PDBMUX_E2E_DB_PREFIX=pdbmux_bench PDBMUX_E2E_PORTS=$PORTS \
+  unset "${!E2E_@}"
+  E2E_STATE=$STATE E2E_DB_PREFIX=pdbmux_bench E2E_PORTS=$PORTS \
     bash e2e/run --backends-only --no-fixture --no-puppetboard >"$STATE.log" 2>&1 ||
     { tail -n 30 "$STATE.log" >&2; exit 1; }
   # shellcheck disable=SC1091
   source "$STATE/env.sh"
   estate=$STATE/estate-$overlap.json
-  python3 bench/latency/estate.py --backends "$PDBMUX_E2E_BACKENDS" --union "$PDBMUX_E2E_UNION" \
+  python3 bench/latency/estate.py --backends "$E2E_BACKENDS" --union "$E2E_UNION" \
     --nodes "$NODES" --facts "$FACTS" --reports "$REPORTS" --shared "$overlap" --out "$estate"
-  env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$PDBMUX_E2E_BACKENDS" \
+  env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$E2E_BACKENDS" \
     PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_METRICS_LISTEN= PDBMUX_FACTS_TTL=0 PDBMUX_LOG_FORMAT=json \
     PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug \
-    "$PDBMUX_BIN" serve >"$STATE/pdbmux.log" 2>&1 &
+    "$MUX_BIN" serve >"$STATE/pdbmux.log" 2>&1 &
   MUX_PID=$!
   for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$MUX_PORT") 2>/dev/null && break; sleep 0.1; done
   echo

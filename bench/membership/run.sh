@@ -5,10 +5,10 @@
 # and refresh.py timing the refresh of a baseline pdbmux and of this checkout's, side by side.
 #
 #   BASELINE=b855c8b^ bash bench/membership/run.sh     # the commit before producer times
-#   PDBMUX_BASELINE_BIN=/path/pdbmux bash bench/membership/run.sh
+#   BASELINE_BIN=/path/pdbmux bash bench/membership/run.sh
 #
 # Environment: BASELINE (a commit, built in a worktree with its own target dir), or
-# PDBMUX_BASELINE_BIN; PDBMUX_BIN (default target/release/pdbmux, built here); NODES (2000),
+# BASELINE_BIN; MUX_BIN (default target/release/pdbmux, built here); NODES (2000),
 # FACTS (150), SHARED (0.2), ROUNDS (5), KEEP=1 (leave the PuppetDBs running afterwards).
 # Loopback only; every process it starts is stopped before it exits unless KEEP=1.
 set -euo pipefail
@@ -18,17 +18,17 @@ NODES=${NODES:-2000}
 FACTS=${FACTS:-150}
 SHARED=${SHARED:-0.2}
 ROUNDS=${ROUNDS:-5}
-STATE=${PDBMUX_BENCH_STATE:-$PWD/bench/.state-membership}
-PORTS=${PDBMUX_BENCH_PORTS:-19180 19181 19543 19182}
+STATE=${BENCH_STATE:-$PWD/bench/.state-membership}
+PORTS=${BENCH_PORTS:-19180 19181 19543 19182}
 mkdir -p "$STATE"
 
-if [[ -z ${PDBMUX_BIN:-} ]]; then
+if [[ -z ${MUX_BIN:-} ]]; then
   echo "bench: building pdbmux (release)" >&2
   cargo build --release --locked -p pdbmux-runtime-tokio --bin pdbmux >&2
-  PDBMUX_BIN=$PWD/target/release/pdbmux
+  MUX_BIN=$PWD/target/release/pdbmux
 fi
-if [[ -z ${PDBMUX_BASELINE_BIN:-} ]]; then
-  [[ -n ${BASELINE:-} ]] || { echo "bench: set BASELINE=<commit> or PDBMUX_BASELINE_BIN" >&2; exit 2; }
+if [[ -z ${BASELINE_BIN:-} ]]; then
+  [[ -n ${BASELINE:-} ]] || { echo "bench: set BASELINE=<commit> or BASELINE_BIN" >&2; exit 2; }
   tree=$STATE/baseline-tree
   rm -rf "$tree"
   git worktree prune
@@ -36,7 +36,7 @@ if [[ -z ${PDBMUX_BASELINE_BIN:-} ]]; then
   echo "bench: building the baseline $(git rev-parse --short "$BASELINE") (release)" >&2
   (cd "$tree" && CARGO_TARGET_DIR=$STATE/baseline-target \
     cargo build --release --locked -p pdbmux-runtime-tokio --bin pdbmux >&2)
-  PDBMUX_BASELINE_BIN=$STATE/baseline-target/release/pdbmux
+  BASELINE_BIN=$STATE/baseline-target/release/pdbmux
   git worktree remove --force "$tree"
 fi
 
@@ -50,15 +50,15 @@ stop_all() {
 trap stop_all EXIT
 
 echo "bench: $NODES nodes, $FACTS facts each, $SHARED held by both: starting the PuppetDBs" >&2
-unset "${!PDBMUX_E2E_@}"
-PDBMUX_E2E_STATE=$STATE PDBMUX_E2E_DB_PREFIX=pdbmux_bench_m PDBMUX_E2E_PORTS=$PORTS \
+unset "${!E2E_@}"
+E2E_STATE=$STATE E2E_DB_PREFIX=pdbmux_bench_m E2E_PORTS=$PORTS \
   bash e2e/run --backends-only --no-fixture --no-puppetboard >"$STATE.log" 2>&1 ||
   { tail -n 30 "$STATE.log" >&2; exit 1; }
 # shellcheck disable=SC1091
 source "$STATE/env.sh"
-python3 bench/latency/estate.py --backends "$PDBMUX_E2E_BACKENDS" --union "$PDBMUX_E2E_UNION" \
+python3 bench/latency/estate.py --backends "$E2E_BACKENDS" --union "$E2E_UNION" \
   --nodes "$NODES" --facts "$FACTS" --shared "$SHARED" --out "$STATE/estate.json"
 echo
 echo "== $NODES nodes, $SHARED held by both ($(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
-python3 bench/membership/refresh.py --backends "$PDBMUX_E2E_BACKENDS" --rounds "$ROUNDS" \
-  --binary "baseline=$PDBMUX_BASELINE_BIN" --binary "current=$PDBMUX_BIN"
+python3 bench/membership/refresh.py --backends "$E2E_BACKENDS" --rounds "$ROUNDS" \
+  --binary "baseline=$BASELINE_BIN" --binary "current=$MUX_BIN"

@@ -1,10 +1,10 @@
 """Session fixtures for the Puppetboard e2e tests.
 
 e2e/run starts a pdbmux in front of the fixture's backends and a Puppetboard (gunicorn) pointed at
-it, and hands them over as PDBMUX_E2E_PDBMUX_URL and PDBMUX_E2E_PUPPETBOARD_URL (with their log
-files in PDBMUX_E2E_PDBMUX_LOG and PDBMUX_E2E_PUPPETBOARD_LOG). Without those variables (running
+it, and hands them over as E2E_PDBMUX_URL and E2E_PUPPETBOARD_URL (with their log
+files in E2E_PDBMUX_LOG and E2E_PUPPETBOARD_LOG). Without those variables (running
 pytest by hand after `source e2e/.state/env.sh`), the fixtures start both themselves: pdbmux from
-PDBMUX_E2E_BIN (default target/debug/pdbmux) and Puppetboard from this interpreter's virtualenv.
+E2E_BIN (default target/debug/pdbmux) and Puppetboard from this interpreter's virtualenv.
 """
 
 from __future__ import annotations
@@ -38,25 +38,25 @@ def var(name: str) -> str | None:
 
 
 def state_dir() -> Path:
-    return Path(var("PDBMUX_E2E_STATE") or E2E / ".state")
+    return Path(var("E2E_STATE") or E2E / ".state")
 
 
 @pytest.fixture(scope="session")
 def estate() -> Estate:
-    path = Path(var("PDBMUX_E2E_FIXTURE") or state_dir() / "fixture.json")
+    path = Path(var("E2E_FIXTURE") or state_dir() / "fixture.json")
     if not path.is_file():
         pytest.fail(f"{path} does not exist: run e2e/run (or e2e/run --backends-only and "
                     "`source e2e/.state/env.sh`) first", pytrace=False)
     fixture = json.loads(path.read_text())
-    spec = var("PDBMUX_E2E_BACKENDS")
+    spec = var("E2E_BACKENDS")
     if spec is None:
-        pytest.fail("PDBMUX_E2E_BACKENDS is not set: run through e2e/run, or "
+        pytest.fail("E2E_BACKENDS is not set: run through e2e/run, or "
                     "`source e2e/.state/env.sh`", pytrace=False)
     given = [part.strip().split("=", 1) for part in spec.split(",") if part.strip()]
     names = [name for name, _ in given]
     loaded = [b["name"] for b in fixture["backends"]]
     if names != loaded:
-        pytest.fail(f"PDBMUX_E2E_BACKENDS names {names} differ from the fixture's {loaded}",
+        pytest.fail(f"E2E_BACKENDS names {names} differ from the fixture's {loaded}",
                     pytrace=False)
     # The URLs given now are authoritative (the fixture records the ones it was loaded through).
     fixture["backends"] = [{"name": n, "url": u.rstrip("/")} for n, u in given]
@@ -84,16 +84,16 @@ def _stop(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="session")
 def pdbmux(estate: Estate):
     """pdbmux's base URL: the harness's, or one started here for the session."""
-    url = var("PDBMUX_E2E_PDBMUX_URL")
+    url = var("E2E_PDBMUX_URL")
     if url is not None:
-        yield Http(url, "pdbmux", log=var("PDBMUX_E2E_PDBMUX_LOG"))
+        yield Http(url, "pdbmux", log=var("E2E_PDBMUX_LOG"))
         return
-    binary = Path(var("PDBMUX_E2E_BIN") or ROOT / "target/debug/pdbmux")
+    binary = Path(var("E2E_BIN") or ROOT / "target/debug/pdbmux")
     if not binary.is_absolute():
         binary = ROOT / binary
     if not binary.is_file():
         pytest.fail(f"no pdbmux binary at {binary}: cargo build -p pdbmux-runtime-tokio, or set "
-                    "PDBMUX_E2E_BIN", pytrace=False)
+                    "E2E_BIN", pytrace=False)
     home = tempfile.mkdtemp(prefix="pdbmux-e2e-pb-home-")
     log_dir = state_dir() / "pdbmux-logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -134,9 +134,9 @@ def pdbmux(estate: Estate):
 @pytest.fixture(scope="session")
 def board(pdbmux: Http):
     """Puppetboard's base URL: the harness's, or one started here for the session."""
-    url = var("PDBMUX_E2E_PUPPETBOARD_URL")
+    url = var("E2E_PUPPETBOARD_URL")
     if url is not None:
-        yield Http(url, "Puppetboard", log=var("PDBMUX_E2E_PUPPETBOARD_LOG"))
+        yield Http(url, "Puppetboard", log=var("E2E_PUPPETBOARD_LOG"))
         return
     run = Path(tempfile.mkdtemp(prefix="pdbmux-e2e-puppetboard-"))
     log_path = run / "gunicorn.log"

@@ -6,13 +6,13 @@
 //!
 //! | variable | meaning |
 //! |---|---|
-//! | `PDBMUX_E2E_BACKENDS` | `name=url,...`: the plain-HTTP PuppetDBs, in configured order |
-//! | `PDBMUX_E2E_UNION` | the PuppetDB holding the whole estate: what pdbmux must answer |
-//! | `PDBMUX_E2E_BIN` | the pdbmux binary under test |
-//! | `PDBMUX_E2E_FIXTURE` | the `fixture.json` the loader wrote (default `$PDBMUX_E2E_STATE/fixture.json`) |
-//! | `PDBMUX_E2E_STATE` | the harness's state dir; pdbmux logs go to `pdbmux-logs/` in it |
-//! | `PDBMUX_E2E_TLS_URL`, `_CA`, `_CERT`, `_KEY` | the second PuppetDB's TLS port, its CA, a client certificate and key |
-//! | `PDBMUX_E2E_ACCESS_LOGS` | `name=path,...`: each PuppetDB's Jetty access log |
+//! | `E2E_BACKENDS` | `name=url,...`: the plain-HTTP PuppetDBs, in configured order |
+//! | `E2E_UNION` | the PuppetDB holding the whole estate: what pdbmux must answer |
+//! | `E2E_BIN` | the pdbmux binary under test |
+//! | `E2E_FIXTURE` | the `fixture.json` the loader wrote (default `$E2E_STATE/fixture.json`) |
+//! | `E2E_STATE` | the harness's state dir; pdbmux logs go to `pdbmux-logs/` in it |
+//! | `E2E_TLS_URL`, `_CA`, `_CERT`, `_KEY` | the second PuppetDB's TLS port, its CA, a client certificate and key |
+//! | `E2E_ACCESS_LOGS` | `name=path,...`: each PuppetDB's Jetty access log |
 //!
 //! Tests spawn their own pdbmux ([`E2eEnv::pdbmux`]), configured by environment only, and compare
 //! its answers with the union PuppetDB's answer to the same question ([`E2eEnv::union`]), or with
@@ -154,19 +154,19 @@ pub struct TlsBackend {
 /// Everything the harness handed to the tests.
 #[derive(Debug)]
 pub struct E2eEnv {
-    /// The plain-HTTP backends in configured order (`PDBMUX_E2E_BACKENDS`).
+    /// The plain-HTTP backends in configured order (`E2E_BACKENDS`).
     pub backends: Vec<Backend>,
-    /// The pdbmux binary under test (`PDBMUX_E2E_BIN`).
+    /// The pdbmux binary under test (`E2E_BIN`).
     pub bin: PathBuf,
-    /// The harness's state dir, when it set one (`PDBMUX_E2E_STATE`).
+    /// The harness's state dir, when it set one (`E2E_STATE`).
     pub state_dir: Option<PathBuf>,
-    /// What was loaded into the backends (`PDBMUX_E2E_FIXTURE`).
+    /// What was loaded into the backends (`E2E_FIXTURE`).
     pub fixture: Fixture,
     /// The TLS port of the second backend, when the harness opened one.
     pub tls: Option<TlsBackend>,
     /// Each backend's Jetty access log by backend name, when the harness has them.
     pub access_logs: BTreeMap<String, PathBuf>,
-    /// The PuppetDB holding the whole estate (`PDBMUX_E2E_UNION`), when the harness started one.
+    /// The PuppetDB holding the whole estate (`E2E_UNION`), when the harness started one.
     pub union: Option<Backend>,
 }
 
@@ -194,23 +194,22 @@ fn parse_pairs(name: &'static str, spec: &str) -> Result<Vec<(String, String)>, 
 }
 
 impl E2eEnv {
-    /// Reads the `PDBMUX_E2E_*` variables and the fixture description.
+    /// Reads the `E2E_*` variables and the fixture description.
     pub fn from_env() -> Result<Self, Error> {
-        let backends: Vec<Backend> =
-            parse_pairs("PDBMUX_E2E_BACKENDS", &required("PDBMUX_E2E_BACKENDS")?)?
-                .into_iter()
-                .map(|(name, url)| Backend {
-                    name,
-                    url: url.trim_end_matches('/').to_owned(),
-                })
-                .collect();
+        let backends: Vec<Backend> = parse_pairs("E2E_BACKENDS", &required("E2E_BACKENDS")?)?
+            .into_iter()
+            .map(|(name, url)| Backend {
+                name,
+                url: url.trim_end_matches('/').to_owned(),
+            })
+            .collect();
         if backends.len() < 2 {
             return Err(Error::BadEnv {
-                name: "PDBMUX_E2E_BACKENDS",
+                name: "E2E_BACKENDS",
                 reason: format!("the suite needs two backends, got {}", backends.len()),
             });
         }
-        let mut bin = PathBuf::from(required("PDBMUX_E2E_BIN")?);
+        let mut bin = PathBuf::from(required("E2E_BIN")?);
         if bin.is_relative() && !bin.is_file() {
             // cargo runs tests in the package dir; a path relative to the workspace root is
             // what a developer types.
@@ -218,45 +217,45 @@ impl E2eEnv {
         }
         if !bin.is_file() {
             return Err(Error::BadEnv {
-                name: "PDBMUX_E2E_BIN",
+                name: "E2E_BIN",
                 reason: format!("{} is not a file", bin.display()),
             });
         }
-        let state_dir = var("PDBMUX_E2E_STATE").map(PathBuf::from);
-        let fixture_path = match (var("PDBMUX_E2E_FIXTURE"), &state_dir) {
+        let state_dir = var("E2E_STATE").map(PathBuf::from);
+        let fixture_path = match (var("E2E_FIXTURE"), &state_dir) {
             (Some(path), _) => PathBuf::from(path),
             (None, Some(state)) => state.join("fixture.json"),
-            (None, None) => return Err(Error::MissingEnv("PDBMUX_E2E_FIXTURE")),
+            (None, None) => return Err(Error::MissingEnv("E2E_FIXTURE")),
         };
         let fixture = Fixture::load(&fixture_path)?;
         let loaded: Vec<&str> = fixture.backends.iter().map(|b| b.name.as_str()).collect();
         let given: Vec<&str> = backends.iter().map(|b| b.name.as_str()).collect();
         if loaded != given {
             return Err(Error::BadEnv {
-                name: "PDBMUX_E2E_BACKENDS",
+                name: "E2E_BACKENDS",
                 reason: format!(
                     "names {given:?} differ from the fixture's {loaded:?} ({})",
                     fixture_path.display()
                 ),
             });
         }
-        let tls = match var("PDBMUX_E2E_TLS_URL") {
+        let tls = match var("E2E_TLS_URL") {
             None => None,
             Some(url) => Some(TlsBackend {
                 url: url.trim_end_matches('/').to_owned(),
-                ca_file: required("PDBMUX_E2E_TLS_CA")?.into(),
-                cert_file: required("PDBMUX_E2E_TLS_CERT")?.into(),
-                key_file: required("PDBMUX_E2E_TLS_KEY")?.into(),
+                ca_file: required("E2E_TLS_CA")?.into(),
+                cert_file: required("E2E_TLS_CERT")?.into(),
+                key_file: required("E2E_TLS_KEY")?.into(),
             }),
         };
-        let access_logs = match var("PDBMUX_E2E_ACCESS_LOGS") {
+        let access_logs = match var("E2E_ACCESS_LOGS") {
             None => BTreeMap::new(),
-            Some(spec) => parse_pairs("PDBMUX_E2E_ACCESS_LOGS", &spec)?
+            Some(spec) => parse_pairs("E2E_ACCESS_LOGS", &spec)?
                 .into_iter()
                 .map(|(k, v)| (k, PathBuf::from(v)))
                 .collect(),
         };
-        let union = var("PDBMUX_E2E_UNION").map(|url| Backend {
+        let union = var("E2E_UNION").map(|url| Backend {
             name: "union".to_owned(),
             url: url.trim_end_matches('/').to_owned(),
         });
@@ -277,7 +276,7 @@ impl E2eEnv {
         ENV.get_or_init(|| Self::from_env().map_err(|e| e.to_string()))
             .as_ref()
             .map_err(|reason| Error::BadEnv {
-                name: "PDBMUX_E2E_*",
+                name: "E2E_*",
                 reason: reason.clone(),
             })
     }
@@ -339,7 +338,7 @@ pub struct PdbmuxBuilder {
 
 impl PdbmuxBuilder {
     /// A pdbmux running `bin` with no backends yet, logging under `state_dir` (else a temporary
-    /// directory): for suites whose backends are not `PDBMUX_E2E_BACKENDS` (the history suite).
+    /// directory): for suites whose backends are not `E2E_BACKENDS` (the history suite).
     pub fn new(bin: &Path, state_dir: Option<&Path>) -> Self {
         let log_dir = state_dir
             .map(|d| d.join("pdbmux-logs"))
@@ -361,7 +360,7 @@ impl PdbmuxBuilder {
         }
     }
 
-    /// Runs `bin` instead of `PDBMUX_E2E_BIN` (the fault soak runs both binaries at once).
+    /// Runs `bin` instead of `E2E_BIN` (the fault soak runs both binaries at once).
     pub fn binary(mut self, bin: &Path) -> Self {
         bin.clone_into(&mut self.bin);
         self

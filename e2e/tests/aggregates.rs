@@ -1058,7 +1058,7 @@ fn folded_windows_are_cut_after_the_fold() {
     }
     // limit and offset never went upstream with the folded extract.
     if logs.is_empty() {
-        eprintln!("no PDBMUX_E2E_ACCESS_LOGS: upstream paging not checked");
+        eprintln!("no E2E_ACCESS_LOGS: upstream paging not checked");
         return;
     }
     for log in &logs {
@@ -1197,7 +1197,7 @@ fn refusals_are_400_and_never_reach_a_backend() {
         eprintln!("{what}: 400 {:?}", r.body.trim());
     }
     if logs.is_empty() {
-        eprintln!("no PDBMUX_E2E_ACCESS_LOGS: backend access logs not checked");
+        eprintln!("no E2E_ACCESS_LOGS: backend access logs not checked");
         return;
     }
     // Control: distinct_resources without a function column is forwarded untouched.
@@ -1679,7 +1679,7 @@ fn population_metrics_count_the_estate_once() {
                     "avg-resources-per-node: {resources}/{certnames}"
                 );
             }
-            None => eprintln!("no PDBMUX_E2E_UNION: num-resources {got_resources} not compared"),
+            None => eprintln!("no E2E_UNION: num-resources {got_resources} not compared"),
         }
     }
 }

@@ -6,9 +6,9 @@
 //! totals, projected, aggregated, as PQL, and the population metrics. Compared as
 //! `pdbmux_e2e::differential` compares (less receipt times and `pdbmux_source`).
 //!
-//! Run by `e2e/run` (the history phase) with `PDBMUX_E2E_HISTORY` naming the history file it just
+//! Run by `e2e/run` (the history phase) with `E2E_HISTORY` naming the history file it just
 //! sent; without it the suite has nothing to compare and says so. A difference prints the seed,
-//! the question and a minimal diff; `PDBMUX_E2E_HISTORY_SEED=<seed> e2e/run --histories-only`
+//! the question and a minimal diff; `E2E_HISTORY_SEED=<seed> e2e/run --histories-only`
 //! replays it.
 
 use std::path::PathBuf;
@@ -54,8 +54,8 @@ fn with_query(path: &str, query: Value) -> Question {
 
 /// The history of this run, or `None` (with a note) outside the history phase.
 fn history() -> Option<History> {
-    let Some(path) = std::env::var_os("PDBMUX_E2E_HISTORY") else {
-        eprintln!("no PDBMUX_E2E_HISTORY: the history suite runs in e2e/run's history phase");
+    let Some(path) = std::env::var_os("E2E_HISTORY") else {
+        eprintln!("no E2E_HISTORY: the history suite runs in e2e/run's history phase");
         return None;
     };
     let path = PathBuf::from(path);
@@ -82,8 +82,8 @@ fn history() -> Option<History> {
 }
 
 fn pdbmux(history: &History) -> Pdbmux {
-    let bin = std::env::var_os("PDBMUX_E2E_BIN").expect("PDBMUX_E2E_BIN names the binary");
-    let state = std::env::var_os("PDBMUX_E2E_STATE").map(PathBuf::from);
+    let bin = std::env::var_os("E2E_BIN").expect("E2E_BIN names the binary");
+    let state = std::env::var_os("E2E_STATE").map(PathBuf::from);
     let mut builder = PdbmuxBuilder::new(&PathBuf::from(bin), state.as_deref())
         .label(&format!(
             "history-{}-over-{}",
@@ -621,7 +621,7 @@ fn every_route_equals_the_union_over_the_history() {
     assert!(
         problems.is_empty(),
         "seed {} over {} backends: {} of {} questions differ from the union's answers \
-         (replay: PDBMUX_E2E_HISTORY_SEED={} e2e/run --histories-only):\n  {}",
+         (replay: E2E_HISTORY_SEED={} e2e/run --histories-only):\n  {}",
         history.seed,
         history.backends.len(),
         problems.len(),

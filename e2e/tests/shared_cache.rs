@@ -32,7 +32,7 @@ struct Redis {
 impl Redis {
     /// Starts one, or `None` when the harness named no `redis-server`.
     fn start() -> Option<Redis> {
-        let binary = PathBuf::from(std::env::var_os("PDBMUX_E2E_REDIS_SERVER")?);
+        let binary = PathBuf::from(std::env::var_os("E2E_REDIS_SERVER")?);
         let mut redis = Redis {
             binary,
             port: free_port().expect("a free port"),
@@ -45,7 +45,7 @@ impl Redis {
 
     /// Starts one that speaks TLS only and wants a client certificate signed by `ca`.
     fn start_tls(ca: PathBuf, cert: PathBuf, key: PathBuf) -> Option<Redis> {
-        let binary = PathBuf::from(std::env::var_os("PDBMUX_E2E_REDIS_SERVER")?);
+        let binary = PathBuf::from(std::env::var_os("E2E_REDIS_SERVER")?);
         let mut redis = Redis {
             binary,
             port: free_port().expect("a free port"),
@@ -222,7 +222,7 @@ fn question(marker: &str) -> String {
 #[test]
 fn fifty_concurrent_requests_over_two_replicas_make_one_fan_out_and_a_hit_carries_the_age() {
     let Some(redis) = Redis::start() else {
-        eprintln!("PDBMUX_E2E_REDIS_SERVER not set: no shared cache to test");
+        eprintln!("E2E_REDIS_SERVER not set: no shared cache to test");
         return;
     };
     let env = env();
@@ -254,7 +254,7 @@ fn fifty_concurrent_requests_over_two_replicas_make_one_fan_out_and_a_hit_carrie
         assert_eq!(answer.body, answers[0].body);
     }
     if logs.is_empty() {
-        eprintln!("no PDBMUX_E2E_ACCESS_LOGS: fan-outs not counted");
+        eprintln!("no E2E_ACCESS_LOGS: fan-outs not counted");
     }
     // Jetty writes its log lines shortly after answering.
     thread::sleep(Duration::from_millis(500));
@@ -287,7 +287,7 @@ fn fifty_concurrent_requests_over_two_replicas_make_one_fan_out_and_a_hit_carrie
 #[test]
 fn a_large_entry_read_from_the_store_is_sealed_on_the_reading_replica() {
     let Some(redis) = Redis::start() else {
-        eprintln!("PDBMUX_E2E_REDIS_SERVER not set: no shared cache to test");
+        eprintln!("E2E_REDIS_SERVER not set: no shared cache to test");
         return;
     };
     let prefix = format!("{}:", marker("prefix"));
@@ -318,7 +318,7 @@ fn a_large_entry_read_from_the_store_is_sealed_on_the_reading_replica() {
 #[test]
 fn redis_stopped_and_started_again_mid_run_is_never_an_error_for_a_client() {
     let Some(mut redis) = Redis::start() else {
-        eprintln!("PDBMUX_E2E_REDIS_SERVER not set: no shared cache to test");
+        eprintln!("E2E_REDIS_SERVER not set: no shared cache to test");
         return;
     };
     let prefix = format!("{}:", marker("prefix"));
@@ -373,7 +373,7 @@ fn redis_stopped_and_started_again_mid_run_is_never_an_error_for_a_client() {
 fn a_rediss_store_is_reached_with_the_tls_files_of_the_backends() {
     let env = env();
     let Some(tls) = &env.tls else {
-        eprintln!("PDBMUX_E2E_TLS_URL not set: no PKI for a TLS store");
+        eprintln!("E2E_TLS_URL not set: no PKI for a TLS store");
         return;
     };
     // e2e/run's throwaway PKI: the server certificate (127.0.0.1) beside the CA.
@@ -387,7 +387,7 @@ fn a_rediss_store_is_reached_with_the_tls_files_of_the_backends() {
         pki.join("server.pem"),
         pki.join("server.key"),
     ) else {
-        eprintln!("PDBMUX_E2E_REDIS_SERVER not set: no shared cache to test");
+        eprintln!("E2E_REDIS_SERVER not set: no shared cache to test");
         return;
     };
     let prefix = format!("{}:", marker("prefix"));
@@ -431,7 +431,7 @@ fn a_rediss_store_is_reached_with_the_tls_files_of_the_backends() {
 #[test]
 fn a_poisoned_store_entry_is_never_served_and_never_desyncs_a_client() {
     let Some(redis) = Redis::start() else {
-        eprintln!("PDBMUX_E2E_REDIS_SERVER not set: no shared cache to test");
+        eprintln!("E2E_REDIS_SERVER not set: no shared cache to test");
         return;
     };
     let prefix = format!("{}:", marker("prefix"));

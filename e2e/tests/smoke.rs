@@ -340,7 +340,7 @@ fn paths_outside_the_allowlist_never_reach_a_backend() {
     assert_eq!(r.header("allow"), Some("GET"), "{r:?}");
 
     if logs.is_empty() {
-        eprintln!("no PDBMUX_E2E_ACCESS_LOGS: backend access logs not checked");
+        eprintln!("no E2E_ACCESS_LOGS: backend access logs not checked");
         return;
     }
     // Control: a request pdbmux does forward shows up in the first backend's access log.
@@ -421,7 +421,7 @@ fn oversized_request_headers_are_431() {
 fn https_backend_with_a_client_certificate() {
     let env = env();
     let Some(tls) = &env.tls else {
-        eprintln!("PDBMUX_E2E_TLS_URL not set: no TLS backend to test");
+        eprintln!("E2E_TLS_URL not set: no TLS backend to test");
         return;
     };
     let second = env.second();
@@ -471,7 +471,7 @@ fn https_backend_with_a_client_certificate() {
 fn https_backend_without_a_client_certificate_fails() {
     let env = env();
     let Some(tls) = &env.tls else {
-        eprintln!("PDBMUX_E2E_TLS_URL not set: no TLS backend to test");
+        eprintln!("E2E_TLS_URL not set: no TLS backend to test");
         return;
     };
     // Trusted CA but no client certificate: PuppetDB's TLS port refuses the handshake.
@@ -553,7 +553,7 @@ impl Drop for TlsServer {
 fn https_backends_with_a_wrong_ca_or_an_expired_certificate_fail_cleanly() {
     let env = env();
     let Some(tls) = &env.tls else {
-        eprintln!("PDBMUX_E2E_TLS_URL not set: no TLS backend to test");
+        eprintln!("E2E_TLS_URL not set: no TLS backend to test");
         return;
     };
     let dir = tempfile::tempdir().expect("a temporary directory");
@@ -757,7 +757,7 @@ fn healthz_down_when_no_backend_answers() {
 fn sighup_rereads_a_rotated_client_certificate() {
     let env = env();
     let Some(tls) = &env.tls else {
-        eprintln!("PDBMUX_E2E_TLS_URL not set: no TLS backend to test");
+        eprintln!("E2E_TLS_URL not set: no TLS backend to test");
         return;
     };
     let dir = tempfile::tempdir().expect("tempdir");

@@ -6,7 +6,7 @@
 //! any status but 200, 502 and 503.
 //!
 //! It kills a PuppetDB, so `e2e/run` runs it alone, after the other tests, with the `soak`
-//! feature and `PDBMUX_E2E_SOAK_BINS` (the binaries, comma-separated).
+//! feature and `E2E_SOAK_BINS` (the binaries, comma-separated).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -200,7 +200,7 @@ fn is_verbatim(question: &str) -> bool {
     question.contains("/catalogs/") || question.contains("/factsets/")
 }
 
-/// pdb-b's process: its pid is the second line of `$PDBMUX_E2E_STATE/pids` (e2e/run).
+/// pdb-b's process: its pid is the second line of `$E2E_STATE/pids` (e2e/run).
 fn pids_file(state: &Path) -> PathBuf {
     state.join("pids")
 }
@@ -258,11 +258,8 @@ fn running(url: &str) -> bool {
 #[test]
 fn answers_stay_whole_under_faults_and_a_backend_restart() {
     let env = E2eEnv::shared().expect("e2e environment");
-    let state = env
-        .state_dir
-        .clone()
-        .expect("PDBMUX_E2E_STATE (e2e/run sets it)");
-    let bins: Vec<PathBuf> = std::env::var("PDBMUX_E2E_SOAK_BINS")
+    let state = env.state_dir.clone().expect("E2E_STATE (e2e/run sets it)");
+    let bins: Vec<PathBuf> = std::env::var("E2E_SOAK_BINS")
         .map(|v| {
             v.split(',')
                 .filter(|s| !s.is_empty())

@@ -1,5 +1,5 @@
 //! The differential suite: pdbmux over the two backends answers exactly what the third
-//! PuppetDB, which was sent every command (`PDBMUX_E2E_UNION`), answers to the same question.
+//! PuppetDB, which was sent every command (`E2E_UNION`), answers to the same question.
 //!
 //! Every v4 entity pdbmux merges, asked plainly, with filters, pinned to each hard-case node
 //! (held by both with either side newer, a report timestamp tie, the same report in both with
@@ -28,7 +28,7 @@ use serde_json::{json, Value};
 fn union() -> Option<&'static Backend> {
     let union = env().union.as_ref();
     if union.is_none() {
-        eprintln!("no PDBMUX_E2E_UNION: the differential suite is skipped");
+        eprintln!("no E2E_UNION: the differential suite is skipped");
     }
     union
 }

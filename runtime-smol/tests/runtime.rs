@@ -2,8 +2,8 @@
 //!
 //! runtime-tokio runs the same cases against `pdbmux` with this file's body, the module paths
 //! pointing here (`#[path = "../../runtime-smol/tests/cases/mod.rs"]` on `mod cases;`, and
-//! likewise for `support`) and `env!("CARGO_BIN_EXE_pdbmux")`. `PDBMUX_RUNTIME_BIN=<binary>`
-//! runs them against any other binary, e.g. `PDBMUX_RUNTIME_BIN=$PWD/target/debug/pdbmux
+//! likewise for `support`) and `env!("CARGO_BIN_EXE_pdbmux")`. `RUNTIME_TEST_BIN=<binary>`
+//! runs them against any other binary, e.g. `RUNTIME_TEST_BIN=$PWD/target/debug/pdbmux
 //! cargo test -p pdbmux-runtime-smol`.
 
 #[macro_use]

@@ -8,7 +8,7 @@
 //! `metrics`, the pod template's prometheus.io/* scrape annotations name, and the Service
 //! exposes (tests/monitoring.rs checks the ServiceMonitor, rules and dashboard).
 //!
-//! With `PDBMUX_BIN` set (make deploy-check sets it when dist/pdbmux exists), the ConfigMap's file
+//! With `MUX_BIN` set (make deploy-check sets it when dist/pdbmux exists), the ConfigMap's file
 //! and the alternative's env vars are also fed to `pdbmux config show`, which must accept them and
 //! report the same timeout, facts_cache_bytes, max_body_bytes and metrics port as read here.
 
@@ -525,11 +525,11 @@ fn broken_deployments_are_caught() {
 }
 
 /// `pdbmux config show` accepts the ConfigMap's file and the alternative's env vars and reports
-/// the values the manifests are sized from. Skipped unless PDBMUX_BIN names a pdbmux binary.
+/// the values the manifests are sized from. Skipped unless MUX_BIN names a pdbmux binary.
 #[test]
 fn pdbmux_accepts_the_config() {
-    let Some(bin) = std::env::var_os("PDBMUX_BIN").filter(|b| !b.is_empty()) else {
-        eprintln!("PDBMUX_BIN not set: not running pdbmux config show");
+    let Some(bin) = std::env::var_os("MUX_BIN").filter(|b| !b.is_empty()) else {
+        eprintln!("MUX_BIN not set: not running pdbmux config show");
         return;
     };
     let docs = main_documents();

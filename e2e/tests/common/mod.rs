@@ -7,7 +7,7 @@ use pdbmux_core::membership::Kind;
 use pdbmux_e2e::{Backend, E2eEnv, Pdbmux, Response};
 use serde_json::{json, Value};
 
-/// The harness's environment (PDBMUX_E2E_*), read once.
+/// The harness's environment (E2E_*), read once.
 pub fn env() -> &'static E2eEnv {
     E2eEnv::shared()
         .unwrap_or_else(|e| panic!("e2e environment (run the suite through e2e/run): {e}"))
@@ -118,7 +118,7 @@ pub fn union_records(path: &str, params: &[(&str, &str)]) -> Vec<Value> {
     let union = env()
         .union
         .as_ref()
-        .expect("PDBMUX_E2E_UNION: the union PuppetDB (e2e/run starts it)");
+        .expect("E2E_UNION: the union PuppetDB (e2e/run starts it)");
     let r = direct(union, path, params);
     assert_eq!(r.status, 200, "the union answers {path} {params:?}: {r:?}");
     records(&r)

@@ -614,7 +614,7 @@ pub fn a_partial_fan_out_is_counted_in_healthz(bin: &Path) {
 }
 
 /// `#[test]`s running every case against one binary, e.g.
-/// `runtime_cases!(env!("CARGO_BIN_EXE_pdbmux-smol"));` (`PDBMUX_RUNTIME_BIN` overrides it).
+/// `runtime_cases!(env!("CARGO_BIN_EXE_pdbmux-smol"));` (`RUNTIME_TEST_BIN` overrides it).
 macro_rules! runtime_cases {
     ($binary:expr) => {
         runtime_cases!(@each $binary;

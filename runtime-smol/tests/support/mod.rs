@@ -22,10 +22,10 @@ pub struct FakeBackend {
     pub connections_closed: Arc<AtomicUsize>,
 }
 
-/// The binary under test: `PDBMUX_RUNTIME_BIN` when set (to run one crate's cases against the
+/// The binary under test: `RUNTIME_TEST_BIN` when set (to run one crate's cases against the
 /// other runtime's binary), else `default` (the crate's own, `env!("CARGO_BIN_EXE_...")`).
 pub fn binary(default: &str) -> PathBuf {
-    std::env::var_os("PDBMUX_RUNTIME_BIN").map_or_else(|| PathBuf::from(default), PathBuf::from)
+    std::env::var_os("RUNTIME_TEST_BIN").map_or_else(|| PathBuf::from(default), PathBuf::from)
 }
 
 /// What the fake writes back: raw bytes, with optional pauses between pieces, or a close.
