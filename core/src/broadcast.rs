@@ -7,7 +7,9 @@ use bytes::Bytes;
 use http::Method;
 
 use crate::ids::{BackendId, Counter, UpstreamId};
-use crate::message::{BodyMode, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::message::{
+    BodyMode, Purpose, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
+};
 use crate::status::{Failure, Rejected};
 
 /// One backend's part: its request and, once known, its result.
@@ -31,7 +33,7 @@ impl Broadcast {
     /// the calls and the requests to send.
     pub(crate) fn send(
         ids: &mut Counter,
-        backends: &[BackendId],
+        (backends, purpose): (&[BackendId], Purpose),
         queries: &[&str],
         deadline: Instant,
     ) -> (Broadcast, Vec<UpstreamRequest>) {
@@ -48,6 +50,7 @@ impl Broadcast {
                     body: None,
                     body_mode: BodyMode::Buffer,
                     deadline,
+                    purpose,
                     correlation: Vec::new(),
                 });
                 calls.push(BroadcastCall {

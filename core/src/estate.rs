@@ -445,6 +445,7 @@ impl Estate {
                 body: None,
                 body_mode: crate::message::BodyMode::Buffer,
                 deadline: now + self.health.settings().timeout,
+                purpose: crate::message::Purpose::Probe,
                 correlation: Vec::new(),
             }));
         }
@@ -741,7 +742,7 @@ impl Estate {
         let roster = self.health.roster();
         let (calls, requests) = Broadcast::send(
             &mut self.upstream_ids,
-            &roster,
+            (&roster, crate::message::Purpose::Membership),
             &MEMBERSHIP_QUERIES,
             now + self.config.timeout,
         );
@@ -769,7 +770,7 @@ impl Estate {
         let roster = self.all_backends();
         let (calls, requests) = Broadcast::send(
             &mut self.upstream_ids,
-            &roster,
+            (&roster, crate::message::Purpose::Healthz),
             &[REACHABILITY_PATH],
             now + self.config.timeout,
         );

@@ -15,7 +15,9 @@ use crate::corrections::Learned;
 use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, Verdict};
 use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
-use crate::message::{Response, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::message::{
+    Purpose, Response, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
+};
 use crate::route::RouteClass;
 use crate::stats::CallOutcome;
 use crate::status::{self, backend_name, Failure, Outcome, Rejection, Unusable};
@@ -45,7 +47,7 @@ pub struct ExchangeReport {
     pub(crate) round: Option<Round>,
     /// The membership snapshot's generation and what was learned against it.
     pub(crate) learned: Option<(u64, Vec<Learned>)>,
-    pub(crate) calls: Vec<(BackendId, CallOutcome)>,
+    pub(crate) calls: Vec<(BackendId, Purpose, CallOutcome)>,
 }
 
 impl ExchangeReport {
@@ -54,8 +56,8 @@ impl ExchangeReport {
         self.class
     }
 
-    /// How each upstream call it made ended, in the order they were made.
-    pub fn calls(&self) -> &[(BackendId, CallOutcome)] {
+    /// Each upstream call it made, what for and how it ended, in the order they were made.
+    pub fn calls(&self) -> &[(BackendId, Purpose, CallOutcome)] {
         &self.calls
     }
 }
@@ -249,6 +251,7 @@ impl Exchange {
         self.calls.0.push(Call {
             backend,
             part,
+            purpose: outbound.purpose,
             state: CallState::Pending { id, deadline },
         });
         self.outputs
@@ -260,6 +263,7 @@ impl Exchange {
                 body: outbound.body,
                 body_mode: outbound.body_mode,
                 deadline,
+                purpose: outbound.purpose,
                 correlation: Vec::new(),
             }));
     }
@@ -416,7 +420,13 @@ impl Exchange {
             .calls
             .0
             .iter()
-            .map(|call| (call.backend, CallOutcome::of_call(&call.state)))
+            .map(|call| {
+                (
+                    call.backend,
+                    call.purpose,
+                    CallOutcome::of_call(&call.state),
+                )
+            })
             .collect();
         for call in &self.calls.0 {
             match call.state {

@@ -28,6 +28,8 @@ pub(crate) struct Outbound {
     /// The JSON body of a POST (a rewritten query too long for a URL).
     pub(crate) body: Option<Bytes>,
     pub(crate) body_mode: BodyMode,
+    /// What it is for: a query unless the plan says otherwise.
+    pub(crate) purpose: crate::message::Purpose,
 }
 
 impl Outbound {
@@ -38,6 +40,7 @@ impl Outbound {
             path_and_query: path_and_query.into(),
             body: None,
             body_mode: BodyMode::Buffer,
+            purpose: crate::message::Purpose::Query,
         }
     }
 }
@@ -76,6 +79,8 @@ pub(crate) enum CallState {
 pub(crate) struct Call {
     pub(crate) backend: BackendId,
     pub(crate) part: usize,
+    /// What it was sent for (a query, a correction, a translation).
+    pub(crate) purpose: crate::message::Purpose,
     pub(crate) state: CallState,
 }
 

@@ -75,8 +75,9 @@ pub use exchange::{Exchange, ExchangeOutput, ExchangeReport, X_BACKENDS, X_RECOR
 pub use healthz::REACHABILITY_PATH;
 pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
-    BodyMode, ClientRequest, ConnectCause, Response, ResponseBody, UpstreamBody, UpstreamFailure,
-    UpstreamRequest, UpstreamResponse, HELD_ABOVE_BYTES, JSON_CONTENT_TYPE, TEXT_CONTENT_TYPE,
+    BodyMode, ClientRequest, ConnectCause, Purpose, Response, ResponseBody, UpstreamBody,
+    UpstreamFailure, UpstreamRequest, UpstreamResponse, HELD_ABOVE_BYTES, JSON_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE,
 };
 pub use policy::{plan, Planned};
 pub use records::{check_json, MAX_DEPTH as MAX_JSON_DEPTH};

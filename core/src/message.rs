@@ -96,6 +96,8 @@ pub struct UpstreamRequest {
     /// When the core gives up on this request. The core enforces it through `poll_timeout`; the
     /// runtime also stops streaming a held body to the client at this instant.
     pub deadline: Instant,
+    /// What the request is for.
+    pub purpose: Purpose,
     /// Headers that tie the call to the client request it is made for (its request id and
     /// trace context); the core leaves it empty and the driver fills it in. Send them as given.
     pub correlation: Vec<(http::HeaderName, http::HeaderValue)>,
@@ -136,6 +138,51 @@ impl UpstreamResponse {
             status,
             headers,
             body: UpstreamBody::Full(body.into()),
+        }
+    }
+}
+
+/// What an upstream request is for, as `pdbmux_upstream_requests_total` labels it: a client's
+/// query, a correction a merge asks besides it, a PQL translation, or one of the estate's own (a
+/// health probe, the membership refresh, a `/healthz` reachability check). Counting them apart
+/// lets single-flight be checked from pdbmux's own metrics: one fan-out is one `query` call
+/// per backend, whatever the probes and refreshes do meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Purpose {
+    /// A client request's own fan-out.
+    Query,
+    /// A correction a merge asks for its count or total (docs/merging.md, "Corrections").
+    Correction,
+    /// PQL sent with `ast_only=true` to learn its AST.
+    Translation,
+    /// A health probe (`health_probe_path`).
+    Probe,
+    /// The membership refresh.
+    Membership,
+    /// `/healthz`'s live reachability check.
+    Healthz,
+}
+
+impl Purpose {
+    /// Every purpose, in the order the metrics list them.
+    pub const ALL: [Purpose; 6] = [
+        Purpose::Query,
+        Purpose::Correction,
+        Purpose::Translation,
+        Purpose::Probe,
+        Purpose::Membership,
+        Purpose::Healthz,
+    ];
+
+    /// Its label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Purpose::Query => "query",
+            Purpose::Correction => "correction",
+            Purpose::Translation => "translation",
+            Purpose::Probe => "probe",
+            Purpose::Membership => "membership",
+            Purpose::Healthz => "healthz",
         }
     }
 }

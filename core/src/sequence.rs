@@ -23,6 +23,8 @@ pub(crate) struct Sequence {
     kind: Kind,
     /// How the answer is read: streamed to the client, or whole (a translation pdbmux reads).
     body_mode: BodyMode,
+    /// What its requests are for: a client's query, or a translation pdbmux asks for itself.
+    purpose: crate::message::Purpose,
     order: Vec<BackendId>,
     /// The node's owner in the membership map, once started: when it fails, another backend's
     /// 404 is no answer (the node exists; its owner could not say what it holds).
@@ -38,6 +40,7 @@ impl Sequence {
             owner_of: None,
             kind: Kind::Node,
             body_mode: BodyMode::StreamSuccess,
+            purpose: crate::message::Purpose::Query,
             order: Vec::new(),
             owner: None,
         }
@@ -47,6 +50,7 @@ impl Sequence {
     pub(crate) fn translation(target: String) -> Sequence {
         Sequence {
             body_mode: BodyMode::Buffer,
+            purpose: crate::message::Purpose::Translation,
             ..Sequence::first_success(target)
         }
     }
@@ -54,16 +58,13 @@ impl Sequence {
     /// Per-certname: the owner of the raw certname segment's `kind` of data first.
     pub(crate) fn owner_first(target: String, raw_certname: &str, kind: Kind) -> Sequence {
         Sequence {
-            target,
             owner_of: Some(
                 percent_decode_str(raw_certname)
                     .decode_utf8_lossy()
                     .into_owned(),
             ),
             kind,
-            body_mode: BodyMode::StreamSuccess,
-            order: Vec::new(),
-            owner: None,
+            ..Sequence::first_success(target)
         }
     }
 }
@@ -133,6 +134,7 @@ impl Plan for Sequence {
     fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
         Outbound {
             body_mode: self.body_mode,
+            purpose: self.purpose,
             ..Outbound::get(self.target.clone())
         }
     }

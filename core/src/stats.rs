@@ -119,6 +119,24 @@ pub enum CallOutcome {
 }
 
 impl CallOutcome {
+    /// Every outcome, for counters that show each one from the start.
+    pub const ALL: [CallOutcome; 14] = [
+        CallOutcome::Ok,
+        CallOutcome::ClientError,
+        CallOutcome::ServerError,
+        CallOutcome::Timeout,
+        CallOutcome::Connect(ConnectCause::Refused),
+        CallOutcome::Connect(ConnectCause::Dns),
+        CallOutcome::Connect(ConnectCause::Tls),
+        CallOutcome::Connect(ConnectCause::Timeout),
+        CallOutcome::Connect(ConnectCause::Other),
+        CallOutcome::BodyTooLarge,
+        CallOutcome::Transport,
+        CallOutcome::Unparseable,
+        CallOutcome::UnexpectedStatus,
+        CallOutcome::Cancelled,
+    ];
+
     /// Its label value.
     pub fn as_str(self) -> &'static str {
         match self {

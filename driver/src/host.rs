@@ -410,6 +410,9 @@ impl<R: Runtime> EstateHost<R> {
             let host = host.clone();
             let metrics =
                 metrics.map(|metrics| metrics.with_estate(move || Some(host.upgrade()?.stats())));
+            if let Some(metrics) = &metrics {
+                metrics.know_backends(estate.config());
+            }
             EstateHost {
                 current: RwLock::new(Generation {
                     config: Arc::clone(estate.config()),
@@ -466,6 +469,9 @@ impl<R: Runtime> EstateHost<R> {
     /// requests admitted before finish on the configuration and clients they started with.
     pub fn reconfigure(&self, config: Config, clients: R::Clients) {
         let config = Arc::new(config);
+        if let Some(metrics) = &self.metrics {
+            metrics.know_backends(&config);
+        }
         {
             let mut estate = self.estate();
             estate.reconfigure(self.runtime.now(), Arc::clone(&config));
@@ -877,7 +883,8 @@ impl<R: Runtime> EstateHost<R> {
     ) -> impl Future<Output = ()> + Send + 'static {
         let host = Arc::clone(self);
         async move {
-            let (id, backend, sent) = (request.id, request.backend, host.runtime.now());
+            let (id, backend, purpose) = (request.id, request.backend, request.purpose);
+            let sent = host.runtime.now();
             let result = host.runtime.send(&generation.clients, request).await;
             let now = host.runtime.now();
             if let Some(metrics) = &host.metrics {
@@ -885,7 +892,7 @@ impl<R: Runtime> EstateHost<R> {
                     result.as_ref().map(|(response, _)| response.status),
                 );
                 let config = &generation.config;
-                metrics.observe_upstream(config, backend, outcome);
+                metrics.observe_upstream(config, backend, purpose, outcome);
                 let took = now.saturating_duration_since(sent);
                 metrics.observe_upstream_duration(config, backend, took);
             }

@@ -13,7 +13,7 @@ use http::{HeaderMap, HeaderValue, StatusCode};
 use pdbmux_core::cache::shared::Refusal;
 use pdbmux_core::config::Config;
 use pdbmux_core::stats::{CallOutcome, EstateStats, BACKEND_STATES, TRANSITIONS};
-use pdbmux_core::{Coverage, ExchangeReport, Response, RouteClass};
+use pdbmux_core::{Coverage, ExchangeReport, Purpose, Response, RouteClass};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
@@ -40,6 +40,7 @@ struct RouteLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct UpstreamLabels {
     backend: String,
+    purpose: &'static str,
     outcome: &'static str,
 }
 
@@ -123,7 +124,7 @@ impl Metrics {
         let upstream = Family::default();
         registry.register(
             "pdbmux_upstream_requests",
-            "Requests sent to backends, by backend and how they ended",
+            "Requests sent to backends, by backend, purpose (query, correction, translation, probe, membership, healthz) and how they ended",
             upstream.clone(),
         );
         let upstream_duration: HistogramFamily<BackendLabels> =
@@ -246,24 +247,47 @@ impl Metrics {
     /// A finished exchange's calls, each with how it ended. (Its answer's coverage is counted
     /// per response, in [`Metrics::observe_request`]: a shared fan-out answers many.)
     pub(crate) fn observe_exchange(&self, report: &ExchangeReport, config: &Config) {
-        for (backend, outcome) in report.calls() {
-            self.observe_upstream(config, *backend, *outcome);
+        for (backend, purpose, outcome) in report.calls() {
+            self.observe_upstream(config, *backend, *purpose, *outcome);
         }
     }
 
-    /// One upstream call ended with `outcome`.
+    /// One upstream call for `purpose` ended with `outcome`.
     pub(crate) fn observe_upstream(
         &self,
         config: &Config,
         backend: pdbmux_core::BackendId,
+        purpose: Purpose,
         outcome: CallOutcome,
     ) {
         self.upstream
             .get_or_create(&UpstreamLabels {
                 backend: crate::host::backend_name(config, backend),
+                purpose: purpose.as_str(),
                 outcome: outcome.as_str(),
             })
             .inc();
+    }
+
+    /// Creates every per-backend series of `config`'s backends at zero (each purpose and
+    /// outcome of `pdbmux_upstream_requests_total`, the call-duration histogram), so a healthy
+    /// system shows zeros rather than empty panels and a `rate()` has a series before the first
+    /// failure. Call it at start and after a reload.
+    pub(crate) fn know_backends(&self, config: &Config) {
+        for backend in &config.backends {
+            for purpose in Purpose::ALL {
+                for outcome in CallOutcome::ALL {
+                    drop(self.upstream.get_or_create(&UpstreamLabels {
+                        backend: backend.name.clone(),
+                        purpose: purpose.as_str(),
+                        outcome: outcome.as_str(),
+                    }));
+                }
+            }
+            drop(self.upstream_duration.get_or_create(&BackendLabels {
+                backend: backend.name.clone(),
+            }));
+        }
     }
 
     /// One upstream call took `took`, from send to answer.

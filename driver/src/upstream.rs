@@ -207,6 +207,7 @@ mod tests {
             body: body.map(Bytes::from),
             body_mode: BodyMode::StreamSuccess,
             deadline: Instant::now(),
+            purpose: pdbmux_core::Purpose::Query,
             correlation: Vec::new(),
         }
     }

@@ -255,7 +255,10 @@ impl Plan for AggregatePlan {
     fn request(&self, backend: BackendId, part: usize, context: &Context) -> Outbound {
         if part == self.correction_part() {
             if let Some(asked) = self.corrections.iter().find(|c| c.backend == backend) {
-                return asked.outbound.clone();
+                return Outbound {
+                    purpose: crate::message::Purpose::Correction,
+                    ..asked.outbound.clone()
+                };
             }
         }
         let Some(upstream) = self.upstreams.get(part) else {

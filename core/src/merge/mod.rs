@@ -770,7 +770,10 @@ impl Plan for RecordPlan {
         let (limit, push) = asked.map_or((None, false), |a| (a.limit, a.push));
         match part {
             CORRECTION => match self.corrections.iter().find(|c| c.backend == backend) {
-                Some(correction) => correction.outbound.clone(),
+                Some(correction) => Outbound {
+                    purpose: crate::message::Purpose::Correction,
+                    ..correction.outbound.clone()
+                },
                 None => self.records_request(backend, limit, false, context),
             },
             PUSHED => self.records_request(backend, self.window.upstream_limit(), true, context),

@@ -122,6 +122,7 @@ fn progress(
                 Call {
                     backend: BackendId(i),
                     part: RECORDS,
+                    purpose: crate::message::Purpose::Query,
                     state: CallState::Done(Outcome::Success {
                         status: http::StatusCode::OK,
                         headers,

@@ -333,7 +333,7 @@ fn dashboard_problems(dashboard: &Json) -> Vec<String> {
         &[
             "pdbmux_upstream_requests_total",
             "outcome!=\"ok\"",
-            "backend, outcome",
+            "backend, purpose, outcome",
         ],
         &["pdbmux_partial_answers_total", "by (route)"],
         &["pdbmux_unanswered_total", "by (route)"],
@@ -445,6 +445,7 @@ fn templates_name_only_labels_pdbmux_metrics_carry() {
         "route",
         "code",
         "backend",
+        "purpose",
         "outcome",
         "state",
         "transition",

@@ -216,16 +216,25 @@ pub fn a_scripted_run_shows_in_the_metrics_with_exact_counts(bin: &Path) {
     // a answered the first two fact-names and failed the third; b answered the first, then
     // (down) was asked only when a failed.
     assert_eq!(
-        value("pdbmux_upstream_requests_total", "backend=a,outcome=5xx"),
+        value(
+            "pdbmux_upstream_requests_total",
+            "backend=a,outcome=5xx,purpose=query"
+        ),
         1.0,
         "{text}"
     );
     assert!(
-        value("pdbmux_upstream_requests_total", "backend=a,outcome=ok") >= 2.0,
+        value(
+            "pdbmux_upstream_requests_total",
+            "backend=a,outcome=ok,purpose=query"
+        ) >= 2.0,
         "{text}"
     );
     assert!(
-        value("pdbmux_upstream_requests_total", "backend=b,outcome=5xx") >= 1.0,
+        value(
+            "pdbmux_upstream_requests_total",
+            "backend=b,outcome=5xx,purpose=query"
+        ) >= 1.0,
         "{text}"
     );
     // The last client's connection ends on the server's side a moment after its answer.
@@ -257,6 +266,25 @@ pub fn the_metrics_listener_serves_metrics_only_and_the_query_port_none(bin: &Pa
             let line = format!("{family}{{route=\"{class}\"}} 0\n");
             assert!(first.text.contains(&line), "{line}{}", first.text);
         }
+    }
+    // Every purpose and outcome of each configured backend's calls, before the first of them
+    // fails (a rate() of connection failures has a series to start from).
+    for (purpose, outcome) in [
+        ("query", "timeout"),
+        ("correction", "5xx"),
+        ("translation", "4xx"),
+        ("probe", "connection_refused"),
+        ("membership", "tls_error"),
+        ("healthz", "cancelled"),
+    ] {
+        let labels = format!("backend=a,outcome={outcome},purpose={purpose}");
+        assert!(
+            first
+                .samples
+                .contains_key(&("pdbmux_upstream_requests_total".to_owned(), labels.clone())),
+            "{labels}: {}",
+            first.text
+        );
     }
     for path in [
         "/",
@@ -337,11 +365,26 @@ pub fn a_scrape_during_load_is_well_formed(bin: &Path) {
         answered as f64 + 1.0,
         "every fact-names answer and the /nodes one"
     );
+    // Counted by purpose, the fan-outs can be checked apart from the estate's own calls.
+    let ok = |purpose: &str| {
+        ["a", "b"]
+            .iter()
+            .map(|backend| {
+                let labels = format!("backend={backend},outcome=ok,purpose={purpose}");
+                scrape.value("pdbmux_upstream_requests_total", &labels)
+            })
+            .sum::<f64>()
+    };
     assert_eq!(
-        scrape.value("pdbmux_upstream_requests_total", "backend=a,outcome=ok")
-            + scrape.value("pdbmux_upstream_requests_total", "backend=b,outcome=ok"),
-        (2 * answered) as f64 + 2.0 + 2.0 * 3.0,
-        "two calls per answer, plus /nodes and each backend's three membership queries:\n{}",
+        ok("query"),
+        (2 * answered) as f64 + 2.0,
+        "two calls per answer, plus /nodes:\n{}",
+        scrape.text
+    );
+    assert_eq!(
+        ok("membership"),
+        2.0 * 3.0,
+        "each backend's three membership queries:\n{}",
         scrape.text
     );
     // n1 is in both backends, with the same report: a owns it (configured order breaks the tie).
