@@ -268,6 +268,13 @@ pub(crate) const KEYS: &[Key] = &[
         Some("info"),
         "log filter, e.g. debug or pdbmux=debug,info; RUST_LOG applies when unset",
     ),
+    key(
+        "config_watch_interval",
+        "PDBMUX_CONFIG_WATCH_INTERVAL",
+        None,
+        Some("0"),
+        "how often the config file is looked at and read again when it changed (a Kubernetes ConfigMap update); 0: only on SIGHUP",
+    ),
 ];
 
 /// The keys a backend entry in the config file may have.

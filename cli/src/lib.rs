@@ -32,7 +32,7 @@ pub use init::{init, template, InitError};
 pub use load::{load, ConfigFile, LoadError, Loaded, Source};
 pub use logging::{init_logging, LoggingError};
 pub use origin::Origin;
-pub use reload::{ReloadError, Reloader};
+pub use reload::{FileStamp, ReloadError, Reloader};
 pub use show::{show, Shown};
 pub use validate::{parse_backend_url, validate, ConfigProblem, Problem, ValidateError};
 
@@ -75,6 +75,9 @@ pub struct Settings {
     pub log_level: String,
     /// The config file loaded, or the paths searched; for a startup log line.
     pub config_source: String,
+    /// How often the config file is looked at for a change, which is then read like a SIGHUP
+    /// (`config_watch_interval`); `None`: only on SIGHUP. Fixed at start, like the listeners.
+    pub config_watch: Option<std::time::Duration>,
 }
 
 /// Loads and validates the configuration in one step; for callers that need no `config show`.
@@ -210,12 +213,7 @@ where
             if let Some((before, after)) = limits::raise_open_files_limit() {
                 tracing::info!("open files limit raised from {before} to {after}");
             }
-            let reloader = Reloader::new(
-                flags,
-                env.clone(),
-                settings.log_format,
-                settings.log_level.clone(),
-            );
+            let reloader = Reloader::new(flags, env.clone(), &settings);
             match serve(settings, reloader) {
                 Ok(()) => 0,
                 Err(e) => fail(binary, err, &e, EXIT_FAILURE),

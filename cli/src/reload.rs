@@ -4,7 +4,10 @@
 
 use pdbmux_core::config::Config;
 
-use crate::{load, validate, Environment, LogFormat, SettingFlags};
+use std::path::PathBuf;
+use std::time::{Duration, SystemTime};
+
+use crate::{load, validate, Environment, LogFormat, SettingFlags, Settings};
 
 /// What a binary keeps from its start to reload its configuration; handed to `serve` by
 /// [`crate::run`].
@@ -14,6 +17,16 @@ pub struct Reloader {
     env: Environment,
     log_format: LogFormat,
     log_level: String,
+    config_watch: Option<Duration>,
+}
+
+/// The config file as it is on disk, to tell a change from none ([`Reloader::file_stamp`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileStamp {
+    /// The file the path resolves to: a ConfigMap update swaps the symlink it goes through.
+    target: PathBuf,
+    modified: Option<SystemTime>,
+    len: u64,
 }
 
 /// Why a reload was refused: every problem, on one line.
@@ -25,19 +38,30 @@ pub struct ReloadError {
 }
 
 impl Reloader {
-    /// A reloader for a process started with these flags, environment and logging settings.
-    pub fn new(
-        args: SettingFlags,
-        env: Environment,
-        log_format: LogFormat,
-        log_level: String,
-    ) -> Reloader {
+    /// A reloader for a process started with these flags and environment into `settings`.
+    pub fn new(args: SettingFlags, env: Environment, settings: &Settings) -> Reloader {
         Reloader {
             args,
             env,
-            log_format,
-            log_level,
+            log_format: settings.log_format,
+            log_level: settings.log_level.clone(),
+            config_watch: settings.config_watch,
         }
+    }
+
+    /// The config file's stamp now: the file its path resolves to, its modification time and
+    /// length; `None` when there is none (none on the search path, or the one named is gone).
+    /// Compare two to see whether the file changed (`config_watch_interval`); it reads no
+    /// content, only metadata.
+    pub fn file_stamp(&self) -> Option<FileStamp> {
+        let file = crate::load::choose_file(&self.args, &self.env).ok()?;
+        let target = std::fs::canonicalize(file.path()?).ok()?;
+        let metadata = std::fs::metadata(&target).ok()?;
+        Some(FileStamp {
+            target,
+            modified: metadata.modified().ok(),
+            len: metadata.len(),
+        })
     }
 
     /// The configuration as it reads now, for a process running `running`: `listen` and
@@ -71,6 +95,9 @@ impl Reloader {
         }
         if settings.log_format != self.log_format || settings.log_level != self.log_level {
             needs_restart.push("log_format/log_level");
+        }
+        if settings.config_watch != self.config_watch {
+            needs_restart.push("config_watch_interval");
         }
         if !needs_restart.is_empty() {
             tracing::warn!(

@@ -33,6 +33,9 @@ const MIN_PROBE_TIMEOUT: Duration = Duration::from_millis(100);
 const MIN_FRESHNESS_TTL: Duration = Duration::from_secs(1);
 /// A client on a slow link takes this long for a head or a write.
 const MIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Looking at the config file more often than this only costs system calls: a ConfigMap update
+/// takes the kubelet a minute or so to arrive anyway.
+const MIN_CONFIG_WATCH: Duration = Duration::from_secs(1);
 /// A cache TTL other than 0 (off): ages are whole seconds.
 const MIN_FACTS_TTL: Duration = Duration::from_secs(1);
 /// PuppetDB's status answer (the health probe's) is about this long: a smaller body limit fails
@@ -1213,6 +1216,23 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         "text or json",
     );
     let (log_level, log_level_source) = c.log_level();
+    let config_watch = c
+        .duration("config_watch_interval")
+        .and_then(|(every, raw)| {
+            if !every.is_zero() && every < MIN_CONFIG_WATCH {
+                c.shown.remove("config_watch_interval");
+                c.problems.push(ConfigProblem::BelowFloor {
+                    key: "config_watch_interval".to_owned(),
+                    value: raw.trim().to_owned(),
+                    floor: format!(
+                        "{} (or 0 to turn the watch off)",
+                        duration::format(MIN_CONFIG_WATCH)
+                    ),
+                });
+                return None;
+            }
+            Some((!every.is_zero()).then_some(every))
+        });
 
     let settings = match (
         listen,
@@ -1311,6 +1331,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 log_format,
                 log_level,
                 config_source: loaded.file.to_string(),
+                config_watch: config_watch.flatten(),
             })
         }
         _ => None,

@@ -272,6 +272,7 @@ fn show_lines_and_sources() {
             "tls_key_file : (none)  (default)".to_owned(),
             "log_format : text  (default)".to_owned(),
             "log_level : info  (default)".to_owned(),
+            "config_watch_interval : 0s  (default)".to_owned(),
         ] {
             assert!(
                 lines.contains(&want.as_str()),
@@ -279,7 +280,7 @@ fn show_lines_and_sources() {
             );
         }
         // One line per key plus the config line and the backend's TLS lines.
-        assert_eq!(lines.len(), 1 + 31 + 3, "{out}");
+        assert_eq!(lines.len(), 1 + 32 + 3, "{out}");
         assert!(!out.contains("BEGIN"), "never key contents");
         Ok(())
     });

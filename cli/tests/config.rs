@@ -478,6 +478,11 @@ fn validation_messages() {
             "facts_ttl: \"500ms\" is below the floor of 1s (or 0 to turn the cache off)",
         ),
         (
+            "PDBMUX_CONFIG_WATCH_INTERVAL",
+            "500ms",
+            "config_watch_interval: \"500ms\" is below the floor of 1s (or 0 to turn the watch off)",
+        ),
+        (
             "PDBMUX_FACTS_CACHE_BYTES",
             "0",
             "facts_cache_bytes: must be at least 1024, got 0",

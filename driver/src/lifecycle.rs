@@ -90,15 +90,17 @@ impl<R: Runtime> EstateHost<R> {
         tracing::info!(%listen, %backends, %metrics, config = %config_source, "pdbmux serving");
     }
 
-    /// A reload (SIGHUP): `read` reads the configuration again for the running one, then the
-    /// clients it asks for are built ([`Runtime::clients`]); both read files, so they run on the
-    /// blocking pool, and a panic in them refuses the reload. [`EstateHost::reload`] applies the
-    /// result. Returns whether it was applied.
+    /// A reload (a SIGHUP, or the config file seen changed: `why`, for the log): `read` reads
+    /// the configuration again for the running one, then the clients it asks for are built
+    /// ([`Runtime::clients`]); both read files, so they run on the blocking pool, and a panic in
+    /// them refuses the reload. [`EstateHost::reload`] applies the result. Returns whether it was
+    /// applied.
     pub async fn reread(
         &self,
+        why: &str,
         read: impl FnOnce(&Config) -> Result<Config, String> + Send + 'static,
     ) -> bool {
-        tracing::info!("SIGHUP: reading the configuration again");
+        tracing::info!("{why}: reading the configuration again");
         let running = self.config();
         let prepare = move || {
             let config = read(&running)?;

@@ -95,13 +95,32 @@ async fn serve(
     // `closing` is dropped when shutdown starts; every connection holds a clone of `open`.
     let (closing, closing_watch) = channel::bounded::<()>(1);
     let (open, drained) = channel::bounded::<()>(1);
-    let (hangups, reloads) = channel::unbounded::<()>();
+    // Reloads come from SIGHUP and, with config_watch_interval, from the file seen changed.
+    let (hangups, reloads) = channel::unbounded::<&'static str>();
+    let _watch_task = settings.config_watch.map(|every| {
+        let (reloader, changes) = (reloader.clone(), hangups.clone());
+        spawn_guarded(&executor, "config file watch", async move {
+            let stamp = || {
+                let reloader = reloader.clone();
+                smol::unblock(move || reloader.file_stamp())
+            };
+            let mut seen = stamp().await;
+            loop {
+                Timer::after(every).await;
+                let now = stamp().await;
+                if now != seen {
+                    seen = now;
+                    let _ = changes.try_send("the config file changed");
+                }
+            }
+        })
+    });
     let reload_host = Arc::clone(&host);
     let _reloader_task = spawn_guarded(&executor, "reload", async move {
-        while reloads.recv().await.is_ok() {
+        while let Ok(why) = reloads.recv().await {
             let reloader = reloader.clone();
             let read = move |running: &_| reloader.reload(running).map_err(|e| e.to_string());
-            reload_host.reread(read).await;
+            reload_host.reread(why, read).await;
         }
     });
     // Idle upstream connections the backends closed are closed here too, not left in CLOSE-WAIT.
@@ -132,7 +151,7 @@ async fn serve(
             }
             Err(Some(Ok(Signal::Hup))) => {
                 // One reload at a time, in the order of the signals.
-                let _ = hangups.try_send(());
+                let _ = hangups.try_send("SIGHUP");
             }
             Err(Some(Ok(Signal::Term))) => break "SIGTERM",
             Err(_) => break "SIGINT",

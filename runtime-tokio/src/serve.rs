@@ -73,12 +73,43 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     let driver = host.spawn_driver();
     let metrics_task = metrics_listener
         .map(|listener| tokio::spawn(crate::metrics::serve(listener, Arc::clone(&host))));
+    // Reloads come from SIGHUP and, with config_watch_interval, from the file seen changed.
+    let (changes, mut changed) = tokio::sync::mpsc::channel::<&'static str>(1);
+    let watch = settings.config_watch.map(|every| {
+        let (reloader, changes) = (reloader.clone(), changes.clone());
+        tokio::spawn(async move {
+            let stamp = || {
+                let reloader = reloader.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || reloader.file_stamp())
+                        .await
+                        .ok()
+                        .flatten()
+                }
+            };
+            let mut seen = stamp().await;
+            loop {
+                tokio::time::sleep(every).await;
+                let now = stamp().await;
+                if now != seen {
+                    seen = now;
+                    let _ = changes.try_send("the config file changed");
+                }
+            }
+        })
+    });
+    let hangup_changes = changes;
+    let hangup = tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            let _ = hangup_changes.try_send("SIGHUP");
+        }
+    });
     let reload_host = Arc::clone(&host);
     let reloads = tokio::spawn(async move {
-        while hangups.recv().await.is_some() {
+        while let Some(why) = changed.recv().await {
             let reloader = reloader.clone();
             let read = move |running: &_| reloader.reload(running).map_err(|e| e.to_string());
-            reload_host.reread(read).await;
+            reload_host.reread(why, read).await;
         }
     });
     let graceful = GracefulShutdown::new();
@@ -131,6 +162,10 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
     drop(listener);
     host.shut_down(driver, signal, graceful.shutdown()).await;
     reloads.abort();
+    hangup.abort();
+    if let Some(watch) = watch {
+        watch.abort();
+    }
     if let Some(task) = metrics_task {
         task.abort();
     }

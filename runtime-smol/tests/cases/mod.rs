@@ -640,6 +640,7 @@ macro_rules! runtime_cases {
             every_metric_the_dashboard_and_rules_use_is_exported,
             sighup_adds_and_removes_backends_while_requests_run,
             a_bad_configuration_on_sighup_is_refused_and_the_old_one_serves,
+            a_configmap_update_is_read_again_without_a_sighup,
             a_request_in_flight_finishes_on_the_configuration_it_started_with,
             reloaded_client_timeouts_apply_to_new_connections,
             a_small_verbatim_answer_that_is_not_json_falls_back_to_the_next_backend,

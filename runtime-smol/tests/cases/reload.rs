@@ -304,3 +304,81 @@ pub fn reloaded_client_timeouts_apply_to_new_connections(bin: &Path) {
         "the connection accepted before the reload keeps its 30 s timeout"
     );
 }
+
+/// With `config_watch_interval`, a ConfigMap-style update (the file reached through a `..data`
+/// symlink that is swapped to a new directory) is read again without a SIGHUP: the new backends
+/// answer, the reload is counted; a refused file leaves the running configuration serving and
+/// the gauge at 0; an untouched file is never read again.
+pub fn a_configmap_update_is_read_again_without_a_sighup(bin: &Path) {
+    let (a, b) = (naming("from_a"), naming("from_b"));
+    let dir = tempfile::tempdir().unwrap();
+    // What the kubelet makes: <dir>/pdbmux.yaml -> ..data/pdbmux.yaml, ..data -> ..<version>.
+    let version = |n: usize, text: &str| {
+        let versioned = dir.path().join(format!("..v{n}"));
+        std::fs::create_dir(&versioned).unwrap();
+        std::fs::write(versioned.join("pdbmux.yaml"), text).unwrap();
+        let swap = dir.path().join("..data_tmp");
+        std::os::unix::fs::symlink(format!("..v{n}"), &swap).unwrap();
+        std::fs::rename(&swap, dir.path().join("..data")).unwrap();
+    };
+    let backend = |name: &str, fake: &FakeBackend| {
+        format!(
+            "backends:\n  - name: {name}\n    url: {}\nfacts_ttl: 0s\n",
+            fake.url()
+        )
+    };
+    version(1, &backend("a", &a));
+    let file = dir.path().join("pdbmux.yaml");
+    std::os::unix::fs::symlink("..data/pdbmux.yaml", &file).unwrap();
+    let metrics = metrics_addr();
+    let mut pdbmux = Pdbmux::start(
+        bin,
+        &[
+            ("PDBMUX_CONFIG", file.display().to_string()),
+            ("PDBMUX_METRICS_LISTEN", metrics.to_string()),
+            ("PDBMUX_CONFIG_WATCH_INTERVAL", "1s".to_owned()),
+        ],
+    );
+    assert_eq!(fact_names(&pdbmux).0, r#"["from_a","pdbmux_source"]"#);
+    // Untouched: no reload however long it watches.
+    thread::sleep(Duration::from_millis(2500));
+    let idle = Scrape::of(metrics);
+    assert_eq!(idle.value("pdbmux_config_reloads_total", "result=ok"), 0.0);
+
+    version(2, &backend("b", &b));
+    scrape_until(metrics, |s| {
+        s.value("pdbmux_config_reloads_total", "result=ok") == 1.0
+    });
+    assert_eq!(
+        fact_names(&pdbmux),
+        (
+            r#"["from_b","pdbmux_source"]"#.to_owned(),
+            Some("1/1".to_owned())
+        ),
+        "the updated file's backends answer"
+    );
+
+    version(3, "backends: []\n");
+    let refused = scrape_until(metrics, |s| {
+        s.value("pdbmux_config_reloads_total", "result=failed") == 1.0
+    });
+    assert_eq!(
+        refused.value("pdbmux_config_last_reload_successful", ""),
+        0.0
+    );
+    assert_eq!(fact_names(&pdbmux).0, r#"["from_b","pdbmux_source"]"#);
+    // Still refused, not read again until it changes.
+    thread::sleep(Duration::from_millis(2500));
+    let later = Scrape::of(metrics);
+    assert_eq!(
+        later.value("pdbmux_config_reloads_total", "result=failed"),
+        1.0
+    );
+    let log = pdbmux.stderr();
+    assert_eq!(
+        log.matches("the config file changed: reading the configuration again")
+            .count(),
+        2,
+        "one reload per change: {log}"
+    );
+}
