@@ -185,6 +185,8 @@ where
             }
         }
         Command::Serve(flags) => {
+            // Before the file is read: a change from here on is one the watch must see.
+            let started_from = FileStamp::of(&flags, env);
             let loaded = match load(&flags, env) {
                 Ok(loaded) => loaded,
                 Err(e) => return fail(binary, err, &e, EXIT_USAGE),
@@ -213,7 +215,7 @@ where
             if let Some((before, after)) = limits::raise_open_files_limit() {
                 tracing::info!("open files limit raised from {before} to {after}");
             }
-            let reloader = Reloader::new(flags, env.clone(), &settings);
+            let reloader = Reloader::new(flags, env.clone(), &settings, started_from);
             match serve(settings, reloader) {
                 Ok(()) => 0,
                 Err(e) => fail(binary, err, &e, EXIT_FAILURE),

@@ -292,7 +292,7 @@ pub fn load(args: &SettingFlags, env: &Environment) -> Result<Loaded, LoadError>
         .and_then(|path| std::fs::read_to_string(path).ok());
     let unknown_vars = env
         .names()
-        .filter(|var| keys::is_unknown_var(var))
+        .filter(|var| keys::is_unknown_var(var, env.get_even_empty(var).unwrap_or_default()))
         .map(str::to_owned)
         .collect();
     Ok(Loaded {

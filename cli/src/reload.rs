@@ -18,6 +18,8 @@ pub struct Reloader {
     log_format: LogFormat,
     log_level: String,
     config_watch: Option<Duration>,
+    /// The config file's stamp taken before it was read at start.
+    started_from: Option<FileStamp>,
 }
 
 /// The config file as it is on disk, to tell a change from none ([`Reloader::file_stamp`]).
@@ -27,6 +29,39 @@ pub struct FileStamp {
     target: PathBuf,
     modified: Option<SystemTime>,
     len: u64,
+    /// Device, inode and status change time (seconds, nanoseconds); zeros off Unix.
+    identity: (u64, u64, i64, i64),
+}
+
+impl FileStamp {
+    /// The stamp of the config file these flags and this environment choose: the file its path
+    /// resolves to, its modification time and length (and on Unix its device, inode and status
+    /// change time, so that an edit keeping mtime and length is seen); `None` when there is none
+    /// (none on the search path, or the one named is gone). Compare two to see whether the file
+    /// changed (`config_watch_interval`); it reads no content, only metadata.
+    pub fn of(args: &SettingFlags, env: &Environment) -> Option<FileStamp> {
+        let file = crate::load::choose_file(args, env).ok()?;
+        let target = std::fs::canonicalize(file.path()?).ok()?;
+        let metadata = std::fs::metadata(&target).ok()?;
+        #[cfg(unix)]
+        let identity = {
+            use std::os::unix::fs::MetadataExt;
+            (
+                metadata.dev(),
+                metadata.ino(),
+                metadata.ctime(),
+                metadata.ctime_nsec(),
+            )
+        };
+        #[cfg(not(unix))]
+        let identity = (0, 0, 0, 0);
+        Some(FileStamp {
+            target,
+            modified: metadata.modified().ok(),
+            len: metadata.len(),
+            identity,
+        })
+    }
 }
 
 /// Why a reload was refused: every problem, on one line.
@@ -38,30 +73,33 @@ pub struct ReloadError {
 }
 
 impl Reloader {
-    /// A reloader for a process started with these flags and environment into `settings`.
-    pub fn new(args: SettingFlags, env: Environment, settings: &Settings) -> Reloader {
+    /// A reloader for a process started with these flags and environment into `settings`, from
+    /// the config file as `started_from` stamped it before it was read.
+    pub fn new(
+        args: SettingFlags,
+        env: Environment,
+        settings: &Settings,
+        started_from: Option<FileStamp>,
+    ) -> Reloader {
         Reloader {
             args,
             env,
             log_format: settings.log_format,
             log_level: settings.log_level.clone(),
             config_watch: settings.config_watch,
+            started_from,
         }
     }
 
-    /// The config file's stamp now: the file its path resolves to, its modification time and
-    /// length; `None` when there is none (none on the search path, or the one named is gone).
-    /// Compare two to see whether the file changed (`config_watch_interval`); it reads no
-    /// content, only metadata.
+    /// The config file's stamp taken before it was read at start: what a watch compares the
+    /// first look with, so that a change while pdbmux was starting is not missed.
+    pub fn started_from(&self) -> Option<&FileStamp> {
+        self.started_from.as_ref()
+    }
+
+    /// The config file's stamp now ([`FileStamp::of`]).
     pub fn file_stamp(&self) -> Option<FileStamp> {
-        let file = crate::load::choose_file(&self.args, &self.env).ok()?;
-        let target = std::fs::canonicalize(file.path()?).ok()?;
-        let metadata = std::fs::metadata(&target).ok()?;
-        Some(FileStamp {
-            target,
-            modified: metadata.modified().ok(),
-            len: metadata.len(),
-        })
+        FileStamp::of(&self.args, &self.env)
     }
 
     /// The configuration as it reads now, for a process running `running`: `listen` and

@@ -282,8 +282,9 @@ impl ConfigProblem {
             | P::UnknownValue { key, .. }
             | P::WrongShape { key, .. }
             | P::Invalid { key, .. }
-            | P::Missing { key }
-            | P::UnknownKey { key, .. } => Some(of_key(key)),
+            | P::Missing { key } => Some(of_key(key)),
+            // Written as is in the file, dots and brackets included.
+            P::UnknownKey { key, .. } => Some(Subject::key(key)),
             P::File { key, .. } => Some(of_key(key)),
             P::BadLogFilter { key, .. } => Some(Subject::key(key)),
             P::BadBackendUrl { index, .. } => Some(entry(*index, Some("url"))),
@@ -749,6 +750,9 @@ impl<'a> Checker<'a> {
 /// A backend as given, before validation.
 #[derive(Debug, Default)]
 struct RawBackend {
+    /// Its position among the entries as written (a malformed entry before it counts), so a
+    /// problem names the entry the user wrote.
+    index: usize,
     name: String,
     url: String,
     /// ca, cert, key: `None` when the entry does not mention the key.
@@ -760,10 +764,12 @@ const TLS_KEYS: [&str; 3] = ["tls_ca_file", "tls_cert_file", "tls_key_file"];
 /// Splits `name=url,name=url` (the `PDBMUX_BACKENDS` form); blank entries are skipped.
 fn split_backends(text: &str, problems: &mut Vec<ConfigProblem>) -> Vec<RawBackend> {
     let mut out = Vec::new();
-    for entry in text.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    let entries = text.split(',').map(str::trim).filter(|e| !e.is_empty());
+    for (index, entry) in entries.enumerate() {
         match entry.split_once('=') {
             Some((name, url)) if !name.trim().is_empty() && !url.trim().is_empty() => {
                 out.push(RawBackend {
+                    index,
                     name: name.trim().to_owned(),
                     url: url.trim().to_owned(),
                     tls: [None, None, None],
@@ -791,7 +797,10 @@ fn raw_backends(checker: &mut Checker<'_>, setting: &Setting) -> Vec<RawBackend>
                     });
                     continue;
                 };
-                let mut raw = RawBackend::default();
+                let mut raw = RawBackend {
+                    index,
+                    ..RawBackend::default()
+                };
                 let mut complete = true;
                 for field in dict.keys().filter(|k| !BACKEND_KEYS.contains(&k.as_str())) {
                     checker.problems.push(ConfigProblem::UnknownBackendKey {
@@ -1036,7 +1045,8 @@ fn check_backends(
     let mut seen = HashSet::new();
     let mut backends = Vec::new();
     let mut shown = Vec::new();
-    for (index, raw) in raws.into_iter().enumerate() {
+    for raw in raws {
+        let index = raw.index;
         let url = match parse_backend_url(&raw.url) {
             Ok(url) => Some(url),
             Err(reason) => {

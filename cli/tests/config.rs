@@ -1051,3 +1051,35 @@ fn cache_backend_redis_needs_a_redis_url_and_uses_the_global_tls_files() {
         Ok(())
     });
 }
+
+/// A problem names the entry as written: an incomplete entry before it still counts, in the
+/// file and in `PDBMUX_BACKENDS`; an unknown key with a dot is found on its own line.
+#[test]
+fn backend_problems_name_the_entry_as_written() {
+    Jail::expect_with(|jail| {
+        clean(jail);
+        let file = write(
+            jail,
+            "cfg.yaml",
+            "backends:\n  - name: a\n  - name: b\n    url: ftp://b.example.com\nlisten.port: 80\n",
+        );
+        let f = file.display().to_string();
+        assert_eq!(
+            problems(jail, &["--config", &f]),
+            [
+                format!("{f}:5: listen.port: unknown key"),
+                format!("{f}:2: backends[0].url: missing"),
+                format!("{f}:4: backends[1].url: \"ftp://b.example.com\" is not http(s)://host[:port]: scheme \"ftp\" is not http or https"),
+            ]
+        );
+        jail.set_env("PDBMUX_BACKENDS", "broken,b=ftp://b.example.com");
+        assert_eq!(
+            problems(jail, &[]),
+            [
+                "env PDBMUX_BACKENDS: backends: malformed entry \"broken\" (expected name=url)",
+                "env PDBMUX_BACKENDS: backends[1].url: \"ftp://b.example.com\" is not http(s)://host[:port]: scheme \"ftp\" is not http or https",
+            ]
+        );
+        Ok(())
+    });
+}

@@ -219,9 +219,9 @@ fn access_line<H>(
 }
 
 /// A 5xx body's reason for the log: its text (or PuppetDB's JSON `error`/`msg`), on one line,
-/// at most 300 characters.
+/// at most 300 characters; only the body's first 4 KiB are read (a replayed answer can be large).
 fn reason_of(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
+    let text = String::from_utf8_lossy(&body[..body.len().min(4096)]);
     let from_json = serde_json::from_str::<serde_json::Value>(&text)
         .ok()
         .and_then(|v| {
@@ -936,7 +936,7 @@ impl<R: Runtime> Bound<'_, R> {
     /// Sends one upstream request with this generation's clients ([`Runtime::send`]).
     pub(crate) async fn send(&self, mut request: UpstreamRequest) -> UpstreamResult<R::Held> {
         if let Some(context) = &self.context {
-            request.correlation = context.upstream_headers().into();
+            request.correlation = context.upstream_headers();
         }
         self.host
             .runtime

@@ -66,8 +66,8 @@ pub enum RequestBody {
 /// What [`parse_head`] found in the bytes received so far.
 #[derive(Debug)]
 pub enum Parsed {
-    /// A whole head, and how many bytes it took.
-    Complete(Head, usize),
+    /// A whole head (boxed: it is most of the enum's size), and how many bytes it took.
+    Complete(Box<Head>, usize),
     /// More bytes are needed.
     Partial,
     /// A head to refuse with this status and reason (the connection closes after).
@@ -144,7 +144,7 @@ pub fn parse_head(bytes: &[u8]) -> Parsed {
         keep_alive: if http11 { !close } else { keep_alive && !close },
         body,
     };
-    Parsed::Complete(head, length)
+    Parsed::Complete(Box::new(head), length)
 }
 
 /// How a request's body is framed, once [`check_head`] found it unambiguous.
@@ -239,7 +239,7 @@ mod tests {
 
     fn complete(bytes: &str) -> (Head, usize) {
         match parse_head(bytes.as_bytes()) {
-            Parsed::Complete(head, length) => (head, length),
+            Parsed::Complete(head, length) => (*head, length),
             Parsed::Partial => panic!("partial: {bytes:?}"),
             Parsed::Invalid(status, why) => panic!("{status} {why}: {bytes:?}"),
         }

@@ -192,7 +192,7 @@ async fn read_head(
             match parse_head(pending) {
                 Parsed::Complete(head, length) => {
                     pending.drain(..length);
-                    return HeadRead::Request(head);
+                    return HeadRead::Request(*head);
                 }
                 Parsed::Invalid(status, why) => return HeadRead::Refuse(status, why),
                 Parsed::Partial if pending.len() >= MAX_HEAD_BYTES => {

@@ -104,7 +104,7 @@ async fn serve(
                 let reloader = reloader.clone();
                 smol::unblock(move || reloader.file_stamp())
             };
-            let mut seen = stamp().await;
+            let mut seen = reloader.started_from().cloned();
             loop {
                 Timer::after(every).await;
                 let now = stamp().await;

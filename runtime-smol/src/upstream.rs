@@ -135,7 +135,7 @@ impl Upstreams {
         .await;
         if let Err(error) = written {
             return Err(AttemptError {
-                failure: UpstreamFailure::Transport(error_chain(&error)),
+                failure: pdbmux_tls::transport_failure(&error),
                 before_answer: retry,
             });
         }
@@ -147,7 +147,15 @@ impl Upstreams {
         match decoded {
             Ok(Ok(response)) => Ok((lease, response)),
             Ok(Err(error)) => Err(AttemptError {
-                failure: UpstreamFailure::Transport(format!("reading the answer: {error}")),
+                failure: match error.downcast_ref::<std::io::Error>() {
+                    Some(io) => match pdbmux_tls::transport_failure(io) {
+                        UpstreamFailure::Transport(detail) => {
+                            UpstreamFailure::Transport(format!("reading the answer: {detail}"))
+                        }
+                        tls => tls,
+                    },
+                    None => UpstreamFailure::Transport(format!("reading the answer: {error}")),
+                },
                 before_answer: retry,
             }),
             Err(_) => Err(AttemptError {

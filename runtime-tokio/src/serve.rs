@@ -87,7 +87,7 @@ async fn serve(settings: Settings, reloader: Reloader) -> Result<(), ServeError>
                         .flatten()
                 }
             };
-            let mut seen = stamp().await;
+            let mut seen = reloader.started_from().cloned();
             loop {
                 tokio::time::sleep(every).await;
                 let now = stamp().await;

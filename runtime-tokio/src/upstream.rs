@@ -117,7 +117,7 @@ fn classify_client_error(error: hyper_util::client::legacy::Error) -> UpstreamFa
             detail: error_chain(&error),
         }
     } else {
-        UpstreamFailure::Transport(error_chain(&error))
+        pdbmux_tls::transport_failure(&error)
     }
 }
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use pdbmux_core::config::BackendConfig;
-use pdbmux_core::ConnectCause;
+use pdbmux_core::{ConnectCause, UpstreamFailure};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
@@ -140,6 +140,26 @@ pub fn connect_cause(error: &(dyn std::error::Error + 'static)) -> ConnectCause 
     found
 }
 
+/// The failure of an exchange that broke after its connection was made: a TLS failure when
+/// rustls is in the chain (under TLS 1.3 a PuppetDB that refuses pdbmux's client certificate
+/// says so with an alert after the handshake, so it surfaces here, not while connecting), else
+/// a transport failure. Call it on the error a runtime got while writing a request or reading
+/// its answer.
+pub fn transport_failure(error: &(dyn std::error::Error + 'static)) -> UpstreamFailure {
+    let mut found = ConnectCause::Other;
+    let mut next = Some(error);
+    while let Some(link) = next {
+        if wrapped_cause(link, &mut found) == Some(ConnectCause::Tls) {
+            return UpstreamFailure::Connect {
+                cause: ConnectCause::Tls,
+                detail: error_chain(error),
+            };
+        }
+        next = link.source();
+    }
+    UpstreamFailure::Transport(error_chain(error))
+}
+
 /// TLS when `error`, or an error an I/O error in it wraps, is rustls's; otherwise notes in
 /// `found` the refusal, timeout or failed lookup it shows.
 fn wrapped_cause(
@@ -214,6 +234,26 @@ mod tests {
 
         let unreachable = std::io::Error::other("No route to host");
         assert_eq!(connect_cause(&Wrapped(unreachable)), ConnectCause::Other);
+    }
+
+    #[test]
+    fn a_tls_alert_after_the_handshake_is_a_tls_failure_and_a_reset_a_transport_one() {
+        let alert = std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            rustls::Error::AlertReceived(rustls::AlertDescription::CertificateRequired),
+        );
+        assert!(matches!(
+            transport_failure(&Wrapped(alert)),
+            UpstreamFailure::Connect {
+                cause: ConnectCause::Tls,
+                ..
+            }
+        ));
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(matches!(
+            transport_failure(&Wrapped(reset)),
+            UpstreamFailure::Transport(_)
+        ));
     }
 
     fn backend(tls: TlsFiles) -> BackendConfig {

@@ -308,8 +308,10 @@ pub enum ProbeFinding {
     Connect(ConnectCause),
     /// Connected, but no answer within `health_probe_timeout`.
     Timeout,
-    /// Connected, but the exchange broke (reset, malformed HTTP, a body over the limit).
+    /// Connected, but the exchange broke (reset, malformed HTTP).
     TransportError,
+    /// The probe was answered with a body over `max_body_bytes`: an answer, but not one to read.
+    AnswerTooLarge,
 }
 
 impl ProbeFinding {
@@ -323,11 +325,12 @@ impl ProbeFinding {
             ProbeFinding::Connect(cause) => cause.as_str(),
             ProbeFinding::Timeout => "timeout",
             ProbeFinding::TransportError => "transport_error",
+            ProbeFinding::AnswerTooLarge => "probe_answer_too_large",
         }
     }
 
-    /// Whether the probe got no reply at all: evidence about the backend's reachability, not
-    /// about the probe path.
+    /// Whether the probe got no readable reply (no connection, none in time, an exchange that
+    /// broke): evidence about the backend's reachability, not about the probe path.
     pub fn is_unreachable(self) -> bool {
         matches!(
             self,
@@ -339,9 +342,8 @@ impl ProbeFinding {
         match failure {
             UpstreamFailure::Connect { cause, .. } => ProbeFinding::Connect(*cause),
             UpstreamFailure::Timeout => ProbeFinding::Timeout,
-            UpstreamFailure::BodyTooLarge { .. } | UpstreamFailure::Transport(_) => {
-                ProbeFinding::TransportError
-            }
+            UpstreamFailure::Transport(_) => ProbeFinding::TransportError,
+            UpstreamFailure::BodyTooLarge { .. } => ProbeFinding::AnswerTooLarge,
         }
     }
 

@@ -703,7 +703,7 @@ fn each_probe_failure_is_named_by_its_cause() {
         ),
         (
             ProbeResult::from_failure(&UpstreamFailure::BodyTooLarge { limit: 1 }),
-            "transport_error",
+            "probe_answer_too_large",
         ),
     ];
     for (result, want) in cases {
