@@ -21,6 +21,9 @@ struct State {
     keys: BTreeMap<String, Held>,
     failing: bool,
     ops: Vec<String>,
+    /// An entry another replica stores (and whose lock it lets go of) just before the next
+    /// lock request: the race between one replica's miss and its lock.
+    stored_before_next_lock: Option<(String, Held)>,
 }
 
 /// A store every replica's harness shares: clone the handle into each. Time is each caller's
@@ -47,6 +50,17 @@ impl FakeStore {
             expires: at + keep,
         };
         self.state().keys.insert(key.to_owned(), held);
+    }
+
+    /// Has another replica store `value` under `key` (for `keep` from `at`) right before the next
+    /// lock request arrives, after the requester's own look missed: the moment a replica that
+    /// took the lock must look again rather than fan out.
+    pub fn store_before_next_lock(&self, at: Duration, key: &str, value: Bytes, keep: Duration) {
+        let held = Held {
+            value,
+            expires: at + keep,
+        };
+        self.state().stored_before_next_lock = Some((key.to_owned(), held));
     }
 
     /// The value of `key` at `at`, if any.
@@ -92,6 +106,10 @@ impl FakeStore {
                 (StoreAnswer::Done, "stored")
             }
             StoreOp::Lock { key, token, lease } => {
+                if let Some((stored, held)) = state.stored_before_next_lock.take() {
+                    state.ops.push(format!("(another replica stored {stored})"));
+                    state.keys.insert(stored, held);
+                }
                 if state.keys.contains_key(key) {
                     (StoreAnswer::Locked(false), "held elsewhere")
                 } else {

@@ -93,6 +93,39 @@ fn asked(h: &Harness) -> usize {
         .count()
 }
 
+/// Another replica stores the entry and lets go of its lock between this replica's miss and its
+/// lock: holding the lock, this one looks again and serves the stored entry, asking no backend
+/// (without the second look both replicas would fan out, as seen against real PuppetDBs under load).
+#[test]
+fn a_lock_taken_after_another_replica_stored_serves_its_entry_without_a_fan_out() {
+    let store = FakeStore::default();
+    let mut a = healthy(&store);
+    store.store_before_next_lock(
+        Duration::ZERO,
+        ENTRY,
+        entry(&secret(), 0, r#"["from","another","replica"]"#),
+        Duration::from_secs(60),
+    );
+    let client = a.get(NAMES);
+    run_to(&mut a, Duration::from_secs(1));
+    let answer = a.response(client).expect("answered");
+    assert_eq!(answer.body_str(), r#"["from","another","replica"]"#);
+    assert_eq!(answer.header("x-cache"), Some("hit"));
+    assert_eq!(asked(&a), 0, "no fan-out: {}", a.transcript());
+    assert_eq!(
+        store.ops(),
+        [
+            format!("get {ENTRY} none"),
+            format!("(another replica stored {ENTRY})"),
+            format!("lock {LOCK} taken"),
+            format!("get {ENTRY} hit"),
+            format!("unlock {LOCK} released"),
+        ],
+        "{}",
+        a.transcript()
+    );
+}
+
 #[test]
 fn a_miss_locks_fans_out_and_stores_then_another_replica_hits_with_the_writers_age() {
     let store = FakeStore::default();
@@ -108,6 +141,7 @@ fn a_miss_locks_fans_out_and_stores_then_another_replica_hits_with_the_writers_a
         [
             format!("get {ENTRY} none"),
             format!("lock {LOCK} taken"),
+            format!("get {ENTRY} none"),
             format!("put {ENTRY} stored"),
             format!("unlock {LOCK} released"),
         ],
@@ -303,6 +337,7 @@ fn an_answer_over_cache_max_entry_bytes_is_kept_in_memory_only() {
         [
             format!("get {ENTRY} none"),
             format!("lock {LOCK} taken"),
+            format!("get {ENTRY} none"),
             format!("unlock {LOCK} released"),
         ],
         "no put of a 30-byte answer over a 10-byte limit"

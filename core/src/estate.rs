@@ -131,6 +131,9 @@ enum Stage {
     Looking(StoreId),
     /// Asking for the key's lock.
     Locking(StoreId),
+    /// Holding the lock, looking in the store once more before fanning out: another replica
+    /// may have stored the entry (and let go of the lock) between this one's miss and its lock.
+    Confirming(StoreId),
     /// Another replica holds the lock: look again at `poll_at`, fan out at `until`.
     Waiting { poll_at: Instant, until: Instant },
     /// Looking again, while waiting until `until`.

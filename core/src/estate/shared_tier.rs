@@ -213,7 +213,7 @@ impl Estate {
         let stage = self.flights.get(&flight_id).map(|f| f.stage);
         match (stage, answer) {
             (Some(Stage::Looking(expected)), StoreAnswer::Value(value)) if expected == id => {
-                let served = self.take_shared_entry(now, flight_id, value);
+                let served = self.take_shared_entry(now, flight_id, (value, false));
                 if !served {
                     self.shared_lock(now, flight_id);
                 }
@@ -225,7 +225,7 @@ impl Estate {
                 }),
                 StoreAnswer::Value(value),
             ) if expected == id => {
-                let served = self.take_shared_entry(now, flight_id, value);
+                let served = self.take_shared_entry(now, flight_id, (value, false));
                 if !served {
                     if now >= until {
                         self.start_fetch(now, flight_id);
@@ -245,7 +245,7 @@ impl Estate {
                 match (held, self.flights.get_mut(&flight_id)) {
                     (true, Some(flight)) => {
                         flight.lock = asked.lock;
-                        self.start_fetch(now, flight_id);
+                        self.shared_confirm(now, flight_id);
                     }
                     (false, Some(flight)) => {
                         flight.stage = Stage::Waiting {
@@ -256,6 +256,20 @@ impl Estate {
                     (_, None) => {}
                 }
             }
+            (Some(Stage::Confirming(expected)), StoreAnswer::Value(value)) if expected == id => {
+                // Stored by another replica meanwhile: served from it, and the lock let go.
+                let lock = self.flights.get_mut(&flight_id).and_then(|f| f.lock.take());
+                if self.take_shared_entry(now, flight_id, (value, true)) {
+                    if let Some((key, token)) = lock {
+                        self.shared_unlock(now, key, token);
+                    }
+                } else {
+                    if let Some(flight) = self.flights.get_mut(&flight_id) {
+                        flight.lock = lock;
+                    }
+                    self.start_fetch(now, flight_id);
+                }
+            }
             // The store failed: fan out as without it.
             (Some(_), StoreAnswer::Failed(_)) => self.start_fetch(now, flight_id),
             _ => {}
@@ -264,12 +278,13 @@ impl Estate {
 
     /// A fresh entry answers the flight (`true`); an expired one within the stale window is
     /// kept for the stale fallback and `false` is returned, as for none or a value refused
-    /// (counted and logged by [`SharedTier::refuse`]).
+    /// (counted and logged by [`SharedTier::refuse`], unless `looked_again`: the second look of
+    /// one miss, [`Stage::Confirming`], counts no refusal the first already counted).
     fn take_shared_entry(
         &mut self,
         now: Instant,
         flight_id: FlightId,
-        value: Option<bytes::Bytes>,
+        (value, looked_again): (Option<bytes::Bytes>, bool),
     ) -> bool {
         // A `GETRANGE` of a key that holds nothing answers an empty value.
         let Some(value) = value.filter(|value| !value.is_empty()) else {
@@ -303,7 +318,9 @@ impl Estate {
         let (entry, fresh) = match entry {
             Ok(found) => found,
             Err(refusal) => {
-                tier.refuse(&key, refusal);
+                if !looked_again {
+                    tier.refuse(&key, refusal);
+                }
                 return false;
             }
         };
@@ -380,6 +397,23 @@ impl Estate {
         let request = tier.ask(now, op, Some(flight_id), Some((lock_key, token)));
         if let Some(flight) = self.flights.get_mut(&flight_id) {
             flight.stage = Stage::Locking(request.id);
+        }
+        self.outputs.push_back(EstateOutput::Store(request));
+    }
+
+    /// With the flight's lock taken, asks the store for its entry once more
+    /// ([`Stage::Confirming`]).
+    fn shared_confirm(&mut self, now: Instant, flight_id: FlightId) {
+        let Some(key) = self.flights.get(&flight_id).map(|f| f.key.clone()) else {
+            return;
+        };
+        let Some(tier) = self.shared.as_mut() else {
+            return self.start_fetch(now, flight_id);
+        };
+        let op = tier.get(&key);
+        let request = tier.ask(now, op, Some(flight_id), None);
+        if let Some(flight) = self.flights.get_mut(&flight_id) {
+            flight.stage = Stage::Confirming(request.id);
         }
         self.outputs.push_back(EstateOutput::Store(request));
     }
