@@ -80,6 +80,11 @@ image-test:
 deploy-check:
 	MUX_BIN="$(if $(wildcard $(DIST)/pdbmux),$(abspath $(DIST)/pdbmux))" \
 	  $(CARGO) test --locked --manifest-path deploy/manifest-check/Cargo.toml --target-dir target/deploy-check
+	@# The alert rules' PromQL, and each newer alert firing on synthetic series (Debian's prometheus package has promtool).
+	@if command -v promtool >/dev/null; then \
+	  promtool check rules deploy/prometheus/pdbmux-rules.yaml && \
+	  promtool test rules deploy/prometheus/pdbmux-rules.test.yaml; \
+	else echo "deploy-check: promtool not installed (apt-get install prometheus): alert rules not evaluated"; fi
 
 # Bump the version, commit Cargo.toml and Cargo.lock, create the annotated tag v<version>; refuses
 # on a dirty tree; never pushes.

@@ -18,7 +18,7 @@ use pdbmux_manifest_check::{
 use serde_json::Value as Json;
 use serde_norway::Value;
 
-const ALERTS: [&str; 8] = [
+const ALERTS: [&str; 12] = [
     "PdbmuxScrapeDown",
     "PdbmuxBackendDown",
     "PdbmuxPartialAnswers",
@@ -27,6 +27,10 @@ const ALERTS: [&str; 8] = [
     "PdbmuxMembershipStale",
     "PdbmuxCacheStoreDown",
     "PdbmuxConfigReloadFailed",
+    "PdbmuxLatencyHigh",
+    "PdbmuxErrorRatioHigh",
+    "PdbmuxPartialRatioHigh",
+    "PdbmuxBackendUnreachable",
 ];
 const SEVERITIES: [&str; 2] = ["warning", "critical"];
 /// The datasource every panel queries: the dashboard's own datasource variable.
