@@ -360,6 +360,11 @@ fn dashboard_problems(dashboard: &Json) -> Vec<String> {
         &["pdbmux_config_reloads_total", "result"],
         &["process_cpu_seconds_total"],
         &["process_resident_memory_bytes"],
+        &["vector($memory_limit)"],
+        &["pdbmux_requests_total", "code=~\"5..\"", "by (instance)"],
+        &["pdbmux_partial_answers_total", "by (instance)", "route=~"],
+        &["pdbmux_request_duration_seconds_bucket", "0.99", "by (instance, le)"],
+        &["pdbmux_upstream_request_duration_seconds_bucket", "0.99"],
     ];
     for parts in coverage {
         check(
