@@ -314,13 +314,48 @@ fn configmap_file(configmap: &Value) -> Value {
     serde_norway::from_str(configmap_text(configmap)).expect("ConfigMap config.yaml parses")
 }
 
+/// The NetworkPolicy selects pdbmux's pods, governs both directions, lets clients reach the
+/// `http` port and Prometheus the `metrics` port, and lets pdbmux resolve names, reach PuppetDB
+/// (8080, 8081) and the shared cache (6379): every port the pods use, and only those.
+fn network_policy_fits(policy: &Value, pod_labels: Option<&Value>) {
+    assert!(labels_match(at(policy, "spec.podSelector.matchLabels"), pod_labels));
+    let types: Vec<&str> = seq_at(policy, "spec.policyTypes")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(types, ["Ingress", "Egress"]);
+    let ports = |direction: &str| -> Vec<String> {
+        seq_at(policy, &format!("spec.{direction}"))
+            .iter()
+            .flat_map(|rule| seq_at(rule, "ports"))
+            .map(|p| {
+                str_at(p, "port").map_or_else(
+                    || int_at(p, "port").unwrap_or(0).to_string(),
+                    str::to_owned,
+                )
+            })
+            .collect()
+    };
+    assert_eq!(ports("ingress"), ["http", "metrics"]);
+    let mut egress = ports("egress");
+    egress.dedup();
+    assert_eq!(egress, ["53", "8080", "8081", "6379"]);
+}
+
 #[test]
 fn main_manifests() {
     let docs = main_documents();
     let kinds: Vec<_> = docs.keys().map(String::as_str).collect();
     assert_eq!(
         kinds,
-        ["ConfigMap", "Deployment", "PodDisruptionBudget", "Service"]
+        [
+            "ConfigMap",
+            "Deployment",
+            "NetworkPolicy",
+            "PodDisruptionBudget",
+            "Service",
+            "ServiceAccount"
+        ]
     );
     let deployment = &docs["Deployment"];
     let configmap = &docs["ConfigMap"];
@@ -377,6 +412,23 @@ fn main_manifests() {
             || int_at(port, "targetPort") == Some(METRICS_PORT.into()),
         "the Service's metrics port must reach the container port metrics"
     );
+    // The pods run as the ServiceAccount of their own, which mounts no token.
+    let account = &docs["ServiceAccount"];
+    assert_eq!(
+        str_at(deployment, "spec.template.spec.serviceAccountName"),
+        str_at(account, "metadata.name"),
+        "the pods run as serviceaccount.yaml's account"
+    );
+    assert_eq!(
+        at(account, "automountServiceAccountToken").and_then(Value::as_bool),
+        Some(false)
+    );
+    assert_eq!(
+        at(deployment, "spec.template.spec.automountServiceAccountToken").and_then(Value::as_bool),
+        Some(false)
+    );
+    network_policy_fits(&docs["NetworkPolicy"], pod_labels);
+
     let pdb = &docs["PodDisruptionBudget"];
     assert!(labels_match(
         at(pdb, "spec.selector.matchLabels"),

@@ -1,6 +1,7 @@
 //! Checks `alternatives/redis.yaml`, the optional shared cache (docs/caching.md): a Deployment
 //! and a Service that selects it by its labels and reaches its named `redis` port, under the name
-//! and port the comment's `cache_redis_url` uses, in memory only, non-root.
+//! and port the comment's `cache_redis_url` uses, in memory only, non-root, asking for the
+//! password pdbmux is told to read (`cache_redis_password_file`).
 
 use pdbmux_manifest_check::{at, int_at, kubernetes_dir, labels_match, load, seq_at, str_at};
 
@@ -38,6 +39,7 @@ fn the_shared_cache_example_is_a_service_over_an_in_memory_valkey() {
         .filter_map(|a| a.as_str())
         .collect();
     for wanted in [
+        ["--requirepass", "$(VALKEY_PASSWORD)"],
         ["--save", ""],
         ["--appendonly", "no"],
         ["--maxmemory-policy", "allkeys-lru"],
@@ -47,6 +49,19 @@ fn the_shared_cache_example_is_a_service_over_an_in_memory_valkey() {
             "{wanted:?} in {args:?}"
         );
     }
+    // The password comes from the Secret pdbmux mounts, and pdbmux is told where to read it.
+    let password = seq_at(container, "env")
+        .iter()
+        .find(|e| str_at(e, "name") == Some("VALKEY_PASSWORD"))
+        .expect("VALKEY_PASSWORD from a Secret");
+    assert_eq!(
+        str_at(password, "valueFrom.secretKeyRef.name"),
+        Some("pdbmux-cache-key")
+    );
+    assert!(
+        text.contains("cache_redis_password_file: /etc/pdbmux-cache/password"),
+        "the comment tells pdbmux where the password is"
+    );
     assert_eq!(
         at(
             deployment,
