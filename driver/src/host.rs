@@ -112,11 +112,44 @@ pub enum ClientAnswer<H> {
 }
 
 impl<H> ClientAnswer<H> {
-    /// A whole answer of the runtime's own (a refusal of a request head), with the headers
-    /// every answer ends with.
+    /// A whole answer of the runtime's own, with the headers every answer ends with.
     pub fn whole(mut response: Response) -> ClientAnswer<H> {
         crate::http1::finish_response_headers(&mut response.headers);
         ClientAnswer::Whole(response)
+    }
+
+    /// The runtime's refusal of a request head it will not pass on (`status`, `why`), like
+    /// every answer with its request id and one access line (at warn, with `why`); `request` is
+    /// its method and target when the head was read that far.
+    pub fn refused_head(
+        context: &ClientContext,
+        request: Option<(&http::Method, &str)>,
+        status: http::StatusCode,
+        why: &str,
+    ) -> ClientAnswer<H> {
+        let mut answer = ClientAnswer::whole(Response::text(status, format!("pdbmux: {why}")));
+        if let Ok(id) = http::HeaderValue::from_str(&context.request_id) {
+            answer.headers_mut().insert(crate::context::REQUEST_ID, id);
+        }
+        let (method, target) = request.map_or(("-".to_owned(), "-"), |(m, t)| (m.to_string(), t));
+        let client = context
+            .peer
+            .map_or_else(|| "-".to_owned(), |peer| peer.to_string());
+        tracing::warn!(
+            target: "pdbmux::access",
+            request_id = %context.request_id,
+            method = %method,
+            target = %target,
+            route = %pdbmux_core::RouteClass::Refused,
+            status = status.as_u16(),
+            ms = 0u64,
+            backends = "-",
+            cache = "-",
+            bytes = "-",
+            client = %client,
+            why = %why,
+        );
+        answer
     }
 
     /// Pairs a response with the held body it names; one whose body went missing (a contract

@@ -106,7 +106,10 @@ pub async fn serve(stream: Async<TcpStream>, context: Context) {
         let head = match read_head(&stream, &mut pending, &context.closing, timeouts.header).await {
             HeadRead::Request(head) => head,
             HeadRead::Refuse(status, why) => {
-                let answer = ClientAnswer::whole(Response::text(status, format!("pdbmux: {why}")));
+                // Not read far enough to have its fields: a fresh id, and the peer.
+                let mut client = pdbmux_driver::ClientContext::internal();
+                client.peer = peer;
+                let answer = ClientAnswer::refused_head(&client, None, status, why);
                 let _ = write(
                     &stream,
                     &mut sender,

@@ -49,7 +49,7 @@ pub async fn serve(listener: TcpListener, host: Arc<Host>) {
 }
 
 fn scrape<B>(host: &Host, request: &http::Request<B>) -> http::Response<body::ResponseBody> {
-    if let Some(refused) = crate::service::refusal(request) {
+    if let Some(refused) = crate::service::refusal(request, None) {
         return refused;
     }
     let accept = request

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
-use pdbmux_core::{ClientRequest, Response, ResponseBody};
+use pdbmux_core::{ClientRequest, ResponseBody};
 use pdbmux_driver::{ClientAnswer, ClientContext};
 
 use crate::body;
@@ -19,7 +19,7 @@ pub async fn handle(
     peer: SocketAddr,
     request: http::Request<Incoming>,
 ) -> Result<http::Response<body::ResponseBody>, Infallible> {
-    if let Some(refused) = refusal(&request) {
+    if let Some(refused) = refusal(&request, Some(peer)) {
         return Ok(refused);
     }
     let fields = request
@@ -36,15 +36,26 @@ pub async fn handle(
 /// query and the metrics listener alike)
 /// ([`pdbmux_driver::http1::check_head`]: framing hyper resolves one way and another reader
 /// could resolve another, a missing or repeated Host).
-pub(crate) fn refusal<B>(request: &http::Request<B>) -> Option<http::Response<body::ResponseBody>> {
+pub(crate) fn refusal<B>(
+    request: &http::Request<B>,
+    peer: Option<SocketAddr>,
+) -> Option<http::Response<body::ResponseBody>> {
     let http10 = request.version() == http::Version::HTTP_10;
-    let fields = request
-        .headers()
-        .iter()
-        .map(|(name, value)| (name.as_str(), value.as_bytes()));
-    let why = pdbmux_driver::http1::check_head(http10, fields).err()?;
-    let refused = Response::text(http::StatusCode::BAD_REQUEST, format!("pdbmux: {why}"));
-    let mut refused = into_hyper(ClientAnswer::whole(refused));
+    let fields = || {
+        request
+            .headers()
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_bytes()))
+    };
+    let why = pdbmux_driver::http1::check_head(http10, fields()).err()?;
+    let context = ClientContext::new(peer, fields());
+    let target = request.uri().path_and_query().map_or("-", |pq| pq.as_str());
+    let mut refused = into_hyper(ClientAnswer::refused_head(
+        &context,
+        Some((request.method(), target)),
+        http::StatusCode::BAD_REQUEST,
+        why,
+    ));
     refused.headers_mut().insert(
         http::header::CONNECTION,
         http::HeaderValue::from_static("close"),
