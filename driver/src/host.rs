@@ -128,28 +128,29 @@ impl<H> ClientAnswer<H> {
         why: &str,
     ) -> ClientAnswer<H> {
         let mut answer = ClientAnswer::whole(Response::text(status, format!("pdbmux: {why}")));
-        if let Ok(id) = http::HeaderValue::from_str(&context.request_id) {
-            answer.headers_mut().insert(crate::context::REQUEST_ID, id);
-        }
+        answer.echo_request_id(context);
         let (method, target) = request.map_or(("-".to_owned(), "-"), |(m, t)| (m.to_string(), t));
-        let client = context
-            .peer
-            .map_or_else(|| "-".to_owned(), |peer| peer.to_string());
-        tracing::warn!(
-            target: "pdbmux::access",
-            request_id = %context.request_id,
-            method = %method,
-            target = %target,
-            route = %pdbmux_core::RouteClass::Refused,
-            status = status.as_u16(),
-            ms = 0u64,
-            backends = "-",
-            cache = "-",
-            bytes = "-",
-            client = %client,
-            why = %why,
-        );
+        AccessLine {
+            context,
+            method,
+            target,
+            route: pdbmux_core::RouteClass::Refused,
+            status: status.as_u16(),
+            took: std::time::Duration::ZERO,
+            backends: "-".to_owned(),
+            cache: "-".to_owned(),
+            bytes: "-".to_owned(),
+            why: Some(why.to_owned()),
+        }
+        .log();
         answer
+    }
+
+    /// Sets the response's `X-Request-Id` to the request's id.
+    fn echo_request_id(&mut self, context: &ClientContext) {
+        if let Ok(id) = http::HeaderValue::from_str(&context.request_id) {
+            self.headers_mut().insert(crate::context::REQUEST_ID, id);
+        }
     }
 
     /// Pairs a response with the held body it names; one whose body went missing (a contract
@@ -189,65 +190,97 @@ impl<H> ClientAnswer<H> {
     }
 }
 
-/// The one access line of a request (docs/operating.md, "Following a request"): at info, or at
-/// warn with the reason when the answer is a 5xx or lacks a backend's records (partial).
-fn access_line<H>(
-    request: &ClientRequest,
-    context: &ClientContext,
-    class: pdbmux_core::RouteClass,
-    answer: &ClientAnswer<H>,
+/// One request's access line (docs/operating.md, "Following a request"): every field of it, so
+/// that answered requests and refused heads write the same line in one place ([`Self::log`]).
+struct AccessLine<'a> {
+    context: &'a ClientContext,
+    method: String,
+    target: &'a str,
+    route: pdbmux_core::RouteClass,
+    status: u16,
     took: std::time::Duration,
-) {
-    let response = answer.response();
-    let header = |name: &str| {
-        response
-            .headers
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("-")
-            .to_owned()
-    };
-    let bytes = match (answer, &response.body) {
-        (ClientAnswer::Whole(_), ResponseBody::Full(body)) => body.len().to_string(),
-        _ => "streamed".to_owned(),
-    };
-    let client = context
-        .peer
-        .map_or_else(|| "-".to_owned(), |peer| peer.to_string());
-    let why = if response.status.is_server_error() {
-        match &response.body {
-            ResponseBody::Full(body) => Some(reason_of(body)),
-            ResponseBody::Upstream(_) => Some("a backend's error, streamed".to_owned()),
-        }
-    } else if pdbmux_core::Coverage::of(response) == pdbmux_core::Coverage::Partial {
-        Some(format!(
-            "partial: {} backends answered",
-            header("x-backends")
-        ))
-    } else {
-        None
-    };
-    macro_rules! access {
-        ($level:ident, $($why:tt)*) => {
-            tracing::$level!(
-                target: "pdbmux::access",
-                request_id = %context.request_id,
-                method = %request.method,
-                target = %request.target,
-                route = %class,
-                status = response.status.as_u16(),
-                ms = took.as_millis() as u64,
-                backends = %header("x-backends"),
-                cache = %header("x-cache"),
-                bytes = %bytes,
-                client = %client,
-                $($why)*
-            )
+    backends: String,
+    cache: String,
+    bytes: String,
+    /// Why the answer is not a whole success: set for a 5xx, a partial answer, a refused head.
+    why: Option<String>,
+}
+
+impl<'a> AccessLine<'a> {
+    /// The line of an answered request.
+    fn of_answer<H>(
+        request: &'a ClientRequest,
+        context: &'a ClientContext,
+        route: pdbmux_core::RouteClass,
+        answer: &ClientAnswer<H>,
+        took: std::time::Duration,
+    ) -> AccessLine<'a> {
+        let response = answer.response();
+        let header = |name: &str| {
+            response
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("-")
+                .to_owned()
         };
+        let backends = header("x-backends");
+        let why = if response.status.is_server_error() {
+            match &response.body {
+                ResponseBody::Full(body) => Some(reason_of(body)),
+                ResponseBody::Upstream(_) => Some("a backend's error, streamed".to_owned()),
+            }
+        } else if pdbmux_core::Coverage::of(response) == pdbmux_core::Coverage::Partial {
+            Some(format!("partial: {backends} backends answered"))
+        } else {
+            None
+        };
+        let bytes = match (answer, &response.body) {
+            (ClientAnswer::Whole(_), ResponseBody::Full(body)) => body.len().to_string(),
+            _ => "streamed".to_owned(),
+        };
+        AccessLine {
+            context,
+            method: request.method.to_string(),
+            target: &request.target,
+            route,
+            status: response.status.as_u16(),
+            took,
+            cache: header("x-cache"),
+            backends,
+            bytes,
+            why,
+        }
     }
-    match why {
-        Some(why) => access!(warn, why = %why),
-        None => access!(info,),
+
+    /// Writes it: at info, or at warn with `why` when there is one.
+    fn log(&self) {
+        let client = self
+            .context
+            .peer
+            .map_or_else(|| "-".to_owned(), |peer| peer.to_string());
+        macro_rules! access {
+            ($level:ident, $($why:tt)*) => {
+                tracing::$level!(
+                    target: "pdbmux::access",
+                    request_id = %self.context.request_id,
+                    method = %self.method,
+                    target = %self.target,
+                    route = %self.route,
+                    status = self.status,
+                    ms = self.took.as_millis() as u64,
+                    backends = %self.backends,
+                    cache = %self.cache,
+                    bytes = %self.bytes,
+                    client = %client,
+                    $($why)*
+                )
+            };
+        }
+        match &self.why {
+            Some(why) => access!(warn, why = %why),
+            None => access!(info,),
+        }
     }
 }
 
@@ -576,11 +609,9 @@ impl<R: Runtime> EstateHost<R> {
         let span = tracing::info_span!("request", id = %context.request_id);
         let (mut answer, class, took) =
             self.answer_in_span(request, context).instrument(span).await;
-        if let Ok(id) = http::HeaderValue::from_str(&context.request_id) {
-            answer.headers_mut().insert(crate::context::REQUEST_ID, id);
-        }
+        answer.echo_request_id(context);
         // Outside the span: the line names the id itself, as a field of its own.
-        access_line(request, context, class, &answer, took);
+        AccessLine::of_answer(request, context, class, &answer, took).log();
         answer
     }
 
