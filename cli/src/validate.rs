@@ -539,6 +539,26 @@ impl<'a> Checker<'a> {
         Some((duration, text))
     }
 
+    /// A duration that is 0 (`what` is turned off) or at least `floor`: the value and its text.
+    fn duration_off_or_at_least(
+        &mut self,
+        key: &'static str,
+        floor: Duration,
+        what: &str,
+    ) -> Option<(Duration, String)> {
+        let (duration, text) = self.duration(key)?;
+        if !duration.is_zero() && duration < floor {
+            self.shown.remove(key);
+            self.problems.push(ConfigProblem::BelowFloor {
+                key: key.to_owned(),
+                value: text.trim().to_owned(),
+                floor: format!("{} (or 0 to turn {what} off)", duration::format(floor)),
+            });
+            return None;
+        }
+        Some((duration, text))
+    }
+
     fn flag(&mut self, key: &'static str) -> Option<bool> {
         let text = self.scalar(key)?;
         let value = match text.trim().to_ascii_lowercase().as_str() {
@@ -1166,31 +1186,21 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     let timeout = c.duration_at_least("timeout", MIN_TIMEOUT);
     let freshness_ttl = c.duration_at_least("freshness_ttl", MIN_FRESHNESS_TTL);
     let mut clamped_from = None;
-    let facts_ttl = c.duration("facts_ttl").and_then(|(ttl, raw)| {
-        if !ttl.is_zero() && ttl < MIN_FACTS_TTL {
-            c.shown.remove("facts_ttl");
-            c.problems.push(ConfigProblem::BelowFloor {
-                key: "facts_ttl".to_owned(),
-                value: raw.trim().to_owned(),
-                floor: format!(
-                    "{} (or 0 to turn the cache off)",
-                    duration::format(MIN_FACTS_TTL)
-                ),
-            });
-            return None;
-        }
-        Some(if ttl > FACTS_TTL_CAP {
-            let cap = duration::format(FACTS_TTL_CAP);
-            c.show(
-                "facts_ttl",
-                format!("{cap} (clamped from {}, cap {cap})", raw.trim()),
-            );
-            clamped_from = Some(raw.trim().to_owned());
-            FACTS_TTL_CAP
-        } else {
-            ttl
-        })
-    });
+    let facts_ttl = c
+        .duration_off_or_at_least("facts_ttl", MIN_FACTS_TTL, "the cache")
+        .map(|(ttl, raw)| {
+            if ttl > FACTS_TTL_CAP {
+                let cap = duration::format(FACTS_TTL_CAP);
+                c.show(
+                    "facts_ttl",
+                    format!("{cap} (clamped from {}, cap {cap})", raw.trim()),
+                );
+                clamped_from = Some(raw.trim().to_owned());
+                FACTS_TTL_CAP
+            } else {
+                ttl
+            }
+        });
     // A zero budget stores nothing: `facts_ttl: 0` is how the cache is turned off.
     let facts_cache_bytes = c.integer("facts_cache_bytes", MIN_CACHE_BYTES, u64::MAX);
     let source_fact = c.text("source_fact");
@@ -1227,22 +1237,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     );
     let (log_level, log_level_source) = c.log_level();
     let config_watch = c
-        .duration("config_watch_interval")
-        .and_then(|(every, raw)| {
-            if !every.is_zero() && every < MIN_CONFIG_WATCH {
-                c.shown.remove("config_watch_interval");
-                c.problems.push(ConfigProblem::BelowFloor {
-                    key: "config_watch_interval".to_owned(),
-                    value: raw.trim().to_owned(),
-                    floor: format!(
-                        "{} (or 0 to turn the watch off)",
-                        duration::format(MIN_CONFIG_WATCH)
-                    ),
-                });
-                return None;
-            }
-            Some((!every.is_zero()).then_some(every))
-        });
+        .duration_off_or_at_least("config_watch_interval", MIN_CONFIG_WATCH, "the watch")
+        .map(|(every, _)| (!every.is_zero()).then_some(every));
 
     let settings = match (
         listen,
