@@ -243,9 +243,17 @@ pub fn search_paths(env: &Environment) -> Vec<PathBuf> {
 /// [`crate::validate()`].
 pub fn load(args: &SettingFlags, env: &Environment) -> Result<Loaded, LoadError> {
     let file = choose_file(args, env)?;
+    // Read once: figment parses this text, and problems find their lines in the same text.
+    let file_text = match file.path() {
+        Some(path) => Some(std::fs::read_to_string(path).map_err(|e| LoadError::File {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?),
+        None => None,
+    };
     let mut figment = Figment::from(defaults_layer());
-    if let Some(path) = file.path() {
-        figment = figment.merge(Yaml::file_exact(path));
+    if let Some(text) = &file_text {
+        figment = figment.merge(Yaml::string(text));
     }
     figment = figment.merge(env_layer(env)).merge(flags_layer(args));
 
@@ -285,11 +293,6 @@ pub fn load(args: &SettingFlags, env: &Environment) -> Result<Loaded, LoadError>
         settings.insert(key.name, value);
     }
 
-    // figment has read the file without complaint, so it can be read again; a file replaced in
-    // between only loses the line numbers.
-    let file_text = file
-        .path()
-        .and_then(|path| std::fs::read_to_string(path).ok());
     let unknown_vars = env
         .names()
         .filter(|var| keys::is_unknown_var(var, env.get_even_empty(var).unwrap_or_default()))
