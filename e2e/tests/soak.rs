@@ -166,7 +166,8 @@ fn judge(
                 tally.full += 1;
             } else {
                 tally.wrong.push(format!(
-                    "{label} {question}: a 2/2 answer that is not the merged answer: {body}"
+                    "{label} {question}: a 2/2 answer that is not the merged answer: {}",
+                    difference(&expected.full, &body)
                 ));
             }
         }
@@ -179,7 +180,9 @@ fn judge(
                 tally.partial += 1;
             } else {
                 tally.wrong.push(format!(
-                    "{label} {question}: a partial answer with records no backend has: {foreign:?}"
+                    "{label} {question}: a partial answer with {} records no backend has, the first: {}",
+                    foreign.len(),
+                    foreign[0].chars().take(300).collect::<String>()
                 ));
             }
         }
@@ -188,11 +191,32 @@ fn judge(
                 tally.verbatim += 1;
             } else {
                 tally.wrong.push(format!(
-                    "{label} {question}: a verbatim answer no backend gave: {body}"
+                    "{label} {question}: a verbatim answer no backend gave: {}",
+                    difference(&expected.full, &body)
                 ));
             }
         }
     }
+}
+
+/// What `got` has that `want` lacks and the reverse, element by element, each shown shortened:
+/// a failure names the records that differ, not two whole answers.
+fn difference(want: &Value, got: &Value) -> String {
+    let (want, got) = (elements(want), elements(got));
+    let shown = |items: Vec<&String>| -> String {
+        let n = items.len();
+        let first: Vec<String> = items
+            .into_iter()
+            .take(2)
+            .map(|e| e.chars().take(160).collect())
+            .collect();
+        format!("{n} {first:?}")
+    };
+    format!(
+        "missing {}; extra {}",
+        shown(want.iter().filter(|e| !got.contains(e)).collect()),
+        shown(got.iter().filter(|e| !want.contains(e)).collect())
+    )
 }
 
 /// Whether pdbmux serves `question` from one backend as it is (and so may stream it).
@@ -375,6 +399,7 @@ fn answers_stay_whole_under_faults_and_a_backend_restart() {
                 while !stop.load(Ordering::SeqCst) {
                     let q = &questions[i % questions.len()];
                     let response = pdbmux_e2e::get(&format!("http://{addr}{q}"));
+                    let wrong_before = tally.wrong.len();
                     judge(
                         &mut tally,
                         &label,
@@ -382,6 +407,10 @@ fn answers_stay_whole_under_faults_and_a_backend_restart() {
                         &expected[i % questions.len()],
                         response,
                     );
+                    // When, in the soak (pdb-b's kill and restart times are printed at the end).
+                    if let Some(wrong) = tally.wrong.get_mut(wrong_before) {
+                        wrong.insert_str(0, &format!("at {:.1?}: ", started.elapsed()));
+                    }
                     i += 1;
                 }
                 tallies.lock().expect("tallies").push((label, tally));
@@ -444,7 +473,7 @@ fn answers_stay_whole_under_faults_and_a_backend_restart() {
         if sum(|t| t.partial) + sum(|t| t.bad_gateway) == 0 {
             failures.push(format!("{label}: no fault ever showed"));
         }
-        failures.extend(bad.into_iter().take(20).cloned());
+        failures.extend(bad.into_iter().take(5).cloned());
     }
     for (i, counts) in faults.iter().enumerate() {
         if !counts.iter().all(|n| *n > 0) {
