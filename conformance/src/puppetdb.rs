@@ -208,12 +208,7 @@ impl PuppetDb {
         if let Some(reply) = self.translate(asked) {
             return reply;
         }
-        let segment = match asked.path_and_query {
-            FACTS_PRODUCED_QUERY => Some("factsets"),
-            CATALOGS_PRODUCED_QUERY => Some("catalogs"),
-            _ => None,
-        };
-        if let Some(segment) = segment {
+        if let Some(segment) = produced_query_entity(asked.path_and_query) {
             return Reply::ok(self.produced_rows(segment).to_string());
         }
         let asking = match read_asking(asked) {
@@ -400,6 +395,27 @@ impl FakeBackend {
     pub fn puppetdb(name: &str, url: &str, db: PuppetDb, latency: Duration) -> FakeBackend {
         FakeBackend::by_request(name, url, move |asked| db.answer(asked).after(latency))
     }
+}
+
+/// The beginning every producer-time query of the membership refresh on `every` 's route has,
+/// whether it asks every node (`every`, [`FACTS_PRODUCED_QUERY`] or [`CATALOGS_PRODUCED_QUERY`])
+/// or names certnames: `…?query=["extract",["certname","producer_timestamp"]`, URL-encoded.
+pub fn produced_query_prefix(every: &str) -> &str {
+    const END: &str = "producer_timestamp%22%5D";
+    every.find(END).map_or(every, |at| &every[..at + END.len()])
+}
+
+/// Which entity a producer-time query of the membership refresh asks (`factsets` or
+/// `catalogs`), if it is one. A fake answers one naming certnames with every row it has: the
+/// refresh takes the rows of the certnames it asked about.
+pub fn produced_query_entity(path_and_query: &str) -> Option<&'static str> {
+    [
+        ("factsets", FACTS_PRODUCED_QUERY),
+        ("catalogs", CATALOGS_PRODUCED_QUERY),
+    ]
+    .into_iter()
+    .find(|(_, every)| path_and_query.starts_with(produced_query_prefix(every)))
+    .map(|(entity, _)| entity)
 }
 
 /// The answer to a producer-time query of the membership refresh (`/factsets` or `/catalogs`,

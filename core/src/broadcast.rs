@@ -37,16 +37,31 @@ impl Broadcast {
         queries: &[&str],
         deadline: Instant,
     ) -> (Broadcast, Vec<UpstreamRequest>) {
-        let mut calls = Vec::with_capacity(backends.len() * queries.len());
-        let mut requests = Vec::with_capacity(backends.len() * queries.len());
-        for &backend in backends {
+        let each: Vec<(BackendId, Vec<String>)> = backends
+            .iter()
+            .map(|backend| (*backend, queries.iter().map(|q| (*q).to_owned()).collect()))
+            .collect();
+        Broadcast::send_each(ids, purpose, &each, deadline)
+    }
+
+    /// Plans one GET of each backend's own queries, all at once; a call's `query` is its index
+    /// in its backend's list. Returns the calls and the requests to send.
+    pub(crate) fn send_each(
+        ids: &mut Counter,
+        purpose: Purpose,
+        each: &[(BackendId, Vec<String>)],
+        deadline: Instant,
+    ) -> (Broadcast, Vec<UpstreamRequest>) {
+        let mut calls = Vec::new();
+        let mut requests = Vec::new();
+        for (backend, queries) in each {
             for (query, path_and_query) in queries.iter().enumerate() {
                 let id = UpstreamId(ids.next());
                 requests.push(UpstreamRequest {
                     id,
-                    backend,
+                    backend: *backend,
                     method: Method::GET,
-                    path_and_query: (*path_and_query).to_owned(),
+                    path_and_query: path_and_query.clone(),
                     body: None,
                     body_mode: BodyMode::Buffer,
                     deadline,
@@ -54,7 +69,7 @@ impl Broadcast {
                     correlation: Vec::new(),
                 });
                 calls.push(BroadcastCall {
-                    backend,
+                    backend: *backend,
                     query,
                     id,
                     deadline,
@@ -63,6 +78,42 @@ impl Broadcast {
             }
         }
         (Broadcast(calls), requests)
+    }
+
+    /// The results of `backend`'s calls in query order: its answers' bodies, or the first
+    /// reason one is unusable (a call with no result yet counts as timed out).
+    pub(crate) fn bodies_of(&self, backend: BackendId) -> Result<Vec<Bytes>, Failure> {
+        let mut mine: Vec<&BroadcastCall> = self
+            .0
+            .iter()
+            .filter(|call| call.backend == backend)
+            .collect();
+        mine.sort_by_key(|call| call.query);
+        mine.into_iter()
+            .map(|call| match &call.result {
+                Some(Ok(body)) => Ok(body.clone()),
+                Some(Err(failure)) => Err(failure.clone()),
+                None => Err(UpstreamFailure::Timeout.into()),
+            })
+            .collect()
+    }
+
+    /// The backends whose calls had no answer within their deadline: each backend once, in the
+    /// order first asked.
+    pub(crate) fn timed_out(&self) -> Vec<BackendId> {
+        let mut backends: Vec<BackendId> = self
+            .0
+            .iter()
+            .filter(|call| {
+                matches!(
+                    &call.result,
+                    None | Some(Err(Failure::Upstream(UpstreamFailure::Timeout)))
+                )
+            })
+            .map(|call| call.backend)
+            .collect();
+        backends.dedup();
+        backends
     }
 
     /// Records an answer; returns whether the ID belonged to these calls.

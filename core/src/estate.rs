@@ -11,20 +11,18 @@ use crate::broadcast::Broadcast;
 use crate::cache::{self, Cache, CacheStatus, Cacheable, Lookup, MemoryStore};
 use crate::clock::ClockAnchor;
 use crate::config::Config;
-use crate::corrections::Corrections;
 use crate::exchange::{Exchange, ExchangeReport};
 use crate::fanout::Context;
 use crate::health::{HealthTable, ProbeResult, ProbeSettings};
 use crate::healthz::{QueryRounds, ReachabilityCheck, REACHABILITY_PATH};
 use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
-use crate::membership::{parse_membership, BackendNodes, Ownership, MEMBERSHIP_QUERIES};
+use crate::membership::{MembershipMap, MembershipOutput, Ownership};
 use crate::merge::filter_source_records;
 use crate::message::{Response, ResponseBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use crate::policy::{Planned, Work};
 use crate::root::{Pql, Translating};
 use crate::route::RouteClass;
 use crate::sequence::Sequence;
-use crate::status::{Failure, Unusable};
 use crate::translations::Translations;
 
 mod shared_tier;
@@ -171,28 +169,6 @@ impl Participant {
     }
 }
 
-/// The membership map's state: each backend's last good answer, the snapshot built from them,
-/// and the corrections learned against that snapshot.
-#[derive(Debug)]
-struct Membership {
-    per_backend: Vec<Option<BackendNodes>>,
-    /// When each backend's part of the map was last renewed by an answer (or, until then, when
-    /// the estate started or took its backends): how stale that part is.
-    renewed_at: Vec<Instant>,
-    snapshot: Arc<Ownership>,
-    corrections: Arc<Corrections>,
-    generations: Counter,
-    refreshed_at: Option<Instant>,
-    refresh: Option<MembershipRefresh>,
-}
-
-#[derive(Debug)]
-struct MembershipRefresh {
-    started: Instant,
-    calls: Broadcast,
-    waiters: Vec<(WaiterId, Box<Planned>)>,
-}
-
 /// The state every request shares: configuration, backend health, the membership map, the cache
 /// and its flights, and the `/healthz` check in flight.
 ///
@@ -207,7 +183,7 @@ pub struct Estate {
     flight_ids: Counter,
     clock: ClockAnchor,
     reachability: Option<ReachabilityCheck>,
-    membership: Membership,
+    membership: MembershipMap,
     cache: Option<Cache>,
     flights: BTreeMap<FlightId, Flight>,
     flight_keys: BTreeMap<String, FlightId>,
@@ -230,9 +206,6 @@ pub struct Estate {
 #[derive(Debug, Default)]
 struct Counts {
     transitions: Vec<[u64; crate::stats::TRANSITIONS.len()]>,
-    membership_failures: Vec<u64>,
-    refreshes: u64,
-    last_refresh_duration: Option<std::time::Duration>,
     flight_joins: u64,
     /// Evictions of caches a reload replaced.
     earlier_evictions: u64,
@@ -242,18 +215,12 @@ impl Counts {
     fn new(backends: usize) -> Counts {
         Counts {
             transitions: vec![[0; crate::stats::TRANSITIONS.len()]; backends],
-            membership_failures: vec![0; backends],
             ..Counts::default()
         }
     }
 
     /// The per-backend counts for new backends, `carried[i]` naming each one's old index.
     fn carry(&mut self, carried: &[Option<usize>]) {
-        let pick = |counts: &[u64], old: Option<usize>| old.and_then(|i| counts.get(i).copied());
-        self.membership_failures = carried
-            .iter()
-            .map(|old| pick(&self.membership_failures, *old).unwrap_or(0))
-            .collect();
         self.transitions = carried
             .iter()
             .map(|old| {
@@ -286,15 +253,7 @@ impl Estate {
             cache,
             flights: BTreeMap::new(),
             flight_keys: BTreeMap::new(),
-            membership: Membership {
-                per_backend: vec![None; backends],
-                renewed_at: vec![clock.instant; backends],
-                snapshot: Ownership::empty(),
-                corrections: Arc::new(Corrections::new(0)),
-                generations: Counter::default(),
-                refreshed_at: None,
-                refresh: None,
-            },
+            membership: MembershipMap::new(clock.instant, backends),
             translations: Translations::default(),
             counts: Counts::new(backends),
             cache_generation: 0,
@@ -387,11 +346,7 @@ impl Estate {
         self.counts.carry(&carried);
         // The estate's own requests to the old backends are abandoned: their answers would
         // land on the new backends' indices.
-        let mut abandoned = Vec::new();
-        let waiting = self.membership.refresh.take().map(|refresh| {
-            abandoned.extend(refresh.calls.pending_ids());
-            refresh.waiters
-        });
+        let (mut abandoned, waiting) = self.membership.reset(now, &carried);
         let checking = self.reachability.take().map(|check| {
             abandoned.extend(check.calls.pending_ids());
             check.waiters
@@ -400,19 +355,12 @@ impl Estate {
             .retain(|output| !matches!(output, EstateOutput::Send(r) if abandoned.contains(&r.id)));
         self.outputs
             .extend(abandoned.into_iter().map(EstateOutput::Cancel));
-        let backends = config.backends.len();
-        let generation = self.membership.generations.next();
-        self.membership.per_backend = vec![None; backends];
-        self.membership.renewed_at = vec![now; backends];
-        self.membership.snapshot =
-            Arc::new(Ownership::build(&self.membership.per_backend, generation));
-        self.membership.corrections = Arc::new(Corrections::new(generation));
-        self.membership.refreshed_at = None;
-        if let Some(waiters) = waiting {
+        if !waiting.is_empty() {
             self.refresh_membership_if_due(now);
-            if let Some(refresh) = &mut self.membership.refresh {
-                refresh.waiters = waiters;
+            for (waiter, planned) in waiting {
+                self.membership.wait(waiter, planned);
             }
+            self.drain_membership();
         }
         if let Some(waiters) = checking {
             self.start_reachability_check(now, waiters);
@@ -474,8 +422,7 @@ impl Estate {
             self.rounds.record(now, round);
         }
         if let Some((generation, learned)) = report.learned {
-            let corrections = &mut self.membership.corrections;
-            *corrections = corrections.with(generation, learned);
+            self.membership.learn(generation, learned);
         }
     }
 
@@ -539,22 +486,21 @@ impl Estate {
         }
         let ownership = if needs_ownership {
             self.refresh_membership_if_due(now);
-            if self.membership.refreshed_at.is_none() && !resumed {
-                if let Some(refresh) = &mut self.membership.refresh {
-                    let waiter = WaiterId(self.waiter_ids.next());
-                    let planned = Planned {
-                        config: planned.config,
-                        class: planned.class,
-                        target: planned.target,
-                        cache: planned.cache,
-                        work: Work::Fanout(plan),
-                        waited_out: planned.waited_out,
-                    };
-                    refresh.waiters.push((waiter, Box::new(planned)));
-                    return Admission::Wait(waiter);
-                }
+            if !self.membership.is_built() && !resumed {
+                let waiter = WaiterId(self.waiter_ids.next());
+                let planned = Box::new(Planned {
+                    config: planned.config,
+                    class: planned.class,
+                    target: planned.target,
+                    cache: planned.cache,
+                    work: Work::Fanout(plan),
+                    waited_out: planned.waited_out,
+                });
+                self.membership.wait(waiter, planned);
+                self.drain_membership();
+                return Admission::Wait(waiter);
             }
-            Some(Arc::clone(&self.membership.snapshot))
+            Some(Arc::clone(self.membership.snapshot()))
         } else {
             None
         };
@@ -562,7 +508,7 @@ impl Estate {
             config: Arc::clone(&self.config),
             roster: without(self.health.roster(), &planned.waited_out),
             ownership,
-            corrections: Arc::clone(&self.membership.corrections),
+            corrections: Arc::clone(self.membership.corrections()),
         };
         let fetch = PendingFetch {
             context,
@@ -621,7 +567,7 @@ impl Estate {
             config: Arc::clone(&self.config),
             roster: self.health.roster(),
             ownership: None,
-            corrections: Arc::clone(&self.membership.corrections),
+            corrections: Arc::clone(self.membership.corrections()),
         };
         let plan = Box::new(Sequence::translation(asked.clone()));
         Admission::Translate {
@@ -735,27 +681,23 @@ impl Estate {
     }
 
     fn refresh_membership_if_due(&mut self, now: Instant) {
-        let due = match self.membership.refreshed_at {
-            None => true,
-            Some(at) => now >= at + self.config.freshness_ttl,
-        };
-        if !due || self.membership.refresh.is_some() {
-            return;
-        }
         let roster = self.health.roster();
-        let (calls, requests) = Broadcast::send(
-            &mut self.upstream_ids,
-            (&roster, crate::message::Purpose::Membership),
-            &MEMBERSHIP_QUERIES,
-            now + self.config.timeout,
-        );
-        self.outputs
-            .extend(requests.into_iter().map(EstateOutput::Send));
-        self.membership.refresh = Some(MembershipRefresh {
-            started: now,
-            calls,
-            waiters: Vec::new(),
-        });
+        self.membership
+            .refresh_if_due(now, &roster, (&mut self.upstream_ids, &self.config));
+        self.drain_membership();
+    }
+
+    /// Moves what the membership map asks for to the estate's outputs.
+    fn drain_membership(&mut self) {
+        while let Some(output) = self.membership.poll_output() {
+            self.outputs.push_back(match output {
+                MembershipOutput::Send(request) => EstateOutput::Send(request),
+                MembershipOutput::Cancel(id) => EstateOutput::Cancel(id),
+                MembershipOutput::Resume { waiter, planned } => {
+                    EstateOutput::Resume { waiter, planned }
+                }
+            });
+        }
     }
 
     fn join_reachability_check(&mut self, now: Instant) -> WaiterId {
@@ -798,8 +740,13 @@ impl Estate {
         if let Some(check) = &mut self.reachability {
             check.calls.record_response(id, &response);
         }
-        if let Some(refresh) = &mut self.membership.refresh {
-            refresh.calls.record_response(id, &response);
+        if self.membership.handle_response(
+            now,
+            id,
+            &response,
+            (&mut self.upstream_ids, &self.config),
+        ) {
+            self.drain_membership();
         }
         self.finish(now);
     }
@@ -819,8 +766,11 @@ impl Estate {
         if let Some(check) = &mut self.reachability {
             check.calls.record_failure(id, &failure);
         }
-        if let Some(refresh) = &mut self.membership.refresh {
-            refresh.calls.record_failure(id, &failure);
+        if self
+            .membership
+            .handle_failure(now, id, &failure, (&mut self.upstream_ids, &self.config))
+        {
+            self.drain_membership();
         }
         self.finish(now);
     }
@@ -852,9 +802,7 @@ impl Estate {
         if let Some(check) = &mut self.reachability {
             check.waiters.retain(|w| *w != waiter);
         }
-        if let Some(refresh) = &mut self.membership.refresh {
-            refresh.waiters.retain(|(w, _)| *w != waiter);
-        }
+        self.membership.waiter_gone(waiter);
     }
 
     /// Time passed: expire what is past its deadline. A call before any deadline is a no-op.
@@ -875,14 +823,14 @@ impl Estate {
         if let Some(check) = &mut self.reachability {
             expired.extend(check.calls.expire(now));
         }
-        if let Some(refresh) = &mut self.membership.refresh {
-            expired.extend(refresh.calls.expire(now));
-        }
         if !expired.is_empty() {
             self.outputs
                 .extend(expired.into_iter().map(EstateOutput::Cancel));
             self.finish(now);
         }
+        self.membership
+            .handle_timeout(now, (&mut self.upstream_ids, &self.config));
+        self.drain_membership();
         self.shared_timeouts(now);
     }
 
@@ -894,11 +842,7 @@ impl Estate {
     /// The one next deadline the runtime must wake the estate at, if any.
     pub fn poll_timeout(&self) -> Option<Instant> {
         let reachability = self.reachability.as_ref().and_then(|c| c.calls.deadline());
-        let membership = self
-            .membership
-            .refresh
-            .as_ref()
-            .and_then(|r| r.calls.deadline());
+        let membership = self.membership.deadline();
         [
             reachability,
             membership,
@@ -912,7 +856,7 @@ impl Estate {
 
     /// The estate's numbers now, for pdbmux's own metrics (docs/operating.md).
     pub fn stats(&self, now: Instant) -> crate::stats::EstateStats {
-        let ownership = &self.membership.snapshot;
+        let ownership = self.membership.snapshot();
         let owned = ownership.owned_counts(self.config.merge, self.config.backends.len());
         let backends = self
             .all_backends()
@@ -930,30 +874,17 @@ impl Estate {
                     .copied()
                     .unwrap_or_default(),
                 owned_nodes: owned.get(backend.0).copied().unwrap_or(0),
-                membership_age: self
-                    .membership
-                    .renewed_at
-                    .get(backend.0)
-                    .map(|at| now.saturating_duration_since(*at))
-                    .unwrap_or_default(),
-                membership_failures: self
-                    .counts
-                    .membership_failures
-                    .get(backend.0)
-                    .copied()
-                    .unwrap_or(0),
+                membership_age: self.membership.part_age(now, backend),
+                membership_failures: self.membership.failures(backend),
             })
             .collect();
         let membership = crate::stats::MembershipStats {
             nodes: ownership.node_count(),
             shared_nodes: ownership.shared_count(),
             split_nodes: ownership.split_count(),
-            refreshes: self.counts.refreshes,
-            last_refresh_duration: self.counts.last_refresh_duration,
-            age: self
-                .membership
-                .refreshed_at
-                .map(|at| now.saturating_duration_since(at)),
+            refreshes: self.membership.refreshes(),
+            last_refresh_duration: self.membership.last_refresh_duration(),
+            age: self.membership.age(now),
         };
         let cache = self.cache.as_ref().map(|cache| {
             let report = cache.report(now);
@@ -974,10 +905,10 @@ impl Estate {
 
     /// The current ownership snapshot (for tests and `/healthz`).
     pub fn ownership(&self) -> Arc<Ownership> {
-        Arc::clone(&self.membership.snapshot)
+        Arc::clone(self.membership.snapshot())
     }
 
-    /// Completes whatever fan-out has every result.
+    /// Answers the `/healthz` check once it has every result.
     fn finish(&mut self, now: Instant) {
         if self
             .reachability
@@ -1009,92 +940,7 @@ impl Estate {
                 }
             }
         }
-        if self
-            .membership
-            .refresh
-            .as_ref()
-            .is_some_and(|r| r.calls.is_complete())
-        {
-            if let Some(refresh) = self.membership.refresh.take() {
-                self.apply_membership(now, refresh);
-            }
-        }
     }
-
-    fn apply_membership(&mut self, now: Instant, refresh: MembershipRefresh) {
-        // Backends that gave no answer in the whole timeout: a request that waited for this map
-        // does not wait for them again (one timeout per request).
-        let mut waited_out: Vec<BackendId> = refresh
-            .calls
-            .0
-            .iter()
-            .filter(|call| {
-                matches!(
-                    &call.result,
-                    None | Some(Err(Failure::Upstream(UpstreamFailure::Timeout)))
-                )
-            })
-            .map(|call| call.backend)
-            .collect();
-        waited_out.dedup();
-        let mut asked: Vec<BackendId> = refresh.calls.0.iter().map(|c| c.backend).collect();
-        asked.dedup();
-        for backend in self.all_backends() {
-            // Not asked (the prober keeps it out), or its answer unusable: its part not renewed.
-            let answer = asked
-                .contains(&backend)
-                .then(|| membership_of(&refresh.calls, backend));
-            match answer {
-                Some(Ok(nodes)) => {
-                    self.membership.per_backend[backend.0] = Some(nodes);
-                    self.membership.renewed_at[backend.0] = now;
-                    continue;
-                }
-                Some(Err(failure)) => tracing::warn!(
-                    backend = crate::status::backend_name(&self.config.backends, backend),
-                    "membership refresh failed; keeping this backend's previous entries: {failure}"
-                ),
-                None => {}
-            }
-            if let Some(count) = self.counts.membership_failures.get_mut(backend.0) {
-                *count += 1;
-            }
-        }
-        self.counts.refreshes += 1;
-        self.counts.last_refresh_duration = Some(now.saturating_duration_since(refresh.started));
-        let generation = self.membership.generations.next();
-        self.membership.snapshot =
-            Arc::new(Ownership::build(&self.membership.per_backend, generation));
-        self.membership.corrections = Arc::new(Corrections::new(generation));
-        self.membership.refreshed_at = Some(now);
-        self.outputs
-            .extend(refresh.waiters.into_iter().map(|(waiter, mut planned)| {
-                planned.waited_out.clone_from(&waited_out);
-                EstateOutput::Resume { waiter, planned }
-            }));
-    }
-}
-
-/// One backend's membership from its answers to the refresh's queries (nodes, factsets,
-/// catalogs: [`MEMBERSHIP_QUERIES`]), or the first reason one of them is unusable.
-fn membership_of(calls: &Broadcast, backend: BackendId) -> Result<BackendNodes, Failure> {
-    let mut bodies = Vec::with_capacity(MEMBERSHIP_QUERIES.len());
-    for query in 0..MEMBERSHIP_QUERIES.len() {
-        let call = calls
-            .0
-            .iter()
-            .find(|call| call.backend == backend && call.query == query);
-        match call.and_then(|call| call.result.as_ref()) {
-            Some(Ok(body)) => bodies.push(body.clone()),
-            Some(Err(failure)) => return Err(failure.clone()),
-            None => return Err(Failure::Upstream(UpstreamFailure::Timeout)),
-        }
-    }
-    match bodies.as_slice() {
-        [nodes, factsets, catalogs] => parse_membership(nodes, factsets, catalogs),
-        _ => None,
-    }
-    .ok_or_else(|| Failure::Unusable(Unusable::Unparseable("not a membership answer".to_owned())))
 }
 
 /// `roster` less `left_out`, unless that leaves nobody (then every one of them is asked).
@@ -1161,6 +1007,7 @@ mod tests {
     use super::*;
     use crate::config::{BackendConfig, BackendUrl, TlsFiles};
     use crate::exchange::ExchangeOutput;
+    use crate::membership::MEMBERSHIP_QUERIES;
     use crate::message::{ClientRequest, UpstreamBody, UpstreamResponse};
 
     fn config(backends: &[(&str, u16)]) -> Config {

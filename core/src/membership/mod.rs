@@ -2,10 +2,14 @@
 //! with the producer times of what each holds (its latest report's, its facts', its catalog's)
 //! and whether it is active there, and from it the owner of every node, per kind of data.
 //!
-//! Built from three extracts on every backend, asked together: `/nodes` (certname,
-//! `report_timestamp`, `deactivated`, `expired`, every node state), `/factsets` and `/catalogs`
-//! (certname, `producer_timestamp`). Reused for `freshness_ttl`, refreshed by one fan-out at a
-//! time. A backend that fails any of the three keeps the entries of its last good refresh.
+//! Built by [`MembershipMap`] (refresh.rs): each refresh asks every backend's `/nodes` (certname,
+//! `report_timestamp`, the receive times `facts_timestamp` and `catalog_timestamp`,
+//! `deactivated`, `expired`, every node state) and, for nodes more than one backend holds, when
+//! each copy's facts and catalog were produced (`/factsets` and `/catalogs`, certname and
+//! `producer_timestamp`): all of them the first time a backend answers, after that only for
+//! shared nodes whose copy changed since the producer times were learned. Reused for
+//! `freshness_ttl`. A backend that fails any of its queries keeps the entries of its last good
+//! refresh.
 //!
 //! Ownership has two scopes. Queries that see active nodes only (the default of `/nodes`,
 //! `/facts`, `/resources` and the other node-owned entities) weigh only the backends where the
@@ -32,26 +36,60 @@ use crate::config::MergeStrategy;
 use crate::ids::BackendId;
 use crate::sort::parse_instant;
 
-/// The upstream path and query that fetches one backend's nodes:
-/// `["extract",["certname","report_timestamp","deactivated","expired"],["=","node_state","any"]]`.
-pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+mod refresh;
 
-/// The upstream path and query that fetches when one backend's factsets were produced:
+pub(crate) use refresh::{MembershipMap, MembershipOutput};
+
+/// The upstream path and query that fetches one backend's nodes:
+/// `["extract",["certname","report_timestamp","facts_timestamp","catalog_timestamp","deactivated","expired"],["=","node_state","any"]]`.
+pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22facts_timestamp%22%2C%22catalog_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+
+/// The upstream path and query that fetches when every factset of one backend was produced:
 /// `["extract",["certname","producer_timestamp"],["=","node_state","any"]]` (`/factsets` sees
 /// active nodes only unless told otherwise).
 pub const FACTS_PRODUCED_QUERY: &str = "/pdb/query/v4/factsets?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
 
-/// The upstream path and query that fetches when one backend's catalogs were produced:
+/// The upstream path and query that fetches when every catalog of one backend was produced:
 /// `["extract",["certname","producer_timestamp"]]` (`/catalogs` sees every node state).
 pub const CATALOGS_PRODUCED_QUERY: &str = "/pdb/query/v4/catalogs?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%5D";
 
-/// The three queries of one backend's membership, in the order [`parse_membership`] takes their
-/// answers.
+/// A first refresh's queries of one backend, in the order [`parse_membership`] takes their
+/// answers: its nodes, and every node's producer times.
 pub const MEMBERSHIP_QUERIES: [&str; 3] = [
     MEMBERSHIP_QUERY,
     FACTS_PRODUCED_QUERY,
     CATALOGS_PRODUCED_QUERY,
 ];
+
+/// The longest producer-time query naming its certnames: a longer list asks every node instead,
+/// well under the 8 KiB request line PuppetDB's Jetty takes.
+const NAMED_QUERY_LIMIT: usize = 6 * 1024;
+
+/// The producer-time queries (factsets, catalogs) naming these certnames in an `in` list; `None`
+/// when that makes too long a request line (ask [`FACTS_PRODUCED_QUERY`] and
+/// [`CATALOGS_PRODUCED_QUERY`] instead). Both are answered with rows of certname and
+/// `producer_timestamp`, read by [`learn_produced`].
+pub fn named_produced_queries(certnames: &[String]) -> Option<[String; 2]> {
+    let named = serde_json::json!(["in", "certname", ["array", certnames]]);
+    let columns = serde_json::json!(["certname", "producer_timestamp"]);
+    // `/factsets` sees active nodes only unless told otherwise; `/catalogs` sees every state.
+    let facts = serde_json::json!([
+        "extract",
+        columns,
+        ["and", ["=", "node_state", "any"], named]
+    ]);
+    let catalogs = serde_json::json!(["extract", columns, named]);
+    let url = |entity: &str, query: &serde_json::Value| {
+        let encoded: String =
+            form_urlencoded::byte_serialize(query.to_string().as_bytes()).collect();
+        format!("/pdb/query/v4/{entity}?query={encoded}")
+    };
+    let queries = [url("factsets", &facts), url("catalogs", &catalogs)];
+    queries
+        .iter()
+        .all(|query| query.len() <= NAMED_QUERY_LIMIT)
+        .then_some(queries)
+}
 
 /// A kind of node data whose newest copy one PuppetDB keeps on its own (docs/decisions.md, D14):
 /// which copy of a node a record comes from depends on the kind it derives from.
@@ -83,12 +121,19 @@ impl Kind {
 pub struct Member {
     /// Its latest report's end time, as the agent wrote it (`None`: no report).
     pub report_timestamp: Option<String>,
-    /// When its factset was produced (`None`: no facts).
+    /// When its factset was produced (`None`: no facts, or not learned: see `produced_known`).
     pub facts_produced: Option<String>,
-    /// When its catalog was produced (`None`: no catalog).
+    /// When its catalog was produced (`None`: no catalog, or not learned).
     pub catalog_produced: Option<String>,
     /// Neither deactivated nor expired there.
     pub active: bool,
+    /// When this backend received its facts and its catalog (`facts_timestamp`,
+    /// `catalog_timestamp`). Never evidence of newness (D14): only of whether producer times
+    /// learned at an earlier refresh still hold (a new factset or catalog is received anew).
+    received: [Option<String>; 2],
+    /// Whether `facts_produced` and `catalog_produced` were learned: a refresh asks them only
+    /// for nodes another backend holds too, where ownership weighs them.
+    produced_known: bool,
 }
 
 impl Member {
@@ -99,6 +144,8 @@ impl Member {
             facts_produced: None,
             catalog_produced: None,
             active: true,
+            received: [None, None],
+            produced_known: true,
         }
     }
 
@@ -122,6 +169,24 @@ impl Member {
     pub fn with_catalog_produced(mut self, produced: Option<&str>) -> Member {
         self.catalog_produced = produced.map(str::to_owned);
         self
+    }
+
+    /// Whether its producer times were learned.
+    pub fn produced_known(&self) -> bool {
+        self.produced_known
+    }
+
+    /// Takes the producer times `earlier` learned for this node when they still hold: the same
+    /// report and the same facts and catalog received since.
+    fn carry_produced(&mut self, earlier: &Member) {
+        if earlier.produced_known
+            && earlier.report_timestamp == self.report_timestamp
+            && earlier.received == self.received
+        {
+            self.facts_produced.clone_from(&earlier.facts_produced);
+            self.catalog_produced.clone_from(&earlier.catalog_produced);
+            self.produced_known = true;
+        }
     }
 
     /// Whether this holding's `kind` is newer than `other`'s (D14); `false` on a tie
@@ -154,6 +219,10 @@ struct MembershipRow {
     certname: String,
     report_timestamp: Option<String>,
     #[serde(default)]
+    facts_timestamp: Option<String>,
+    #[serde(default)]
+    catalog_timestamp: Option<String>,
+    #[serde(default)]
     deactivated: Option<String>,
     #[serde(default)]
     expired: Option<String>,
@@ -165,33 +234,71 @@ struct ProducedRow {
     producer_timestamp: Option<String>,
 }
 
-/// Parses one backend's answers to [`MEMBERSHIP_QUERIES`] (nodes, factsets, catalogs); `None`
-/// when one is not an array of such rows. A factset or catalog of a certname `/nodes` did not
-/// list is ignored.
-pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Option<BackendNodes> {
+/// Parses one backend's answer to [`MEMBERSHIP_QUERY`]: its nodes, producer times not learned;
+/// `None` when it is not an array of such rows.
+pub fn parse_nodes(nodes: &[u8]) -> Option<BackendNodes> {
     let rows: Vec<MembershipRow> = serde_json::from_slice(nodes).ok()?;
-    let mut held: BackendNodes = rows
-        .into_iter()
-        .map(|row| {
-            let active = row.deactivated.is_none() && row.expired.is_none();
-            let mut member = Member::active(row.report_timestamp.as_deref());
-            member.active = active;
-            (row.certname, member)
-        })
-        .collect();
-    let factsets: Vec<ProducedRow> = serde_json::from_slice(factsets).ok()?;
-    for row in factsets {
-        if let Some(member) = held.get_mut(&row.certname) {
-            member.facts_produced = row.producer_timestamp;
+    Some(
+        rows.into_iter()
+            .map(|row| {
+                let member = Member {
+                    active: row.deactivated.is_none() && row.expired.is_none(),
+                    received: [row.facts_timestamp, row.catalog_timestamp],
+                    produced_known: false,
+                    ..Member::active(row.report_timestamp.as_deref())
+                };
+                (row.certname, member)
+            })
+            .collect(),
+    )
+}
+
+/// Takes into `held` the producer times its backend answered for `asked` (sorted certnames;
+/// `None`: every node): every node asked about is known from now on, without a factset or
+/// catalog where no row names it. A row of a certname not asked about, or that `/nodes` did not
+/// list, is ignored. `None` when an answer is not an array of such rows.
+pub fn learn_produced(
+    held: &mut BackendNodes,
+    asked: Option<&[String]>,
+    (factsets, catalogs): (&[u8], &[u8]),
+) -> Option<()> {
+    let produced = |body: &[u8]| -> Option<BTreeMap<String, Option<String>>> {
+        let rows: Vec<ProducedRow> = serde_json::from_slice(body).ok()?;
+        Some(
+            rows.into_iter()
+                .map(|row| (row.certname, row.producer_timestamp))
+                .collect(),
+        )
+    };
+    let (mut facts, mut catalogs) = (produced(factsets)?, produced(catalogs)?);
+    for (certname, member) in held.iter_mut() {
+        if asked.is_some_and(|asked| asked.binary_search(certname).is_err()) {
+            continue;
         }
+        member.facts_produced = facts.remove(certname).flatten();
+        member.catalog_produced = catalogs.remove(certname).flatten();
+        member.produced_known = true;
     }
-    let catalogs: Vec<ProducedRow> = serde_json::from_slice(catalogs).ok()?;
-    for row in catalogs {
-        if let Some(member) = held.get_mut(&row.certname) {
-            member.catalog_produced = row.producer_timestamp;
-        }
-    }
+    Some(())
+}
+
+/// Parses one backend's answers to [`MEMBERSHIP_QUERIES`] (nodes, factsets, catalogs): every
+/// node with its producer times; `None` when one is not an array of such rows. A factset or
+/// catalog of a certname `/nodes` did not list is ignored.
+pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Option<BackendNodes> {
+    let mut held = parse_nodes(nodes)?;
+    learn_produced(&mut held, None, (factsets, catalogs))?;
     Some(held)
+}
+
+/// Takes into `fresh` the producer times `earlier` (the same backend's last good part) learned
+/// that still hold (see [`Member::carry_produced`]).
+pub fn carry_produced(fresh: &mut BackendNodes, earlier: &BackendNodes) {
+    for (certname, member) in fresh.iter_mut() {
+        if let Some(earlier) = earlier.get(certname) {
+            member.carry_produced(earlier);
+        }
+    }
 }
 
 /// Which nodes a query can see, and so which holders ownership weighs.
