@@ -2,7 +2,8 @@
 """Send a seeded, replayable fleet history to several PuppetDBs and all of it to one more.
 
 Usage: generate.py --seed 7 --backends h1=http://127.0.0.1:18090,h2=http://127.0.0.1:18091 \
-                   --union http://127.0.0.1:18094 --out history.json [--nodes 16]
+                   --union http://127.0.0.1:18094 --out history.json [--nodes 16] [--late late.json]
+       generate.py --send-late late.json
 
 A history is what a fleet in a migration sends (docs/decisions.md, D23): every node runs every
 30 minutes or so; each run sends its facts, then its catalog (and its catalog inputs), then its report to the PuppetDB the
@@ -20,6 +21,12 @@ kind of data by producer time whatever the order, so the union's answers do not 
 Once every queue is empty, each PuppetDB is asked to collect its package garbage (the admin
 `clean` command's `gc_packages`): a PuppetDB lists a package no node holds any more until its
 periodic collection runs, so without it `/packages` would depend on when that last ran.
+
+With --late, the last run of about half the nodes (and their deactivations) is held back and
+written to that file instead of sent; `--send-late` sends it later, the same way, and removes the
+file. The history suite uses it to build pdbmux's membership map before those runs arrive, so
+that the answers it checks come from a map refreshed over a changing estate (producer times
+learned again only for the copies that changed, docs/merging.md), as in production.
 
 Everything follows from the seed: the certnames (`s<seed>-b<k>-n<i>.hist.test`, so histories
 over different backend counts never share a node), the runs, the moves, the faults, the delivery
@@ -285,6 +292,58 @@ def commands(node: dict) -> list[tuple[list[str], dict]]:
     return out
 
 
+def held_back(rng: random.Random, node: dict) -> tuple[dict, dict | None]:
+    """The node as sent at once, and the part held back for --late (its last run and its
+    deactivation) when it is one of the late nodes (about half of those with two runs or more)."""
+    if len(node["runs"]) < 2 or rng.random() < 0.5:
+        return node, None
+    early = dict(node, runs=node["runs"][:-1], deactivated=None)
+    late = dict(node, runs=node["runs"][-1:])
+    return early, late
+
+
+def send(feeds: dict[str, list[dict]]) -> list[str]:
+    """Sends each PuppetDB its commands, each from a thread of its own, then waits until every
+    queue is empty and collects package garbage; returns the errors."""
+    errors: list[str] = []
+
+    def feed(url: str, cmds: list[dict]) -> None:
+        try:
+            for cmd in cmds:
+                load.submit(url, cmd)
+        except load.LoadError as err:
+            errors.append(f"{url}: {err}")
+
+    threads = [threading.Thread(target=feed, args=item) for item in feeds.items()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        return errors
+    try:
+        for url in feeds:
+            load.wait_queue_empty(url)
+            collect_package_garbage(url)
+    except load.LoadError as err:
+        return [str(err)]
+    return []
+
+
+def send_late(path: str) -> int:
+    """--send-late: sends what --late held back, then removes the file."""
+    with open(path, encoding="utf-8") as held:
+        feeds = json.load(held)["feeds"]
+    errors = send(feeds)
+    if errors:
+        print("generate.py: " + "\n".join(errors), file=sys.stderr)
+        return 1
+    Path(path).unlink()
+    sent = {url: len(cmds) for url, cmds in feeds.items()}
+    print(f"late runs sent: {sent}")
+    return 0
+
+
 def delivery_order(rng: random.Random, per_node: list[list[dict]]) -> list[dict]:
     """One PuppetDB's commands: nodes interleaved at random, each node's own commands in order,
     except that a fifth of the nodes arrive as a backlog (their commands in any order)."""
@@ -319,12 +378,18 @@ def collect_package_garbage(base: str, timeout: float = 60) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--seed", type=int, required=True)
-    parser.add_argument("--backends", required=True, help="name=url,... (2 to 4)")
-    parser.add_argument("--union", required=True, help="the PuppetDB sent every command")
-    parser.add_argument("--out", required=True)
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--backends", help="name=url,... (2 to 4)")
+    parser.add_argument("--union", help="the PuppetDB sent every command")
+    parser.add_argument("--out")
     parser.add_argument("--nodes", type=int, default=16)
+    parser.add_argument("--late", help="hold the late runs back, written to this file")
+    parser.add_argument("--send-late", help="send the late runs this file holds")
     args = parser.parse_args()
+    if args.send_late:
+        return send_late(args.send_late)
+    if args.seed is None or not args.backends or not args.union or not args.out:
+        parser.error("--seed, --backends, --union and --out are required (or --send-late)")
     backends = []
     for part in args.backends.split(","):
         name, _, url = part.partition("=")
@@ -334,41 +399,31 @@ def main() -> int:
     start = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) - dt.timedelta(hours=3)
     nodes = [plan_node(rng, f"s{args.seed}-b{len(names)}-n{i}.{DOMAIN}", names, start)
              for i in range(args.nodes)]
+    # Its own generator, so the nodes and their runs are the same with and without --late.
+    late_rng = random.Random(f"late-{args.seed}")
+    parts = [held_back(late_rng, node) if args.late else (node, None) for node in nodes]
 
-    per_backend: dict[str, list[list[dict]]] = {n: [] for n in names}
-    union: list[list[dict]] = []
-    for node in nodes:
-        cmds = commands(node)
-        for name in names:
-            per_backend[name].append([cmd for to, cmd in cmds if name in to])
-        union.append([cmd for _, cmd in cmds])
-    feeds = {b["url"]: delivery_order(rng, per_backend[b["name"]]) for b in backends}
-    feeds[args.union.rstrip("/")] = delivery_order(rng, union)
+    def feeds_of(part_nodes: list[dict], order: random.Random) -> dict[str, list[dict]]:
+        per_backend: dict[str, list[list[dict]]] = {n: [] for n in names}
+        union: list[list[dict]] = []
+        for node in part_nodes:
+            cmds = commands(node)
+            for name in names:
+                per_backend[name].append([cmd for to, cmd in cmds if name in to])
+            union.append([cmd for _, cmd in cmds])
+        feeds = {b["url"]: delivery_order(order, per_backend[b["name"]]) for b in backends}
+        feeds[args.union.rstrip("/")] = delivery_order(order, union)
+        return feeds
 
-    errors: list[str] = []
-
-    def feed(url: str, cmds: list[dict]) -> None:
-        try:
-            for cmd in cmds:
-                load.submit(url, cmd)
-        except load.LoadError as err:
-            errors.append(f"{url}: {err}")
-
-    threads = [threading.Thread(target=feed, args=item) for item in feeds.items()]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
+    feeds = feeds_of([early for early, _ in parts], rng)
+    errors = send(feeds)
     if errors:
         print("generate.py: " + "\n".join(errors), file=sys.stderr)
         return 1
-    try:
-        for url in feeds:
-            load.wait_queue_empty(url)
-            collect_package_garbage(url)
-    except load.LoadError as err:
-        print(f"generate.py: {err}", file=sys.stderr)
-        return 1
+    late = [late for _, late in parts if late is not None]
+    if args.late:
+        with open(args.late, "w", encoding="utf-8") as held:
+            json.dump({"feeds": feeds_of(late, late_rng)}, held)
     sent = {url: len(cmds) for url, cmds in feeds.items()}
     with open(args.out, "w", encoding="utf-8") as out:
         json.dump({"format": 1, "seed": args.seed, "backends": backends,
@@ -376,8 +431,9 @@ def main() -> int:
                    "prefix": f"s{args.seed}-b{len(names)}-", "commands_sent": sent,
                    "nodes": nodes}, out, indent=1)
     moved = sum(1 for n in nodes if len(n["held_by"]) > 1)
+    held = f", the last run of {len(late)} held back" if args.late else ""
     print(f"seed {args.seed} over {len(names)} backends: {len(nodes)} nodes ({moved} held by "
-          f"several), commands sent {sent}")
+          f"several), commands sent {sent}{held}")
     return 0
 
 

@@ -7,7 +7,11 @@
 //! `pdbmux_e2e::differential` compares (less receipt times and `pdbmux_source`).
 //!
 //! Run by `e2e/run` (the history phase) with `E2E_HISTORY` naming the history file it just
-//! sent; without it the suite has nothing to compare and says so. A difference prints the seed,
+//! sent; without it the suite has nothing to compare and says so. With `E2E_HISTORY_LATE`
+//! naming the runs `generate.py --late` held back (while that file exists: the first binary
+//! tested sends them), pdbmux builds its membership map first, the late runs are sent, and the
+//! questions wait until pdbmux's refreshed map has caught up with them: what is checked is a
+//! map kept over a changing estate, producer times learned again only where a copy changed. A difference prints the seed,
 //! the question and a minimal diff; `E2E_HISTORY_SEED=<seed> e2e/run --histories-only`
 //! replays it.
 
@@ -92,7 +96,9 @@ fn pdbmux(history: &History) -> Pdbmux {
         ))
         // Every question reads the backends: the cache would answer a later question from an
         // earlier answer, which is the cache's suite's business (a TTL of 0 turns it off).
-        .env("PDBMUX_FACTS_TTL", "0");
+        .env("PDBMUX_FACTS_TTL", "0")
+        // The map follows the late runs within a second (the default is a minute).
+        .env("PDBMUX_FRESHNESS_TTL", "1s");
     for backend in &history.backends {
         builder = builder.backend(&backend.name, &backend.url);
     }
@@ -595,6 +601,65 @@ fn population_mismatches(p: &Pdbmux, union: &Backend) -> Vec<String> {
     out
 }
 
+/// Sends the runs `generate.py --late` held back, if they are still to be sent, after `p` built
+/// its membership map over the history without them; then waits (at most a minute) until `p`
+/// answers where each node's facts, catalog and latest report are as the union does, asking
+/// again as its map is refreshed. Says what it did.
+fn send_late_runs(p: &Pdbmux, union: &Backend) {
+    let Some(late) = std::env::var_os("E2E_HISTORY_LATE").map(PathBuf::from) else {
+        return;
+    };
+    if !late.exists() {
+        return;
+    }
+    let first = p
+        .get("/pdb/query/v4/nodes")
+        .expect("pdbmux answers before the late runs");
+    assert_eq!(first.status, 200, "{}", first.body);
+    let generate = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("histories/generate.py");
+    let sent = std::process::Command::new("python3")
+        .arg(&generate)
+        .arg("--send-late")
+        .arg(&late)
+        .status()
+        .expect("run generate.py --send-late");
+    assert!(sent.success(), "generate.py --send-late {}", late.display());
+    let newest = [
+        with_query(
+            &format!("{V4}/factsets"),
+            json!(["extract", ["certname", "producer_timestamp"]]),
+        ),
+        with_query(
+            &format!("{V4}/catalogs"),
+            json!(["extract", ["certname", "producer_timestamp"]]),
+        ),
+        with_query(
+            &format!("{V4}/nodes"),
+            json!([
+                "extract",
+                ["certname", "report_timestamp", "latest_report_hash"]
+            ]),
+        ),
+    ];
+    let started = std::time::Instant::now();
+    loop {
+        let differ = mismatches(p, union, &newest).expect("pdbmux and the union answer");
+        if differ.is_empty() {
+            eprintln!(
+                "late runs sent; pdbmux's map caught up in {:.1?}",
+                started.elapsed()
+            );
+            return;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(60) {
+            // The questions will show what differs.
+            eprintln!("late runs sent; pdbmux's map still differs after a minute: {differ:?}");
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(250));
+    }
+}
+
 #[test]
 fn every_route_equals_the_union_over_the_history() {
     let Some(history) = history() else {
@@ -605,6 +670,7 @@ fn every_route_equals_the_union_over_the_history() {
         url: history.union.clone(),
     };
     let p = pdbmux(&history);
+    send_late_runs(&p, &union);
     let questions = questions(&history);
     let mut problems = mismatches(&p, &union, &questions).expect("pdbmux and the union answer");
     problems.extend(population_mismatches(&p, &union));
