@@ -7,17 +7,33 @@ the map is older than that, and the refresh it starts is read from pdbmux's own 
 `pdbmux_membership_last_refresh_duration`. Prints the median and 90th percentile of each binary
 and their ratio.
 
+With `--churn N`, N nodes both backends hold receive new facts (produced now, in turn from one
+backend and the other) before each refresh, as a migrating estate's agent runs do between two
+refreshes: a pdbmux that learns producer times only where a shared copy changed pays for
+those N then.
+
     refresh.py --backends pdb-a=http://127.0.0.1:19080,pdb-b=... \\
         --binary baseline=/path/to/old/pdbmux --binary current=target/release/pdbmux
 """
 
 import argparse
+import datetime as dt
+import importlib.util
+import itertools
+import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
+from pathlib import Path
+
+_LOADER = importlib.util.spec_from_file_location(
+    "fixture_load", Path(__file__).resolve().parents[2] / "e2e" / "fixture" / "load.py")
+load = importlib.util.module_from_spec(_LOADER)
+_LOADER.loader.exec_module(load)
 
 TTL_SECONDS = 1
 # A request that needs the membership map (a page of /nodes may not: it is pushed down).
@@ -47,7 +63,49 @@ def wait_listening(url: str, deadline: float) -> None:
             time.sleep(0.1)
 
 
-def sample(binary: str, backends: str, port: int, refreshes: int) -> list[float]:
+class Churn:
+    """New facts for `per_refresh` shared nodes before each refresh (none when 0)."""
+
+    def __init__(self, backends: str, per_refresh: int):
+        self.urls = [part.split("=", 1)[1].rstrip("/") for part in backends.split(",")]
+        self.per_refresh = per_refresh
+        if per_refresh == 0:
+            return
+        held = [set(self.certnames(url)) for url in self.urls]
+        shared = sorted(set.intersection(*held))
+        if not shared:
+            sys.exit("--churn: no node is held by every backend")
+        self.next = itertools.cycle(shared)
+        self.turn = itertools.cycle(self.urls)
+
+    @staticmethod
+    def certnames(url: str) -> list[str]:
+        query = urllib.parse.quote(json.dumps(["extract", ["certname"]]))
+        with urllib.request.urlopen(f"{url}/pdb/query/v4/nodes?query={query}", timeout=60) as r:
+            return [row["certname"] for row in json.load(r)]
+
+    def run(self) -> None:
+        """Sends this refresh's new facts and waits until the backends processed them."""
+        used = set()
+        for _ in range(self.per_refresh):
+            certname, url = next(self.next), next(self.turn)
+            with urllib.request.urlopen(f"{url}/pdb/query/v4/factsets/{certname}",
+                                        timeout=60) as r:
+                factset = json.load(r)
+            values = {fact["name"]: fact["value"] for fact in factset["facts"]["data"]}
+            now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+            load.submit(url, {"command": "replace_facts", "version": 5, "certname": certname,
+                              "payload": {"certname": certname,
+                                          "environment": factset["environment"],
+                                          "producer_timestamp": now,
+                                          "producer": factset.get("producer"),
+                                          "values": values}})
+            used.add(url)
+        for url in used:
+            load.wait_queue_empty(url)
+
+
+def sample(binary: str, backends: str, port: int, refreshes: int, churn: Churn) -> list[float]:
     """`refreshes` refresh durations (seconds) of one pdbmux process."""
     env = {
         "PATH": os.environ["PATH"],
@@ -79,7 +137,9 @@ def sample(binary: str, backends: str, port: int, refreshes: int) -> list[float]
                 if time.monotonic() > deadline:
                     sys.exit(f"{binary}: no membership refresh within 60 s")
                 time.sleep(0.05)
-            time.sleep(TTL_SECONDS + 0.2)
+            before = time.monotonic()
+            churn.run()
+            time.sleep(max(0.0, TTL_SECONDS + 0.2 - (time.monotonic() - before)))
         return took
     finally:
         proc.terminate()
@@ -94,15 +154,20 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--per-round", type=int, default=6, help="refreshes per process")
     parser.add_argument("--port", type=int, default=19950)
+    parser.add_argument("--churn", type=int, default=0,
+                        help="shared nodes given new facts before each refresh")
     args = parser.parse_args()
+    churn = Churn(args.backends, args.churn)
     binaries = [b.split("=", 1) for b in args.binary]
     took = {label: [] for label, _ in binaries}
     for _ in range(args.rounds):
         for label, path in binaries:
             # The first refresh of a process also opens its connections: left out.
-            took[label] += sample(path, args.backends, args.port, args.per_round + 1)[1:]
+            took[label] += sample(path, args.backends, args.port, args.per_round + 1,
+                                  churn)[1:]
     print(f"membership refresh over {args.backends.count('=')} backends "
-          f"({args.rounds} rounds x {args.per_round} refreshes per binary)")
+          f"({args.rounds} rounds x {args.per_round} refreshes per binary, "
+          f"{args.churn} shared nodes with new facts before each)")
     print(f"{'binary':<12} {'median ms':>10} {'p90 ms':>10} {'n':>4}")
     medians = {}
     for label, _ in binaries:

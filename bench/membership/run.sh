@@ -9,7 +9,8 @@
 #
 # Environment: BASELINE (a commit, built in a worktree with its own target dir), or
 # BASELINE_BIN; MUX_BIN (default target/release/pdbmux, built here); NODES (2000),
-# FACTS (150), SHARED (0.2), ROUNDS (5), KEEP=1 (leave the PuppetDBs running afterwards).
+# FACTS (150), SHARED (0.2), ROUNDS (5), CHURN (0: shared nodes given new facts before each
+# refresh, refresh.py --churn), KEEP=1 (leave the PuppetDBs running afterwards).
 # Loopback only; every process it starts is stopped before it exits unless KEEP=1.
 set -euo pipefail
 
@@ -18,6 +19,7 @@ NODES=${NODES:-2000}
 FACTS=${FACTS:-150}
 SHARED=${SHARED:-0.2}
 ROUNDS=${ROUNDS:-5}
+CHURN=${CHURN:-0}
 STATE=${BENCH_STATE:-$PWD/bench/.state-membership}
 PORTS=${BENCH_PORTS:-19180 19181 19543 19182}
 mkdir -p "$STATE"
@@ -60,5 +62,5 @@ python3 bench/latency/estate.py --backends "$E2E_BACKENDS" --union "$E2E_UNION" 
   --nodes "$NODES" --facts "$FACTS" --shared "$SHARED" --out "$STATE/estate.json"
 echo
 echo "== $NODES nodes, $SHARED held by both ($(git rev-parse --short HEAD)$(git diff --quiet || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
-python3 bench/membership/refresh.py --backends "$E2E_BACKENDS" --rounds "$ROUNDS" \
+python3 bench/membership/refresh.py --backends "$E2E_BACKENDS" --rounds "$ROUNDS" --churn "$CHURN" \
   --binary "baseline=$BASELINE_BIN" --binary "current=$MUX_BIN"

@@ -134,8 +134,8 @@ impl SyntheticEstate {
         )
     }
 
-    /// `backend`'s answer to the membership query (`["extract",["certname","report_timestamp"]]`
-    /// on /nodes).
+    /// `backend`'s answer to the membership query (an extract of `/nodes`; the receive times it
+    /// also asks for are absent, as null).
     pub fn membership_body(&self, backend: usize) -> Vec<u8> {
         let rows: Vec<Value> = self
             .nodes(backend)
@@ -143,6 +143,23 @@ impl SyntheticEstate {
                 json!({
                     "certname": Self::certname(node),
                     "report_timestamp": self.report_timestamp(node, backend),
+                })
+            })
+            .collect();
+        serde_json::to_vec(&rows).unwrap_or_default()
+    }
+
+    /// `backend`'s answer to the membership refresh's producer-time queries
+    /// (`["extract",["certname","producer_timestamp"]]` on `/factsets` and on `/catalogs`, for
+    /// every node or named ones): each node's facts and catalog produced in the run of its
+    /// report. A refresh takes the rows of the nodes it asked about.
+    pub fn produced_body(&self, backend: usize) -> Vec<u8> {
+        let rows: Vec<Value> = self
+            .nodes(backend)
+            .map(|node| {
+                json!({
+                    "certname": Self::certname(node),
+                    "producer_timestamp": self.report_timestamp(node, backend),
                 })
             })
             .collect();

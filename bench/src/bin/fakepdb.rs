@@ -3,6 +3,8 @@
 //!
 //! - `/pdb/query/v4/nodes` (any query): the membership extract (certname, report_timestamp);
 //! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend;
+//! - `/pdb/query/v4/factsets` and `/pdb/query/v4/catalogs` (any query): the membership
+//!   refresh's producer times (certname, producer_timestamp: each node's report time);
 //! - `/pdb/meta/v1/version` and `/status/v1/services`: small canned answers;
 //! - `/fakepdb/requests`: how many `/facts` and `/nodes` requests it has answered, as
 //!   `{"facts":N,"nodes":N}` (for benchmarks that count fan-outs);
@@ -27,6 +29,7 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 struct Canned {
     nodes: Vec<u8>,
+    produced: Vec<u8>,
     facts: Vec<u8>,
     version: Vec<u8>,
     status: Vec<u8>,
@@ -75,6 +78,7 @@ fn main() -> Result<()> {
     let json = "application/json;charset=utf-8";
     let canned = Arc::new(Canned {
         nodes: response("200 OK", json, &spec.membership_body(backend)),
+        produced: response("200 OK", json, &spec.produced_body(backend)),
         facts: response("200 OK", json, &spec.facts_body(backend)),
         version: response("200 OK", json, br#"{"version":"7.12.1"}"#),
         status: response(
@@ -146,6 +150,7 @@ fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
                 canned.facts_asked.fetch_add(1, Ordering::Relaxed);
                 &canned.facts
             }
+            "/pdb/query/v4/factsets" | "/pdb/query/v4/catalogs" => &canned.produced,
             "/fakepdb/requests" => {
                 let body = format!(
                     r#"{{"facts":{},"nodes":{}}}"#,

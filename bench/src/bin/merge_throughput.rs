@@ -22,6 +22,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use pdbmux_bench::{best_of, mb_per_s, SyntheticEstate};
 use pdbmux_core::config::{BackendConfig, BackendUrl, Config, TlsFiles};
+use pdbmux_core::membership::MEMBERSHIP_QUERIES;
 use pdbmux_core::{
     Admission, ClientRequest, ClockAnchor, Estate, EstateOutput, ExchangeOutput, Response,
     UpstreamResponse, JSON_CONTENT_TYPE,
@@ -84,8 +85,9 @@ fn backend(name: &str, port: u16) -> BackendConfig {
     }
 }
 
-/// An estate for two scripted backends, with its membership map answered.
-fn ready_estate(now: Instant, membership: &[Bytes]) -> Result<Estate> {
+/// An estate for two scripted backends, with its membership map answered (each backend's nodes
+/// and producer times).
+fn ready_estate(now: Instant, membership: &[(Bytes, Bytes)]) -> Result<Estate> {
     let mut config = Config::with_backends(vec![backend("pdb-a", 18001), backend("pdb-b", 18002)]);
     config.facts_ttl = Duration::ZERO;
     config.health_probe_enabled = false;
@@ -111,19 +113,23 @@ fn ready_estate(now: Instant, membership: &[Bytes]) -> Result<Estate> {
             sends.push(send);
         }
     }
-    if sends.len() != membership.len() {
+    if sends.len() != membership.len() * MEMBERSHIP_QUERIES.len() {
         return Err(format!(
             "expected {} membership queries, got {}",
-            membership.len(),
+            membership.len() * MEMBERSHIP_QUERIES.len(),
             sends.len()
         )
         .into());
     }
     for send in sends {
-        let body = membership
+        let (nodes, produced) = membership
             .get(send.backend.0)
-            .ok_or("membership query to an unknown backend")?
-            .clone();
+            .ok_or("membership query to an unknown backend")?;
+        let body = if send.path_and_query == MEMBERSHIP_QUERIES[0] {
+            nodes.clone()
+        } else {
+            produced.clone()
+        };
         estate.handle_upstream_response(
             now,
             send.id,
@@ -206,8 +212,13 @@ fn main() -> Result<()> {
         facts_per_node: args.facts,
     };
     let facts: Vec<Bytes> = (0..2).map(|b| Bytes::from(spec.facts_body(b))).collect();
-    let membership: Vec<Bytes> = (0..2)
-        .map(|b| Bytes::from(spec.membership_body(b)))
+    let membership: Vec<(Bytes, Bytes)> = (0..2)
+        .map(|b| {
+            (
+                Bytes::from(spec.membership_body(b)),
+                Bytes::from(spec.produced_body(b)),
+            )
+        })
         .collect();
     let input_bytes: usize = facts.iter().map(Bytes::len).sum();
     let input_records = 2 * args.nodes * args.facts;
