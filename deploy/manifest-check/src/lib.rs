@@ -21,6 +21,14 @@ pub fn kubernetes_dir() -> PathBuf {
     deploy_dir().join("kubernetes")
 }
 
+/// `deploy/overlays/example/`: a kustomize overlay of `deploy/kubernetes/` for one site.
+pub fn example_overlay_dir() -> PathBuf {
+    deploy_dir().join("overlays").join("example")
+}
+
+/// The name kustomize reads in a directory.
+pub const KUSTOMIZATION: &str = "kustomization.yaml";
+
 /// Every non-empty YAML document in a file.
 pub fn load(path: &Path) -> Result<Vec<Value>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;

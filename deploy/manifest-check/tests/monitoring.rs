@@ -363,7 +363,11 @@ fn dashboard_problems(dashboard: &Json) -> Vec<String> {
         &["vector($memory_limit)"],
         &["pdbmux_requests_total", "code=~\"5..\"", "by (instance)"],
         &["pdbmux_partial_answers_total", "by (instance)", "route=~"],
-        &["pdbmux_request_duration_seconds_bucket", "0.99", "by (instance, le)"],
+        &[
+            "pdbmux_request_duration_seconds_bucket",
+            "0.99",
+            "by (instance, le)",
+        ],
         &["pdbmux_upstream_request_duration_seconds_bucket", "0.99"],
     ];
     for parts in coverage {
