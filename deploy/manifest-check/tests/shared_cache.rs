@@ -1,7 +1,8 @@
 //! Checks `alternatives/redis.yaml`, the optional shared cache (docs/caching.md): a Deployment
 //! and a Service that selects it by its labels and reaches its named `redis` port, under the name
 //! and port the comment's `cache_redis_url` uses, in memory only, non-root, asking for the
-//! password pdbmux is told to read (`cache_redis_password_file`).
+//! password pdbmux is told to read (`cache_redis_password_file`), with a disruption budget that
+//! selects its pod.
 
 use pdbmux_manifest_check::{at, int_at, kubernetes_dir, labels_match, load, seq_at, str_at};
 
@@ -17,6 +18,11 @@ fn the_shared_cache_example_is_a_service_over_an_in_memory_valkey() {
     let (deployment, service) = (of_kind("Deployment"), of_kind("Service"));
     assert!(labels_match(
         at(service, "spec.selector"),
+        at(deployment, "spec.template.metadata.labels")
+    ));
+    let budget = of_kind("PodDisruptionBudget");
+    assert!(labels_match(
+        at(budget, "spec.selector.matchLabels"),
         at(deployment, "spec.template.metadata.labels")
     ));
     let container = &seq_at(deployment, "spec.template.spec.containers")[0];
