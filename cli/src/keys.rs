@@ -413,6 +413,52 @@ fn is_service_link(var: &str, value: &str) -> bool {
 mod tests {
     use super::*;
 
+    /// The keys of this table that are not fields of the core's configuration, and why: read by
+    /// the loader (the TLS defaults fill each backend's own files; the Redis client's URL, password
+    /// and key are opened by the driver) or by the process (logging, the config watch).
+    const LOADER_KEYS: &[&str] = &[
+        "cache_redis_url",
+        "cache_redis_password_file",
+        "cache_secret_file",
+        "tls_ca_file",
+        "tls_cert_file",
+        "tls_key_file",
+        "log_format",
+        "log_level",
+        "config_watch_interval",
+    ];
+
+    /// One definition of the keys: this table is the core's `Config::KEYS` (each field of the
+    /// configuration, classed by what a reload renews) plus the loader's own. A field added to
+    /// the core's struct does not compile until it is classed there; added there and not here,
+    /// this fails.
+    #[test]
+    fn the_table_is_the_cores_keys_and_the_loaders() {
+        let core: Vec<&str> = pdbmux_core::config::Config::KEYS
+            .iter()
+            .map(|(key, _)| *key)
+            .collect();
+        let here: Vec<&str> = KEYS
+            .iter()
+            .map(|key| key.name)
+            .filter(|name| !LOADER_KEYS.contains(name))
+            .collect();
+        let mut sorted = (core.clone(), here.clone());
+        sorted.0.sort_unstable();
+        sorted.1.sort_unstable();
+        assert_eq!(sorted.0, sorted.1, "the core's keys and this table's");
+        for loader in LOADER_KEYS {
+            assert!(
+                KEYS.iter().any(|key| key.name == *loader),
+                "{loader} is in the table"
+            );
+            assert!(
+                !core.contains(loader),
+                "{loader} is the loader's, not the core's"
+            );
+        }
+    }
+
     #[test]
     fn suggests_the_key_a_misspelling_is_near() {
         assert_eq!(nearest_key("timout"), Some("timeout"));

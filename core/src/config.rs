@@ -190,45 +190,91 @@ pub struct Config {
     pub cache_max_entry_bytes: u64,
 }
 
-impl Config {
-    /// The keys whose values differ in `new`, for a reload's log line (listeners excluded: they
-    /// never change without a restart).
-    pub fn changed_keys(&self, new: &Config) -> Vec<&'static str> {
-        // The struct is destructured without `..`: a key added to it does not compile until it
-        // is listed here. Each field is named as its configuration key.
-        macro_rules! changed {
-            ($($key:ident),* $(,)?) => {{
-                let Config { listen: _, metrics_listen: _, $($key),* } = self;
-                [$((stringify!($key), *$key != new.$key)),*]
-            }};
+/// What a reload must renew when a key's value changes ([`Config::renewed_by`], read by the
+/// estate's `reconfigure`; docs/operating.md, "Reload").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Renews {
+    /// The answers: the merged-answer cache starts empty, PQL translations are asked again, no
+    /// request joins a fan-out of the old configuration.
+    Answers,
+    /// The shared cache tier: its client, key prefix, stale window, entry limit and lock timing.
+    SharedTier,
+    /// The health prober's settings.
+    Probes,
+    /// Nothing kept depends on it: it is read where it is used (per request, per connection).
+    Nothing,
+    /// It takes a restart; a reload leaves it as it was.
+    Restart,
+}
+
+/// Defines, from one list of `key => [what it renews]`, every place that walks the keys: the
+/// struct is destructured without `..`, so a field added to [`Config`] does not compile until
+/// it is listed (and classed) here. Each field is named as its configuration key.
+macro_rules! config_keys {
+    ($($key:ident => [$($renews:ident),+]),* $(,)?) => {
+        impl Config {
+            /// Every key of this configuration, with what a reload that changes it renews.
+            pub const KEYS: &'static [(&'static str, &'static [Renews])] =
+                &[$((stringify!($key), &[$(Renews::$renews),+])),*];
+
+            /// The keys whose values differ in `new` and what each renews, in [`Config::KEYS`]
+            /// order.
+            pub fn differences(&self, new: &Config) -> Vec<(&'static str, &'static [Renews])> {
+                let Config { $($key),* } = self;
+                let keys: &[(&'static str, &'static [Renews], bool)] =
+                    &[$((stringify!($key), &[$(Renews::$renews),+], *$key != new.$key)),*];
+                keys.iter()
+                    .filter(|(_, _, differs)| *differs)
+                    .map(|(key, renews, _)| (*key, *renews))
+                    .collect()
+            }
         }
-        let keys = changed!(
-            backends,
-            merge,
-            timeout,
-            freshness_ttl,
-            facts_ttl,
-            facts_cache_bytes,
-            source_fact,
-            source_fact_enabled,
-            health_probe_enabled,
-            health_probe_path,
-            health_probe_interval,
-            health_probe_timeout,
-            health_probe_failures,
-            health_probe_successes,
-            max_body_bytes,
-            cache_backend,
-            cache_key_prefix,
-            cache_stale_ttl,
-            cache_max_entry_bytes,
-            client_header_timeout,
-            client_send_timeout,
-        );
-        keys.into_iter()
-            .filter(|(_, differs)| *differs)
+    };
+}
+
+config_keys!(
+    listen => [Restart],
+    metrics_listen => [Restart],
+    backends => [Answers, Probes],
+    merge => [Answers],
+    // The shared tier's lock lives as long as a fan-out may take.
+    timeout => [SharedTier],
+    freshness_ttl => [Nothing],
+    facts_ttl => [Answers],
+    facts_cache_bytes => [Answers],
+    source_fact => [Answers],
+    source_fact_enabled => [Answers],
+    health_probe_enabled => [Probes],
+    health_probe_path => [Probes],
+    health_probe_interval => [Probes],
+    health_probe_timeout => [Probes],
+    health_probe_failures => [Probes],
+    health_probe_successes => [Probes],
+    max_body_bytes => [Answers],
+    client_header_timeout => [Nothing],
+    client_send_timeout => [Nothing],
+    cache_backend => [SharedTier],
+    cache_key_prefix => [SharedTier],
+    cache_stale_ttl => [SharedTier],
+    cache_max_entry_bytes => [SharedTier],
+);
+
+impl Config {
+    /// The keys whose values differ in `new` that a reload applies, for its log line (those
+    /// that take a restart, the listeners, are left out).
+    pub fn changed_keys(&self, new: &Config) -> Vec<&'static str> {
+        self.differences(new)
+            .into_iter()
+            .filter(|(_, renews)| !renews.contains(&Renews::Restart))
             .map(|(key, _)| key)
             .collect()
+    }
+
+    /// Whether a reload to `new` must renew `what` (some key that renews it changed).
+    pub fn renewed_by(&self, new: &Config, what: Renews) -> bool {
+        self.differences(new)
+            .iter()
+            .any(|(_, renews)| renews.contains(&what))
     }
 
     /// A configuration with every default and the given backends; for tests and examples.

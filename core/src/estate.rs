@@ -10,7 +10,7 @@ use http::HeaderValue;
 use crate::broadcast::Broadcast;
 use crate::cache::{self, Cache, CacheStatus, Cacheable, Lookup, MemoryStore};
 use crate::clock::ClockAnchor;
-use crate::config::Config;
+use crate::config::{Config, Renews};
 use crate::exchange::{Exchange, ExchangeReport};
 use crate::fanout::Context;
 use crate::health::{HealthTable, ProbeResult, ProbeSettings};
@@ -277,13 +277,8 @@ impl Estate {
     pub fn reconfigure(&mut self, now: Instant, config: Arc<Config>) {
         let old = std::mem::replace(&mut self.config, Arc::clone(&config));
         let same_backends = old.backends == config.backends;
-        let same_answers = same_backends
-            && old.merge == config.merge
-            && old.source_fact == config.source_fact
-            && old.source_fact_enabled == config.source_fact_enabled
-            && old.facts_ttl == config.facts_ttl
-            && old.facts_cache_bytes == config.facts_cache_bytes
-            && old.max_body_bytes == config.max_body_bytes;
+        // What each key renews is written once, beside the keys (`Config::KEYS`).
+        let same_answers = !old.renewed_by(&config, Renews::Answers);
         if !same_answers {
             let old_cache = std::mem::replace(&mut self.cache, new_cache(&config));
             if let Some(old_cache) = old_cache {
@@ -295,11 +290,7 @@ impl Estate {
             // (whose clients are still answered by it).
             self.flight_keys.clear();
         }
-        let shared_changed = old.cache_backend != config.cache_backend
-            || old.cache_key_prefix != config.cache_key_prefix
-            || old.cache_stale_ttl != config.cache_stale_ttl
-            || old.cache_max_entry_bytes != config.cache_max_entry_bytes
-            || old.timeout != config.timeout;
+        let shared_changed = old.renewed_by(&config, Renews::SharedTier);
         if !same_answers || shared_changed {
             // Flights still asking the old tier fan out now; the new tier serves what follows.
             let asking: Vec<FlightId> = self
@@ -317,8 +308,7 @@ impl Estate {
                 tier.keep_counts(refused);
             }
         }
-        if same_backends && ProbeSettings::from_config(&old) == ProbeSettings::from_config(&config)
-        {
+        if !old.renewed_by(&config, Renews::Probes) {
             return;
         }
         // Each new backend's index in the old configuration, when it is the same backend.
