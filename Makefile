@@ -3,16 +3,17 @@ SHELL := /bin/bash
 CARGO ?= cargo
 DIST  ?= dist
 
-.PHONY: help build test lint lint-core lint-portable deny fuzz e2e e2e-newcomer e2e-histories demo bench-latency bench-membership
+.PHONY: help build test lint lint-core lint-portable deny fuzz e2e e2e-newcomer e2e-histories ops-check demo bench-latency bench-membership
 
 help:
 	@echo "make build   release binaries into $(DIST)/"
 	@echo "make test    unit and conformance tests (fast; no PuppetDB needed)"
-	@echo "make lint    rustfmt, clippy -D warnings, the core's sans-IO rules, and the README's route table against the routing"
+	@echo "make lint    rustfmt, clippy -D warnings, the core's sans-IO rules, the README's route table against the routing, and every docs citation resolving"
 	@echo "make lint-portable   clippy of pdbmux-sealed for a non-Linux target (rustup adds its std)"
 	@echo "make e2e     end-to-end tests against real PuppetDBs (installs them if missing), one history per backend count, then the newcomer test"
 	@echo "make e2e-newcomer   the newcomer test alone: README.md's Quick start (make demo and its examples) on a fresh clone"
 	@echo "make e2e-histories SEEDS=20   the history suite alone: seeds 1..20 over 2, 3 and 4 PuppetDBs (SEED=n replays one)"
+	@echo "make ops-check   the on-call check alone: every alert rule seen firing under its fault and resolving (real Prometheus; ~25 min, E2E_OPS_SCALE=20 for ~2)"
 	@echo "make demo    pdbmux and Puppetboard in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
 	@echo "make bench-latency   Puppetboard's questions through pdbmux against real PuppetDBs (bench/latency)"
 	@echo "make bench-membership BASELINE=<commit>  the membership refresh, this checkout against a baseline (bench/membership)"
@@ -118,8 +119,9 @@ lint: lint-core
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets --locked -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
-	@# the README's route table against the binary's routing (conformance/tests/readme.rs)
-	$(CARGO) test -q --locked -p pdbmux-conformance --test readme
+	@# the README's route table against the binary's routing (conformance/tests/readme.rs), and
+	@# every docs/<file>.md and section a comment or doc cites exists (conformance/tests/citations.rs)
+	$(CARGO) test -q --locked -p pdbmux-conformance --test readme --test citations
 
 # The core stays sans-IO: no async runtime, HTTP stack, config loader or OS-call crate (rustix,
 # memmap2: those live in sealed/) in its dependency tree,
@@ -152,6 +154,12 @@ e2e:
 
 e2e-newcomer:
 	bash e2e/newcomer
+
+# The on-call check alone (e2e/tests/ops.rs, docs/operating.md "On call"): every alert rule as
+# shipped seen firing under its fault and resolving, against real PuppetDBs and a real Prometheus
+# (about 25 minutes; E2E_OPS_SCALE=20 divides its times by 20).
+ops-check:
+	bash e2e/run --ops-only
 
 # The history suite alone (e2e/tests/histories.rs): SEEDS histories per backend count, or SEED.
 SEEDS ?= 1

@@ -1,6 +1,6 @@
 //! Writing the upstream request a fan-out sends one backend: the path and parameters as a GET,
 //! or a POST with a JSON body when pdbmux rewrote the query and it grew too long for a URL
-//! (docs/merging.md, "Ownership pushed into the query"). Shared by every plan that rewrites.
+//! (docs/merging.md, "What it costs"). Shared by every plan that rewrites.
 
 use bytes::Bytes;
 use http::Method;

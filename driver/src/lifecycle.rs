@@ -1,7 +1,7 @@
 //! Starting, reloading and stopping pdbmux, the same on every runtime: what the estate is built
 //! with, the line that says pdbmux is serving, a reload read off the async threads, and the
-//! shutdown drain (docs/operating.md, "Shutdown" and "Reload"). A runtime binds its sockets,
-//! catches its signals and accepts connections around these.
+//! shutdown drain (README.md, "Probes and shutdown"; docs/operating.md, "Reload"). A runtime
+//! binds its sockets, catches its signals and accepts connections around these.
 
 use std::future::Future;
 use std::net::SocketAddr;
