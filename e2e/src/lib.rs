@@ -469,9 +469,19 @@ pub struct Pdbmux {
 impl Pdbmux {
     /// The address from pdbmux's startup line (`pdbmux serving listen=<addr>`), once logged.
     fn logged_addr(&self) -> Option<SocketAddr> {
+        self.serving_address("listen=")
+    }
+
+    /// Where pdbmux serves its own metrics (`metrics=<addr>` on its startup line), when a
+    /// metrics listener was asked for (`PDBMUX_METRICS_LISTEN`, `127.0.0.1:0` for a free port).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.serving_address("metrics=")
+    }
+
+    fn serving_address(&self, key: &str) -> Option<SocketAddr> {
         let text = fs::read_to_string(&self.log_path).ok()?;
         let line = text.lines().find(|l| l.contains("pdbmux serving"))?;
-        let rest = &line[line.find("listen=")? + "listen=".len()..];
+        let rest = &line[line.find(key)? + key.len()..];
         rest.split_whitespace().next()?.parse().ok()
     }
 

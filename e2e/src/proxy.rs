@@ -10,6 +10,8 @@
 //!   ([`Proxy::failed_requests`], [`Proxy::failed_heads`]) and the connection closed without an answer: a transport failure
 //!   that still shows which requests were sent;
 //! - `Closed`: the listening socket is closed, so connections are refused (a stopped server);
+//! - `Unavailable`: every request is answered `503 Service Unavailable`, as a PuppetDB that is
+//!   up but not serving (starting, or its database gone) answers;
 //! - `Faulty`: each new connection has one fault in its answers drawn at random ([`Fault`]): cut
 //!   off, stalled, or one byte garbled to NUL, at a random offset in its first 64 KiB (or none).
 //!
@@ -36,6 +38,8 @@ pub enum ProxyMode {
     Fail,
     /// Not listening: connections are refused.
     Closed,
+    /// Every request answered 503.
+    Unavailable,
     /// Forward, with a random fault per connection (the fault soak).
     Faulty,
 }
@@ -350,6 +354,33 @@ fn handle(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>, mode: P
             let _ = thread::Builder::new()
                 .name("proxy-fail".to_owned())
                 .spawn(move || fail(client, &shared));
+        }
+        ProxyMode::Unavailable => {
+            shared.register(&client);
+            let _ = thread::Builder::new()
+                .name("proxy-unavailable".to_owned())
+                .spawn(move || unavailable(client));
+        }
+    }
+}
+
+/// Answers every request on the connection 503 until the client closes it (or the mode changes
+/// and closes it); request bodies are not expected (pdbmux's GETs, and POSTs it never sends
+/// here while unavailable would be read as heads and answered alike).
+fn unavailable(mut client: TcpStream) {
+    const ANSWER: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 25\r\n\r\nPuppetDB is unavailable.\n";
+    let mut head = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match client.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+        while let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") {
+            head.drain(..end + 4);
+            if client.write_all(ANSWER).is_err() {
+                return;
+            }
         }
     }
 }
