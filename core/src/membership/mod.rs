@@ -2,7 +2,7 @@
 //! with the producer times of what each holds (its latest report's, its facts', its catalog's)
 //! and whether it is active there, and from it the owner of every node, per kind of data.
 //!
-//! Built by [`MembershipMap`] (refresh.rs): each refresh asks every backend's `/nodes` (certname,
+//! Built by the membership map's machine (`refresh.rs`): each refresh asks every backend's `/nodes` (certname,
 //! `report_timestamp`, the receive times `facts_timestamp` and `catalog_timestamp`,
 //! `deactivated`, `expired`, every node state) and, for nodes more than one backend holds, when
 //! each copy's facts and catalog were produced (`/factsets` and `/catalogs`, certname and
@@ -292,7 +292,7 @@ pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Optio
 }
 
 /// Takes into `fresh` the producer times `earlier` (the same backend's last good part) learned
-/// that still hold (see [`Member::carry_produced`]).
+/// that still hold: the same report, and the same facts and catalog received since.
 pub fn carry_produced(fresh: &mut BackendNodes, earlier: &BackendNodes) {
     for (certname, member) in fresh.iter_mut() {
         if let Some(earlier) = earlier.get(certname) {
