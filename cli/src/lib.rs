@@ -205,11 +205,12 @@ where
                 Ok(()) | Err(LoggingError::AlreadySet) => {}
                 Err(e) => return fail(binary, err, &e, EXIT_USAGE),
             }
-            if let Some(from) = &checked.clamped_from {
+            for (key, from) in &checked.clamped {
                 tracing::warn!(
-                    facts_ttl = %from,
+                    key,
+                    from = %from,
                     cap = %duration::format(pdbmux_core::config::FACTS_TTL_CAP),
-                    "facts_ttl is above the cap; clamped"
+                    "{key} is above the cap; clamped"
                 );
             }
             if let Some((before, after)) = limits::raise_open_files_limit() {

@@ -118,8 +118,8 @@ impl Reloader {
                 })
             }
         };
-        if let Some(from) = &checked.clamped_from {
-            tracing::warn!(facts_ttl = %from, "facts_ttl is above the cap; clamped");
+        for (key, from) in &checked.clamped {
+            tracing::warn!(key, from = %from, "{key} is above the cap; clamped");
         }
         let mut config = settings.config;
         let mut needs_restart = Vec::new();

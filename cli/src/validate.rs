@@ -386,7 +386,8 @@ pub(crate) struct Checked {
     pub shown: BTreeMap<&'static str, String>,
     pub backends: Vec<BackendShown>,
     pub log_level_source: Option<Source>,
-    pub clamped_from: Option<String>,
+    /// The cache TTLs above the cap, clamped to it: each key and the value as written.
+    pub clamped: Vec<(&'static str, String)>,
     pub problems: Vec<Problem>,
     pub settings: Option<Settings>,
 }
@@ -1185,22 +1186,27 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     );
     let timeout = c.duration_at_least("timeout", MIN_TIMEOUT);
     let freshness_ttl = c.duration_at_least("freshness_ttl", MIN_FRESHNESS_TTL);
-    let mut clamped_from = None;
-    let facts_ttl = c
-        .duration_off_or_at_least("facts_ttl", MIN_FACTS_TTL, "the cache")
-        .map(|(ttl, raw)| {
-            if ttl > FACTS_TTL_CAP {
-                let cap = duration::format(FACTS_TTL_CAP);
-                c.show(
-                    "facts_ttl",
-                    format!("{cap} (clamped from {}, cap {cap})", raw.trim()),
-                );
-                clamped_from = Some(raw.trim().to_owned());
-                FACTS_TTL_CAP
-            } else {
-                ttl
-            }
-        });
+    let mut clamped = Vec::new();
+    let mut cache_ttl = |c: &mut Checker, key: &'static str, what: &str| {
+        c.duration_off_or_at_least(key, MIN_FACTS_TTL, what)
+            .map(|(ttl, raw)| {
+                if ttl > FACTS_TTL_CAP {
+                    let cap = duration::format(FACTS_TTL_CAP);
+                    c.show(
+                        key,
+                        format!("{cap} (clamped from {}, cap {cap})", raw.trim()),
+                    );
+                    clamped.push((key, raw.trim().to_owned()));
+                    FACTS_TTL_CAP
+                } else {
+                    ttl
+                }
+            })
+    };
+    let facts_ttl = cache_ttl(&mut c, "facts_ttl", "the cache");
+    let history_ttl = cache_ttl(&mut c, "history_ttl", "caching history");
+    let aggregate_ttl = cache_ttl(&mut c, "aggregate_ttl", "caching combined answers");
+    let cache_refresh_ahead_percent = c.integer("cache_refresh_ahead_percent", 0, 99);
     // A zero budget stores nothing: `facts_ttl: 0` is how the cache is turned off.
     let facts_cache_bytes = c.integer("facts_cache_bytes", MIN_CACHE_BYTES, u64::MAX);
     let source_fact = c.text("source_fact");
@@ -1246,7 +1252,12 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         merge,
         timeout,
         freshness_ttl,
-        facts_ttl,
+        (
+            facts_ttl,
+            history_ttl,
+            aggregate_ttl,
+            cache_refresh_ahead_percent,
+        ),
         facts_cache_bytes,
         source_fact,
         source_fact_enabled,
@@ -1266,7 +1277,12 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
             Some(merge),
             Some((timeout, _)),
             Some((freshness_ttl, _)),
-            Some(facts_ttl),
+            (
+                Some(facts_ttl),
+                Some(history_ttl),
+                Some(aggregate_ttl),
+                Some(cache_refresh_ahead_percent),
+            ),
             Some(facts_cache_bytes),
             Some(source_fact),
             Some(source_fact_enabled),
@@ -1300,7 +1316,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                     shown: c.shown,
                     backends: backends_shown,
                     log_level_source,
-                    clamped_from,
+                    clamped,
                     problems: locate_all(c.problems, loaded),
                     settings: None,
                 };
@@ -1317,6 +1333,11 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                     timeout,
                     freshness_ttl,
                     facts_ttl,
+                    history_ttl,
+                    aggregate_ttl,
+                    // Checked against 0..=99 above.
+                    cache_refresh_ahead_percent: u8::try_from(cache_refresh_ahead_percent)
+                        .unwrap_or(0),
                     facts_cache_bytes,
                     source_fact,
                     source_fact_enabled,
@@ -1347,7 +1368,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         shown: c.shown,
         backends: backends_shown,
         log_level_source,
-        clamped_from,
+        clamped,
         problems: locate_all(c.problems, loaded),
         settings,
     }

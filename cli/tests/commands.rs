@@ -263,6 +263,9 @@ fn show_lines_and_sources() {
             format!("timeout : 20s  (file {f})"),
             "freshness_ttl : 30s  (default)".to_owned(),
             "facts_ttl : 30s (clamped from 600s, cap 30s)  (env PDBMUX_FACTS_TTL)".to_owned(),
+            "history_ttl : 15s  (default)".to_owned(),
+            "aggregate_ttl : 15s  (default)".to_owned(),
+            "cache_refresh_ahead_percent : 80  (default)".to_owned(),
             "facts_cache_bytes : 67108864  (default)".to_owned(),
             "source_fact_enabled : true  (default)".to_owned(),
             "health_probe_failures : 4  (env PDBMUX_HEALTH_PROBE_FAILURES)".to_owned(),
@@ -280,7 +283,7 @@ fn show_lines_and_sources() {
             );
         }
         // One line per key plus the config line and the backend's TLS lines.
-        assert_eq!(lines.len(), 1 + 32 + 3, "{out}");
+        assert_eq!(lines.len(), 1 + 35 + 3, "{out}");
         assert!(!out.contains("BEGIN"), "never key contents");
         Ok(())
     });

@@ -123,6 +123,16 @@ impl Harness {
         self.sim.world().late_answers = on;
     }
 
+    /// Reloads (as a SIGHUP does) with the running configuration changed by `configure`, at
+    /// the current simulated time.
+    pub fn reload(&mut self, configure: impl FnOnce(&mut Config)) {
+        let mut config = (*self.config).clone();
+        configure(&mut config);
+        self.host.reconfigure(config, ());
+        self.config = self.host.config();
+        self.settle();
+    }
+
     /// The configuration the estate runs on.
     pub fn config(&self) -> &Config {
         &self.config

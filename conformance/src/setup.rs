@@ -65,6 +65,8 @@ pub fn config_for(backends: &[FakeBackend]) -> Result<Config, HarnessError> {
     config.health_probe_enabled = false;
     // The cache is off unless a test turns it on, so transcripts show live fan-outs.
     config.facts_ttl = std::time::Duration::ZERO;
+    config.history_ttl = std::time::Duration::ZERO;
+    config.aggregate_ttl = std::time::Duration::ZERO;
     Ok(config)
 }
 

@@ -397,3 +397,214 @@ fn a_panicking_flight_answers_its_waiters_500_and_the_next_miss_flies_again() {
     assert!(transcript.contains("+100ms f1 starts\n"), "{transcript}");
     insta::assert_snapshot!(transcript);
 }
+
+/// Record sets fresh for 10 s, refreshed ahead past 80% of that.
+fn refreshing(backends: Vec<FakeBackend>) -> Harness {
+    Harness::with_config(backends, |config| {
+        config.facts_ttl = Duration::from_secs(10);
+        config.cache_refresh_ahead_percent = 80;
+    })
+    .expect("valid test backends")
+}
+
+#[test]
+fn a_hit_past_its_share_of_the_ttl_refreshes_the_entry_once_in_the_background() {
+    let mut h = refreshing(vec![
+        FakeBackend::queue(
+            "pdb-a",
+            URL_A,
+            [names(r#"["kernel"]"#), names(r#"["kernel","uptime"]"#)],
+        ),
+        FakeBackend::queue("pdb-b", URL_B, [names(r#"["os"]"#), names(r#"["os"]"#)]),
+    ]);
+    let first = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(7));
+    let early = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(9));
+    // Past 8 s: answered from the entry at once; the first starts the one refresh.
+    let hits: Vec<_> = (0..3).map(|_| h.get(NAMES)).collect();
+    run_to(&mut h, Duration::from_millis(9_500));
+    let renewed = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(12));
+    let later = h.get(NAMES);
+    let transcript = finish(&mut h);
+
+    assert_eq!(
+        h.response(first).expect("answered").header("x-cache"),
+        Some("miss")
+    );
+    assert_eq!(
+        h.response(early).expect("answered").header("x-cache"),
+        Some("hit")
+    );
+    for hit in hits {
+        let hit = h.response(hit).expect("answered");
+        assert_eq!(
+            (
+                hit.header("x-cache"),
+                hit.header("age"),
+                hit.body_str().as_str()
+            ),
+            (Some("hit"), Some("8"), r#"["kernel","os","pdbmux_source"]"#),
+            "stored at 5 ms: 8.995 s old"
+        );
+        assert_eq!(
+            hit.at,
+            Duration::from_secs(9),
+            "no hit waits for the refresh"
+        );
+    }
+    let renewed = h.response(renewed).expect("answered");
+    assert_eq!(
+        (
+            renewed.header("x-cache"),
+            renewed.header("age"),
+            renewed.body_str().as_str()
+        ),
+        (
+            Some("hit"),
+            Some("0"),
+            r#"["kernel","os","pdbmux_source","uptime"]"#
+        ),
+        "the refresh renewed the entry"
+    );
+    assert_eq!(
+        h.response(later).expect("answered").header("x-cache"),
+        Some("hit"),
+        "a renewed entry is not refreshed again before its own 80%"
+    );
+    assert_eq!(sends_to(&h, NAMES), 4, "the first fan-out and one refresh");
+    assert_eq!(h.stats().cache.map(|c| c.refreshes_ahead), Some(1));
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn a_key_nobody_asks_is_not_refreshed_and_expires() {
+    let mut h = refreshing(vec![
+        FakeBackend::always("pdb-a", URL_A, names(r#"["kernel"]"#)),
+        FakeBackend::always("pdb-b", URL_B, names(r#"["os"]"#)),
+    ]);
+    let first = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(7));
+    let young = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(20));
+    let cold = h.get(NAMES);
+    finish(&mut h);
+    assert_eq!(
+        h.response(first).expect("answered").header("x-cache"),
+        Some("miss")
+    );
+    assert_eq!(
+        h.response(young).expect("answered").header("x-cache"),
+        Some("hit")
+    );
+    assert_eq!(
+        h.response(cold).expect("answered").header("x-cache"),
+        Some("miss"),
+        "nothing renewed it: it expired at 10 s"
+    );
+    assert_eq!(sends_to(&h, NAMES), 4, "two fan-outs, no refresh");
+    assert_eq!(h.stats().cache.map(|c| c.refreshes_ahead), Some(0));
+}
+
+#[test]
+fn a_failed_refresh_leaves_the_entry_to_expire_and_starts_no_other() {
+    let failed = || Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "down").after(ms(5));
+    let mut h = refreshing(vec![
+        FakeBackend::queue("pdb-a", URL_A, [names(r#"["kernel"]"#), failed(), failed()]),
+        FakeBackend::queue("pdb-b", URL_B, [names(r#"["os"]"#), failed(), failed()]),
+    ]);
+    h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(9));
+    let refreshing_hit = h.get(NAMES);
+    run_to(&mut h, Duration::from_millis(9_500));
+    let after_failure = h.get(NAMES);
+    run_to(&mut h, Duration::from_secs(12));
+    let expired = h.get(NAMES);
+    let transcript = finish(&mut h);
+
+    for (client, age) in [(refreshing_hit, "8"), (after_failure, "9")] {
+        let hit = h.response(client).expect("answered");
+        assert_eq!(
+            (hit.header("x-cache"), hit.header("age")),
+            (Some("hit"), Some(age)),
+            "the entry answers until it expires"
+        );
+    }
+    let expired = h.response(expired).expect("answered");
+    assert_eq!(
+        (expired.header("x-cache"), expired.body_str().as_str()),
+        (Some("stale"), r#"["kernel","os","pdbmux_source"]"#),
+        "past its TTL a miss asks again, and every backend failing serves the expired entry"
+    );
+    assert_eq!(
+        sends_to(&h, NAMES),
+        6,
+        "the first fan-out, one refresh (none after it failed), the miss at 12 s:\n{transcript}"
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn a_reload_that_changes_a_class_ttl_empties_the_cache_and_applies_the_new_ttl() {
+    const REPORTS: &str = "/pdb/query/v4/reports";
+    let report = |hash: &str| {
+        Reply::ok(format!(
+            r#"[{{"hash":"{hash}","certname":"n1","end_time":"2024-05-01T10:00:00.000Z"}}]"#
+        ))
+        .after(ms(5))
+    };
+    let mut h = Harness::with_config(
+        vec![
+            FakeBackend::always("pdb-a", URL_A, report("a1")),
+            FakeBackend::always("pdb-b", URL_B, report("b1")),
+        ],
+        |config| {
+            config.history_ttl = Duration::from_secs(20);
+            config.cache_refresh_ahead_percent = 0;
+        },
+    )
+    .expect("valid test backends");
+    let first = h.get(REPORTS);
+    run_to(&mut h, Duration::from_secs(1));
+    let hit = h.get(REPORTS);
+    run_to(&mut h, Duration::from_secs(2));
+    h.reload(|config| config.history_ttl = Duration::from_secs(5));
+    run_to(&mut h, Duration::from_secs(3));
+    let after_reload = h.get(REPORTS);
+    run_to(&mut h, Duration::from_secs(7));
+    let within = h.get(REPORTS);
+    run_to(&mut h, Duration::from_secs(9));
+    let past = h.get(REPORTS);
+    let transcript = finish(&mut h);
+
+    let cache = |client| {
+        h.response(client)
+            .expect("answered")
+            .header("x-cache")
+            .map(str::to_owned)
+    };
+    assert_eq!(cache(first).as_deref(), Some("miss"));
+    assert_eq!(
+        cache(hit).as_deref(),
+        Some("hit"),
+        "history is cached for its own TTL"
+    );
+    assert_eq!(
+        cache(after_reload).as_deref(),
+        Some("miss"),
+        "a changed TTL empties the cache (Config::KEYS: history_ttl renews answers)"
+    );
+    assert_eq!(
+        cache(within).as_deref(),
+        Some("hit"),
+        "4 s old, under the new 5 s"
+    );
+    assert_eq!(
+        cache(past).as_deref(),
+        Some("miss"),
+        "6 s old, past the new 5 s"
+    );
+    assert_eq!(sends_to(&h, REPORTS), 6);
+    insta::assert_snapshot!(transcript);
+}

@@ -463,3 +463,75 @@ fn a_hit_carries_only_the_headers_pdbmux_builds() {
     );
     assert_eq!(asked(&h), 0);
 }
+
+/// Two replicas with record sets fresh for 10 s, refreshed ahead past 80% of that.
+fn refreshing(store: &FakeStore) -> Harness {
+    let backends = vec![
+        FakeBackend::always("pdb-a", URL_A, names(r#"["kernel"]"#, 5)),
+        FakeBackend::always("pdb-b", URL_B, names(r#"["os"]"#, 5)),
+    ];
+    let mut harness = Harness::with_config(backends, |config| {
+        config.facts_ttl = Duration::from_secs(10);
+        config.cache_refresh_ahead_percent = 80;
+        config.cache_backend = shared_store();
+    })
+    .expect("valid test backends");
+    harness.set_store(store.clone());
+    harness
+}
+
+/// Refresh ahead across replicas: one replica's refresh takes the lock and fans out like a miss
+/// (the stored entry is as old as its own); another replica's refresh finds that renewed entry
+/// in the store and takes it, asking no backend.
+#[test]
+fn a_refresh_ahead_is_shared_across_replicas_through_the_store() {
+    let store = FakeStore::default();
+    let (mut a, mut b) = (refreshing(&store), refreshing(&store));
+    a.get(NAMES);
+    run_to(&mut a, Duration::from_secs(1));
+    run_to(&mut b, Duration::from_secs(1));
+    let b_first = b.get(NAMES);
+    run_to(&mut b, Duration::from_secs(2));
+    assert_eq!(
+        b.response(b_first).expect("answered").header("x-cache"),
+        Some("hit"),
+        "B takes A's entry"
+    );
+    run_to(&mut a, Duration::from_secs(9));
+    let a_hit = a.get(NAMES);
+    run_to(&mut a, Duration::from_millis(9_200));
+    assert_eq!(
+        a.response(a_hit).expect("answered").header("age"),
+        Some("8"),
+        "answered from the old entry"
+    );
+    assert_eq!(
+        asked(&a),
+        4,
+        "A's first fan-out and its refresh: {}",
+        a.transcript()
+    );
+    run_to(&mut b, Duration::from_millis(9_500));
+    let b_hit = b.get(NAMES);
+    run_to(&mut b, Duration::from_millis(9_600));
+    let b_after = b.get(NAMES);
+    run_to(&mut b, Duration::from_secs(10));
+    assert_eq!(
+        b.response(b_hit).expect("answered").header("age"),
+        Some("9"),
+        "B answers from its old entry and starts its own refresh"
+    );
+    assert_eq!(
+        b.response(b_after).expect("answered").header("age"),
+        Some("0"),
+        "B's refresh took A's renewed entry: {}",
+        b.transcript()
+    );
+    assert_eq!(asked(&b), 0, "B asked no backend: {}", b.transcript());
+    let ops = store.ops();
+    assert_eq!(
+        ops.iter().filter(|op| op.starts_with("put ")).count(),
+        2,
+        "A's first answer and its refresh: {ops:?}"
+    );
+}

@@ -6,7 +6,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-/// The cap on `facts_ttl`: a larger configured value is clamped down to this.
+/// The cap on every cache TTL (`facts_ttl`, `history_ttl`, `aggregate_ttl`): a larger configured
+/// value is clamped down to this.
 pub const FACTS_TTL_CAP: Duration = Duration::from_secs(30);
 
 /// How `/facts` picks the backend that owns a node present in more than one backend.
@@ -150,8 +151,17 @@ pub struct Config {
     pub timeout: Duration,
     /// How long the membership (freshness) map is reused.
     pub freshness_ttl: Duration,
-    /// Merged-response cache TTL after clamping; zero disables the cache.
+    /// Cache TTL of merged record sets after clamping (`/nodes`, `/facts` and every node-owned
+    /// entity, `/fact-names`, …; docs/caching.md); zero leaves them uncached.
     pub facts_ttl: Duration,
+    /// Cache TTL of merged history (`/reports`, `/events` records); zero leaves it uncached.
+    pub history_ttl: Duration,
+    /// Cache TTL of combined answers (extract functions, `/event-counts`,
+    /// `/aggregate-event-counts`); zero leaves them uncached.
+    pub aggregate_ttl: Duration,
+    /// The share of its TTL (in percent) after which a hit also starts one refresh of its
+    /// entry in the background; 0 turns refresh-ahead off.
+    pub cache_refresh_ahead_percent: u8,
     /// Byte budget of the merged-response cache.
     pub facts_cache_bytes: u64,
     /// Name of the synthetic provenance fact.
@@ -241,6 +251,9 @@ config_keys!(
     timeout => [SharedTier],
     freshness_ttl => [Nothing],
     facts_ttl => [Answers],
+    history_ttl => [Answers],
+    aggregate_ttl => [Answers],
+    cache_refresh_ahead_percent => [Nothing],
     facts_cache_bytes => [Answers],
     source_fact => [Answers],
     source_fact_enabled => [Answers],
@@ -259,7 +272,45 @@ config_keys!(
     cache_max_entry_bytes => [SharedTier],
 );
 
+/// Which TTL a cached answer lives for (docs/caching.md, "What is cached").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheClass {
+    /// A merged record set of an entity that is not history (`facts_ttl`).
+    Records,
+    /// Merged `/reports` or `/events` records (`history_ttl`).
+    History,
+    /// A combined answer: extract functions, event counts (`aggregate_ttl`).
+    Aggregates,
+}
+
 impl Config {
+    /// How long an answer of `class` is cached (zero: not cached).
+    pub fn cache_ttl(&self, class: CacheClass) -> Duration {
+        match class {
+            CacheClass::Records => self.facts_ttl,
+            CacheClass::History => self.history_ttl,
+            CacheClass::Aggregates => self.aggregate_ttl,
+        }
+    }
+
+    /// Whether any answer is cached (a cache is kept at all).
+    pub fn caches_anything(&self) -> bool {
+        [
+            CacheClass::Records,
+            CacheClass::History,
+            CacheClass::Aggregates,
+        ]
+        .into_iter()
+        .any(|class| !self.cache_ttl(class).is_zero())
+    }
+
+    /// When a hit on an entry of `ttl`, stored at `stored_at`, should also refresh it in the
+    /// background: past [`Config::cache_refresh_ahead_percent`] of its TTL (never, when 0).
+    pub fn refreshes_ahead(&self, age: Duration, ttl: Duration) -> bool {
+        self.cache_refresh_ahead_percent > 0
+            && age * 100 >= ttl * u32::from(self.cache_refresh_ahead_percent)
+    }
+
     /// The keys whose values differ in `new` that a reload applies, for its log line (those
     /// that take a restart, the listeners, are left out).
     pub fn changed_keys(&self, new: &Config) -> Vec<&'static str> {
@@ -287,6 +338,9 @@ impl Config {
             timeout: Duration::from_secs(10),
             freshness_ttl: Duration::from_secs(30),
             facts_ttl: Duration::from_secs(30),
+            history_ttl: Duration::from_secs(15),
+            aggregate_ttl: Duration::from_secs(15),
+            cache_refresh_ahead_percent: 80,
             facts_cache_bytes: 64 * 1024 * 1024,
             source_fact: "pdbmux_source".to_owned(),
             source_fact_enabled: true,

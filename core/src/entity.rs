@@ -294,12 +294,6 @@ impl Entity {
         })
     }
 
-    /// Whether its merged record sets are cached (`facts_ttl`): the sets Puppetboard asks for on
-    /// every page view.
-    pub fn is_cached(self) -> bool {
-        matches!(self, Entity::Nodes | Entity::Facts | Entity::FactNames)
-    }
-
     /// Whether an extract with a function column on it is folded (the aggregates pdbmux
     /// combines); the event-count endpoints are always combined.
     pub fn folds_extracts(self) -> bool {

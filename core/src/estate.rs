@@ -105,11 +105,17 @@ pub enum EstateOutput {
 #[derive(Debug)]
 struct Flight {
     key: String,
+    /// How long its answer is fresh (the class TTL of the key it was started for).
+    ttl: std::time::Duration,
     /// The cache it was started against; its answer is stored only while that cache is kept.
     cache_generation: u64,
     /// Each participant: the key its answer is stored under, and the drilldown value that
     /// filters the shared answer first.
     participants: BTreeMap<WaiterId, Participant>,
+    /// For a refresh ahead of expiry (docs/caching.md, "Refresh ahead"): the entry it renews,
+    /// stored when the fan-out succeeds, with no client waiting; it runs to its end even when
+    /// every client that joined it leaves.
+    refresh: Option<Participant>,
     /// Where it stands with the shared cache tier; [`Stage::Fetching`] without one.
     stage: Stage,
     /// The fan-out to start, while the shared tier is asked first.
@@ -207,6 +213,8 @@ pub struct Estate {
 struct Counts {
     transitions: Vec<[u64; crate::stats::TRANSITIONS.len()]>,
     flight_joins: u64,
+    /// Background refreshes started by hits past their share of the TTL.
+    refreshes_ahead: u64,
     /// Evictions of caches a reload replaced.
     earlier_evictions: u64,
 }
@@ -431,6 +439,7 @@ impl Estate {
         }
         // A fresh entry answers before anything else: a hit does no JSON work.
         if let (Some(cache), Some(keyed)) = (&mut self.cache, &planned.cache) {
+            let may_refresh = cache.may_refresh(now, &keyed.key);
             let (entry, status) = match cache.lookup(now, &keyed.key) {
                 Lookup::Fresh(entry) => (Some(entry), CacheStatus::Hit),
                 Lookup::Stale(entry) => (Some(entry), CacheStatus::Stale),
@@ -438,11 +447,18 @@ impl Estate {
             };
             if let Some(entry) = entry {
                 let age = now.saturating_duration_since(entry.stored_at);
+                let refresh = status == CacheStatus::Hit
+                    && may_refresh
+                    && self.config.refreshes_ahead(age, entry.ttl)
+                    && !self.flight_keys.contains_key(&keyed.flight_key);
                 let response = Response {
                     status: http::StatusCode::OK,
                     headers: entry.headers,
                     body: ResponseBody::Full(entry.body),
                 };
+                if refresh {
+                    self.refresh_ahead(now, planned);
+                }
                 return Admission::Respond(finish_cached(response, status, age));
             }
         }
@@ -515,8 +531,10 @@ impl Estate {
             .insert(cacheable.flight_key.clone(), flight);
         let mut record = Flight {
             key: cacheable.flight_key.clone(),
+            ttl: cacheable.ttl,
             cache_generation: self.cache_generation,
             participants: BTreeMap::from([(waiter, Participant::of(&cacheable))]),
+            refresh: None,
             stage: Stage::Fetching,
             fetch: None,
             lock: None,
@@ -535,6 +553,63 @@ impl Estate {
             waiter,
             exchange: fetch.start(now),
         }
+    }
+
+    /// Starts the one background refresh of a hit's entry past its share of the TTL (docs/caching.md,
+    /// "Refresh ahead"): a flight with no client, asking the shared store first like a miss
+    /// (another replica may have refreshed it already), whose answer renews the entry. A miss
+    /// for the key meanwhile joins it. Nothing starts before the first membership map.
+    fn refresh_ahead(&mut self, now: Instant, planned: Planned) {
+        let needs_ownership = planned.needs_ownership();
+        let (Some(cacheable), Work::Fanout(plan)) = (planned.cache, planned.work) else {
+            return;
+        };
+        let ownership = if needs_ownership {
+            if !self.membership.is_built() {
+                return;
+            }
+            self.refresh_membership_if_due(now);
+            Some(Arc::clone(self.membership.snapshot()))
+        } else {
+            None
+        };
+        let fetch = PendingFetch {
+            context: Context {
+                config: Arc::clone(&self.config),
+                roster: self.health.roster(),
+                ownership,
+                corrections: Arc::clone(self.membership.corrections()),
+            },
+            class: planned.class,
+            target: planned.target,
+            plan,
+        };
+        let flight = FlightId(self.flight_ids.next());
+        self.flight_keys
+            .insert(cacheable.flight_key.clone(), flight);
+        self.counts.refreshes_ahead += 1;
+        let mut record = Flight {
+            key: cacheable.flight_key.clone(),
+            ttl: cacheable.ttl,
+            cache_generation: self.cache_generation,
+            participants: BTreeMap::new(),
+            refresh: Some(Participant::of(&cacheable)),
+            stage: Stage::Fetching,
+            fetch: None,
+            lock: None,
+            stale: None,
+        };
+        if let Some(id) = self.shared_lookup(now, &cacheable.flight_key, flight) {
+            record.stage = Stage::Looking(id);
+            record.fetch = Some(fetch);
+            self.flights.insert(flight, record);
+            return;
+        }
+        self.flights.insert(flight, record);
+        self.outputs.push_back(EstateOutput::StartFlight {
+            flight,
+            exchange: fetch.start(now),
+        });
     }
 
     /// Forgets `key`'s flight when it is still `flight` (after a reload a newer one may hold it).
@@ -618,13 +693,40 @@ impl Estate {
                     .stale
                     .clone()
                     .filter(|_| participant.filter.is_none());
-                let outcome = self.settle_flight(now, (&participant.key, current), answer, stale);
+                let outcome =
+                    self.settle_flight(now, (&participant.key, flight.ttl, current), answer, stale);
                 settled.insert(participant.key.clone(), outcome);
             }
             let (served, status, age) = &settled[&participant.key];
             let response = finish_cached(served.clone(), *status, *age);
             self.outputs
                 .push_back(EstateOutput::Respond { waiter, response });
+        }
+        // A refresh renews its entry with a whole success; anything else leaves the entry to
+        // expire as it would have (no stale serving: nobody asked), and starts no other.
+        if let Some(refresh) = flight.refresh.filter(|r| !settled.contains_key(&r.key)) {
+            let current = flight.cache_generation == self.cache_generation;
+            let Some(cache) = self.cache.as_mut().filter(|_| current) else {
+                return;
+            };
+            let answer = match &refresh.filter {
+                Some(values) => filtered_by_source(response, values),
+                None => response,
+            };
+            match (&answer.body, cache::is_storable(&answer)) {
+                (ResponseBody::Full(body), true) => {
+                    cache.store(
+                        (now, flight.ttl),
+                        &refresh.key,
+                        body.clone(),
+                        answer.headers,
+                    );
+                }
+                _ => {
+                    tracing::warn!(key = %refresh.key, status = answer.status.as_u16(), "cache refresh ahead of expiry failed; the entry expires as it is");
+                    cache.refresh_failed(now, &refresh.key, now + flight.ttl);
+                }
+            }
         }
     }
 
@@ -633,7 +735,7 @@ impl Estate {
     fn settle_flight(
         &mut self,
         now: Instant,
-        (key, current): (&str, bool),
+        (key, ttl, current): (&str, std::time::Duration, bool),
         response: Response,
         shared_stale: Option<cache::CachedResponse>,
     ) -> (Response, CacheStatus, std::time::Duration) {
@@ -643,7 +745,7 @@ impl Estate {
         if response.status.is_server_error() {
             // Another replica's expired entry stands in when this one holds none.
             if let Some(entry) = shared_stale.filter(|_| !cache.holds(key)) {
-                cache.store(entry.stored_at, key, entry.body, entry.headers);
+                cache.store((entry.stored_at, ttl), key, entry.body, entry.headers);
             }
             if let Some(entry) = cache.stale(now, key) {
                 tracing::warn!(%key, status = response.status.as_u16(), "every backend failed; serving the expired cache entry");
@@ -659,7 +761,7 @@ impl Estate {
         cache.served_live();
         if cache::is_storable(&response) {
             if let ResponseBody::Full(body) = &response.body {
-                cache.store(now, key, body.clone(), response.headers.clone());
+                cache.store((now, ttl), key, body.clone(), response.headers.clone());
             }
         }
         (response, CacheStatus::Miss, std::time::Duration::ZERO)
@@ -772,8 +874,10 @@ impl Estate {
             .flights
             .iter_mut()
             .filter_map(|(id, flight)| {
-                (flight.participants.remove(&waiter).is_some() && flight.participants.is_empty())
-                    .then_some(*id)
+                (flight.participants.remove(&waiter).is_some()
+                    && flight.participants.is_empty()
+                    && flight.refresh.is_none())
+                .then_some(*id)
             })
             .collect();
         for id in emptied {
@@ -822,6 +926,12 @@ impl Estate {
             .handle_timeout(now, (&mut self.upstream_ids, &self.config));
         self.drain_membership();
         self.shared_timeouts(now);
+    }
+
+    /// Whether [`Estate::poll_output`] has something: an answer from the cache may have queued
+    /// work (a refresh ahead of expiry) for the runtime's driver to pick up.
+    pub fn has_output(&self) -> bool {
+        !self.outputs.is_empty()
     }
 
     /// The next thing the runtime must do, if any.
@@ -882,6 +992,7 @@ impl Estate {
                 store: report.stats,
                 evictions: self.counts.earlier_evictions + report.evictions,
                 flight_joins: self.counts.flight_joins,
+                refreshes_ahead: self.counts.refreshes_ahead,
                 shared_reachable: self.shared.as_ref().map(SharedTier::reachable),
                 shared_refused: self.shared.as_ref().map(SharedTier::refused),
             }
@@ -956,14 +1067,11 @@ fn token_base(clock: &ClockAnchor) -> String {
     format!("{}.{:09}", since.as_secs(), since.subsec_nanos())
 }
 
-/// The cache `config` asks for: none when `facts_ttl` is zero.
+/// The cache `config` asks for: none when every cache TTL is zero.
 fn new_cache(config: &Config) -> Option<Cache> {
-    (!config.facts_ttl.is_zero()).then(|| {
-        Cache::new(
-            Box::new(MemoryStore::new(config.facts_cache_bytes)),
-            config.facts_ttl,
-        )
-    })
+    config
+        .caches_anything()
+        .then(|| Cache::new(Box::new(MemoryStore::new(config.facts_cache_bytes))))
 }
 
 /// Adds the cache headers to a cached-path response.

@@ -125,7 +125,9 @@ impl ReachabilityCheck {
             Some(report) => CacheSection {
                 backend: if shared.is_some() { "redis" } else { "memory" },
                 store_reachable: shared,
-                ttl: format!("{}s", report.ttl.as_secs()),
+                ttl: format!("{}s", config.facts_ttl.as_secs()),
+                history_ttl: format!("{}s", config.history_ttl.as_secs()),
+                aggregate_ttl: format!("{}s", config.aggregate_ttl.as_secs()),
                 entries: report.stats.entries,
                 stale_entries: report.stats.stale_entries,
                 bytes: report.stats.bytes,
@@ -136,6 +138,8 @@ impl ReachabilityCheck {
             None => CacheSection {
                 backend: "none",
                 ttl: "0s".to_owned(),
+                history_ttl: "0s".to_owned(),
+                aggregate_ttl: "0s".to_owned(),
                 ..CacheSection::default()
             },
         };
@@ -185,7 +189,10 @@ struct CacheSection {
     /// With a shared store: whether it answers (docs/caching.md); absent for memory only.
     #[serde(skip_serializing_if = "Option::is_none")]
     store_reachable: Option<bool>,
+    /// The record sets' TTL (`facts_ttl`).
     ttl: String,
+    history_ttl: String,
+    aggregate_ttl: String,
     entries: usize,
     stale_entries: usize,
     bytes: u64,

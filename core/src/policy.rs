@@ -13,7 +13,7 @@ use http::{HeaderValue, StatusCode};
 
 use crate::aggregate::AggregatePlan;
 use crate::cache::{self, Cacheable};
-use crate::config::Config;
+use crate::config::{CacheClass, Config};
 use crate::fanout::Plan;
 use crate::jolokia::JolokiaPlan;
 use crate::merge::RecordPlan;
@@ -372,12 +372,13 @@ fn plan_source_values(
         Some(shared) => {
             planned.cache = cache::cache_key(
                 &Route::Query(crate::entity::Entity::Facts),
-                request.path(),
-                request.query(),
+                (request.path(), request.query()),
                 &config.source_fact,
+                shared.ttl,
             )
             .map(|own| Cacheable {
                 key: own.key,
+                ttl: own.ttl,
                 flight_key: shared.flight_key,
                 fan_out_target: Some(whole.to_owned()),
                 value_filter: Some(values),
@@ -436,7 +437,7 @@ pub(crate) fn plan_translated(
 }
 
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
-/// cached when the entity's record sets are.
+/// cached for its class's TTL (record sets, history, combined answers: docs/caching.md).
 fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> Planned {
     let uncached = |work| Planned {
         config: Arc::clone(config),
@@ -469,10 +470,15 @@ fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> P
     let path = request.path();
     let aggregate = AggregatePlan::plan(entity, path, &params, &query, analysis.as_ref(), config);
     let combines = aggregate.is_some();
-    let cached = entity.is_cached() && !combines && !config.facts_ttl.is_zero();
-    let cacheable = match cached {
-        true => cache::cache_key(route, path, request.query(), &config.source_fact),
-        false => None,
+    let class = match (combines, entity.is_history()) {
+        (true, _) => CacheClass::Aggregates,
+        (false, true) => CacheClass::History,
+        (false, false) => CacheClass::Records,
+    };
+    let ttl = config.cache_ttl(class);
+    let cacheable = match ttl.is_zero() {
+        false => cache::cache_key(route, (path, request.query()), &config.source_fact, ttl),
+        true => None,
     };
     let work = match aggregate {
         Some(Ok(aggregate)) => Work::Fanout(Box::new(aggregate)),
@@ -542,40 +548,40 @@ mod tests {
     fn the_table_decides_ownership_and_caching_once() {
         let config = config();
         let cases: &[(&str, bool, bool)] = &[
-            // target, needs the membership map, cached
+            // target, needs the membership map, cached (every merged answer: docs/caching.md)
             ("/pdb/query/v4/nodes", true, true),
             ("/pdb/query/v4/facts", true, true),
             ("/pdb/query/v4/fact-names", false, true),
-            ("/pdb/query/v4/environments", false, false),
-            ("/pdb/query/v4/reports", false, false),
-            ("/pdb/query/v4/catalogs", true, false),
-            ("/pdb/query/v4/resources", true, false),
-            ("/pdb/query/v4/resources/File", true, false),
-            ("/pdb/query/v4/factsets", true, false),
-            ("/pdb/query/v4/packages", true, false),
+            ("/pdb/query/v4/environments", false, true),
+            ("/pdb/query/v4/reports", false, true),
+            ("/pdb/query/v4/catalogs", true, true),
+            ("/pdb/query/v4/resources", true, true),
+            ("/pdb/query/v4/resources/File", true, true),
+            ("/pdb/query/v4/factsets", true, true),
+            ("/pdb/query/v4/packages", true, true),
             // A shape the owned-packages rewrite leaves alone goes to /packages at once.
             (
                 "/pdb/query/v4/packages?query=%5B%22extract%22%2C%5B%22package_name%22%5D%5D",
                 false,
-                false,
+                true,
             ),
-            ("/pdb/query/v4/package-inventory", true, false),
+            ("/pdb/query/v4/package-inventory", true, true),
             (
                 "/pdb/query/v4/reports?query=%5B%22%3D%22%2C%22latest_report%3F%22%2Ctrue%5D",
                 true,
-                false,
+                true,
             ),
             (
                 "/pdb/query/v4/reports?query=%5B%22%3D%22%2C%22certname%22%2C%22a%22%5D",
                 true,
-                false,
+                true,
             ),
             (
                 "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%5B%22function%22%2C%22count%22%5D%5D%5D",
                 true,
-                false,
+                true,
             ),
-            ("/pdb/query/v4/catalog-inputs", true, false),
+            ("/pdb/query/v4/catalog-inputs", true, true),
             ("/pdb/query/v4/environments/production", false, false),
             ("/pdb/query/v4/nodes/web1", true, false),
             ("/pdb/meta/v1/version", false, false),
@@ -587,6 +593,26 @@ mod tests {
             assert_eq!(planned.needs_ownership(), *ownership, "{target}");
             assert_eq!(planned.cache.is_some(), *cached, "{target}");
         }
+        // Each class for its own TTL; a class whose TTL is 0 is not cached.
+        let ttl = |target: &str, config: &Arc<Config>| {
+            plan(&ClientRequest::get(target), config)
+                .cache
+                .map(|c| c.ttl.as_secs())
+        };
+        let count = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%5B%22function%22%2C%22count%22%5D%5D%5D";
+        let classes = Arc::new(Config {
+            facts_ttl: std::time::Duration::from_secs(30),
+            history_ttl: std::time::Duration::from_secs(10),
+            aggregate_ttl: std::time::Duration::ZERO,
+            ..(*config).clone()
+        });
+        assert_eq!(ttl("/pdb/query/v4/nodes", &classes), Some(30));
+        assert_eq!(ttl("/pdb/query/v4/events", &classes), Some(10));
+        assert_eq!(ttl(count, &classes), None);
+        assert_eq!(
+            ttl("/pdb/query/v4/event-counts?summarize_by=certname", &classes),
+            None
+        );
         assert!(matches!(
             plan(&ClientRequest::get("/healthz"), &config).work,
             Work::Healthz

@@ -55,6 +55,8 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Requests that joined a fan-out already in flight for their key since start.
     pub flight_joins: u64,
+    /// Background refreshes hits started past their share of the TTL, since start.
+    pub refreshes_ahead: u64,
     /// With a shared store: whether it answers; `None` for memory only.
     pub shared_reachable: Option<bool>,
     /// With a shared store: entries read from it and refused since start, by

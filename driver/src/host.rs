@@ -746,8 +746,9 @@ impl<R: Runtime> EstateHost<R> {
     ) -> Admitted<R> {
         let mut estate = self.estate();
         let admission = admit(&mut estate);
-        // The admission may have queued upstream requests (a membership refresh).
-        let wake = !matches!(admission, Admission::Respond(_));
+        // The admission may have queued upstream requests (a membership refresh) or a flight
+        // to start (a refresh ahead of expiry, beside a hit).
+        let wake = !matches!(admission, Admission::Respond(_)) || estate.has_output();
         // Read under the estate's lock, so it is the generation of the configuration the
         // exchange was built on; not at all for an answer (a cache hit).
         let generation = || self.generation();

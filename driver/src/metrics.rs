@@ -703,6 +703,15 @@ impl Collector for EstateCollector {
                 ),
                 ConstCounter::new(cache.flight_joins),
             )?;
+            encode_one(
+                &mut encoder,
+                (
+                    "pdbmux_cache_refreshes_ahead",
+                    "Background refreshes of cache entries that hits started past their share of the TTL (cache_refresh_ahead_percent)",
+                    None,
+                ),
+                ConstCounter::new(cache.refreshes_ahead),
+            )?;
         }
         Ok(())
     }

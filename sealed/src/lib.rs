@@ -293,6 +293,7 @@ mod tests {
                 body: sealed.clone(),
                 headers: http::HeaderMap::new(),
                 stored_at: std::time::Instant::now(),
+                ttl: std::time::Duration::from_secs(30),
             },
         );
         let kept = store.get("k").expect("stored");

@@ -1,9 +1,11 @@
-//! The merged-response cache: which requests are cached and under which key, the store, its
-//! TTL and stale-on-failure rule, and the counters `/healthz` reports.
+//! The merged-response cache: which requests are cached and under which key, the store, each
+//! entry's TTL and the stale-on-failure rule, and the counters `/healthz` reports.
 //!
-//! Only merged `/nodes`, `/facts`, `/facts/<name>[/<value>]` and `/fact-names` record sets are
-//! cached; extract aggregates and everything else are served live. An entry holds the fully merged
-//! body, provenance applied, so a hit serves stored bytes with no JSON work.
+//! Every merged answer of an entity route (record sets, history, combined answers, and the
+//! sub-routes that are an entity with a constraint) is cached, each for its class's TTL
+//! (docs/caching.md, "What is cached"); a node's own verbatim answer, pass-throughs and pdbmux's
+//! own routes are served live. An entry holds the fully merged body, provenance applied, so a
+//! hit serves stored bytes with no JSON work.
 
 pub mod shared;
 mod store;
@@ -14,7 +16,7 @@ use http::{HeaderMap, HeaderValue};
 
 pub use store::{CacheStore, CachedResponse, MemoryStore, StoreStats};
 
-use crate::query::{analyze, Params};
+use crate::query::Params;
 use crate::route::Route;
 
 /// Header saying where a cached-path response came from: `hit`, `miss` or `stale`.
@@ -41,12 +43,14 @@ impl CacheStatus {
     }
 }
 
-/// A cacheable request: its key, and for the provenance drilldown the shared fan-out it joins and
-/// the value that filters it.
+/// A cacheable request: its key and how long its answer lives, and for the provenance drilldown
+/// the shared fan-out it joins and the value that filters it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cacheable {
     /// The canonical key its answer is stored and looked up under.
     pub key: String,
+    /// How long its answer is fresh: its class's TTL (never zero: such a class is not cached).
+    pub ttl: Duration,
     /// The key of the fan-out it joins: [`Cacheable::key`], except for the provenance drilldown,
     /// whose every value shares the fan-out of the whole record set.
     pub flight_key: String,
@@ -66,19 +70,9 @@ pub fn is_storable(response: &crate::message::Response) -> bool {
     response.status.is_success() && crate::Coverage::of(response) == crate::Coverage::Whole
 }
 
-/// Whether a query takes the combining branch (an extract with a function column): such answers
-/// are never cached. Parses the query, so call it only when a fresh entry did not answer.
-pub fn is_aggregate(raw_query: Option<&str>) -> bool {
-    Params::parse(raw_query)
-        .query_text()
-        .as_ast()
-        .is_some_and(|ast| analyze(ast).has_function_column())
-}
-
-/// The key a cached-path request is stored under (`None` for a path that is never cached), from
-/// the route and the parameters alone (no query analysis): what a lookup needs, so a hit does
-/// no JSON work. An aggregate gets a key too, but nothing is ever stored under it
-/// ([`is_aggregate`]).
+/// The key a cached-path request is stored under for `ttl` (`None` for a path that is never
+/// cached), from the route and the parameters alone (no query analysis): what a lookup needs,
+/// so a hit does no JSON work.
 ///
 /// The key is the path plus every query parameter, decoded and re-encoded, keys sorted ascending
 /// and a repeated parameter's values sorted too, so parameter order never splits entries. The
@@ -87,14 +81,14 @@ pub fn is_aggregate(raw_query: Option<&str>) -> bool {
 /// which every value shares.
 pub fn cache_key(
     route: &Route,
-    path: &str,
-    raw_query: Option<&str>,
+    (path, raw_query): (&str, Option<&str>),
     source_fact: &str,
+    ttl: Duration,
 ) -> Option<Cacheable> {
     let mut value_filter = None;
     let mut drilldown_path = None;
     match route {
-        Route::Query(entity) if entity.is_cached() => {}
+        Route::Query(_) | Route::ResourcesByType => {}
         Route::FactsByName { name, value } => {
             let decoded = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
             if let (true, Some(value)) = (decoded == source_fact, value) {
@@ -127,6 +121,7 @@ pub fn cache_key(
     });
     Some(Cacheable {
         key,
+        ttl,
         flight_key,
         fan_out_target,
         value_filter,
@@ -134,16 +129,19 @@ pub fn cache_key(
 }
 
 /// How long after a refresh every backend failed its key's expired entry is served without
-/// asking again (at most the TTL): failing backends are not asked once per client request.
+/// asking again (at most its TTL): failing backends are not asked once per client request.
 pub const STALE_RETRY: Duration = Duration::from_secs(5);
 
-/// The cache as the estate uses it: a store, the TTL, and the stale-serving counters.
+/// The cache as the estate uses it: a store of entries (each with its TTL) and the
+/// stale-serving counters.
 #[derive(Debug)]
 pub struct Cache {
     store: Box<dyn CacheStore>,
-    ttl: Duration,
     /// Keys whose last refresh failed: when to ask again; until then the stale entry answers.
     retry_at: std::collections::BTreeMap<String, Instant>,
+    /// Keys whose refresh ahead of expiry failed: until when (their entry's expiry) no other
+    /// refresh starts, so failing backends are not asked once per hit.
+    no_refresh_until: std::collections::BTreeMap<String, Instant>,
     serving_stale: bool,
     stale_served: u64,
     last_stale_served: Option<Instant>,
@@ -164,8 +162,6 @@ pub enum Lookup {
 /// The `/healthz` cache object's values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CacheReport {
-    /// The TTL.
-    pub ttl: Duration,
     /// What the store holds.
     pub stats: StoreStats,
     /// A stale fallback was the last cached-path answer.
@@ -179,12 +175,12 @@ pub struct CacheReport {
 }
 
 impl Cache {
-    /// A cache over `store` with this TTL (already clamped; never zero: zero means no cache).
-    pub fn new(store: Box<dyn CacheStore>, ttl: Duration) -> Cache {
+    /// A cache over `store`.
+    pub fn new(store: Box<dyn CacheStore>) -> Cache {
         Cache {
             store,
-            ttl,
             retry_at: std::collections::BTreeMap::new(),
+            no_refresh_until: std::collections::BTreeMap::new(),
             serving_stale: false,
             stale_served: 0,
             last_stale_served: None,
@@ -195,7 +191,7 @@ impl Cache {
     /// Looks a key up at `now`; an expired entry is a miss (the backends are always asked again).
     pub fn lookup(&mut self, now: Instant, key: &str) -> Lookup {
         match self.store.get(key) {
-            Some(entry) if now.saturating_duration_since(entry.stored_at) < self.ttl => {
+            Some(entry) if now.saturating_duration_since(entry.stored_at) < entry.ttl => {
                 self.serving_stale = false;
                 Lookup::Fresh(entry)
             }
@@ -207,17 +203,25 @@ impl Cache {
         }
     }
 
-    /// Stores a successful merged answer, built at `stored_at` (now, or when another replica
-    /// stored it in the shared tier: its age counts from then).
-    pub fn store(&mut self, stored_at: Instant, key: &str, body: bytes::Bytes, headers: HeaderMap) {
+    /// Stores a successful merged answer, fresh for `ttl` from `stored_at` (now, or when another
+    /// replica stored it in the shared tier: its age counts from then).
+    pub fn store(
+        &mut self,
+        (stored_at, ttl): (Instant, Duration),
+        key: &str,
+        body: bytes::Bytes,
+        headers: HeaderMap,
+    ) {
         self.serving_stale = false;
         self.retry_at.remove(key);
+        self.no_refresh_until.remove(key);
         let evicted = self.store.put(
             key.to_owned(),
             CachedResponse {
                 body,
                 headers,
                 stored_at,
+                ttl,
             },
         );
         self.evictions += evicted.len() as u64;
@@ -226,13 +230,28 @@ impl Cache {
         }
     }
 
+    /// Whether a hit on `key` may start a refresh ahead of expiry: not after one failed, until
+    /// the entry expires.
+    pub fn may_refresh(&self, now: Instant, key: &str) -> bool {
+        self.no_refresh_until
+            .get(key)
+            .is_none_or(|until| now >= *until)
+    }
+
+    /// A refresh of `key`'s entry failed: no other starts before `expires` (when the entry has
+    /// expired at the latest).
+    pub fn refresh_failed(&mut self, now: Instant, key: &str, expires: Instant) {
+        self.no_refresh_until.retain(|_, until| now < *until);
+        self.no_refresh_until.insert(key.to_owned(), expires);
+    }
+
     /// Whether the store holds an entry for `key`, fresh or expired (a read: it counts as use).
     pub fn holds(&mut self, key: &str) -> bool {
         self.store.get(key).is_some()
     }
 
     /// The expired entry for a failed fan-out, if one is kept; counts it as a stale serve, and
-    /// has the key's next lookups served it for [`STALE_RETRY`] (at most the TTL) without a
+    /// has the key's next lookups served it for [`STALE_RETRY`] (at most its TTL) without a
     /// fan-out.
     pub fn stale(&mut self, now: Instant, key: &str) -> Option<CachedResponse> {
         let entry = self.store.get(key)?;
@@ -240,7 +259,7 @@ impl Cache {
         self.retry_at
             .retain(|_, at| now.saturating_duration_since(*at).is_zero());
         self.retry_at
-            .insert(key.to_owned(), now + STALE_RETRY.min(self.ttl));
+            .insert(key.to_owned(), now + STALE_RETRY.min(entry.ttl));
         Some(entry)
     }
 
@@ -258,8 +277,7 @@ impl Cache {
     /// The values `/healthz` shows.
     pub fn report(&self, now: Instant) -> CacheReport {
         CacheReport {
-            ttl: self.ttl,
-            stats: self.store.stats(now, self.ttl),
+            stats: self.store.stats(now),
             serving_stale: self.serving_stale,
             stale_served: self.stale_served,
             last_stale_served: self.last_stale_served,
@@ -284,8 +302,12 @@ mod tests {
     fn key(target: &str) -> Option<Cacheable> {
         let request = ClientRequest::get(target);
         let route = classify(&request).ok()?;
-        cache_key(&route, request.path(), request.query(), "pdbmux_source")
-            .filter(|_| !is_aggregate(request.query()))
+        cache_key(
+            &route,
+            (request.path(), request.query()),
+            "pdbmux_source",
+            Duration::from_secs(30),
+        )
     }
 
     #[test]
@@ -311,15 +333,21 @@ mod tests {
     }
 
     #[test]
-    fn only_merged_record_sets_are_cached() {
-        assert!(key("/pdb/query/v4/facts/kernel/Linux").is_some());
+    fn every_entity_route_is_keyed_and_nothing_else() {
         for target in [
+            "/pdb/query/v4/facts/kernel/Linux",
             "/pdb/query/v4/reports",
             "/pdb/query/v4/environments",
+            "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%5B%22function%22%2C%22count%22%5D%5D%5D",
+            "/pdb/query/v4/event-counts?summarize_by=certname",
+        ] {
+            assert!(key(target).is_some(), "{target}");
+        }
+        for target in [
             "/pdb/meta/v1/version",
             "/metrics/v2/list",
-            "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%5B%22function%22%2C%22count%22%5D%5D%5D",
             "/pdb/query/v4/catalogs/x",
+            "/pdb/query/v4/environments/production",
         ] {
             assert!(key(target).is_none(), "{target}");
         }
@@ -353,9 +381,14 @@ mod tests {
     #[test]
     fn fresh_then_expired_then_stale() {
         let t0 = Instant::now();
-        let mut cache = Cache::new(Box::new(MemoryStore::new(1024)), Duration::from_secs(30));
+        let mut cache = Cache::new(Box::new(MemoryStore::new(1024)));
         assert!(matches!(cache.lookup(t0, "k"), Lookup::Miss));
-        cache.store(t0, "k", bytes::Bytes::from_static(b"[1]"), HeaderMap::new());
+        cache.store(
+            (t0, Duration::from_secs(30)),
+            "k",
+            bytes::Bytes::from_static(b"[1]"),
+            HeaderMap::new(),
+        );
         assert!(matches!(
             cache.lookup(t0 + Duration::from_secs(29), "k"),
             Lookup::Fresh(_)

@@ -17,6 +17,8 @@ pub struct CachedResponse {
     pub headers: HeaderMap,
     /// When it was stored; its age is measured from here.
     pub stored_at: Instant,
+    /// How long after `stored_at` it is fresh (its class's TTL).
+    pub ttl: std::time::Duration,
 }
 
 /// Counters a store reports for `/healthz`.
@@ -39,7 +41,7 @@ pub trait CacheStore: std::fmt::Debug + Send {
     /// Returns the keys evicted (for logs); a body larger than the whole budget is not stored.
     fn put(&mut self, key: String, value: CachedResponse) -> Vec<String>;
     /// What the store holds; `ttl` decides which entries count as stale at `now`.
-    fn stats(&self, now: Instant, ttl: std::time::Duration) -> StoreStats;
+    fn stats(&self, now: Instant) -> StoreStats;
 }
 
 /// The in-memory store: a body-byte budget, least-recently-used eviction.
@@ -113,13 +115,13 @@ impl CacheStore for MemoryStore {
         evicted
     }
 
-    fn stats(&self, now: Instant, ttl: std::time::Duration) -> StoreStats {
+    fn stats(&self, now: Instant) -> StoreStats {
         StoreStats {
             entries: self.entries.len(),
             stale_entries: self
                 .entries
                 .values()
-                .filter(|(value, _)| now.saturating_duration_since(value.stored_at) >= ttl)
+                .filter(|(value, _)| now.saturating_duration_since(value.stored_at) >= value.ttl)
                 .count(),
             bytes: self.bytes,
         }
@@ -137,6 +139,7 @@ mod tests {
             body: Bytes::from(vec![b'x'; size]),
             headers: HeaderMap::new(),
             stored_at: at,
+            ttl: Duration::from_secs(30),
         }
     }
 
@@ -153,7 +156,7 @@ mod tests {
             store.put("e".into(), entry(15, t0)),
             vec!["c".to_owned(), "a".to_owned()]
         );
-        assert_eq!(store.stats(t0, Duration::from_secs(30)).bytes, 25);
+        assert_eq!(store.stats(t0).bytes, 25);
         assert!(store.get("b").is_none());
     }
 
@@ -167,7 +170,7 @@ mod tests {
         assert!(store.get("small").is_some());
         store.put("small".into(), entry(10, t0));
         assert_eq!(
-            store.stats(t0, Duration::from_secs(1)),
+            store.stats(t0),
             StoreStats {
                 entries: 1,
                 stale_entries: 0,
@@ -182,7 +185,7 @@ mod tests {
         let mut store = MemoryStore::new(100);
         store.put("old".into(), entry(1, t0));
         store.put("new".into(), entry(1, t0 + Duration::from_secs(20)));
-        let stats = store.stats(t0 + Duration::from_secs(31), Duration::from_secs(30));
+        let stats = store.stats(t0 + Duration::from_secs(31));
         assert_eq!((stats.entries, stats.stale_entries), (2, 1));
     }
 }

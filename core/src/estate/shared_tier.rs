@@ -5,6 +5,7 @@
 //! itself, as with the memory cache alone.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{Estate, EstateOutput, Flight, FlightId, Stage};
@@ -58,7 +59,7 @@ impl SharedTier {
         let CacheBackend::Redis { secret, .. } = &config.cache_backend else {
             return None;
         };
-        if config.facts_ttl.is_zero() {
+        if !config.caches_anything() {
             return None;
         }
         Some(SharedTier {
@@ -290,14 +291,16 @@ impl Estate {
         let Some(value) = value.filter(|value| !value.is_empty()) else {
             return false;
         };
-        let (Some(tier), Some(key)) = (
+        let (Some(tier), Some((key, ttl, refreshing))) = (
             self.shared.as_mut(),
-            self.flights.get(&flight_id).map(|f| f.key.clone()),
+            self.flights
+                .get(&flight_id)
+                .map(|f| (f.key.clone(), f.ttl, f.refresh.is_some())),
         ) else {
             return false;
         };
+        let config = Arc::clone(&self.config);
         let now_ms = self.clock.unix_millis(now);
-        let ttl = self.config.facts_ttl;
         let kept = ttl + tier.settings.stale_keep;
         let entry = decode(
             &tier.secret,
@@ -312,7 +315,11 @@ impl Estate {
             } else if u128::from(age_ms) >= kept.as_millis() {
                 Err(Refusal::Expired)
             } else {
-                Ok((entry, u128::from(age_ms) < ttl.as_millis()))
+                let age = Duration::from_millis(age_ms);
+                // A refresh wants an entry newer than the one it renews: another replica's
+                // refresh; one as old as its own would start the same refresh again.
+                let fresh = age < ttl && !(refreshing && config.refreshes_ahead(age, ttl));
+                Ok((entry, fresh))
             }
         });
         let (entry, fresh) = match entry {
@@ -333,6 +340,7 @@ impl Estate {
             body: entry.body,
             headers: entry.headers,
             stored_at,
+            ttl,
         };
         if !fresh {
             if let Some(flight) = self.flights.get_mut(&flight_id) {
@@ -350,8 +358,8 @@ impl Estate {
             body: ResponseBody::Full(cached.body.clone()),
         };
         let mut answers: BTreeMap<String, Response> = BTreeMap::new();
-        for (waiter, participant) in flight.participants {
-            let answer = answers
+        let mut answer_for = |estate: &mut Estate, participant: &super::Participant| {
+            answers
                 .entry(participant.key.clone())
                 .or_insert_with(|| {
                     let answer = match &participant.filter {
@@ -359,10 +367,10 @@ impl Estate {
                         None => response.clone(),
                     };
                     if let (Some(cache), ResponseBody::Full(body)) =
-                        (self.cache.as_mut(), &answer.body)
+                        (estate.cache.as_mut(), &answer.body)
                     {
                         cache.store(
-                            stored_at,
+                            (stored_at, ttl),
                             &participant.key,
                             body.clone(),
                             answer.headers.clone(),
@@ -370,11 +378,20 @@ impl Estate {
                     }
                     answer
                 })
-                .clone();
+                .clone()
+        };
+        for (waiter, participant) in &flight.participants {
+            let answer = answer_for(self, participant);
             let age = now.saturating_duration_since(stored_at);
             let response = super::finish_cached(answer, CacheStatus::Hit, age);
-            self.outputs
-                .push_back(EstateOutput::Respond { waiter, response });
+            self.outputs.push_back(EstateOutput::Respond {
+                waiter: *waiter,
+                response,
+            });
+        }
+        // A refresh renews its entry from another replica's newer one.
+        if let Some(refresh) = &flight.refresh {
+            answer_for(self, refresh);
         }
         true
     }
@@ -476,7 +493,7 @@ impl Estate {
                 let op = StoreOp::Put {
                     key,
                     value,
-                    keep: self.config.facts_ttl + tier.settings.stale_keep,
+                    keep: flight.ttl + tier.settings.stale_keep,
                 };
                 let request = tier.ask(now, op, None, None);
                 self.outputs.push_back(EstateOutput::Store(request));
