@@ -137,21 +137,44 @@ fn cached_paths_miss_then_hit_with_a_growing_age() {
     let swapped = [("limit", "3"), ("query", q.as_str())];
     cached(&p, NODES, &swapped, "hit");
 
-    // Uncached paths carry neither header.
+    // History and combined answers are cached too, each for its class's TTL.
     let count = json!(["extract", [["function", "count"]], ["=", "name", "kernel"]]).to_string();
     for (path, params) in [
         ("/pdb/query/v4/reports", vec![("limit", "1")]),
         ("/pdb/query/v4/events", vec![("limit", "1")]),
-        ("/pdb/meta/v1/version", vec![]),
-        (
-            "/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes",
-            vec![],
-        ),
         (FACTS, vec![("query", count.as_str())]),
         (
             NODES,
             vec![("query", r#"["extract",[["function","count"]]]"#)],
         ),
+        (
+            "/pdb/query/v4/event-counts",
+            vec![
+                ("summarize_by", "certname"),
+                ("query", r#"["=","latest_report?",true]"#),
+            ],
+        ),
+    ] {
+        cached(&p, path, &params, "miss");
+        cached(&p, path, &params, "hit");
+    }
+
+    // Uncached paths carry neither header.
+    let node = env
+        .fixture
+        .nodes
+        .keys()
+        .next()
+        .expect("a fixture node")
+        .clone();
+    let node_path = format!("/pdb/query/v4/nodes/{node}");
+    for (path, params) in [
+        ("/pdb/meta/v1/version", vec![]),
+        (
+            "/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes",
+            vec![],
+        ),
+        (node_path.as_str(), vec![]),
     ] {
         let r = get(&p, path, &params);
         assert_eq!(r.status, 200, "{path} {params:?}: {r:?}");
@@ -248,10 +271,17 @@ fn an_expired_entry_is_fetched_again() {
 }
 
 #[test]
-fn facts_ttl_zero_disables_the_cache() {
+fn every_ttl_zero_disables_the_cache() {
     let env = env();
     let logs = AccessLog::mark_all(env).expect("mark the access logs");
-    let p = pdbmux_env("cache-off", &[("PDBMUX_FACTS_TTL", "0")]);
+    let p = pdbmux_env(
+        "cache-off",
+        &[
+            ("PDBMUX_FACTS_TTL", "0"),
+            ("PDBMUX_HISTORY_TTL", "0"),
+            ("PDBMUX_AGGREGATE_TTL", "0"),
+        ],
+    );
     let tag = marker("cache-off");
     let q = not_certname(&tag);
     for _ in 0..2 {

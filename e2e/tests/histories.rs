@@ -85,6 +85,11 @@ fn history() -> Option<History> {
     Some(history)
 }
 
+/// Whether pdbmux runs with its cache at the defaults (`E2E_HISTORY_CACHE=1`), else off.
+fn cache_on() -> bool {
+    std::env::var("E2E_HISTORY_CACHE").as_deref() == Ok("1")
+}
+
 fn pdbmux(history: &History) -> Pdbmux {
     let bin = std::env::var_os("E2E_BIN").expect("E2E_BIN names the binary");
     let state = std::env::var_os("E2E_STATE").map(PathBuf::from);
@@ -94,11 +99,20 @@ fn pdbmux(history: &History) -> Pdbmux {
             history.seed,
             history.backends.len()
         ))
-        // Every question reads the backends: the cache would answer a later question from an
-        // earlier answer, which is the cache's suite's business (a TTL of 0 turns it off).
-        .env("PDBMUX_FACTS_TTL", "0")
-        // The map follows the late runs within a second (the default is a minute).
+        // The map follows the late runs within a second (the default is 30 s).
         .env("PDBMUX_FRESHNESS_TTL", "1s");
+    // Every question reads the backends: the cache would answer a later question from an
+    // earlier answer, which is the cache's suite's business (a TTL of 0 turns each class off).
+    // E2E_HISTORY_CACHE=1 keeps the defaults: the answers must be the same.
+    if !cache_on() {
+        for key in [
+            "PDBMUX_FACTS_TTL",
+            "PDBMUX_HISTORY_TTL",
+            "PDBMUX_AGGREGATE_TTL",
+        ] {
+            builder = builder.env(key, "0");
+        }
+    }
     for backend in &history.backends {
         builder = builder.backend(&backend.name, &backend.url);
     }
@@ -601,21 +615,14 @@ fn population_mismatches(p: &Pdbmux, union: &Backend) -> Vec<String> {
     out
 }
 
-/// Sends the runs `generate.py --late` held back, if they are still to be sent, after `p` built
-/// its membership map over the history without them; then waits (at most a minute) until `p`
-/// answers where each node's facts, catalog and latest report are as the union does, asking
-/// again as its map is refreshed. Says what it did.
-fn send_late_runs(p: &Pdbmux, union: &Backend) {
+/// Sends the runs `generate.py --late` held back if they are still to be sent; whether it did.
+fn send_late() -> bool {
     let Some(late) = std::env::var_os("E2E_HISTORY_LATE").map(PathBuf::from) else {
-        return;
+        return false;
     };
     if !late.exists() {
-        return;
+        return false;
     }
-    let first = p
-        .get("/pdb/query/v4/nodes")
-        .expect("pdbmux answers before the late runs");
-    assert_eq!(first.status, 200, "{}", first.body);
     let generate = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("histories/generate.py");
     let sent = std::process::Command::new("python3")
         .arg(&generate)
@@ -624,6 +631,21 @@ fn send_late_runs(p: &Pdbmux, union: &Backend) {
         .status()
         .expect("run generate.py --send-late");
     assert!(sent.success(), "generate.py --send-late {}", late.display());
+    true
+}
+
+/// Sends the runs `generate.py --late` held back, if they are still to be sent, after `p` built
+/// its membership map over the history without them; then waits (at most a minute) until `p`
+/// answers where each node's facts, catalog and latest report are as the union does, asking
+/// again as its map is refreshed. Says what it did.
+fn send_late_runs(p: &Pdbmux, union: &Backend) {
+    let first = p
+        .get("/pdb/query/v4/nodes")
+        .expect("pdbmux answers before the late runs");
+    assert_eq!(first.status, 200, "{}", first.body);
+    if !send_late() {
+        return;
+    }
     let newest = [
         with_query(
             &format!("{V4}/factsets"),
@@ -669,8 +691,15 @@ fn every_route_equals_the_union_over_the_history() {
         name: "union".to_owned(),
         url: history.union.clone(),
     };
+    // With the cache on, an answer may be as old as its TTL: the late runs go first, so that
+    // nothing changes while this pdbmux runs.
+    if cache_on() {
+        send_late();
+    }
     let p = pdbmux(&history);
-    send_late_runs(&p, &union);
+    if !cache_on() {
+        send_late_runs(&p, &union);
+    }
     let questions = questions(&history);
     let mut problems = mismatches(&p, &union, &questions).expect("pdbmux and the union answer");
     problems.extend(population_mismatches(&p, &union));

@@ -524,8 +524,19 @@ impl TlsServer {
             .stderr(std::process::Stdio::null())
             .spawn()
             .expect("start openssl s_server");
+        // Seen listening in /proc/net/tcp rather than by connecting: s_server takes a connection
+        // that never handshakes as a failed session, and was once seen gone after such a probe.
+        let listening = || {
+            let wanted = format!("0100007F:{port:04X}");
+            std::fs::read_to_string("/proc/net/tcp").is_ok_and(|table| {
+                table.lines().skip(1).any(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.get(1) == Some(&wanted.as_str()) && fields.get(3) == Some(&"0A")
+                })
+            })
+        };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while !listening() {
             assert!(
                 std::time::Instant::now() < deadline,
                 "s_server never listened"
