@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{STEPS, URL_A, URL_B};
 use pdbmux_conformance::{ms, FakeBackend, FakeStore, Harness, Reply};
-use pdbmux_core::cache::shared::{encode, Refusal};
+use pdbmux_core::cache::shared::{encode, EntryRefusal};
 use pdbmux_core::config::{CacheBackend, Secret, TlsFiles};
 
 const NAMES: &str = "/pdb/query/v4/fact-names";
@@ -52,7 +52,7 @@ fn entry(key: &Secret, stored_at_ms: u64, body: &'static str) -> bytes::Bytes {
 }
 
 /// Entries refused so far by the replica, for `reason`.
-fn refused(h: &Harness, reason: Refusal) -> u64 {
+fn refused(h: &Harness, reason: EntryRefusal) -> u64 {
     let cache = h.stats().cache.expect("cache on");
     cache.shared_refused.expect("shared store")[reason.index()]
 }
@@ -289,7 +289,7 @@ fn a_value_that_is_not_pdbmuxs_is_ignored_and_replaced() {
         .get(Duration::from_millis(100), ENTRY)
         .expect("replaced");
     assert!(stored.starts_with(b"pdbmux-cache-v2 "));
-    assert_eq!(refused(&h, Refusal::Malformed), 1);
+    assert_eq!(refused(&h, EntryRefusal::Malformed), 1);
 }
 
 #[test]
@@ -362,22 +362,22 @@ fn a_poisoned_entry_is_never_served() {
         (
             "signed with another key",
             entry(&forger, 0, invented),
-            Refusal::Forged,
+            EntryRefusal::Forged,
         ),
         (
             "dated a minute ahead",
             entry(&secret(), 60_000, invented),
-            Refusal::FromTheFuture,
+            EntryRefusal::FromTheFuture,
         ),
         (
             "html under a valid tag",
             entry(&secret(), 0, "<script>alert(1)</script>"),
-            Refusal::NotJson,
+            EntryRefusal::NotJson,
         ),
         (
             "larger than cache_max_entry_bytes",
             bytes::Bytes::from(vec![b'['; 9 * 1024 * 1024]),
-            Refusal::Oversized,
+            EntryRefusal::Oversized,
         ),
     ] {
         let store = FakeStore::default();
@@ -420,7 +420,7 @@ fn an_entry_past_its_ttl_and_stale_window_is_refused() {
     let answer = h.response(client).expect("answered");
     assert_eq!(answer.header("x-cache"), Some("miss"));
     assert_eq!(answer.body_str(), r#"["kernel","os","pdbmux_source"]"#);
-    assert_eq!(refused(&h, Refusal::Expired), 1);
+    assert_eq!(refused(&h, EntryRefusal::Expired), 1);
 }
 
 /// The entry's own fields are all a hit carries: its framing and headers are pdbmux's.

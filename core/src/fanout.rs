@@ -20,6 +20,48 @@ use crate::membership::Ownership;
 use crate::message::{BodyMode, Response};
 use crate::status::{Outcome, Unusable};
 
+/// One backend's correction request within a plan (docs/merging.md, "Corrections"): the request,
+/// the key its answer is kept under, and the body the estate already knew (then it is not asked
+/// again).
+#[derive(Debug)]
+pub(crate) struct CorrectionCall {
+    pub(crate) backend: BackendId,
+    pub(crate) outbound: Outbound,
+    pub(crate) key: String,
+    pub(crate) known: Option<Bytes>,
+}
+
+impl CorrectionCall {
+    /// The request to send, marked as a correction for the metrics.
+    pub(crate) fn request(&self) -> Outbound {
+        Outbound {
+            purpose: crate::message::Purpose::Correction,
+            ..self.outbound.clone()
+        }
+    }
+
+    /// What an exchange learned: each correction it asked (its answer not known before) that
+    /// a backend answered, as call `part` of `calls`.
+    pub(crate) fn learned(
+        corrections: &[CorrectionCall],
+        calls: &Calls,
+        part: usize,
+    ) -> Vec<Learned> {
+        corrections
+            .iter()
+            .filter(|c| c.known.is_none())
+            .filter_map(|c| {
+                let (_, body) = calls.success(c.backend, part)?;
+                Some(Learned {
+                    backend: c.backend,
+                    target: c.key.clone(),
+                    body: body.clone(),
+                })
+            })
+            .collect()
+    }
+}
+
 /// One upstream request as a plan writes it; the exchange adds the ID and the deadline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Outbound {

@@ -60,8 +60,8 @@ pub struct CacheStats {
     /// With a shared store: whether it answers; `None` for memory only.
     pub shared_reachable: Option<bool>,
     /// With a shared store: entries read from it and refused since start, by
-    /// [`crate::cache::shared::Refusal::index`]; `None` for memory only.
-    pub shared_refused: Option<[u64; crate::cache::shared::Refusal::ALL.len()]>,
+    /// [`crate::cache::shared::EntryRefusal::index`]; `None` for memory only.
+    pub shared_refused: Option<[u64; crate::cache::shared::EntryRefusal::ALL.len()]>,
 }
 
 /// The estate's numbers at one instant; from [`crate::Estate::stats`].

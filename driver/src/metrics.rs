@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
-use pdbmux_core::cache::shared::Refusal;
+use pdbmux_core::cache::shared::EntryRefusal;
 use pdbmux_core::config::Config;
 use pdbmux_core::stats::{CallOutcome, EstateStats, BACKEND_STATES, TRANSITIONS};
 use pdbmux_core::{Coverage, ExchangeReport, Purpose, Response, RouteClass};
@@ -675,7 +675,7 @@ impl Collector for EstateCollector {
                         None,
                     ),
                     MetricType::Counter,
-                    Refusal::ALL.iter().zip(refused).map(|(reason, count)| {
+                    EntryRefusal::ALL.iter().zip(refused).map(|(reason, count)| {
                         let labels = RefusalLabels {
                             reason: reason.as_str(),
                         };

@@ -11,7 +11,6 @@
 
 use std::sync::Arc;
 
-use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 
 use super::{
@@ -20,7 +19,7 @@ use super::{
 use crate::config::Config;
 use crate::corrections::Learned;
 use crate::entity::Entity;
-use crate::fanout::{Calls, Context, Outbound, Plan, Step, Verdict};
+use crate::fanout::{Calls, Context, CorrectionCall, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
 use crate::membership::Scope;
 use crate::message::Response;
@@ -48,16 +47,7 @@ pub(crate) struct AggregatePlan {
     asked: Vec<BackendId>,
     excused: usize,
     /// The correction each backend is asked for, or was known already; set by [`Plan::start`].
-    corrections: Vec<Asked>,
-}
-
-/// One backend's correction request, its cache key, and the body the estate already knew.
-#[derive(Debug)]
-struct Asked {
-    backend: BackendId,
-    outbound: Outbound,
-    key: String,
-    known: Option<Bytes>,
+    corrections: Vec<CorrectionCall>,
 }
 
 /// One backend's bodies, one per part, and the `X-Records` of its first.
@@ -229,7 +219,7 @@ impl Plan for AggregatePlan {
             let known = generation
                 .and_then(|generation| context.corrections.get(generation, backend, &key))
                 .cloned();
-            corrections.push(Asked {
+            corrections.push(CorrectionCall {
                 backend,
                 outbound,
                 key,
@@ -254,11 +244,8 @@ impl Plan for AggregatePlan {
 
     fn request(&self, backend: BackendId, part: usize, context: &Context) -> Outbound {
         if part == self.correction_part() {
-            if let Some(asked) = self.corrections.iter().find(|c| c.backend == backend) {
-                return Outbound {
-                    purpose: crate::message::Purpose::Correction,
-                    ..asked.outbound.clone()
-                };
+            if let Some(correction) = self.corrections.iter().find(|c| c.backend == backend) {
+                return correction.request();
             }
         }
         let Some(upstream) = self.upstreams.get(part) else {
@@ -363,18 +350,6 @@ impl Plan for AggregatePlan {
     }
 
     fn learned(&self, calls: &Calls) -> Vec<Learned> {
-        let part = self.correction_part();
-        self.corrections
-            .iter()
-            .filter(|c| c.known.is_none())
-            .filter_map(|c| {
-                let (_, body) = calls.success(c.backend, part)?;
-                Some(Learned {
-                    backend: c.backend,
-                    target: c.key.clone(),
-                    body: body.clone(),
-                })
-            })
-            .collect()
+        CorrectionCall::learned(&self.corrections, calls, self.correction_part())
     }
 }

@@ -14,13 +14,13 @@ use crate::records::Fields;
 use crate::status::Unusable;
 
 /// One backend's row, read and checked.
-pub(super) struct Parsed<'a> {
+pub(super) struct FoldParsed<'a> {
     raw: &'a RawValue,
     object: Fields<'a>,
     key: String,
 }
 
-impl Parsed<'_> {
+impl FoldParsed<'_> {
     /// The canonical text of column `name`, if the row has it (a correction row's report).
     pub(super) fn column(&self, name: &str) -> Option<String> {
         self.object.raw(name).map(canonical)
@@ -40,7 +40,7 @@ enum Acc<'a> {
 
 /// A group: its first row (which decides the key order) and the folded values.
 struct Group<'a> {
-    first: Parsed<'a>,
+    first: FoldParsed<'a>,
     rows: usize,
     accs: Vec<Acc<'a>>,
 }
@@ -52,7 +52,7 @@ pub(super) fn parse<'a>(
     fold: &Fold,
     rows: &[&'a RawValue],
     ignore: Option<&str>,
-) -> Result<Vec<Parsed<'a>>, Unusable> {
+) -> Result<Vec<FoldParsed<'a>>, Unusable> {
     rows.iter()
         .enumerate()
         .map(|(index, raw)| {
@@ -68,7 +68,7 @@ pub(super) fn parse<'a>(
                 }
             }
             let key = group_key(fold, &object, ignore);
-            Ok(Parsed { raw, object, key })
+            Ok(FoldParsed { raw, object, key })
         })
         .collect()
 }
@@ -101,7 +101,7 @@ fn group_key(fold: &Fold, object: &Fields<'_>, ignore: Option<&str>) -> String {
 /// folds to zero is dropped: it existed only on the nodes a correction took away.
 pub(super) fn fold_rows(
     fold: &Fold,
-    backends: Vec<(i64, Vec<Parsed<'_>>)>,
+    backends: Vec<(i64, Vec<FoldParsed<'_>>)>,
     drop_uncounted: bool,
 ) -> Vec<Box<RawValue>> {
     let mut groups: Vec<Group<'_>> = Vec::new();

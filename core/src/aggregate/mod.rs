@@ -538,7 +538,7 @@ fn corrected_rows<'a>(
     corrections: &[(usize, Vec<&'a RawValue>)],
     correction: Option<Correction>,
     unusable: &mut Vec<(usize, Unusable)>,
-) -> Vec<(i64, Vec<fold::Parsed<'a>>)> {
+) -> Vec<(i64, Vec<fold::FoldParsed<'a>>)> {
     let mut weighted = Vec::new();
     for (index, bodies) in usable {
         let rows = bodies.first().map_or(&[][..], Vec::as_slice);
@@ -564,8 +564,10 @@ fn corrected_rows<'a>(
         Some(Correction::History { column }) => {
             // A report's row for one group from every backend that stores the report: each copy
             // past the first is counted too often.
-            let mut copies: std::collections::BTreeMap<(String, String), Vec<fold::Parsed<'a>>> =
-                std::collections::BTreeMap::new();
+            let mut copies: std::collections::BTreeMap<
+                (String, String),
+                Vec<fold::FoldParsed<'a>>,
+            > = std::collections::BTreeMap::new();
             for (index, rows) in corrections {
                 match fold::parse(fold_plan, rows, Some(column)) {
                     Ok(parsed) => {

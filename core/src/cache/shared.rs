@@ -114,7 +114,7 @@ pub(crate) struct SharedEntry {
 
 /// Why a value read from the store is not served: each is a miss, counted by reason.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub enum EntryRefusal {
     /// Not pdbmux's envelope (another program's value, an older version's, a truncated one).
     Malformed,
     /// The envelope's tag does not authenticate it under this deployment's secret.
@@ -130,32 +130,35 @@ pub enum Refusal {
     NotJson,
 }
 
-impl Refusal {
+impl EntryRefusal {
     /// Every reason, in the order [`crate::stats::CacheStats::shared_refused`] counts them.
-    pub const ALL: [Refusal; 6] = [
-        Refusal::Malformed,
-        Refusal::Forged,
-        Refusal::Oversized,
-        Refusal::FromTheFuture,
-        Refusal::Expired,
-        Refusal::NotJson,
+    pub const ALL: [EntryRefusal; 6] = [
+        EntryRefusal::Malformed,
+        EntryRefusal::Forged,
+        EntryRefusal::Oversized,
+        EntryRefusal::FromTheFuture,
+        EntryRefusal::Expired,
+        EntryRefusal::NotJson,
     ];
 
     /// The metrics label and log word.
     pub fn as_str(self) -> &'static str {
         match self {
-            Refusal::Malformed => "malformed",
-            Refusal::Forged => "forged",
-            Refusal::Oversized => "oversized",
-            Refusal::FromTheFuture => "future",
-            Refusal::Expired => "expired",
-            Refusal::NotJson => "not_json",
+            EntryRefusal::Malformed => "malformed",
+            EntryRefusal::Forged => "forged",
+            EntryRefusal::Oversized => "oversized",
+            EntryRefusal::FromTheFuture => "future",
+            EntryRefusal::Expired => "expired",
+            EntryRefusal::NotJson => "not_json",
         }
     }
 
-    /// Its index in [`Refusal::ALL`].
+    /// Its index in [`EntryRefusal::ALL`].
     pub fn index(self) -> usize {
-        Refusal::ALL.iter().position(|r| *r == self).unwrap_or(0)
+        EntryRefusal::ALL
+            .iter()
+            .position(|r| *r == self)
+            .unwrap_or(0)
     }
 }
 
@@ -225,58 +228,62 @@ pub fn encode(
 }
 
 /// The entry in `value` read under the full `key`, authenticated and its body checked; the
-/// reason it is refused otherwise. Dates are judged by the caller ([`Refusal::FromTheFuture`],
-/// [`Refusal::Expired`]), which knows the clock.
+/// reason it is refused otherwise. Dates are judged by the caller ([`EntryRefusal::FromTheFuture`],
+/// [`EntryRefusal::Expired`]), which knows the clock.
 pub(crate) fn decode(
     secret: &Secret,
     key: &str,
     value: &Bytes,
     max_body_bytes: u64,
-) -> Result<SharedEntry, Refusal> {
+) -> Result<SharedEntry, EntryRefusal> {
     if value.len() as u64 > max_body_bytes.saturating_add(ENVELOPE_BYTES) {
-        return Err(Refusal::Oversized);
+        return Err(EntryRefusal::Oversized);
     }
-    let rest = value.strip_prefix(MAGIC).ok_or(Refusal::Malformed)?;
+    let rest = value.strip_prefix(MAGIC).ok_or(EntryRefusal::Malformed)?;
     let newline = rest
         .iter()
         .take(ENVELOPE_BYTES as usize)
         .position(|b| *b == b'\n')
-        .ok_or(Refusal::Malformed)?;
+        .ok_or(EntryRefusal::Malformed)?;
     let line_end = MAGIC.len() + newline + 1;
-    let fields = std::str::from_utf8(&rest[..newline]).map_err(|_| Refusal::Malformed)?;
+    let fields = std::str::from_utf8(&rest[..newline]).map_err(|_| EntryRefusal::Malformed)?;
     let mut fields = fields.split(' ');
-    let mut next = || fields.next().ok_or(Refusal::Malformed);
-    let stored_at_ms: u64 = next()?.parse().map_err(|_| Refusal::Malformed)?;
-    let status: u16 = next()?.parse().map_err(|_| Refusal::Malformed)?;
+    let mut next = || fields.next().ok_or(EntryRefusal::Malformed);
+    let stored_at_ms: u64 = next()?.parse().map_err(|_| EntryRefusal::Malformed)?;
+    let status: u16 = next()?.parse().map_err(|_| EntryRefusal::Malformed)?;
     let records = header_field(next()?, |text| text.parse::<u64>().is_ok())?;
     let backends = header_field(next()?, |text| {
         text.split_once('/')
             .is_some_and(|(a, b)| a.parse::<u32>().is_ok() && b.parse::<u32>().is_ok())
     })?;
-    let body_len: usize = next()?.parse().map_err(|_| Refusal::Malformed)?;
+    let body_len: usize = next()?.parse().map_err(|_| EntryRefusal::Malformed)?;
     if next().is_ok() {
-        return Err(Refusal::Malformed);
+        return Err(EntryRefusal::Malformed);
     }
     let body_start = line_end + TAG_BYTES;
     if body_len as u64 > max_body_bytes {
-        return Err(Refusal::Oversized);
+        return Err(EntryRefusal::Oversized);
     }
-    if value.len() != body_start.checked_add(body_len).ok_or(Refusal::Malformed)? {
-        return Err(Refusal::Malformed);
+    if value.len()
+        != body_start
+            .checked_add(body_len)
+            .ok_or(EntryRefusal::Malformed)?
+    {
+        return Err(EntryRefusal::Malformed);
     }
     let status = StatusCode::from_u16(status)
         .ok()
         .filter(StatusCode::is_success)
-        .ok_or(Refusal::Malformed)?;
+        .ok_or(EntryRefusal::Malformed)?;
     let body = value.slice(body_start..);
     let expected = tag(secret, key, &value[..line_end], &body);
     let authentic: bool =
         subtle::ConstantTimeEq::ct_eq(expected.as_ref(), &value[line_end..body_start]).into();
     if !authentic {
-        return Err(Refusal::Forged);
+        return Err(EntryRefusal::Forged);
     }
     if crate::records::check_json(&body).is_err() {
-        return Err(Refusal::NotJson);
+        return Err(EntryRefusal::NotJson);
     }
     let mut headers = HeaderMap::new();
     headers.insert(
@@ -297,13 +304,16 @@ pub(crate) fn decode(
 }
 
 /// A header's value from an envelope field: `-` for none, else `valid` must accept it.
-fn header_field(text: &str, valid: impl Fn(&str) -> bool) -> Result<Option<HeaderValue>, Refusal> {
+fn header_field(
+    text: &str,
+    valid: impl Fn(&str) -> bool,
+) -> Result<Option<HeaderValue>, EntryRefusal> {
     match text {
         "-" => Ok(None),
         text if valid(text) => HeaderValue::from_str(text)
             .map(Some)
-            .map_err(|_| Refusal::Malformed),
-        _ => Err(Refusal::Malformed),
+            .map_err(|_| EntryRefusal::Malformed),
+        _ => Err(EntryRefusal::Malformed),
     }
 }
 
@@ -409,11 +419,11 @@ mod tests {
     fn an_entry_altered_anywhere_or_read_under_another_key_or_secret_is_forged() {
         let value = stored(b"[1,2,3]");
         let other = Secret::new(b"another secret of the same length".to_vec());
-        assert_eq!(decode(&other, KEY, &value, 1024), Err(Refusal::Forged));
+        assert_eq!(decode(&other, KEY, &value, 1024), Err(EntryRefusal::Forged));
         let other_key = "pdbmux:entry:/pdb/query/v4/nodes";
         assert_eq!(
             decode(&secret(), other_key, &value, 1024),
-            Err(Refusal::Forged)
+            Err(EntryRefusal::Forged)
         );
         // The date moved on, the counts changed, the body swapped for one of the same length.
         for (from, to) in [
@@ -429,7 +439,7 @@ mod tests {
             bytes.splice(at..at + from.len(), to.bytes());
             assert_eq!(
                 decode(&secret(), KEY, &Bytes::from(bytes), 1024),
-                Err(Refusal::Forged),
+                Err(EntryRefusal::Forged),
                 "{from} -> {to}"
             );
         }
@@ -450,28 +460,31 @@ mod tests {
         ] {
             assert_eq!(
                 decode(&secret(), KEY, &bad, 1024),
-                Err(Refusal::Malformed),
+                Err(EntryRefusal::Malformed),
                 "{bad:?}"
             );
         }
         let large = Bytes::from(vec![b' '; 2048]);
         assert_eq!(
             decode(&secret(), KEY, &large, 1024),
-            Err(Refusal::Oversized)
+            Err(EntryRefusal::Oversized)
         );
         let declared = stored(b"[1,2,3,4,5,6,7,8,9]");
         assert_eq!(
             decode(&secret(), KEY, &declared, 8),
-            Err(Refusal::Oversized)
+            Err(EntryRefusal::Oversized)
         );
         let html = stored(b"<script>alert(1)</script>");
-        assert_eq!(decode(&secret(), KEY, &html, 1024), Err(Refusal::NotJson));
+        assert_eq!(
+            decode(&secret(), KEY, &html, 1024),
+            Err(EntryRefusal::NotJson)
+        );
         // Found by the shared_value fuzz target: a string that is not UTF-8, which serde_json
         // lets by when it only skips a value.
         let not_utf8 = stored(b"\"\xc2\xc2\xc2\"");
         assert_eq!(
             decode(&secret(), KEY, &not_utf8, 1024),
-            Err(Refusal::NotJson)
+            Err(EntryRefusal::NotJson)
         );
     }
 }

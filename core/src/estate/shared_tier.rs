@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::{Estate, EstateOutput, Flight, FlightId, Stage};
 use crate::cache::shared::{
-    decode, encode, Refusal, SharedSettings, StoreAnswer, StoreId, StoreOp, StoreRequest,
+    decode, encode, EntryRefusal, SharedSettings, StoreAnswer, StoreId, StoreOp, StoreRequest,
     CLOCK_SKEW, ENVELOPE_BYTES, POLL_INTERVAL,
 };
 use crate::cache::{CacheStatus, CachedResponse};
@@ -31,7 +31,7 @@ const REFUSALS_REMEMBERED: usize = 1024;
 pub(super) struct SharedTier {
     settings: SharedSettings,
     ids: Counter,
-    asked: BTreeMap<StoreId, Asked>,
+    asked: BTreeMap<StoreId, StoreCall>,
     reachable: bool,
     /// While the store is failing: when to try it again.
     retry_at: Option<Instant>,
@@ -39,15 +39,15 @@ pub(super) struct SharedTier {
     token_base: String,
     /// Signs what this replica stores and authenticates what it reads.
     secret: Secret,
-    /// Entries refused since start, by [`Refusal::index`].
-    refused: [u64; Refusal::ALL.len()],
+    /// Entries refused since start, by [`EntryRefusal::index`].
+    refused: [u64; EntryRefusal::ALL.len()],
     /// Keys whose refusal was logged (each once, until [`REFUSALS_REMEMBERED`]).
     refusals_logged: std::collections::BTreeSet<String>,
 }
 
 /// A store request out: for which flight, until when, and the lock it would take.
 #[derive(Debug)]
-struct Asked {
+struct StoreCall {
     flight: Option<FlightId>,
     deadline: Instant,
     lock: Option<(String, String)>,
@@ -77,18 +77,18 @@ impl SharedTier {
             retry_at: None,
             token_base,
             secret: secret.clone(),
-            refused: [0; Refusal::ALL.len()],
+            refused: [0; EntryRefusal::ALL.len()],
             refusals_logged: std::collections::BTreeSet::new(),
         })
     }
 
-    /// Entries refused since start, by [`Refusal::index`].
-    pub(super) fn refused(&self) -> [u64; Refusal::ALL.len()] {
+    /// Entries refused since start, by [`EntryRefusal::index`].
+    pub(super) fn refused(&self) -> [u64; EntryRefusal::ALL.len()] {
         self.refused
     }
 
     /// Carries the refusal counts of the tier a reload replaced, so the counters only grow.
-    pub(super) fn keep_counts(&mut self, refused: [u64; Refusal::ALL.len()]) {
+    pub(super) fn keep_counts(&mut self, refused: [u64; EntryRefusal::ALL.len()]) {
         self.refused = refused;
     }
 
@@ -101,7 +101,7 @@ impl SharedTier {
     }
 
     /// Counts a refused entry and logs it, once per key.
-    fn refuse(&mut self, key: &str, refusal: Refusal) {
+    fn refuse(&mut self, key: &str, refusal: EntryRefusal) {
         self.refused[refusal.index()] += 1;
         if self.refusals_logged.len() >= REFUSALS_REMEMBERED {
             self.refusals_logged.clear();
@@ -137,7 +137,7 @@ impl SharedTier {
         let deadline = now + self.settings.timeout;
         self.asked.insert(
             id,
-            Asked {
+            StoreCall {
                 flight,
                 deadline,
                 lock,
@@ -311,9 +311,9 @@ impl Estate {
         .and_then(|entry| {
             let age_ms = now_ms.saturating_sub(entry.stored_at_ms);
             if u128::from(entry.stored_at_ms) > u128::from(now_ms) + CLOCK_SKEW.as_millis() {
-                Err(Refusal::FromTheFuture)
+                Err(EntryRefusal::FromTheFuture)
             } else if u128::from(age_ms) >= kept.as_millis() {
-                Err(Refusal::Expired)
+                Err(EntryRefusal::Expired)
             } else {
                 let age = Duration::from_millis(age_ms);
                 // A refresh wants an entry newer than the one it renews: another replica's

@@ -1,7 +1,7 @@
 //! Reading one answered probe: how statuses and trapperkeeper bodies are
 //! classified (README, "Backend health").
 //!
-//! | Reply                                                          | Verdict     | Sets the latch |
+//! | Reply                                                          | ProbeVerdict     | Sets the latch |
 //! |----------------------------------------------------------------|-------------|----------------|
 //! | 200, trapperkeeper body, every service `"state": "running"`    | `Healthy`   | yes            |
 //! | 200, trapperkeeper body, a service starting/stopping/error/... | `Unhealthy` | yes            |
@@ -24,7 +24,7 @@ use serde_json::{Map, Value};
 
 /// What one answered probe says about its backend, as [`classify`] reads it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
+pub enum ProbeVerdict {
     /// The backend is well: a 2xx whose body is not a degraded trapperkeeper report.
     Healthy,
     /// Evidence the backend is unwell: a 5xx but 501, a 429, or a 2xx whose trapperkeeper body
@@ -36,12 +36,12 @@ pub enum Verdict {
     Rejected(String),
 }
 
-impl Verdict {
+impl ProbeVerdict {
     /// Whether this reply sets the backend's latch: it was readable as healthy or unhealthy.
     /// Use it to decide which rule (gated or never-answered) applies from now on.
     #[cfg(test)]
     pub(crate) fn sets_latch(&self) -> bool {
-        !matches!(self, Verdict::Rejected(_))
+        !matches!(self, ProbeVerdict::Rejected(_))
     }
 }
 
@@ -71,26 +71,26 @@ const NAMED_SERVICES: usize = 5;
 
 /// Classifies an answered probe by its status and body (see the module table). Call it for every
 /// probe that got a status line; a probe with no reply is a transport failure and never gets here.
-pub fn classify(status: u16, body: &[u8]) -> Verdict {
+pub fn classify(status: u16, body: &[u8]) -> ProbeVerdict {
     let class = STATUS_TABLE
         .iter()
         .find(|(first, last, _)| (*first..=*last).contains(&status))
         .map_or(StatusClass::Refusal, |row| row.2);
     match class {
         StatusClass::Success => match not_running(body) {
-            Some(services) if !services.is_empty() => Verdict::Unhealthy(format!(
+            Some(services) if !services.is_empty() => ProbeVerdict::Unhealthy(format!(
                 "answered {status}; {}",
                 describe_services(&services)
             )),
-            _ => Verdict::Healthy,
+            _ => ProbeVerdict::Healthy,
         },
-        StatusClass::Evidence => Verdict::Unhealthy(match not_running(body) {
+        StatusClass::Evidence => ProbeVerdict::Unhealthy(match not_running(body) {
             Some(services) if !services.is_empty() => {
                 format!("answered {status}; {}", describe_services(&services))
             }
             _ => format!("answered {status}"),
         }),
-        StatusClass::Refusal => Verdict::Rejected(format!("answered {status}")),
+        StatusClass::Refusal => ProbeVerdict::Rejected(format!("answered {status}")),
     }
 }
 
@@ -137,7 +137,7 @@ mod tests {
 
     #[test]
     fn a_200_with_every_service_running_is_healthy() {
-        assert_eq!(classify(200, RUNNING.as_bytes()), Verdict::Healthy);
+        assert_eq!(classify(200, RUNNING.as_bytes()), ProbeVerdict::Healthy);
     }
 
     #[test]
@@ -145,7 +145,7 @@ mod tests {
         for state in ["starting", "stopping", "error", "unknown", "RUNNING", ""] {
             assert_eq!(
                 classify(200, degraded(state).as_bytes()),
-                Verdict::Unhealthy(format!(
+                ProbeVerdict::Unhealthy(format!(
                     "answered 200; services not running: puppetdb-status={state}"
                 )),
                 "state {state:?}"
@@ -168,16 +168,20 @@ mod tests {
             r#"{"a":{"state":"running"},"b":"stopping"}"#,
             r#"{"svc":{"state":"stopping"}"#,
         ] {
-            assert_eq!(classify(200, body.as_bytes()), Verdict::Healthy, "{body}");
+            assert_eq!(
+                classify(200, body.as_bytes()),
+                ProbeVerdict::Healthy,
+                "{body}"
+            );
         }
     }
 
     #[test]
     fn only_200_is_healthy() {
-        assert!(matches!(classify(204, b""), Verdict::Rejected(_)));
+        assert!(matches!(classify(204, b""), ProbeVerdict::Rejected(_)));
         assert!(matches!(
             classify(299, RUNNING.as_bytes()),
-            Verdict::Rejected(_)
+            ProbeVerdict::Rejected(_)
         ));
     }
 
@@ -185,17 +189,17 @@ mod tests {
     fn a_503_is_unhealthy_and_names_services_when_the_body_does() {
         assert_eq!(
             classify(503, degraded("stopping").as_bytes()),
-            Verdict::Unhealthy(
+            ProbeVerdict::Unhealthy(
                 "answered 503; services not running: puppetdb-status=stopping".into()
             )
         );
         assert_eq!(
             classify(503, b"Service Unavailable"),
-            Verdict::Unhealthy("answered 503".into())
+            ProbeVerdict::Unhealthy("answered 503".into())
         );
         assert_eq!(
             classify(503, RUNNING.as_bytes()),
-            Verdict::Unhealthy("answered 503".into())
+            ProbeVerdict::Unhealthy("answered 503".into())
         );
     }
 
@@ -204,7 +208,7 @@ mod tests {
         for status in [500, 502, 504, 505, 507, 599, 429] {
             assert_eq!(
                 classify(status, b"x"),
-                Verdict::Unhealthy(format!("answered {status}")),
+                ProbeVerdict::Unhealthy(format!("answered {status}")),
                 "{status}"
             );
         }
@@ -215,7 +219,7 @@ mod tests {
         for status in [400, 401, 403, 404, 405, 406, 410, 418, 428, 431, 499, 501] {
             assert_eq!(
                 classify(status, RUNNING.as_bytes()),
-                Verdict::Rejected(format!("answered {status}")),
+                ProbeVerdict::Rejected(format!("answered {status}")),
                 "{status}"
             );
         }
@@ -239,7 +243,7 @@ mod tests {
             u16::MAX,
         ] {
             assert!(
-                matches!(classify(status, b""), Verdict::Rejected(_)),
+                matches!(classify(status, b""), ProbeVerdict::Rejected(_)),
                 "{status}"
             );
         }
@@ -254,7 +258,7 @@ mod tests {
         let verdict = classify(503, format!("{{{body}}}").as_bytes());
         assert_eq!(
             verdict,
-            Verdict::Unhealthy(
+            ProbeVerdict::Unhealthy(
                 "answered 503; services not running: s0=error, s1=error, s2=error, s3=error, \
                  s4=error, and 3 more"
                     .into()
@@ -264,8 +268,8 @@ mod tests {
 
     #[test]
     fn the_latch_follows_the_verdict() {
-        assert!(Verdict::Healthy.sets_latch());
-        assert!(Verdict::Unhealthy(String::new()).sets_latch());
-        assert!(!Verdict::Rejected(String::new()).sets_latch());
+        assert!(ProbeVerdict::Healthy.sets_latch());
+        assert!(ProbeVerdict::Unhealthy(String::new()).sets_latch());
+        assert!(!ProbeVerdict::Rejected(String::new()).sets_latch());
     }
 }

@@ -8,7 +8,7 @@
 //! The rules, per backend:
 //!
 //! - **The latch.** Set by the first reply readable as healthy or unhealthy ([`classify`] says
-//!   which: [`Verdict::sets_latch`]); never by a rejection or a transport failure; never cleared.
+//!   which: [`ProbeVerdict::sets_latch`]); never by a rejection or a transport failure; never cleared.
 //! - **Before the latch** the backend stays in service whatever happens. It is `unprobed` until its
 //!   first result; after it `unreachable` while its last probe got no reply (refused, DNS, TLS,
 //!   timeout) and `probe_unsupported` while the backend refuses the probe path. Its unsuccessful probes are counted; when the count
@@ -36,7 +36,7 @@ use crate::config::Config;
 use crate::ids::BackendId;
 use crate::message::{ConnectCause, UpstreamBody, UpstreamFailure, UpstreamResponse};
 
-pub use classify::{classify, Verdict};
+pub use classify::{classify, ProbeVerdict};
 
 /// How backends are probed; build it with [`ProbeSettings::from_config`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -376,15 +376,15 @@ impl Observation {
         match result {
             ProbeResult::Answered { status, body } => {
                 let (observation, finding) = match classify(status, &body) {
-                    Verdict::Healthy => (Observation::Healthy, ProbeFinding::Ok),
-                    Verdict::Unhealthy(reason) => (
+                    ProbeVerdict::Healthy => (Observation::Healthy, ProbeFinding::Ok),
+                    ProbeVerdict::Unhealthy(reason) => (
                         Observation::Unhealthy {
                             reason,
                             answered: true,
                         },
                         ProbeFinding::Unhealthy,
                     ),
-                    Verdict::Rejected(reason) => (
+                    ProbeVerdict::Rejected(reason) => (
                         Observation::Rejected { reason, status },
                         ProbeFinding::of_refusal(status),
                     ),

@@ -98,7 +98,7 @@ pub fn merge_v2(bodies: &[&[u8]]) -> JolokiaMerge {
     }
     let contributed = usable.len();
     let name = usable.first().and_then(bare_value_name);
-    let values: Vec<&Node<'_>> = usable
+    let values: Vec<&JsonNode<'_>> = usable
         .iter()
         .filter_map(|envelope| field(envelope, "value"))
         .collect();
@@ -113,7 +113,7 @@ pub fn merge_v2(bodies: &[&[u8]]) -> JolokiaMerge {
     if let Some(timestamp) = timestamp {
         put(&mut envelope, "timestamp", timestamp);
     }
-    write(&Node::Object(envelope), contributed)
+    write(&JsonNode::Object(envelope), contributed)
 }
 
 /// Merges legacy `/metrics/v1/mbeans[/<mbean>]` bodies (no envelope, no in-band status); use it
@@ -133,7 +133,7 @@ pub fn merge_v1(bodies: &[&[u8]]) -> JolokiaMerge {
     if nodes.is_empty() {
         return JolokiaMerge::NothingUsable;
     }
-    let refs: Vec<&Node<'_>> = nodes.iter().collect();
+    let refs: Vec<&JsonNode<'_>> = nodes.iter().collect();
     write(&merge_nodes(None, &refs), nodes.len())
 }
 
@@ -146,8 +146,8 @@ pub fn merge_v1(bodies: &[&[u8]]) -> JolokiaMerge {
 /// not a usable envelope (unparseable, or an in-band error, whose reason must reach the client).
 pub fn set_population_value(body: &[u8], value: Value) -> Option<Vec<u8>> {
     let mut envelope = read_envelope(body).ok()?;
-    put(&mut envelope, "value", Node::Owned(value));
-    serde_json::to_vec(&Node::Object(envelope)).ok()
+    put(&mut envelope, "value", JsonNode::Owned(value));
+    serde_json::to_vec(&JsonNode::Object(envelope)).ok()
 }
 
 /// The MBean name of a `/metrics/v2/read/<mbean>[/<attr>[/<path>]]` request, from its raw path
@@ -215,12 +215,12 @@ enum EnvelopeError {
     InBand(String),
 }
 
-type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;
+type Entries<'a> = Vec<(Cow<'a, str>, JsonNode<'a>)>;
 
 /// A usable envelope's entries, in body order.
 fn read_envelope(body: &[u8]) -> Result<Entries<'_>, EnvelopeError> {
     let raw: &RawValue = serde_json::from_slice(body)?;
-    let Node::Object(entries) = parse(raw)? else {
+    let JsonNode::Object(entries) = parse(raw)? else {
         return Err(EnvelopeError::NotAnObject);
     };
     let status = field(&entries, "status")
@@ -236,7 +236,7 @@ fn read_envelope(body: &[u8]) -> Result<Entries<'_>, EnvelopeError> {
 /// The name a bare-number `value` combines by: the last segment of the request's `path`, else its
 /// `attribute` when that is one string.
 fn bare_value_name(envelope: &Entries<'_>) -> Option<String> {
-    let Some(Node::Object(request)) = field(envelope, "request") else {
+    let Some(JsonNode::Object(request)) = field(envelope, "request") else {
         return None;
     };
     let from_path = field(request, "path")
@@ -247,8 +247,8 @@ fn bare_value_name(envelope: &Entries<'_>) -> Option<String> {
 }
 
 /// The largest numeric `timestamp` among the envelopes, as written by its backend.
-fn newest_timestamp<'a>(envelopes: &[Entries<'a>]) -> Option<Node<'a>> {
-    let mut newest: Option<(&Node<'a>, Number)> = None;
+fn newest_timestamp<'a>(envelopes: &[Entries<'a>]) -> Option<JsonNode<'a>> {
+    let mut newest: Option<(&JsonNode<'a>, Number)> = None;
     for node in envelopes.iter().filter_map(|e| field(e, "timestamp")) {
         let Some(number) = number_of(node) else {
             continue;
@@ -267,7 +267,7 @@ fn newest_timestamp<'a>(envelopes: &[Entries<'a>]) -> Option<Node<'a>> {
     newest.map(|(node, _)| node.clone())
 }
 
-fn write(node: &Node<'_>, contributed: usize) -> JolokiaMerge {
+fn write(node: &JsonNode<'_>, contributed: usize) -> JolokiaMerge {
     match serde_json::to_vec(node) {
         Ok(body) => JolokiaMerge::Merged { body, contributed },
         Err(_) => JolokiaMerge::NothingUsable,
@@ -276,35 +276,35 @@ fn write(node: &Node<'_>, contributed: usize) -> JolokiaMerge {
 
 /// One JSON value: objects as ordered entries, everything else as raw text or a computed number.
 #[derive(Debug, Clone)]
-enum Node<'a> {
+enum JsonNode<'a> {
     Object(Entries<'a>),
     Raw(&'a RawValue),
     Number(Number),
     Owned(Value),
 }
 
-impl Serialize for Node<'_> {
+impl Serialize for JsonNode<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         match self {
-            Node::Object(entries) => {
+            JsonNode::Object(entries) => {
                 let mut map = serializer.serialize_map(Some(entries.len()))?;
                 for (key, value) in entries {
                     map.serialize_entry(key.as_ref(), value)?;
                 }
                 map.end()
             }
-            Node::Raw(raw) => raw.serialize(serializer),
-            Node::Number(number) => number.serialize(serializer),
-            Node::Owned(value) => value.serialize(serializer),
+            JsonNode::Raw(raw) => raw.serialize(serializer),
+            JsonNode::Number(number) => number.serialize(serializer),
+            JsonNode::Owned(value) => value.serialize(serializer),
         }
     }
 }
 
 /// Reads `raw` into a tree whose objects are ordered entries (a repeated key keeps its first
 /// position and its last value, as `serde_json` does) and whose other values stay raw.
-fn parse(raw: &RawValue) -> Result<Node<'_>, serde_json::Error> {
+fn parse(raw: &RawValue) -> Result<JsonNode<'_>, serde_json::Error> {
     if !raw.get().trim_start().starts_with('{') {
-        return Ok(Node::Raw(raw));
+        return Ok(JsonNode::Raw(raw));
     }
     let raw_entries = serde_json::from_str::<Fields<'_>>(raw.get())?.into_entries();
     let mut entries: Entries<'_> = Vec::with_capacity(raw_entries.len());
@@ -319,10 +319,10 @@ fn parse(raw: &RawValue) -> Result<Node<'_>, serde_json::Error> {
             }
         }
     }
-    Ok(Node::Object(entries))
+    Ok(JsonNode::Object(entries))
 }
 
-fn field<'n, 'a>(entries: &'n Entries<'a>, name: &str) -> Option<&'n Node<'a>> {
+fn field<'n, 'a>(entries: &'n Entries<'a>, name: &str) -> Option<&'n JsonNode<'a>> {
     entries
         .iter()
         .find(|(key, _)| key == name)
@@ -330,33 +330,35 @@ fn field<'n, 'a>(entries: &'n Entries<'a>, name: &str) -> Option<&'n Node<'a>> {
 }
 
 /// Sets `name` to `value` in place, or appends it.
-fn put<'a>(entries: &mut Entries<'a>, name: &'static str, value: Node<'a>) {
+fn put<'a>(entries: &mut Entries<'a>, name: &'static str, value: JsonNode<'a>) {
     match entries.iter_mut().find(|(key, _)| key == name) {
         Some(slot) => slot.1 = value,
         None => entries.push((Cow::Borrowed(name), value)),
     }
 }
 
-fn string_of(node: &Node<'_>) -> Option<String> {
+fn string_of(node: &JsonNode<'_>) -> Option<String> {
     match node {
-        Node::Raw(raw) => serde_json::from_str::<String>(raw.get()).ok(),
-        Node::Owned(Value::String(s)) => Some(s.clone()),
+        JsonNode::Raw(raw) => serde_json::from_str::<String>(raw.get()).ok(),
+        JsonNode::Owned(Value::String(s)) => Some(s.clone()),
         _ => None,
     }
 }
 
-fn number_of(node: &Node<'_>) -> Option<Number> {
+fn number_of(node: &JsonNode<'_>) -> Option<Number> {
     match node {
-        Node::Raw(raw) if kind(node) == Kind::Number => serde_json::from_str(raw.get()).ok(),
-        Node::Number(number) => Some(number.clone()),
-        Node::Owned(Value::Number(number)) => Some(number.clone()),
+        JsonNode::Raw(raw) if kind(node) == JsonKind::Number => {
+            serde_json::from_str(raw.get()).ok()
+        }
+        JsonNode::Number(number) => Some(number.clone()),
+        JsonNode::Owned(Value::Number(number)) => Some(number.clone()),
         _ => None,
     }
 }
 
 /// The JSON kind of a node, for the "mixed kinds keep the first value" rule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
+enum JsonKind {
     Object,
     Number,
     Array,
@@ -365,33 +367,33 @@ enum Kind {
     Null,
 }
 
-fn kind(node: &Node<'_>) -> Kind {
+fn kind(node: &JsonNode<'_>) -> JsonKind {
     match node {
-        Node::Object(_) => Kind::Object,
-        Node::Number(_) => Kind::Number,
-        Node::Raw(raw) => match raw.get().trim_start().as_bytes().first() {
-            Some(b'{') => Kind::Object,
-            Some(b'[') => Kind::Array,
-            Some(b'"') => Kind::String,
-            Some(b't' | b'f') => Kind::Bool,
-            Some(b'n') | None => Kind::Null,
-            Some(_) => Kind::Number,
+        JsonNode::Object(_) => JsonKind::Object,
+        JsonNode::Number(_) => JsonKind::Number,
+        JsonNode::Raw(raw) => match raw.get().trim_start().as_bytes().first() {
+            Some(b'{') => JsonKind::Object,
+            Some(b'[') => JsonKind::Array,
+            Some(b'"') => JsonKind::String,
+            Some(b't' | b'f') => JsonKind::Bool,
+            Some(b'n') | None => JsonKind::Null,
+            Some(_) => JsonKind::Number,
         },
-        Node::Owned(value) => match value {
-            Value::Object(_) => Kind::Object,
-            Value::Number(_) => Kind::Number,
-            Value::Array(_) => Kind::Array,
-            Value::String(_) => Kind::String,
-            Value::Bool(_) => Kind::Bool,
-            Value::Null => Kind::Null,
+        JsonNode::Owned(value) => match value {
+            Value::Object(_) => JsonKind::Object,
+            Value::Number(_) => JsonKind::Number,
+            Value::Array(_) => JsonKind::Array,
+            Value::String(_) => JsonKind::String,
+            Value::Bool(_) => JsonKind::Bool,
+            Value::Null => JsonKind::Null,
         },
     }
 }
 
 /// Merges one value per backend that has it (configured order); `name` is the key it sits under.
-fn merge_nodes<'a>(name: Option<&str>, nodes: &[&Node<'a>]) -> Node<'a> {
+fn merge_nodes<'a>(name: Option<&str>, nodes: &[&JsonNode<'a>]) -> JsonNode<'a> {
     let Some(&first) = nodes.first() else {
-        return Node::Owned(Value::Null);
+        return JsonNode::Owned(Value::Null);
     };
     if nodes.len() == 1 {
         return first.clone();
@@ -401,23 +403,23 @@ fn merge_nodes<'a>(name: Option<&str>, nodes: &[&Node<'a>]) -> Node<'a> {
         return first.clone();
     }
     match first_kind {
-        Kind::Object => merge_objects(nodes).unwrap_or_else(|| first.clone()),
-        Kind::Number => nodes
+        JsonKind::Object => merge_objects(nodes).unwrap_or_else(|| first.clone()),
+        JsonKind::Number => nodes
             .iter()
             .map(|node| number_of(node))
             .collect::<Option<Vec<Number>>>()
-            .and_then(|numbers| combine(Rule::of(name), &numbers))
-            .map_or_else(|| first.clone(), Node::Number),
-        Kind::Array | Kind::String | Kind::Bool | Kind::Null => first.clone(),
+            .and_then(|numbers| combine(NumberRule::of(name), &numbers))
+            .map_or_else(|| first.clone(), JsonNode::Number),
+        JsonKind::Array | JsonKind::String | JsonKind::Bool | JsonKind::Null => first.clone(),
     }
 }
 
 /// The union of the objects' keys, first-seen order, each key's values merged by its name.
-fn merge_objects<'a>(nodes: &[&Node<'a>]) -> Option<Node<'a>> {
-    let mut slots: Vec<(&Cow<'a, str>, Vec<&Node<'a>>)> = Vec::new();
+fn merge_objects<'a>(nodes: &[&JsonNode<'a>]) -> Option<JsonNode<'a>> {
+    let mut slots: Vec<(&Cow<'a, str>, Vec<&JsonNode<'a>>)> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for node in nodes {
-        let Node::Object(entries) = node else {
+        let JsonNode::Object(entries) = node else {
             return None;
         };
         for (key, value) in entries {
@@ -430,7 +432,7 @@ fn merge_objects<'a>(nodes: &[&Node<'a>]) -> Option<Node<'a>> {
             }
         }
     }
-    Some(Node::Object(
+    Some(JsonNode::Object(
         slots
             .into_iter()
             .map(|(key, values)| (key.clone(), merge_nodes(Some(key), &values)))
@@ -440,25 +442,25 @@ fn merge_objects<'a>(nodes: &[&Node<'a>]) -> Option<Node<'a>> {
 
 /// How the numbers under one attribute name combine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rule {
+enum NumberRule {
     Sum,
     Min,
     Max,
     Mean,
 }
 
-impl Rule {
-    fn of(name: Option<&str>) -> Rule {
+impl NumberRule {
+    fn of(name: Option<&str>) -> NumberRule {
         let Some(name) = name else {
-            return Rule::Sum;
+            return NumberRule::Sum;
         };
         let name = name.to_ascii_lowercase();
         match name.as_str() {
-            "min" => Rule::Min,
-            "max" | "uptime" | "starttime" => Rule::Max,
-            "mean" | "median" | "stddev" => Rule::Mean,
-            _ if name.ends_with("percentile") => Rule::Mean,
-            _ => Rule::Sum,
+            "min" => NumberRule::Min,
+            "max" | "uptime" | "starttime" => NumberRule::Max,
+            "mean" | "median" | "stddev" => NumberRule::Mean,
+            _ if name.ends_with("percentile") => NumberRule::Mean,
+            _ => NumberRule::Sum,
         }
     }
 }
@@ -482,14 +484,14 @@ fn int_number(value: i128) -> Option<Number> {
 }
 
 /// Combines at least one number by `rule`; `None` when the result is not a finite number.
-fn combine(rule: Rule, numbers: &[Number]) -> Option<Number> {
+fn combine(rule: NumberRule, numbers: &[Number]) -> Option<Number> {
     let ints: Option<Vec<i128>> = numbers.iter().map(as_int).collect();
     if let Some(ints) = ints {
         let integral = match rule {
-            Rule::Min => ints.iter().copied().min(),
-            Rule::Max => ints.iter().copied().max(),
-            Rule::Sum => ints.iter().try_fold(0i128, |sum, &i| sum.checked_add(i)),
-            Rule::Mean => {
+            NumberRule::Min => ints.iter().copied().min(),
+            NumberRule::Max => ints.iter().copied().max(),
+            NumberRule::Sum => ints.iter().try_fold(0i128, |sum, &i| sum.checked_add(i)),
+            NumberRule::Mean => {
                 let count = i128::try_from(ints.len()).ok()?;
                 ints.iter()
                     .try_fold(0i128, |sum, &i| sum.checked_add(i))
@@ -503,11 +505,11 @@ fn combine(rule: Rule, numbers: &[Number]) -> Option<Number> {
     }
     let floats: Vec<f64> = numbers.iter().map(as_float).collect();
     let result = match rule {
-        Rule::Min => floats.iter().copied().fold(f64::INFINITY, f64::min),
-        Rule::Max => floats.iter().copied().fold(f64::NEG_INFINITY, f64::max),
-        Rule::Sum => floats.iter().sum(),
+        NumberRule::Min => floats.iter().copied().fold(f64::INFINITY, f64::min),
+        NumberRule::Max => floats.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        NumberRule::Sum => floats.iter().sum(),
         // A count of backends is far below 2^53, so the cast is exact.
-        Rule::Mean => floats.iter().sum::<f64>() / floats.len() as f64,
+        NumberRule::Mean => floats.iter().sum::<f64>() / floats.len() as f64,
     };
     Number::from_f64(result)
 }

@@ -99,7 +99,7 @@ impl JolokiaPlan {
         &self,
         envelopes: &[&[u8]],
         resource_counts: &[&[u8]],
-        nodes: Option<Nodes>,
+        nodes: Option<PopulationNodes>,
     ) -> Option<(Response, usize)> {
         let merged = match self.route {
             MetricsRoute::V1Mbeans => jolokia::merge_v1(envelopes),
@@ -130,7 +130,11 @@ impl JolokiaPlan {
         Some((Response::json(StatusCode::OK, body), contributed))
     }
 
-    fn population_value(&self, resource_counts: &[&[u8]], nodes: Option<Nodes>) -> Option<Value> {
+    fn population_value(
+        &self,
+        resource_counts: &[&[u8]],
+        nodes: Option<PopulationNodes>,
+    ) -> Option<Value> {
         let population = self.population?;
         let nodes = nodes?;
         let resources = || -> Option<u64> {
@@ -152,7 +156,7 @@ impl JolokiaPlan {
 
 /// How many nodes the estate holds: active, and in any state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Nodes {
+struct PopulationNodes {
     active: usize,
     any: usize,
 }
@@ -228,7 +232,7 @@ impl Plan for JolokiaPlan {
             .iter()
             .filter_map(|b| calls.success(*b, RESOURCE_COUNT).map(|(_, body)| &body[..]))
             .collect();
-        let nodes = context.ownership.as_ref().map(|o| Nodes {
+        let nodes = context.ownership.as_ref().map(|o| PopulationNodes {
             active: o.node_count(),
             any: o.certname_count(),
         });
@@ -305,7 +309,7 @@ mod tests {
             json!({"Value": 3}),
         );
         let ownership = ownership();
-        let nodes = Some(Nodes {
+        let nodes = Some(PopulationNodes {
             active: ownership.node_count(),
             any: ownership.certname_count(),
         });
@@ -343,7 +347,7 @@ mod tests {
             "puppetlabs.puppetdb.population:name=avg-resources-per-node",
             json!({"Value": 10.0}),
         );
-        let nodes = Some(Nodes { active: 4, any: 6 });
+        let nodes = Some(PopulationNodes { active: 4, any: 6 });
         let (response, _) = plan
             .respond(&[&a], &[br#"[{"count":30}]"#, br#"[{"count":50}]"#], nodes)
             .expect("merged");

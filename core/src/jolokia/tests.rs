@@ -146,10 +146,10 @@ fn rule_names_match_case_insensitively() {
             "stddev": 2, "99THPERCENTILE": 2, "count": 4
         })
     );
-    assert_eq!(Rule::of(Some("maximum")), Rule::Sum);
-    assert_eq!(Rule::of(Some("Percentiles")), Rule::Sum);
-    assert_eq!(Rule::of(Some("95thpercentile")), Rule::Mean);
-    assert_eq!(Rule::of(None), Rule::Sum);
+    assert_eq!(NumberRule::of(Some("maximum")), NumberRule::Sum);
+    assert_eq!(NumberRule::of(Some("Percentiles")), NumberRule::Sum);
+    assert_eq!(NumberRule::of(Some("95thpercentile")), NumberRule::Mean);
+    assert_eq!(NumberRule::of(None), NumberRule::Sum);
 }
 
 #[test]

@@ -26,14 +26,14 @@ enum Place {
     Dropped,
     /// No certname to group it by: kept as it is.
     Loose,
-    /// One of this node's records (an index into [`Nodes::list`]).
-    Node(usize),
+    /// One of this node's records (an index into [`FactNodes::list`]).
+    FactNode(usize),
 }
 
 /// A node seen in the answers: the backends that returned it (in answer order), the one whose
 /// records are kept, that backend's last record of it (answer index, record index), and the
 /// environment of its first kept record.
-struct Node<'a> {
+struct FactNode<'a> {
     certname: Cow<'a, str>,
     holders: Vec<(usize, Holding)>,
     owner: Option<usize>,
@@ -44,12 +44,12 @@ struct Node<'a> {
 /// The nodes of a merge, indexed by certname. Records come grouped by node, so the index is
 /// consulted only when the certname changes from the record before.
 #[derive(Default)]
-struct Nodes<'a> {
-    list: Vec<Node<'a>>,
+struct FactNodes<'a> {
+    list: Vec<FactNode<'a>>,
     index: HashMap<Cow<'a, str>, usize>,
 }
 
-impl<'a> Nodes<'a> {
+impl<'a> FactNodes<'a> {
     /// The node named `certname`, noting that `backend` returned it and whose copy that is.
     fn seen(
         &mut self,
@@ -60,7 +60,7 @@ impl<'a> Nodes<'a> {
         let next = self.list.len();
         let node = *self.index.entry(certname.clone()).or_insert(next);
         if node == next {
-            self.list.push(Node {
+            self.list.push(FactNode {
                 certname,
                 holders: Vec::with_capacity(2),
                 owner: None,
@@ -98,7 +98,7 @@ pub(crate) fn merge(
     let drop_source = plan.provenance != Provenance::Off;
 
     // Pass 1: place each record; note which backends returned each node.
-    let mut nodes = Nodes::default();
+    let mut nodes = FactNodes::default();
     let mut dropped = 0usize;
     let mut places: Vec<Vec<Place>> = Vec::with_capacity(parsed.len());
     for (answer, records) in &parsed {
@@ -114,13 +114,13 @@ pub(crate) fn merge(
             } else {
                 match (certname, previous) {
                     (Some(raw), Some((last, node))) if same_text(raw.get(), last) => {
-                        Place::Node(node)
+                        Place::FactNode(node)
                     }
                     (Some(raw), _) => match raw_str(raw) {
                         Some(certname) => {
                             let node = nodes.seen(certname, backend.0, owning);
                             previous = Some((raw.get(), node));
-                            Place::Node(node)
+                            Place::FactNode(node)
                         }
                         None => Place::Loose,
                     },
@@ -147,7 +147,7 @@ pub(crate) fn merge(
     for (answer, ((this, _), backend_places)) in parsed.iter().zip(&places).enumerate() {
         let backend = this.backend;
         for (index, place) in backend_places.iter().enumerate() {
-            if let Place::Node(node) = *place {
+            if let Place::FactNode(node) = *place {
                 let node = &mut nodes.list[node];
                 if node.owner == Some(backend.0) {
                     node.last = Some((answer, index));
@@ -190,7 +190,7 @@ pub(crate) fn merge(
             match *place {
                 Place::Dropped => continue,
                 Place::Loose => {}
-                Place::Node(node_index) => {
+                Place::FactNode(node_index) => {
                     let node = &mut nodes.list[node_index];
                     if node.owner != Some(backend.0) {
                         continue;

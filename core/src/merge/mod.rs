@@ -30,7 +30,7 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::corrections::Learned;
 use crate::entity::{Entity, MergeRule};
-use crate::fanout::{Calls, Context, Outbound, Plan, Step, Verdict};
+use crate::fanout::{Calls, Context, CorrectionCall, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
 use crate::membership::Scope;
 use crate::message::Response;
@@ -112,20 +112,10 @@ impl Merged {
 
 /// One backend this merge asks.
 #[derive(Debug, Clone, Copy)]
-struct Asked {
+struct BackendAsked {
     backend: BackendId,
     limit: Option<u64>,
     push: bool,
-}
-
-/// A correction this merge needs from one backend: its request, the key it is kept under, and
-/// whether the estate already knew the answer.
-#[derive(Debug)]
-struct Correction {
-    backend: BackendId,
-    outbound: Outbound,
-    key: String,
-    known: Option<Bytes>,
 }
 
 /// A backend's records, parsed as raw JSON and borrowed from its body.
@@ -182,11 +172,11 @@ pub(crate) struct RecordPlan {
     distinct_owned: Option<NodeScope>,
     /// The backends asked, the limit each was asked for, and whether ownership was pushed into
     /// its first request; set by [`Plan::start`].
-    asked: Vec<Asked>,
+    asked: Vec<BackendAsked>,
     /// Backends in the roster that hold none of the certnames the query is pinned to.
     excused: usize,
     /// The corrections the total needs; set by [`Plan::start`].
-    corrections: Vec<Correction>,
+    corrections: Vec<CorrectionCall>,
 }
 
 /// The fields that tell one stored report (or event) from another, so that the copies several
@@ -316,7 +306,7 @@ impl RecordPlan {
         let history_total =
             entity.is_history() && include_total && window.is_paged() && pushable && !node_owned;
         let history_node_state = entity.is_history() && !node_owned && pushable && names_node_state;
-        // Asked whether or not `latest_report?` makes the history node-owned: one backend's own
+        // BackendAsked whether or not `latest_report?` makes the history node-owned: one backend's own
         // rows are not merged by their projected content either (D22).
         let history_helpers = match (&analysis, pushable) {
             (Some(a), true) if !a.plain_columns.is_empty() && !a.has_function_column() => {
@@ -714,7 +704,7 @@ impl Plan for RecordPlan {
             false => self.window.upstream_limit(),
         };
         let technique = self.owned.map(|(_, technique)| technique);
-        let limits: Vec<Asked> = asked
+        let limits: Vec<BackendAsked> = asked
             .iter()
             .map(|&backend| {
                 let (limit, push) = match (reach, technique, self.owning(context, &asked)) {
@@ -726,7 +716,7 @@ impl Plan for RecordPlan {
                     }
                     (reach, technique, _) => (reach, technique == Some(Technique::Pushdown)),
                 };
-                Asked {
+                BackendAsked {
                     backend,
                     limit,
                     push,
@@ -736,7 +726,7 @@ impl Plan for RecordPlan {
         self.asked = limits;
         let mut calls = Vec::new();
         let mut corrections = Vec::new();
-        for &Asked { backend, push, .. } in &self.asked.clone() {
+        for &BackendAsked { backend, push, .. } in &self.asked.clone() {
             calls.push((backend, RECORDS));
             if push && self.owned.is_some() {
                 // Its answer's own total is exact.
@@ -754,7 +744,7 @@ impl Plan for RecordPlan {
             if known.is_none() {
                 calls.push((backend, CORRECTION));
             }
-            corrections.push(Correction {
+            corrections.push(CorrectionCall {
                 backend,
                 outbound,
                 key,
@@ -770,10 +760,7 @@ impl Plan for RecordPlan {
         let (limit, push) = asked.map_or((None, false), |a| (a.limit, a.push));
         match part {
             CORRECTION => match self.corrections.iter().find(|c| c.backend == backend) {
-                Some(correction) => Outbound {
-                    purpose: crate::message::Purpose::Correction,
-                    ..correction.outbound.clone()
-                },
+                Some(correction) => correction.request(),
                 None => self.records_request(backend, limit, false, context),
             },
             PUSHED => self.records_request(backend, self.window.upstream_limit(), true, context),
@@ -788,7 +775,7 @@ impl Plan for RecordPlan {
         let asked = self.asked_ids();
         let mut answers = Vec::new();
         let mut unusable: Unusables = Vec::new();
-        for &Asked { backend, limit, .. } in &self.asked {
+        for &BackendAsked { backend, limit, .. } in &self.asked {
             let (part, limit) = match calls.get(backend, PUSHED) {
                 Some(_) => (PUSHED, self.window.upstream_limit()),
                 None => (RECORDS, limit),
@@ -873,18 +860,7 @@ impl Plan for RecordPlan {
     }
 
     fn learned(&self, calls: &Calls) -> Vec<Learned> {
-        self.corrections
-            .iter()
-            .filter(|c| c.known.is_none())
-            .filter_map(|c| {
-                let (_, body) = calls.success(c.backend, CORRECTION)?;
-                Some(Learned {
-                    backend: c.backend,
-                    target: c.key.clone(),
-                    body: body.clone(),
-                })
-            })
-            .collect()
+        CorrectionCall::learned(&self.corrections, calls, CORRECTION)
     }
 }
 

@@ -47,7 +47,7 @@ fn plan(
     config: &Arc<Config>,
     target: &str,
     ownership: Option<Arc<Ownership>>,
-) -> Result<Planned, String> {
+) -> Result<TestPlan, String> {
     let request = ClientRequest::get(target);
     let route: Route = classify(&request).map_err(|e| e.to_string())?;
     let entity = route.entity().ok_or("not a query route")?;
@@ -79,7 +79,7 @@ fn plan(
         ownership,
     };
     let first = plan.start(&context);
-    Ok(Planned {
+    Ok(TestPlan {
         plan,
         context,
         first,
@@ -87,13 +87,13 @@ fn plan(
 }
 
 /// A started plan, its context and its first calls.
-struct Planned {
+struct TestPlan {
     plan: RecordPlan,
     context: Context,
     first: Vec<(BackendId, usize)>,
 }
 
-impl Planned {
+impl TestPlan {
     /// The request of a first-round call.
     fn upstream(&self, backend: usize) -> crate::fanout::Outbound {
         self.plan
@@ -107,7 +107,7 @@ type Answered = (String, Option<String>);
 /// Merges bodies (with optional X-Records) given as the first round's answers; returns (body,
 /// X-Records), or the calls the plan asks for next.
 fn progress(
-    planned: &mut Planned,
+    planned: &mut TestPlan,
     bodies: &[(&str, Option<u64>)],
 ) -> Result<Answered, Vec<(BackendId, usize)>> {
     let calls = Calls(
@@ -147,7 +147,7 @@ fn progress(
     }
 }
 
-fn merge(planned: &mut Planned, bodies: &[(&str, Option<u64>)]) -> (String, Option<String>) {
+fn merge(planned: &mut TestPlan, bodies: &[(&str, Option<u64>)]) -> (String, Option<String>) {
     progress(planned, bodies).unwrap_or_else(|more| panic!("asks again: {more:?}"))
 }
 
