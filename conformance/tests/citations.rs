@@ -1,4 +1,5 @@
-//! Every citation of the project's docs resolves: where the code, the scripts, the manifests or
+//! Every citation of the project's docs and files resolves: a repository file named by its path
+//! from the root (`core/src/estate/mod.rs`) exists; where the code, the scripts, the manifests or
 //! the docs themselves name `docs/<file>.md` (or one of the docs by its bare name), that file
 //! exists, and a section it names — `docs/merging.md, "Who owns a node"`, `docs/merging.md
 //! "Paging"`, `[text](merging.md#who-owns-a-node)` — is a heading of it. Nothing cites a file
@@ -145,6 +146,60 @@ fn citations(
     out
 }
 
+/// The directories a citation of a repository file starts with.
+const TOP_DIRS: &[&str] = &[
+    "core/",
+    "driver/",
+    "cli/",
+    "tls/",
+    "sealed/",
+    "conformance/",
+    "e2e/",
+    "bench/",
+    "deploy/",
+    "runtime-tokio/",
+    "runtime-smol/",
+    "runtime-cases/",
+    "fuzz/",
+    "docs/",
+];
+
+/// Every repository file `text` names by its path from the root (`core/src/estate/mod.rs`,
+/// `e2e/histories/generate.py`), with its line number.
+fn cited_files(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (number, line) in text.lines().enumerate() {
+        for dir in TOP_DIRS {
+            let mut at = 0;
+            while let Some(found) = line[at..].find(dir) {
+                let start = at + found;
+                at = start + dir.len();
+                // Part of a longer path (`../core/…`, `deploy/kubernetes/…` inside another).
+                if start > 0
+                    && line[..start].ends_with(|c: char| {
+                        c.is_alphanumeric() || c == '/' || c == '.' || c == '-' || c == '_'
+                    })
+                {
+                    continue;
+                }
+                let end = line[start..]
+                    .find(|c: char| !(c.is_alphanumeric() || "_./-".contains(c)))
+                    .map_or(line.len(), |e| start + e);
+                let path = line[start..end].trim_end_matches('.');
+                let is_file = [".rs", ".py", ".sh", ".md", ".yaml", ".json", ".toml"]
+                    .iter()
+                    .any(|ext| path.ends_with(ext));
+                // A glob, or a file a run writes (under a hidden state directory), is not one
+                // the repository holds.
+                if is_file && !path.contains("..") && !path.contains('*') && !path.contains("/.") {
+                    out.push((number + 1, path.to_owned()));
+                }
+            }
+        }
+    }
+    out
+}
+
 #[test]
 fn every_cited_doc_and_section_exists() {
     let root = root();
@@ -173,6 +228,12 @@ fn every_cited_doc_and_section_exists() {
                     number + 1,
                     line.trim()
                 ));
+            }
+        }
+        for (line, file) in cited_files(&text) {
+            checked += 1;
+            if !root.join(&file).exists() {
+                problems.push(format!("{shown}:{line}: {file} does not exist"));
             }
         }
         for (line, name, section) in citations(&text, &docs) {

@@ -8,7 +8,7 @@
 //!
 //! That every metric name the rules and the dashboard use is exported is checked against a real
 //! scrape of both binaries by the runtime case `every_metric_the_dashboard_and_rules_use_is_exported`
-//! (runtime-smol/tests/cases/dashboard.rs).
+//! (runtime-cases/src/cases/dashboard.rs).
 
 use std::collections::{BTreeSet, HashSet};
 

@@ -1,7 +1,7 @@
 //! Test support: scripted raw-TCP backends and a pdbmux process on loopback.
 //!
-//! Shared by both runtimes' `tests/runtime.rs` (runtime-tokio includes it by `#[path]`): the
-//! binary under test is a parameter, see [`binary`].
+//! Shared by both runtimes' `tests/runtime.rs`: the binary under test is a parameter, see
+//! [`binary`].
 
 #![allow(dead_code, missing_docs, clippy::unwrap_used)]
 

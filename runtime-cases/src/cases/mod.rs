@@ -1,8 +1,9 @@
 //! The runtime cases both binaries must pass, against scripted raw-TCP backends: body limits while
 //! streaming, request limits, keep-alive, graceful shutdown and cancellation.
 //!
-//! Each case is a function of the binary under test; [`runtime_cases!`] turns the list into
-//! `#[test]`s for one binary. A new case is a function here plus its name in the macro.
+//! Each case is a function of the binary under test; [`runtime_cases!`](crate::runtime_cases)
+//! turns the list into `#[test]`s for one binary. A new case is a function here plus its name in
+//! the macro.
 
 #![allow(dead_code, missing_docs, clippy::unwrap_used)]
 
@@ -615,9 +616,11 @@ pub fn a_partial_fan_out_is_counted_in_healthz(bin: &Path) {
 
 /// `#[test]`s running every case against one binary, e.g.
 /// `runtime_cases!(env!("CARGO_BIN_EXE_pdbmux-smol"));` (`RUNTIME_TEST_BIN` overrides it).
+/// The `#[test]`s of every case for the binary at `$binary` (`env!("CARGO_BIN_EXE_<name>")`).
+#[macro_export]
 macro_rules! runtime_cases {
     ($binary:expr) => {
-        runtime_cases!(@each $binary;
+        $crate::runtime_cases!(@each $binary;
             a_streamed_body_over_the_limit_aborts_the_connection,
             a_declared_length_over_the_limit_fails_that_backend_and_the_next_one_answers,
             request_limits_are_enforced_before_any_backend_is_asked,
@@ -661,7 +664,7 @@ macro_rules! runtime_cases {
         $(
             #[test]
             fn $case() {
-                cases::$case(&support::binary($binary));
+                $crate::cases::$case(&$crate::support::binary($binary));
             }
         )*
     };
