@@ -9,7 +9,8 @@
 #   ONLY="overview" bash bench/latency/run.sh   # only questions whose name starts so
 #
 # Environment: NODES (2000), FACTS (150), REPORTS (1 per node and backend), OVERLAPS ("0.2 0.6"),
-# ROUNDS (15), ONLY, MUX_BIN
+# ROUNDS (15), ONLY, CACHE (off: every cache TTL 0, every answer a fan-out; default: pdbmux's
+# defaults, the cache warm after each question's first round), MUX_BIN
 # (default target/release/pdbmux, built here), KEEP=1 (leave the PuppetDBs running afterwards).
 # Loopback only; every process it starts is stopped before it exits unless KEEP=1.
 set -euo pipefail
@@ -20,6 +21,12 @@ FACTS=${FACTS:-150}
 REPORTS=${REPORTS:-1}
 OVERLAPS=${OVERLAPS:-0.2 0.6}
 ROUNDS=${ROUNDS:-15}
+CACHE=${CACHE:-off}
+case $CACHE in
+  off) CACHE_ENV=(PDBMUX_FACTS_TTL=0 PDBMUX_HISTORY_TTL=0 PDBMUX_AGGREGATE_TTL=0) ;;
+  default) CACHE_ENV=() ;;
+  *) echo "bench: CACHE is off or default" >&2; exit 2 ;;
+esac
 STATE=${BENCH_STATE:-$PWD/bench/.state}
 PORTS=${BENCH_PORTS:-19080 19081 19443 19082}
 MUX_PORT=${BENCH_LISTEN_PORT:-19900}
@@ -56,13 +63,13 @@ for overlap in $OVERLAPS; do
   python3 bench/latency/estate.py --backends "$E2E_BACKENDS" --union "$E2E_UNION" \
     --nodes "$NODES" --facts "$FACTS" --reports "$REPORTS" --shared "$overlap" --out "$estate"
   env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$E2E_BACKENDS" \
-    PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_METRICS_LISTEN= PDBMUX_FACTS_TTL=0 PDBMUX_LOG_FORMAT=json \
+    PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_METRICS_LISTEN= "${CACHE_ENV[@]}" PDBMUX_LOG_FORMAT=json \
     PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug \
     "$MUX_BIN" serve >"$STATE/pdbmux.log" 2>&1 &
   MUX_PID=$!
   for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$MUX_PORT") 2>/dev/null && break; sleep 0.1; done
   echo
-  echo "== $NODES nodes ($REPORTS reports each per backend), $overlap held by both ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "== $NODES nodes ($REPORTS reports each per backend), $overlap held by both, cache $CACHE ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
   python3 bench/latency/latency.py --estate "$estate" --pdbmux "http://127.0.0.1:$MUX_PORT" \
     --rounds "$ROUNDS" ${ONLY:+--only "$ONLY"} --json "$STATE/latency-$overlap.json" \
     --phases "$STATE/pdbmux.log"

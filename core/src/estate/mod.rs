@@ -13,7 +13,7 @@ use crate::clock::ClockAnchor;
 use crate::config::{Config, Renews};
 use crate::exchange::{Exchange, ExchangeReport};
 use crate::fanout::Context;
-use crate::health::{HealthTable, ProbeResult, ProbeSettings};
+use crate::health::{ProbeSettings, Prober, ProberOutput};
 use crate::healthz::{QueryRounds, ReachabilityCheck, REACHABILITY_PATH};
 use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
 use crate::membership::{MembershipMap, MembershipOutput, Ownership};
@@ -193,9 +193,7 @@ pub struct Estate {
     cache: Option<Cache>,
     flights: BTreeMap<FlightId, Flight>,
     flight_keys: BTreeMap<String, FlightId>,
-    health: HealthTable,
-    /// Probes in flight: which backend each answers for.
-    probes: BTreeMap<UpstreamId, BackendId>,
+    prober: Prober,
     rounds: QueryRounds,
     /// PQL translations backends gave.
     translations: Translations,
@@ -207,36 +205,15 @@ pub struct Estate {
     outputs: VecDeque<EstateOutput>,
 }
 
-/// What the estate counts for pdbmux's metrics ([`Estate::stats`]), per configured backend where
-/// it is about one. Counts only grow: a reload carries each backend's over by name.
+/// What the estate counts for pdbmux's metrics ([`Estate::stats`]) besides its parts' own
+/// counts. Counts only grow.
 #[derive(Debug, Default)]
 struct Counts {
-    transitions: Vec<[u64; crate::stats::TRANSITIONS.len()]>,
     flight_joins: u64,
     /// Background refreshes started by hits past their share of the TTL.
     refreshes_ahead: u64,
     /// Evictions of caches a reload replaced.
     earlier_evictions: u64,
-}
-
-impl Counts {
-    fn new(backends: usize) -> Counts {
-        Counts {
-            transitions: vec![[0; crate::stats::TRANSITIONS.len()]; backends],
-            ..Counts::default()
-        }
-    }
-
-    /// The per-backend counts for new backends, `carried[i]` naming each one's old index.
-    fn carry(&mut self, carried: &[Option<usize>]) {
-        self.transitions = carried
-            .iter()
-            .map(|old| {
-                old.and_then(|i| self.transitions.get(i).copied())
-                    .unwrap_or_default()
-            })
-            .collect();
-    }
 }
 
 impl Estate {
@@ -245,12 +222,11 @@ impl Estate {
     pub fn new(config: Config, clock: ClockAnchor) -> Estate {
         let backends = config.backends.len();
         let cache = new_cache(&config);
-        let health = HealthTable::new(clock.instant, ProbeSettings::from_config(&config), backends);
+        let prober = Prober::new(clock.instant, ProbeSettings::from_config(&config), backends);
         let shared = SharedTier::of(&config, token_base(&clock));
         Estate {
             shared,
-            health,
-            probes: BTreeMap::new(),
+            prober,
             rounds: QueryRounds::default(),
             config: Arc::new(config),
             upstream_ids: Counter::default(),
@@ -263,7 +239,7 @@ impl Estate {
             flight_keys: BTreeMap::new(),
             membership: MembershipMap::new(clock.instant, backends),
             translations: Translations::default(),
-            counts: Counts::new(backends),
+            counts: Counts::default(),
             cache_generation: 0,
             outputs: VecDeque::new(),
         }
@@ -325,23 +301,19 @@ impl Estate {
             .iter()
             .map(|backend| old.backends.iter().position(|b| b == backend))
             .collect();
-        let probes = std::mem::take(&mut self.probes);
+        let probes = self
+            .prober
+            .reconfigure(now, ProbeSettings::from_config(&config), &carried);
         // Requests queued for the runtime to send still name old backends' indices.
-        self.outputs.retain(
-            |output| !matches!(output, EstateOutput::Send(r) if probes.contains_key(&r.id)),
-        );
         self.outputs
-            .extend(probes.into_keys().map(EstateOutput::Cancel));
-        let settings = ProbeSettings::from_config(&config);
-        let health =
-            std::mem::replace(&mut self.health, HealthTable::new(now, settings.clone(), 0));
-        self.health = health.carried(now, settings, &carried);
+            .retain(|output| !matches!(output, EstateOutput::Send(r) if probes.contains(&r.id)));
+        self.outputs
+            .extend(probes.into_iter().map(EstateOutput::Cancel));
         if same_backends {
             self.send_due_probes(now);
             return;
         }
         self.rounds = QueryRounds::default();
-        self.counts.carry(&carried);
         // The estate's own requests to the old backends are abandoned: their answers would
         // land on the new backends' indices.
         let (mut abandoned, waiting) = self.membership.reset(now, &carried);
@@ -381,35 +353,19 @@ impl Estate {
         admission
     }
 
-    /// Turns the probes that are due into upstream requests.
+    /// Sends the probes that are due.
     fn send_due_probes(&mut self, now: Instant) {
-        for backend in self.health.due_probes(now) {
-            let id = UpstreamId(self.upstream_ids.next());
-            self.probes.insert(id, backend);
-            self.outputs.push_back(EstateOutput::Send(UpstreamRequest {
-                id,
-                backend,
-                method: http::Method::GET,
-                path_and_query: self.health.settings().path.clone(),
-                body: None,
-                body_mode: crate::message::BodyMode::Buffer,
-                deadline: now + self.health.settings().timeout,
-                purpose: crate::message::Purpose::Probe,
-                correlation: Vec::new(),
-            }));
-        }
+        self.prober.send_due(now, &mut self.upstream_ids);
+        self.drain_prober();
     }
 
-    fn record_probe(&mut self, now: Instant, backend: BackendId, result: ProbeResult) {
-        for transition in self.health.record(now, backend, result) {
-            let kind = crate::stats::TRANSITIONS
-                .iter()
-                .position(|kind| *kind == transition.kind());
-            if let (Some(counts), Some(kind)) = (self.counts.transitions.get_mut(backend.0), kind) {
-                counts[kind] += 1;
-            }
-            let name = crate::status::backend_name(&self.config.backends, transition.backend());
-            transition.log(name);
+    /// Moves what the prober asks for to the estate's outputs.
+    fn drain_prober(&mut self) {
+        while let Some(output) = self.prober.poll_output() {
+            self.outputs.push_back(match output {
+                ProberOutput::Send(request) => EstateOutput::Send(request),
+                ProberOutput::Cancel(id) => EstateOutput::Cancel(id),
+            });
         }
     }
 
@@ -512,7 +468,7 @@ impl Estate {
         };
         let context = Context {
             config: Arc::clone(&self.config),
-            roster: without(self.health.roster(), &planned.waited_out),
+            roster: without(self.prober.roster(), &planned.waited_out),
             ownership,
             corrections: Arc::clone(self.membership.corrections()),
         };
@@ -576,7 +532,7 @@ impl Estate {
         let fetch = PendingFetch {
             context: Context {
                 config: Arc::clone(&self.config),
-                roster: self.health.roster(),
+                roster: self.prober.roster(),
                 ownership,
                 corrections: Arc::clone(self.membership.corrections()),
             },
@@ -630,7 +586,7 @@ impl Estate {
         let asked = pql.translation_target();
         let context = Context {
             config: Arc::clone(&self.config),
-            roster: self.health.roster(),
+            roster: self.prober.roster(),
             ownership: None,
             corrections: Arc::clone(self.membership.corrections()),
         };
@@ -773,7 +729,7 @@ impl Estate {
     }
 
     fn refresh_membership_if_due(&mut self, now: Instant) {
-        let roster = self.health.roster();
+        let roster = self.prober.roster();
         self.membership
             .refresh_if_due(now, &roster, (&mut self.upstream_ids, &self.config));
         self.drain_membership();
@@ -824,9 +780,12 @@ impl Estate {
         id: UpstreamId,
         response: UpstreamResponse,
     ) {
-        if let Some(backend) = self.probes.remove(&id) {
-            self.record_probe(now, backend, ProbeResult::from_response(&response));
-            self.send_due_probes(now);
+        if self.prober.handle_response(
+            now,
+            (id, &response),
+            (&mut self.upstream_ids, &self.config.backends),
+        ) {
+            self.drain_prober();
             return;
         }
         if let Some(check) = &mut self.reachability {
@@ -850,9 +809,12 @@ impl Estate {
         id: UpstreamId,
         failure: UpstreamFailure,
     ) {
-        if let Some(backend) = self.probes.remove(&id) {
-            self.record_probe(now, backend, ProbeResult::from_failure(&failure));
-            self.send_due_probes(now);
+        if self.prober.handle_failure(
+            now,
+            (id, &failure),
+            (&mut self.upstream_ids, &self.config.backends),
+        ) {
+            self.drain_prober();
             return;
         }
         if let Some(check) = &mut self.reachability {
@@ -901,18 +863,9 @@ impl Estate {
 
     /// Time passed: expire what is past its deadline. A call before any deadline is a no-op.
     pub fn handle_timeout(&mut self, now: Instant) {
-        for backend in self.health.overdue(now) {
-            let id = self
-                .probes
-                .iter()
-                .find_map(|(id, b)| (*b == backend).then_some(*id));
-            if let Some(id) = id {
-                self.probes.remove(&id);
-                self.outputs.push_back(EstateOutput::Cancel(id));
-            }
-            self.record_probe(now, backend, ProbeResult::timed_out());
-        }
-        self.send_due_probes(now);
+        self.prober
+            .handle_timeout(now, (&mut self.upstream_ids, &self.config.backends));
+        self.drain_prober();
         let mut expired = Vec::new();
         if let Some(check) = &mut self.reachability {
             expired.extend(check.calls.expire(now));
@@ -946,7 +899,7 @@ impl Estate {
         [
             reachability,
             membership,
-            self.health.next_deadline(),
+            self.prober.deadline(),
             self.shared_deadline(),
         ]
         .into_iter()
@@ -964,15 +917,10 @@ impl Estate {
             .map(|backend| crate::stats::BackendStats {
                 name: crate::status::backend_name(&self.config.backends, backend).to_owned(),
                 state: self
-                    .health
+                    .prober
                     .report(backend)
                     .map_or("unmonitored", |r| r.state.as_str()),
-                transitions: self
-                    .counts
-                    .transitions
-                    .get(backend.0)
-                    .copied()
-                    .unwrap_or_default(),
+                transitions: self.prober.transitions(backend),
                 owned_nodes: owned.get(backend.0).copied().unwrap_or(0),
                 membership_age: self.membership.part_age(now, backend),
                 membership_failures: self.membership.failures(backend),
@@ -1021,7 +969,7 @@ impl Estate {
                 let health: Vec<_> = self
                     .all_backends()
                     .into_iter()
-                    .map(|b| self.health.report(b))
+                    .map(|b| self.prober.report(b))
                     .collect();
                 let response = check.response(
                     &self.config,

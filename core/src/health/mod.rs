@@ -27,6 +27,7 @@
 //! "Backend health").
 
 mod classify;
+mod prober;
 
 use std::time::{Duration, Instant};
 
@@ -37,6 +38,7 @@ use crate::ids::BackendId;
 use crate::message::{ConnectCause, UpstreamBody, UpstreamFailure, UpstreamResponse};
 
 pub use classify::{classify, ProbeVerdict};
+pub(crate) use prober::{Prober, ProberOutput};
 
 /// How backends are probed; build it with [`ProbeSettings::from_config`].
 #[derive(Debug, Clone, PartialEq, Eq)]
