@@ -18,7 +18,8 @@ union. For each page:
 pdbmux runs with its default configuration (every merged answer cached, refresh ahead). A
 page's time is its HTML's plus each data request found in it (URLs ending in `json` in its
 scripts), asked one after another as its scripts do; Puppetboard's own rendering is inside both.
-Prints a table of medians and ratios (pdbmux / union).
+Prints a table of medians and ratios (pdbmux / union), and how much of a warm page was pdbmux's
+own time (its access lines: the requests Puppetboard made of it and their `ms`).
 
 Python 3 standard library only (Puppetboard runs in the venv given).
 """
@@ -107,21 +108,41 @@ class Board:
 
 
 class Mux:
-    """A pdbmux over the estate's two backends, default configuration."""
+    """A pdbmux over the estate's two backends, default configuration, its access lines in a
+    file (to tell its own share of a page's time)."""
 
     def __init__(self, binary: str, backends: str, work: Path):
         port = free_port()
         self.base = f"http://127.0.0.1:{port}"
         env = {"PATH": os.environ["PATH"], "HOME": str(work), "PDBMUX_BACKENDS": backends,
                "PDBMUX_LISTEN": f"127.0.0.1:{port}", "PDBMUX_METRICS_LISTEN": "",
-               "PDBMUX_LOG_LEVEL": "warn"}
-        self.proc = subprocess.Popen([binary, "serve"], env=env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+               "PDBMUX_LOG_LEVEL": "warn,pdbmux::access=info", "NO_COLOR": "1"}
+        self.log_path = work / "pdbmux.log"
+        self.log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([binary, "serve"], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
         pinned = "/pdb/query/v4/nodes?query=%5B%22%3D%22%2C%22certname%22%2C%22x.invalid%22%5D"
         wait_for(self.base + pinned, time.monotonic() + 30)
 
+    def mark(self) -> int:
+        """Where its log ends now."""
+        self.log.flush()
+        return self.log_path.stat().st_size
+
+    def served_since(self, mark: int) -> tuple[int, float]:
+        """Requests answered since `mark`, and the seconds pdbmux spent on them (its access
+        lines' `ms`)."""
+        time.sleep(0.05)
+        with open(self.log_path, "rb") as log:
+            log.seek(mark)
+            lines = log.read().decode(errors="replace").splitlines()
+        took = [int(m.group(1)) for line in lines
+                if (m := re.search(r" ms=(\d+) ", line)) and "pdbmux::access" in line]
+        return len(took), sum(took) / 1000
+
     def close(self) -> None:
         stop(self.proc)
+        self.log.close()
 
 
 def main() -> int:
@@ -153,25 +174,32 @@ def main() -> int:
             board = Board(args.venv, mux.base, work, "pdbmux")
             try:
                 cold = (board.visit(page), union.visit(page))
-                warm_mux = [board.visit(page) for _ in range(args.rounds)]
+                warm_mux, own = [], []
+                for _ in range(args.rounds):
+                    mark = mux.mark()
+                    warm_mux.append(board.visit(page))
+                    own.append(mux.served_since(mark))
                 warm_union = [union.visit(page) for _ in range(args.rounds)]
             finally:
                 board.close()
                 mux.close()
             results[name] = {"cold": cold,
-                             "warm": (statistics.median(warm_mux), statistics.median(warm_union))}
+                             "warm": (statistics.median(warm_mux), statistics.median(warm_union)),
+                             "pdbmux_requests": statistics.median(n for n, _ in own),
+                             "pdbmux_seconds": statistics.median(t for _, t in own)}
     finally:
         union.close()
     print(f"Puppetboard pages through pdbmux (default configuration) and straight at the union "
           f"(ms; warm: median of {args.rounds} visits)")
     print(f"{'page':<28} {'cold pdbmux':>11} {'cold U':>8} {'ratio':>6}   "
-          f"{'warm pdbmux':>11} {'warm U':>8} {'ratio':>6}")
+          f"{'warm pdbmux':>11} {'warm U':>8} {'ratio':>6}   {'of it pdbmux':>12}")
     warm_ratios = []
     for name, r in results.items():
         (cm, cu), (wm, wu) = r["cold"], r["warm"]
         warm_ratios.append(wm / wu)
+        own = f"{r['pdbmux_seconds'] * 1000:.0f} ms/{r['pdbmux_requests']:.0f} req"
         print(f"{name:<28} {cm * 1000:>11.0f} {cu * 1000:>8.0f} {cm / cu:>6.2f}   "
-              f"{wm * 1000:>11.0f} {wu * 1000:>8.0f} {wm / wu:>6.2f}")
+              f"{wm * 1000:>11.0f} {wu * 1000:>8.0f} {wm / wu:>6.2f}   {own:>12}")
     geo = statistics.geometric_mean(warm_ratios)
     print(f"warm geometric mean: {geo:.2f}x the union")
     if args.json:
