@@ -11,8 +11,8 @@ use crate::cache::CacheReport;
 use crate::clock::ClockAnchor;
 use crate::config::Config;
 use crate::health::BackendHealthReport;
-use crate::ids::WaiterId;
-use crate::message::Response;
+use crate::ids::{BackendId, Counter, UpstreamId, WaiterId};
+use crate::message::{Purpose, Response, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use crate::scrub::scrub_addresses;
 
 /// The path asked of every backend by the reachability check.
@@ -57,6 +57,87 @@ impl QueryRounds {
             self.last_partial = Some(now);
         }
         self.last = Some(round);
+    }
+}
+
+/// The `/healthz` check as a part of the estate: at most one under way, asking every configured
+/// backend, shared by every client that asks meanwhile.
+#[derive(Debug, Default)]
+pub(crate) struct Reachability {
+    check: Option<ReachabilityCheck>,
+}
+
+impl Reachability {
+    /// Makes `waiters` wait for the check under way, or starts one asking `backends` for them;
+    /// returns the requests to send.
+    pub(crate) fn join(
+        &mut self,
+        waiters: Vec<WaiterId>,
+        (backends, ids): (&[BackendId], &mut Counter),
+        deadline: std::time::Instant,
+    ) -> Vec<UpstreamRequest> {
+        if let Some(check) = &mut self.check {
+            check.waiters.extend(waiters);
+            return Vec::new();
+        }
+        let (calls, requests) = Broadcast::send(
+            ids,
+            (backends, Purpose::Healthz),
+            &[REACHABILITY_PATH],
+            deadline,
+        );
+        self.check = Some(ReachabilityCheck { waiters, calls });
+        requests
+    }
+
+    /// An upstream answer (one of the check's or not).
+    pub(crate) fn record_response(&mut self, id: UpstreamId, response: &UpstreamResponse) {
+        if let Some(check) = &mut self.check {
+            check.calls.record_response(id, response);
+        }
+    }
+
+    /// An upstream failure (one of the check's or not).
+    pub(crate) fn record_failure(&mut self, id: UpstreamId, failure: &UpstreamFailure) {
+        if let Some(check) = &mut self.check {
+            check.calls.record_failure(id, failure);
+        }
+    }
+
+    /// Time passed: the calls past their deadline, timed out (to cancel).
+    pub(crate) fn expire(&mut self, now: std::time::Instant) -> Vec<UpstreamId> {
+        self.check
+            .as_mut()
+            .map(|check| check.calls.expire(now))
+            .unwrap_or_default()
+    }
+
+    /// The next deadline of the check under way.
+    pub(crate) fn deadline(&self) -> Option<std::time::Instant> {
+        self.check.as_ref().and_then(|c| c.calls.deadline())
+    }
+
+    /// A waiting client left.
+    pub(crate) fn waiter_gone(&mut self, waiter: WaiterId) {
+        if let Some(check) = &mut self.check {
+            check.waiters.retain(|w| *w != waiter);
+        }
+    }
+
+    /// The check, once every call has a result (it is no longer under way).
+    pub(crate) fn take_complete(&mut self) -> Option<ReachabilityCheck> {
+        match &self.check {
+            Some(check) if check.calls.is_complete() => self.check.take(),
+            _ => None,
+        }
+    }
+
+    /// Abandons the check under way (other backends): its unanswered calls, and its waiters
+    /// (to start it again for).
+    pub(crate) fn abandon(&mut self) -> Option<(Vec<UpstreamId>, Vec<WaiterId>)> {
+        self.check
+            .take()
+            .map(|check| (check.calls.pending_ids(), check.waiters))
     }
 }
 

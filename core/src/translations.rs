@@ -4,9 +4,15 @@
 //! queries, short enough that a PuppetDB upgrade is picked up soon), at most [`CAPACITY`] of them.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+
+use crate::config::Config;
+use crate::message::{Response, ResponseBody};
+use crate::policy::Planned;
+use crate::root::{Pql, Translating};
 
 /// How long a translation is used.
 pub(crate) const TTL: Duration = Duration::from_secs(15 * 60);
@@ -21,6 +27,44 @@ pub(crate) struct Translations {
 }
 
 impl Translations {
+    /// The plan of `pql` from a kept translation, if one is kept and maps onto a query.
+    pub(crate) fn planned(
+        &self,
+        now: Instant,
+        (pql, target): (&Pql, &str),
+        config: &Arc<Config>,
+    ) -> Option<Planned> {
+        crate::policy::plan_translated(self.get(now, &pql.text)?, pql, target, config)
+    }
+
+    /// A translation request responded: the plan of the query it translates to (the
+    /// translation kept), or the answer to give: a refusal (PuppetDB's 400 for bad PQL) or a
+    /// 502 replayed, and 502 for a 200 that is not a query AST.
+    pub(crate) fn learn(
+        &mut self,
+        now: Instant,
+        (translating, response): (Translating, Response),
+        config: &Arc<Config>,
+    ) -> Result<Planned, Box<Response>> {
+        let ResponseBody::Full(body) = &response.body else {
+            return Err(Box::new(response));
+        };
+        if !response.status.is_success() {
+            return Err(Box::new(response));
+        }
+        let Translating { pql, target } = translating;
+        match crate::policy::plan_translated(body, &pql, &target, config) {
+            Some(planned) => {
+                self.put(now, &pql.text, body.clone());
+                Ok(planned)
+            }
+            None => Err(Box::new(Response::text(
+                http::StatusCode::BAD_GATEWAY,
+                "pdbmux: the backend's translation of the PQL query is not a query AST",
+            ))),
+        }
+    }
+
     /// The translation of `pql`, if one is kept and younger than [`TTL`].
     pub(crate) fn get(&self, now: Instant, pql: &str) -> Option<&Bytes> {
         self.entries

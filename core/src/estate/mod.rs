@@ -1,34 +1,31 @@
 //! The shared machine: everything requests have in common. It holds no JSON work on records and
 //! is touched only briefly per request, so it never serializes merges.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::HeaderValue;
-
-use crate::broadcast::Broadcast;
-use crate::cache::{self, Cache, CacheStatus, Cacheable, Lookup, MemoryStore};
+use crate::cache::CacheStatus;
 use crate::clock::ClockAnchor;
 use crate::config::{Config, Renews};
 use crate::exchange::{Exchange, ExchangeReport};
 use crate::fanout::Context;
 use crate::health::{ProbeSettings, Prober, ProberOutput};
-use crate::healthz::{QueryRounds, ReachabilityCheck, REACHABILITY_PATH};
+use crate::healthz::{QueryRounds, Reachability};
 use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
 use crate::membership::{MembershipMap, MembershipOutput, Ownership};
-use crate::merge::filter_source_records;
-use crate::message::{Response, ResponseBody, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::message::{Response, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use crate::policy::{Planned, Work};
 use crate::root::{Pql, Translating};
 use crate::route::RouteClass;
 use crate::sequence::Sequence;
 use crate::translations::Translations;
 
+mod answers;
 mod shared_tier;
 
-use crate::cache::shared::{StoreId, StoreRequest};
-use shared_tier::SharedTier;
+use crate::cache::shared::{StoreAnswer, StoreId, StoreRequest};
+use answers::{finish_cached, Answers, PendingFetch};
 
 /// What to do with a client request; returned by [`Estate::admit`].
 #[derive(Debug)]
@@ -101,80 +98,6 @@ pub enum EstateOutput {
     },
 }
 
-/// A shared fan-out for one flight key and the clients waiting on it.
-#[derive(Debug)]
-struct Flight {
-    key: String,
-    /// How long its answer is fresh (the class TTL of the key it was started for).
-    ttl: std::time::Duration,
-    /// The cache it was started against; its answer is stored only while that cache is kept.
-    cache_generation: u64,
-    /// Each participant: the key its answer is stored under, and the drilldown value that
-    /// filters the shared answer first.
-    participants: BTreeMap<WaiterId, Participant>,
-    /// For a refresh ahead of expiry (docs/caching.md, "Refresh ahead"): the entry it renews,
-    /// stored when the fan-out succeeds, with no client waiting; it runs to its end even when
-    /// every client that joined it leaves.
-    refresh: Option<Participant>,
-    /// Where it stands with the shared cache tier; [`Stage::Fetching`] without one.
-    stage: Stage,
-    /// The fan-out to start, while the shared tier is asked first.
-    fetch: Option<PendingFetch>,
-    /// The shared lock it holds (key, token), released when it answers.
-    lock: Option<(String, String)>,
-    /// An expired shared entry, for the stale fallback.
-    stale: Option<cache::CachedResponse>,
-}
-
-/// Where a flight stands (docs/caching.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Stage {
-    /// Its fan-out runs on a task of its own.
-    Fetching,
-    /// Asking the shared store for the entry.
-    Looking(StoreId),
-    /// Asking for the key's lock.
-    Locking(StoreId),
-    /// Holding the lock, looking in the store once more before fanning out: another replica
-    /// may have stored the entry (and let go of the lock) between this one's miss and its lock.
-    Confirming(StoreId),
-    /// Another replica holds the lock: look again at `poll_at`, fan out at `until`.
-    Waiting { poll_at: Instant, until: Instant },
-    /// Looking again, while waiting until `until`.
-    Polling { id: StoreId, until: Instant },
-}
-
-/// A fan-out planned and not started yet: started when the shared tier does not answer.
-#[derive(Debug)]
-struct PendingFetch {
-    context: Context,
-    class: RouteClass,
-    target: String,
-    plan: Box<dyn crate::fanout::Plan>,
-}
-
-impl PendingFetch {
-    fn start(self, now: Instant) -> Exchange {
-        Exchange::new(now, self.context, (self.class, self.target), self.plan)
-    }
-}
-
-/// One client of a flight.
-#[derive(Debug)]
-struct Participant {
-    key: String,
-    filter: Option<Vec<String>>,
-}
-
-impl Participant {
-    fn of(cacheable: &Cacheable) -> Participant {
-        Participant {
-            key: cacheable.key.clone(),
-            filter: cacheable.value_filter.clone(),
-        }
-    }
-}
-
 /// The state every request shares: configuration, backend health, the membership map, the cache
 /// and its flights, and the `/healthz` check in flight.
 ///
@@ -186,61 +109,36 @@ pub struct Estate {
     config: Arc<Config>,
     upstream_ids: Counter,
     waiter_ids: Counter,
-    flight_ids: Counter,
     clock: ClockAnchor,
-    reachability: Option<ReachabilityCheck>,
+    reachability: Reachability,
     membership: MembershipMap,
-    cache: Option<Cache>,
-    flights: BTreeMap<FlightId, Flight>,
-    flight_keys: BTreeMap<String, FlightId>,
+    /// The cache, its flights and the shared tier.
+    answers: Answers,
     prober: Prober,
     rounds: QueryRounds,
     /// PQL translations backends gave.
     translations: Translations,
-    counts: Counts,
-    /// Bumped each time a reload replaces the cache: flights of an older one store nothing.
-    cache_generation: u64,
-    /// The shared cache tier, when a shared store is configured.
-    shared: Option<SharedTier>,
     outputs: VecDeque<EstateOutput>,
 }
 
-/// What the estate counts for pdbmux's metrics ([`Estate::stats`]) besides its parts' own
-/// counts. Counts only grow.
-#[derive(Debug, Default)]
-struct Counts {
-    flight_joins: u64,
-    /// Background refreshes started by hits past their share of the TTL.
-    refreshes_ahead: u64,
-    /// Evictions of caches a reload replaced.
-    earlier_evictions: u64,
-}
-
 impl Estate {
-    /// A fresh estate for this configuration, caching in a [`MemoryStore`] of
-    /// `facts_cache_bytes`. `clock` maps instants to wall time for `/healthz`.
+    /// A fresh estate for this configuration, caching in memory within `facts_cache_bytes`.
+    /// `clock` maps instants to wall time for `/healthz`.
     pub fn new(config: Config, clock: ClockAnchor) -> Estate {
         let backends = config.backends.len();
-        let cache = new_cache(&config);
         let prober = Prober::new(clock.instant, ProbeSettings::from_config(&config), backends);
-        let shared = SharedTier::of(&config, token_base(&clock));
+        let config = Arc::new(config);
         Estate {
-            shared,
+            answers: Answers::new(&config, clock),
             prober,
             rounds: QueryRounds::default(),
-            config: Arc::new(config),
+            config,
             upstream_ids: Counter::default(),
             waiter_ids: Counter::default(),
-            flight_ids: Counter::default(),
             clock,
-            reachability: None,
-            cache,
-            flights: BTreeMap::new(),
-            flight_keys: BTreeMap::new(),
+            reachability: Reachability::default(),
             membership: MembershipMap::new(clock.instant, backends),
             translations: Translations::default(),
-            counts: Counts::default(),
-            cache_generation: 0,
             outputs: VecDeque::new(),
         }
     }
@@ -261,36 +159,8 @@ impl Estate {
     pub fn reconfigure(&mut self, now: Instant, config: Arc<Config>) {
         let old = std::mem::replace(&mut self.config, Arc::clone(&config));
         let same_backends = old.backends == config.backends;
-        // What each key renews is written once, beside the keys (`Config::KEYS`).
-        let same_answers = !old.renewed_by(&config, Renews::Answers);
-        if !same_answers {
-            let old_cache = std::mem::replace(&mut self.cache, new_cache(&config));
-            if let Some(old_cache) = old_cache {
-                self.counts.earlier_evictions += old_cache.report(now).evictions;
-            }
-            self.cache_generation += 1;
+        if self.answers.reconfigure(now, &old, &config) {
             self.translations = Translations::default();
-            // A request admitted from now on never joins a flight of the old configuration
-            // (whose clients are still answered by it).
-            self.flight_keys.clear();
-        }
-        let shared_changed = old.renewed_by(&config, Renews::SharedTier);
-        if !same_answers || shared_changed {
-            // Flights still asking the old tier fan out now; the new tier serves what follows.
-            let asking: Vec<FlightId> = self
-                .flights
-                .iter()
-                .filter(|(_, flight)| flight.stage != Stage::Fetching)
-                .map(|(id, _)| *id)
-                .collect();
-            for flight in asking {
-                self.start_fetch(now, flight);
-            }
-            let refused = self.shared.as_ref().map(SharedTier::refused);
-            self.shared = SharedTier::of(&config, token_base(&self.clock));
-            if let (Some(tier), Some(refused)) = (self.shared.as_mut(), refused) {
-                tier.keep_counts(refused);
-            }
         }
         if !old.renewed_by(&config, Renews::Probes) {
             return;
@@ -317,9 +187,9 @@ impl Estate {
         // The estate's own requests to the old backends are abandoned: their answers would
         // land on the new backends' indices.
         let (mut abandoned, waiting) = self.membership.reset(now, &carried);
-        let checking = self.reachability.take().map(|check| {
-            abandoned.extend(check.calls.pending_ids());
-            check.waiters
+        let checking = self.reachability.abandon().map(|(pending, waiters)| {
+            abandoned.extend(pending);
+            waiters
         });
         self.outputs
             .retain(|output| !matches!(output, EstateOutput::Send(r) if abandoned.contains(&r.id)));
@@ -333,7 +203,7 @@ impl Estate {
             self.drain_membership();
         }
         if let Some(waiters) = checking {
-            self.start_reachability_check(now, waiters);
+            self.join_reachability_check(now, waiters);
         }
         self.send_due_probes(now);
     }
@@ -391,34 +261,16 @@ impl Estate {
             )
         };
         if matches!(planned.work, Work::Healthz) {
-            return Admission::Wait(self.join_reachability_check(now));
+            return Admission::Wait(self.healthz_waiter(now));
         }
         // A fresh entry answers before anything else: a hit does no JSON work.
-        if let (Some(cache), Some(keyed)) = (&mut self.cache, &planned.cache) {
-            let may_refresh = cache.may_refresh(now, &keyed.key);
-            let (entry, status) = match cache.lookup(now, &keyed.key) {
-                Lookup::Fresh(entry) => (Some(entry), CacheStatus::Hit),
-                Lookup::Stale(entry) => (Some(entry), CacheStatus::Stale),
-                Lookup::Miss => (None, CacheStatus::Miss),
-            };
-            if let Some(entry) = entry {
-                let age = now.saturating_duration_since(entry.stored_at);
-                let refresh = status == CacheStatus::Hit
-                    && may_refresh
-                    && self.config.refreshes_ahead(age, entry.ttl)
-                    && !self.flight_keys.contains_key(&keyed.flight_key);
-                let response = Response {
-                    status: http::StatusCode::OK,
-                    headers: entry.headers,
-                    body: ResponseBody::Full(entry.body),
-                };
-                if refresh {
-                    self.refresh_ahead(now, planned);
-                }
-                return Admission::Respond(finish_cached(response, status, age));
+        if let Some(hit) = self.answers.lookup(now, &planned) {
+            if hit.refresh {
+                self.refresh_ahead(now, planned);
             }
+            return Admission::Respond(hit.response);
         }
-        let cacheable = planned.cache.clone().filter(|_| self.cache.is_some());
+        let cacheable = self.answers.caches(&planned);
         let needs_ownership = planned.needs_ownership();
         let plan = match planned.work {
             Work::Local(response) => {
@@ -430,21 +282,15 @@ impl Estate {
                     response
                 });
             }
-            Work::Healthz => return Admission::Wait(self.join_reachability_check(now)),
+            Work::Healthz => return Admission::Wait(self.healthz_waiter(now)),
             Work::Translate(pql) => return self.translate(now, pql, planned.target, resumed),
             Work::Fanout(plan) => plan,
         };
-        if let Some(cacheable) = &cacheable {
-            if let Some(flight) = self.flight_keys.get(&cacheable.flight_key).copied() {
-                let waiter = WaiterId(self.waiter_ids.next());
-                if let Some(flight) = self.flights.get_mut(&flight) {
-                    flight
-                        .participants
-                        .insert(waiter, Participant::of(cacheable));
-                    self.counts.flight_joins += 1;
-                    return Admission::Wait(waiter);
-                }
-            }
+        if let Some(waiter) = cacheable
+            .as_ref()
+            .and_then(|c| self.answers.join(c, &mut self.waiter_ids))
+        {
+            return Admission::Wait(waiter);
         }
         let ownership = if needs_ownership {
             self.refresh_membership_if_due(now);
@@ -468,7 +314,7 @@ impl Estate {
         };
         let context = Context {
             config: Arc::clone(&self.config),
-            roster: without(self.prober.roster(), &planned.waited_out),
+            roster: self.prober.roster_without(&planned.waited_out),
             ownership,
             corrections: Arc::clone(self.membership.corrections()),
         };
@@ -478,43 +324,17 @@ impl Estate {
             target: planned.target,
             plan,
         };
-        let Some(cacheable) = cacheable else {
-            return Admission::Exchange(fetch.start(now));
-        };
-        let flight = FlightId(self.flight_ids.next());
-        let waiter = WaiterId(self.waiter_ids.next());
-        self.flight_keys
-            .insert(cacheable.flight_key.clone(), flight);
-        let mut record = Flight {
-            key: cacheable.flight_key.clone(),
-            ttl: cacheable.ttl,
-            cache_generation: self.cache_generation,
-            participants: BTreeMap::from([(waiter, Participant::of(&cacheable))]),
-            refresh: None,
-            stage: Stage::Fetching,
-            fetch: None,
-            lock: None,
-            stale: None,
-        };
-        // With a shared tier, its store is asked first; the fan-out waits for its answer.
-        if let Some(id) = self.shared_lookup(now, &cacheable.flight_key, flight) {
-            record.stage = Stage::Looking(id);
-            record.fetch = Some(fetch);
-            self.flights.insert(flight, record);
-            return Admission::Wait(waiter);
-        }
-        self.flights.insert(flight, record);
-        Admission::Flight {
-            flight,
-            waiter,
-            exchange: fetch.start(now),
+        match cacheable {
+            None => Admission::Exchange(fetch.start(now)),
+            Some(cacheable) => self
+                .answers
+                .fly(now, &cacheable, fetch, &mut self.waiter_ids),
         }
     }
 
     /// Starts the one background refresh of a hit's entry past its share of the TTL (docs/caching.md,
-    /// "Refresh ahead"): a flight with no client, asking the shared store first like a miss
-    /// (another replica may have refreshed it already), whose answer renews the entry. A miss
-    /// for the key meanwhile joins it. Nothing starts before the first membership map.
+    /// "Refresh ahead"), planned as a miss would be. Nothing starts before the first membership
+    /// map.
     fn refresh_ahead(&mut self, now: Instant, planned: Planned) {
         let needs_ownership = planned.needs_ownership();
         let (Some(cacheable), Work::Fanout(plan)) = (planned.cache, planned.work) else {
@@ -540,48 +360,16 @@ impl Estate {
             target: planned.target,
             plan,
         };
-        let flight = FlightId(self.flight_ids.next());
-        self.flight_keys
-            .insert(cacheable.flight_key.clone(), flight);
-        self.counts.refreshes_ahead += 1;
-        let mut record = Flight {
-            key: cacheable.flight_key.clone(),
-            ttl: cacheable.ttl,
-            cache_generation: self.cache_generation,
-            participants: BTreeMap::new(),
-            refresh: Some(Participant::of(&cacheable)),
-            stage: Stage::Fetching,
-            fetch: None,
-            lock: None,
-            stale: None,
-        };
-        if let Some(id) = self.shared_lookup(now, &cacheable.flight_key, flight) {
-            record.stage = Stage::Looking(id);
-            record.fetch = Some(fetch);
-            self.flights.insert(flight, record);
-            return;
-        }
-        self.flights.insert(flight, record);
-        self.outputs.push_back(EstateOutput::StartFlight {
-            flight,
-            exchange: fetch.start(now),
-        });
-    }
-
-    /// Forgets `key`'s flight when it is still `flight` (after a reload a newer one may hold it).
-    fn forget_flight_key(&mut self, key: &str, flight: FlightId) {
-        if self.flight_keys.get(key) == Some(&flight) {
-            self.flight_keys.remove(key);
-        }
+        self.answers.refresh(now, &cacheable, fetch);
     }
 
     /// PQL: planned at once from a kept translation, else the translation request to drive.
     fn translate(&mut self, now: Instant, pql: Pql, target: String, resumed: bool) -> Admission {
-        if let Some(body) = self.translations.get(now, &pql.text) {
-            if let Some(planned) = crate::policy::plan_translated(body, &pql, &target, &self.config)
-            {
-                return self.admit_inner(now, planned, resumed);
-            }
+        if let Some(planned) = self
+            .translations
+            .planned(now, (&pql, &target), &self.config)
+        {
+            return self.admit_inner(now, planned, resumed);
         }
         let asked = pql.translation_target();
         let context = Context {
@@ -606,22 +394,12 @@ impl Estate {
         translating: Translating,
         response: Response,
     ) -> Admission {
-        let ResponseBody::Full(body) = &response.body else {
-            return Admission::Respond(response);
-        };
-        if !response.status.is_success() {
-            return Admission::Respond(response);
-        }
-        let Translating { pql, target } = translating;
-        match crate::policy::plan_translated(body, &pql, &target, &self.config) {
-            Some(planned) => {
-                self.translations.put(now, &pql.text, body.clone());
-                self.admit_inner(now, planned, false)
-            }
-            None => Admission::Respond(Response::text(
-                http::StatusCode::BAD_GATEWAY,
-                "pdbmux: the backend's translation of the PQL query is not a query AST",
-            )),
+        match self
+            .translations
+            .learn(now, (translating, response), &self.config)
+        {
+            Ok(planned) => self.admit_inner(now, planned, false),
+            Err(response) => Admission::Respond(*response),
         }
     }
 
@@ -629,98 +407,14 @@ impl Estate {
     /// drilldown's value, once per key) or fall back to that key's stale entry, and answer every
     /// participant. An answer for an unknown (cancelled) flight is ignored.
     pub fn handle_flight_done(&mut self, now: Instant, flight: FlightId, response: Response) {
-        let Some(done) = self.flights.remove(&flight) else {
-            return;
-        };
-        self.forget_flight_key(&done.key, flight);
-        self.shared_flight_done(now, &done, &response);
-        let flight = done;
-        let mut settled: BTreeMap<String, (Response, CacheStatus, std::time::Duration)> =
-            BTreeMap::new();
-        for (waiter, participant) in flight.participants {
-            if !settled.contains_key(&participant.key) {
-                let answer = match &participant.filter {
-                    Some(values) => filtered_by_source(response.clone(), values),
-                    None => response.clone(),
-                };
-                let current = flight.cache_generation == self.cache_generation;
-                // The shared tier's expired entry is the whole record set's: no drilldown's.
-                let stale = flight
-                    .stale
-                    .clone()
-                    .filter(|_| participant.filter.is_none());
-                let outcome =
-                    self.settle_flight(now, (&participant.key, flight.ttl, current), answer, stale);
-                settled.insert(participant.key.clone(), outcome);
-            }
-            let (served, status, age) = &settled[&participant.key];
-            let response = finish_cached(served.clone(), *status, *age);
-            self.outputs
-                .push_back(EstateOutput::Respond { waiter, response });
-        }
-        // A refresh renews its entry with a whole success; anything else leaves the entry to
-        // expire as it would have (no stale serving: nobody asked), and starts no other.
-        if let Some(refresh) = flight.refresh.filter(|r| !settled.contains_key(&r.key)) {
-            let current = flight.cache_generation == self.cache_generation;
-            let Some(cache) = self.cache.as_mut().filter(|_| current) else {
-                return;
-            };
-            let answer = match &refresh.filter {
-                Some(values) => filtered_by_source(response, values),
-                None => response,
-            };
-            match (&answer.body, cache::is_storable(&answer)) {
-                (ResponseBody::Full(body), true) => {
-                    cache.store(
-                        (now, flight.ttl),
-                        &refresh.key,
-                        body.clone(),
-                        answer.headers,
-                    );
-                }
-                _ => {
-                    tracing::warn!(key = %refresh.key, status = answer.status.as_u16(), "cache refresh ahead of expiry failed; the entry expires as it is");
-                    cache.refresh_failed(now, &refresh.key, now + flight.ttl);
-                }
-            }
-        }
+        self.answers.handle_flight_done(now, flight, response);
     }
 
-    /// Stores a whole success (a partial one is served, not stored), serves the stale entry for
-    /// a failure (5xx) when one is kept, and serves a unanimous refusal (4xx) as it is.
-    fn settle_flight(
-        &mut self,
-        now: Instant,
-        (key, ttl, current): (&str, std::time::Duration, bool),
-        response: Response,
-        shared_stale: Option<cache::CachedResponse>,
-    ) -> (Response, CacheStatus, std::time::Duration) {
-        let Some(cache) = self.cache.as_mut().filter(|_| current) else {
-            return (response, CacheStatus::Miss, std::time::Duration::ZERO);
-        };
-        if response.status.is_server_error() {
-            // Another replica's expired entry stands in when this one holds none.
-            if let Some(entry) = shared_stale.filter(|_| !cache.holds(key)) {
-                cache.store((entry.stored_at, ttl), key, entry.body, entry.headers);
-            }
-            if let Some(entry) = cache.stale(now, key) {
-                tracing::warn!(%key, status = response.status.as_u16(), "every backend failed; serving the expired cache entry");
-                let age = now.saturating_duration_since(entry.stored_at);
-                let stale = Response {
-                    status: http::StatusCode::OK,
-                    headers: entry.headers,
-                    body: ResponseBody::Full(entry.body),
-                };
-                return (stale, CacheStatus::Stale, age);
-            }
-        }
-        cache.served_live();
-        if cache::is_storable(&response) {
-            if let ResponseBody::Full(body) = &response.body {
-                cache.store((now, ttl), key, body.clone(), response.headers.clone());
-            }
-        }
-        (response, CacheStatus::Miss, std::time::Duration::ZERO)
+    /// The shared store answered (or, from [`Estate::handle_timeout`], did not in time). A late
+    /// or unknown answer is ignored; a lock taken for a flight nobody waits on any more is
+    /// released.
+    pub fn handle_store_answer(&mut self, now: Instant, id: StoreId, answer: StoreAnswer) {
+        self.answers.handle_store_answer(now, id, answer);
     }
 
     /// Every configured backend (the `/healthz` reachability check asks them all).
@@ -748,28 +442,24 @@ impl Estate {
         }
     }
 
-    fn join_reachability_check(&mut self, now: Instant) -> WaiterId {
+    /// A new waiter on the `/healthz` check.
+    fn healthz_waiter(&mut self, now: Instant) -> WaiterId {
         let waiter = WaiterId(self.waiter_ids.next());
-        if let Some(check) = &mut self.reachability {
-            check.waiters.push(waiter);
-            return waiter;
-        }
-        self.start_reachability_check(now, vec![waiter]);
+        self.join_reachability_check(now, vec![waiter]);
         waiter
     }
 
-    /// Asks every configured backend for the `/healthz` check `waiters` wait on.
-    fn start_reachability_check(&mut self, now: Instant, waiters: Vec<WaiterId>) {
-        let roster = self.all_backends();
-        let (calls, requests) = Broadcast::send(
-            &mut self.upstream_ids,
-            (&roster, crate::message::Purpose::Healthz),
-            &[REACHABILITY_PATH],
+    /// Makes `waiters` wait for the `/healthz` check under way, or starts one asking every
+    /// configured backend.
+    fn join_reachability_check(&mut self, now: Instant, waiters: Vec<WaiterId>) {
+        let backends = self.all_backends();
+        let sends = self.reachability.join(
+            waiters,
+            (&backends, &mut self.upstream_ids),
             now + self.config.timeout,
         );
         self.outputs
-            .extend(requests.into_iter().map(EstateOutput::Send));
-        self.reachability = Some(ReachabilityCheck { waiters, calls });
+            .extend(sends.into_iter().map(EstateOutput::Send));
         self.finish(now);
     }
 
@@ -788,9 +478,7 @@ impl Estate {
             self.drain_prober();
             return;
         }
-        if let Some(check) = &mut self.reachability {
-            check.calls.record_response(id, &response);
-        }
+        self.reachability.record_response(id, &response);
         if self.membership.handle_response(
             now,
             id,
@@ -817,9 +505,7 @@ impl Estate {
             self.drain_prober();
             return;
         }
-        if let Some(check) = &mut self.reachability {
-            check.calls.record_failure(id, &failure);
-        }
+        self.reachability.record_failure(id, &failure);
         if self
             .membership
             .handle_failure(now, id, &failure, (&mut self.upstream_ids, &self.config))
@@ -832,32 +518,8 @@ impl Estate {
     /// A waiting client went away; nothing is sent to it any more. A flight whose last
     /// participant left is cancelled ([`EstateOutput::CancelFlight`]).
     pub fn handle_waiter_gone(&mut self, now: Instant, waiter: WaiterId) {
-        let emptied: Vec<FlightId> = self
-            .flights
-            .iter_mut()
-            .filter_map(|(id, flight)| {
-                (flight.participants.remove(&waiter).is_some()
-                    && flight.participants.is_empty()
-                    && flight.refresh.is_none())
-                .then_some(*id)
-            })
-            .collect();
-        for id in emptied {
-            let Some(flight) = self.flights.remove(&id) else {
-                continue;
-            };
-            self.forget_flight_key(&flight.key, id);
-            // Only a started fan-out has a task to cancel; a lock taken for it is released.
-            if flight.stage == Stage::Fetching {
-                self.outputs.push_back(EstateOutput::CancelFlight(id));
-            }
-            if let Some((key, token)) = flight.lock {
-                self.shared_unlock(now, key, token);
-            }
-        }
-        if let Some(check) = &mut self.reachability {
-            check.waiters.retain(|w| *w != waiter);
-        }
+        self.answers.waiter_gone(now, waiter);
+        self.reachability.waiter_gone(waiter);
         self.membership.waiter_gone(waiter);
     }
 
@@ -866,10 +528,7 @@ impl Estate {
         self.prober
             .handle_timeout(now, (&mut self.upstream_ids, &self.config.backends));
         self.drain_prober();
-        let mut expired = Vec::new();
-        if let Some(check) = &mut self.reachability {
-            expired.extend(check.calls.expire(now));
-        }
+        let expired = self.reachability.expire(now);
         if !expired.is_empty() {
             self.outputs
                 .extend(expired.into_iter().map(EstateOutput::Cancel));
@@ -878,29 +537,31 @@ impl Estate {
         self.membership
             .handle_timeout(now, (&mut self.upstream_ids, &self.config));
         self.drain_membership();
-        self.shared_timeouts(now);
+        self.answers.shared_timeouts(now);
     }
 
     /// Whether [`Estate::poll_output`] has something: an answer from the cache may have queued
     /// work (a refresh ahead of expiry) for the runtime's driver to pick up.
     pub fn has_output(&self) -> bool {
-        !self.outputs.is_empty()
+        !self.outputs.is_empty() || !self.answers.outputs.is_empty()
     }
 
     /// The next thing the runtime must do, if any.
     pub fn poll_output(&mut self) -> Option<EstateOutput> {
-        self.outputs.pop_front()
+        self.outputs
+            .pop_front()
+            .or_else(|| self.answers.outputs.pop_front())
     }
 
     /// The one next deadline the runtime must wake the estate at, if any.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let reachability = self.reachability.as_ref().and_then(|c| c.calls.deadline());
+        let reachability = self.reachability.deadline();
         let membership = self.membership.deadline();
         [
             reachability,
             membership,
             self.prober.deadline(),
-            self.shared_deadline(),
+            self.answers.shared_deadline(),
         ]
         .into_iter()
         .flatten()
@@ -926,25 +587,8 @@ impl Estate {
                 membership_failures: self.membership.failures(backend),
             })
             .collect();
-        let membership = crate::stats::MembershipStats {
-            nodes: ownership.node_count(),
-            shared_nodes: ownership.shared_count(),
-            split_nodes: ownership.split_count(),
-            refreshes: self.membership.refreshes(),
-            last_refresh_duration: self.membership.last_refresh_duration(),
-            age: self.membership.age(now),
-        };
-        let cache = self.cache.as_ref().map(|cache| {
-            let report = cache.report(now);
-            crate::stats::CacheStats {
-                store: report.stats,
-                evictions: self.counts.earlier_evictions + report.evictions,
-                flight_joins: self.counts.flight_joins,
-                refreshes_ahead: self.counts.refreshes_ahead,
-                shared_reachable: self.shared.as_ref().map(SharedTier::reachable),
-                shared_refused: self.shared.as_ref().map(SharedTier::refused),
-            }
-        });
+        let membership = self.membership.stats(now);
+        let cache = self.answers.stats(now);
         crate::stats::EstateStats {
             backends,
             membership,
@@ -959,92 +603,29 @@ impl Estate {
 
     /// Answers the `/healthz` check once it has every result.
     fn finish(&mut self, now: Instant) {
-        if self
-            .reachability
-            .as_ref()
-            .is_some_and(|c| c.calls.is_complete())
-        {
-            if let Some(check) = self.reachability.take() {
-                let cache = self.cache.as_ref().map(|c| c.report(now));
-                let health: Vec<_> = self
-                    .all_backends()
-                    .into_iter()
-                    .map(|b| self.prober.report(b))
-                    .collect();
-                let response = check.response(
-                    &self.config,
-                    &health,
-                    &self.rounds,
-                    (
-                        cache.as_ref(),
-                        self.shared.as_ref().map(SharedTier::reachable),
-                    ),
-                    &self.clock,
-                );
-                for waiter in check.waiters {
-                    self.outputs.push_back(EstateOutput::Respond {
-                        waiter,
-                        response: response.clone(),
-                    });
-                }
-            }
+        let Some(check) = self.reachability.take_complete() else {
+            return;
+        };
+        let (cache, shared) = self.answers.health(now);
+        let health: Vec<_> = self
+            .all_backends()
+            .into_iter()
+            .map(|b| self.prober.report(b))
+            .collect();
+        let response = check.response(
+            &self.config,
+            &health,
+            &self.rounds,
+            (cache.as_ref(), shared),
+            &self.clock,
+        );
+        for waiter in check.waiters {
+            self.outputs.push_back(EstateOutput::Respond {
+                waiter,
+                response: response.clone(),
+            });
         }
     }
-}
-
-/// `roster` less `left_out`, unless that leaves nobody (then every one of them is asked).
-fn without(roster: Vec<BackendId>, left_out: &[BackendId]) -> Vec<BackendId> {
-    let kept: Vec<BackendId> = roster
-        .iter()
-        .copied()
-        .filter(|backend| !left_out.contains(backend))
-        .collect();
-    if kept.is_empty() {
-        roster
-    } else {
-        kept
-    }
-}
-
-/// What makes this process's lock tokens its own: its start, to the nanosecond.
-fn token_base(clock: &ClockAnchor) -> String {
-    let since = clock
-        .wall
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    format!("{}.{:09}", since.as_secs(), since.subsec_nanos())
-}
-
-/// The cache `config` asks for: none when every cache TTL is zero.
-fn new_cache(config: &Config) -> Option<Cache> {
-    config
-        .caches_anything()
-        .then(|| Cache::new(Box::new(MemoryStore::new(config.facts_cache_bytes))))
-}
-
-/// Adds the cache headers to a cached-path response.
-fn finish_cached(
-    mut response: Response,
-    status: CacheStatus,
-    age: std::time::Duration,
-) -> Response {
-    cache::mark(&mut response.headers, status, age);
-    response
-}
-
-/// The provenance drilldown's answer from the shared record set's: the records of the backends
-/// `values` names, before it is stored (docs/merging.md, "Provenance"). A failure is left as it is.
-fn filtered_by_source(mut response: Response, values: &[String]) -> Response {
-    if let (ResponseBody::Full(body), true) = (&response.body, response.status.is_success()) {
-        let (filtered, count) = filter_source_records(body, values);
-        if response.headers.contains_key(crate::exchange::X_RECORDS) {
-            response
-                .headers
-                .insert(crate::exchange::X_RECORDS, HeaderValue::from(count));
-        }
-        response.body = ResponseBody::Full(filtered);
-    }
-    response
 }
 
 #[cfg(test)]
@@ -1054,7 +635,7 @@ mod tests {
     use crate::config::{BackendConfig, BackendUrl, TlsFiles};
     use crate::exchange::ExchangeOutput;
     use crate::membership::MEMBERSHIP_QUERIES;
-    use crate::message::{ClientRequest, UpstreamBody, UpstreamResponse};
+    use crate::message::{ClientRequest, ResponseBody, UpstreamBody, UpstreamResponse};
 
     fn config(backends: &[(&str, u16)]) -> Config {
         let backends = backends

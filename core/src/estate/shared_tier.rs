@@ -8,7 +8,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Estate, EstateOutput, Flight, FlightId, Stage};
+use super::answers::{Answers, Flight, Participant, Stage};
+use super::EstateOutput;
 use crate::cache::shared::{
     decode, encode, EntryRefusal, SharedSettings, StoreAnswer, StoreId, StoreOp, StoreRequest,
     CLOCK_SKEW, ENVELOPE_BYTES, POLL_INTERVAL,
@@ -16,6 +17,7 @@ use crate::cache::shared::{
 use crate::cache::{CacheStatus, CachedResponse};
 use crate::config::{CacheBackend, Config, Secret};
 use crate::ids::Counter;
+use crate::ids::FlightId;
 use crate::message::{Response, ResponseBody};
 
 /// How long one store request may take before it counts as the store failing.
@@ -174,7 +176,7 @@ impl SharedTier {
     }
 }
 
-impl Estate {
+impl Answers {
     /// For a new flight on `key`: the request asking the shared store for its entry, when the
     /// tier is on and usable (the flight then waits in [`Stage::Looking`]).
     pub(super) fn shared_lookup(
@@ -194,7 +196,7 @@ impl Estate {
     /// The shared store answered (or, from [`Estate::handle_timeout`], did not in time). A late
     /// or unknown answer is ignored; a lock taken for a flight nobody waits on any more is
     /// released.
-    pub fn handle_store_answer(&mut self, now: Instant, id: StoreId, answer: StoreAnswer) {
+    pub(super) fn handle_store_answer(&mut self, now: Instant, id: StoreId, answer: StoreAnswer) {
         let Some(tier) = self.shared.as_mut() else {
             return;
         };
@@ -358,12 +360,12 @@ impl Estate {
             body: ResponseBody::Full(cached.body.clone()),
         };
         let mut answers: BTreeMap<String, Response> = BTreeMap::new();
-        let mut answer_for = |estate: &mut Estate, participant: &super::Participant| {
+        let mut answer_for = |estate: &mut Answers, participant: &Participant| {
             answers
                 .entry(participant.key.clone())
                 .or_insert_with(|| {
                     let answer = match &participant.filter {
-                        Some(value) => super::filtered_by_source(response.clone(), value),
+                        Some(value) => super::answers::filtered_by_source(response.clone(), value),
                         None => response.clone(),
                     };
                     if let (Some(cache), ResponseBody::Full(body)) =
@@ -383,7 +385,7 @@ impl Estate {
         for (waiter, participant) in &flight.participants {
             let answer = answer_for(self, participant);
             let age = now.saturating_duration_since(stored_at);
-            let response = super::finish_cached(answer, CacheStatus::Hit, age);
+            let response = super::answers::finish_cached(answer, CacheStatus::Hit, age);
             self.outputs.push_back(EstateOutput::Respond {
                 waiter: *waiter,
                 response,

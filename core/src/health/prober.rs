@@ -46,6 +46,22 @@ impl Prober {
         self.table.roster()
     }
 
+    /// The roster less `left_out` (backends a request already waited out), unless that leaves
+    /// nobody: then every one of them is asked.
+    pub(crate) fn roster_without(&self, left_out: &[BackendId]) -> Vec<BackendId> {
+        let roster = self.roster();
+        let kept: Vec<BackendId> = roster
+            .iter()
+            .copied()
+            .filter(|backend| !left_out.contains(backend))
+            .collect();
+        if kept.is_empty() {
+            roster
+        } else {
+            kept
+        }
+    }
+
     /// One backend's health, for `/healthz` and the metrics (`None`: not configured).
     pub(crate) fn report(&self, backend: BackendId) -> Option<BackendHealthReport> {
         self.table.report(backend)

@@ -298,20 +298,23 @@ impl MembershipMap {
         self.failures.get(backend.0).copied().unwrap_or(0)
     }
 
-    /// How many refreshes completed.
-    pub(crate) fn refreshes(&self) -> u64 {
-        self.refreshes
-    }
-
-    /// How long the last completed refresh took, both rounds.
-    pub(crate) fn last_refresh_duration(&self) -> Option<Duration> {
-        self.last_refresh_duration
-    }
-
     /// How old the map is (`None`: never built).
     pub(crate) fn age(&self, now: Instant) -> Option<Duration> {
         self.refreshed_at
             .map(|at| now.saturating_duration_since(at))
+    }
+
+    /// The map's numbers for the metrics.
+    pub(crate) fn stats(&self, now: Instant) -> crate::stats::MembershipStats {
+        let ownership = &self.snapshot;
+        crate::stats::MembershipStats {
+            nodes: ownership.node_count(),
+            shared_nodes: ownership.shared_count(),
+            split_nodes: ownership.split_count(),
+            refreshes: self.refreshes,
+            last_refresh_duration: self.last_refresh_duration,
+            age: self.age(now),
+        }
     }
 
     fn part(&self, backend: BackendId) -> Option<&BackendNodes> {
@@ -646,7 +649,7 @@ mod tests {
         );
         let done = rig.answer(&second, |request| nodes_of(request.backend, T10));
         assert!(done.is_empty(), "{done:?}");
-        assert_eq!(rig.map.refreshes(), 2);
+        assert_eq!(rig.map.stats(rig.now).refreshes, 2);
         assert_eq!(rig.facts_owner("shared"), Some(B), "carried");
 
         // a received new facts for the shared node: a alone is asked, about that node alone.
@@ -667,13 +670,13 @@ mod tests {
             );
         }
         assert_eq!(
-            rig.map.refreshes(),
+            rig.map.stats(rig.now).refreshes,
             2,
             "not complete before its second round"
         );
         let done = rig.answer(&round_two, |_| produced(&[("shared", T12)]));
         assert!(done.is_empty());
-        assert_eq!(rig.map.refreshes(), 3);
+        assert_eq!(rig.map.stats(rig.now).refreshes, 3);
         assert_eq!(
             rig.facts_owner("shared"),
             Some(A),
@@ -744,7 +747,7 @@ mod tests {
                 (&mut rig.ids, &rig.config),
             );
         }
-        assert_eq!(rig.map.refreshes(), 2);
+        assert_eq!(rig.map.stats(rig.now).refreshes, 2);
         assert_eq!(rig.map.failures(B), 1);
         assert_eq!(rig.map.failures(A), 0);
         assert_eq!(rig.map.part_age(now, A), Duration::ZERO, "a renewed");
