@@ -241,6 +241,20 @@ pub(crate) const KEYS: &[Key] = &[
         "most bytes read from one upstream body (512 MiB); more fails that backend",
     ),
     key(
+        "merge_request_bytes",
+        "PDBMUX_MERGE_REQUEST_BYTES",
+        None,
+        Some("536870912"),
+        "most backend answer bytes one merge holds (512 MiB); more answers 503",
+    ),
+    key(
+        "merge_memory_bytes",
+        "PDBMUX_MERGE_MEMORY_BYTES",
+        None,
+        Some("1073741824"),
+        "most backend answer bytes all merges in flight hold (1 GiB); more answers 503",
+    ),
+    key(
         "client_header_timeout",
         "PDBMUX_CLIENT_HEADER_TIMEOUT",
         None,

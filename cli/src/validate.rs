@@ -1230,6 +1230,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     let health_probe_failures = c.integer("health_probe_failures", 1, max_count);
     let health_probe_successes = c.integer("health_probe_successes", 1, max_count);
     let max_body_bytes = c.integer("max_body_bytes", MIN_BODY_BYTES, u64::MAX);
+    let merge_request_bytes = c.integer("merge_request_bytes", MIN_BODY_BYTES, u64::MAX);
+    let merge_memory_bytes = c.integer("merge_memory_bytes", MIN_BODY_BYTES, u64::MAX);
     let client_header_timeout = c.duration_at_least("client_header_timeout", MIN_CLIENT_TIMEOUT);
     let client_send_timeout = c.duration_at_least("client_send_timeout", MIN_CLIENT_TIMEOUT);
     let cache_backend = check_cache_backend(&mut c, &global_tls);
@@ -1303,6 +1305,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 Some(cache_max_entry_bytes),
                 Some((client_header_timeout, _)),
                 Some((client_send_timeout, _)),
+                Some(merge_request_bytes),
+                Some(merge_memory_bytes),
             ) = (
                 cache_backend,
                 cache_key_prefix,
@@ -1310,6 +1314,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 cache_max_entry_bytes,
                 client_header_timeout,
                 client_send_timeout,
+                merge_request_bytes,
+                merge_memory_bytes,
             )
             else {
                 return Checked {
@@ -1348,6 +1354,8 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                     health_probe_failures: failures,
                     health_probe_successes: successes,
                     max_body_bytes,
+                    merge_request_bytes,
+                    merge_memory_bytes,
                     client_header_timeout,
                     client_send_timeout,
                     cache_backend,

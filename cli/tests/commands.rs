@@ -283,7 +283,7 @@ fn show_lines_and_sources() {
             );
         }
         // One line per key plus the config line and the backend's TLS lines.
-        assert_eq!(lines.len(), 1 + 35 + 3, "{out}");
+        assert_eq!(lines.len(), 1 + 37 + 3, "{out}");
         assert!(!out.contains("BEGIN"), "never key contents");
         Ok(())
     });

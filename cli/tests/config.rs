@@ -497,6 +497,16 @@ fn validation_messages() {
             "1",
             "cache_max_entry_bytes: must be at least 1024, got 1",
         ),
+        (
+            "PDBMUX_MERGE_REQUEST_BYTES",
+            "0",
+            "merge_request_bytes: must be at least 1024, got 0",
+        ),
+        (
+            "PDBMUX_MERGE_MEMORY_BYTES",
+            "1023",
+            "merge_memory_bytes: must be at least 1024, got 1023",
+        ),
         // Beyond a year is a mistake, and would overflow a deadline.
         (
             "PDBMUX_CLIENT_SEND_TIMEOUT",
@@ -713,9 +723,15 @@ fn booleans_and_integers_from_env_and_file() {
         jail.set_env("PDBMUX_HEALTH_PROBE_FAILURES", "7");
         jail.set_env("PDBMUX_HEALTH_PROBE_SUCCESSES", "1");
         jail.set_env("PDBMUX_MAX_BODY_BYTES", "1048576");
+        jail.set_env("PDBMUX_MERGE_REQUEST_BYTES", "2097152");
+        jail.set_env("PDBMUX_MERGE_MEMORY_BYTES", "4194304");
         let c = settings(jail, &[])?.config;
         assert_eq!((c.health_probe_failures, c.health_probe_successes), (7, 1));
         assert_eq!(c.max_body_bytes, 1_048_576);
+        assert_eq!(
+            (c.merge_request_bytes, c.merge_memory_bytes),
+            (2 << 20, 4 << 20)
+        );
         Ok(())
     });
 }

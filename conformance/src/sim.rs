@@ -630,10 +630,12 @@ impl pdbmux_driver::Runtime for Sim {
         &self,
         _clients: &(),
         request: UpstreamRequest,
+        budget: pdbmux_driver::budget::BodyBudget,
     ) -> impl Future<Output = UpstreamResult<SimHeld>> + Send {
         SimSend {
             sim: self.clone(),
             request: Some(request),
+            budget,
             call: None,
         }
     }
@@ -682,6 +684,8 @@ impl pdbmux_driver::Runtime for Sim {
 struct SimSend {
     sim: Sim,
     request: Option<UpstreamRequest>,
+    /// A whole body delivered is counted here, as a runtime counts it while reading.
+    budget: pdbmux_driver::budget::BodyBudget,
     /// The call's key once registered; `None` again once answered.
     call: Option<u64>,
 }
@@ -715,7 +719,12 @@ impl Future for SimSend {
         match delivered {
             Some(Delivered::Result(result)) => {
                 this.call = None;
-                Poll::Ready(result)
+                Poll::Ready(result.and_then(|(response, held)| {
+                    if let pdbmux_core::UpstreamBody::Full(body) = &response.body {
+                        this.budget.body(None)?.chunk(body.len())?;
+                    }
+                    Ok((response, held))
+                }))
             }
             Some(Delivered::Panic) => {
                 this.call = None;

@@ -182,6 +182,12 @@ pub struct Config {
     pub health_probe_successes: u32,
     /// The most bytes read from one upstream body; more counts as that backend failing.
     pub max_body_bytes: u64,
+    /// The most bytes of backend answers one request may hold in memory while they are merged;
+    /// more refuses the request with a 503 ([`crate::budget`]).
+    pub merge_request_bytes: u64,
+    /// The most bytes of backend answers every merge in flight together may hold in memory; a
+    /// request that would go over it is refused with a 503 ([`crate::budget`]).
+    pub merge_memory_bytes: u64,
     /// How long a client may take to send a request head, and how long an idle kept-alive
     /// connection stays open (nginx's `client_header_timeout`; docs/reliability.md). A new
     /// connection takes the value current when it is accepted.
@@ -264,6 +270,8 @@ config_keys!(
     health_probe_failures => [Probes],
     health_probe_successes => [Probes],
     max_body_bytes => [Answers],
+    merge_request_bytes => [Nothing],
+    merge_memory_bytes => [Nothing],
     client_header_timeout => [Nothing],
     client_send_timeout => [Nothing],
     cache_backend => [SharedTier],
@@ -351,6 +359,8 @@ impl Config {
             health_probe_failures: 3,
             health_probe_successes: 2,
             max_body_bytes: 512 * 1024 * 1024,
+            merge_request_bytes: 512 * 1024 * 1024,
+            merge_memory_bytes: 1024 * 1024 * 1024,
             client_header_timeout: Duration::from_secs(30),
             client_send_timeout: Duration::from_secs(60),
             cache_backend: CacheBackend::Memory,

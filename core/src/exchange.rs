@@ -173,8 +173,19 @@ impl Exchange {
         let Some(index) = self.pending(id) else {
             return;
         };
+        // Over a memory budget: the request is refused whole, whatever the other backends
+        // answer; no backend failed, so no round is counted against them.
+        let refusal = match &failure {
+            UpstreamFailure::OverBudget { scope, limit } => {
+                Some(crate::budget::over_budget(*scope, *limit))
+            }
+            _ => None,
+        };
         self.calls.0[index].state = CallState::Done(Outcome::Failed(failure.into()));
-        self.progress(now);
+        match refusal {
+            Some(response) => self.respond(response),
+            None => self.progress(now),
+        }
     }
 
     /// Time passed; upstream requests past their deadline count as timed out. A call before any

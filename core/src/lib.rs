@@ -36,6 +36,7 @@
 
 mod aggregate;
 mod broadcast;
+pub mod budget;
 pub mod cache;
 mod clock;
 pub mod config;

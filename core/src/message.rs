@@ -249,6 +249,15 @@ pub enum UpstreamFailure {
     /// The connection failed after it was made (reset, malformed HTTP, aborted body).
     #[error("transport error: {0}")]
     Transport(String),
+    /// Reading the body would have gone over a memory budget of buffered merges
+    /// ([`crate::budget`]): not the backend's failure, the whole request is refused.
+    #[error("over {} ({limit} bytes)", scope.key())]
+    OverBudget {
+        /// Which budget.
+        scope: crate::budget::BudgetScope,
+        /// Its limit in bytes.
+        limit: u64,
+    },
 }
 
 /// The body of a response to a client.

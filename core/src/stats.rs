@@ -110,6 +110,8 @@ pub enum CallOutcome {
     Connect(ConnectCause),
     /// The body went over `max_body_bytes`.
     BodyTooLarge,
+    /// Reading the body went over a memory budget of buffered merges (the request was refused).
+    OverBudget,
     /// The connection failed after it was made.
     Transport,
     /// A 2xx whose body could not be used.
@@ -122,7 +124,7 @@ pub enum CallOutcome {
 
 impl CallOutcome {
     /// Every outcome, for counters that show each one from the start.
-    pub const ALL: [CallOutcome; 14] = [
+    pub const ALL: [CallOutcome; 15] = [
         CallOutcome::Ok,
         CallOutcome::ClientError,
         CallOutcome::ServerError,
@@ -133,6 +135,7 @@ impl CallOutcome {
         CallOutcome::Connect(ConnectCause::Timeout),
         CallOutcome::Connect(ConnectCause::Other),
         CallOutcome::BodyTooLarge,
+        CallOutcome::OverBudget,
         CallOutcome::Transport,
         CallOutcome::Unparseable,
         CallOutcome::UnexpectedStatus,
@@ -148,6 +151,7 @@ impl CallOutcome {
             CallOutcome::Timeout => "timeout",
             CallOutcome::Connect(cause) => cause.as_str(),
             CallOutcome::BodyTooLarge => "body_too_large",
+            CallOutcome::OverBudget => "over_budget",
             CallOutcome::Transport => "transport_error",
             CallOutcome::Unparseable => "unparseable",
             CallOutcome::UnexpectedStatus => "unexpected_status",
@@ -181,6 +185,7 @@ impl CallOutcome {
             UpstreamFailure::Connect { cause, .. } => CallOutcome::Connect(*cause),
             UpstreamFailure::Timeout => CallOutcome::Timeout,
             UpstreamFailure::BodyTooLarge { .. } => CallOutcome::BodyTooLarge,
+            UpstreamFailure::OverBudget { .. } => CallOutcome::OverBudget,
             UpstreamFailure::Transport(_) => CallOutcome::Transport,
         }
     }

@@ -15,6 +15,7 @@ use std::time::Instant;
 use futures_channel::oneshot;
 use futures_util::future::{Either, FutureExt};
 use futures_util::task::AtomicWaker;
+use pdbmux_core::budget::BudgetScope;
 use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::config::Config;
 use pdbmux_core::{
@@ -24,6 +25,7 @@ use pdbmux_core::{
 use pdbmux_sealed::Sealer;
 use tracing::Instrument;
 
+use crate::budget::{BodyBudget, MergeMemory};
 use crate::context::ClientContext;
 use crate::{Metrics, Timings, UpstreamResult};
 
@@ -53,10 +55,14 @@ pub trait Runtime: Send + Sync + 'static {
     /// beside each other, and dropped (closing their connections) when the core cancels them or
     /// answers; each of the estate's own requests runs on a task of its own
     /// ([`TaskRole::EstateCall`]), cancelled the same way.
+    ///
+    /// Take every byte of a body read whole from `budget` as it is read ([`BodyBudget::take`]),
+    /// and stop with its failure when it refuses; a held body is not counted.
     fn send(
         &self,
         clients: &Self::Clients,
         request: UpstreamRequest,
+        budget: BodyBudget,
     ) -> impl Future<Output = UpstreamResult<Self::Held>> + Send;
 
     /// Resolves at `deadline`.
@@ -450,6 +456,8 @@ pub struct EstateHost<R: Runtime> {
     sealer: Sealer,
     /// pdbmux's own metrics, when they are served.
     metrics: Option<Metrics>,
+    /// The bytes of backend answers merges in flight hold (docs/operating.md, "Memory").
+    merge_memory: Arc<MergeMemory>,
     /// The runtime it runs on (also [`crate::lifecycle`]'s).
     pub(crate) runtime: R,
 }
@@ -472,10 +480,14 @@ impl<R: Runtime> EstateHost<R> {
         (runtime, clients): (R, R::Clients),
         metrics: Option<Metrics>,
     ) -> Arc<EstateHost<R>> {
+        let merge_memory = Arc::new(MergeMemory::default());
         Arc::new_cyclic(|host: &std::sync::Weak<EstateHost<R>>| {
             let host = host.clone();
-            let metrics =
-                metrics.map(|metrics| metrics.with_estate(move || Some(host.upgrade()?.stats())));
+            let metrics = metrics.map(|metrics| {
+                metrics
+                    .with_estate(move || Some(host.upgrade()?.stats()))
+                    .with_merge_memory(Arc::clone(&merge_memory))
+            });
             if let Some(metrics) = &metrics {
                 metrics.know_backends(estate.config());
             }
@@ -490,6 +502,7 @@ impl<R: Runtime> EstateHost<R> {
                 wake: Wake::default(),
                 sealer,
                 metrics,
+                merge_memory,
                 runtime,
             }
         })
@@ -950,7 +963,10 @@ impl<R: Runtime> EstateHost<R> {
         async move {
             let (id, backend, purpose) = (request.id, request.backend, request.purpose);
             let sent = host.runtime.now();
-            let result = host.runtime.send(&generation.clients, request).await;
+            let result = host
+                .runtime
+                .send(&generation.clients, request, BodyBudget::unbudgeted())
+                .await;
             let now = host.runtime.now();
             if let Some(metrics) = &host.metrics {
                 let outcome = pdbmux_core::stats::CallOutcome::of(
@@ -980,6 +996,8 @@ pub(crate) struct Bound<'a, R: Runtime> {
     generation: Generation<R>,
     /// The client request the exchange answers, whose ids its calls carry.
     context: Option<ClientContext>,
+    /// The exchange's share of the merge memory budget, or the budget that refused it.
+    budget: Result<BodyBudget, BudgetScope>,
 }
 
 impl<'a, R: Runtime> Bound<'a, R> {
@@ -988,10 +1006,12 @@ impl<'a, R: Runtime> Bound<'a, R> {
         generation: Generation<R>,
         context: Option<ClientContext>,
     ) -> Bound<'a, R> {
+        let budget = host.merge_memory.share(&generation.config);
         Bound {
             host,
             generation,
             context,
+            budget,
         }
     }
 }
@@ -1003,10 +1023,29 @@ impl<R: Runtime> Bound<'_, R> {
         if let Some(context) = &self.context {
             request.correlation = context.upstream_headers();
         }
+        let budget = self.budget.clone().unwrap_or_default();
         self.host
             .runtime
-            .send(&self.generation.clients, request)
+            .send(&self.generation.clients, request, budget)
             .await
+    }
+
+    /// The refusal of an exchange the merge memory budget has no room for, before it asks
+    /// anyone; `None` when it has its share.
+    pub(crate) fn refusal(&self) -> Option<Response> {
+        let scope = *self.budget.as_ref().err()?;
+        self.observe_budget_refusal(scope);
+        Some(pdbmux_core::budget::over_budget(
+            scope,
+            scope.limit(&self.generation.config),
+        ))
+    }
+
+    /// Counts a request refused for the memory budget.
+    pub(crate) fn observe_budget_refusal(&self, scope: BudgetScope) {
+        if let Some(metrics) = &self.host.metrics {
+            metrics.observe_budget_refusal(scope);
+        }
     }
 
     /// Resolves at `deadline` ([`Runtime::sleep_until`]).

@@ -20,6 +20,7 @@ use std::collections::BTreeMap;
 use std::pin::pin;
 use std::time::Instant;
 
+pub mod budget;
 mod context;
 mod host;
 pub mod http1;
@@ -60,6 +61,9 @@ pub(crate) async fn drive<R: Runtime>(
     mut exchange: Exchange,
     timings: &mut Timings,
 ) -> (Response, Option<(R::Held, Instant)>) {
+    if let Some(refusal) = bound.refusal() {
+        return (refusal, None);
+    }
     let mut in_flight = FuturesUnordered::new();
     let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
     let mut held: BTreeMap<UpstreamId, (R::Held, Instant)> = BTreeMap::new();
@@ -133,7 +137,12 @@ pub(crate) async fn drive<R: Runtime>(
                         }
                         exchange.handle_upstream_response(now, id, response);
                     }
-                    Err(failure) => exchange.handle_upstream_failure(now, id, failure),
+                    Err(failure) => {
+                        if let UpstreamFailure::OverBudget { scope, .. } = failure {
+                            bound.observe_budget_refusal(scope);
+                        }
+                        exchange.handle_upstream_failure(now, id, failure)
+                    }
                 }
                 timings.core(work.elapsed());
             }

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderValue, StatusCode};
+use pdbmux_core::budget::BudgetScope;
 use pdbmux_core::cache::shared::EntryRefusal;
 use pdbmux_core::config::Config;
 use pdbmux_core::stats::{CallOutcome, EstateStats, BACKEND_STATES, TRANSITIONS};
@@ -30,6 +31,7 @@ const CLIENT_GONE: u16 = 499;
 /// The only path the metrics listener serves.
 const METRICS_PATH: &str = "/metrics";
 
+use crate::budget::MergeMemory;
 use crate::request_counts::{RequestCounts, CACHE_RESULTS, DURATION_BUCKETS};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -52,6 +54,11 @@ struct BackendLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReloadLabels {
     result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    scope: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -94,6 +101,7 @@ pub struct Metrics {
     /// When the configuration in force was read (start, or the last applied reload), Unix time.
     last_reload_at: Gauge<f64, AtomicU64>,
     store: Family<StoreLabels, Counter>,
+    budget_refusals: Family<BudgetLabels, Counter>,
 }
 
 impl fmt::Debug for Metrics {
@@ -181,6 +189,17 @@ impl Metrics {
             "Requests to the shared cache store, by op (get, put, lock, unlock) and outcome (ok, failed)",
             store.clone(),
         );
+        let budget_refusals = Family::default();
+        registry.register(
+            "pdbmux_merge_budget_refusals",
+            "Requests refused with a 503 for the memory budget of buffered merges, by scope (request: merge_request_bytes, process: merge_memory_bytes)",
+            budget_refusals.clone(),
+        );
+        for scope in [BudgetScope::Request, BudgetScope::Process] {
+            drop(budget_refusals.get_or_create(&BudgetLabels {
+                scope: scope.as_str(),
+            }));
+        }
         registry.register(
             "pdbmux_build",
             "The running binary and its version",
@@ -200,7 +219,24 @@ impl Metrics {
             last_reload_ok,
             last_reload_at,
             store,
+            budget_refusals,
         }
+    }
+
+    /// Adds the bytes `memory` holds for merges in flight, read at every scrape.
+    pub(crate) fn with_merge_memory(mut self, memory: Arc<MergeMemory>) -> Metrics {
+        self.registry
+            .register_collector(Box::new(MergeMemoryCollector(memory)));
+        self
+    }
+
+    /// A request refused for the memory budget of buffered merges.
+    pub(crate) fn observe_budget_refusal(&self, scope: BudgetScope) {
+        self.budget_refusals
+            .get_or_create(&BudgetLabels {
+                scope: scope.as_str(),
+            })
+            .inc();
     }
 
     /// Adds the estate's numbers, read from `source` at every scrape (`None`: nothing to add).
@@ -420,6 +456,24 @@ fn cache_result(headers: &HeaderMap) -> Option<usize> {
 }
 
 /// The estate's numbers, encoded at each scrape.
+/// The bytes of backend answers merges in flight hold, at each scrape.
+#[derive(Debug)]
+struct MergeMemoryCollector(Arc<MergeMemory>);
+
+impl Collector for MergeMemoryCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        encode_one(
+            &mut encoder,
+            (
+                "pdbmux_merge_memory",
+                "Bytes of backend answers held in memory by merges in flight (merge_memory_bytes bounds it)",
+                Some(&Unit::Bytes),
+            ),
+            ConstGauge::new(i64::try_from(self.0.used()).unwrap_or(i64::MAX)),
+        )
+    }
+}
+
 struct EstateCollector {
     source: Box<dyn Fn() -> Option<EstateStats> + Send + Sync>,
 }

@@ -7,6 +7,9 @@ use std::task::{ready, Context, Poll};
 use std::time::Instant;
 
 use bytes::{Buf, Bytes};
+use pdbmux_core::UpstreamFailure;
+use pdbmux_driver::budget::BodyBudget;
+use pdbmux_driver::upstream::BodyLimit;
 use pdbmux_driver::{StreamFailure, StreamedBody};
 use smol::io::{AsyncBufRead, AsyncRead, AsyncReadExt};
 use smol::Timer;
@@ -49,12 +52,28 @@ impl HeldBody {
         self.length
     }
 
-    /// Reads the whole body.
-    pub async fn read_all(mut self) -> io::Result<Bytes> {
+    /// Reads the whole body, each chunk counted in `budget` as it is read; going over `limit`
+    /// or the budget, or the connection failing, is the call's failure.
+    pub async fn read_all(
+        mut self,
+        limit: BodyLimit,
+        budget: &BodyBudget,
+    ) -> Result<Bytes, UpstreamFailure> {
+        let count = budget.body(self.length)?;
         let capacity = self.length.unwrap_or(0).min(self.limit);
         let mut bytes = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
-        self.read_to_end(&mut bytes).await?;
-        Ok(bytes.into())
+        let mut chunk = vec![0; READ_SIZE];
+        loop {
+            let read = self.read(&mut chunk).await.map_err(|error| {
+                let over = error.get_ref().is_some_and(|inner| inner.is::<OverLimit>());
+                limit.read_failure(over, &error)
+            })?;
+            if read == 0 {
+                return Ok(bytes.into());
+            }
+            count.chunk(read)?;
+            bytes.extend_from_slice(&chunk[..read]);
+        }
     }
 
     fn finish(&mut self) {

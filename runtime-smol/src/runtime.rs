@@ -61,8 +61,9 @@ impl pdbmux_driver::Runtime for Smol {
         &self,
         clients: &Self::Clients,
         request: UpstreamRequest,
+        budget: pdbmux_driver::budget::BodyBudget,
     ) -> UpstreamResult<HeldBody> {
-        clients.upstreams.send(&request).await
+        clients.upstreams.send(&request, &budget).await
     }
 
     async fn store(&self, clients: &Self::Clients, request: StoreRequest) -> StoreAnswer {

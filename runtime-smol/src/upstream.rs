@@ -10,13 +10,14 @@ use futures_rustls::TlsConnector;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use pdbmux_core::config::{BackendConfig, Config};
 use pdbmux_core::{UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use pdbmux_driver::budget::BodyBudget;
 use pdbmux_driver::upstream::{answer_framing, request_bytes, take_answer, BodyLimit};
 use pdbmux_tls::connect_cause;
 use rustls::pki_types::ServerName;
 use smol::future::FutureExt;
 use smol::io::AsyncWriteExt;
 
-use crate::body::{HeldBody, OverLimit};
+use crate::body::HeldBody;
 use crate::pool::{Endpoint, Lease, Pool};
 
 pub use pdbmux_tls::{error_chain, ClientSetupError};
@@ -83,9 +84,11 @@ impl Upstreams {
 
     /// Sends one upstream request and reads its answer as the request's body mode says. The caller
     /// bounds it by the request's deadline.
+    /// A body read whole is counted in `budget` as it is read.
     pub async fn send(
         &self,
         request: &UpstreamRequest,
+        budget: &BodyBudget,
     ) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
         let backend = self
             .backends
@@ -104,7 +107,7 @@ impl Upstreams {
             other => other,
         }
         .map_err(|error| error.failure)?;
-        self.read_answer(request, lease, response).await
+        self.read_answer(request, (lease, response), budget).await
     }
 
     /// Writes the request on a pooled (or, when `fresh`, a new) connection and decodes the head of
@@ -168,8 +171,8 @@ impl Upstreams {
     async fn read_answer(
         &self,
         request: &UpstreamRequest,
-        mut lease: Lease,
-        mut response: http_types::Response,
+        (mut lease, mut response): (Lease, http_types::Response),
+        budget: &BodyBudget,
     ) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
         let status = StatusCode::from_u16(u16::from(response.status()))
             .map_err(|e| UpstreamFailure::Transport(format!("bad status: {e}")))?;
@@ -184,12 +187,7 @@ impl Upstreams {
             framing.length,
         );
         let limit = self.limit;
-        let read_whole = |body: HeldBody| async move {
-            body.read_all().await.map_err(|error| {
-                let over = error.get_ref().is_some_and(|inner| inner.is::<OverLimit>());
-                limit.read_failure(over, &error)
-            })
-        };
+        let read_whole = |body: HeldBody| body.read_all(limit, budget);
         take_answer(request, (status, headers), framing.length, body, read_whole).await
     }
 }

@@ -14,6 +14,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use pdbmux_core::config::{BackendConfig, Config};
 use pdbmux_core::{BackendId, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use pdbmux_driver::budget::BodyBudget;
 use pdbmux_driver::upstream::{request_headers, take_answer, BodyLimit};
 use pdbmux_tls::connect_cause;
 
@@ -57,9 +58,11 @@ impl Upstreams {
 
     /// Sends one upstream request and reads its answer as the request's body mode says. The caller
     /// bounds it by the request's deadline.
+    /// A body read whole is counted in `budget` as it is read.
     pub async fn send(
         &self,
         request: &UpstreamRequest,
+        budget: &BodyBudget,
     ) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
         let backend = self.backend(request.backend)?;
         let uri = format!("{}{}", backend.base, request.path_and_query);
@@ -87,11 +90,19 @@ impl Upstreams {
             usize::try_from(self.limit.bytes()).unwrap_or(usize::MAX),
         );
         let limit = self.limit;
-        let read_whole = |body: HeldBody| async move {
-            match body.collect().await {
-                Ok(collected) => Ok(collected.to_bytes()),
-                Err(error) => Err(limit.read_failure(error.is::<LengthLimitError>(), &*error)),
+        let read_whole = |mut body: HeldBody| async move {
+            let count = budget.body(length)?;
+            let capacity = length.unwrap_or(0).min(limit.bytes());
+            let mut bytes = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
+            while let Some(frame) = body.frame().await {
+                let frame = frame
+                    .map_err(|error| limit.read_failure(error.is::<LengthLimitError>(), &*error))?;
+                if let Ok(data) = frame.into_data() {
+                    count.chunk(data.len())?;
+                    bytes.extend_from_slice(&data);
+                }
             }
+            Ok(Bytes::from(bytes))
         };
         take_answer(
             request,

@@ -345,7 +345,11 @@ impl ProbeFinding {
             UpstreamFailure::Connect { cause, .. } => ProbeFinding::Connect(*cause),
             UpstreamFailure::Timeout => ProbeFinding::Timeout,
             UpstreamFailure::Transport(_) => ProbeFinding::TransportError,
-            UpstreamFailure::BodyTooLarge { .. } => ProbeFinding::AnswerTooLarge,
+            // Probes are read outside the merge budget; were one counted, it is still an
+            // answer, just not one to read.
+            UpstreamFailure::BodyTooLarge { .. } | UpstreamFailure::OverBudget { .. } => {
+                ProbeFinding::AnswerTooLarge
+            }
         }
     }
 

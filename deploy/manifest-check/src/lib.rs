@@ -164,6 +164,8 @@ pub const DEFAULT_TIMEOUT: &str = "10s";
 pub const DEFAULT_FACTS_CACHE_BYTES: u64 = 64 * 1024 * 1024;
 /// pdbmux's built-in `max_body_bytes`.
 pub const DEFAULT_MAX_BODY_BYTES: u64 = 512 * 1024 * 1024;
+/// pdbmux's built-in `merge_memory_bytes`.
+pub const DEFAULT_MERGE_MEMORY_BYTES: u64 = 1024 * 1024 * 1024;
 /// pdbmux's built-in `metrics_listen` (empty turns the metrics listener off).
 pub const DEFAULT_METRICS_LISTEN: &str = ":9180";
 /// The drain after SIGTERM lasts up to `timeout` plus this (runtime-tokio/src/serve.rs).
@@ -178,6 +180,8 @@ pub struct Effective {
     pub facts_cache_bytes: u64,
     /// `max_body_bytes`.
     pub max_body_bytes: u64,
+    /// `merge_memory_bytes`.
+    pub merge_memory_bytes: u64,
     /// How many backends are configured.
     pub backends: usize,
     /// `metrics_listen`, as written (empty: no metrics listener).
@@ -189,6 +193,7 @@ pub fn effective(file: Option<&Value>, env: &[(String, String)]) -> Result<Effec
     let mut timeout = DEFAULT_TIMEOUT.to_string();
     let mut facts_cache_bytes = DEFAULT_FACTS_CACHE_BYTES;
     let mut max_body_bytes = DEFAULT_MAX_BODY_BYTES;
+    let mut merge_memory_bytes = DEFAULT_MERGE_MEMORY_BYTES;
     let mut backends = 0;
     let mut metrics_listen = DEFAULT_METRICS_LISTEN.to_string();
     let bytes = |v: &Value, key: &str| -> Result<u64, String> {
@@ -209,6 +214,9 @@ pub fn effective(file: Option<&Value>, env: &[(String, String)]) -> Result<Effec
         if let Some(v) = file.get("max_body_bytes") {
             max_body_bytes = bytes(v, "max_body_bytes")?;
         }
+        if let Some(v) = file.get("merge_memory_bytes") {
+            merge_memory_bytes = bytes(v, "merge_memory_bytes")?;
+        }
         if let Some(v) = file.get("metrics_listen") {
             metrics_listen = v
                 .as_str()
@@ -223,6 +231,7 @@ pub fn effective(file: Option<&Value>, env: &[(String, String)]) -> Result<Effec
             "PDBMUX_TIMEOUT" => timeout = value.clone(),
             "PDBMUX_FACTS_CACHE_BYTES" => facts_cache_bytes = bytes(&v, name)?,
             "PDBMUX_MAX_BODY_BYTES" => max_body_bytes = bytes(&v, name)?,
+            "PDBMUX_MERGE_MEMORY_BYTES" => merge_memory_bytes = bytes(&v, name)?,
             "PDBMUX_METRICS_LISTEN" => metrics_listen = value.clone(),
             "PDBMUX_BACKENDS" => {
                 backends = value.split(',').filter(|e| !e.trim().is_empty()).count()
@@ -234,6 +243,7 @@ pub fn effective(file: Option<&Value>, env: &[(String, String)]) -> Result<Effec
         timeout_secs: duration_secs(&timeout)?,
         facts_cache_bytes,
         max_body_bytes,
+        merge_memory_bytes,
         backends,
         metrics_listen,
     })
@@ -274,6 +284,7 @@ mod tests {
         assert_eq!(got.timeout_secs, 3.0);
         assert_eq!(got.facts_cache_bytes, 1000);
         assert_eq!(got.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(got.merge_memory_bytes, DEFAULT_MERGE_MEMORY_BYTES);
         assert_eq!(got.backends, 1);
         assert_eq!(got.metrics_listen, DEFAULT_METRICS_LISTEN);
         let off = [("PDBMUX_METRICS_LISTEN".to_string(), String::new())];

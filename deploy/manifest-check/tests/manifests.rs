@@ -10,7 +10,7 @@
 //!
 //! With `MUX_BIN` set (make deploy-check sets it when dist/pdbmux exists), the ConfigMap's file
 //! and the alternative's env vars are also fed to `pdbmux config show`, which must accept them and
-//! report the same timeout, facts_cache_bytes, max_body_bytes and metrics port as read here.
+//! report the same timeout, facts_cache_bytes, max_body_bytes, merge_memory_bytes and metrics port as read here.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -211,23 +211,23 @@ fn deployment_problems(deployment: &Value, config: Option<&Value>) -> Vec<String
         format!("terminationGracePeriodSeconds {grace} is not above preStop {pause}s + timeout {}s + {DRAIN_GRACE_SECS}s", settings.timeout_secs),
     );
 
-    // Memory: above the cache, and room for one maximal fan-out beside a full cache.
+    // Memory: the process, a full cache with its huge-page padding, and every merge in flight
+    // at its peak of 3.5 times the answer bytes it holds (docs/operating.md, "Memory").
     match str_at(container, "resources.limits.memory").map(memory_bytes) {
         Some(Ok(limit)) => {
             let Effective {
                 facts_cache_bytes,
-                max_body_bytes,
-                backends,
+                merge_memory_bytes,
                 ..
             } = settings;
             check(
                 limit > facts_cache_bytes,
                 format!("memory limit {limit} is not above facts_cache_bytes {facts_cache_bytes}"),
             );
-            let fan_out = facts_cache_bytes + backends as u64 * max_body_bytes;
+            let peak = (20 << 20) + facts_cache_bytes / 4 * 5 + merge_memory_bytes / 2 * 7;
             check(
-                limit > fan_out,
-                format!("memory limit {limit} does not fit facts_cache_bytes + {backends} x max_body_bytes = {fan_out}"),
+                limit >= peak,
+                format!("memory limit {limit} does not fit 20 MiB + 1.25 x facts_cache_bytes + 3.5 x merge_memory_bytes = {peak}"),
             );
             match str_at(container, "resources.requests.memory").map(memory_bytes) {
                 Some(Ok(request)) => check(
@@ -654,6 +654,11 @@ fn compare(shown: &BTreeMap<String, String>, want: &Effective, what: &str) {
         shown["max_body_bytes"],
         want.max_body_bytes.to_string(),
         "{what}: max_body_bytes"
+    );
+    assert_eq!(
+        shown["merge_memory_bytes"],
+        want.merge_memory_bytes.to_string(),
+        "{what}: merge_memory_bytes"
     );
     let backends = shown.keys().filter(|k| k.starts_with("backends[")).count();
     assert_eq!(backends, want.backends, "{what}: backends");

@@ -30,6 +30,8 @@ mod corpus;
 pub use corpus::*;
 mod untrusted;
 pub use untrusted::*;
+mod budget;
+pub use budget::*;
 
 fn chunk(data: &[u8]) -> Vec<u8> {
     let mut out = format!("{:x}\r\n", data.len()).into_bytes();
@@ -658,6 +660,7 @@ macro_rules! runtime_cases {
             an_unreadable_tls_file_is_refused_at_start_for_http_backends_too,
             an_owner_whose_answer_is_not_json_is_logged,
             the_metrics_listener_refuses_ambiguous_framing,
+            a_merge_over_its_memory_budget_is_refused_while_it_reads_and_gives_its_bytes_back,
         );
     };
     (@each $binary:expr; $($case:ident),* $(,)?) => {
