@@ -5,10 +5,14 @@
 //!   send. The merge benchmark feeds these bodies to the core; the fake PuppetDB (`fakepdb`)
 //!   serves them over HTTP.
 //! - [`best_of`] and [`mb_per_s`]: timing helpers.
+//! - [`procs`]: the processes the load benchmarks start (stopped when dropped), and `fakepdb`'s
+//!   start-up.
 //!
 //! Nothing here is a test; the figures are printed by the binaries under `src/bin/`.
 
 #![forbid(unsafe_code)]
+
+pub mod procs;
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -166,12 +170,9 @@ impl SyntheticEstate {
         serde_json::to_vec(&rows).unwrap_or_default()
     }
 
-    /// `backend`'s answer to an unpaged `/pdb/query/v4/facts`: every fact of every node it holds,
-    /// as `{certname, environment, name, value}` records with mixed value types.
-    pub fn facts_body(&self, backend: usize) -> Vec<u8> {
-        let mut out = Vec::with_capacity(self.nodes_per_backend * self.facts_per_node * 220);
-        out.push(b'[');
-        let mut first = true;
+    /// Calls `each` with every fact of every node `backend` holds, in node order: the node's
+    /// number, certname and environment, the fact's name and value.
+    fn each_fact(&self, backend: usize, mut each: impl FnMut(usize, &str, &str, String, Value)) {
         for node in self.nodes(backend) {
             let certname = Self::certname(node);
             let environment = ENVIRONMENTS[node % ENVIRONMENTS.len()];
@@ -182,23 +183,109 @@ impl SyntheticEstate {
                     None => format!("custom_fact_{index}"),
                 };
                 let value = fact_value(&name, index, node, &certname, &mut rng);
-                let record = json!({
+                each(node, &certname, environment, name, value);
+            }
+        }
+    }
+
+    /// `backend`'s answer to an unpaged `/pdb/query/v4/facts`: every fact of every node it holds,
+    /// as `{certname, environment, name, value}` records with mixed value types.
+    pub fn facts_body(&self, backend: usize) -> Vec<u8> {
+        let mut out = Records::with_capacity(self.nodes_per_backend * self.facts_per_node * 220);
+        self.each_fact(backend, |_, certname, environment, name, value| {
+            out.push(&json!({
+                "certname": certname,
+                "environment": environment,
+                "name": name,
+                "value": value,
+            }));
+        });
+        out.finish()
+    }
+
+    /// `backend`'s answer to an unpaged `/pdb/query/v4/fact-contents`: every leaf of every fact,
+    /// as `{certname, environment, name, path, value}` records.
+    pub fn fact_contents_body(&self, backend: usize) -> Vec<u8> {
+        let mut out = Records::with_capacity(self.nodes_per_backend * self.facts_per_node * 300);
+        self.each_fact(backend, |_, certname, environment, name, value| {
+            let mut path = vec![Value::String(name.clone())];
+            each_leaf(&value, &mut path, &mut |path, leaf| {
+                out.push(&json!({
                     "certname": certname,
                     "environment": environment,
                     "name": name,
-                    "value": value,
-                });
-                if !first {
-                    out.push(b',');
-                }
-                first = false;
-                if serde_json::to_writer(&mut out, &record).is_err() {
-                    break;
+                    "path": path,
+                    "value": leaf,
+                }));
+            });
+        });
+        out.finish()
+    }
+
+    /// `backend`'s answer to an unpaged `/pdb/query/v4/inventory`: one record per node with all
+    /// its facts and its trusted facts.
+    pub fn inventory_body(&self, backend: usize) -> Vec<u8> {
+        let mut out = Records::with_capacity(self.nodes_per_backend * self.facts_per_node * 200);
+        let mut current: Option<(usize, serde_json::Map<String, Value>, Value)> = None;
+        let flush = |out: &mut Records, node: usize, facts, environment: Value| {
+            let certname = Self::certname(node);
+            out.push(&json!({
+                "certname": certname,
+                "timestamp": self.report_timestamp(node, backend),
+                "environment": environment,
+                "facts": Value::Object(facts),
+                "trusted": {"certname": certname, "authenticated": "remote", "extensions": {}},
+            }));
+        };
+        self.each_fact(backend, |node, _, environment, name, value| {
+            if current.as_ref().is_some_and(|(n, _, _)| *n != node) {
+                if let Some((n, facts, environment)) = current.take() {
+                    flush(&mut out, n, facts, environment);
                 }
             }
+            let (_, facts, _) = current
+                .get_or_insert_with(|| (node, serde_json::Map::new(), Value::from(environment)));
+            facts.insert(name, value);
+        });
+        if let Some((n, facts, environment)) = current {
+            flush(&mut out, n, facts, environment);
         }
-        out.push(b']');
-        out
+        out.finish()
+    }
+
+    /// `backend`'s answer to an unpaged `/pdb/query/v4/resources`: half as many file resources
+    /// per node as it has facts, with parameters.
+    pub fn resources_body(&self, backend: usize) -> Vec<u8> {
+        let per_node = self.facts_per_node / 2;
+        let mut out = Records::with_capacity(self.nodes_per_backend * per_node * 560);
+        for node in self.nodes(backend) {
+            let certname = Self::certname(node);
+            let environment = ENVIRONMENTS[node % ENVIRONMENTS.len()];
+            let mut rng = Rng::new((node as u64) << 8 | backend as u64 | 1 << 40);
+            for index in 0..per_node {
+                let title = format!("/etc/app/conf.d/{index:03}.conf");
+                out.push(&json!({
+                    "certname": certname,
+                    "resource": rng.hex(40),
+                    "type": "File",
+                    "title": title,
+                    "tags": ["file", "class", "app", "app::config", "node"],
+                    "exported": false,
+                    "file": format!("/etc/puppetlabs/code/environments/{environment}/modules/app/manifests/config.pp"),
+                    "line": 10 + index,
+                    "environment": environment,
+                    "parameters": {
+                        "ensure": "file",
+                        "owner": "root",
+                        "group": "root",
+                        "mode": "0644",
+                        "content": format!("# managed by Puppet\nsetting_{index} = {}\n", rng.hex(16)),
+                        "notify": "Service[app]",
+                    },
+                }));
+            }
+        }
+        out.finish()
     }
 
     /// How many records the merged, unpaged `/facts` answer holds: each node's facts once (from
@@ -209,6 +296,54 @@ impl SyntheticEstate {
             .max()
             .map_or(0, |last| last + 1);
         nodes * (self.facts_per_node + 1)
+    }
+}
+
+/// A JSON array written record by record.
+struct Records {
+    out: Vec<u8>,
+}
+
+impl Records {
+    fn with_capacity(bytes: usize) -> Records {
+        let mut out = Vec::with_capacity(bytes);
+        out.push(b'[');
+        Records { out }
+    }
+
+    fn push(&mut self, record: &Value) {
+        if self.out.len() > 1 {
+            self.out.push(b',');
+        }
+        // Writing a Value to a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.out, record);
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        self.out.push(b']');
+        self.out
+    }
+}
+
+/// Calls `each` with every leaf of `value` and its path below `path` (object keys and array
+/// indexes), as `/fact-contents` lists them.
+fn each_leaf(value: &Value, path: &mut Vec<Value>, each: &mut impl FnMut(&[Value], &Value)) {
+    match value {
+        Value::Object(map) => {
+            for (key, inner) in map {
+                path.push(Value::String(key.clone()));
+                each_leaf(inner, path, each);
+                path.pop();
+            }
+        }
+        Value::Array(items) => {
+            for (index, inner) in items.iter().enumerate() {
+                path.push(Value::from(index));
+                each_leaf(inner, path, each);
+                path.pop();
+            }
+        }
+        leaf => each(path, leaf),
     }
 }
 

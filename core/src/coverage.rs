@@ -3,8 +3,8 @@
 //! answer is stored) and for the metrics (partial and unanswered responses are counted).
 
 use crate::cache::X_CACHE;
-use crate::exchange::X_BACKENDS;
 use crate::message::Response;
+use crate::message::X_BACKENDS;
 
 /// How much of the estate an answer covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,23 +9,18 @@ use std::collections::VecDeque;
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::corrections::Learned;
 use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, Verdict};
 use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::message::{
-    Purpose, Response, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse,
+    Purpose, Response, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse, X_BACKENDS,
 };
 use crate::route::RouteClass;
 use crate::stats::CallOutcome;
 use crate::status::{self, backend_name, Failure, Outcome, Rejection, Unusable};
-
-/// The header naming how many backends' records went into a merged answer.
-pub const X_BACKENDS: HeaderName = HeaderName::from_static("x-backends");
-/// PuppetDB's total-count header.
-pub const X_RECORDS: HeaderName = HeaderName::from_static("x-records");
 
 /// What an [`Exchange`] asks of the runtime; drain with [`Exchange::poll_output`].
 #[derive(Debug, Clone)]

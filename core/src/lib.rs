@@ -72,13 +72,13 @@ mod translations;
 pub use clock::ClockAnchor;
 pub use coverage::Coverage;
 pub use estate::{Admission, Estate, EstateOutput};
-pub use exchange::{Exchange, ExchangeOutput, ExchangeReport, X_BACKENDS, X_RECORDS};
+pub use exchange::{Exchange, ExchangeOutput, ExchangeReport};
 pub use healthz::REACHABILITY_PATH;
 pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
     BodyMode, ClientRequest, ConnectCause, Purpose, Response, ResponseBody, UpstreamBody,
     UpstreamFailure, UpstreamRequest, UpstreamResponse, HELD_ABOVE_BYTES, JSON_CONTENT_TYPE,
-    TEXT_CONTENT_TYPE,
+    TEXT_CONTENT_TYPE, X_BACKENDS, X_RECORDS,
 };
 pub use policy::{plan, Planned};
 pub use records::{check_json, MAX_DEPTH as MAX_JSON_DEPTH};

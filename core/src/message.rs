@@ -50,6 +50,11 @@ impl ClientRequest {
     }
 }
 
+/// The header naming how many backends' records went into a merged answer.
+pub const X_BACKENDS: http::HeaderName = http::HeaderName::from_static("x-backends");
+/// PuppetDB's total-count header.
+pub const X_RECORDS: http::HeaderName = http::HeaderName::from_static("x-records");
+
 /// What the runtime does with an upstream answer's body before handing it to the core.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BodyMode {

@@ -3,6 +3,9 @@
 //!
 //! - `/pdb/query/v4/nodes` (any query): the membership extract (certname, report_timestamp);
 //! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend;
+//! - `/pdb/query/v4/fact-contents`, `/pdb/query/v4/inventory`, `/pdb/query/v4/resources` (any
+//!   query), when `--entities` names them (`facts` only by default: each is rendered at start
+//!   and held in memory);
 //! - `/pdb/query/v4/factsets` and `/pdb/query/v4/catalogs` (any query): the membership
 //!   refresh's producer times (certname, producer_timestamp: each node's report time);
 //! - `/pdb/meta/v1/version` and `/status/v1/services`: small canned answers;
@@ -31,6 +34,8 @@ struct Canned {
     nodes: Vec<u8>,
     produced: Vec<u8>,
     facts: Vec<u8>,
+    /// The other entities' answers, by path, as `--entities` asked.
+    entities: Vec<(&'static str, Vec<u8>)>,
     version: Vec<u8>,
     status: Vec<u8>,
     not_found: Vec<u8>,
@@ -57,6 +62,7 @@ fn main() -> Result<()> {
         overlap: 10,
         facts_per_node: 100,
     };
+    let mut entities: Vec<String> = vec!["facts".to_owned()];
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
@@ -66,7 +72,8 @@ fn main() -> Result<()> {
             "--nodes" => spec.nodes_per_backend = value.parse()?,
             "--overlap" => spec.overlap = value.parse()?,
             "--facts" => spec.facts_per_node = value.parse()?,
-            _ => return Err(format!("unknown flag {flag}; flags: --listen ADDR --backend N --nodes N --overlap N --facts N").into()),
+            "--entities" => entities = value.split(',').map(str::to_owned).collect(),
+            _ => return Err(format!("unknown flag {flag}; flags: --listen ADDR --backend N --nodes N --overlap N --facts N --entities facts,fact-contents,inventory,resources").into()),
         }
     }
     if !listen.starts_with("127.")
@@ -76,10 +83,25 @@ fn main() -> Result<()> {
         return Err("fakepdb listens on loopback only".into());
     }
     let json = "application/json;charset=utf-8";
+    let mut rendered = Vec::new();
+    for entity in &entities {
+        let (path, body) = match entity.as_str() {
+            "facts" => continue,
+            "fact-contents" => (
+                "/pdb/query/v4/fact-contents",
+                spec.fact_contents_body(backend),
+            ),
+            "inventory" => ("/pdb/query/v4/inventory", spec.inventory_body(backend)),
+            "resources" => ("/pdb/query/v4/resources", spec.resources_body(backend)),
+            other => return Err(format!("fakepdb serves no entity {other:?}").into()),
+        };
+        rendered.push((path, response("200 OK", json, &body)));
+    }
     let canned = Arc::new(Canned {
         nodes: response("200 OK", json, &spec.membership_body(backend)),
         produced: response("200 OK", json, &spec.produced_body(backend)),
         facts: response("200 OK", json, &spec.facts_body(backend)),
+        entities: rendered,
         version: response("200 OK", json, br#"{"version":"7.12.1"}"#),
         status: response(
             "200 OK",
@@ -162,7 +184,11 @@ fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
             }
             "/pdb/meta/v1/version" => &canned.version,
             "/status/v1/services" => &canned.status,
-            _ => &canned.not_found,
+            other => canned
+                .entities
+                .iter()
+                .find(|(path, _)| *path == other)
+                .map_or(&canned.not_found, |(_, body)| body),
         };
         writer.write_all(answer)?;
         if close {

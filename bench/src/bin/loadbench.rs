@@ -18,12 +18,13 @@
 #![forbid(unsafe_code)]
 
 use std::error::Error;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use pdbmux_bench::procs::{free_port, wait_listening, Proc};
 use pdbmux_bench::SyntheticEstate;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -106,38 +107,6 @@ fn args() -> Result<Args> {
     Ok(args)
 }
 
-/// A child process stopped (SIGTERM, then SIGKILL) when dropped.
-struct Proc {
-    name: &'static str,
-    child: Child,
-}
-
-impl Proc {
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let pid = self.child.id().to_string();
-        let _ = Command::new("kill").args(["-TERM", &pid]).status();
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        eprintln!(
-            "{} (pid {pid}) did not stop on SIGTERM; killing it",
-            self.name
-        );
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// `command` under `taskset -c cpus` when a CPU list is given.
 fn pinned(program: &Path, cpus: Option<&str>) -> Command {
     match cpus {
@@ -150,51 +119,17 @@ fn pinned(program: &Path, cpus: Option<&str>) -> Command {
     }
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-fn wait_listening(addr: SocketAddr, what: &str) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if TcpStream::connect(addr).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    Err(format!("{what} did not listen on {addr}").into())
-}
-
 /// Starts a fake backend and returns it with its address.
 fn start_fakepdb(
     args: &Args,
     backend: usize,
     spec: &SyntheticEstate,
 ) -> Result<(Proc, SocketAddr)> {
-    let mut command = pinned(&args.fakepdb, args.pin_load.as_deref());
-    command
-        .args(["--listen", "127.0.0.1:0", "--backend", &backend.to_string()])
-        .args(["--nodes", &spec.nodes_per_backend.to_string()])
-        .args(["--overlap", &spec.overlap.to_string()])
-        .args(["--facts", &spec.facts_per_node.to_string()])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped());
-    let mut child = command
-        .spawn()
-        .map_err(|e| format!("starting {}: {e}", args.fakepdb.display()))?;
-    let stdout = child.stdout.take().ok_or("fakepdb stdout")?;
-    let proc = Proc {
-        name: "fakepdb",
-        child,
-    };
-    let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line)?;
-    let addr: SocketAddr = line
-        .trim()
-        .strip_prefix("LISTEN ")
-        .ok_or_else(|| format!("fakepdb said {line:?}"))?
-        .parse()?;
-    Ok((proc, addr))
+    pdbmux_bench::procs::start_fakepdb(
+        pinned(&args.fakepdb, args.pin_load.as_deref()),
+        backend,
+        spec,
+    )
 }
 
 /// How pdbmux is started: its cache TTL, tokio worker threads, whether it serves its metrics.
@@ -263,10 +198,7 @@ fn start_pdbmux(
     let child = command
         .spawn()
         .map_err(|e| format!("starting {}: {e}", args.pdbmux.display()))?;
-    let proc = Proc {
-        name: "pdbmux",
-        child,
-    };
+    let proc = Proc::new("pdbmux", child);
     wait_listening(addr, "pdbmux")?;
     Ok((proc, addr, metrics))
 }
@@ -754,12 +686,12 @@ fn cache_hits(args: &Args, dir: &Path) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let nginx = Proc {
-        name: "nginx",
-        child: command
+    let nginx = Proc::new(
+        "nginx",
+        command
             .spawn()
             .map_err(|e| format!("starting nginx: {e}"))?,
-    };
+    );
     wait_listening(nginx_addr, "nginx")?;
     for server in [nginx_addr, copy_addr] {
         wait_listening(server, "nginx")?;
@@ -1047,10 +979,7 @@ fn start_redis(args: &Args) -> Result<(Proc, SocketAddr)> {
     let child = command
         .spawn()
         .map_err(|e| format!("starting {}: {e}", args.redis.display()))?;
-    let proc = Proc {
-        name: "redis-server",
-        child,
-    };
+    let proc = Proc::new("redis-server", child);
     wait_listening(addr, "redis-server")?;
     Ok((proc, addr))
 }

@@ -297,7 +297,7 @@ impl Plan for AggregatePlan {
                 (Some(bodies), correction) => {
                     let records = calls.success(backend, 0).and_then(|(headers, _)| {
                         headers
-                            .get(crate::exchange::X_RECORDS)
+                            .get(crate::message::X_RECORDS)
                             .and_then(|v| v.to_str().ok()?.trim().parse().ok())
                     });
                     backends.push((
@@ -340,7 +340,7 @@ impl Plan for AggregatePlan {
         if let Some(total) = combined.total {
             response
                 .headers
-                .insert(crate::exchange::X_RECORDS, HeaderValue::from(total));
+                .insert(crate::message::X_RECORDS, HeaderValue::from(total));
         }
         Step::Done(Verdict::Merged {
             response,

@@ -15,8 +15,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 use crate::config::Secret;
-use crate::exchange::{X_BACKENDS, X_RECORDS};
 use crate::message::JSON_CONTENT_TYPE;
+use crate::message::{X_BACKENDS, X_RECORDS};
 
 /// One request to the shared store, issued by the [`crate::Estate`]; the runtime answers it with
 /// [`crate::Estate::handle_store_answer`].

@@ -499,10 +499,10 @@ pub(super) fn finish_cached(
 pub(super) fn filtered_by_source(mut response: Response, values: &[String]) -> Response {
     if let (ResponseBody::Full(body), true) = (&response.body, response.status.is_success()) {
         let (filtered, count) = filter_source_records(body, values);
-        if response.headers.contains_key(crate::exchange::X_RECORDS) {
+        if response.headers.contains_key(crate::message::X_RECORDS) {
             response
                 .headers
-                .insert(crate::exchange::X_RECORDS, HeaderValue::from(count));
+                .insert(crate::message::X_RECORDS, HeaderValue::from(count));
         }
         response.body = ResponseBody::Full(filtered);
     }

@@ -628,7 +628,7 @@ impl RecordPlan {
         for answer in answers {
             let records = answer
                 .headers
-                .get(crate::exchange::X_RECORDS)
+                .get(crate::message::X_RECORDS)
                 .and_then(|v| v.to_str().ok()?.trim().parse::<u64>().ok())
                 .unwrap_or(0);
             total = total.saturating_add(records);
@@ -849,7 +849,7 @@ impl Plan for RecordPlan {
         let mut response = Response::json(StatusCode::OK, body);
         if let Some(total) = total {
             if let Ok(value) = HeaderValue::from_str(&total.to_string()) {
-                response.headers.insert(crate::exchange::X_RECORDS, value);
+                response.headers.insert(crate::message::X_RECORDS, value);
             }
         }
         Step::Done(Verdict::Merged {

@@ -1,0 +1,298 @@
+//! `scale`: one large merge through each pdbmux binary against two `fakepdb` backends, at growing
+//! estate sizes: time to the first byte, total time, throughput and peak resident memory, beside
+//! the slower backend asked directly in the same run (bench/README.md, "Scale").
+//!
+//! For each size: two fakepdb (a fifth of the nodes in both, `--facts` facts per node); then for
+//! each binary a fresh process (cache off, health probes off, membership map warmed by one small
+//! request): each `--entities` entity unpaged, `/facts` ordered, and `--concurrent` of the first
+//! entity's question at once, each in a fresh process so its peak (`VmHWM`) is its own. The memory budgets are set
+//! as `--budget` says: `off` (so large enough that the merge itself is measured) or `default`
+//! (pdbmux's own, so the refusals show how the budget bounds memory). `--concurrent 0` skips the
+//! concurrent run (with the budget off, eight merges of 100,000 nodes per backend need about
+//! 30 GB).
+
+#![forbid(unsafe_code)]
+
+use std::error::Error;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pdbmux_bench::procs::{free_port, start_fakepdb, wait_listening, Proc};
+use pdbmux_bench::SyntheticEstate;
+
+type Result<T> = std::result::Result<T, Box<dyn Error>>;
+
+/// The ordered question: every fact in certname, then name order.
+const ORDERED: &str =
+    "/pdb/query/v4/facts?order_by=%5B%7B%22field%22%3A%22certname%22%7D%2C%7B%22field%22%3A%22name%22%7D%5D";
+
+struct Args {
+    sizes: Vec<usize>,
+    entities: Vec<String>,
+    facts: usize,
+    concurrent: usize,
+    budget: String,
+    binaries: Vec<PathBuf>,
+    fakepdb: PathBuf,
+}
+
+fn parse_args() -> Result<Args> {
+    let dir = std::env::current_exe()?
+        .parent()
+        .ok_or("no binary directory")?
+        .to_path_buf();
+    let mut args = Args {
+        sizes: vec![5_000, 20_000, 50_000],
+        entities: ["facts", "fact-contents", "inventory", "resources"]
+            .map(String::from)
+            .to_vec(),
+        facts: 40,
+        concurrent: 8,
+        budget: "off".into(),
+        binaries: vec![dir.join("pdbmux"), dir.join("pdbmux-smol")],
+        fakepdb: dir.join("fakepdb"),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag.as_str() {
+            "--sizes" => {
+                args.sizes = value
+                    .split(',')
+                    .map(str::parse)
+                    .collect::<std::result::Result<_, _>>()?
+            }
+            "--facts" => args.facts = value.parse()?,
+            "--entities" => args.entities = value.split(',').map(String::from).collect(),
+            "--concurrent" => args.concurrent = value.parse()?,
+            "--budget" if value == "off" || value == "default" => args.budget = value,
+            "--binaries" => args.binaries = value.split(',').map(PathBuf::from).collect(),
+            "--fakepdb" => args.fakepdb = PathBuf::from(value),
+            _ => return Err(format!("unknown flag {flag}; flags: --sizes 5000,20000,50000 --entities facts,fact-contents,inventory,resources --facts 40 --concurrent 8 --budget off|default --binaries PATH,PATH --fakepdb PATH").into()),
+        }
+    }
+    Ok(args)
+}
+
+/// One answer as a client sees it.
+struct Answer {
+    status: u16,
+    first_byte: Duration,
+    total: Duration,
+    bytes: usize,
+}
+
+/// A GET with `Connection: close`, timed to its first byte and to its end; the body is counted
+/// and dropped as it arrives.
+fn timed_get(addr: SocketAddr, target: &str) -> Result<Answer> {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(addr)?;
+    stream.set_read_timeout(Some(Duration::from_secs(300)))?;
+    write!(
+        stream,
+        "GET {target} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = vec![0; 256 * 1024];
+    let mut first_byte = None;
+    let mut head = Vec::new();
+    let mut bytes = 0usize;
+    loop {
+        let read = stream.read(&mut buf)?;
+        if read == 0 {
+            break;
+        }
+        first_byte.get_or_insert_with(|| started.elapsed());
+        if head.len() < 64 {
+            head.extend_from_slice(&buf[..read.min(64)]);
+        }
+        bytes += read;
+    }
+    let total = started.elapsed();
+    let status = String::from_utf8_lossy(&head)
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or("no status line")?;
+    Ok(Answer {
+        status,
+        first_byte: first_byte.unwrap_or(total),
+        total,
+        bytes,
+    })
+}
+
+/// The peak resident set of `pid` so far (`VmHWM`), in MiB.
+fn peak_rss_mib(pid: u32) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let kib: f64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse().ok())
+        .ok_or("no VmHWM")?;
+    Ok(kib / 1024.0)
+}
+
+/// Starts `binary` over `backends`, cache and probes off, budgets as `budget` says, and warms
+/// its membership map.
+fn start_pdbmux(
+    binary: &Path,
+    backends: &[SocketAddr],
+    budget: &str,
+) -> Result<(Proc, SocketAddr)> {
+    let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
+    let list = backends
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("pdb-{}=http://{a}", (b'a' + i as u8) as char))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut command = Command::new(binary);
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("PDBMUX_LISTEN", addr.to_string())
+        .env("PDBMUX_BACKENDS", list)
+        .env("PDBMUX_METRICS_LISTEN", "")
+        .env("PDBMUX_FACTS_TTL", "0")
+        .env("PDBMUX_HISTORY_TTL", "0")
+        .env("PDBMUX_AGGREGATE_TTL", "0")
+        .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
+        .env("PDBMUX_LOG_LEVEL", "warn")
+        .env("PDBMUX_MAX_BODY_BYTES", (8u64 << 30).to_string())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if budget == "off" {
+        command
+            .env("PDBMUX_MERGE_REQUEST_BYTES", (64u64 << 30).to_string())
+            .env("PDBMUX_MERGE_MEMORY_BYTES", (64u64 << 30).to_string());
+    }
+    let proc = Proc::new("pdbmux", command.spawn()?);
+    wait_listening(addr, "pdbmux")?;
+    let warm = timed_get(addr, "/pdb/query/v4/nodes?limit=1")?;
+    if warm.status != 200 {
+        return Err(format!("pdbmux answered the warm-up with {}", warm.status).into());
+    }
+    Ok((proc, addr))
+}
+
+fn mb(bytes: usize) -> f64 {
+    bytes as f64 / 1e6
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    println!(
+        "| nodes per backend | backend bodies | binary | question | first byte | total | slower backend first byte / total | throughput | peak RSS | merged answer |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    for &nodes in &args.sizes {
+        let spec = SyntheticEstate {
+            backends: 2,
+            nodes_per_backend: nodes,
+            overlap: nodes / 5,
+            facts_per_node: args.facts,
+        };
+        let fakepdb = || {
+            let mut command = Command::new(&args.fakepdb);
+            command.args(["--entities", &args.entities.join(",")]);
+            command
+        };
+        let (_a, a) = start_fakepdb(fakepdb(), 0, &spec)?;
+        let (_b, b) = start_fakepdb(fakepdb(), 1, &spec)?;
+        // Each question: the entity's unpaged answer, and facts ordered.
+        let mut questions: Vec<(String, String)> = args
+            .entities
+            .iter()
+            .map(|entity| {
+                (
+                    format!("{entity} unpaged"),
+                    format!("/pdb/query/v4/{entity}"),
+                )
+            })
+            .collect();
+        if args.entities.iter().any(|e| e == "facts") {
+            questions.push(("facts ordered".into(), ORDERED.into()));
+        }
+        // The backends alone, each asked twice (the first warms their sockets); the slower counts.
+        let mut baselines = Vec::new();
+        for (_, target) in &questions {
+            let direct: Vec<Answer> = [a, b]
+                .iter()
+                .map(|&addr| {
+                    timed_get(addr, target)?;
+                    timed_get(addr, target)
+                })
+                .collect::<Result<_>>()?;
+            let bodies = format!("{:.0} + {:.0} MB", mb(direct[0].bytes), mb(direct[1].bytes));
+            let slower = direct
+                .into_iter()
+                .max_by_key(|answer| answer.total)
+                .ok_or("no backend")?;
+            baselines.push((bodies, slower));
+        }
+        for binary in &args.binaries {
+            let name = binary
+                .file_name()
+                .map_or("?".into(), |n| n.to_string_lossy().into_owned());
+            for ((question, target), (bodies, slower)) in questions.iter().zip(&baselines) {
+                let (proc, addr) = start_pdbmux(binary, &[a, b], &args.budget)?;
+                let answer = timed_get(addr, target)?;
+                let peak = peak_rss_mib(proc.pid())?;
+                println!(
+                    "| {nodes} | {bodies} | {name} | {question} ({}) | {:.0} ms | {:.0} ms | {:.0} / {:.0} ms | {:.0} MB/s | {peak:.0} MiB | {:.0} MB |",
+                    answer.status,
+                    ms(answer.first_byte),
+                    ms(answer.total),
+                    ms(slower.first_byte),
+                    ms(slower.total),
+                    mb(answer.bytes) / answer.total.as_secs_f64(),
+                    mb(answer.bytes),
+                );
+            }
+            if args.concurrent == 0 {
+                continue;
+            }
+            let (proc, addr) = start_pdbmux(binary, &[a, b], &args.budget)?;
+            let started = Instant::now();
+            let answers: Vec<Result<Answer>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..args.concurrent)
+                    .map(|_| {
+                        let target = &questions[0].1;
+                        scope.spawn(move || timed_get(addr, target).map_err(|e| e.to_string()))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join()
+                            .map_err(|_| "a client thread panicked".to_string())?
+                            .map_err(Into::into)
+                    })
+                    .collect()
+            });
+            let took = started.elapsed();
+            let peak = peak_rss_mib(proc.pid())?;
+            let answers = answers.into_iter().collect::<Result<Vec<_>>>()?;
+            let ok = answers.iter().filter(|a| a.status == 200).count();
+            let refused = answers.iter().filter(|a| a.status == 503).count();
+            let (bodies, slower) = &baselines[0];
+            println!(
+                "| {nodes} | {bodies} | {name} | {} × {} at once ({ok} × 200, {refused} × 503) | — | {:.0} ms | {:.0} / {:.0} ms | — | {peak:.0} MiB | — |",
+                args.concurrent,
+                questions[0].0,
+                ms(took),
+                ms(slower.first_byte),
+                ms(slower.total),
+            );
+        }
+    }
+    Ok(())
+}
