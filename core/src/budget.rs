@@ -14,38 +14,13 @@ use crate::message::Response;
 /// seconds, and a retry sooner would find the same merges still holding their answers.
 pub const RETRY_AFTER: Duration = Duration::from_secs(2);
 
-/// Which budget a request went over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BudgetScope {
-    /// `merge_request_bytes`: this request's answers alone are more than one request may hold.
-    Request,
-    /// `merge_memory_bytes`: the merges in flight hold the whole process's budget already.
-    Process,
-}
+pub use crate::message::BudgetScope;
 
-impl BudgetScope {
-    /// The configuration key that sets this budget.
-    pub fn key(self) -> &'static str {
-        match self {
-            BudgetScope::Request => "merge_request_bytes",
-            BudgetScope::Process => "merge_memory_bytes",
-        }
-    }
-
-    /// Its metrics label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            BudgetScope::Request => "request",
-            BudgetScope::Process => "process",
-        }
-    }
-
-    /// The limit `config` sets for this scope, in bytes.
-    pub fn limit(self, config: &Config) -> u64 {
-        match self {
-            BudgetScope::Request => config.merge_request_bytes,
-            BudgetScope::Process => config.merge_memory_bytes,
-        }
+/// The limit `config` sets for `scope`, in bytes.
+pub fn limit(scope: BudgetScope, config: &Config) -> u64 {
+    match scope {
+        BudgetScope::Request => config.merge_request_bytes,
+        BudgetScope::Process => config.merge_memory_bytes,
     }
 }
 

@@ -75,6 +75,9 @@ pub struct Exchange {
     /// The backends the prober kept out of this request's roster were asked once every backend
     /// in it failed (fail open per request).
     failed_over: bool,
+    /// The plan as planned, kept (when some backend is out of the roster) to start again over
+    /// the ones kept out.
+    spare: Option<Box<dyn Plan>>,
     report: ExchangeReport,
 }
 
@@ -86,10 +89,13 @@ impl Exchange {
         (class, target): (RouteClass, String),
         plan: Box<dyn Plan>,
     ) -> Exchange {
+        let kept_out = context.roster.len() < context.config.backends.len();
+        let spare = kept_out.then(|| plan.again());
         let mut exchange = Exchange {
             context,
             target,
             plan,
+            spare,
             calls: Calls::default(),
             ids: Counter::default(),
             outputs: VecDeque::new(),
@@ -320,14 +326,7 @@ impl Exchange {
     /// Starts the request again, planned afresh, over the backends the prober kept out.
     fn fail_over(&mut self, now: Instant) {
         self.failed_over = true;
-        let plan = self.plan.again().or_else(|| {
-            let request = crate::message::ClientRequest::get(self.target.clone());
-            match crate::policy::plan(&request, &self.context.config).work {
-                crate::policy::Work::Fanout(plan) => Some(plan),
-                _ => None,
-            }
-        });
-        let Some(plan) = plan else {
+        let Some(plan) = self.spare.take() else {
             return self.respond(Response::text(
                 StatusCode::BAD_GATEWAY,
                 "pdbmux: no backend answered",

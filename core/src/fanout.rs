@@ -23,7 +23,7 @@ use crate::status::{Outcome, Unusable};
 /// One backend's correction request within a plan (docs/merging.md, "Corrections"): the request,
 /// the key its answer is kept under, and the body the estate already knew (then it is not asked
 /// again).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct CorrectionCall {
     pub(crate) backend: BackendId,
     pub(crate) outbound: Outbound,
@@ -221,13 +221,10 @@ pub(crate) trait Plan: fmt::Debug + Send {
         false
     }
 
-    /// A fresh copy of this plan, to ask the backends the prober kept out when every backend in
-    /// service failed (fail open); `None`: the exchange plans the request again from its target.
-    /// A plan built for one step of a request (a PQL translation, read whole) must give one: its
-    /// target alone would plan another kind.
-    fn again(&self) -> Option<Box<dyn Plan>> {
-        None
-    }
+    /// A copy of this plan as it was planned, to ask the backends the prober kept out when every
+    /// backend in service failed (fail open). The exchange takes it before [`Plan::start`], and
+    /// only when some backend is kept out, so the request is never planned again from its target.
+    fn again(&self) -> Box<dyn Plan>;
 
     /// The first calls, `(backend, part)`, over the backends in `context.roster`.
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)>;

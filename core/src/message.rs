@@ -254,15 +254,42 @@ pub enum UpstreamFailure {
     /// The connection failed after it was made (reset, malformed HTTP, aborted body).
     #[error("transport error: {0}")]
     Transport(String),
-    /// Reading the body would have gone over a memory budget of buffered merges
-    /// ([`crate::budget`]): not the backend's failure, the whole request is refused.
+    /// Reading the body would have gone over a memory budget of buffered merges (see the
+    /// `budget` module): not the backend's failure, the whole request is refused.
     #[error("over {} ({limit} bytes)", scope.key())]
     OverBudget {
         /// Which budget.
-        scope: crate::budget::BudgetScope,
+        scope: BudgetScope,
         /// Its limit in bytes.
         limit: u64,
     },
+}
+
+/// Which budget a request went over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BudgetScope {
+    /// `merge_request_bytes`: this request's answers alone are more than one request may hold.
+    Request,
+    /// `merge_memory_bytes`: the merges in flight hold the whole process's budget already.
+    Process,
+}
+
+impl BudgetScope {
+    /// The configuration key that sets this budget.
+    pub fn key(self) -> &'static str {
+        match self {
+            BudgetScope::Request => "merge_request_bytes",
+            BudgetScope::Process => "merge_memory_bytes",
+        }
+    }
+
+    /// Its metrics label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BudgetScope::Request => "request",
+            BudgetScope::Process => "process",
+        }
+    }
 }
 
 /// The body of a response to a client.

@@ -14,7 +14,7 @@ use crate::status::{Outcome, Unusable};
 
 /// `/pdb/meta/v1/version` asked of every backend; the lowest version among those that answered
 /// one.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct LowestVersion {
     target: String,
 }
@@ -27,6 +27,10 @@ impl LowestVersion {
 }
 
 impl Plan for LowestVersion {
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(self.clone())
+    }
+
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
         everyone(context)
     }
@@ -63,7 +67,7 @@ impl Plan for LowestVersion {
 
 /// `/pdb/meta/v1/server-time` asked of every backend; the first success in configured order,
 /// served as soon as it is known.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct FirstInOrder {
     target: String,
 }
@@ -76,6 +80,10 @@ impl FirstInOrder {
 }
 
 impl Plan for FirstInOrder {
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(self.clone())
+    }
+
     fn answers_verbatim(&self) -> bool {
         true
     }

@@ -49,12 +49,11 @@ impl Plan for ParentChecked {
         self.merge.counts_rounds()
     }
 
-    fn again(&self) -> Option<Box<dyn Plan>> {
-        let merge = self.merge.again()?;
-        Some(Box::new(ParentChecked::new(
-            merge,
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(ParentChecked::new(
+            self.merge.again(),
             self.parent_path.clone(),
-        )))
+        ))
     }
 
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {

@@ -99,11 +99,11 @@ impl Plan for Sequence {
         true
     }
 
-    fn again(&self) -> Option<Box<dyn Plan>> {
-        Some(Box::new(Sequence {
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(Sequence {
             order: Vec::new(),
             ..self.clone()
-        }))
+        })
     }
 
     fn needs_ownership(&self) -> bool {
@@ -197,7 +197,7 @@ impl Plan for Sequence {
 /// report answers 2xx, so the first success is served at once. Without one: the holder's error
 /// (anything but 404), else 502 when a backend did not answer (it may hold the report), else
 /// the unanimous 404.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Holder {
     target: String,
 }
@@ -210,6 +210,10 @@ impl Holder {
 }
 
 impl Plan for Holder {
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(self.clone())
+    }
+
     fn answers_verbatim(&self) -> bool {
         true
     }

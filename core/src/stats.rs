@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+pub use crate::membership::MembershipStats;
+
 use crate::cache::StoreStats;
 use crate::fanout::CallState;
 use crate::message::{ConnectCause, UpstreamFailure};
@@ -27,23 +29,6 @@ pub struct BackendStats {
     /// How long since its part of the map was last renewed (since start, or since the
     /// configuration gave this backend list, until a first renewal).
     pub membership_age: Duration,
-}
-
-/// The membership map's numbers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MembershipStats {
-    /// Distinct active certnames.
-    pub nodes: usize,
-    /// Active certnames more than one backend holds.
-    pub shared_nodes: usize,
-    /// Active certnames whose kinds of data are newest in different backends.
-    pub split_nodes: usize,
-    /// Refreshes completed since start.
-    pub refreshes: u64,
-    /// How long the last refresh took, from the first request sent to the last answer.
-    pub last_refresh_duration: Option<Duration>,
-    /// How old the map is; `None` before the first refresh.
-    pub age: Option<Duration>,
 }
 
 /// The cache's numbers, when it is on.

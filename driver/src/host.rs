@@ -1037,7 +1037,7 @@ impl<R: Runtime> Bound<'_, R> {
         self.observe_budget_refusal(scope);
         Some(pdbmux_core::budget::over_budget(
             scope,
-            scope.limit(&self.generation.config),
+            pdbmux_core::budget::limit(scope, &self.generation.config),
         ))
     }
 

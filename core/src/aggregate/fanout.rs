@@ -29,7 +29,7 @@ use crate::query::{Analysis, Params, QueryText};
 use crate::status::Unusable;
 
 /// A planned combine fan-out.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct AggregatePlan {
     plan: CombinePlan,
     upstreams: Vec<Upstream>,
@@ -182,6 +182,10 @@ impl AggregatePlan {
 }
 
 impl Plan for AggregatePlan {
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(self.clone())
+    }
+
     fn needs_ownership(&self) -> bool {
         self.node_scope.is_some()
             || self.correction.is_some()

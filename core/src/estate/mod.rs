@@ -111,7 +111,7 @@ pub struct Estate {
     waiter_ids: Counter,
     clock: ClockAnchor,
     reachability: Reachability,
-    membership: MembershipMap,
+    membership: MembershipMap<Planned>,
     /// The cache, its flights and the shared tier.
     answers: Answers,
     prober: Prober,
@@ -435,7 +435,14 @@ impl Estate {
             self.outputs.push_back(match output {
                 MembershipOutput::Send(request) => EstateOutput::Send(request),
                 MembershipOutput::Cancel(id) => EstateOutput::Cancel(id),
-                MembershipOutput::Resume { waiter, planned } => {
+                MembershipOutput::Resume {
+                    waiter,
+                    mut planned,
+                    waited_out,
+                } => {
+                    if let Some(waited_out) = waited_out {
+                        planned.waited_out = waited_out;
+                    }
                     EstateOutput::Resume { waiter, planned }
                 }
             });

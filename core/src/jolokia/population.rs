@@ -39,7 +39,7 @@ enum Population {
 }
 
 /// A planned metrics fan-out.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct JolokiaPlan {
     route: MetricsRoute,
     target: String,
@@ -184,6 +184,10 @@ fn clojure_ratio(numerator: u64, denominator: u64) -> Value {
 }
 
 impl Plan for JolokiaPlan {
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(self.clone())
+    }
+
     fn needs_ownership(&self) -> bool {
         self.population.is_some()
     }

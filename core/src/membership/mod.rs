@@ -38,6 +38,7 @@ use crate::sort::parse_instant;
 
 mod refresh;
 
+pub use refresh::MembershipStats;
 pub(crate) use refresh::{MembershipMap, MembershipOutput};
 
 /// The upstream path and query that fetches one backend's nodes:

@@ -25,26 +25,28 @@ use crate::config::Config;
 use crate::corrections::{Corrections, Learned};
 use crate::ids::{BackendId, Counter, UpstreamId, WaiterId};
 use crate::message::{Purpose, UpstreamFailure, UpstreamRequest, UpstreamResponse};
-use crate::policy::Planned;
 use crate::status::{Failure, Unusable};
 
-/// What the membership map asks of the estate; drain with [`MembershipMap::poll_output`].
+/// What the membership map asks of the estate; drain with [`MembershipMap::poll_output`]. `P`
+/// is what a waiter parks while it waits (the estate's planned request).
 #[derive(Debug)]
-pub(crate) enum MembershipOutput {
+pub(crate) enum MembershipOutput<P> {
     /// Send this request upstream; its answer goes to [`MembershipMap::handle_response`].
     Send(UpstreamRequest),
     /// Abandon this upstream request.
     Cancel(UpstreamId),
-    /// The map this waiter waited for is built: admit its request again.
+    /// The map this waiter waited for is built: admit its request again; after a refresh,
+    /// leaving out the backends it waited for in vain (`waited_out`).
     Resume {
         waiter: WaiterId,
-        planned: Box<Planned>,
+        planned: Box<P>,
+        waited_out: Option<Vec<BackendId>>,
     },
 }
 
-/// The membership map (see the module doc).
+/// The membership map (see the module doc); `P` is what a waiter parks while it waits.
 #[derive(Debug)]
-pub(crate) struct MembershipMap {
+pub(crate) struct MembershipMap<P> {
     /// Each backend's last good part (configured order; `None`: never answered).
     per_backend: Vec<Option<BackendNodes>>,
     /// When each backend's part was last renewed (or, until then, when the map was made).
@@ -57,13 +59,13 @@ pub(crate) struct MembershipMap {
     refreshed_at: Option<Instant>,
     refreshes: u64,
     last_refresh_duration: Option<Duration>,
-    refresh: Option<Refresh>,
-    outputs: VecDeque<MembershipOutput>,
+    refresh: Option<Refresh<P>>,
+    outputs: VecDeque<MembershipOutput<P>>,
 }
 
 /// A refresh under way.
 #[derive(Debug)]
-struct Refresh {
+struct Refresh<P> {
     started: Instant,
     /// The first round: each backend's nodes (query 0) and, for a backend with no part yet,
     /// every node's producer times (queries 1 and 2).
@@ -74,16 +76,33 @@ struct Refresh {
     parts: BTreeMap<BackendId, Result<BackendNodes, Failure>>,
     /// What the second round asks each backend about: these certnames (sorted), or every node.
     asking: BTreeMap<BackendId, Option<Vec<String>>>,
-    waiters: Vec<(WaiterId, Box<Planned>)>,
+    waiters: Vec<(WaiterId, Box<P>)>,
+}
+
+/// The membership map's numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MembershipStats {
+    /// Distinct active certnames.
+    pub nodes: usize,
+    /// Active certnames more than one backend holds.
+    pub shared_nodes: usize,
+    /// Active certnames whose kinds of data are newest in different backends.
+    pub split_nodes: usize,
+    /// Refreshes completed since start.
+    pub refreshes: u64,
+    /// How long the last refresh took, from the first request sent to the last answer.
+    pub last_refresh_duration: Option<Duration>,
+    /// How old the map is; `None` before the first refresh.
+    pub age: Option<Duration>,
 }
 
 /// The context an input that may send requests needs: the estate's id counter and its
 /// configuration (timeout, freshness, backend names).
 pub(crate) type Sending<'a> = (&'a mut Counter, &'a Config);
 
-impl MembershipMap {
+impl<P> MembershipMap<P> {
     /// An empty map of `backends` backends, none of them answered yet.
-    pub(crate) fn new(now: Instant, backends: usize) -> MembershipMap {
+    pub(crate) fn new(now: Instant, backends: usize) -> MembershipMap<P> {
         MembershipMap {
             per_backend: vec![None; backends],
             renewed_at: vec![now; backends],
@@ -161,12 +180,14 @@ impl MembershipMap {
 
     /// Makes `waiter` wait for the refresh under way, resumed when it completes; with none
     /// under way (the map is there already), resumed at once.
-    pub(crate) fn wait(&mut self, waiter: WaiterId, planned: Box<Planned>) {
+    pub(crate) fn wait(&mut self, waiter: WaiterId, planned: Box<P>) {
         match &mut self.refresh {
             Some(refresh) => refresh.waiters.push((waiter, planned)),
-            None => self
-                .outputs
-                .push_back(MembershipOutput::Resume { waiter, planned }),
+            None => self.outputs.push_back(MembershipOutput::Resume {
+                waiter,
+                planned,
+                waited_out: None,
+            }),
         }
     }
 
@@ -254,7 +275,7 @@ impl MembershipMap {
         &mut self,
         now: Instant,
         carried: &[Option<usize>],
-    ) -> (Vec<UpstreamId>, Vec<(WaiterId, Box<Planned>)>) {
+    ) -> (Vec<UpstreamId>, Vec<(WaiterId, Box<P>)>) {
         let (abandoned, waiters) = match self.refresh.take() {
             Some(refresh) => {
                 let mut pending = refresh.nodes.pending_ids();
@@ -281,7 +302,7 @@ impl MembershipMap {
     }
 
     /// The next thing to do, if any.
-    pub(crate) fn poll_output(&mut self) -> Option<MembershipOutput> {
+    pub(crate) fn poll_output(&mut self) -> Option<MembershipOutput<P>> {
         self.outputs.pop_front()
     }
 
@@ -305,9 +326,9 @@ impl MembershipMap {
     }
 
     /// The map's numbers for the metrics.
-    pub(crate) fn stats(&self, now: Instant) -> crate::stats::MembershipStats {
+    pub(crate) fn stats(&self, now: Instant) -> MembershipStats {
         let ownership = &self.snapshot;
-        crate::stats::MembershipStats {
+        MembershipStats {
             nodes: ownership.node_count(),
             shared_nodes: ownership.shared_count(),
             split_nodes: ownership.split_count(),
@@ -378,7 +399,7 @@ impl MembershipMap {
 
     /// The new map from a finished refresh: each answered backend's part renewed, every other
     /// one kept (and counted as a failure); its waiters resumed.
-    fn complete(&mut self, now: Instant, refresh: Refresh, config: &Config) {
+    fn complete(&mut self, now: Instant, refresh: Refresh<P>, config: &Config) {
         // Backends that gave no answer in the whole timeout: a request that waited for this map
         // does not wait for them again (one timeout per request).
         let mut waited_out = refresh.nodes.timed_out();
@@ -412,9 +433,12 @@ impl MembershipMap {
         self.corrections = Arc::new(Corrections::new(generation));
         self.refreshed_at = Some(now);
         self.outputs
-            .extend(refresh.waiters.into_iter().map(|(waiter, mut planned)| {
-                planned.waited_out.clone_from(&waited_out);
-                MembershipOutput::Resume { waiter, planned }
+            .extend(refresh.waiters.into_iter().map(|(waiter, planned)| {
+                MembershipOutput::Resume {
+                    waiter,
+                    planned,
+                    waited_out: Some(waited_out.clone()),
+                }
             }));
     }
 }
@@ -537,7 +561,7 @@ mod tests {
     }
 
     struct Rig {
-        map: MembershipMap,
+        map: MembershipMap<()>,
         ids: Counter,
         config: Config,
         now: Instant,

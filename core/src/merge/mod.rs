@@ -142,7 +142,7 @@ pub(crate) fn parse_answers<'a, T>(
 }
 
 /// A planned record merge.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct RecordPlan {
     /// Which entity's records: the route's (`/facts/<name>` merges as facts).
     pub(crate) entity: Entity,
@@ -677,6 +677,10 @@ impl RecordPlan {
 }
 
 impl Plan for RecordPlan {
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(self.clone())
+    }
+
     fn needs_ownership(&self) -> bool {
         self.owned.is_some()
             || self.distinct_owned.is_some()
