@@ -281,11 +281,18 @@ fn main() -> Result<()> {
             let took = started.elapsed();
             let peak = peak_rss_mib(proc.pid())?;
             let answers = answers.into_iter().collect::<Result<Vec<_>>>()?;
-            let ok = answers.iter().filter(|a| a.status == 200).count();
-            let refused = answers.iter().filter(|a| a.status == 503).count();
+            let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+            for answer in &answers {
+                *statuses.entry(answer.status).or_default() += 1;
+            }
+            let statuses = statuses
+                .iter()
+                .map(|(status, count)| format!("{count} × {status}"))
+                .collect::<Vec<_>>()
+                .join(", ");
             let (bodies, slower) = &baselines[0];
             println!(
-                "| {nodes} | {bodies} | {name} | {} × {} at once ({ok} × 200, {refused} × 503) | — | {:.0} ms | {:.0} / {:.0} ms | — | {peak:.0} MiB | — |",
+                "| {nodes} | {bodies} | {name} | {} × {} at once ({statuses}) | — | {:.0} ms | {:.0} / {:.0} ms | — | {peak:.0} MiB | — |",
                 args.concurrent,
                 questions[0].0,
                 ms(took),

@@ -212,7 +212,7 @@ fn deployment_problems(deployment: &Value, config: Option<&Value>) -> Vec<String
     );
 
     // Memory: the process, a full cache with its huge-page padding, and every merge in flight
-    // at its peak of 3.5 times the answer bytes it holds (docs/operating.md, "Memory").
+    // at its peak of 4 times the answer bytes it holds (docs/operating.md, "Memory").
     match str_at(container, "resources.limits.memory").map(memory_bytes) {
         Some(Ok(limit)) => {
             let Effective {
@@ -224,10 +224,10 @@ fn deployment_problems(deployment: &Value, config: Option<&Value>) -> Vec<String
                 limit > facts_cache_bytes,
                 format!("memory limit {limit} is not above facts_cache_bytes {facts_cache_bytes}"),
             );
-            let peak = (20 << 20) + facts_cache_bytes / 4 * 5 + merge_memory_bytes / 2 * 7;
+            let peak = (20 << 20) + facts_cache_bytes / 4 * 5 + merge_memory_bytes * 4;
             check(
                 limit >= peak,
-                format!("memory limit {limit} does not fit 20 MiB + 1.25 x facts_cache_bytes + 3.5 x merge_memory_bytes = {peak}"),
+                format!("memory limit {limit} does not fit 20 MiB + 1.25 x facts_cache_bytes + 4 x merge_memory_bytes = {peak}"),
             );
             match str_at(container, "resources.requests.memory").map(memory_bytes) {
                 Some(Ok(request)) => check(
