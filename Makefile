@@ -121,8 +121,9 @@ lint: lint-core
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --locked
 	@# the README's route table against the binary's routing (conformance/tests/readme.rs), and
 	@# every docs/<file>.md and section a comment or doc cites exists (conformance/tests/citations.rs), and
-	@# no two types in the core share a name (conformance/tests/core_names.rs)
-	$(CARGO) test -q --locked -p pdbmux-conformance --test readme --test citations --test core_names
+	@# no two types in the core share a name (conformance/tests/core_names.rs), and no import cycle
+	@# among the core's modules (conformance/tests/core_modules.rs)
+	$(CARGO) test -q --locked -p pdbmux-conformance --test readme --test citations --test core_names --test core_modules
 
 # The core stays sans-IO: no async runtime, HTTP stack, config loader or OS-call crate (rustix,
 # memmap2: those live in sealed/) in its dependency tree,
