@@ -963,6 +963,79 @@ fn packages_only_a_stale_copy_holds_are_not_listed() {
 }
 
 #[test]
+fn events_total_counts_the_events_of_a_report_stored_twice_once() {
+    // Report r2 (two events) is stored in both backends: the total counts its events once. Each
+    // backend's correction is the count of its events per report of nodes another backend
+    // holds too, so the copies are subtracted by report, not by event.
+    let event = |report: &str, title: &str, at: &str| {
+        json!({"report": report, "certname": "web2", "resource_type": "File",
+               "resource_title": title, "property": "content", "timestamp": at})
+    };
+    let a = json!([
+        event("r2", "/b", "2024-05-01T11:00:02.000Z"),
+        event("r2", "/a", "2024-05-01T11:00:01.000Z"),
+    ]);
+    let b = json!([
+        event("r2", "/b", "2024-05-01T11:00:02.000Z"),
+        event("r2", "/a", "2024-05-01T11:00:01.000Z"),
+    ]);
+    let twice = json!([{"report": "r2", "count": 2}]).to_string();
+    let mut h = harness(vec![
+        member_backend(
+            "pdb-a",
+            URL_A,
+            members(&[("web2", T11)]),
+            vec![
+                Reply::ok(a.to_string())
+                    .header("X-Records", "3")
+                    .after(ms(2)),
+                Reply::ok(twice.clone()).after(ms(2)),
+            ],
+        ),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members(&[("web2", T11)]),
+            vec![
+                Reply::ok(b.to_string())
+                    .header("X-Records", "4")
+                    .after(ms(1)),
+                Reply::ok(twice).after(ms(1)),
+            ],
+        ),
+    ]);
+    let c = h.get(&form_target(
+        "/pdb/query/v4/events",
+        &[
+            ("order_by", r#"[{"field":"timestamp","order":"desc"}]"#),
+            ("limit", "2"),
+            ("include_total", "true"),
+        ],
+    ));
+    let transcript = run(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(
+        response.header("x-records"),
+        Some("5"),
+        "3 + 4, r2's two events once:\n{transcript}"
+    );
+    let corrections: Vec<String> = exchange_sends(&h)
+        .iter()
+        .map(|s| s.request.path_and_query.clone())
+        .filter(|t| !t.contains("limit="))
+        .collect();
+    assert_eq!(corrections.len(), 2, "{transcript}");
+    for target in &corrections {
+        let decoded = pdbmux_conformance::decode_component(target);
+        assert!(
+            decoded.contains(r#"[["function","count"],"report"]"#)
+                && decoded.contains(r#"["group_by","report"]"#),
+            "{decoded}"
+        );
+    }
+}
+
+#[test]
 fn reports_dedupe_by_hash_resorted_repaged_total_counts_a_report_stored_twice_once() {
     // h2 is stored in both backends: the window holds it once, and the total counts it once
     // (D16): each backend's X-Records, less the copies its correction (the hashes of its

@@ -79,8 +79,9 @@ pub enum Identity {
     Name,
 }
 
-/// Every entity, in the order of the v4 API's documentation.
-pub const ALL: [Entity; 20] = [
+/// Every entity, in the order of the v4 API's documentation (and of the entity table).
+#[cfg(test)]
+pub(crate) const ALL: [Entity; 20] = [
     Entity::Nodes,
     Entity::Facts,
     Entity::FactContents,
@@ -103,36 +104,378 @@ pub const ALL: [Entity; 20] = [
     Entity::AggregateEventCounts,
 ];
 
+/// How a history entity's records, which every backend keeps, are counted once (D22): a report
+/// stored in several backends is the same report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct History {
+    /// The fields that tell one stored record from another, so that the copies several backends
+    /// store are served once (a report's `hash`; an event's report, resource and property).
+    pub identity: &'static [&'static str],
+    /// The column naming the report a record belongs to, by which a paged total counts the
+    /// copies of a report once.
+    pub report_column: &'static str,
+    /// Whether a report has several records (events), so a correction counts them per report.
+    pub per_report: bool,
+}
+
+/// Everything pdbmux knows about one entity: one row of the entity table. Read it with
+/// [`Entity::row`]; a new PuppetDB entity is one row here (and its variant) plus tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntityRow {
+    /// The entity the row is about.
+    pub entity: Entity,
+    /// The path segment under `/pdb/query/v4/`.
+    pub segment: &'static str,
+    /// The path its own endpoint is served at.
+    pub path: &'static str,
+    /// How its records merge.
+    pub merge: MergeRule,
+    /// The kind of node data its records derive from, whose owner answers for a node (D14).
+    pub kind: Kind,
+    /// The nodes a query sees when it does not name `node_state`: PuppetDB adds
+    /// `["=","node_state","active"]` to every node-owned entity's query but `/catalogs`'.
+    pub default_scope: Scope,
+    /// For history (reports, events and their counts): how copies are counted once.
+    pub history: Option<History>,
+    /// The node-owned entity this union is the distinct projection of, and the columns
+    /// projected (docs/merging.md, "`/packages`").
+    pub distinct_of: Option<(Entity, &'static [&'static str])>,
+    /// Whether an extract with a function column on it is folded (the aggregates pdbmux
+    /// combines); the event-count endpoints are always combined.
+    pub folds_extracts: bool,
+    /// Whether its REST endpoint sees every node state while PQL's `from` sees active nodes
+    /// only, so a PQL query mapped onto the endpoint adds `["=","node_state","active"]`.
+    pub pql_sees_every_state: bool,
+    /// Whether a PQL query on it is mapped onto its REST endpoint (not the event counts, which
+    /// PQL does not name that way).
+    pub pql_mapped: bool,
+    /// Which columns an `order_by` may name and how they compare; `None` for the event-count
+    /// endpoints, whose columns depend on `summarize_by` (for `/nodes`, the request's
+    /// `include_facts_expiration` is set by [`Entity::order_entity`]).
+    pub order: Option<OrderEntity>,
+}
+
+/// The entity table, in [`ALL`]'s order (docs/merging.md is the same table in prose).
+const ROWS: [EntityRow; 20] = [
+    EntityRow {
+        entity: Entity::Nodes,
+        segment: "nodes",
+        path: "/pdb/query/v4/nodes",
+        merge: MergeRule::Node,
+        kind: Kind::Node,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Nodes {
+            include_facts_expiration: false,
+        }),
+    },
+    EntityRow {
+        entity: Entity::Facts,
+        segment: "facts",
+        path: "/pdb/query/v4/facts",
+        merge: MergeRule::Owned,
+        kind: Kind::Facts,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Facts),
+    },
+    EntityRow {
+        entity: Entity::FactContents,
+        segment: "fact-contents",
+        path: "/pdb/query/v4/fact-contents",
+        merge: MergeRule::Owned,
+        kind: Kind::Facts,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::FactContents),
+    },
+    EntityRow {
+        entity: Entity::FactNames,
+        segment: "fact-names",
+        path: "/pdb/query/v4/fact-names",
+        merge: MergeRule::Names,
+        kind: Kind::Facts,
+        default_scope: Scope::Any,
+        history: None,
+        distinct_of: None,
+        folds_extracts: false,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::FactNames),
+    },
+    EntityRow {
+        entity: Entity::FactPaths,
+        segment: "fact-paths",
+        path: "/pdb/query/v4/fact-paths",
+        merge: MergeRule::Union(Identity::Verbatim),
+        kind: Kind::Facts,
+        default_scope: Scope::Any,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::FactPaths),
+    },
+    EntityRow {
+        entity: Entity::Factsets,
+        segment: "factsets",
+        path: "/pdb/query/v4/factsets",
+        merge: MergeRule::Owned,
+        kind: Kind::Facts,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Factsets),
+    },
+    EntityRow {
+        entity: Entity::Catalogs,
+        segment: "catalogs",
+        path: "/pdb/query/v4/catalogs",
+        merge: MergeRule::Owned,
+        kind: Kind::Catalog,
+        default_scope: Scope::Any,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: true,
+        pql_mapped: true,
+        order: Some(OrderEntity::Catalogs),
+    },
+    EntityRow {
+        entity: Entity::CatalogInputs,
+        segment: "catalog-inputs",
+        path: "/pdb/query/v4/catalog-inputs",
+        merge: MergeRule::Owned,
+        kind: Kind::Catalog,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::CatalogInputs),
+    },
+    EntityRow {
+        entity: Entity::CatalogInputContents,
+        segment: "catalog-input-contents",
+        path: "/pdb/query/v4/catalog-input-contents",
+        merge: MergeRule::Owned,
+        kind: Kind::Catalog,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::CatalogInputContents),
+    },
+    EntityRow {
+        entity: Entity::Edges,
+        segment: "edges",
+        path: "/pdb/query/v4/edges",
+        merge: MergeRule::Owned,
+        kind: Kind::Catalog,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Edges),
+    },
+    EntityRow {
+        entity: Entity::Resources,
+        segment: "resources",
+        path: "/pdb/query/v4/resources",
+        merge: MergeRule::Owned,
+        kind: Kind::Catalog,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Resources),
+    },
+    EntityRow {
+        entity: Entity::Inventory,
+        segment: "inventory",
+        path: "/pdb/query/v4/inventory",
+        merge: MergeRule::Owned,
+        kind: Kind::Facts,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Inventory),
+    },
+    EntityRow {
+        entity: Entity::Packages,
+        segment: "packages",
+        path: "/pdb/query/v4/packages",
+        merge: MergeRule::Union(Identity::Verbatim),
+        kind: Kind::Facts,
+        default_scope: Scope::Any,
+        history: None,
+        distinct_of: Some((
+            Entity::PackageInventory,
+            &["package_name", "version", "provider"],
+        )),
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Packages),
+    },
+    EntityRow {
+        entity: Entity::PackageInventory,
+        segment: "package-inventory",
+        path: "/pdb/query/v4/package-inventory",
+        merge: MergeRule::Owned,
+        kind: Kind::Facts,
+        default_scope: Scope::Active,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::PackageInventory),
+    },
+    EntityRow {
+        entity: Entity::Producers,
+        segment: "producers",
+        path: "/pdb/query/v4/producers",
+        merge: MergeRule::Union(Identity::Name),
+        kind: Kind::Node,
+        default_scope: Scope::Any,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Producers),
+    },
+    EntityRow {
+        entity: Entity::Environments,
+        segment: "environments",
+        path: "/pdb/query/v4/environments",
+        merge: MergeRule::Union(Identity::Name),
+        kind: Kind::Node,
+        default_scope: Scope::Any,
+        history: None,
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: false,
+        pql_mapped: true,
+        order: Some(OrderEntity::Environments),
+    },
+    EntityRow {
+        entity: Entity::Reports,
+        segment: "reports",
+        path: "/pdb/query/v4/reports",
+        merge: MergeRule::Union(Identity::Hash),
+        kind: Kind::Node,
+        default_scope: Scope::Any,
+        history: Some(History {
+            identity: &["hash"],
+            report_column: "hash",
+            per_report: false,
+        }),
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: true,
+        pql_mapped: true,
+        order: Some(OrderEntity::Reports),
+    },
+    EntityRow {
+        entity: Entity::Events,
+        segment: "events",
+        path: "/pdb/query/v4/events",
+        merge: MergeRule::Union(Identity::Verbatim),
+        kind: Kind::Node,
+        default_scope: Scope::Any,
+        history: Some(History {
+            identity: &["report", "resource_type", "resource_title", "property"],
+            report_column: "report",
+            per_report: true,
+        }),
+        distinct_of: None,
+        folds_extracts: true,
+        pql_sees_every_state: true,
+        pql_mapped: true,
+        order: Some(OrderEntity::Events),
+    },
+    EntityRow {
+        entity: Entity::EventCounts,
+        segment: "event-counts",
+        path: "/pdb/query/v4/event-counts",
+        merge: MergeRule::Counts,
+        kind: Kind::Node,
+        default_scope: Scope::Any,
+        history: Some(History {
+            identity: &[],
+            report_column: "report",
+            per_report: true,
+        }),
+        distinct_of: None,
+        folds_extracts: false,
+        pql_sees_every_state: false,
+        pql_mapped: false,
+        order: None,
+    },
+    EntityRow {
+        entity: Entity::AggregateEventCounts,
+        segment: "aggregate-event-counts",
+        path: "/pdb/query/v4/aggregate-event-counts",
+        merge: MergeRule::Counts,
+        kind: Kind::Node,
+        default_scope: Scope::Any,
+        history: Some(History {
+            identity: &[],
+            report_column: "report",
+            per_report: true,
+        }),
+        distinct_of: None,
+        folds_extracts: false,
+        pql_sees_every_state: false,
+        pql_mapped: false,
+        order: None,
+    },
+];
+
 impl Entity {
+    /// Its row of the entity table.
+    pub fn row(self) -> &'static EntityRow {
+        &ROWS[self as usize]
+    }
+
     /// The entity served at `/pdb/query/v4/<segment>`, if pdbmux merges it.
     pub fn from_segment(segment: &str) -> Option<Entity> {
-        ALL.into_iter().find(|entity| entity.segment() == segment)
+        ROWS.iter()
+            .find(|row| row.segment == segment)
+            .map(|row| row.entity)
     }
 
     /// The path segment under `/pdb/query/v4/`.
     pub fn segment(self) -> &'static str {
-        match self {
-            Entity::Nodes => "nodes",
-            Entity::Facts => "facts",
-            Entity::FactContents => "fact-contents",
-            Entity::FactNames => "fact-names",
-            Entity::FactPaths => "fact-paths",
-            Entity::Factsets => "factsets",
-            Entity::Catalogs => "catalogs",
-            Entity::CatalogInputs => "catalog-inputs",
-            Entity::CatalogInputContents => "catalog-input-contents",
-            Entity::Edges => "edges",
-            Entity::Resources => "resources",
-            Entity::Inventory => "inventory",
-            Entity::Packages => "packages",
-            Entity::PackageInventory => "package-inventory",
-            Entity::Producers => "producers",
-            Entity::Environments => "environments",
-            Entity::Reports => "reports",
-            Entity::Events => "events",
-            Entity::EventCounts => "event-counts",
-            Entity::AggregateEventCounts => "aggregate-event-counts",
-        }
+        self.row().segment
     }
 
     /// The path the entity's own endpoint is served at.
@@ -142,51 +485,12 @@ impl Entity {
 
     /// [`Entity::path`] as a static string.
     pub fn path_static(self) -> &'static str {
-        match self {
-            Entity::Nodes => "/pdb/query/v4/nodes",
-            Entity::Facts => "/pdb/query/v4/facts",
-            Entity::FactContents => "/pdb/query/v4/fact-contents",
-            Entity::FactNames => "/pdb/query/v4/fact-names",
-            Entity::FactPaths => "/pdb/query/v4/fact-paths",
-            Entity::Factsets => "/pdb/query/v4/factsets",
-            Entity::Catalogs => "/pdb/query/v4/catalogs",
-            Entity::CatalogInputs => "/pdb/query/v4/catalog-inputs",
-            Entity::CatalogInputContents => "/pdb/query/v4/catalog-input-contents",
-            Entity::Edges => "/pdb/query/v4/edges",
-            Entity::Resources => "/pdb/query/v4/resources",
-            Entity::Inventory => "/pdb/query/v4/inventory",
-            Entity::Packages => "/pdb/query/v4/packages",
-            Entity::PackageInventory => "/pdb/query/v4/package-inventory",
-            Entity::Producers => "/pdb/query/v4/producers",
-            Entity::Environments => "/pdb/query/v4/environments",
-            Entity::Reports => "/pdb/query/v4/reports",
-            Entity::Events => "/pdb/query/v4/events",
-            Entity::EventCounts => "/pdb/query/v4/event-counts",
-            Entity::AggregateEventCounts => "/pdb/query/v4/aggregate-event-counts",
-        }
+        self.row().path
     }
 
     /// How its records merge.
     pub fn merge_rule(self) -> MergeRule {
-        match self {
-            Entity::Nodes => MergeRule::Node,
-            Entity::Facts
-            | Entity::FactContents
-            | Entity::Factsets
-            | Entity::Catalogs
-            | Entity::CatalogInputs
-            | Entity::CatalogInputContents
-            | Entity::Edges
-            | Entity::Resources
-            | Entity::Inventory
-            | Entity::PackageInventory => MergeRule::Owned,
-            Entity::FactNames => MergeRule::Names,
-            Entity::FactPaths | Entity::Packages => MergeRule::Union(Identity::Verbatim),
-            Entity::Producers | Entity::Environments => MergeRule::Union(Identity::Name),
-            Entity::Reports => MergeRule::Union(Identity::Hash),
-            Entity::Events => MergeRule::Union(Identity::Verbatim),
-            Entity::EventCounts | Entity::AggregateEventCounts => MergeRule::Counts,
-        }
+        self.row().merge
     }
 
     /// The node-owned entity this union entity is the distinct projection of, and the columns
@@ -194,13 +498,7 @@ impl Entity {
     /// nodes that other backends own is asked this projection less those nodes, so that what
     /// only its stale copies hold is not listed (docs/merging.md, "`/packages`").
     pub fn distinct_of(self) -> Option<(Entity, &'static [&'static str])> {
-        match self {
-            Entity::Packages => Some((
-                Entity::PackageInventory,
-                &["package_name", "version", "provider"],
-            )),
-            _ => None,
-        }
+        self.row().distinct_of
     }
 
     /// Whether each of its records belongs to one node (it carries `certname`), so a node two
@@ -213,10 +511,12 @@ impl Entity {
     /// node's records belong to whichever backends hold them (and `latest_report?` picks the
     /// owner's).
     pub fn is_history(self) -> bool {
-        matches!(
-            self,
-            Entity::Reports | Entity::Events | Entity::EventCounts | Entity::AggregateEventCounts
-        )
+        self.row().history.is_some()
+    }
+
+    /// How its copies are counted once, for history.
+    pub fn history(self) -> Option<History> {
+        self.row().history
     }
 
     /// The kind of node data its records derive from, whose owner answers for a node
@@ -224,89 +524,44 @@ impl Entity {
     /// catalog for catalogs, catalog inputs, resources and edges, the node record and latest report
     /// for the rest.
     pub fn kind(self) -> Kind {
-        match self {
-            Entity::Facts
-            | Entity::FactContents
-            | Entity::FactNames
-            | Entity::FactPaths
-            | Entity::Factsets
-            | Entity::Inventory
-            | Entity::Packages
-            | Entity::PackageInventory => Kind::Facts,
-            Entity::Catalogs
-            | Entity::CatalogInputs
-            | Entity::CatalogInputContents
-            | Entity::Edges
-            | Entity::Resources => Kind::Catalog,
-            Entity::Nodes
-            | Entity::Producers
-            | Entity::Environments
-            | Entity::Reports
-            | Entity::Events
-            | Entity::EventCounts
-            | Entity::AggregateEventCounts => Kind::Node,
-        }
+        self.row().kind
     }
 
     /// The nodes a query on this entity sees when it does not name `node_state`: PuppetDB adds
     /// `["=","node_state","active"]` to every node-owned entity's query but `/catalogs`'.
     pub fn default_scope(self) -> Scope {
-        match self {
-            Entity::Nodes
-            | Entity::Facts
-            | Entity::FactContents
-            | Entity::Factsets
-            | Entity::CatalogInputs
-            | Entity::CatalogInputContents
-            | Entity::Edges
-            | Entity::Resources
-            | Entity::Inventory
-            | Entity::PackageInventory => Scope::Active,
-            _ => Scope::Any,
-        }
+        self.row().default_scope
     }
 
     /// Which columns an `order_by` may name and how they compare; `None` for the event-count
     /// endpoints, whose columns depend on `summarize_by`.
     pub fn order_entity(self, include_facts_expiration: bool) -> Option<OrderEntity> {
-        Some(match self {
-            Entity::Nodes => OrderEntity::Nodes {
+        match self.row().order? {
+            OrderEntity::Nodes { .. } => Some(OrderEntity::Nodes {
                 include_facts_expiration,
-            },
-            Entity::Facts => OrderEntity::Facts,
-            Entity::FactContents => OrderEntity::FactContents,
-            Entity::FactNames => OrderEntity::FactNames,
-            Entity::FactPaths => OrderEntity::FactPaths,
-            Entity::Factsets => OrderEntity::Factsets,
-            Entity::Catalogs => OrderEntity::Catalogs,
-            Entity::CatalogInputs => OrderEntity::CatalogInputs,
-            Entity::CatalogInputContents => OrderEntity::CatalogInputContents,
-            Entity::Edges => OrderEntity::Edges,
-            Entity::Resources => OrderEntity::Resources,
-            Entity::Inventory => OrderEntity::Inventory,
-            Entity::Packages => OrderEntity::Packages,
-            Entity::PackageInventory => OrderEntity::PackageInventory,
-            Entity::Producers => OrderEntity::Producers,
-            Entity::Environments => OrderEntity::Environments,
-            Entity::Reports => OrderEntity::Reports,
-            Entity::Events => OrderEntity::Events,
-            Entity::EventCounts | Entity::AggregateEventCounts => return None,
-        })
+            }),
+            order => Some(order),
+        }
     }
 
     /// Whether an extract with a function column on it is folded (the aggregates pdbmux
     /// combines); the event-count endpoints are always combined.
     pub fn folds_extracts(self) -> bool {
-        !matches!(
-            self,
-            Entity::FactNames | Entity::EventCounts | Entity::AggregateEventCounts
-        )
+        self.row().folds_extracts
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_table_has_one_row_per_entity_in_order() {
+        for (index, entity) in ALL.into_iter().enumerate() {
+            assert_eq!(entity as usize, index);
+            assert_eq!(ROWS[index].entity, entity);
+        }
+    }
 
     #[test]
     fn every_entity_round_trips_through_its_segment() {

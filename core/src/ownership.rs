@@ -5,7 +5,7 @@
 //! owners' records still fills the page.
 
 use crate::config::MergeStrategy;
-use crate::entity::Entity;
+use crate::entity::{Entity, MergeRule};
 use crate::ids::BackendId;
 use crate::membership::{Kind, Ownership, Scope};
 
@@ -28,8 +28,8 @@ impl NodeScope {
         configured: MergeStrategy,
         names_node_state: bool,
     ) -> NodeScope {
-        let strategy = match entity {
-            Entity::Nodes => MergeStrategy::Freshness,
+        let strategy = match entity.merge_rule() {
+            MergeRule::Node => MergeStrategy::Freshness,
             _ if entity.is_history() => MergeStrategy::Freshness,
             _ => configured,
         };

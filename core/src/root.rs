@@ -88,7 +88,7 @@ pub(crate) fn mapped_target(ast: &Value, params: &Params) -> Option<String> {
         return None;
     };
     let entity = Entity::from_segment(&entity.replace('_', "-"))?;
-    if matches!(entity, Entity::EventCounts | Entity::AggregateEventCounts) {
+    if !entity.row().pql_mapped {
         return None;
     }
     let is_clause = |item: &Value| {
@@ -101,7 +101,7 @@ pub(crate) fn mapped_target(ast: &Value, params: &Params) -> Option<String> {
         return None;
     }
     let mut query = queries.first().map(|q| (*q).clone());
-    let sees_every_state = matches!(entity, Entity::Reports | Entity::Events | Entity::Catalogs);
+    let sees_every_state = entity.row().pql_sees_every_state;
     let names_state = query.as_ref().is_some_and(crate::query::names_node_state);
     if sees_every_state && !names_state {
         let active = serde_json::json!(["=", "node_state", "active"]);

@@ -97,14 +97,13 @@ impl AggregatePlan {
         let node_owned = entity.is_node_owned() || (entity.is_history() && latest_report);
         let pushable = matches!(query, QueryText::Absent | QueryText::Ast(_));
         let node_scope = node_owned.then(|| NodeScope::of(entity, config.merge, names_node_state));
-        let correction = match (node_owned, entity, pushable) {
+        let correction = match (node_owned, entity.history(), pushable) {
             (_, _, false) => None,
             (true, _, true) => plan.correct(Correction::Owned),
-            (false, Entity::Reports, true) => plan.correct(Correction::History { column: "hash" }),
-            (false, Entity::Events | Entity::EventCounts | Entity::AggregateEventCounts, true) => {
-                plan.correct(Correction::History { column: "report" })
-            }
-            (false, _, true) => None,
+            (false, Some(history), true) => plan.correct(Correction::History {
+                column: history.report_column,
+            }),
+            (false, None, true) => None,
         };
         let upstreams = plan.upstream();
         let history_node_state = entity.is_history() && !node_owned && pushable && names_node_state;

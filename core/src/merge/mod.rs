@@ -179,16 +179,6 @@ pub(crate) struct RecordPlan {
     corrections: Vec<CorrectionCall>,
 }
 
-/// The fields that tell one stored report (or event) from another, so that the copies several
-/// backends store are served once (docs/merging.md, "History counted once").
-fn history_identity(entity: Entity) -> &'static [&'static str] {
-    match entity {
-        Entity::Reports => &["hash"],
-        Entity::Events => &["report", "resource_type", "resource_title", "property"],
-        _ => &[],
-    }
-}
-
 /// A 400 in PuppetDB's words.
 fn bad_request(message: impl Into<String>) -> Response {
     Response::refusal(message)
@@ -310,7 +300,12 @@ impl RecordPlan {
         // rows are not merged by their projected content either (D22).
         let history_helpers = match (&analysis, pushable) {
             (Some(a), true) if !a.plain_columns.is_empty() && !a.has_function_column() => {
-                history_identity(entity)
+                // The fields that tell one stored report (or event) from another, so that the
+                // copies several backends store are served once (docs/merging.md, "History
+                // counted once").
+                entity
+                    .history()
+                    .map_or(&[][..], |history| history.identity)
                     .iter()
                     .copied()
                     .filter(|field| !a.plain_columns.iter().any(|c| c == field))
@@ -540,14 +535,16 @@ impl RecordPlan {
             let own = self.history_filter();
             let own = self.widened(backend, own.as_ref(), context).or(own);
             let filter = query::add_clause(own.as_ref(), clause);
-            let query = match self.entity {
-                Entity::Events => serde_json::json!([
+            let history = self.entity.history()?;
+            let column = history.report_column;
+            let query = match history.per_report {
+                true => serde_json::json!([
                     "extract",
-                    [["function", "count"], "report"],
+                    [["function", "count"], column],
                     filter,
-                    ["group_by", "report"]
+                    ["group_by", column]
                 ]),
-                _ => serde_json::json!(["extract", ["hash"], filter]),
+                false => serde_json::json!(["extract", [column], filter]),
             };
             return Some(outbound::query_only(&self.upstream_path, &query));
         }
@@ -646,14 +643,12 @@ impl RecordPlan {
             let body = body.map_err(|()| answer.backend)?;
             let rows: Vec<serde_json::Map<String, Value>> =
                 serde_json::from_slice(body).map_err(|_| answer.backend)?;
-            if self.history_total {
+            if let (true, Some(history)) = (self.history_total, self.entity.history()) {
                 for row in rows {
-                    let (key, count) = match self.entity {
-                        Entity::Events => (
-                            row.get("report").and_then(Value::as_str),
-                            row.get("count").and_then(Value::as_u64).unwrap_or(0),
-                        ),
-                        _ => (row.get("hash").and_then(Value::as_str), 1),
+                    let key = row.get(history.report_column).and_then(Value::as_str);
+                    let count = match history.per_report {
+                        true => row.get("count").and_then(Value::as_u64).unwrap_or(0),
+                        false => 1,
                     };
                     if let Some(key) = key {
                         let entry = twice.entry(key.to_owned()).or_insert((0, count));
