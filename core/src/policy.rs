@@ -121,7 +121,9 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
             | Route::Root
             | Route::Within { .. }
     );
-    if let Some(key) = merged.then(|| repeated_param(request)).flatten() {
+    // The one reading of the request's parameters: everything planned below takes these.
+    let params = Params::parse(request.query());
+    if let Some(key) = merged.then(|| repeated_param(&params)).flatten() {
         let message = format!("pdbmux: query parameter {key} given more than once");
         return planned(
             None,
@@ -137,7 +139,7 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
             Work::Fanout(Box::new(Sequence::owner_first(target, certname, *kind)))
         }
         Route::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
-        Route::Root => match root::read(&Params::parse(request.query())) {
+        Route::Root => match root::read(&params) {
             RootQuery::Mapped(mapped) => return plan_mapped(&mapped, config),
             RootQuery::Pql(pql) => Work::Translate(pql),
             RootQuery::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
@@ -149,21 +151,20 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
             Work::Fanout(Box::new(JolokiaPlan::plan(*route, target, config.merge)))
         }
         Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
-            return plan_query(request, &route, config);
+            return plan_query((request, params), &route, config);
         }
         Route::Within {
             field,
             value,
             entity_path,
-        } => return plan_within(request, (field, value), entity_path, config),
+        } => return plan_within((request, &params), (field, value), entity_path, config),
     };
     planned(None, work)
 }
 
 /// The first parameter a request gives more than once: which one a merge should read is not
 /// defined (PuppetDB answers some with a 500), so such requests are refused.
-fn repeated_param(request: &ClientRequest) -> Option<String> {
-    let params = Params::parse(request.query());
+fn repeated_param(params: &Params) -> Option<String> {
     let mut seen = std::collections::BTreeSet::new();
     let repeated = params
         .iter()
@@ -178,7 +179,10 @@ fn repeated_param(request: &ClientRequest) -> Option<String> {
 fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
     let request = ClientRequest::get(target);
     let planned = match classify(&ClientRequest::get(request.path())) {
-        Ok(route @ Route::Query(_)) => plan_query(&request, &route, config),
+        Ok(route @ Route::Query(_)) => {
+            let params = Params::parse(request.query());
+            plan_query((&request, params), &route, config)
+        }
         _ => plan(&request, config),
     };
     Planned {
@@ -192,12 +196,11 @@ fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
 /// (`add_clause`), and the request's other parameters as they are. A query that is not an AST
 /// (PQL, malformed JSON) is passed through: PuppetDB answers it with its own 400.
 fn plan_within(
-    request: &ClientRequest,
+    (request, params): (&ClientRequest, &Params),
     (field, raw_value): (&str, &str),
     entity_path: &str,
     config: &Arc<Config>,
 ) -> Planned {
-    let params = Params::parse(request.query());
     let value = percent_encoding::percent_decode_str(raw_value).decode_utf8_lossy();
     let clause = serde_json::json!(["=", field, value]);
     let query = match params.query_text() {
@@ -361,7 +364,7 @@ fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<So
 /// joins the fan-out of the whole `/facts/<source_fact>` record set and is filtered from it
 /// (stored under its own key); without, the whole path's merge keeps only those records.
 fn plan_source_values(
-    request: &ClientRequest,
+    (request, params): (&ClientRequest, &Params),
     whole: &str,
     values: Vec<String>,
     config: &Arc<Config>,
@@ -372,7 +375,7 @@ fn plan_source_values(
         Some(shared) => {
             planned.cache = cache::cache_key(
                 &Route::Query(crate::entity::Entity::Facts),
-                (request.path(), request.query()),
+                (request.path(), request.query(), params),
                 &config.source_fact,
                 shared.ttl,
             )
@@ -438,7 +441,11 @@ pub(crate) fn plan_translated(
 
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
 /// cached for its class's TTL (record sets, history, combined answers: docs/caching.md).
-fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> Planned {
+fn plan_query(
+    (request, params): (&ClientRequest, Params),
+    route: &Route,
+    config: &Arc<Config>,
+) -> Planned {
     let uncached = |work| Planned {
         config: Arc::clone(config),
         class: route.class(),
@@ -447,11 +454,10 @@ fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> P
         work,
         waited_out: Vec::new(),
     };
-    let params = Params::parse(request.query());
     match source_fact_ask(&params, route, config) {
         Some(SourceAsk::Path(target)) => return plan(&ClientRequest::get(target), config),
         Some(SourceAsk::Values { whole, values }) => {
-            return plan_source_values(request, &whole, values, config)
+            return plan_source_values((request, &params), &whole, values, config)
         }
         Some(SourceAsk::Nothing) => {
             return uncached(Work::Local(Response::json(StatusCode::OK, "[]")))
@@ -477,7 +483,12 @@ fn plan_query(request: &ClientRequest, route: &Route, config: &Arc<Config>) -> P
     };
     let ttl = config.cache_ttl(class);
     let cacheable = match ttl.is_zero() {
-        false => cache::cache_key(route, (path, request.query()), &config.source_fact, ttl),
+        false => cache::cache_key(
+            route,
+            (path, request.query(), &params),
+            &config.source_fact,
+            ttl,
+        ),
         true => None,
     };
     let work = match aggregate {

@@ -81,7 +81,7 @@ pub fn is_storable(response: &crate::message::Response) -> bool {
 /// which every value shares.
 pub fn cache_key(
     route: &Route,
-    (path, raw_query): (&str, Option<&str>),
+    (path, raw_query, params): (&str, Option<&str>, &Params),
     source_fact: &str,
     ttl: Duration,
 ) -> Option<Cacheable> {
@@ -100,7 +100,6 @@ pub fn cache_key(
         }
         _ => return None,
     }
-    let params = Params::parse(raw_query);
     let mut pairs: Vec<(&str, &str)> = params.iter().map(|p| (p.key(), p.value())).collect();
     pairs.sort_unstable();
     let canonical = form_urlencoded::Serializer::new(String::new())
@@ -304,7 +303,11 @@ mod tests {
         let route = classify(&request).ok()?;
         cache_key(
             &route,
-            (request.path(), request.query()),
+            (
+                request.path(),
+                request.query(),
+                &Params::parse(request.query()),
+            ),
             "pdbmux_source",
             Duration::from_secs(30),
         )
