@@ -973,3 +973,89 @@ fn a_backend_kept_out_ages_its_part_of_the_membership_map_and_counts_each_refres
         b.membership_age
     );
 }
+
+/// A backend whose membership the map has never placed (its first refresh failed) is left out of
+/// every answer that needs ownership until a refresh places it: a partial answer, never a whole
+/// one that guesses whose copy of its nodes is newest (web2's newer copy is pdb-b's).
+#[test]
+fn a_backend_the_map_never_placed_is_left_out_until_a_refresh_places_it() {
+    use pdbmux_core::membership::MEMBERSHIP_QUERY;
+    let node = |certname: &str, at: &str| {
+        serde_json::json!({"certname": certname, "report_timestamp": at, "deactivated": null,
+            "expired": null, "facts_timestamp": at, "catalog_timestamp": at})
+    };
+    let a_nodes = serde_json::json!([
+        node("web1", "2024-05-01T10:00:00.000Z"),
+        node("web2", "2024-05-01T10:00:00.000Z")
+    ])
+    .to_string();
+    let b_nodes = serde_json::json!([node("web2", "2024-05-01T11:00:00.000Z")]).to_string();
+    let answering = |nodes: String, fail_first_membership: bool| {
+        let mut memberships = 0;
+        move |asked: &Asked<'_>| {
+            let produced =
+                pdbmux_conformance::produced_query_entity(asked.path_and_query).is_some();
+            if asked.path_and_query == MEMBERSHIP_QUERY || produced {
+                if asked.path_and_query == MEMBERSHIP_QUERY {
+                    memberships += 1;
+                }
+                if fail_first_membership && memberships == 1 {
+                    return Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "busy").after(ms(3));
+                }
+                if produced {
+                    let rows: Vec<Value> = serde_json::from_str::<Vec<Value>>(&nodes)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|n| {
+                            serde_json::json!({"certname": n["certname"],
+                            "producer_timestamp": n["report_timestamp"]})
+                        })
+                        .collect();
+                    return Reply::ok(Value::Array(rows).to_string()).after(ms(3));
+                }
+            }
+            Reply::ok(nodes.clone()).after(ms(3))
+        }
+    };
+    let mut h = Harness::with_config(
+        vec![
+            FakeBackend::by_request("pdb-a", URL_A, answering(a_nodes, false)),
+            FakeBackend::by_request("pdb-b", URL_B, answering(b_nodes, true)),
+        ],
+        |config| {
+            config.freshness_ttl = ms(1_000);
+            config.facts_ttl = std::time::Duration::ZERO;
+        },
+    )
+    .expect("valid test backends");
+    let nodes_at = |h: &mut Harness, at_ms: u64| {
+        run_to(h, at_ms);
+        let client = h.get("/pdb/query/v4/nodes");
+        run_to(h, at_ms + 50);
+        let response = h.response(client).expect("answered");
+        let backends = response.header("x-backends").map(str::to_owned);
+        let body: Value = serde_json::from_slice(&response.body).expect("JSON");
+        (backends, body)
+    };
+    // The first refresh does not hear from pdb-b: the request that waited for it, and one
+    // after it while the map is fresh, leave pdb-b out.
+    let (first, _) = nodes_at(&mut h, 0);
+    assert_eq!(first.as_deref(), Some("1/2"));
+    let (second, body) = nodes_at(&mut h, 200);
+    assert_eq!(second.as_deref(), Some("1/2"), "{body}");
+    // A request once the map is stale starts the next refresh and is answered from the map it
+    // finds; once that refresh placed pdb-b, a whole answer, with web2 from pdb-b.
+    let (third, body) = nodes_at(&mut h, 1_500);
+    assert_eq!(third.as_deref(), Some("1/2"), "{body}");
+    let (fourth, body) = nodes_at(&mut h, 1_600);
+    assert_eq!(fourth.as_deref(), Some("2/2"), "{body}");
+    let web2 = body
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["certname"] == "web2"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        web2["report_timestamp"], "2024-05-01T11:00:00.000Z",
+        "{body}"
+    );
+}

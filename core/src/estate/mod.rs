@@ -312,9 +312,15 @@ impl Estate {
         } else {
             None
         };
+        // Left out: the backends the membership refresh this request waited for did not hear
+        // from, and, when ownership decides the answer, those the map has never placed.
+        let mut left_out = planned.waited_out;
+        if ownership.is_some() {
+            left_out.extend(self.membership.unplaced());
+        }
         let context = Context {
             config: Arc::clone(&self.config),
-            roster: self.prober.roster_without(&planned.waited_out),
+            roster: self.prober.roster_without(&left_out),
             ownership,
             corrections: Arc::clone(self.membership.corrections()),
         };

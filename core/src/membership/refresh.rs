@@ -138,6 +138,16 @@ impl<P> MembershipMap<P> {
         self.refreshed_at.is_some()
     }
 
+    /// The backends whose nodes the map does not place: none of their refreshes answered yet.
+    /// A merge that needs ownership leaves them out (a partial answer) rather than guess whose
+    /// copy of their nodes is newest.
+    pub(crate) fn unplaced(&self) -> Vec<BackendId> {
+        (0..self.per_backend.len())
+            .map(BackendId)
+            .filter(|backend| self.part(*backend).is_none())
+            .collect()
+    }
+
     /// Starts a refresh of the backends in `roster` when the map is older than
     /// `freshness_ttl` (or was never built) and none is under way.
     pub(crate) fn refresh_if_due(
