@@ -516,12 +516,14 @@ fn a_request_id_goes_from_the_client_to_the_log_and_the_backend() {
     ];
     let p = pdbmux_at("request-ids", &backends, &probe_vars(&[]));
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    // A union no ownership decides: a node-owned query would leave the recorder out, as the
+    // membership map never places a backend whose every call fails.
     let request = format!(
-        "GET {NODES} HTTP/1.1\r\nHost: pdbmux\r\nAccept: application/json\r\n\
+        "GET /pdb/query/v4/environments HTTP/1.1\r\nHost: pdbmux\r\nAccept: application/json\r\n\
          X-Request-Id: e2e-follow-me\r\ntraceparent: 00-{trace}-00f067aa0ba902b7-01\r\n\
          Connection: close\r\n\r\n"
     );
-    let r = p.raw(request.as_bytes()).expect("GET /nodes");
+    let r = p.raw(request.as_bytes()).expect("GET /environments");
     assert_eq!(r.status, 200, "{r:?}");
     assert_eq!(r.header("x-request-id"), Some("e2e-follow-me"));
     assert_eq!(
