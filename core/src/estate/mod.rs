@@ -297,12 +297,8 @@ impl Estate {
             if !self.membership.is_built() && !resumed {
                 let waiter = WaiterId(self.waiter_ids.next());
                 let planned = Box::new(Planned {
-                    config: planned.config,
-                    class: planned.class,
-                    target: planned.target,
-                    cache: planned.cache,
                     work: Work::Fanout(plan),
-                    waited_out: planned.waited_out,
+                    ..planned
                 });
                 self.membership.wait(waiter, planned);
                 self.drain_membership();
