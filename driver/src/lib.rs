@@ -13,6 +13,8 @@
 //!   upstream call carries and how its answer is taken ([`upstream`]), the streamed answer's
 //!   JSON check ([`StreamedBody`]).
 //! - pdbmux's own metrics ([`Metrics`]) and the shared cache store's client ([`Clients`]).
+//! - The memory budget of buffered merges ([`budget`]), which both runtimes' upstream clients
+//!   count bodies against as they read them.
 
 #![forbid(unsafe_code)]
 
