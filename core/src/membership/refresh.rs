@@ -96,6 +96,9 @@ pub struct MembershipStats {
     pub age: Option<Duration>,
 }
 
+/// How soon a refresh asks again when a backend in the roster has never been placed.
+const UNPLACED_RETRY: Duration = Duration::from_secs(1);
+
 /// The context an input that may send requests needs: the estate's id counter and its
 /// configuration (timeout, freshness, backend names).
 pub(crate) type Sending<'a> = (&'a mut Counter, &'a Config);
@@ -156,9 +159,13 @@ impl<P> MembershipMap<P> {
         roster: &[BackendId],
         (ids, config): Sending<'_>,
     ) {
-        let due = self
-            .refreshed_at
-            .is_none_or(|at| now >= at + config.freshness_ttl);
+        // A backend in the roster the map has never placed is asked again sooner: answers that
+        // need ownership leave it out until it is placed.
+        let unplaced = roster.iter().any(|backend| self.part(*backend).is_none());
+        let due = self.refreshed_at.is_none_or(|at| {
+            now >= at + config.freshness_ttl
+                || (unplaced && now >= at + UNPLACED_RETRY.min(config.freshness_ttl))
+        });
         if !due || self.refresh.is_some() {
             return;
         }
