@@ -977,7 +977,7 @@ fn a_backend_kept_out_ages_its_part_of_the_membership_map_and_counts_each_refres
 /// A backend whose membership the map has never placed (its first refresh failed) is left out of
 /// every answer that needs ownership until a refresh places it: a partial answer, never a whole
 /// one that guesses whose copy of its nodes is newest (web2's newer copy is pdb-b's). The map is
-/// asked again a second after, not a `freshness_ttl` after.
+/// asked again five seconds after, not a `freshness_ttl` after.
 #[test]
 fn a_backend_the_map_never_placed_is_left_out_until_a_refresh_places_it() {
     use pdbmux_core::membership::MEMBERSHIP_QUERY;
@@ -1045,12 +1045,12 @@ fn a_backend_the_map_never_placed_is_left_out_until_a_refresh_places_it() {
     assert_eq!(first.as_deref(), Some("1/2"));
     let (second, body) = nodes_at(&mut h, 200);
     assert_eq!(second.as_deref(), Some("1/2"), "{body}");
-    // A request a second after that refresh starts the next one (pdb-b is not placed, so the
-    // map does not wait for its `freshness_ttl`) and is answered from the map it finds; once
-    // that refresh placed pdb-b, a whole answer, with web2 from pdb-b.
-    let (third, body) = nodes_at(&mut h, 1_500);
+    // A request five seconds after that refresh starts the next one (pdb-b is not placed, so
+    // the map does not wait for its `freshness_ttl`) and is answered from the map it finds;
+    // once that refresh placed pdb-b, a whole answer, with web2 from pdb-b.
+    let (third, body) = nodes_at(&mut h, 5_500);
     assert_eq!(third.as_deref(), Some("1/2"), "{body}");
-    let (fourth, body) = nodes_at(&mut h, 1_600);
+    let (fourth, body) = nodes_at(&mut h, 5_600);
     assert_eq!(fourth.as_deref(), Some("2/2"), "{body}");
     let web2 = body
         .as_array()

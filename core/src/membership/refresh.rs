@@ -96,8 +96,10 @@ pub struct MembershipStats {
     pub age: Option<Duration>,
 }
 
-/// How soon a refresh asks again when a backend in the roster has never been placed.
-const UNPLACED_RETRY: Duration = Duration::from_secs(1);
+/// How soon a refresh asks again when a backend in the roster has never been placed: soon, as
+/// answers leave it out meanwhile, but not so soon that a backend whose membership keeps failing
+/// while its probes pass has every backend asked for its nodes every second.
+const UNPLACED_RETRY: Duration = Duration::from_secs(5);
 
 /// The context an input that may send requests needs: the estate's id counter and its
 /// configuration (timeout, freshness, backend names).
