@@ -244,32 +244,15 @@ impl Answers {
         fetch: PendingFetch,
         waiter_ids: &mut Counter,
     ) -> Admission {
-        let flight = FlightId(self.flight_ids.next());
         let waiter = WaiterId(waiter_ids.next());
-        self.flight_keys
-            .insert(cacheable.flight_key.clone(), flight);
-        let mut record = Flight {
-            key: cacheable.flight_key.clone(),
-            ttl: cacheable.ttl,
-            cache_generation: self.cache_generation,
-            participants: BTreeMap::from([(waiter, Participant::of(cacheable))]),
-            refresh: None,
-            stage: Stage::Fetching,
-            fetch: None,
-            lock: None,
-            stale: None,
-        };
-        if let Some(id) = self.shared_lookup(now, &cacheable.flight_key, flight) {
-            record.stage = Stage::Looking(id);
-            record.fetch = Some(fetch);
-            self.flights.insert(flight, record);
-            return Admission::Wait(waiter);
-        }
-        self.flights.insert(flight, record);
-        Admission::Flight {
-            flight,
-            waiter,
-            exchange: fetch.start(now),
+        let participants = BTreeMap::from([(waiter, Participant::of(cacheable))]);
+        match self.open_flight(now, cacheable, fetch, (participants, None)) {
+            (flight, Some(exchange)) => Admission::Flight {
+                flight,
+                waiter,
+                exchange,
+            },
+            (_, None) => Admission::Wait(waiter),
         }
     }
 
@@ -278,32 +261,50 @@ impl Answers {
     /// (another replica may have refreshed it already), whose answer renews the entry. A miss
     /// for the key meanwhile joins it.
     pub(super) fn refresh(&mut self, now: Instant, cacheable: &Cacheable, fetch: PendingFetch) {
+        self.counts.refreshes_ahead += 1;
+        let refresh = Some(Participant::of(cacheable));
+        if let (flight, Some(exchange)) =
+            self.open_flight(now, cacheable, fetch, (BTreeMap::new(), refresh))
+        {
+            self.outputs
+                .push_back(EstateOutput::StartFlight { flight, exchange });
+        }
+    }
+
+    /// Opens a flight for `cacheable`'s key with these participants (clients, and the refresh
+    /// ahead when it is one): its exchange to start now, or none while the shared store is
+    /// asked first (the fetch waits in the flight).
+    fn open_flight(
+        &mut self,
+        now: Instant,
+        cacheable: &Cacheable,
+        fetch: PendingFetch,
+        (participants, refresh): (BTreeMap<WaiterId, Participant>, Option<Participant>),
+    ) -> (FlightId, Option<Exchange>) {
         let flight = FlightId(self.flight_ids.next());
         self.flight_keys
             .insert(cacheable.flight_key.clone(), flight);
-        self.counts.refreshes_ahead += 1;
         let mut record = Flight {
             key: cacheable.flight_key.clone(),
             ttl: cacheable.ttl,
             cache_generation: self.cache_generation,
-            participants: BTreeMap::new(),
-            refresh: Some(Participant::of(cacheable)),
+            participants,
+            refresh,
             stage: Stage::Fetching,
             fetch: None,
             lock: None,
             stale: None,
         };
-        if let Some(id) = self.shared_lookup(now, &cacheable.flight_key, flight) {
-            record.stage = Stage::Looking(id);
-            record.fetch = Some(fetch);
-            self.flights.insert(flight, record);
-            return;
-        }
+        let exchange = match self.shared_lookup(now, &cacheable.flight_key, flight) {
+            Some(id) => {
+                record.stage = Stage::Looking(id);
+                record.fetch = Some(fetch);
+                None
+            }
+            None => Some(fetch.start(now)),
+        };
         self.flights.insert(flight, record);
-        self.outputs.push_back(EstateOutput::StartFlight {
-            flight,
-            exchange: fetch.start(now),
-        });
+        (flight, exchange)
     }
 
     /// Forgets `key`'s flight when it is still `flight` (after a reload a newer one may hold it).
