@@ -3,19 +3,10 @@
 //! uses it back, so each can be read and tested from the bottom up. A module's uses are the
 //! `crate::<module>` paths in its code, comments and `#[cfg(test)]` parts left out.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+mod common;
 
-fn files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("core/src").flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 
 /// The top-level module a file belongs to (`None`: the crate root).
 fn module_of(root: &Path, path: &Path) -> Option<String> {
@@ -95,9 +86,7 @@ fn cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
 
 #[test]
 fn no_module_of_the_core_uses_one_that_uses_it_back() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src");
-    let mut all = Vec::new();
-    files(&root, &mut all);
+    let (root, all) = common::core_sources();
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for path in &all {
         let Some(module) = module_of(&root, path) else {

@@ -2,19 +2,9 @@
 //! one definition (`make lint` runs this). Top-level `struct`, `enum`, `type` and `trait` items
 //! of `core/src` are read; associated types and items inside functions are not.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod common;
 
-fn files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for entry in std::fs::read_dir(dir).expect("core/src").flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            files(&path, out);
-        } else if path.extension().is_some_and(|e| e == "rs") {
-            out.push(path);
-        }
-    }
-}
+use std::collections::BTreeMap;
 
 /// The name a top-level type item declares on this line, if it declares one.
 fn declared(line: &str) -> Option<&str> {
@@ -33,9 +23,7 @@ fn declared(line: &str) -> Option<&str> {
 
 #[test]
 fn every_type_name_in_the_core_is_unique() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src");
-    let mut all = Vec::new();
-    files(&root, &mut all);
+    let (root, all) = common::core_sources();
     let mut seen: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for path in &all {
         let text = std::fs::read_to_string(path).expect("a source file");

@@ -113,3 +113,21 @@ pub fn exchange_sends(h: &pdbmux_conformance::Harness) -> Vec<&pdbmux_conformanc
         .filter(|s| s.machine != pdbmux_conformance::Machine::Estate)
         .collect()
 }
+
+/// The core's source files (`core/src`, every `.rs` below it), for the checks of its shape.
+pub fn core_sources() -> (std::path::PathBuf, Vec<std::path::PathBuf>) {
+    fn walk(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+        for entry in std::fs::read_dir(dir).expect("core/src").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                walk(&path, out);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../core/src");
+    let mut all = Vec::new();
+    walk(&root, &mut all);
+    (root, all)
+}

@@ -87,14 +87,8 @@ pub fn every_metric_the_dashboard_and_rules_use_is_exported(bin: &Path) {
     let answering = FakeBackend::start(|line| {
         if line.starts_with("GET /pdb/query/v4/facts ") {
             respond("500 Server Error", "text/plain", "boom")
-        } else if line.contains("/pdb/query/v4/fact-names") {
-            respond("200 OK", "application/json", r#"["kernel"]"#)
         } else {
-            respond(
-                "200 OK",
-                "application/json",
-                r#"[{"certname":"n1","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}]"#,
-            )
+            super::metrics::one_node(line)
         }
     });
     let failing = FakeBackend::start(|_| respond("500 Server Error", "text/plain", "boom"));

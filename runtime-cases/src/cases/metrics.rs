@@ -100,16 +100,22 @@ fn scripted(failing: Arc<AtomicBool>, probe_follows: bool) -> FakeBackend {
         if failing.load(Ordering::SeqCst) {
             return respond("500 Server Error", "text/plain", "boom");
         }
-        if line.contains("/pdb/query/v4/fact-names") {
-            respond("200 OK", "application/json", r#"["kernel"]"#)
-        } else {
-            respond(
-                "200 OK",
-                "application/json",
-                r#"[{"certname":"n1","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}]"#,
-            )
-        }
+        one_node(line)
     })
+}
+
+/// The answer of a backend holding one node, `n1`, with the fact `kernel`: `["kernel"]` for
+/// fact-names, the node's record for anything else.
+pub(crate) fn one_node(line: &str) -> Vec<crate::support::Piece> {
+    if line.contains("/pdb/query/v4/fact-names") {
+        respond("200 OK", "application/json", r#"["kernel"]"#)
+    } else {
+        respond(
+            "200 OK",
+            "application/json",
+            r#"[{"certname":"n1","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}]"#,
+        )
+    }
 }
 
 /// One whole answer, one partial answer, one stale hit and one health transition, counted
