@@ -1,6 +1,7 @@
 //! The memory budget of buffered merges on real sockets: bodies of unknown length (chunked) are
 //! counted while they are read, so a merge over `merge_request_bytes` is refused with a 503 and
-//! `Retry-After` before the rest is read, counted in the metrics, and its bytes are given back.
+//! `Retry-After`, counted in the metrics, and its bytes are given back. (That reading stops at the
+//! refusal is the runtimes' code, not asserted here: the backend cannot see how much was read.)
 
 use std::path::Path;
 
