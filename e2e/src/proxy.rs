@@ -10,6 +10,9 @@
 //!   ([`Proxy::failed_requests`], [`Proxy::failed_heads`]) and the connection closed without an answer: a transport failure
 //!   that still shows which requests were sent;
 //! - `Closed`: the listening socket is closed, so connections are refused (a stopped server);
+//!   the port stays bound to a socket that does not listen, so no other listener (another
+//!   proxy, a pdbmux's metrics port) can be given it meanwhile and answer in the stopped
+//!   server's place;
 //! - `Unavailable`: every request is answered `503 Service Unavailable`, as a PuppetDB that is
 //!   up but not serving (starting, or its database gone) answers;
 //! - `Faulty`: each new connection has one fault in its answers drawn at random ([`Fault`]): cut
@@ -285,17 +288,27 @@ fn accept_loop(
     shared: &Arc<Shared>,
 ) {
     let mut listener = Some(listener);
+    // While closed: the port, bound but not listening.
+    let mut reserved: Option<socket2::Socket> = None;
     while !shared.stop.load(Ordering::SeqCst) {
         let mode = shared.mode();
         if mode == ProxyMode::Closed {
             // Dropping the listener refuses new connections (and resets any in the backlog).
-            listener = None;
+            if listener.take().is_some() || reserved.is_none() {
+                reserved = reserve(addr).ok();
+            }
             thread::sleep(TICK / 4);
             continue;
         }
         let Some(l) = listener.as_ref() else {
-            // std sets SO_REUSEADDR on Unix listeners, so the same port can be bound again.
-            match TcpListener::bind(addr).and_then(|l| l.set_nonblocking(true).map(|()| l)) {
+            // The reservation's socket listens in the listener's place (no moment unbound);
+            // without one, std sets SO_REUSEADDR on Unix listeners, so the port can be bound
+            // again.
+            let relisten = match reserved.take() {
+                Some(socket) => socket.listen(128).map(|()| TcpListener::from(socket)),
+                None => TcpListener::bind(addr),
+            };
+            match relisten.and_then(|l| l.set_nonblocking(true).map(|()| l)) {
                 Ok(l) => listener = Some(l),
                 Err(_) => thread::sleep(TICK),
             }
@@ -312,6 +325,20 @@ fn accept_loop(
             Err(_) => thread::sleep(TICK),
         }
     }
+}
+
+/// A socket bound to `addr` that does not listen: connections to it are refused, and the kernel
+/// gives the port to no other socket (not to `bind` of port 0, not as a connection's source
+/// port). SO_REUSEADDR lets it bind over connections of the closed listener in TIME_WAIT.
+fn reserve(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(true)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 fn handle(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>, mode: ProxyMode) {
@@ -518,6 +545,29 @@ mod tests {
             "{err}"
         );
 
+        proxy.set_mode(ProxyMode::Forward);
+        assert!(ask(proxy.addr())
+            .expect("forwarded again")
+            .ends_with("hello"));
+    }
+
+    #[test]
+    fn a_closed_proxy_keeps_its_port() {
+        let (up, _t) = server("hello");
+        let proxy = Proxy::start(&format!("http://{up}")).expect("proxy");
+        proxy.set_mode(ProxyMode::Closed);
+        // A socket that does not share addresses cannot bind the port while it is closed (the
+        // reservation follows the listener's close within a tick).
+        let bind_alone = || {
+            let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            socket.bind(&proxy.addr().into())
+        };
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while bind_alone().is_ok() {
+            assert!(Instant::now() < deadline, "the closed proxy's port is free");
+            thread::sleep(TICK / 4);
+        }
+        assert!(TcpStream::connect_timeout(&proxy.addr(), Duration::from_millis(300)).is_err());
         proxy.set_mode(ProxyMode::Forward);
         assert!(ask(proxy.addr())
             .expect("forwarded again")

@@ -550,6 +550,39 @@ fn every_alert_fires_under_its_fault_and_resolves_after_it() {
                 .map(|(alert, _)| format!("{alert} ({})", s.name))
         })
         .collect();
+    // What each scenario with a missing alert says of its backends while its fault is on: the
+    // alerts read these states, so a failure shows whether pdbmux or the rule is wrong.
+    let diagnosis: Vec<String> = scenarios
+        .iter()
+        .filter(|s| {
+            s.expected
+                .iter()
+                .any(|(alert, _)| !seen.contains_key(&(s.name.to_owned(), *alert)))
+        })
+        .filter_map(|s| {
+            let mux = s.mux.as_ref()?;
+            let healthz = mux
+                .get("/healthz")
+                .map_or_else(|e| format!("no answer: {e}"), |r| r.body);
+            let states: Vec<String> = mux
+                .metrics_addr()
+                .and_then(|addr| pdbmux_e2e::get(&format!("http://{addr}/metrics")).ok())
+                .map(|r| {
+                    r.body
+                        .lines()
+                        .filter(|l| l.starts_with("pdbmux_backend_state{") && l.ends_with(" 1"))
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some(format!(
+                "{}: {}; /healthz {}",
+                s.name,
+                states.join(", "),
+                healthz.chars().take(1500).collect::<String>()
+            ))
+        })
+        .collect();
 
     // The dashboard's queries that return data with the faults on.
     let with_faults: BTreeSet<String> = dashboard_queries()
@@ -623,8 +656,9 @@ fn every_alert_fires_under_its_fault_and_resolves_after_it() {
     let mut failures = Vec::new();
     if !missing.is_empty() {
         failures.push(format!(
-            "never fired within {limit:?}: {}",
-            missing.join(", ")
+            "never fired within {limit:?}: {}\n{}",
+            missing.join(", "),
+            diagnosis.join("\n")
         ));
     }
     if !unexpected.is_empty() {
