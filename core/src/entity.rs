@@ -67,6 +67,21 @@ pub enum MergeRule {
     Counts,
 }
 
+/// Which queries on an entity pdbmux answers by combining the backends' partial answers
+/// (docs/merging.md, "Aggregates").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Combine {
+    /// An extract with a function column on it (`count`, `sum`, `min`, `max`, `avg`) is
+    /// folded; other queries merge records.
+    Extracts,
+    /// Every query: counts per subject, summed (`/event-counts`).
+    EventCounts,
+    /// Every query: the estate's event counts, summed (`/aggregate-event-counts`).
+    AggregateEventCounts,
+    /// None: its answers are records or names only (`/fact-names`).
+    Never,
+}
+
 /// What makes two records of a union the same record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Identity {
@@ -116,6 +131,9 @@ pub struct History {
     pub report_column: &'static str,
     /// Whether a report has several records (events), so a correction counts them per report.
     pub per_report: bool,
+    /// The entity whose records these are, or are counted from (`/events` for the event
+    /// counts): what a correction of a count asks.
+    pub records: Entity,
 }
 
 /// Everything pdbmux knows about one entity: one row of the entity table. Read it with
@@ -140,9 +158,15 @@ pub struct EntityRow {
     /// The node-owned entity this union is the distinct projection of, and the columns
     /// projected (docs/merging.md, "`/packages`").
     pub distinct_of: Option<(Entity, &'static [&'static str])>,
-    /// Whether an extract with a function column on it is folded (the aggregates pdbmux
-    /// combines); the event-count endpoints are always combined.
-    pub folds_extracts: bool,
+    /// Which of its queries pdbmux combines from the backends' partial answers.
+    pub combine: Combine,
+    /// Whether the provenance fact (`source_fact`: the backend a node's facts come from) is one
+    /// of its records: injected once per node, and dropped from the backends' answers
+    /// (docs/merging.md, "Provenance"). `/facts` alone.
+    pub provenance: bool,
+    /// Whether its `depth` column, which its records do not carry, orders by the length of its
+    /// `path` less one (`/fact-paths`).
+    pub depth_from_path: bool,
     /// Whether its REST endpoint sees every node state while PQL's `from` sees active nodes
     /// only, so a PQL query mapped onto the endpoint adds `["=","node_state","active"]`.
     pub pql_sees_every_state: bool,
@@ -166,7 +190,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Nodes {
@@ -182,7 +208,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: true,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Facts),
@@ -196,7 +224,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::FactContents),
@@ -210,7 +240,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Any,
         history: None,
         distinct_of: None,
-        folds_extracts: false,
+        combine: Combine::Never,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::FactNames),
@@ -224,7 +256,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Any,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: true,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::FactPaths),
@@ -238,7 +272,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Factsets),
@@ -252,7 +288,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Any,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
         order: Some(OrderEntity::Catalogs),
@@ -266,7 +304,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::CatalogInputs),
@@ -280,7 +320,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::CatalogInputContents),
@@ -294,7 +336,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Edges),
@@ -308,7 +352,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Resources),
@@ -322,7 +368,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Inventory),
@@ -339,7 +387,9 @@ const ROWS: [EntityRow; 20] = [
             Entity::PackageInventory,
             &["package_name", "version", "provider"],
         )),
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Packages),
@@ -353,7 +403,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Active,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::PackageInventory),
@@ -367,7 +419,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Any,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Producers),
@@ -381,7 +435,9 @@ const ROWS: [EntityRow; 20] = [
         default_scope: Scope::Any,
         history: None,
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
         order: Some(OrderEntity::Environments),
@@ -397,9 +453,12 @@ const ROWS: [EntityRow; 20] = [
             identity: &["hash"],
             report_column: "hash",
             per_report: false,
+            records: Entity::Reports,
         }),
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
         order: Some(OrderEntity::Reports),
@@ -415,9 +474,12 @@ const ROWS: [EntityRow; 20] = [
             identity: &["report", "resource_type", "resource_title", "property"],
             report_column: "report",
             per_report: true,
+            records: Entity::Events,
         }),
         distinct_of: None,
-        folds_extracts: true,
+        combine: Combine::Extracts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
         order: Some(OrderEntity::Events),
@@ -433,9 +495,12 @@ const ROWS: [EntityRow; 20] = [
             identity: &[],
             report_column: "report",
             per_report: true,
+            records: Entity::Events,
         }),
         distinct_of: None,
-        folds_extracts: false,
+        combine: Combine::EventCounts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: false,
         order: None,
@@ -451,9 +516,12 @@ const ROWS: [EntityRow; 20] = [
             identity: &[],
             report_column: "report",
             per_report: true,
+            records: Entity::Events,
         }),
         distinct_of: None,
-        folds_extracts: false,
+        combine: Combine::AggregateEventCounts,
+        provenance: false,
+        depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: false,
         order: None,
@@ -544,10 +612,19 @@ impl Entity {
         }
     }
 
-    /// Whether an extract with a function column on it is folded (the aggregates pdbmux
-    /// combines); the event-count endpoints are always combined.
-    pub fn folds_extracts(self) -> bool {
-        self.row().folds_extracts
+    /// Which of its queries pdbmux combines.
+    pub fn combine(self) -> Combine {
+        self.row().combine
+    }
+
+    /// Whether the provenance fact is one of its records (`/facts`).
+    pub fn carries_provenance(self) -> bool {
+        self.row().provenance
+    }
+
+    /// Whether its `depth` column orders by its `path`'s length (`/fact-paths`).
+    pub fn depth_from_path(self) -> bool {
+        self.row().depth_from_path
     }
 }
 
@@ -593,5 +670,31 @@ mod tests {
         );
         assert_eq!(Entity::Catalogs.default_scope(), Scope::Any);
         assert_eq!(Entity::Edges.default_scope(), Scope::Active);
+    }
+
+    #[test]
+    fn the_rows_name_each_entity_with_a_rule_of_its_own() {
+        let with = |has: fn(Entity) -> bool| -> Vec<Entity> {
+            ALL.into_iter().filter(|e| has(*e)).collect()
+        };
+        assert_eq!(with(Entity::carries_provenance), [Entity::Facts]);
+        assert_eq!(with(Entity::depth_from_path), [Entity::FactPaths]);
+        assert_eq!(with(|e| e.combine() == Combine::Never), [Entity::FactNames]);
+        assert_eq!(Entity::EventCounts.combine(), Combine::EventCounts);
+        assert_eq!(
+            Entity::AggregateEventCounts.combine(),
+            Combine::AggregateEventCounts
+        );
+        // A history entity's corrections ask its own records, the event counts' the events'.
+        for entity in ALL {
+            let Some(history) = entity.history() else {
+                continue;
+            };
+            let expected = match entity.merge_rule() {
+                MergeRule::Counts => Entity::Events,
+                _ => entity,
+            };
+            assert_eq!(history.records, expected, "{entity:?}");
+        }
     }
 }

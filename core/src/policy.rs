@@ -272,7 +272,10 @@ enum SourceAsk {
 /// in an `and` with one constraint on `value`: `=`, `in` over an `array`, or `~`), what
 /// Puppetboard's fact pages and pypuppetdb send. `None` for any other request.
 fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<SourceAsk> {
-    if route != &Route::Query(crate::entity::Entity::Facts) || !config.source_fact_enabled {
+    let Route::Query(entity) = route else {
+        return None;
+    };
+    if !entity.carries_provenance() || !config.source_fact_enabled {
         return None;
     }
     let QueryText::Ast(ast) = params.query_text() else {
@@ -295,8 +298,8 @@ fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<So
     }
     let target = |value: Option<&str>| {
         let mut path = format!(
-            "{}/facts/{}",
-            root::ROOT,
+            "{}/{}",
+            entity.path_static(),
             percent_encoding::utf8_percent_encode(&config.source_fact, SEGMENT)
         );
         if let Some(value) = value {
@@ -364,7 +367,7 @@ fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<So
 /// joins the fan-out of the whole `/facts/<source_fact>` record set and is filtered from it
 /// (stored under its own key); without, the whole path's merge keeps only those records.
 fn plan_source_values(
-    (request, params): (&ClientRequest, &Params),
+    (request, params, route): (&ClientRequest, &Params, &Route),
     whole: &str,
     values: Vec<String>,
     config: &Arc<Config>,
@@ -374,7 +377,7 @@ fn plan_source_values(
     match planned.cache.take() {
         Some(shared) => {
             planned.cache = cache::cache_key(
-                &Route::Query(crate::entity::Entity::Facts),
+                route,
                 (request.path(), request.query(), params),
                 &config.source_fact,
                 shared.ttl,
@@ -388,14 +391,17 @@ fn plan_source_values(
             });
         }
         None => {
-            let Ok(route) = classify(&whole_request) else {
+            let Ok(whole_route) = classify(&whole_request) else {
+                return planned;
+            };
+            let Some(entity) = whole_route.entity() else {
                 return planned;
             };
             if let Work::Fanout(_) = planned.work {
                 let params = Params::parse(whole_request.query());
                 let plan = RecordPlan::plan(
-                    &route,
-                    crate::entity::Entity::Facts,
+                    &whole_route,
+                    entity,
                     whole_request.path(),
                     params,
                     QueryText::Absent,
@@ -457,7 +463,7 @@ fn plan_query(
     match source_fact_ask(&params, route, config) {
         Some(SourceAsk::Path(target)) => return plan(&ClientRequest::get(target), config),
         Some(SourceAsk::Values { whole, values }) => {
-            return plan_source_values((request, &params), &whole, values, config)
+            return plan_source_values((request, &params, route), &whole, values, config)
         }
         Some(SourceAsk::Nothing) => {
             return uncached(Work::Local(Response::json(StatusCode::OK, "[]")))

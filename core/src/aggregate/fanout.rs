@@ -18,7 +18,7 @@ use super::{
 };
 use crate::config::Config;
 use crate::corrections::Learned;
-use crate::entity::Entity;
+use crate::entity::{Combine, Entity};
 use crate::fanout::{Calls, Context, CorrectionCall, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
 use crate::membership::Scope;
@@ -60,10 +60,10 @@ struct Bodies<'a> {
 /// Which combine a route takes for its query, if any: an extract with a function column on the
 /// entities whose extracts fold, and the event-count endpoints always.
 pub(crate) fn combine_kind(entity: Entity, params: &Params) -> Option<CombineKind> {
-    match entity {
-        Entity::EventCounts => Some(CombineKind::EventCounts),
-        Entity::AggregateEventCounts => Some(CombineKind::AggregateEventCounts),
-        _ if entity.folds_extracts() => {
+    match entity.combine() {
+        Combine::EventCounts => Some(CombineKind::EventCounts),
+        Combine::AggregateEventCounts => Some(CombineKind::AggregateEventCounts),
+        Combine::Extracts => {
             let include_facts_expiration = params
                 .get("include_facts_expiration")
                 .is_some_and(|v| v.eq_ignore_ascii_case("true"));
@@ -71,7 +71,7 @@ pub(crate) fn combine_kind(entity: Entity, params: &Params) -> Option<CombineKin
                 .order_entity(include_facts_expiration)
                 .map(CombineKind::Extract)
         }
-        _ => None,
+        Combine::Never => None,
     }
 }
 
@@ -102,6 +102,7 @@ impl AggregatePlan {
             (true, _, true) => plan.correct(Correction::Owned),
             (false, Some(history), true) => plan.correct(Correction::History {
                 column: history.report_column,
+                records: history.records,
             }),
             (false, None, true) => None,
         };

@@ -147,6 +147,9 @@ pub(crate) enum Correction {
     History {
         /// The report's column.
         column: &'static str,
+        /// The entity whose records are counted (`/events` for the event counts): the
+        /// correction of a count asks it.
+        records: crate::entity::Entity,
     },
 }
 
@@ -259,7 +262,7 @@ impl CombinePlan {
             (Mode::Extract(plan), Correction::Owned) => {
                 (None, plan.correction_query(certnames, None)?)
             }
-            (Mode::Extract(plan), Correction::History { column }) => {
+            (Mode::Extract(plan), Correction::History { column, .. }) => {
                 (None, plan.correction_query(certnames, Some(column))?)
             }
             (Mode::EventCounts { .. }, Correction::Owned) => (
@@ -269,11 +272,14 @@ impl CombinePlan {
                     crate::query::only_certnames_clause(certnames),
                 ),
             ),
-            (Mode::EventCounts { .. } | Mode::Aggregate { .. }, Correction::History { .. }) => {
+            (
+                Mode::EventCounts { .. } | Mode::Aggregate { .. },
+                Correction::History { records, .. },
+            ) => {
                 let query =
                     event_counts::history_correction(params.query_text().as_ast(), certnames);
                 params = Params::default();
-                (Some(crate::entity::Entity::Events.path_static()), query)
+                (Some(records.path_static()), query)
             }
             _ => return None,
         };
@@ -561,7 +567,7 @@ fn corrected_rows<'a>(
                 }
             }
         }
-        Some(Correction::History { column }) => {
+        Some(Correction::History { column, .. }) => {
             // A report's row for one group from every backend that stores the report: each copy
             // past the first is counted too often.
             let mut copies: std::collections::BTreeMap<

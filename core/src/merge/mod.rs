@@ -205,7 +205,7 @@ impl RecordPlan {
                     let value = value
                         .as_ref()
                         .map(|v| percent_decode_str(v).decode_utf8_lossy().into_owned());
-                    (Entity::Facts.path(), Some(value))
+                    (entity.path(), Some(value))
                 } else {
                     (path.to_owned(), None)
                 }
@@ -234,7 +234,7 @@ impl RecordPlan {
             limit: paging.limit,
         };
 
-        let provenance = if entity != Entity::Facts || !config.source_fact_enabled {
+        let provenance = if !entity.carries_provenance() || !config.source_fact_enabled {
             match facts_path_name {
                 // The synthetic path answers [] while injection is off.
                 Some(_) => return Err(Box::new(Response::json(StatusCode::OK, "[]"))),
@@ -260,7 +260,7 @@ impl RecordPlan {
                         values: value.map(|value| vec![value]),
                     }
                 }
-                None if route != &Route::Query(Entity::Facts) => Provenance::DropOnly,
+                None if route != &Route::Query(entity) => Provenance::DropOnly,
                 None if gated => Provenance::DropOnly,
                 None => Provenance::Inject,
             }
@@ -426,7 +426,7 @@ impl RecordPlan {
         }
         // A paged /facts window must not lose records to the provenance drop after the backend
         // cut it: ask the backends not to return records of that name at all.
-        if self.entity == Entity::Facts
+        if self.entity.carries_provenance()
             && self.provenance != Provenance::Off
             && self.window.is_paged()
             && self.pushable()
@@ -600,7 +600,9 @@ impl RecordPlan {
     fn merge(&self, answers: &[BackendPage<'_>], owning: Option<Owning<'_>>) -> Merged {
         match self.entity.merge_rule() {
             MergeRule::Node => nodes::merge(self, answers, owning),
-            MergeRule::Owned if self.entity == Entity::Facts => facts::merge(self, answers, owning),
+            MergeRule::Owned if self.entity.carries_provenance() => {
+                facts::merge(self, answers, owning)
+            }
             MergeRule::Owned => owned::merge(self, answers, owning),
             MergeRule::Union(identity) => union::merge(self, answers, identity, owning),
             MergeRule::Names => names::merge(self, answers),

@@ -10,7 +10,7 @@ use serde_json::value::RawValue;
 
 use super::rows::{Collected, Page, Raw, Row};
 use super::{parse_answers, BackendPage, Merged, RecordPlan};
-use crate::entity::{Entity, Identity};
+use crate::entity::Identity;
 use crate::ownership::{Holding, Owning};
 use crate::records::{parse_records, Fields};
 use crate::sort::{ColumnKind, Direction, OrderBy, OrderField};
@@ -37,7 +37,7 @@ pub(crate) fn merge(
         (Identity::Name, None) => Some(&by_name),
         (_, None) => None,
     };
-    let depth_ordered = plan.entity == Entity::FactPaths
+    let depth_ordered = plan.entity.depth_from_path()
         && order.is_some_and(|o| o.fields.iter().any(|f| f.field == "depth"));
     let mut seen: HashSet<String> = HashSet::new();
     let mut rows = Collected::new(
