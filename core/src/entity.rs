@@ -82,6 +82,34 @@ pub enum Combine {
     Never,
 }
 
+/// A parent an entity's records are listed below (`/environments/<env>/facts`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Parent {
+    /// `/environments/<environment>/…`: the records whose `environment` is the parent's.
+    Environment,
+    /// `/producers/<producer>/…`: the records whose `producer` is the parent's.
+    Producer,
+}
+
+impl Parent {
+    /// The parent named by a path segment under `/pdb/query/v4/` (`environments`).
+    pub fn from_segment(segment: &str) -> Option<Parent> {
+        match segment {
+            "environments" => Some(Parent::Environment),
+            "producers" => Some(Parent::Producer),
+            _ => None,
+        }
+    }
+
+    /// The field a sub-route constrains to the parent's value (`environment`).
+    pub fn field(self) -> &'static str {
+        match self {
+            Parent::Environment => "environment",
+            Parent::Producer => "producer",
+        }
+    }
+}
+
 /// What makes two records of a union the same record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Identity {
@@ -167,6 +195,10 @@ pub struct EntityRow {
     /// Whether its `depth` column, which its records do not carry, orders by the length of its
     /// `path` less one (`/fact-paths`).
     pub depth_from_path: bool,
+    /// The parents it is served below as a sub-route: `/environments/<env>/<segment>` and
+    /// `/producers/<producer>/<segment>` answer as this entity's route with the parent's
+    /// constraint added (docs/merging.md, "The route table").
+    pub parents: &'static [Parent],
     /// Whether its REST endpoint sees every node state while PQL's `from` sees active nodes
     /// only, so a PQL query mapped onto the endpoint adds `["=","node_state","active"]`.
     pub pql_sees_every_state: bool,
@@ -192,6 +224,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -210,6 +243,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: true,
+        parents: &[Parent::Environment],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -226,6 +260,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -242,6 +277,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Never,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -258,6 +294,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: true,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -274,6 +311,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[Parent::Producer],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -290,6 +328,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[Parent::Producer],
         depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
@@ -306,6 +345,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -322,6 +362,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -338,6 +379,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -354,6 +396,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[Parent::Environment],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -370,6 +413,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -389,6 +433,7 @@ const ROWS: [EntityRow; 20] = [
         )),
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -405,6 +450,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -421,6 +467,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -437,6 +484,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
@@ -458,6 +506,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[Parent::Environment, Parent::Producer],
         depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
@@ -479,6 +528,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        parents: &[Parent::Environment],
         depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
@@ -500,6 +550,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::EventCounts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: false,
@@ -521,6 +572,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::AggregateEventCounts,
         provenance: false,
+        parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: false,
@@ -620,6 +672,11 @@ impl Entity {
     /// Whether the provenance fact is one of its records (`/facts`).
     pub fn carries_provenance(self) -> bool {
         self.row().provenance
+    }
+
+    /// Whether it is served below `parent` (`/environments/<env>/facts`).
+    pub fn is_below(self, parent: Parent) -> bool {
+        self.row().parents.contains(&parent)
     }
 
     /// Whether its `depth` column orders by its `path`'s length (`/fact-paths`).

@@ -7,7 +7,7 @@
 use http::{Method, StatusCode};
 use std::borrow::Cow;
 
-use crate::entity::Entity;
+use crate::entity::{Entity, Parent};
 use crate::membership::Kind;
 use crate::message::ClientRequest;
 
@@ -74,8 +74,9 @@ pub enum Route {
     /// `/pdb/query/v4` itself: PQL and `from` queries, answered as their entity's route
     /// (docs/merging.md, "PQL and the root endpoint").
     Root,
-    /// `/environments/<env>/{facts,resources,reports,events}[/…]` and
-    /// `/producers/<p>/{catalogs,factsets,reports}[/…]`: the entity's own route with the
+    /// `/environments/<env>/<entity>[/…]` and `/producers/<p>/<entity>[/…]` for the entities
+    /// whose row lists that parent (`parents`: `/environments/<env>/facts`,
+    /// `/producers/<p>/catalogs`, …): the entity's own route with the
     /// parent's constraint added to its query, as PuppetDB adds it (docs/merging.md, "The route
     /// table"). Answered as that route: merged, paged, totalled and cached the same way.
     Within {
@@ -377,13 +378,13 @@ fn contains_escape(segment: &str, hex: &str) -> bool {
 
 /// The entity route below a parent (`/environments/<env>`, `/producers/<p>`): `below` (the
 /// entity and what follows it) must be one of the entity's own record routes, else `None`.
-fn within(field: &'static str, value: &str, below: &[&str]) -> Option<Route> {
+fn within(parent: Parent, value: &str, below: &[&str]) -> Option<Route> {
     match query_route(below)? {
         Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {}
         _ => return None,
     }
     Some(Route::Within {
-        field,
+        field: parent.field(),
         value: value.to_owned(),
         entity_path: below.join("/"),
     })
@@ -408,14 +409,22 @@ fn allowlisted(segments: &[&str]) -> Option<Route> {
 }
 
 /// Which kind of a node's data answers `/<entity>/<certname>/<below>` (docs/decisions.md, D14):
-/// a factset and facts from the newest facts, a catalog and its resources and edges from the
-/// newest catalog, the node record from the newest report.
+/// the kind of the entity named last, in the entity table: a factset and facts from the newest
+/// facts, a catalog and its resources and edges from the newest catalog, the node record from
+/// the newest report.
 fn per_certname_kind(entity: &str, below: &[&str]) -> Kind {
-    match (entity, below.first().copied()) {
-        ("factsets", _) | ("nodes", Some("facts")) => Kind::Facts,
-        ("catalogs", _) | ("nodes", Some("resources")) => Kind::Catalog,
-        _ => Kind::Node,
-    }
+    below
+        .first()
+        .and_then(|segment| Entity::from_segment(segment))
+        .or_else(|| Entity::from_segment(entity))
+        .map_or(Kind::Node, Entity::kind)
+}
+
+/// The parent of `/<parent>/<value>/<below>` when it is a sub-route of the entity `below` names.
+fn sub_route_parent(parent: &str, below: &[&str]) -> Option<Parent> {
+    let parent = Parent::from_segment(parent)?;
+    let entity = Entity::from_segment(below.first()?)?;
+    entity.is_below(parent).then_some(parent)
 }
 
 /// The route for a path under `/pdb/query/v4`: the merged entities and their sub-routes, the
@@ -423,6 +432,11 @@ fn per_certname_kind(entity: &str, below: &[&str]) -> Kind {
 /// node's package inventory), `None` for anything else (PuppetDB would
 /// redirect it to its dashboard).
 fn query_route(rest: &[&str]) -> Option<Route> {
+    if let [parent, value, below @ ..] = rest {
+        if let Some(parent) = sub_route_parent(parent, below) {
+            return within(parent, value, below);
+        }
+    }
     Some(match rest {
         [] => Route::Root,
         [segment] if Entity::from_segment(segment).is_some() => {
@@ -435,20 +449,6 @@ fn query_route(rest: &[&str]) -> Option<Route> {
         },
         // Whether an environment or producer is known: any backend that knows it answers.
         ["environments" | "producers", _] => Route::PassThrough,
-        ["environments", environment, below @ ..]
-            if below
-                .first()
-                .is_some_and(|e| matches!(*e, "facts" | "resources" | "reports" | "events")) =>
-        {
-            within("environment", environment, below)?
-        }
-        ["producers", producer, below @ ..]
-            if below
-                .first()
-                .is_some_and(|e| matches!(*e, "catalogs" | "factsets" | "reports")) =>
-        {
-            within("producer", producer, below)?
-        }
         ["facts", name] => Route::FactsByName {
             name: (*name).to_owned(),
             value: None,
@@ -618,6 +618,33 @@ mod tests {
             "/pdb/query/v4/package-inventory/web1/extra",
         ] {
             assert_eq!(route(target), Err(Refusal::NotFound), "{target}");
+        }
+    }
+
+    #[test]
+    fn a_node_s_data_is_answered_by_the_owner_of_its_kind() {
+        for (target, kind) in [
+            ("/pdb/query/v4/nodes/web1", Kind::Node),
+            ("/pdb/query/v4/nodes/web1/facts", Kind::Facts),
+            ("/pdb/query/v4/nodes/web1/facts/os", Kind::Facts),
+            ("/pdb/query/v4/nodes/web1/resources", Kind::Catalog),
+            ("/pdb/query/v4/nodes/web1/resources/File", Kind::Catalog),
+            ("/pdb/query/v4/factsets/web1", Kind::Facts),
+            ("/pdb/query/v4/factsets/web1/facts", Kind::Facts),
+            ("/pdb/query/v4/catalogs/web1", Kind::Catalog),
+            ("/pdb/query/v4/catalogs/web1/edges", Kind::Catalog),
+            ("/pdb/query/v4/catalogs/web1/resources", Kind::Catalog),
+            ("/pdb/query/v4/package-inventory/web1", Kind::Facts),
+        ] {
+            match route(target) {
+                Ok(Route::PerCertname {
+                    certname,
+                    kind: got,
+                }) => {
+                    assert_eq!((certname.as_str(), got), ("web1", kind), "{target}");
+                }
+                other => panic!("{target}: {other:?}"),
+            }
         }
     }
 
