@@ -57,6 +57,7 @@ mod meta;
 mod outbound;
 mod ownership;
 mod parent;
+mod parsed;
 mod policy;
 pub mod query;
 mod records;

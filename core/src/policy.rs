@@ -2,7 +2,8 @@
 //! query, decided in one place, once per request, before the estate is touched.
 //!
 //! Call [`plan`] on every client request (outside whatever lock guards the [`crate::Estate`]):
-//! it classifies the route (the allowlist), parses the parameters and the query AST once, and
+//! it reads the target once ([`ParsedRequest`]: the route by the allowlist, the parameters),
+//! parses the query AST once, and
 //! picks the way the request is answered ([`crate::fanout::Plan`]), whether it needs the
 //! membership map, and the key it is cached under. Hand the result to
 //! [`crate::Estate::admit`].
@@ -20,9 +21,10 @@ use crate::merge::RecordPlan;
 use crate::message::{ClientRequest, Response};
 use crate::meta::{FirstInOrder, LowestVersion};
 use crate::parent::ParentChecked;
+use crate::parsed::ParsedRequest;
 use crate::query::{analyze, Params, QueryText};
 use crate::root::{self, Pql, RootQuery};
-use crate::route::{classify, Route, RouteClass};
+use crate::route::{Route, RouteClass};
 use crate::sequence::{Holder, Sequence};
 
 /// A request read and planned once: what [`crate::Estate::admit`] takes.
@@ -30,7 +32,8 @@ use crate::sequence::{Holder, Sequence};
 pub struct Planned {
     pub(crate) config: Arc<Config>,
     pub(crate) class: RouteClass,
-    pub(crate) target: String,
+    /// The request as read: planned again from it after a reload.
+    pub(crate) request: Arc<ParsedRequest>,
     pub(crate) cache: Option<Cacheable>,
     pub(crate) work: Work,
     /// Backends not to ask: those that let this request wait out the whole timeout for the
@@ -61,6 +64,16 @@ impl Planned {
         self.class
     }
 
+    /// The target of the request it plans.
+    pub fn target(&self) -> &str {
+        self.request.target()
+    }
+
+    /// Its request planned again with `config` (a reload happened since it was planned).
+    pub(crate) fn again(&self, config: &Arc<Config>) -> Planned {
+        plan_parsed(&self.request, config)
+    }
+
     /// Whether its answer goes through the cache (where `X-Cache` says hit, miss or stale).
     pub fn is_cacheable(&self) -> bool {
         self.cache.is_some()
@@ -88,19 +101,22 @@ fn probe_answer(route: &Route, config: &Config) -> Response {
 
 /// Plans one client request with `config`: the table every route's policy is read from.
 pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
-    let classified = classify(request);
-    let class = classified
-        .as_ref()
-        .map_or(RouteClass::Refused, Route::class);
+    plan_parsed(&Arc::new(ParsedRequest::parse(request)), config)
+}
+
+/// Plans a request already read: a client's ([`plan`]), one derived from it, or one planned
+/// again after a reload.
+fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
+    let class = request.route().map_or(RouteClass::Refused, Route::class);
     let planned = |cache, work| Planned {
         config: Arc::clone(config),
         class,
-        target: request.target.clone(),
+        request: Arc::clone(request),
         cache,
         work,
         waited_out: Vec::new(),
     };
-    let route = match classified {
+    let route = match request.route() {
         Ok(route) => route,
         Err(refusal) => {
             let mut response = Response::text(refusal.status(), format!("pdbmux: {refusal}"));
@@ -112,7 +128,7 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
             return planned(None, Work::Local(response));
         }
     };
-    let target = request.target.clone();
+    let target = request.target().to_owned();
     let merged = matches!(
         route,
         Route::Query(_)
@@ -121,9 +137,9 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
             | Route::Root
             | Route::Within { .. }
     );
-    // The one reading of the request's parameters: everything planned below takes these.
-    let params = Params::parse(request.query());
-    if let Some(key) = merged.then(|| repeated_param(&params)).flatten() {
+    // The request's parameters, read once: everything planned below takes these.
+    let params = request.params();
+    if let Some(key) = merged.then(|| repeated_param(params)).flatten() {
         let message = format!("pdbmux: query parameter {key} given more than once");
         return planned(
             None,
@@ -133,13 +149,13 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
     let work = match &route {
         Route::Healthz => return planned(None, Work::Healthz),
         Route::Livez | Route::Readyz => {
-            return planned(None, Work::Local(probe_answer(&route, config)))
+            return planned(None, Work::Local(probe_answer(route, config)))
         }
         Route::PerCertname { certname, kind } => {
             Work::Fanout(Box::new(Sequence::owner_first(target, certname, *kind)))
         }
         Route::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
-        Route::Root => match root::read(&params) {
+        Route::Root => match root::read(params) {
             RootQuery::Mapped(mapped) => return plan_mapped(&mapped, config),
             RootQuery::Pql(pql) => Work::Translate(pql),
             RootQuery::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
@@ -151,13 +167,13 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
             Work::Fanout(Box::new(JolokiaPlan::plan(*route, target, config.merge)))
         }
         Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
-            return plan_query((request, params), &route, config);
+            return plan_query(request, route, config);
         }
         Route::Within {
             field,
             value,
             entity_path,
-        } => return plan_within((request, &params), (field, value), entity_path, config),
+        } => return plan_within(request, (field, value), entity_path, config),
     };
     planned(None, work)
 }
@@ -177,14 +193,7 @@ fn repeated_param(params: &Params) -> Option<String> {
 /// Plans a root-endpoint query mapped onto `target`, its entity's route: as that route's own
 /// request, whatever the length of the mapped target (the client's was within the limit).
 fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
-    let request = ClientRequest::get(target);
-    let planned = match classify(&ClientRequest::get(request.path())) {
-        Ok(route @ Route::Query(_)) => {
-            let params = Params::parse(request.query());
-            plan_query((&request, params), &route, config)
-        }
-        _ => plan(&request, config),
-    };
+    let planned = plan_parsed(&Arc::new(ParsedRequest::derived(target.to_owned())), config);
     Planned {
         class: Route::Root.class(),
         ..planned
@@ -196,23 +205,25 @@ fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
 /// (`add_clause`), and the request's other parameters as they are. A query that is not an AST
 /// (PQL, malformed JSON) is passed through: PuppetDB answers it with its own 400.
 fn plan_within(
-    (request, params): (&ClientRequest, &Params),
+    request: &Arc<ParsedRequest>,
     (field, raw_value): (&str, &str),
     entity_path: &str,
     config: &Arc<Config>,
 ) -> Planned {
     let value = percent_encoding::percent_decode_str(raw_value).decode_utf8_lossy();
     let clause = serde_json::json!(["=", field, value]);
+    let params = request.params();
     let query = match params.query_text() {
         QueryText::Absent => clause,
         QueryText::Ast(ast) => crate::query::add_clause(Some(&ast), clause),
         QueryText::Pql(_) | QueryText::Malformed(_) => {
+            let target = request.target().to_owned();
             return Planned {
                 config: Arc::clone(config),
                 class: RouteClass::PassThrough,
-                target: request.target.clone(),
+                request: Arc::clone(request),
                 cache: None,
-                work: Work::Fanout(Box::new(Sequence::first_success(request.target.clone()))),
+                work: Work::Fanout(Box::new(Sequence::first_success(target))),
                 waited_out: Vec::new(),
             };
         }
@@ -224,13 +235,13 @@ fn plan_within(
     }
     let target = format!("{}/{entity_path}?{}", root::ROOT, mapped.to_query_string());
     // The route table admitted only an entity's record routes below a parent.
-    let planned = plan(&ClientRequest::get(target), config);
+    let planned = plan_parsed(&Arc::new(ParsedRequest::derived(target)), config);
     // The field names its parent: `environment` is found at `/environments/<env>`.
     let parent_path = format!("{}/{field}s/{raw_value}", root::ROOT);
     Planned {
-        // Planned again from the client's own target (after a reload, or to ask the backends the
-        // prober kept out), so the parent check comes with it.
-        target: request.target.clone(),
+        // Planned again from the client's own request (after a reload, or to ask the backends
+        // the prober kept out), so the parent check comes with it.
+        request: Arc::clone(request),
         // Stored apart from the entity route's own answer to the same query: that one is `[]`
         // where this one is a 404.
         cache: planned.cache.map(|cacheable| Cacheable {
@@ -367,18 +378,18 @@ fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<So
 /// joins the fan-out of the whole `/facts/<source_fact>` record set and is filtered from it
 /// (stored under its own key); without, the whole path's merge keeps only those records.
 fn plan_source_values(
-    (request, params, route): (&ClientRequest, &Params, &Route),
-    whole: &str,
+    (request, route): (&ParsedRequest, &Route),
+    whole: String,
     values: Vec<String>,
     config: &Arc<Config>,
 ) -> Planned {
-    let whole_request = ClientRequest::get(whole);
-    let mut planned = plan(&whole_request, config);
+    let whole_request = Arc::new(ParsedRequest::derived(whole));
+    let mut planned = plan_parsed(&whole_request, config);
     match planned.cache.take() {
         Some(shared) => {
             planned.cache = cache::cache_key(
                 route,
-                (request.path(), request.query(), params),
+                (request.path(), request.query(), request.params()),
                 &config.source_fact,
                 shared.ttl,
             )
@@ -386,24 +397,23 @@ fn plan_source_values(
                 key: own.key,
                 ttl: own.ttl,
                 flight_key: shared.flight_key,
-                fan_out_target: Some(whole.to_owned()),
+                fan_out_target: Some(whole_request.target().to_owned()),
                 value_filter: Some(values),
             });
         }
         None => {
-            let Ok(whole_route) = classify(&whole_request) else {
+            let Ok(whole_route) = whole_request.route() else {
                 return planned;
             };
             let Some(entity) = whole_route.entity() else {
                 return planned;
             };
             if let Work::Fanout(_) = planned.work {
-                let params = Params::parse(whole_request.query());
                 let plan = RecordPlan::plan(
-                    &whole_route,
+                    whole_route,
                     entity,
                     whole_request.path(),
-                    params,
+                    whole_request.params().clone(),
                     QueryText::Absent,
                     None,
                     config,
@@ -428,7 +438,7 @@ fn plan_source_values(
 pub(crate) fn plan_translated(
     translation: &[u8],
     pql: &Pql,
-    original: &str,
+    original: &Arc<ParsedRequest>,
     config: &Arc<Config>,
 ) -> Option<Planned> {
     let ast: serde_json::Value = serde_json::from_slice(translation).ok()?;
@@ -437,9 +447,11 @@ pub(crate) fn plan_translated(
         None => Planned {
             config: Arc::clone(config),
             class: Route::Root.class(),
-            target: original.to_owned(),
+            request: Arc::clone(original),
             cache: None,
-            work: Work::Fanout(Box::new(Sequence::first_success(original.to_owned()))),
+            work: Work::Fanout(Box::new(Sequence::first_success(
+                original.target().to_owned(),
+            ))),
             waited_out: Vec::new(),
         },
     })
@@ -447,23 +459,22 @@ pub(crate) fn plan_translated(
 
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
 /// cached for its class's TTL (record sets, history, combined answers: docs/caching.md).
-fn plan_query(
-    (request, params): (&ClientRequest, Params),
-    route: &Route,
-    config: &Arc<Config>,
-) -> Planned {
+fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>) -> Planned {
+    let params = request.params().clone();
     let uncached = |work| Planned {
         config: Arc::clone(config),
         class: route.class(),
-        target: request.target.clone(),
+        request: Arc::clone(request),
         cache: None,
         work,
         waited_out: Vec::new(),
     };
     match source_fact_ask(&params, route, config) {
-        Some(SourceAsk::Path(target)) => return plan(&ClientRequest::get(target), config),
+        Some(SourceAsk::Path(target)) => {
+            return plan_parsed(&Arc::new(ParsedRequest::derived(target)), config)
+        }
         Some(SourceAsk::Values { whole, values }) => {
-            return plan_source_values((request, &params, route), &whole, values, config)
+            return plan_source_values((request, route), whole, values, config)
         }
         Some(SourceAsk::Nothing) => {
             return uncached(Work::Local(Response::json(StatusCode::OK, "[]")))
@@ -474,7 +485,7 @@ fn plan_query(
         None => {}
     }
     let Some(entity) = route.entity() else {
-        let target = request.target.clone();
+        let target = request.target().to_owned();
         return uncached(Work::Fanout(Box::new(Sequence::first_success(target))));
     };
     let query = params.query_text();
@@ -516,24 +527,23 @@ fn plan_query(
             let drilldown = cacheable
                 .as_ref()
                 .and_then(|c| c.fan_out_target.as_deref())
-                .and_then(|target| Some((classify(&ClientRequest::get(target)).ok()?, target)));
-            match (plan, drilldown) {
+                .map(|target| ParsedRequest::derived(target.to_owned()));
+            match (plan, drilldown.as_ref().map(|d| (d.route(), d.path()))) {
                 (Err(response), _) => Work::Local(*response),
-                (Ok(_), Some((route, target))) => {
-                    let path = target.split('?').next().unwrap_or(target);
-                    match RecordPlan::plan(&route, entity, path, shared, query, analysis, config) {
+                (Ok(_), Some((Ok(route), path))) => {
+                    match RecordPlan::plan(route, entity, path, shared, query, analysis, config) {
                         Ok(plan) => Work::Fanout(Box::new(plan)),
                         Err(response) => Work::Local(*response),
                     }
                 }
-                (Ok(plan), None) => Work::Fanout(Box::new(plan)),
+                (Ok(plan), _) => Work::Fanout(Box::new(plan)),
             }
         }
     };
     Planned {
         config: Arc::clone(config),
         class: route.class(),
-        target: request.target.clone(),
+        request: Arc::clone(request),
         cache: cacheable,
         work,
         waited_out: Vec::new(),

@@ -13,9 +13,12 @@
 //! `_`. An entity pdbmux does not merge, a client's own `ast_only=true` and anything that is not a
 //! `from` query stay first-success pass-throughs.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::entity::Entity;
+use crate::parsed::ParsedRequest;
 use crate::query::{Params, QueryText};
 
 /// What a request on the root endpoint is.
@@ -52,7 +55,8 @@ impl Pql {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Translating {
     pub(crate) pql: Pql,
-    pub(crate) target: String,
+    /// The client's request, the root query.
+    pub(crate) request: Arc<ParsedRequest>,
 }
 
 /// The root query endpoint's path.

@@ -11,6 +11,7 @@ use bytes::Bytes;
 
 use crate::config::Config;
 use crate::message::{Response, ResponseBody};
+use crate::parsed::ParsedRequest;
 use crate::policy::Planned;
 use crate::root::{Pql, Translating};
 
@@ -31,10 +32,10 @@ impl Translations {
     pub(crate) fn planned(
         &self,
         now: Instant,
-        (pql, target): (&Pql, &str),
+        (pql, request): (&Pql, &Arc<ParsedRequest>),
         config: &Arc<Config>,
     ) -> Option<Planned> {
-        crate::policy::plan_translated(self.get(now, &pql.text)?, pql, target, config)
+        crate::policy::plan_translated(self.get(now, &pql.text)?, pql, request, config)
     }
 
     /// A translation request responded: the plan of the query it translates to (the
@@ -52,8 +53,8 @@ impl Translations {
         if !response.status.is_success() {
             return Err(Box::new(response));
         }
-        let Translating { pql, target } = translating;
-        match crate::policy::plan_translated(body, &pql, &target, config) {
+        let Translating { pql, request } = translating;
+        match crate::policy::plan_translated(body, &pql, &request, config) {
             Some(planned) => {
                 self.put(now, &pql.text, body.clone());
                 Ok(planned)

@@ -15,6 +15,7 @@ use crate::healthz::{QueryRounds, Reachability};
 use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
 use crate::membership::{MembershipMap, MembershipOutput, Ownership};
 use crate::message::{Response, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::parsed::ParsedRequest;
 use crate::policy::{Planned, Work};
 use crate::root::{Pql, Translating};
 use crate::route::RouteClass;
@@ -255,10 +256,7 @@ impl Estate {
         let planned = if Arc::ptr_eq(&planned.config, &self.config) {
             planned
         } else {
-            crate::policy::plan(
-                &crate::ClientRequest::get(planned.target.clone()),
-                &self.config,
-            )
+            planned.again(&self.config)
         };
         if matches!(planned.work, Work::Healthz) {
             return Admission::Wait(self.healthz_waiter(now));
@@ -283,7 +281,7 @@ impl Estate {
                 });
             }
             Work::Healthz => return Admission::Wait(self.healthz_waiter(now)),
-            Work::Translate(pql) => return self.translate(now, pql, planned.target, resumed),
+            Work::Translate(pql) => return self.translate(now, pql, planned.request, resumed),
             Work::Fanout(plan) => plan,
         };
         if let Some(waiter) = cacheable
@@ -323,7 +321,7 @@ impl Estate {
         let fetch = PendingFetch {
             context,
             class: planned.class,
-            target: planned.target,
+            target: planned.request.target().to_owned(),
             plan,
         };
         match cacheable {
@@ -359,17 +357,23 @@ impl Estate {
                 corrections: Arc::clone(self.membership.corrections()),
             },
             class: planned.class,
-            target: planned.target,
+            target: planned.request.target().to_owned(),
             plan,
         };
         self.answers.refresh(now, &cacheable, fetch);
     }
 
     /// PQL: planned at once from a kept translation, else the translation request to drive.
-    fn translate(&mut self, now: Instant, pql: Pql, target: String, resumed: bool) -> Admission {
+    fn translate(
+        &mut self,
+        now: Instant,
+        pql: Pql,
+        request: Arc<ParsedRequest>,
+        resumed: bool,
+    ) -> Admission {
         if let Some(planned) = self
             .translations
-            .planned(now, (&pql, &target), &self.config)
+            .planned(now, (&pql, &request), &self.config)
         {
             return self.admit_inner(now, planned, resumed);
         }
@@ -383,7 +387,7 @@ impl Estate {
         let plan = Box::new(Sequence::translation(asked.clone()));
         Admission::Translate {
             exchange: Exchange::new(now, context, (RouteClass::Root, asked), plan),
-            translating: Translating { pql, target },
+            translating: Translating { pql, request },
         }
     }
 
