@@ -974,6 +974,87 @@ fn a_backend_kept_out_ages_its_part_of_the_membership_map_and_counts_each_refres
     );
 }
 
+/// When the map places no backend at all (every first refresh failed), every backend is asked
+/// (an answer beats none) but none of them counts: ownership could not be decided, so the
+/// answer says it is partial (`0/2`) rather than passing a guess off as whole; once a refresh
+/// placed them, whole, with web2 from its owner.
+#[test]
+fn an_answer_while_the_map_places_no_backend_is_not_whole() {
+    use pdbmux_core::membership::MEMBERSHIP_QUERY;
+    let node = |certname: &str, at: &str| {
+        serde_json::json!({"certname": certname, "report_timestamp": at, "deactivated": null,
+            "expired": null, "facts_timestamp": at, "catalog_timestamp": at})
+    };
+    let a_nodes = serde_json::json!([
+        node("web1", "2024-05-01T10:00:00.000Z"),
+        node("web2", "2024-05-01T10:00:00.000Z")
+    ])
+    .to_string();
+    let b_nodes = serde_json::json!([node("web2", "2024-05-01T11:00:00.000Z")]).to_string();
+    let answering = |nodes: String| {
+        let mut memberships = 0;
+        move |asked: &Asked<'_>| {
+            let produced =
+                pdbmux_conformance::produced_query_entity(asked.path_and_query).is_some();
+            if asked.path_and_query == MEMBERSHIP_QUERY {
+                memberships += 1;
+                if memberships == 1 {
+                    return Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "busy").after(ms(3));
+                }
+            }
+            if produced {
+                let rows: Vec<Value> = serde_json::from_str::<Vec<Value>>(&nodes)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|n| {
+                        serde_json::json!({"certname": n["certname"],
+                        "producer_timestamp": n["report_timestamp"]})
+                    })
+                    .collect();
+                return Reply::ok(Value::Array(rows).to_string()).after(ms(3));
+            }
+            Reply::ok(nodes.clone()).after(ms(3))
+        }
+    };
+    let mut h = Harness::with_config(
+        vec![
+            FakeBackend::by_request("pdb-a", URL_A, answering(a_nodes)),
+            FakeBackend::by_request("pdb-b", URL_B, answering(b_nodes)),
+        ],
+        |config| {
+            config.freshness_ttl = ms(10_000);
+            config.facts_ttl = std::time::Duration::ZERO;
+        },
+    )
+    .expect("valid test backends");
+    let nodes_at = |h: &mut Harness, at_ms: u64| {
+        run_to(h, at_ms);
+        let client = h.get("/pdb/query/v4/nodes");
+        run_to(h, at_ms + 50);
+        let response = h.response(client).expect("answered");
+        let backends = response.header("x-backends").map(str::to_owned);
+        let body: Value = serde_json::from_slice(&response.body).expect("JSON");
+        (backends, body)
+    };
+    let (first, body) = nodes_at(&mut h, 0);
+    assert_eq!(first.as_deref(), Some("0/2"), "{body}");
+    let (second, body) = nodes_at(&mut h, 200);
+    assert_eq!(second.as_deref(), Some("0/2"), "{body}");
+    // Five seconds on, the map is asked again and places both.
+    nodes_at(&mut h, 5_500);
+    let (whole, body) = nodes_at(&mut h, 5_600);
+    assert_eq!(whole.as_deref(), Some("2/2"), "{body}");
+    let web2 = body
+        .as_array()
+        .and_then(|nodes| nodes.iter().find(|n| n["certname"] == "web2"))
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(
+        web2["report_timestamp"], "2024-05-01T11:00:00.000Z",
+        "{body}"
+    );
+}
+
 /// A backend whose membership the map has never placed (its first refresh failed) is left out of
 /// every answer that needs ownership until a refresh places it: a partial answer, never a whole
 /// one that guesses whose copy of its nodes is newest (web2's newer copy is pdb-b's). The map is

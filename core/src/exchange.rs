@@ -368,6 +368,8 @@ impl Exchange {
                 contributed,
                 unusable,
             } => {
+                // Backends asked only because every one in service was left out do not count.
+                let contributed = contributed.saturating_sub(self.context.uncounted.len());
                 self.mark_unusable(unusable);
                 if rounds {
                     self.report.round = Some(Round {

@@ -96,6 +96,10 @@ pub(crate) struct Context {
     pub(crate) roster: Vec<BackendId>,
     pub(crate) ownership: Option<Arc<Ownership>>,
     pub(crate) corrections: Arc<Corrections>,
+    /// Backends asked although this request leaves them out (it waited them out, or the map
+    /// never placed them): every backend in service was, and an answer beats none, but it is
+    /// not whole without them, so they do not count in `X-Backends`.
+    pub(crate) uncounted: Vec<BackendId>,
 }
 
 /// Where one call stands.

@@ -306,20 +306,8 @@ impl Estate {
         } else {
             None
         };
-        // Left out: the backends the membership refresh this request waited for did not hear
-        // from, and, when ownership decides the answer, those the map has never placed.
-        let mut left_out = planned.waited_out;
-        if ownership.is_some() {
-            left_out.extend(self.membership.unplaced());
-        }
-        let context = Context {
-            config: Arc::clone(&self.config),
-            roster: self.prober.roster_without(&left_out),
-            ownership,
-            corrections: Arc::clone(self.membership.corrections()),
-        };
         let fetch = PendingFetch {
-            context,
+            context: self.fan_out_context(ownership, planned.waited_out),
             class: planned.class,
             target: planned.request.target().to_owned(),
             plan,
@@ -350,17 +338,40 @@ impl Estate {
             None
         };
         let fetch = PendingFetch {
-            context: Context {
-                config: Arc::clone(&self.config),
-                roster: self.prober.roster(),
-                ownership,
-                corrections: Arc::clone(self.membership.corrections()),
-            },
+            context: self.fan_out_context(ownership, Vec::new()),
             class: planned.class,
             target: planned.request.target().to_owned(),
             plan,
         };
         self.answers.refresh(now, &cacheable, fetch);
+    }
+
+    /// What a fan-out runs in: the backends in service less `left_out` (those the membership
+    /// refresh a request waited for did not hear from) and, when ownership decides the answer,
+    /// less those the map has never placed. When that leaves nobody, every backend in service
+    /// is asked, but those left out do not count in the answer's `X-Backends`: without the map
+    /// nothing tells whose copy of a node is the newest, so the answer is not whole.
+    fn fan_out_context(
+        &self,
+        ownership: Option<Arc<Ownership>>,
+        mut left_out: Vec<BackendId>,
+    ) -> Context {
+        if ownership.is_some() {
+            left_out.extend(self.membership.unplaced());
+        }
+        let roster = self.prober.roster_without(&left_out);
+        let uncounted = roster
+            .iter()
+            .filter(|backend| left_out.contains(backend))
+            .copied()
+            .collect();
+        Context {
+            config: Arc::clone(&self.config),
+            roster,
+            ownership,
+            corrections: Arc::clone(self.membership.corrections()),
+            uncounted,
+        }
     }
 
     /// PQL: planned at once from a kept translation, else the translation request to drive.
@@ -383,6 +394,7 @@ impl Estate {
             roster: self.prober.roster(),
             ownership: None,
             corrections: Arc::clone(self.membership.corrections()),
+            uncounted: Vec::new(),
         };
         let plan = Box::new(Sequence::translation(asked.clone()));
         Admission::Translate {

@@ -333,6 +333,7 @@ mod tests {
             roster: vec![BackendId(0), BackendId(1)],
             ownership: Some(ownership()),
             corrections: Arc::new(Corrections::new(1)),
+            uncounted: Vec::new(),
         };
         let outbound = plan.request(BackendId(1), RESOURCE_COUNT, &context);
         let target = percent_encoding::percent_decode_str(&outbound.path_and_query)

@@ -77,6 +77,7 @@ fn plan(
             ownership.as_ref().map_or(0, |o| o.generation()),
         )),
         ownership,
+        uncounted: Vec::new(),
     };
     let first = plan.start(&context);
     Ok(TestPlan {
