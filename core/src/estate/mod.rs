@@ -292,7 +292,9 @@ impl Estate {
         }
         let ownership = if needs_ownership {
             self.refresh_membership_if_due(now);
-            if !self.membership.is_built() && !resumed {
+            // A map that places no backend (every refresh so far failed) is waited for as the
+            // first one is: nothing tells whose copy of a node is newest without it.
+            if !self.membership.places_any() && !resumed {
                 let waiter = WaiterId(self.waiter_ids.next());
                 let planned = Box::new(Planned {
                     work: Work::Fanout(plan),
@@ -329,7 +331,7 @@ impl Estate {
             return;
         };
         let ownership = if needs_ownership {
-            if !self.membership.is_built() {
+            if !self.membership.places_any() {
                 return;
             }
             self.refresh_membership_if_due(now);

@@ -138,9 +138,10 @@ impl<P> MembershipMap<P> {
         self.corrections = self.corrections.with(generation, learned);
     }
 
-    /// Whether a map was ever built (a request needing it waits for the first one).
-    pub(crate) fn is_built(&self) -> bool {
-        self.refreshed_at.is_some()
+    /// Whether the map places any backend's nodes: not before the first refresh, nor while every
+    /// refresh so far failed. A request that needs ownership waits for the next refresh then.
+    pub(crate) fn places_any(&self) -> bool {
+        (0..self.per_backend.len()).any(|backend| self.part(BackendId(backend)).is_some())
     }
 
     /// The backends whose nodes the map does not place: none of their refreshes answered yet.
@@ -163,11 +164,13 @@ impl<P> MembershipMap<P> {
     ) {
         // A backend in the roster the map has never placed is asked again sooner: answers that
         // need ownership leave it out until it is placed.
+        // A map that places nobody is refreshed whenever asked: requests wait for it.
         let unplaced = roster.iter().any(|backend| self.part(*backend).is_none());
-        let due = self.refreshed_at.is_none_or(|at| {
-            now >= at + config.freshness_ttl
-                || (unplaced && now >= at + UNPLACED_RETRY.min(config.freshness_ttl))
-        });
+        let due = !self.places_any()
+            || self.refreshed_at.is_none_or(|at| {
+                now >= at + config.freshness_ttl
+                    || (unplaced && now >= at + UNPLACED_RETRY.min(config.freshness_ttl))
+            });
         if !due || self.refresh.is_some() {
             return;
         }
