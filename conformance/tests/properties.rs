@@ -308,12 +308,13 @@ proptest! {
         }
         h.drive_bounded(STEPS).map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
         h.check_quiescent().map_err(|e| TestCaseError::fail(format!("{e}\n{}", h.transcript())))?;
-        // Liveness bound: a request may wait for one membership refresh (bounded by the
-        // timeout), then asks each backend at most once, each ask bounded by the timeout. PQL
-        // is first translated (each backend at most once, in turn), then asked as its route (a
-        // membership wait, the fan-out, one more ask of a backend whose page came up short).
+        // Liveness bound: a request may wait for two membership refreshes while the map places
+        // no backend (each bounded by the timeout), then asks each backend at most once, each
+        // ask bounded by the timeout. PQL is first translated (each backend at most once, in
+        // turn), then asked as its route (the membership waits, the fan-out, one more ask of a
+        // backend whose page came up short).
         let bound_of = |target: &str| {
-            let asks = if target.starts_with("/pdb/query/v4?") { 2 * backends + 3 } else { backends + 1 };
+            let asks = if target.starts_with("/pdb/query/v4?") { 2 * backends + 4 } else { backends + 2 };
             ms(TIMEOUT_MS) * u32::try_from(asks).unwrap_or(u32::MAX)
         };
         for id in ids {

@@ -40,6 +40,8 @@ pub struct Planned {
     /// first membership map, so that its wait and its query share one timeout (asking again
     /// would only wait again); they count as failed for this request.
     pub(crate) waited_out: Vec<crate::ids::BackendId>,
+    /// How many membership refreshes it waited for while the map placed no backend.
+    pub(crate) map_waits: u8,
 }
 
 /// What answers a planned request.
@@ -115,6 +117,7 @@ fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
         cache,
         work,
         waited_out: Vec::new(),
+        map_waits: 0,
     };
     let route = match request.route() {
         Ok(route) => route,
@@ -225,6 +228,7 @@ fn plan_within(
                 cache: None,
                 work: Work::Fanout(Box::new(Sequence::first_success(target))),
                 waited_out: Vec::new(),
+                map_waits: 0,
             };
         }
     };
@@ -453,6 +457,7 @@ pub(crate) fn plan_translated(
                 original.target().to_owned(),
             ))),
             waited_out: Vec::new(),
+            map_waits: 0,
         },
     })
 }
@@ -468,6 +473,7 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         cache: None,
         work,
         waited_out: Vec::new(),
+        map_waits: 0,
     };
     match source_fact_ask(&params, route, config) {
         Some(SourceAsk::Path(target)) => {
@@ -547,6 +553,7 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         cache: cacheable,
         work,
         waited_out: Vec::new(),
+        map_waits: 0,
     }
 }
 

@@ -28,6 +28,10 @@ mod shared_tier;
 use crate::cache::shared::{StoreAnswer, StoreId, StoreRequest};
 use answers::{finish_cached, Answers, PendingFetch};
 
+/// How many membership refreshes a request waits for while the map places no backend: the one
+/// under way when it came (begun, perhaps, before the backends came back) and one more.
+pub(crate) const MAP_WAITS: u8 = 2;
+
 /// What to do with a client request; returned by [`Estate::admit`].
 #[derive(Debug)]
 pub enum Admission {
@@ -212,14 +216,15 @@ impl Estate {
     /// Takes in a request planned with [`crate::plan`]: answers it, hands back an [`Exchange`] to
     /// drive, or registers a waiter the estate answers (or resumes) itself.
     pub fn admit(&mut self, now: Instant, planned: Planned) -> Admission {
-        let admission = self.admit_inner(now, planned, false);
+        let admission = self.admit_inner(now, planned);
         self.send_due_probes(now);
         admission
     }
 
-    /// Admits a request again after [`EstateOutput::Resume`]; it no longer waits for a refresh.
+    /// Admits a request again after [`EstateOutput::Resume`]: it waits for another refresh only
+    /// while the map still places no backend, and for two at most in all.
     pub fn readmit(&mut self, now: Instant, planned: Planned) -> Admission {
-        let admission = self.admit_inner(now, planned, true);
+        let admission = self.admit_inner(now, planned);
         self.send_due_probes(now);
         admission
     }
@@ -251,7 +256,7 @@ impl Estate {
         }
     }
 
-    fn admit_inner(&mut self, now: Instant, planned: Planned, resumed: bool) -> Admission {
+    fn admit_inner(&mut self, now: Instant, planned: Planned) -> Admission {
         // A request planned against another configuration (reloaded meanwhile) is planned again.
         let planned = if Arc::ptr_eq(&planned.config, &self.config) {
             planned
@@ -281,7 +286,9 @@ impl Estate {
                 });
             }
             Work::Healthz => return Admission::Wait(self.healthz_waiter(now)),
-            Work::Translate(pql) => return self.translate(now, pql, planned.request, resumed),
+            Work::Translate(pql) => {
+                return self.translate(now, pql, (planned.request, planned.map_waits))
+            }
             Work::Fanout(plan) => plan,
         };
         if let Some(waiter) = cacheable
@@ -294,10 +301,11 @@ impl Estate {
             self.refresh_membership_if_due(now);
             // A map that places no backend (every refresh so far failed) is waited for as the
             // first one is: nothing tells whose copy of a node is newest without it.
-            if !self.membership.places_any() && !resumed {
+            if !self.membership.places_any() && planned.map_waits < MAP_WAITS {
                 let waiter = WaiterId(self.waiter_ids.next());
                 let planned = Box::new(Planned {
                     work: Work::Fanout(plan),
+                    map_waits: planned.map_waits + 1,
                     ..planned
                 });
                 self.membership.wait(waiter, planned);
@@ -381,14 +389,19 @@ impl Estate {
         &mut self,
         now: Instant,
         pql: Pql,
-        request: Arc<ParsedRequest>,
-        resumed: bool,
+        (request, map_waits): (Arc<ParsedRequest>, u8),
     ) -> Admission {
         if let Some(planned) = self
             .translations
             .planned(now, (&pql, &request), &self.config)
         {
-            return self.admit_inner(now, planned, resumed);
+            return self.admit_inner(
+                now,
+                Planned {
+                    map_waits,
+                    ..planned
+                },
+            );
         }
         let asked = pql.translation_target();
         let context = Context {
@@ -418,7 +431,7 @@ impl Estate {
             .translations
             .learn(now, (translating, response), &self.config)
         {
-            Ok(planned) => self.admit_inner(now, planned, false),
+            Ok(planned) => self.admit_inner(now, planned),
             Err(response) => Admission::Respond(*response),
         }
     }
