@@ -13,7 +13,7 @@ use crate::error::HarnessError;
 use crate::record::{ClientId, ClientResponse, Machine, SentRequest};
 use crate::script::FakeBackend;
 use crate::setup::config_for;
-use crate::sim::{Answered, Sim, SimHeld, SimTask};
+use crate::sim::{Answered, Sim, SimTask};
 use crate::store::FakeStore;
 use crate::transcript::{body_text, headers_text, target_text, Transcript};
 
@@ -389,12 +389,13 @@ impl Drop for Harness {
 
 /// What a client's task does with its answer: reads a streamed body whole and hands the
 /// response to the harness.
-fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<SimHeld>) {
+fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
+    let mut merged = None;
     let (response, body, streamed_from) = match answer {
         ClientAnswer::Whole(response) => {
             let body = match &response.body {
                 ResponseBody::Full(bytes) => bytes.clone(),
-                ResponseBody::Upstream(_) => Bytes::new(),
+                ResponseBody::Upstream(_) | ResponseBody::Merged => Bytes::new(),
             };
             (response, body, None)
         }
@@ -402,15 +403,24 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<SimHeld>) {
             let id = body.id();
             (response, body.read(), Some(id))
         }
+        ClientAnswer::Merged {
+            response, mut body, ..
+        } => {
+            let (bytes, cut_off) = read_merged(&mut body);
+            merged = Some(cut_off);
+            (response, bytes, None)
+        }
     };
     // Every answer echoes its request id (the client's name unless a test sent one); it is
     // left out of transcripts and asserted where it is the subject (tests/correlation.rs).
     let mut shown = response.headers.clone();
     shown.remove(pdbmux_driver::REQUEST_ID);
     let headers = headers_text(&shown);
-    let body_label = match streamed_from {
-        Some(id) => format!("body=stream({id}) "),
-        None => "body=".to_owned(),
+    let body_label = match (streamed_from, &merged) {
+        (Some(id), _) => format!("body=stream({id}) "),
+        (None, Some(None)) => "body=merged ".to_owned(),
+        (None, Some(Some(why))) => format!("body=merged(cut off: {why}) "),
+        (None, None) => "body=".to_owned(),
     };
     let mut world = sim.world();
     world.log(format!(
@@ -428,8 +438,31 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<SimHeld>) {
             headers: response.headers,
             body,
             streamed_from,
+            merged,
         },
     });
+}
+
+/// Reads a streamed merge's body as far as it goes: every simulated body is whole at once, so
+/// the merge never waits. The bytes the client got, and why they stopped short, if they did.
+fn read_merged(body: &mut pdbmux_driver::MergedBody<Sim>) -> (Bytes, Option<String>) {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut out = Vec::new();
+    loop {
+        match body.poll_next(&mut cx) {
+            std::task::Poll::Ready(Some(Ok(bytes))) => out.extend_from_slice(&bytes),
+            std::task::Poll::Ready(None) => return (out.into(), None),
+            std::task::Poll::Ready(Some(Err(failure))) => {
+                return (out.into(), Some(failure.to_string()))
+            }
+            std::task::Poll::Pending => {
+                return (
+                    out.into(),
+                    Some("the merge waited on a simulated body".to_owned()),
+                )
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -64,6 +64,9 @@ pub struct ClientResponse {
     pub body: Bytes,
     /// The upstream answer whose held body was streamed, if any.
     pub streamed_from: Option<UpstreamId>,
+    /// For a streamed merge: `Some`, with why its body was cut off when it was (the client saw
+    /// a body that does not parse, and the connection end).
+    pub merged: Option<Option<String>>,
 }
 
 impl ClientResponse {

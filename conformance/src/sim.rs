@@ -599,6 +599,13 @@ impl pdbmux_driver::Task for SimTask {
 
 impl pdbmux_driver::Runtime for Sim {
     type Held = SimHeld;
+
+    fn poll_piece(
+        held: std::pin::Pin<&mut SimHeld>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<Bytes, String>>> {
+        held.get_mut().poll_piece()
+    }
     type Task = SimTask;
     type Clients = ();
 
@@ -811,6 +818,9 @@ impl Drop for SimSleep {
     }
 }
 
+/// The most a simulated held body gives a streamed merge's read at once (a socket read's worth).
+const SIM_PIECE: usize = 64 * 1024;
+
 /// An upstream body held for streaming: its bytes, read by the client's task when the
 /// response streams it; dropped unread, it is cancelled.
 pub struct SimHeld {
@@ -821,6 +831,16 @@ pub struct SimHeld {
 }
 
 impl SimHeld {
+    /// A streamed merge's read: the body in pieces of at most [`SIM_PIECE`] bytes, each ready at
+    /// once, then its end.
+    fn poll_piece(&mut self) -> Poll<Option<Result<Bytes, String>>> {
+        let piece = match self.body.as_mut() {
+            Some(body) if body.len() > SIM_PIECE => Some(body.split_to(SIM_PIECE)),
+            _ => self.body.take(),
+        };
+        Poll::Ready(piece.map(Ok))
+    }
+
     /// The upstream answer it is the body of.
     pub(crate) fn id(&self) -> UpstreamId {
         self.id

@@ -12,15 +12,17 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 
 use crate::corrections::Learned;
-use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, Verdict};
+use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, StreamStart, Verdict};
 use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::message::{
-    Purpose, Response, UpstreamBody, UpstreamFailure, UpstreamRequest, UpstreamResponse, X_BACKENDS,
+    Purpose, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest,
+    UpstreamResponse, STREAM_ABOVE_BYTES, X_BACKENDS,
 };
 use crate::route::RouteClass;
 use crate::stats::CallOutcome;
 use crate::status::{self, backend_name, Failure, Outcome, Rejection, Unusable};
+use crate::streamed::MergeStream;
 
 /// What an [`Exchange`] asks of the runtime; drain with [`Exchange::poll_output`].
 #[derive(Debug, Clone)]
@@ -30,6 +32,10 @@ pub enum ExchangeOutput {
     Send(UpstreamRequest),
     /// Abandon this upstream request (and drop a held body); its answer is no longer wanted.
     Cancel(UpstreamId),
+    /// Read the next piece of this held body and report it with
+    /// [`Exchange::handle_upstream_piece`], its end with [`Exchange::handle_upstream_end`], or
+    /// its failure with [`Exchange::handle_upstream_failure`].
+    Read(UpstreamId),
     /// Send this response to the client. Always the last output of an exchange.
     Respond(Response),
 }
@@ -78,6 +84,8 @@ pub struct Exchange {
     /// The plan as planned, kept (when some backend is out of the roster) to start again over
     /// the ones kept out.
     spare: Option<Box<dyn Plan>>,
+    /// The streamed merge the response names ([`ResponseBody::Merged`]), until taken.
+    stream: Option<Box<MergeStream>>,
     report: ExchangeReport,
 }
 
@@ -96,6 +104,7 @@ impl Exchange {
             target,
             plan,
             spare,
+            stream: None,
             calls: Calls::default(),
             ids: Counter::default(),
             outputs: VecDeque::new(),
@@ -135,6 +144,21 @@ impl Exchange {
             return;
         };
         let state = match response.body {
+            // A merge that can stream reads it (docs/merging.md, "Streamed merges").
+            UpstreamBody::Held if response.status.is_success() && self.plan.streams() => {
+                let deadline = match self.calls.0[index].state {
+                    CallState::Pending { deadline, .. } => deadline,
+                    _ => now,
+                };
+                CallState::Reading {
+                    id,
+                    status: response.status,
+                    headers: response.headers,
+                    pieces: Vec::new(),
+                    asked: false,
+                    deadline,
+                }
+            }
             UpstreamBody::Held if response.status.is_success() => CallState::Held {
                 id,
                 status: response.status,
@@ -164,14 +188,58 @@ impl Exchange {
         self.progress(now);
     }
 
-    /// An upstream request failed without an answer.
+    /// The next piece of a held body this exchange asked to read ([`ExchangeOutput::Read`]).
+    pub fn handle_upstream_piece(&mut self, now: Instant, id: UpstreamId, piece: Bytes) {
+        let Some(index) = self.reading(id) else {
+            return;
+        };
+        if let CallState::Reading { pieces, asked, .. } = &mut self.calls.0[index].state {
+            *asked = false;
+            if !piece.is_empty() {
+                pieces.push(piece);
+            }
+        }
+        self.progress(now);
+    }
+
+    /// The end of a held body this exchange was reading: the call's answer is whole.
+    pub fn handle_upstream_end(&mut self, now: Instant, id: UpstreamId) {
+        let Some(index) = self.reading(id) else {
+            return;
+        };
+        let call = &mut self.calls.0[index];
+        if let CallState::Reading {
+            status,
+            headers,
+            pieces,
+            ..
+        } = std::mem::replace(
+            &mut call.state,
+            CallState::Done(Outcome::Failed(Failure::HeldBody(StatusCode::OK))),
+        ) {
+            let body = match pieces.as_slice() {
+                [one] => one.clone(),
+                _ => Bytes::from(pieces.concat()),
+            };
+            call.state = CallState::Done(outcome_of(status, headers, body));
+        }
+        self.progress(now);
+    }
+
+    /// The streamed merge the response names ([`ResponseBody::Merged`]); `None` before the
+    /// exchange responded so, and after it was taken.
+    pub fn take_stream(&mut self) -> Option<MergeStream> {
+        self.stream.take().map(|stream| *stream)
+    }
+
+    /// An upstream request failed without an answer, or a held body being read failed.
     pub fn handle_upstream_failure(
         &mut self,
         now: Instant,
         id: UpstreamId,
         failure: UpstreamFailure,
     ) {
-        let Some(index) = self.pending(id) else {
+        let Some(index) = self.pending(id).or_else(|| self.reading(id)) else {
             return;
         };
         // Over a memory budget: the request is refused whole, whatever the other backends
@@ -197,12 +265,15 @@ impl Exchange {
         }
         let mut expired = false;
         for call in &mut self.calls.0 {
-            if let CallState::Pending { id, deadline } = call.state {
-                if deadline <= now {
-                    self.outputs.push_back(ExchangeOutput::Cancel(id));
-                    call.state = CallState::Done(Outcome::Failed(UpstreamFailure::Timeout.into()));
-                    expired = true;
-                }
+            let (CallState::Pending { id, deadline } | CallState::Reading { id, deadline, .. }) =
+                call.state
+            else {
+                continue;
+            };
+            if deadline <= now {
+                self.outputs.push_back(ExchangeOutput::Cancel(id));
+                call.state = CallState::Done(Outcome::Failed(UpstreamFailure::Timeout.into()));
+                expired = true;
             }
         }
         if expired {
@@ -225,7 +296,9 @@ impl Exchange {
             .0
             .iter()
             .filter_map(|call| match call.state {
-                CallState::Pending { deadline, .. } => Some(deadline),
+                CallState::Pending { deadline, .. } | CallState::Reading { deadline, .. } => {
+                    Some(deadline)
+                }
                 _ => None,
             })
             .min()
@@ -256,6 +329,16 @@ impl Exchange {
         )
     }
 
+    /// The call whose held body is being read under `id`, if this exchange still wants it.
+    fn reading(&self, id: UpstreamId) -> Option<usize> {
+        if self.finished {
+            return None;
+        }
+        self.calls.0.iter().position(
+            |call| matches!(call.state, CallState::Reading { id: reading, .. } if reading == id),
+        )
+    }
+
     fn send(&mut self, now: Instant, backend: BackendId, part: usize) {
         let outbound = self.plan.request(backend, part, &self.context);
         let id = UpstreamId(self.ids.next());
@@ -282,6 +365,9 @@ impl Exchange {
 
     fn progress(&mut self, now: Instant) {
         if self.finished {
+            return;
+        }
+        if self.read_on() {
             return;
         }
         match self.plan.progress(&self.calls, &self.context) {
@@ -347,6 +433,130 @@ impl Exchange {
         }
         for (backend, part) in first {
             self.send(now, backend, part);
+        }
+    }
+
+    /// Reads the held bodies of a merge that can stream: each is asked piece by piece while
+    /// they hold at most [`STREAM_ABOVE_BYTES`] together. Past it, once every call has its head,
+    /// each body its first piece and no read is outstanding, the merge streams (and the exchange
+    /// responds): `true` then.
+    fn read_on(&mut self) -> bool {
+        let mut read = 0;
+        let mut outstanding = false;
+        for call in &self.calls.0 {
+            match &call.state {
+                CallState::Reading { pieces, asked, .. } => {
+                    read += pieces.iter().map(Bytes::len).sum::<usize>();
+                    outstanding |= *asked;
+                }
+                CallState::Done(Outcome::Success { body, .. }) => read += body.len(),
+                _ => {}
+            }
+        }
+        let over = read > STREAM_ABOVE_BYTES;
+        let mut unread = false;
+        for call in &mut self.calls.0 {
+            if let CallState::Reading {
+                id, asked, pieces, ..
+            } = &mut call.state
+            {
+                // Past the threshold, each body's first piece is still read: a body that is not
+                // JSON from its first bytes is found before the first byte leaves.
+                if !*asked && (!over || pieces.is_empty()) {
+                    *asked = true;
+                    unread = true;
+                    self.outputs.push_back(ExchangeOutput::Read(*id));
+                }
+            }
+        }
+        if !over || unread || outstanding {
+            return false;
+        }
+        let heads_known = !self
+            .calls
+            .0
+            .iter()
+            .any(|call| matches!(call.state, CallState::Pending { .. }));
+        heads_known && self.stream_merge()
+    }
+
+    /// Starts the plan's streamed merge over what was read so far, and responds with it: the
+    /// head as a buffered merge's (`X-Backends`, the round), the body [`ResponseBody::Merged`].
+    /// A backend whose first bytes are not a JSON array of objects is unusable (D7) and the
+    /// merge starts again without it; `false` when no body is left to stream.
+    fn stream_merge(&mut self) -> bool {
+        loop {
+            let Some(StreamStart {
+                mut merge,
+                inputs,
+                excused,
+            }) = self.plan.stream_start(&self.context)
+            else {
+                return false;
+            };
+            let mut bodies = Vec::new();
+            let mut contributed = excused;
+            let mut broken = None;
+            for (input, &(backend, part)) in inputs.iter().enumerate() {
+                let state = self.calls.get(backend, part).map(|call| &call.state);
+                let fed = match state {
+                    Some(CallState::Reading { id, pieces, .. }) => {
+                        bodies.push((input, *id));
+                        pieces.iter().try_for_each(|piece| merge.push(input, piece))
+                    }
+                    Some(CallState::Done(Outcome::Success { body, .. })) => {
+                        merge.push(input, body).and_then(|()| merge.end(input))
+                    }
+                    _ => {
+                        merge.skip(input);
+                        continue;
+                    }
+                };
+                match fed {
+                    Ok(()) => contributed += 1,
+                    Err(error) => {
+                        broken = Some((backend, part, error));
+                        break;
+                    }
+                }
+            }
+            if let Some((backend, part, error)) = broken {
+                let unusable = Unusable::Unparseable(error.to_string());
+                if let Some(call) = self
+                    .calls
+                    .0
+                    .iter_mut()
+                    .find(|call| call.backend == backend && call.part == part)
+                {
+                    if let CallState::Reading { id, .. } = call.state {
+                        self.outputs.push_back(ExchangeOutput::Cancel(id));
+                    }
+                    call.state = CallState::Done(Outcome::Failed(unusable.into()));
+                }
+                let reading = self
+                    .calls
+                    .0
+                    .iter()
+                    .any(|call| matches!(call.state, CallState::Reading { .. }));
+                if !reading {
+                    return false;
+                }
+                continue;
+            }
+            for call in &mut self.calls.0 {
+                if let CallState::Reading { pieces, .. } = &mut call.state {
+                    pieces.clear();
+                }
+            }
+            self.stream = Some(Box::new(MergeStream::new(merge, bodies)));
+            let mut response = Response::json(StatusCode::OK, "");
+            response.body = ResponseBody::Merged;
+            self.finish(Verdict::Merged {
+                response,
+                contributed,
+                unusable: Vec::new(),
+            });
+            return true;
         }
     }
 
@@ -443,6 +653,15 @@ impl Exchange {
                 // A held body that is not the answer is released.
                 CallState::Held { id, .. }
                     if response.body != crate::message::ResponseBody::Upstream(id) =>
+                {
+                    self.outputs.push_back(ExchangeOutput::Cancel(id));
+                }
+                // So is one being read that no streamed merge goes on reading.
+                CallState::Reading { id, .. }
+                    if !self
+                        .stream
+                        .as_ref()
+                        .is_some_and(|stream| stream.bodies().iter().any(|(_, b)| *b == id)) =>
                 {
                     self.outputs.push_back(ExchangeOutput::Cancel(id));
                 }

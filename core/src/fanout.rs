@@ -100,6 +100,9 @@ pub(crate) struct Context {
     /// never placed them): every backend in service was, and an answer beats none, but it is
     /// not whole without them, so they do not count in `X-Backends`.
     pub(crate) uncounted: Vec<BackendId>,
+    /// Whether the answer may be streamed: it goes to this request's client alone (a flight's
+    /// answer is shared and cached whole).
+    pub(crate) may_stream: bool,
 }
 
 /// Where one call stands.
@@ -115,6 +118,16 @@ pub(crate) enum CallState {
         id: UpstreamId,
         status: StatusCode,
         headers: HeaderMap,
+    },
+    /// A 2xx whose held body is being read for a merge that can stream: the pieces so far,
+    /// whether a read is asked and not answered yet, and when the body must be whole.
+    Reading {
+        id: UpstreamId,
+        status: StatusCode,
+        headers: HeaderMap,
+        pieces: Vec<Bytes>,
+        asked: bool,
+        deadline: std::time::Instant,
     },
     /// Over.
     Done(Outcome),
@@ -135,11 +148,14 @@ pub(crate) struct Call {
 pub(crate) struct Calls(pub(crate) Vec<Call>);
 
 impl Calls {
-    /// Whether every call has an answer.
+    /// Whether every call has an answer (a body being read has not yet).
     pub(crate) fn all_done(&self) -> bool {
-        self.0
-            .iter()
-            .all(|call| !matches!(call.state, CallState::Pending { .. }))
+        self.0.iter().all(|call| {
+            !matches!(
+                call.state,
+                CallState::Pending { .. } | CallState::Reading { .. }
+            )
+        })
     }
 
     /// The call to `backend` for `part`, if one was made.
@@ -225,6 +241,20 @@ pub(crate) trait Plan: fmt::Debug + Send {
         false
     }
 
+    /// Whether its record calls are asked with held bodies, read whole up to
+    /// [`crate::STREAM_ABOVE_BYTES`] and streamed past it (docs/merging.md, "Streamed merges");
+    /// known once [`Plan::start`] ran.
+    fn streams(&self) -> bool {
+        false
+    }
+
+    /// The streamed merge of its record calls, when [`Plan::streams`]: the merge over the
+    /// backends asked (its inputs, in order) and how many backends the answer counts beyond
+    /// those that answered (those it did not need to ask).
+    fn stream_start(&self, _context: &Context) -> Option<StreamStart> {
+        None
+    }
+
     /// A copy of this plan as it was planned, to ask the backends the prober kept out when every
     /// backend in service failed (fail open). The exchange takes it before [`Plan::start`], and
     /// only when some backend is kept out, so the request is never planned again from its target.
@@ -244,6 +274,17 @@ pub(crate) trait Plan: fmt::Debug + Send {
     fn learned(&self, _calls: &Calls) -> Vec<Learned> {
         Vec::new()
     }
+}
+
+/// The start of a streamed merge ([`Plan::stream_start`]).
+#[derive(Debug)]
+pub(crate) struct StreamStart {
+    /// The merge, one input per backend in `inputs`.
+    pub(crate) merge: crate::streamed::OwnedStream,
+    /// The record calls that feed it, `(backend, part)`, in input order.
+    pub(crate) inputs: Vec<(BackendId, usize)>,
+    /// Backends the answer counts without asking them.
+    pub(crate) excused: usize,
 }
 
 /// Every backend in the roster, part 0: the first round of a plan that asks everyone once.

@@ -68,6 +68,7 @@ mod sequence;
 mod sort;
 pub mod stats;
 mod status;
+mod streamed;
 mod translations;
 
 pub use clock::ClockAnchor;
@@ -79,10 +80,11 @@ pub use ids::{BackendId, FlightId, UpstreamId, WaiterId};
 pub use message::{
     BodyMode, ClientRequest, ConnectCause, Purpose, Response, ResponseBody, UpstreamBody,
     UpstreamFailure, UpstreamRequest, UpstreamResponse, HELD_ABOVE_BYTES, JSON_CONTENT_TYPE,
-    TEXT_CONTENT_TYPE, X_BACKENDS, X_RECORDS,
+    STREAM_ABOVE_BYTES, TEXT_CONTENT_TYPE, X_BACKENDS, X_RECORDS,
 };
 pub use policy::{plan, Planned};
 pub use records::{check_json, MAX_DEPTH as MAX_JSON_DEPTH};
 pub use root::Translating;
 pub use route::RouteClass;
 pub use sequence::forwarded_headers;
+pub use streamed::{MergeBroken, MergeStream};

@@ -72,6 +72,13 @@ pub enum BodyMode {
 /// once its first bytes went out (docs/reliability.md).
 pub const HELD_ABOVE_BYTES: u64 = 256 * 1024;
 
+/// A merge that can stream reads its backends' held bodies whole while they hold at most this
+/// many bytes together, and merges them as a buffered answer; past it, the merge streams
+/// (docs/merging.md, "Streamed merges"). Below it a backend failing mid-body still leaves a
+/// partial answer, and the answer is cached and shared like any other; 8 MiB is a few thousand
+/// nodes' facts, a small part of the per-request budget, and reads in tens of milliseconds.
+pub const STREAM_ABOVE_BYTES: usize = 8 * 1024 * 1024;
+
 impl BodyMode {
     /// Whether the runtime holds an answer with this status and declared `Content-Length`
     /// (`None` for chunked) for streaming, rather than reading it whole. Use it in every
@@ -299,6 +306,9 @@ pub enum ResponseBody {
     Full(Bytes),
     /// Stream the held body of this upstream answer, verbatim, until its end or its deadline.
     Upstream(UpstreamId),
+    /// A streamed merge: the bytes [`crate::MergeStream`] writes as it is fed the held bodies
+    /// it names (take it with [`crate::Exchange::take_stream`]), until their end or the deadline.
+    Merged,
 }
 
 /// A response to a client.
@@ -353,7 +363,7 @@ impl Response {
     pub fn full_body(&self) -> Option<&Bytes> {
         match &self.body {
             ResponseBody::Full(bytes) => Some(bytes),
-            ResponseBody::Upstream(_) => None,
+            ResponseBody::Upstream(_) | ResponseBody::Merged => None,
         }
     }
 }

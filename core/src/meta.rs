@@ -99,7 +99,9 @@ impl Plan for FirstInOrder {
     fn progress(&mut self, calls: &Calls, _context: &Context) -> Step {
         for call in &calls.0 {
             match &call.state {
-                CallState::Pending { .. } | CallState::Held { .. } => return Step::Wait,
+                CallState::Pending { .. } | CallState::Held { .. } | CallState::Reading { .. } => {
+                    return Step::Wait
+                }
                 CallState::Done(Outcome::Success {
                     status,
                     headers,

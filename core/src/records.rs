@@ -307,6 +307,49 @@ fn parse_objects<'a, const N: usize>(
     Some(records)
 }
 
+/// Reads the object at the start of `bytes` (after whitespace), one element of an array arriving
+/// in pieces, with the fields `names`: the record and the index just past its `}`. `Ok(None)`
+/// when `bytes` ends inside it (more is to come); an error when it is not a JSON object (or
+/// nests too deep, as in [`parse_picked`]).
+pub fn read_object<'a, const N: usize>(
+    bytes: &'a [u8],
+    names: &[&str; N],
+) -> Result<Option<(Picked<'a, N>, usize)>, serde_json::Error> {
+    let lost = || de::Error::custom("record position not recovered");
+    let start = bytes
+        .iter()
+        .position(|&byte| !is_json_space(byte))
+        .unwrap_or(bytes.len());
+    let mut deserializer = serde_json::Deserializer::from_slice(&bytes[start..]);
+    let (fields, last) = match (ObjectSeed { names }).deserialize(&mut deserializer) {
+        Ok(read) => read,
+        Err(error) if error.is_eof() => return Ok(None),
+        Err(error) => return Err(error),
+    };
+    let base = bytes.as_ptr() as usize;
+    let after_last = match last {
+        Some(value) => {
+            (value.get().as_ptr() as usize)
+                .checked_sub(base)
+                .filter(|offset| *offset > start && *offset < bytes.len())
+                .ok_or_else(lost)?
+                + value.get().len()
+        }
+        None => start + 1,
+    };
+    let close = bytes
+        .get(after_last..)
+        .and_then(|rest| rest.iter().position(|&byte| !is_json_space(byte)))
+        .map(|offset| after_last + offset)
+        .ok_or_else(lost)?;
+    let text = bytes
+        .get(start..=close)
+        .and_then(|text| std::str::from_utf8(text).ok())
+        .filter(|text| text.starts_with('{') && text.ends_with('}'))
+        .ok_or_else(lost)?;
+    Ok(Some((Picked { text, fields }, close + 1)))
+}
+
 /// Whitespace as JSON defines it.
 fn is_json_space(byte: u8) -> bool {
     matches!(byte, b' ' | b'\t' | b'\n' | b'\r')

@@ -146,7 +146,8 @@ impl Plan for Sequence {
                 return Step::Call(vec![(*backend, 0)]);
             };
             match &call.state {
-                CallState::Pending { .. } => return Step::Wait,
+                // Only a merge reads held bodies.
+                CallState::Pending { .. } | CallState::Reading { .. } => return Step::Wait,
                 CallState::Held {
                     id,
                     status,

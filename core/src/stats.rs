@@ -179,7 +179,10 @@ impl CallOutcome {
     pub(crate) fn of_call(state: &CallState) -> CallOutcome {
         match state {
             CallState::Pending { .. } => CallOutcome::Cancelled,
-            CallState::Held { .. } | CallState::Done(Outcome::Success { .. }) => CallOutcome::Ok,
+            // A body being read when the answer streamed went on to the client.
+            CallState::Held { .. }
+            | CallState::Reading { .. }
+            | CallState::Done(Outcome::Success { .. }) => CallOutcome::Ok,
             CallState::Done(Outcome::Rejected(rejection)) => {
                 CallOutcome::of_status(rejection.status)
             }

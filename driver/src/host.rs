@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::future::{self, Future};
 use std::panic::AssertUnwindSafe;
-use std::pin::pin;
+use std::pin::{pin, Pin};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::task::Poll;
@@ -31,8 +31,9 @@ use crate::{Metrics, Timings, UpstreamResult};
 
 /// What a runtime gives the estate host.
 pub trait Runtime: Send + Sync + 'static {
-    /// An upstream body held open for streaming to the client.
-    type Held: Send + 'static;
+    /// An upstream body held open for streaming to the client, or read piece by piece into a
+    /// streamed merge.
+    type Held: Unpin + Send + 'static;
     /// A spawned task.
     type Task: Task;
     /// The upstream clients of one configuration (its backends' pools and TLS settings).
@@ -64,6 +65,13 @@ pub trait Runtime: Send + Sync + 'static {
         request: UpstreamRequest,
         budget: BodyBudget,
     ) -> impl Future<Output = UpstreamResult<Self::Held>> + Send;
+
+    /// Polls for the next piece of a held body a streamed merge reads: `None` at its end, or
+    /// why it failed (its connection broke, it went over `max_body_bytes`).
+    fn poll_piece(
+        held: Pin<&mut Self::Held>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<bytes::Bytes, String>>>;
 
     /// Resolves at `deadline`.
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send;
@@ -103,7 +111,7 @@ pub trait Runtime: Send + Sync + 'static {
 }
 
 /// The answer to a client, as a runtime writes it.
-pub enum ClientAnswer<H> {
+pub enum ClientAnswer<R: Runtime> {
     /// A whole body (in the response).
     Whole(Response),
     /// A response whose body is the held upstream body, to stream until `deadline`.
@@ -111,15 +119,24 @@ pub enum ClientAnswer<H> {
         /// Status and headers (its body is [`ResponseBody::Upstream`]).
         response: Response,
         /// The upstream body.
-        body: H,
+        body: R::Held,
+        /// When the body must be complete.
+        deadline: Instant,
+    },
+    /// A response whose body is a streamed merge, to stream until `deadline`.
+    Merged {
+        /// Status and headers (its body is [`ResponseBody::Merged`]).
+        response: Response,
+        /// The merge and the upstream bodies that feed it.
+        body: crate::MergedBody<R>,
         /// When the body must be complete.
         deadline: Instant,
     },
 }
 
-impl<H> ClientAnswer<H> {
+impl<R: Runtime> ClientAnswer<R> {
     /// A whole answer of the runtime's own, with the headers every answer ends with.
-    pub fn whole(mut response: Response) -> ClientAnswer<H> {
+    pub fn whole(mut response: Response) -> ClientAnswer<R> {
         crate::http1::finish_response_headers(&mut response.headers);
         ClientAnswer::Whole(response)
     }
@@ -132,7 +149,7 @@ impl<H> ClientAnswer<H> {
         request: Option<(&http::Method, &str)>,
         status: http::StatusCode,
         why: &str,
-    ) -> ClientAnswer<H> {
+    ) -> ClientAnswer<R> {
         let mut answer = ClientAnswer::whole(Response::text(status, format!("pdbmux: {why}")));
         answer.echo_request_id(context);
         let (method, target) = request.map_or(("-".to_owned(), "-"), |(m, t)| (m.to_string(), t));
@@ -161,16 +178,25 @@ impl<H> ClientAnswer<H> {
 
     /// Pairs a response with the held body it names; one whose body went missing (a contract
     /// violation) becomes a 502.
-    fn of((mut response, held): (Response, Option<(H, Instant)>)) -> ClientAnswer<H> {
+    fn of((mut response, streamed): (Response, Option<crate::Streamed<R>>)) -> ClientAnswer<R> {
         crate::http1::finish_response_headers(&mut response.headers);
-        match (&response.body, held) {
-            (ResponseBody::Upstream(_), Some((body, deadline))) => ClientAnswer::Streamed {
-                response,
-                body,
-                deadline,
-            },
-            (ResponseBody::Upstream(id), None) => {
-                tracing::error!("no held body for upstream {id}; answering 502");
+        match (&response.body, streamed) {
+            (ResponseBody::Upstream(_), Some(crate::Streamed::Upstream(body, deadline))) => {
+                ClientAnswer::Streamed {
+                    response,
+                    body,
+                    deadline,
+                }
+            }
+            (ResponseBody::Merged, Some(crate::Streamed::Merged(body, deadline))) => {
+                ClientAnswer::Merged {
+                    response,
+                    body,
+                    deadline,
+                }
+            }
+            (ResponseBody::Upstream(_) | ResponseBody::Merged, _) => {
+                tracing::error!("no held body for a streamed response; answering 502");
                 ClientAnswer::whole(Response::text(
                     http::StatusCode::BAD_GATEWAY,
                     "pdbmux: upstream body lost",
@@ -183,15 +209,17 @@ impl<H> ClientAnswer<H> {
     /// The status and headers.
     pub fn response(&self) -> &Response {
         match self {
-            ClientAnswer::Whole(response) | ClientAnswer::Streamed { response, .. } => response,
+            ClientAnswer::Whole(response)
+            | ClientAnswer::Streamed { response, .. }
+            | ClientAnswer::Merged { response, .. } => response,
         }
     }
 
     fn headers_mut(&mut self) -> &mut http::HeaderMap {
         match self {
-            ClientAnswer::Whole(response) | ClientAnswer::Streamed { response, .. } => {
-                &mut response.headers
-            }
+            ClientAnswer::Whole(response)
+            | ClientAnswer::Streamed { response, .. }
+            | ClientAnswer::Merged { response, .. } => &mut response.headers,
         }
     }
 }
@@ -214,11 +242,11 @@ struct AccessLine<'a> {
 
 impl<'a> AccessLine<'a> {
     /// The line of an answered request.
-    fn of_answer<H>(
+    fn of_answer<R: Runtime>(
         request: &'a ClientRequest,
         context: &'a ClientContext,
         route: pdbmux_core::RouteClass,
-        answer: &ClientAnswer<H>,
+        answer: &ClientAnswer<R>,
         took: std::time::Duration,
     ) -> AccessLine<'a> {
         let response = answer.response();
@@ -234,7 +262,9 @@ impl<'a> AccessLine<'a> {
         let why = if response.status.is_server_error() {
             match &response.body {
                 ResponseBody::Full(body) => Some(reason_of(body)),
-                ResponseBody::Upstream(_) => Some("a backend's error, streamed".to_owned()),
+                ResponseBody::Upstream(_) | ResponseBody::Merged => {
+                    Some("a backend's error, streamed".to_owned())
+                }
             }
         } else if pdbmux_core::Coverage::of(response) == pdbmux_core::Coverage::Partial {
             Some(format!("partial: {backends} backends answered"))
@@ -618,7 +648,7 @@ impl<R: Runtime> EstateHost<R> {
         self: &Arc<Self>,
         request: &ClientRequest,
         context: &ClientContext,
-    ) -> ClientAnswer<R::Held> {
+    ) -> ClientAnswer<R> {
         let span = tracing::info_span!("request", id = %context.request_id);
         let (mut answer, class, took) =
             self.answer_in_span(request, context).instrument(span).await;
@@ -635,7 +665,7 @@ impl<R: Runtime> EstateHost<R> {
         request: &ClientRequest,
         context: &ClientContext,
     ) -> (
-        ClientAnswer<R::Held>,
+        ClientAnswer<R>,
         pdbmux_core::RouteClass,
         std::time::Duration,
     ) {
@@ -670,7 +700,7 @@ impl<R: Runtime> EstateHost<R> {
         context: &ClientContext,
         planned: Planned,
         timings: &mut Timings,
-    ) -> (Response, Option<(R::Held, Instant)>) {
+    ) -> (Response, Option<crate::Streamed<R>>) {
         let mut admission = self.admit_with(Some(context), |estate| {
             estate.admit(self.runtime.now(), planned)
         });

@@ -28,6 +28,7 @@ mod host;
 pub mod http1;
 mod json_check;
 mod lifecycle;
+mod merged;
 mod metrics;
 #[cfg(target_os = "linux")]
 mod process;
@@ -40,6 +41,7 @@ pub use context::{ClientContext, REQUEST_ID, TRACEPARENT};
 pub use host::{ClientAnswer, EstateHost, Runtime, Task, TaskRole};
 pub use json_check::{CheckedStream, NotJson, StreamFailure, StreamedBody};
 pub use lifecycle::StartError;
+pub use merged::MergedBody;
 pub use metrics::{Build, ConnectionGuard, Metrics, SentBytes};
 pub use redis_store::{prefer_runtime, Clients};
 pub(crate) use timing::Timings;
@@ -49,26 +51,37 @@ use futures_util::stream::{FuturesUnordered, StreamExt};
 use pdbmux_core::{
     Exchange, ExchangeOutput, Response, ResponseBody, UpstreamFailure, UpstreamId, UpstreamResponse,
 };
+use std::pin::Pin;
 
 /// One upstream answer as a runtime's client gives it: the response, and its body still held
 /// (unread) when the core asked to stream it.
 pub type UpstreamResult<H> = Result<(UpstreamResponse, Option<H>), UpstreamFailure>;
 
-/// Drives `exchange` to its response on the current task, with the held upstream body (and the
-/// instant it must be complete by) when the response streams one. Upstream requests run
-/// concurrently inside this future; dropping it (client gone, flight cancelled) drops them all and
-/// releases their connections. Each call's time and the core's own work go into `timings`.
+/// A response's streamed body, as [`drive`] hands it on, with the instant it must be complete by.
+pub(crate) enum Streamed<R: Runtime> {
+    /// A held upstream body, verbatim ([`ResponseBody::Upstream`]).
+    Upstream(R::Held, Instant),
+    /// A streamed merge ([`ResponseBody::Merged`]).
+    Merged(MergedBody<R>, Instant),
+}
+
+/// Drives `exchange` to its response on the current task, with its streamed body when it has
+/// one. Upstream requests (and the reads of held bodies a merge asks for) run concurrently
+/// inside this future; dropping it (client gone, flight cancelled) drops them all and releases
+/// their connections. Each call's time and the core's own work go into `timings`.
 pub(crate) async fn drive<R: Runtime>(
     bound: &host::Bound<'_, R>,
     mut exchange: Exchange,
     timings: &mut Timings,
-) -> (Response, Option<(R::Held, Instant)>) {
+) -> (Response, Option<Streamed<R>>) {
     if let Some(refusal) = bound.refusal() {
         return (refusal, None);
     }
     let mut in_flight = FuturesUnordered::new();
     let mut aborts: BTreeMap<UpstreamId, AbortHandle> = BTreeMap::new();
     let mut held: BTreeMap<UpstreamId, (R::Held, Instant)> = BTreeMap::new();
+    // Reads of held bodies under way: each owns its body until its piece arrives.
+    let mut reads = FuturesUnordered::new();
     let mut deadlines: BTreeMap<UpstreamId, Instant> = BTreeMap::new();
     // Calls in flight: their backend and when they were sent (an abandoned one is timed too).
     let mut sent: BTreeMap<UpstreamId, (pdbmux_core::BackendId, Instant)> = BTreeMap::new();
@@ -87,6 +100,15 @@ pub(crate) async fn drive<R: Runtime>(
                         registration,
                     ));
                 }
+                ExchangeOutput::Read(id) => {
+                    if let Some((mut body, deadline)) = held.remove(&id) {
+                        reads.push(async move {
+                            let piece =
+                                future::poll_fn(|cx| R::poll_piece(Pin::new(&mut body), cx)).await;
+                            (id, body, deadline, piece)
+                        });
+                    }
+                }
                 ExchangeOutput::Cancel(id) => {
                     if let Some(handle) = aborts.remove(&id) {
                         handle.abort();
@@ -100,7 +122,23 @@ pub(crate) async fn drive<R: Runtime>(
                 }
                 ExchangeOutput::Respond(response) => {
                     let stream = match &response.body {
-                        ResponseBody::Upstream(id) => held.remove(id),
+                        ResponseBody::Upstream(id) => held
+                            .remove(id)
+                            .map(|(body, deadline)| Streamed::Upstream(body, deadline)),
+                        ResponseBody::Merged => exchange.take_stream().map(|stream| {
+                            let mut deadline = None;
+                            let bodies = stream
+                                .bodies()
+                                .iter()
+                                .filter_map(|(input, id)| {
+                                    let (body, until) = held.remove(id)?;
+                                    deadline = deadline.max(Some(until));
+                                    Some((*input, body))
+                                })
+                                .collect();
+                            let deadline = deadline.unwrap_or_else(|| bound.now());
+                            Streamed::Merged(MergedBody::new(stream, bodies), deadline)
+                        }),
                         ResponseBody::Full(_) => None,
                     };
                     bound.report(exchange.report());
@@ -116,13 +154,38 @@ pub(crate) async fn drive<R: Runtime>(
                 None => future::pending().await,
             }
         });
+        let read = pin!(async {
+            match reads.next().await {
+                Some(read) => read,
+                None => future::pending().await,
+            }
+        });
         let timer = pin!(async {
             match deadline {
                 Some(deadline) => bound.sleep_until(deadline).await,
                 None => future::pending().await,
             }
         });
-        match future::select(answered, timer).await {
+        let event = match future::select(read, future::select(answered, timer)).await {
+            Either::Left(((id, body, deadline, piece), _)) => {
+                let now = bound.now();
+                let work = Instant::now();
+                match piece {
+                    Some(Ok(piece)) => {
+                        held.insert(id, (body, deadline));
+                        exchange.handle_upstream_piece(now, id, piece);
+                    }
+                    None => exchange.handle_upstream_end(now, id),
+                    Some(Err(error)) => {
+                        exchange.handle_upstream_failure(now, id, UpstreamFailure::Transport(error))
+                    }
+                }
+                timings.core(work.elapsed());
+                continue;
+            }
+            Either::Right((event, _)) => event,
+        };
+        match event {
             Either::Left((Ok((id, backend, sent_at, result)), _)) => {
                 aborts.remove(&id);
                 sent.remove(&id);

@@ -10,11 +10,12 @@ use bytes::{Buf, Bytes};
 use pdbmux_core::UpstreamFailure;
 use pdbmux_driver::budget::BodyBudget;
 use pdbmux_driver::upstream::BodyLimit;
-use pdbmux_driver::{StreamFailure, StreamedBody};
+use pdbmux_driver::{MergedBody, StreamFailure, StreamedBody};
 use smol::io::{AsyncBufRead, AsyncRead, AsyncReadExt};
 use smol::Timer;
 
 use crate::pool::Lease;
+use crate::runtime::Smol;
 
 /// The body went over `max_body_bytes`; carried inside an `io::Error`.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,8 @@ pub struct HeldBody {
     read: u64,
     limit: u64,
     length: Option<u64>,
+    /// Where a streamed merge's reads land ([`poll_piece`]), made at the first.
+    scratch: Option<Box<[u8]>>,
 }
 
 impl HeldBody {
@@ -44,6 +47,7 @@ impl HeldBody {
             read: 0,
             limit,
             length,
+            scratch: None,
         }
     }
 
@@ -189,6 +193,100 @@ impl Deadlined {
             };
         }
         Poll::Ready(Ok(()))
+    }
+}
+
+/// The next piece of a held body a streamed merge reads.
+pub fn poll_piece(
+    held: Pin<&mut HeldBody>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Bytes, String>>> {
+    let this = held.get_mut();
+    let mut scratch = this
+        .scratch
+        .take()
+        .unwrap_or_else(|| vec![0; READ_SIZE].into_boxed_slice());
+    let piece = match Pin::new(&mut *this).poll_read(cx, &mut scratch) {
+        Poll::Pending => Poll::Pending,
+        Poll::Ready(Ok(0)) => Poll::Ready(None),
+        Poll::Ready(Ok(n)) => Poll::Ready(Some(Ok(Bytes::copy_from_slice(&scratch[..n])))),
+        Poll::Ready(Err(error)) => Poll::Ready(Some(Err(error.to_string()))),
+    };
+    this.scratch = Some(scratch);
+    piece
+}
+
+/// A streamed merge of held bodies as the encoder reads it ([`MergedBody`]): its failure, or
+/// `deadline` passing first, is an error, so the client connection is aborted rather than sent
+/// a truncated 200.
+pub struct MergedReader {
+    body: MergedBody<Smol>,
+    timer: Timer,
+    /// Written by the merge, not yet handed out.
+    ready: Bytes,
+    ended: bool,
+}
+
+impl MergedReader {
+    /// Bounds `body` by `deadline`.
+    pub fn new(body: MergedBody<Smol>, deadline: Instant) -> MergedReader {
+        MergedReader {
+            body,
+            timer: Timer::at(deadline),
+            ready: Bytes::new(),
+            ended: false,
+        }
+    }
+
+    /// Polls the merge for its next bytes into `ready`.
+    fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        while self.ready.is_empty() && !self.ended {
+            match self.body.poll_next(cx) {
+                Poll::Ready(Some(Ok(bytes))) => self.ready = bytes,
+                Poll::Ready(None) => self.ended = true,
+                Poll::Ready(Some(Err(failure))) => {
+                    self.ended = true;
+                    return Poll::Ready(Err(io_error(&failure)));
+                }
+                Poll::Pending => {
+                    return match std::future::Future::poll(Pin::new(&mut self.timer), cx) {
+                        Poll::Ready(_) => {
+                            self.ended = true;
+                            Poll::Ready(Err(io_error(&self.body.deadline_passed())))
+                        }
+                        Poll::Pending => Poll::Pending,
+                    }
+                }
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncBufRead for MergedReader {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        ready!(this.poll_next(cx))?;
+        Poll::Ready(Ok(&this.ready))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        self.get_mut().ready.advance(amt);
+    }
+}
+
+impl AsyncRead for MergedReader {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut [u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.get_mut();
+        ready!(this.poll_next(cx))?;
+        let n = this.ready.len().min(buf.len());
+        buf[..n].copy_from_slice(&this.ready[..n]);
+        this.ready.advance(n);
+        Poll::Ready(Ok(n))
     }
 }
 

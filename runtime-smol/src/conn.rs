@@ -31,12 +31,11 @@ use smol::{Async, Timer};
 
 use pdbmux_driver::http1::{parse_head, Head, Parsed, RequestBody, MAX_HEAD_BYTES};
 
-use crate::body::Deadlined;
-use crate::body::HeldBody;
-use crate::runtime::Host;
+use crate::body::{Deadlined, MergedReader};
+use crate::runtime::{Host, Smol};
 
 /// The driver's answer, with this runtime's held body.
-type ClientAnswer = pdbmux_driver::ClientAnswer<HeldBody>;
+type ClientAnswer = pdbmux_driver::ClientAnswer<Smol>;
 
 /// How long this connection waits on its client: `client_header_timeout` for a request head
 /// (and while idle between requests), `client_send_timeout` for each write the client takes no
@@ -430,17 +429,29 @@ async fn drain(
 
 /// Reads a streamed body whole (for an HTTP/1.0 client); a failure becomes a 502.
 async fn buffered(answer: ClientAnswer) -> ClientAnswer {
-    let ClientAnswer::Streamed {
-        response,
-        body: held,
-        deadline,
-    } = answer
-    else {
-        return answer;
-    };
     let mut body = Vec::new();
-    let mut reader = Deadlined::new(held, deadline);
-    match reader.read_to_end(&mut body).await {
+    let (response, read) = match answer {
+        ClientAnswer::Streamed {
+            response,
+            body: held,
+            deadline,
+        } => {
+            let read = Deadlined::new(held, deadline).read_to_end(&mut body).await;
+            (response, read)
+        }
+        ClientAnswer::Merged {
+            response,
+            body: merged,
+            deadline,
+        } => {
+            let read = MergedReader::new(merged, deadline)
+                .read_to_end(&mut body)
+                .await;
+            (response, read)
+        }
+        ClientAnswer::Whole(_) => return answer,
+    };
+    match read {
         Ok(_) => ClientAnswer::Whole(Response {
             body: ResponseBody::Full(body.into()),
             ..response
@@ -464,11 +475,19 @@ fn to_wire(answer: ClientAnswer, keep_alive: bool, http11: bool) -> http_types::
             let body = http_types::Body::from_reader(Deadlined::new(held, deadline), length);
             (response, body)
         }
+        ClientAnswer::Merged {
+            response,
+            body: merged,
+            deadline,
+        } => {
+            let body = http_types::Body::from_reader(MergedReader::new(merged, deadline), None);
+            (response, body)
+        }
         ClientAnswer::Whole(response) => {
             // Never `Upstream`: the driver pairs those with their bodies (`ClientAnswer::Streamed`).
             let body = match &response.body {
                 ResponseBody::Full(bytes) => full(bytes.clone()),
-                ResponseBody::Upstream(_) => http_types::Body::empty(),
+                ResponseBody::Upstream(_) | ResponseBody::Merged => http_types::Body::empty(),
             };
             (response, body)
         }

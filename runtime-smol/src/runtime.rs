@@ -70,6 +70,13 @@ impl pdbmux_driver::Runtime for Smol {
         clients.store(request).await
     }
 
+    fn poll_piece(
+        held: std::pin::Pin<&mut HeldBody>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<bytes::Bytes, String>>> {
+        crate::body::poll_piece(held, cx)
+    }
+
     async fn sleep_until(&self, deadline: Instant) {
         smol::Timer::at(deadline).await;
     }

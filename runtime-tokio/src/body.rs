@@ -12,8 +12,9 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, SizeHint};
 
-use pdbmux_driver::{StreamFailure, StreamedBody};
+use pdbmux_driver::{MergedBody, StreamFailure, StreamedBody};
 
+use crate::runtime::Tokio;
 use crate::upstream::HeldBody;
 
 /// The error type of response bodies; an error aborts the client connection mid-body.
@@ -39,6 +40,77 @@ pub fn streamed(body: HeldBody, deadline: Instant) -> ResponseBody {
         trailers: None,
     }
     .boxed()
+}
+
+/// The next piece of a held body a streamed merge reads (trailers are skipped: a merged
+/// answer has none of its own).
+pub fn poll_piece(
+    mut held: Pin<&mut HeldBody>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Bytes, String>>> {
+    loop {
+        return match held.as_mut().poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Ready(Some(Err(error))) => Poll::Ready(Some(Err(error.to_string()))),
+            Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                Ok(data) => Poll::Ready(Some(Ok(data))),
+                Err(_) => continue,
+            },
+        };
+    }
+}
+
+/// Streams a merge of held upstream bodies ([`MergedBody`]). Its failure, or `deadline` passing
+/// first, ends the body with an error, so the client connection is aborted rather than sent a
+/// truncated 200.
+pub fn merged(body: MergedBody<Tokio>, deadline: Instant) -> ResponseBody {
+    Merged {
+        body,
+        sleep: Box::pin(tokio::time::sleep_until(deadline.into())),
+        ended: false,
+    }
+    .boxed()
+}
+
+struct Merged {
+    body: MergedBody<Tokio>,
+    sleep: Pin<Box<tokio::time::Sleep>>,
+    ended: bool,
+}
+
+impl Body for Merged {
+    type Data = Bytes;
+    type Error = BodyError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Polled {
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        match this.body.poll_next(cx) {
+            Poll::Ready(Some(Ok(data))) => Poll::Ready(Some(Ok(Frame::data(data)))),
+            Poll::Ready(Some(Err(failure))) => {
+                this.ended = true;
+                failed(failure)
+            }
+            Poll::Ready(None) => {
+                this.ended = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => match this.sleep.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    this.ended = true;
+                    failed(this.body.deadline_passed())
+                }
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+    }
 }
 
 struct Deadlined {

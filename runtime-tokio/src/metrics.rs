@@ -59,7 +59,7 @@ fn scrape<B>(host: &Host, request: &http::Request<B>) -> http::Response<body::Re
     let answer = host.scrape(request.method(), request.uri().path(), accept);
     let bytes = match answer.body {
         ResponseBody::Full(bytes) => bytes,
-        ResponseBody::Upstream(_) => bytes::Bytes::new(),
+        ResponseBody::Upstream(_) | ResponseBody::Merged => bytes::Bytes::new(),
     };
     let mut response = http::Response::new(body::full(bytes));
     *response.status_mut() = answer.status;

@@ -2,8 +2,11 @@
 //! blocking pool (see [`pdbmux_driver::Runtime`]).
 
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
+use bytes::Bytes;
 use pdbmux_core::cache::shared::{StoreAnswer, StoreRequest};
 use pdbmux_core::config::Config;
 use pdbmux_core::UpstreamRequest;
@@ -53,6 +56,13 @@ impl pdbmux_driver::Runtime for Tokio {
 
     async fn store(&self, clients: &Self::Clients, request: StoreRequest) -> StoreAnswer {
         clients.store(request).await
+    }
+
+    fn poll_piece(
+        held: Pin<&mut HeldBody>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Bytes, String>>> {
+        crate::body::poll_piece(held, cx)
     }
 
     fn sleep_until(&self, deadline: Instant) -> impl Future<Output = ()> + Send {

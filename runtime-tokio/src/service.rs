@@ -10,8 +10,7 @@ use pdbmux_core::{ClientRequest, ResponseBody};
 use pdbmux_driver::{ClientAnswer, ClientContext};
 
 use crate::body;
-use crate::runtime::Host;
-use crate::upstream::HeldBody;
+use crate::runtime::{Host, Tokio};
 
 /// Answers one client request. Never fails: every outcome is an HTTP response.
 pub async fn handle(
@@ -83,13 +82,13 @@ fn client_request(request: &http::Request<Incoming>) -> ClientRequest {
 }
 
 /// Converts the driver's answer, attaching a held upstream body when it is streamed.
-fn into_hyper(answer: ClientAnswer<HeldBody>) -> http::Response<body::ResponseBody> {
+fn into_hyper(answer: ClientAnswer<Tokio>) -> http::Response<body::ResponseBody> {
     let (response, body) = match answer {
         ClientAnswer::Whole(response) => {
             // Never `Upstream`: the driver pairs those with their bodies (`ClientAnswer::Streamed`).
             let body = match &response.body {
                 ResponseBody::Full(bytes) => body::full(bytes.clone()),
-                ResponseBody::Upstream(_) => body::full(bytes::Bytes::new()),
+                ResponseBody::Upstream(_) | ResponseBody::Merged => body::full(bytes::Bytes::new()),
             };
             (response, body)
         }
@@ -98,6 +97,11 @@ fn into_hyper(answer: ClientAnswer<HeldBody>) -> http::Response<body::ResponseBo
             body,
             deadline,
         } => (response, body::streamed(body, deadline)),
+        ClientAnswer::Merged {
+            response,
+            body,
+            deadline,
+        } => (response, body::merged(body, deadline)),
     };
     let mut out = http::Response::new(body);
     *out.status_mut() = response.status;

@@ -162,7 +162,8 @@ fn merge_once(estate: &Mutex<Estate>, now: Instant, facts: &[Bytes]) -> Result<R
         match output {
             ExchangeOutput::Send(send) => sends.push(send),
             ExchangeOutput::Respond(response) => return Ok(response),
-            ExchangeOutput::Cancel(_) => {}
+            // Bodies are handed whole (`UpstreamResponse::full`): nothing is held to read.
+            ExchangeOutput::Cancel(_) | ExchangeOutput::Read(_) => {}
         }
     }
     for send in sends {

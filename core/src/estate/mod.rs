@@ -317,7 +317,8 @@ impl Estate {
             None
         };
         let fetch = PendingFetch {
-            context: self.fan_out_context(ownership, planned.waited_out),
+            // A flight's answer is shared and cached whole: only an uncached request streams.
+            context: self.fan_out_context(ownership, planned.waited_out, cacheable.is_none()),
             class: planned.class,
             target: planned.request.target().to_owned(),
             plan,
@@ -348,7 +349,7 @@ impl Estate {
             None
         };
         let fetch = PendingFetch {
-            context: self.fan_out_context(ownership, Vec::new()),
+            context: self.fan_out_context(ownership, Vec::new(), false),
             class: planned.class,
             target: planned.request.target().to_owned(),
             plan,
@@ -360,11 +361,13 @@ impl Estate {
     /// refresh a request waited for did not hear from) and, when ownership decides the answer,
     /// less those the map has never placed. When that leaves nobody, every backend in service
     /// is asked, but those left out do not count in the answer's `X-Backends`: without the map
-    /// nothing tells whose copy of a node is the newest, so the answer is not whole.
+    /// nothing tells whose copy of a node is the newest, so the answer is not whole. A merge may
+    /// stream only when `may_stream` (its answer goes to one client).
     fn fan_out_context(
         &self,
         ownership: Option<Arc<Ownership>>,
         mut left_out: Vec<BackendId>,
+        may_stream: bool,
     ) -> Context {
         if ownership.is_some() {
             left_out.extend(self.membership.unplaced());
@@ -381,6 +384,7 @@ impl Estate {
             ownership,
             corrections: Arc::clone(self.membership.corrections()),
             uncounted,
+            may_stream,
         }
     }
 
@@ -410,6 +414,7 @@ impl Estate {
             ownership: None,
             corrections: Arc::clone(self.membership.corrections()),
             uncounted: Vec::new(),
+            may_stream: false,
         };
         let plan = Box::new(Sequence::translation(asked.clone()));
         Admission::Translate {

@@ -334,6 +334,7 @@ mod tests {
             ownership: Some(ownership()),
             corrections: Arc::new(Corrections::new(1)),
             uncounted: Vec::new(),
+            may_stream: false,
         };
         let outbound = plan.request(BackendId(1), RESOURCE_COUNT, &context);
         let target = percent_encoding::percent_decode_str(&outbound.path_and_query)

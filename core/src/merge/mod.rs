@@ -30,16 +30,17 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::corrections::Learned;
 use crate::entity::{Entity, MergeRule};
-use crate::fanout::{Calls, Context, CorrectionCall, Outbound, Plan, Step, Verdict};
+use crate::fanout::{Calls, Context, CorrectionCall, Outbound, Plan, Step, StreamStart, Verdict};
 use crate::ids::BackendId;
 use crate::membership::Scope;
-use crate::message::Response;
+use crate::message::{BodyMode, Response};
 use crate::outbound;
 use crate::ownership::{narrow, NodeScope, Owning};
 use crate::query::{self, Analysis, Params, QueryText};
 use crate::route::Route;
 use crate::sort::{self, OrderBy};
 use crate::status::Unusable;
+use crate::streamed::OwnedStream;
 
 pub(crate) use facts::filter_source_records;
 pub(crate) use rows::{Unfilled, Window};
@@ -177,6 +178,9 @@ pub(crate) struct RecordPlan {
     excused: usize,
     /// The corrections the total needs; set by [`Plan::start`].
     corrections: Vec<CorrectionCall>,
+    /// Whether its records are streamed past [`crate::STREAM_ABOVE_BYTES`]; set by
+    /// [`Plan::start`] ([`RecordPlan::can_stream`]).
+    streamed: bool,
 }
 
 /// A 400 in PuppetDB's words.
@@ -342,7 +346,23 @@ impl RecordPlan {
             asked: Vec::new(),
             excused: 0,
             corrections: Vec::new(),
+            streamed: false,
         })
+    }
+
+    /// Whether this merge can stream in `context` (docs/merging.md, "Streamed merges"): the
+    /// records of a node-owned entity that name their node, unpaged, unordered, without a
+    /// total or the provenance fact, each kept or dropped by the membership snapshot alone, for
+    /// a request whose answer no other client shares.
+    fn can_stream(&self, context: &Context) -> bool {
+        context.may_stream
+            && context.ownership.is_some()
+            && self.entity.merge_rule() == MergeRule::Owned
+            && !self.entity.carries_provenance()
+            && matches!(self.owned, Some((_, Technique::Drop)))
+            && !self.window.is_paged()
+            && self.order.is_none()
+            && !self.include_total
     }
 
     /// Narrows the provenance fact's own path (`/facts/<source_fact>`, every backend's records)
@@ -479,7 +499,11 @@ impl RecordPlan {
                 params.set("query", &query.to_string());
             }
         }
-        outbound::request(&self.upstream_path, &params, rewritten)
+        let mut outbound = outbound::request(&self.upstream_path, &params, rewritten);
+        if self.streamed {
+            outbound.body_mode = BodyMode::StreamSuccess;
+        }
+        outbound
     }
 
     /// The request of a derived union entity's records of `backend` as the distinct projection
@@ -690,7 +714,23 @@ impl Plan for RecordPlan {
         true
     }
 
+    fn streams(&self) -> bool {
+        self.streamed
+    }
+
+    fn stream_start(&self, context: &Context) -> Option<StreamStart> {
+        let (scope, _) = self.owned.filter(|_| self.streamed)?;
+        let ownership = Arc::clone(context.ownership.as_ref()?);
+        let asked = self.asked_ids();
+        Some(StreamStart {
+            inputs: asked.iter().map(|backend| (*backend, RECORDS)).collect(),
+            merge: OwnedStream::new(ownership, scope, asked),
+            excused: self.excused,
+        })
+    }
+
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
+        self.streamed = self.can_stream(context);
         let mut asked = context.roster.clone();
         if let (Some(pinned), Some(ownership)) = (self.pinned(), context.ownership.as_deref()) {
             let scope = self.owned.map(|(scope, _)| scope);
@@ -887,3 +927,5 @@ impl RecordPlan {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_stream;

@@ -16,7 +16,7 @@ use crate::route::{classify, Route};
 use crate::status::Outcome;
 use crate::ClientRequest;
 
-fn config() -> Arc<Config> {
+pub(super) fn config() -> Arc<Config> {
     let backend = |name: &str, port| BackendConfig {
         name: name.into(),
         url: BackendUrl {
@@ -32,7 +32,7 @@ fn config() -> Arc<Config> {
     ]))
 }
 
-fn ownership(a: &[(&str, &str)], b: &[(&str, &str)]) -> Arc<Ownership> {
+pub(super) fn ownership(a: &[(&str, &str)], b: &[(&str, &str)]) -> Arc<Ownership> {
     let nodes = |rows: &[(&str, &str)]| -> Option<BackendNodes> {
         Some(
             rows.iter()
@@ -43,7 +43,7 @@ fn ownership(a: &[(&str, &str)], b: &[(&str, &str)]) -> Arc<Ownership> {
     Arc::new(Ownership::build(&[nodes(a), nodes(b)], 1))
 }
 
-fn plan(
+pub(super) fn plan(
     config: &Arc<Config>,
     target: &str,
     ownership: Option<Arc<Ownership>>,
@@ -78,6 +78,7 @@ fn plan(
         )),
         ownership,
         uncounted: Vec::new(),
+        may_stream: false,
     };
     let first = plan.start(&context);
     Ok(TestPlan {
@@ -88,7 +89,7 @@ fn plan(
 }
 
 /// A started plan, its context and its first calls.
-struct TestPlan {
+pub(super) struct TestPlan {
     plan: RecordPlan,
     context: Context,
     first: Vec<(BackendId, usize)>,
@@ -148,7 +149,10 @@ fn progress(
     }
 }
 
-fn merge(planned: &mut TestPlan, bodies: &[(&str, Option<u64>)]) -> (String, Option<String>) {
+pub(super) fn merge(
+    planned: &mut TestPlan,
+    bodies: &[(&str, Option<u64>)],
+) -> (String, Option<String>) {
     progress(planned, bodies).unwrap_or_else(|more| panic!("asks again: {more:?}"))
 }
 

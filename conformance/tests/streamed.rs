@@ -1,0 +1,233 @@
+//! Streamed merges (docs/merging.md, "Streamed merges"): past `STREAM_ABOVE_BYTES` an unpaged,
+//! unordered node-owned answer is written as it is merged. The records are the buffered merge's;
+//! the head is known before the first byte; a backend failing before it is a partial answer, a
+//! body failing after it is cut off so that it does not parse.
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use http::StatusCode;
+use pdbmux_conformance::{
+    ms, Asked, ClientResponse, FakeBackend, Harness, PuppetDb, Reply, ReplyOutcome,
+};
+use serde_json::{json, Value};
+
+use common::{finish, harness, URL_A, URL_B};
+
+const T09: Option<&str> = Some("2024-05-01T09:00:00.000Z");
+const T10: Option<&str> = Some("2024-05-01T10:00:00.000Z");
+const T11: Option<&str> = Some("2024-05-01T11:00:00.000Z");
+
+/// Resources per node: enough that two backends' answers hold more than
+/// [`pdbmux_core::STREAM_ABOVE_BYTES`] together, and one alone more than half of it.
+const PER_NODE: usize = 6_000;
+
+/// One resource of `certname`, naming the backend it came from.
+fn resource(certname: &str, backend: &str, index: usize) -> Value {
+    json!({"certname": certname, "type": "File", "title": format!("/etc/{index:05}"),
+        "backend": backend, "parameters": {"ensure": "file", "mode": "0644", "owner": "root",
+        "content": "x".repeat(600)}})
+}
+
+/// pdb-a holding `only-a` and an older `shared`, pdb-b a newer `shared` and `only-b`, each node
+/// with [`PER_NODE`] resources: about 5 MB per backend.
+fn estate() -> (PuppetDb, PuppetDb) {
+    let mut a = PuppetDb::new().node("only-a", T09).node("shared", T10);
+    let mut b = PuppetDb::new().node("shared", T11).node("only-b", T09);
+    for index in 0..PER_NODE {
+        a = a
+            .record("resources", resource("only-a", "pdb-a", index))
+            .record("resources", resource("shared", "pdb-a", index));
+        b = b
+            .record("resources", resource("shared", "pdb-b", index))
+            .record("resources", resource("only-b", "pdb-b", index));
+    }
+    (a, b)
+}
+
+/// The body a scripted answer carries.
+fn body_of(reply: &Reply) -> Vec<u8> {
+    match &reply.outcome {
+        ReplyOutcome::Answer(answer) => answer.body.to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+/// How many records of each (certname, backend) an answer holds.
+fn counted(response: &ClientResponse) -> BTreeMap<(String, String), usize> {
+    let records: Vec<Value> = serde_json::from_slice(&response.body)
+        .unwrap_or_else(|e| panic!("{e}: {} bytes", response.body.len()));
+    let mut counts = BTreeMap::new();
+    for record in records {
+        let key = (
+            record["certname"].as_str().unwrap_or("?").to_owned(),
+            record["backend"].as_str().unwrap_or("?").to_owned(),
+        );
+        *counts.entry(key).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn count(pairs: &[(&str, &str)]) -> BTreeMap<(String, String), usize> {
+    pairs
+        .iter()
+        .map(|(c, b)| (((*c).to_owned(), (*b).to_owned()), PER_NODE))
+        .collect()
+}
+
+/// A backend answering as `db` does, except its `/resources` answer, which `resources` gives.
+fn with_resources(
+    name: &str,
+    url: &str,
+    db: PuppetDb,
+    resources: impl Fn(Reply) -> Reply + Send + 'static,
+) -> FakeBackend {
+    FakeBackend::by_request(name, url, move |asked: &Asked<'_>| {
+        let reply = db.answer(asked).after(ms(3));
+        if asked.path_and_query == "/pdb/query/v4/resources" {
+            resources(reply)
+        } else {
+            reply
+        }
+    })
+}
+
+fn resources_of(h: &mut Harness) -> ClientResponse {
+    let client = h.get("/pdb/query/v4/resources");
+    finish(h);
+    h.response(client).expect("one response").clone()
+}
+
+#[test]
+fn a_large_answer_streams_the_records_the_buffered_merge_keeps() {
+    let (a, b) = estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ]);
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert_eq!(
+        counted(&response),
+        count(&[
+            ("only-a", "pdb-a"),
+            ("only-b", "pdb-b"),
+            ("shared", "pdb-b")
+        ]),
+        "each node from its owner"
+    );
+}
+
+#[test]
+fn a_small_answer_is_merged_whole_as_before() {
+    let a = PuppetDb::new()
+        .node("shared", T10)
+        .record("resources", resource("shared", "pdb-a", 0));
+    let b = PuppetDb::new()
+        .node("shared", T11)
+        .record("resources", resource("shared", "pdb-b", 0));
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ]);
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, None, "a buffered answer");
+    assert_eq!(
+        counted(&response).into_iter().collect::<Vec<_>>(),
+        vec![(("shared".to_owned(), "pdb-b".to_owned()), 1)]
+    );
+}
+
+#[test]
+fn a_backend_failing_before_its_head_leaves_a_partial_streamed_answer() {
+    let (mut a, b) = estate();
+    // pdb-a alone holds more than the threshold.
+    for index in PER_NODE..3 * PER_NODE {
+        a = a.record("resources", resource("only-a", "pdb-a", index));
+    }
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        with_resources("pdb-b", URL_B, b, |_| {
+            Reply::text(StatusCode::SERVICE_UNAVAILABLE, "starting").after(ms(3))
+        }),
+    ]);
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.header("x-backends"), Some("1/2"), "partial");
+    let mut expected = count(&[("only-a", "pdb-a")]);
+    expected.insert(("only-a".to_owned(), "pdb-a".to_owned()), 3 * PER_NODE);
+    // shared is pdb-b's: pdb-a's older copy is not served in its place.
+    assert_eq!(counted(&response), expected);
+}
+
+#[test]
+fn a_body_failing_after_the_first_byte_is_cut_off_so_that_it_does_not_parse() {
+    let (a, b) = estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        with_resources("pdb-b", URL_B, b, |reply| {
+            // The connection closes a few records before the end of pdb-b's body.
+            let mut body = body_of(&reply);
+            body.truncate(body.len() - 2_000);
+            Reply::ok(body).after(ms(3))
+        }),
+    ]);
+    let response = resources_of(&mut h);
+    let cut_off = response.merged.clone().flatten();
+    assert!(
+        cut_off
+            .as_deref()
+            .is_some_and(|why| why.contains("ended inside the array")),
+        "{cut_off:?}"
+    );
+    assert_eq!(response.status, StatusCode::OK, "the head had left");
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert!(
+        serde_json::from_slice::<Value>(&response.body).is_err(),
+        "what the client got does not parse"
+    );
+}
+
+#[test]
+fn a_backend_whose_first_bytes_are_not_json_is_left_out_before_the_first_byte() {
+    let (a, b) = estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        with_resources("pdb-b", URL_B, b, |reply| {
+            let mut body = body_of(&reply);
+            body[1] = b'!';
+            Reply::ok(body).after(ms(3))
+        }),
+    ]);
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.header("x-backends"), Some("1/2"), "pdb-b unusable");
+    assert_eq!(counted(&response), count(&[("only-a", "pdb-a")]));
+}
+
+#[test]
+fn a_cached_answer_is_not_streamed() {
+    let (a, b) = estate();
+    let mut h = Harness::with_config(
+        vec![
+            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+        ],
+        |config| config.facts_ttl = std::time::Duration::from_secs(30),
+    )
+    .expect("valid test backends");
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, None, "a flight's answer is buffered");
+    assert_eq!(response.header("x-cache"), Some("miss"));
+    assert_eq!(
+        counted(&response),
+        count(&[
+            ("only-a", "pdb-a"),
+            ("only-b", "pdb-b"),
+            ("shared", "pdb-b")
+        ])
+    );
+}

@@ -1,0 +1,161 @@
+//! The streamed node-owned merge keeps the records the buffered merge keeps, however the answers'
+//! bytes arrive: in pieces of any size, interleaved in any order.
+
+use proptest::prelude::*;
+use serde_json::Value;
+
+use super::tests::{config, merge, ownership, plan};
+use crate::entity::Entity;
+use crate::ids::BackendId;
+use crate::ownership::NodeScope;
+use crate::streamed::OwnedStream;
+
+/// The certnames the generated estates draw from.
+const NODES: [&str; 6] = ["n0", "n1", "n2", "n3", "n4", "n5"];
+
+/// One backend's `/resources` answer: `records` (node index, resource index), in order.
+fn answer(backend: usize, records: &[(usize, usize)]) -> String {
+    let records: Vec<String> = records
+        .iter()
+        .map(|(node, index)| {
+            format!(
+                r#"{{"certname": "{}", "type":"File", "title":"/b{backend}/{index}", "parameters":{{"mode":"0644","a\"b":[1,2]}}}}"#,
+                NODES[*node]
+            )
+        })
+        .collect();
+    format!("[ {} ]\n", records.join(",\n  "))
+}
+
+/// Feeds `answers` to a stream in `pieces` (each answer cut at those lengths, cycling), taking
+/// turns by `turns` (an input index each; an input whose pieces ran out is ended).
+fn streamed(answers: &[String], pieces: &[usize], turns: &[usize], scope: NodeScope) -> String {
+    let ownership = ownership(&[], &[]);
+    streamed_with(answers, pieces, turns, (ownership, scope))
+}
+
+fn streamed_with(
+    answers: &[String],
+    pieces: &[usize],
+    turns: &[usize],
+    (ownership, scope): (std::sync::Arc<crate::membership::Ownership>, NodeScope),
+) -> String {
+    let asked: Vec<BackendId> = (0..answers.len()).map(BackendId).collect();
+    let mut stream = OwnedStream::new(ownership, scope, asked);
+    let mut at = vec![0; answers.len()];
+    let mut cut = 0;
+    let mut out = Vec::new();
+    let mut turn = 0;
+    while !stream.is_finished() {
+        let input = turns.get(turn).copied().unwrap_or(turn) % answers.len();
+        turn += 1;
+        let body = answers[input].as_bytes();
+        if at[input] >= body.len() {
+            stream.end(input).expect("a whole array");
+        } else {
+            let length = pieces[cut % pieces.len()].max(1);
+            cut += 1;
+            let end = (at[input] + length).min(body.len());
+            stream.push(input, &body[at[input]..end]).expect("records");
+            at[input] = end;
+        }
+        out.extend(stream.take());
+    }
+    String::from_utf8(out).expect("utf-8")
+}
+
+/// The records of a JSON array, each as text, sorted: the answer as a set.
+fn sorted(body: &str) -> Vec<String> {
+    let records: Vec<Value> = serde_json::from_str(body).expect("a JSON array");
+    let mut records: Vec<String> = records.iter().map(Value::to_string).collect();
+    records.sort();
+    records
+}
+
+fn scope() -> NodeScope {
+    NodeScope::of(Entity::Resources, config().merge, false)
+}
+
+#[test]
+fn one_piece_each_in_configured_order_is_the_buffered_merge_byte_for_byte() {
+    let config = config();
+    // n0 both (b newer), n1 a only, n2 both (a newer), n3 unplaced in both, n4 unplaced in b.
+    let map = ownership(
+        &[
+            ("n0", "2026-12-01T08:00:00Z"),
+            ("n1", "2026-12-01T08:00:00Z"),
+            ("n2", "2026-12-01T10:00:00Z"),
+        ],
+        &[
+            ("n0", "2026-12-01T09:00:00Z"),
+            ("n2", "2026-12-01T09:00:00Z"),
+        ],
+    );
+    let a = answer(0, &[(0, 0), (1, 1), (1, 2), (2, 3), (3, 4)]);
+    let b = answer(1, &[(0, 0), (2, 1), (3, 2), (4, 3), (3, 5)]);
+    let mut planned = plan(&config, "/pdb/query/v4/resources", Some(map.clone())).expect("plan");
+    let (buffered, _) = merge(&mut planned, &[(&a, None), (&b, None)]);
+    let pieces = [usize::MAX];
+    let streamed = streamed_with(&[a, b], &pieces, &[0, 0, 1, 1], (map, scope()));
+    assert_eq!(streamed, buffered);
+    // What the merge kept: a's n1, n2 and n3; b's n0 and n4 (n3 is a's: a returned it first).
+    let titles: Vec<String> = sorted(&streamed)
+        .iter()
+        .map(|r| serde_json::from_str::<Value>(r).expect("json")["title"].to_string())
+        .collect();
+    assert_eq!(titles.len(), 6, "{streamed}");
+}
+
+#[test]
+fn an_empty_answer_and_whitespace_anywhere_between_tokens() {
+    let out = streamed(&[" [ ] ".to_owned(), "\n[]".to_owned()], &[1], &[], scope());
+    assert_eq!(out, "[]");
+}
+
+#[test]
+fn a_body_that_is_not_an_array_of_objects_is_broken() {
+    for (body, whole) in [
+        ("{}", true),
+        ("[1]", true),
+        ("[{\"certname\":\"n0\"} {}]", true),
+        ("[{\"certname\":\"n0\"}] x", true),
+        ("[{\"certname\":\"n0\"}", false),
+        ("[{\"certname\":\"n0\",", false),
+    ] {
+        let map = ownership(&[], &[]);
+        let mut stream = OwnedStream::new(map, scope(), vec![BackendId(0)]);
+        let pushed = stream.push(0, body.as_bytes());
+        let ended = pushed.clone().and_then(|()| stream.end(0));
+        assert!(ended.is_err(), "{body}: {ended:?}");
+        assert_eq!(pushed.is_err(), whole, "{body}: {pushed:?}");
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn any_pieces_in_any_order_keep_the_buffered_merge_s_records(
+        a_nodes in prop::collection::vec((0..NODES.len(), 0..3usize), 0..6),
+        b_nodes in prop::collection::vec((0..NODES.len(), 0..3usize), 0..6),
+        a_records in prop::collection::vec((0..NODES.len(), 0..20usize), 0..12),
+        b_records in prop::collection::vec((0..NODES.len(), 0..20usize), 0..12),
+        pieces in prop::collection::vec(1..64usize, 1..8),
+        turns in prop::collection::vec(0..2usize, 0..64),
+    ) {
+        let stamp = ["2026-12-01T08:00:00Z", "2026-12-01T09:00:00Z", "2026-12-01T10:00:00Z"];
+        let rows = |nodes: &[(usize, usize)]| -> Vec<(&str, &str)> {
+            let mut rows: Vec<(&str, &str)> = nodes.iter().map(|(n, t)| (NODES[*n], stamp[*t])).collect();
+            rows.sort();
+            rows.dedup_by(|x, y| x.0 == y.0);
+            rows
+        };
+        let map = ownership(&rows(&a_nodes), &rows(&b_nodes));
+        let answers = [answer(0, &a_records), answer(1, &b_records)];
+        let config = config();
+        let mut planned = plan(&config, "/pdb/query/v4/resources", Some(map.clone())).expect("plan");
+        let (buffered, _) = merge(&mut planned, &[(&answers[0], None), (&answers[1], None)]);
+        let streamed = streamed_with(&answers, &pieces, &turns, (map, scope()));
+        prop_assert_eq!(sorted(&streamed), sorted(&buffered));
+    }
+}

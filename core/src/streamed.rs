@@ -1,0 +1,378 @@
+//! A node-owned merge fed its backends' answers in pieces (docs/merging.md, "Streamed merges"):
+//! each answer is read record by record as its bytes arrive, each record kept or dropped as soon
+//! as it is read (its node's owner in the membership snapshot), and the kept records are written
+//! out at once, so that neither a whole answer nor the whole merged body is ever held.
+//!
+//! Sans-IO: bytes in ([`OwnedStream::push`], [`OwnedStream::end`]), bytes out
+//! ([`OwnedStream::take`]). The records kept are the buffered merge's (`merge/owned.rs`): a node's
+//! records from its owner; a node the map does not place from the first backend in configured
+//! order that returned it, so such a record waits until every backend before its own has ended.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::ids::{BackendId, UpstreamId};
+use crate::membership::Ownership;
+use crate::ownership::{Holding, NodeScope, Owning};
+use crate::records::{raw_str, read_object};
+
+/// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the answer of backend {backend} is not a JSON array of objects: {reason}")]
+pub struct MergeBroken {
+    /// The backend whose body broke (its index in the configuration).
+    pub(crate) backend: usize,
+    /// What was wrong.
+    pub(crate) reason: String,
+}
+
+/// Where a reader is in its array.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ArrayState {
+    /// Before the `[`.
+    Open,
+    /// After the `[`: an element or the `]`.
+    First,
+    /// After an element: a `,` or the `]`.
+    Next,
+    /// After a `,`: an element.
+    Element,
+    /// After the `]`: only whitespace.
+    Closed,
+}
+
+/// Reads one JSON array of objects from its pieces: each whole element is handed on as soon as
+/// its last byte arrives; only an element cut by a piece's end is kept until the next.
+#[derive(Debug)]
+struct ArrayReader {
+    pending: Vec<u8>,
+    state: ArrayState,
+}
+
+impl ArrayReader {
+    fn new() -> ArrayReader {
+        ArrayReader {
+            pending: Vec::new(),
+            state: ArrayState::Open,
+        }
+    }
+
+    /// Reads `piece`, handing each whole record (its text and `certname`) to `record`.
+    fn push(
+        &mut self,
+        piece: &[u8],
+        mut record: impl FnMut(&str, Option<&serde_json::value::RawValue>),
+    ) -> Result<(), String> {
+        self.pending.extend_from_slice(piece);
+        let mut at = 0;
+        loop {
+            let Some(offset) = self.pending[at..]
+                .iter()
+                .position(|byte| !matches!(byte, b' ' | b'\t' | b'\n' | b'\r'))
+            else {
+                at = self.pending.len();
+                break;
+            };
+            at += offset;
+            let byte = self.pending[at];
+            self.state = match (self.state, byte) {
+                (ArrayState::Open, b'[') => ArrayState::First,
+                (ArrayState::First | ArrayState::Next, b']') => ArrayState::Closed,
+                (ArrayState::Next, b',') => ArrayState::Element,
+                (ArrayState::First | ArrayState::Element, _) => {
+                    match read_object(&self.pending[at..], &["certname"]) {
+                        Ok(Some((picked, end))) => {
+                            record(picked.text, picked.fields[0]);
+                            at += end;
+                            self.state = ArrayState::Next;
+                            continue;
+                        }
+                        Ok(None) => break,
+                        Err(error) => return Err(error.to_string()),
+                    }
+                }
+                (state, byte) => {
+                    return Err(format!(
+                        "unexpected {:?} {}",
+                        char::from(byte),
+                        match state {
+                            ArrayState::Open => "where the array should open",
+                            ArrayState::Closed => "after the array",
+                            _ => "between records",
+                        }
+                    ))
+                }
+            };
+            at += 1;
+        }
+        self.pending.drain(..at);
+        Ok(())
+    }
+
+    /// Whether the array was whole: its `]` read, nothing but whitespace after it.
+    fn is_closed(&self) -> bool {
+        self.state == ArrayState::Closed && self.pending.is_empty()
+    }
+}
+
+/// Whether a node's records from one backend are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keep {
+    Yes,
+    No,
+    /// The map does not place the node and a backend before this one has not ended: decided
+    /// when it has.
+    Later,
+}
+
+/// One backend's answer as it is read.
+#[derive(Debug)]
+struct Input {
+    reader: ArrayReader,
+    ended: bool,
+    /// The node of the last record read and whether its records are kept: records come grouped
+    /// by node, so the map is asked once per node.
+    last: Option<(String, Keep)>,
+}
+
+/// The decisions and the output, apart from the readers that feed them.
+#[derive(Debug)]
+struct Decisions {
+    ownership: Arc<Ownership>,
+    scope: NodeScope,
+    asked: Vec<BackendId>,
+    /// Nodes the map does not place: the input that returned each first, in configured order.
+    claimed: HashMap<String, usize>,
+    /// Records of unplaced nodes waiting for an earlier input to end: input, certname, record.
+    waiting: Vec<(usize, String, String)>,
+    out: Vec<u8>,
+    written: usize,
+}
+
+impl Decisions {
+    fn write(&mut self, record: &str) {
+        self.out.push(if self.written == 0 { b'[' } else { b',' });
+        self.out.extend_from_slice(record.as_bytes());
+        self.written += 1;
+    }
+
+    /// Whether `input`'s records of `certname` are kept; `before_ended`: every input before it
+    /// has ended.
+    fn keep(&mut self, input: usize, certname: &str, before_ended: bool) -> Keep {
+        let owning = Owning {
+            ownership: &self.ownership,
+            scope: self.scope,
+            asked: &self.asked,
+        };
+        match owning.holding(self.asked[input], certname) {
+            Holding::Own => Keep::Yes,
+            Holding::Other => Keep::No,
+            Holding::Unknown if !before_ended => Keep::Later,
+            Holding::Unknown => {
+                let first = *self.claimed.entry(certname.to_owned()).or_insert(input);
+                if first == input {
+                    Keep::Yes
+                } else {
+                    Keep::No
+                }
+            }
+        }
+    }
+}
+
+/// A node-owned merge of the answers of `asked` backends, fed as they arrive (see the module
+/// doc). Use it for an unpaged, unordered answer of records that name their node.
+#[derive(Debug)]
+pub(crate) struct OwnedStream {
+    inputs: Vec<Input>,
+    decisions: Decisions,
+    finished: bool,
+}
+
+impl OwnedStream {
+    /// A merge of the answers of `asked` (configured order), whose nodes `scope` places in
+    /// `ownership`.
+    pub(crate) fn new(
+        ownership: Arc<Ownership>,
+        scope: NodeScope,
+        asked: Vec<BackendId>,
+    ) -> OwnedStream {
+        OwnedStream {
+            inputs: asked
+                .iter()
+                .map(|_| Input {
+                    reader: ArrayReader::new(),
+                    ended: false,
+                    last: None,
+                })
+                .collect(),
+            decisions: Decisions {
+                ownership,
+                scope,
+                asked,
+                claimed: HashMap::new(),
+                waiting: Vec::new(),
+                out: Vec::new(),
+                written: 0,
+            },
+            finished: false,
+        }
+    }
+
+    /// The next piece of the answer of `asked[input]`.
+    pub(crate) fn push(&mut self, input: usize, piece: &[u8]) -> Result<(), MergeBroken> {
+        let before_ended = self.inputs[..input].iter().all(|i| i.ended);
+        let Some(state) = self.inputs.get_mut(input).filter(|i| !i.ended) else {
+            return Ok(());
+        };
+        let decisions = &mut self.decisions;
+        let last = &mut state.last;
+        state
+            .reader
+            .push(piece, |text, certname| {
+                let Some(certname) = certname.and_then(raw_str) else {
+                    // No node to own it: kept as it is.
+                    decisions.write(text);
+                    return;
+                };
+                let keep = match last.as_ref() {
+                    Some((node, keep)) if *node == certname => *keep,
+                    _ => {
+                        let keep = decisions.keep(input, &certname, before_ended);
+                        *last = Some((certname.clone().into_owned(), keep));
+                        keep
+                    }
+                };
+                match keep {
+                    Keep::Yes => decisions.write(text),
+                    Keep::No => {}
+                    Keep::Later => {
+                        decisions
+                            .waiting
+                            .push((input, certname.into_owned(), text.to_owned()));
+                    }
+                }
+            })
+            .map_err(|reason| MergeBroken {
+                backend: self.decisions.asked[input].0,
+                reason,
+            })
+    }
+
+    /// The answer of `asked[input]` ended; an error when it ended inside its array.
+    pub(crate) fn end(&mut self, input: usize) -> Result<(), MergeBroken> {
+        let Some(state) = self.inputs.get_mut(input).filter(|i| !i.ended) else {
+            return Ok(());
+        };
+        if !state.reader.is_closed() {
+            return Err(MergeBroken {
+                backend: self.decisions.asked[input].0,
+                reason: "the body ended inside the array".to_owned(),
+            });
+        }
+        state.ended = true;
+        self.finish_if_ended();
+        Ok(())
+    }
+
+    /// Decides what waited for the inputs that ended, and closes the array once all have.
+    fn finish_if_ended(&mut self) {
+        self.decide_waiting();
+        if !self.finished && self.inputs.iter().all(|i| i.ended) {
+            if self.decisions.written == 0 {
+                self.decisions.out.push(b'[');
+            }
+            self.decisions.out.push(b']');
+            self.finished = true;
+        }
+    }
+
+    /// `asked[input]` failed before its answer's head: it adds no records (the nodes it owns
+    /// are left out, as in a buffered merge's partial answer).
+    pub(crate) fn skip(&mut self, input: usize) {
+        if let Some(state) = self.inputs.get_mut(input).filter(|i| !i.ended) {
+            state.ended = true;
+            self.finish_if_ended();
+        }
+    }
+
+    /// The bytes of the merged answer written since the last call.
+    pub(crate) fn take(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.decisions.out)
+    }
+
+    /// Whether every answer ended and the merged answer is whole.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished
+    }
+
+    /// Decides the waiting records of each input every input before which has ended, in
+    /// configured order: the first input to return an unplaced node keeps it.
+    fn decide_waiting(&mut self) {
+        let waiting = std::mem::take(&mut self.decisions.waiting);
+        let mut still = Vec::new();
+        let mut ready: Vec<(usize, String, String)> = Vec::new();
+        for entry in waiting {
+            if self.inputs[..entry.0].iter().all(|i| i.ended) {
+                ready.push(entry);
+            } else {
+                still.push(entry);
+            }
+        }
+        // A stable sort: each input's records stay in the order they came.
+        ready.sort_by_key(|(input, _, _)| *input);
+        for (input, certname, text) in ready {
+            if self.decisions.keep(input, &certname, true) == Keep::Yes {
+                self.decisions.write(&text);
+            }
+        }
+        self.decisions.waiting = still;
+    }
+}
+
+/// A streamed merge as the exchange hands it to the driver ([`crate::Exchange::take_stream`]):
+/// the merge and the held upstream bodies still to read into it.
+///
+/// Read every body in [`MergeStream::bodies`] at once; hand each piece to
+/// [`MergeStream::push`] and each body's end to [`MergeStream::end`]; send what
+/// [`MergeStream::take`] gives until [`MergeStream::is_finished`]. An error, or a body that
+/// fails or passes the deadline, means the answer cannot be completed: end the client's body so
+/// that it does not parse (docs/merging.md, "Streamed merges").
+#[derive(Debug)]
+pub struct MergeStream {
+    merge: OwnedStream,
+    bodies: Vec<(usize, UpstreamId)>,
+}
+
+impl MergeStream {
+    pub(crate) fn new(merge: OwnedStream, bodies: Vec<(usize, UpstreamId)>) -> MergeStream {
+        MergeStream { merge, bodies }
+    }
+
+    /// The held bodies still to read, each with the input its pieces go to.
+    pub fn bodies(&self) -> &[(usize, UpstreamId)] {
+        &self.bodies
+    }
+
+    /// The next piece of `input`'s body.
+    pub fn push(&mut self, input: usize, piece: &[u8]) -> Result<(), MergeBroken> {
+        self.merge.push(input, piece)
+    }
+
+    /// The end of `input`'s body.
+    pub fn end(&mut self, input: usize) -> Result<(), MergeBroken> {
+        self.merge.end(input)
+    }
+
+    /// The bytes of the answer written since the last call (empty when none).
+    pub fn take(&mut self) -> Bytes {
+        Bytes::from(self.merge.take())
+    }
+
+    /// Whether the answer is whole: every body ended and the array closed.
+    pub fn is_finished(&self) -> bool {
+        self.merge.is_finished()
+    }
+}
