@@ -653,6 +653,10 @@ impl<R: Runtime> EstateHost<R> {
         let (mut answer, class, took) =
             self.answer_in_span(request, context).instrument(span).await;
         answer.echo_request_id(context);
+        if let ClientAnswer::Merged { body, .. } = &mut answer {
+            let counts = self.metrics.as_ref().map(Metrics::streamed_merges);
+            body.watched(&context.request_id, counts);
+        }
         // Outside the span: the line names the id itself, as a field of its own.
         AccessLine::of_answer(request, context, class, &answer, took).log();
         answer
@@ -1058,6 +1062,15 @@ impl<R: Runtime> Bound<'_, R> {
             .runtime
             .send(&self.generation.clients, request, budget)
             .await
+    }
+
+    /// Takes `bytes` of a held body a merge reads before it streams from the request's share of
+    /// the merge memory budget ([`BodyBudget::take`]).
+    pub(crate) fn take_budget(&self, bytes: usize) -> Result<(), pdbmux_core::UpstreamFailure> {
+        match &self.budget {
+            Ok(budget) => budget.take(bytes),
+            Err(_) => Ok(()),
+        }
     }
 
     /// The refusal of an exchange the merge memory budget has no room for, before it asks

@@ -170,13 +170,24 @@ pub(crate) async fn drive<R: Runtime>(
             Either::Left(((id, body, deadline, piece), _)) => {
                 let now = bound.now();
                 let work = Instant::now();
-                match piece {
-                    Some(Ok(piece)) => {
+                // What a merge reads before it streams is held: it counts in the memory budget.
+                let counted = match &piece {
+                    Some(Ok(bytes)) => bound.take_budget(bytes.len()),
+                    _ => Ok(()),
+                };
+                match (piece, counted) {
+                    (_, Err(failure)) => {
+                        if let UpstreamFailure::OverBudget { scope, .. } = failure {
+                            bound.observe_budget_refusal(scope);
+                        }
+                        exchange.handle_upstream_failure(now, id, failure);
+                    }
+                    (Some(Ok(piece)), Ok(())) => {
                         held.insert(id, (body, deadline));
                         exchange.handle_upstream_piece(now, id, piece);
                     }
-                    None => exchange.handle_upstream_end(now, id),
-                    Some(Err(error)) => {
+                    (None, Ok(())) => exchange.handle_upstream_end(now, id),
+                    (Some(Err(error)), Ok(())) => {
                         exchange.handle_upstream_failure(now, id, UpstreamFailure::Transport(error))
                     }
                 }

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use pdbmux_core::MergeStream;
 
+use crate::metrics::StreamedMerges;
 use crate::{Runtime, StreamFailure};
 
 /// A streamed merge's body: poll it with [`MergedBody::poll_next`] and send each piece; an
@@ -21,7 +22,10 @@ pub struct MergedBody<R: Runtime> {
     bodies: Vec<(usize, Option<R::Held>)>,
     /// The input polled first next time: the bodies take turns.
     next: usize,
-    failed: bool,
+    /// Ended: whole, or cut off.
+    done: bool,
+    /// The request it answers, for its log line, and where it counts how it ended.
+    watch: Option<(String, Option<StreamedMerges>)>,
     runtime: PhantomData<fn() -> R>,
 }
 
@@ -36,9 +40,16 @@ impl<R: Runtime> MergedBody<R> {
                 .map(|(input, body)| (input, Some(body)))
                 .collect(),
             next: 0,
-            failed: false,
+            done: false,
+            watch: None,
             runtime: PhantomData,
         }
+    }
+
+    /// Names the request it answers (in its log line if it is cut off) and where it counts
+    /// how it ends.
+    pub(crate) fn watched(&mut self, request_id: &str, counts: Option<StreamedMerges>) {
+        self.watch = Some((request_id.to_owned(), counts));
     }
 
     /// The next bytes of the answer: `Ready(None)` once it is whole.
@@ -46,7 +57,7 @@ impl<R: Runtime> MergedBody<R> {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, StreamFailure>>> {
-        if self.failed {
+        if self.done {
             return Poll::Ready(None);
         }
         loop {
@@ -55,6 +66,8 @@ impl<R: Runtime> MergedBody<R> {
                 return Poll::Ready(Some(Ok(out)));
             }
             if self.stream.is_finished() {
+                self.done = true;
+                self.count("complete");
                 return Poll::Ready(None);
             }
             match self.read_one(cx) {
@@ -103,9 +116,25 @@ impl<R: Runtime> MergedBody<R> {
     }
 
     fn fail(&mut self, failure: StreamFailure) -> StreamFailure {
-        self.failed = true;
+        self.done = true;
         self.bodies.clear();
-        tracing::warn!("aborting a streamed merge: {failure}");
+        let request_id = self.watch.as_ref().map_or("-", |(id, _)| id.as_str());
+        tracing::warn!(request_id, "aborting a streamed merge: {failure}");
+        self.count("cut_off");
         failure
+    }
+
+    fn count(&self, outcome: &'static str) {
+        if let Some((_, Some(counts))) = &self.watch {
+            counts.observe(outcome);
+        }
+    }
+}
+
+impl<R: Runtime> Drop for MergedBody<R> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.count("client_left");
+        }
     }
 }

@@ -62,6 +62,26 @@ struct BudgetLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StreamedLabels {
+    outcome: &'static str,
+}
+
+/// How streamed merges end, as [`crate::MergedBody`] counts them: `complete`, `cut_off` (a
+/// failure after the first byte: the client's body does not parse), `client_left`.
+#[derive(Clone, Debug)]
+pub(crate) struct StreamedMerges(Family<StreamedLabels, Counter>);
+
+impl StreamedMerges {
+    /// The outcomes, in the order the metric lists them.
+    const OUTCOMES: [&'static str; 3] = ["complete", "cut_off", "client_left"];
+
+    /// One streamed merge ended so.
+    pub(crate) fn observe(&self, outcome: &'static str) {
+        self.0.get_or_create(&StreamedLabels { outcome }).inc();
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabels {
     op: &'static str,
     outcome: &'static str,
@@ -102,6 +122,7 @@ pub struct Metrics {
     last_reload_at: Gauge<f64, AtomicU64>,
     store: Family<StoreLabels, Counter>,
     budget_refusals: Family<BudgetLabels, Counter>,
+    streamed: StreamedMerges,
 }
 
 impl fmt::Debug for Metrics {
@@ -200,6 +221,15 @@ impl Metrics {
                 scope: scope.as_str(),
             }));
         }
+        let streamed = Family::default();
+        registry.register(
+            "pdbmux_streamed_merges",
+            "Merged answers streamed to the client, by how they ended (complete; cut_off: a backend failed after the first byte, the body does not parse; client_left)",
+            streamed.clone(),
+        );
+        for outcome in StreamedMerges::OUTCOMES {
+            drop(streamed.get_or_create(&StreamedLabels { outcome }));
+        }
         registry.register(
             "pdbmux_build",
             "The running binary and its version",
@@ -220,7 +250,13 @@ impl Metrics {
             last_reload_at,
             store,
             budget_refusals,
+            streamed: StreamedMerges(streamed),
         }
+    }
+
+    /// Where streamed merges count how they ended.
+    pub(crate) fn streamed_merges(&self) -> StreamedMerges {
+        self.streamed.clone()
     }
 
     /// Adds the bytes `memory` holds for merges in flight, read at every scrape.
