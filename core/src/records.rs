@@ -324,6 +324,11 @@ pub fn read_object<'a, const N: usize>(
     let (fields, last) = match (ObjectSeed { names }).deserialize(&mut deserializer) {
         Ok(read) => read,
         Err(error) if error.is_eof() => return Ok(None),
+        // A number cut by the end of `bytes` (`1.`, `2e`, `-`) is "invalid", not an end of
+        // input, to serde_json: more is to come while the object's `}` has not arrived.
+        Err(_) if bytes.get(start) == Some(&b'{') && object_end(&bytes[start..]).is_none() => {
+            return Ok(None)
+        }
         Err(error) => return Err(error),
     };
     let base = bytes.as_ptr() as usize;
@@ -348,6 +353,34 @@ pub fn read_object<'a, const N: usize>(
         .filter(|text| text.starts_with('{') && text.ends_with('}'))
         .ok_or_else(lost)?;
     Ok(Some((Picked { text, fields }, close + 1)))
+}
+
+/// The index just past the `}` that closes the object `bytes` starts with (at its `{`), if
+/// `bytes` holds it (strings and their escapes skipped).
+fn object_end(bytes: &[u8]) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut at = 0;
+    while at < bytes.len() {
+        match bytes[at] {
+            b'"' => {
+                // To the closing quote: past each escape's next byte.
+                at += 1;
+                while at < bytes.len() && bytes[at] != b'"' {
+                    at += if bytes[at] == b'\\' { 2 } else { 1 };
+                }
+            }
+            b'{' | b'[' => depth += 1,
+            b'}' | b']' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    return Some(at + 1);
+                }
+            }
+            _ => {}
+        }
+        at += 1;
+    }
+    None
 }
 
 /// Whitespace as JSON defines it.
@@ -522,6 +555,36 @@ pub fn with_key(record: &str, key: &str, value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_object_cut_anywhere_is_incomplete_and_whole_it_is_read() {
+        let record =
+            r#" {"certname":"web\"1","value":-1.5e-3,"n":[true,null,{"x":"}"}],"t":false,"é":2}"#;
+        let bytes = record.as_bytes();
+        for cut in 0..bytes.len() {
+            assert!(
+                matches!(read_object(&bytes[..cut], &["certname"]), Ok(None)),
+                "cut at {cut}: {:?}",
+                String::from_utf8_lossy(&bytes[..cut])
+            );
+        }
+        let (picked, end) = read_object(bytes, &["certname"])
+            .expect("an object")
+            .expect("whole");
+        assert_eq!(end, bytes.len());
+        assert_eq!(picked.text, record.trim_start());
+        assert_eq!(picked.fields[0].map(RawValue::get), Some(r#""web\"1""#));
+        let followed = format!("{record} , {{}}");
+        let (_, end) = read_object(followed.as_bytes(), &["certname"])
+            .expect("an object")
+            .expect("whole");
+        assert_eq!(end, bytes.len(), "the object alone, not what follows");
+        assert!(
+            read_object(br#"{"a":1.x}"#, &["a"]).is_err(),
+            "broken, not cut"
+        );
+        assert!(read_object(b"[1]", &["a"]).is_err(), "not an object");
+    }
 
     #[test]
     fn fields_are_read_without_touching_values() {
