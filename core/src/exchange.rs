@@ -213,15 +213,14 @@ impl Exchange {
             headers,
             pieces,
             ..
-        } = std::mem::replace(
-            &mut call.state,
-            CallState::Done(Outcome::Failed(Failure::HeldBody(StatusCode::OK))),
-        ) {
+        } = &mut call.state
+        {
             let body = match pieces.as_slice() {
                 [one] => one.clone(),
                 _ => Bytes::from(pieces.concat()),
             };
-            call.state = CallState::Done(outcome_of(status, headers, body));
+            let outcome = outcome_of(*status, std::mem::take(headers), body);
+            call.state = CallState::Done(outcome);
         }
         self.progress(now);
     }

@@ -82,6 +82,9 @@ pub(crate) async fn drive<R: Runtime>(
     let mut held: BTreeMap<UpstreamId, (R::Held, Instant)> = BTreeMap::new();
     // Reads of held bodies under way: each owns its body until its piece arrives.
     let mut reads = FuturesUnordered::new();
+    // The held bodies being read, and whether the exchange still wants each: one it gave up
+    // meanwhile is dropped when its read ends.
+    let mut reading: BTreeMap<UpstreamId, bool> = BTreeMap::new();
     let mut deadlines: BTreeMap<UpstreamId, Instant> = BTreeMap::new();
     // Calls in flight: their backend and when they were sent (an abandoned one is timed too).
     let mut sent: BTreeMap<UpstreamId, (pdbmux_core::BackendId, Instant)> = BTreeMap::new();
@@ -102,6 +105,7 @@ pub(crate) async fn drive<R: Runtime>(
                 }
                 ExchangeOutput::Read(id) => {
                     if let Some((mut body, deadline)) = held.remove(&id) {
+                        reading.insert(id, true);
                         reads.push(async move {
                             let piece =
                                 future::poll_fn(|cx| R::poll_piece(Pin::new(&mut body), cx)).await;
@@ -114,6 +118,9 @@ pub(crate) async fn drive<R: Runtime>(
                         handle.abort();
                     }
                     held.remove(&id);
+                    if let Some(wanted) = reading.get_mut(&id) {
+                        *wanted = false;
+                    }
                     // Timed out or no longer wanted: it took this long until it was given up.
                     if let Some((backend, sent_at)) = sent.remove(&id) {
                         let took = bound.now().saturating_duration_since(sent_at);
@@ -168,6 +175,10 @@ pub(crate) async fn drive<R: Runtime>(
         });
         let event = match future::select(read, future::select(answered, timer)).await {
             Either::Left(((id, body, deadline, piece), _)) => {
+                if reading.remove(&id) == Some(false) {
+                    drop(body);
+                    continue;
+                }
                 let now = bound.now();
                 let work = Instant::now();
                 // What a merge reads before it streams is held: it counts in the memory budget.

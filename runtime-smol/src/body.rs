@@ -156,6 +156,10 @@ pub struct Deadlined {
 /// How much of a streamed body is read from the backend at a time.
 const READ_SIZE: usize = 16 * 1024;
 
+/// How much of a held body a streamed merge reads at a time: each piece costs a parse resumed at
+/// its start, so pieces as large as a socket's buffer.
+const MERGE_READ_SIZE: usize = 64 * 1024;
+
 impl Deadlined {
     /// Bounds `inner` by `deadline`.
     pub fn new(inner: HeldBody, deadline: Instant) -> Deadlined {
@@ -205,7 +209,7 @@ pub fn poll_piece(
     let mut scratch = this
         .scratch
         .take()
-        .unwrap_or_else(|| vec![0; READ_SIZE].into_boxed_slice());
+        .unwrap_or_else(|| vec![0; MERGE_READ_SIZE].into_boxed_slice());
     let piece = match Pin::new(&mut *this).poll_read(cx, &mut scratch) {
         Poll::Pending => Poll::Pending,
         Poll::Ready(Ok(0)) => Poll::Ready(None),
