@@ -57,7 +57,13 @@ impl Plan for ParentChecked {
     }
 
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
-        let mut calls = self.merge.start(context);
+        // The parent's verdict can turn the answer into a 404 after the merge's first records:
+        // the merge is buffered.
+        let buffered = Context {
+            may_stream: false,
+            ..context.clone()
+        };
+        let mut calls = self.merge.start(&buffered);
         calls.extend(context.roster.iter().map(|backend| (*backend, PARENT)));
         calls
     }

@@ -489,6 +489,25 @@ impl<'de, const N: usize> Visitor<'de> for ObjectSeed<'_, N> {
     }
 }
 
+/// The synthetic provenance fact record of one node (docs/merging.md, "Provenance"): all four
+/// keys, `value` the backend's name, the environment copied from the node's own facts.
+pub fn provenance_record(
+    certname: &str,
+    name: &str,
+    value: &str,
+    environment: Option<&RawValue>,
+) -> Option<Box<RawValue>> {
+    let environment = environment.map_or("null", RawValue::get);
+    let text = format!(
+        "{{\"certname\":{},\"name\":{},\"value\":{},\"environment\":{}}}",
+        serde_json::to_string(certname).ok()?,
+        serde_json::to_string(name).ok()?,
+        serde_json::to_string(value).ok()?,
+        environment
+    );
+    RawValue::from_string(text).ok()
+}
+
 /// Writes `records` as one JSON array, each record byte for byte.
 pub fn write_array<'r>(records: impl IntoIterator<Item = &'r str>, capacity: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(capacity + 2);

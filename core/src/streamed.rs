@@ -8,7 +8,7 @@
 //! records from its owner; a node the map does not place from the first backend in configured
 //! order that returned it, so such a record waits until every backend before its own has ended.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,7 +16,7 @@ use bytes::Bytes;
 use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
-use crate::records::{raw_str, read_object};
+use crate::records::{is_str, provenance_record, raw_str, read_object};
 
 /// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,6 +26,24 @@ pub struct MergeBroken {
     pub(crate) backend: usize,
     /// What was wrong.
     pub(crate) reason: String,
+}
+
+/// The fields a record is read for: whose node it is, and for `/facts` its name (the provenance
+/// fact's are dropped) and environment (its synthetic record copies it).
+const PICKED: [&str; 3] = ["certname", "name", "environment"];
+
+/// A record's [`PICKED`] fields.
+type RecordFields<'a> = [Option<&'a serde_json::value::RawValue>; 3];
+
+/// What a streamed `/facts` merge does with the provenance fact (docs/merging.md,
+/// "Provenance"): the backends' records of that name are dropped, and with `inject` one
+/// synthetic record per node names the backend its facts came from.
+#[derive(Debug, Clone)]
+pub(crate) struct StreamedProvenance {
+    /// The provenance fact's name.
+    pub(crate) source_fact: String,
+    /// Each input's backend name, when a synthetic record is written for each node kept.
+    pub(crate) inject: Option<Vec<String>>,
 }
 
 /// Where a reader is in its array.
@@ -59,11 +77,12 @@ impl ArrayReader {
         }
     }
 
-    /// Reads `piece`, handing each whole record (its text and `certname`) to `record`.
+    /// Reads `piece`, handing each whole record (its text and its [`PICKED`] fields) to
+    /// `record`.
     fn push(
         &mut self,
         piece: &[u8],
-        mut record: impl FnMut(&str, Option<&serde_json::value::RawValue>),
+        mut record: impl FnMut(&str, RecordFields<'_>),
     ) -> Result<(), String> {
         self.pending.extend_from_slice(piece);
         let mut at = 0;
@@ -82,9 +101,9 @@ impl ArrayReader {
                 (ArrayState::First | ArrayState::Next, b']') => ArrayState::Closed,
                 (ArrayState::Next, b',') => ArrayState::Element,
                 (ArrayState::First | ArrayState::Element, _) => {
-                    match read_object(&self.pending[at..], &["certname"]) {
+                    match read_object(&self.pending[at..], &PICKED) {
                         Ok(Some((picked, end))) => {
-                            record(picked.text, picked.fields[0]);
+                            record(picked.text, picked.fields);
                             at += end;
                             self.state = ArrayState::Next;
                             continue;
@@ -145,10 +164,23 @@ struct Decisions {
     asked: Vec<BackendId>,
     /// Nodes the map does not place: the input that returned each first, in configured order.
     claimed: HashMap<String, usize>,
-    /// Records of unplaced nodes waiting for an earlier input to end: input, certname, record.
-    waiting: Vec<(usize, String, String)>,
+    /// Records of unplaced nodes waiting for an earlier input to end.
+    waiting: Vec<Waiting>,
+    provenance: Option<StreamedProvenance>,
+    /// The nodes whose synthetic provenance record was written.
+    injected: HashSet<String>,
     out: Vec<u8>,
     written: usize,
+}
+
+/// A record of an unplaced node, until every input before its own has ended.
+#[derive(Debug)]
+struct Waiting {
+    input: usize,
+    certname: String,
+    /// Its `environment`, as JSON text.
+    environment: Option<String>,
+    text: String,
 }
 
 impl Decisions {
@@ -156,6 +188,41 @@ impl Decisions {
         self.out.push(if self.written == 0 { b'[' } else { b',' });
         self.out.extend_from_slice(record.as_bytes());
         self.written += 1;
+    }
+
+    /// Writes a kept record of `certname` from `input`, and the node's synthetic provenance
+    /// record after its first.
+    fn write_kept(
+        &mut self,
+        input: usize,
+        (certname, environment): (&str, Option<&str>),
+        text: &str,
+    ) {
+        self.write(text);
+        let Some(names) = self.provenance.as_ref().and_then(|p| p.inject.as_ref()) else {
+            return;
+        };
+        if self.injected.contains(certname) {
+            return;
+        }
+        let environment =
+            environment.and_then(|e| serde_json::value::RawValue::from_string(e.to_owned()).ok());
+        let synthetic = self.provenance.as_ref().and_then(|p| {
+            let name = names.get(input)?;
+            provenance_record(certname, &p.source_fact, name, environment.as_deref())
+        });
+        if let Some(record) = synthetic {
+            self.write(record.get());
+            self.injected.insert(certname.to_owned());
+        }
+    }
+
+    /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
+    fn is_provenance(&self, name: Option<&serde_json::value::RawValue>) -> bool {
+        match (&self.provenance, name) {
+            (Some(provenance), Some(name)) => is_str(name, &provenance.source_fact),
+            _ => false,
+        }
     }
 
     /// Whether `input`'s records of `certname` are kept; `before_ended`: every input before it
@@ -193,11 +260,12 @@ pub(crate) struct OwnedStream {
 
 impl OwnedStream {
     /// A merge of the answers of `asked` (configured order), whose nodes `scope` places in
-    /// `ownership`.
+    /// `ownership`; `provenance` for `/facts`.
     pub(crate) fn new(
         ownership: Arc<Ownership>,
         scope: NodeScope,
         asked: Vec<BackendId>,
+        provenance: Option<StreamedProvenance>,
     ) -> OwnedStream {
         OwnedStream {
             inputs: asked
@@ -214,6 +282,8 @@ impl OwnedStream {
                 asked,
                 claimed: HashMap::new(),
                 waiting: Vec::new(),
+                provenance,
+                injected: HashSet::new(),
                 out: Vec::new(),
                 written: 0,
             },
@@ -231,7 +301,10 @@ impl OwnedStream {
         let last = &mut state.last;
         state
             .reader
-            .push(piece, |text, certname| {
+            .push(piece, |text, [certname, name, environment]| {
+                if decisions.is_provenance(name) {
+                    return;
+                }
                 let Some(certname) = certname.and_then(raw_str) else {
                     // No node to own it: kept as it is.
                     decisions.write(text);
@@ -245,14 +318,16 @@ impl OwnedStream {
                         keep
                     }
                 };
+                let environment = environment.map(serde_json::value::RawValue::get);
                 match keep {
-                    Keep::Yes => decisions.write(text),
+                    Keep::Yes => decisions.write_kept(input, (&certname, environment), text),
                     Keep::No => {}
-                    Keep::Later => {
-                        decisions
-                            .waiting
-                            .push((input, certname.into_owned(), text.to_owned()));
-                    }
+                    Keep::Later => decisions.waiting.push(Waiting {
+                        input,
+                        certname: certname.into_owned(),
+                        environment: environment.map(str::to_owned),
+                        text: text.to_owned(),
+                    }),
                 }
             })
             .map_err(|reason| MergeBroken {
@@ -312,20 +387,15 @@ impl OwnedStream {
     /// configured order: the first input to return an unplaced node keeps it.
     fn decide_waiting(&mut self) {
         let waiting = std::mem::take(&mut self.decisions.waiting);
-        let mut still = Vec::new();
-        let mut ready: Vec<(usize, String, String)> = Vec::new();
-        for entry in waiting {
-            if self.inputs[..entry.0].iter().all(|i| i.ended) {
-                ready.push(entry);
-            } else {
-                still.push(entry);
-            }
-        }
+        let (mut ready, still): (Vec<Waiting>, Vec<Waiting>) = waiting
+            .into_iter()
+            .partition(|entry| self.inputs[..entry.input].iter().all(|i| i.ended));
         // A stable sort: each input's records stay in the order they came.
-        ready.sort_by_key(|(input, _, _)| *input);
-        for (input, certname, text) in ready {
-            if self.decisions.keep(input, &certname, true) == Keep::Yes {
-                self.decisions.write(&text);
+        ready.sort_by_key(|entry| entry.input);
+        for entry in ready {
+            if self.decisions.keep(entry.input, &entry.certname, true) == Keep::Yes {
+                let node = (entry.certname.as_str(), entry.environment.as_deref());
+                self.decisions.write_kept(entry.input, node, &entry.text);
             }
         }
         self.decisions.waiting = still;

@@ -16,7 +16,9 @@ use super::rows::{Collected, Page, Raw, Row};
 use super::{parse_answers, BackendPage, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
 use crate::ownership::{Holding, Owning};
-use crate::records::{is_str, parse_array, parse_picked, raw_str, same_text, write_array, Fields};
+use crate::records::{
+    is_str, parse_array, parse_picked, provenance_record, raw_str, same_text, write_array, Fields,
+};
 use crate::sort::OrderBy;
 
 /// Where pass 1 put an upstream record.
@@ -256,7 +258,7 @@ fn provenance_row(
     environment: Option<&RawValue>,
     order: Option<&OrderBy>,
 ) -> Option<Row<'static>> {
-    let raw = synthetic_record(certname, source_fact, name, environment)?;
+    let raw = provenance_record(certname, source_fact, name, environment)?;
     let key = order.map(|order| {
         let fields = Fields::of(raw.get());
         crate::sort::sort_key(order, |field| fields.as_ref()?.raw(field))
@@ -266,24 +268,6 @@ fn provenance_row(
         raw: Raw::Owned(raw),
         key,
     })
-}
-
-/// The synthetic fact record: all four keys, the environment copied from the node's own facts.
-fn synthetic_record(
-    certname: &str,
-    name: &str,
-    value: &str,
-    environment: Option<&RawValue>,
-) -> Option<Box<RawValue>> {
-    let environment = environment.map_or("null", RawValue::get);
-    let text = format!(
-        "{{\"certname\":{},\"name\":{},\"value\":{},\"environment\":{}}}",
-        serde_json::to_string(certname).ok()?,
-        serde_json::to_string(name).ok()?,
-        serde_json::to_string(value).ok()?,
-        environment
-    );
-    RawValue::from_string(text).ok()
 }
 
 /// The provenance drilldown's filter on a shared `/facts/<source_fact>` record set: the records

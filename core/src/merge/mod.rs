@@ -40,7 +40,7 @@ use crate::query::{self, Analysis, Params, QueryText};
 use crate::route::Route;
 use crate::sort::{self, OrderBy};
 use crate::status::Unusable;
-use crate::streamed::OwnedStream;
+use crate::streamed::{OwnedStream, StreamedProvenance};
 
 pub(crate) use facts::filter_source_records;
 pub(crate) use rows::{Unfilled, Window};
@@ -350,15 +350,36 @@ impl RecordPlan {
         })
     }
 
+    /// What a streamed merge of `asked` does with the provenance fact (`/facts`).
+    fn streamed_provenance(&self, asked: &[BackendId]) -> Option<StreamedProvenance> {
+        let inject = match self.provenance {
+            Provenance::Off | Provenance::SyntheticOnly { .. } => return None,
+            Provenance::DropOnly => None,
+            Provenance::Inject => Some(
+                asked
+                    .iter()
+                    .map(|backend| {
+                        crate::status::backend_name(&self.config.backends, *backend).to_owned()
+                    })
+                    .collect(),
+            ),
+        };
+        Some(StreamedProvenance {
+            source_fact: self.config.source_fact.clone(),
+            inject,
+        })
+    }
+
     /// Whether this merge can stream in `context` (docs/merging.md, "Streamed merges"): the
     /// records of a node-owned entity that name their node, unpaged, unordered, without a
-    /// total or the provenance fact, each kept or dropped by the membership snapshot alone, for
-    /// a request whose answer no other client shares.
+    /// total, each kept or dropped by the membership snapshot alone (the provenance fact's
+    /// synthetic records written with each node's first), for a request whose answer no other
+    /// client shares.
     fn can_stream(&self, context: &Context) -> bool {
         context.may_stream
             && context.ownership.is_some()
             && self.entity.merge_rule() == MergeRule::Owned
-            && !self.entity.carries_provenance()
+            && !matches!(self.provenance, Provenance::SyntheticOnly { .. })
             && matches!(self.owned, Some((_, Technique::Drop)))
             && !self.window.is_paged()
             && self.order.is_none()
@@ -724,7 +745,12 @@ impl Plan for RecordPlan {
         let asked = self.asked_ids();
         Some(StreamStart {
             inputs: asked.iter().map(|backend| (*backend, RECORDS)).collect(),
-            merge: OwnedStream::new(ownership, scope, asked),
+            merge: OwnedStream::new(
+                ownership,
+                scope,
+                asked.clone(),
+                self.streamed_provenance(&asked),
+            ),
             excused: self.excused,
         })
     }

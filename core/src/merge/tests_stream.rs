@@ -2,7 +2,7 @@
 //! bytes arrive: in pieces of any size, interleaved in any order.
 
 use proptest::prelude::*;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use super::tests::{config, merge, ownership, plan};
 use crate::entity::Entity;
@@ -41,7 +41,12 @@ fn streamed_with(
     (ownership, scope): (std::sync::Arc<crate::membership::Ownership>, NodeScope),
 ) -> String {
     let asked: Vec<BackendId> = (0..answers.len()).map(BackendId).collect();
-    let mut stream = OwnedStream::new(ownership, scope, asked);
+    let mut stream = OwnedStream::new(ownership, scope, asked, None);
+    feed(&mut stream, answers, pieces, turns)
+}
+
+/// Feeds `answers` to `stream` in `pieces`, taking turns by `turns` (see [`streamed`]).
+fn feed(stream: &mut OwnedStream, answers: &[String], pieces: &[usize], turns: &[usize]) -> String {
     let mut at = vec![0; answers.len()];
     let mut cut = 0;
     let mut out = Vec::new();
@@ -123,7 +128,7 @@ fn a_body_that_is_not_an_array_of_objects_is_broken() {
         ("[{\"certname\":\"n0\",", false),
     ] {
         let map = ownership(&[], &[]);
-        let mut stream = OwnedStream::new(map, scope(), vec![BackendId(0)]);
+        let mut stream = OwnedStream::new(map, scope(), vec![BackendId(0)], None);
         let pushed = stream.push(0, body.as_bytes());
         let ended = pushed.clone().and_then(|()| stream.end(0));
         assert!(ended.is_err(), "{body}: {ended:?}");
@@ -158,4 +163,80 @@ proptest! {
         let streamed = streamed_with(&answers, &pieces, &turns, (map, scope()));
         prop_assert_eq!(sorted(&streamed), sorted(&buffered));
     }
+}
+
+/// One backend's `/facts` answer: `records` (node index, fact index, environment index), with
+/// fact 0 named like the provenance fact (which the backends do not hold: dropped).
+fn facts_answer(backend: usize, records: &[(usize, usize, usize)]) -> String {
+    let records: Vec<String> = records
+        .iter()
+        .map(|(node, fact, environment)| {
+            let name = match fact {
+                0 => "pdbmux_source".to_owned(),
+                n => format!("f{n}"),
+            };
+            let environment = ["production", "dev"][*environment];
+            json!({"certname": NODES[*node], "name": name, "value": {"from": backend, "n": [1.5, -2e3]},
+                "environment": environment})
+            .to_string()
+        })
+        .collect();
+    format!("[{}]", records.join(","))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn facts_streamed_keep_the_buffered_records_and_one_provenance_record_per_node(
+        a_nodes in prop::collection::vec((0..NODES.len(), 0..3usize), 0..6),
+        b_nodes in prop::collection::vec((0..NODES.len(), 0..3usize), 0..6),
+        a_records in prop::collection::vec((0..NODES.len(), 0..4usize, 0..2usize), 0..12),
+        b_records in prop::collection::vec((0..NODES.len(), 0..4usize, 0..2usize), 0..12),
+        pieces in prop::collection::vec(1..64usize, 1..8),
+        turns in prop::collection::vec(0..2usize, 0..64),
+    ) {
+        let stamp = ["2026-12-01T08:00:00Z", "2026-12-01T09:00:00Z", "2026-12-01T10:00:00Z"];
+        let rows = |nodes: &[(usize, usize)]| -> Vec<(&str, &str)> {
+            let mut rows: Vec<(&str, &str)> = nodes.iter().map(|(n, t)| (NODES[*n], stamp[*t])).collect();
+            rows.sort();
+            rows.dedup_by(|x, y| x.0 == y.0);
+            rows
+        };
+        let map = ownership(&rows(&a_nodes), &rows(&b_nodes));
+        // A node's records come together in one backend's answer, as PuppetDB writes them.
+        let grouped = |mut records: Vec<(usize, usize, usize)>| {
+            records.sort_by_key(|(node, _, _)| *node);
+            records
+        };
+        let answers = [
+            facts_answer(0, &grouped(a_records)),
+            facts_answer(1, &grouped(b_records)),
+        ];
+        let config = config();
+        let mut planned = plan(&config, "/pdb/query/v4/facts", Some(map.clone())).expect("plan");
+        let (buffered, _) = merge(&mut planned, &[(&answers[0], None), (&answers[1], None)]);
+        let provenance = crate::streamed::StreamedProvenance {
+            source_fact: config.source_fact.clone(),
+            inject: Some(vec!["pdb-a".to_owned(), "pdb-b".to_owned()]),
+        };
+        let scope = NodeScope::of(Entity::Facts, config.merge, false);
+        let streamed = streamed_facts(&answers, &pieces, &turns, (map, scope, provenance));
+        prop_assert_eq!(sorted(&streamed), sorted(&buffered));
+    }
+}
+
+fn streamed_facts(
+    answers: &[String],
+    pieces: &[usize],
+    turns: &[usize],
+    (ownership, scope, provenance): (
+        std::sync::Arc<crate::membership::Ownership>,
+        NodeScope,
+        crate::streamed::StreamedProvenance,
+    ),
+) -> String {
+    let asked: Vec<BackendId> = (0..answers.len()).map(BackendId).collect();
+    let mut stream = OwnedStream::new(ownership, scope, asked, Some(provenance));
+    feed(&mut stream, answers, pieces, turns)
 }
