@@ -84,7 +84,8 @@ fuzz_target!(|data: &[u8]| {
             match output {
                 ExchangeOutput::Send(request) => sends.push(request.id),
                 ExchangeOutput::Respond(_) => return,
-                ExchangeOutput::Cancel(_) => {}
+                // Every answer here is whole (`UpstreamResponse::full`): nothing is held to read.
+                ExchangeOutput::Cancel(_) | ExchangeOutput::Read(_) => {}
             }
         }
         for id in sends {
