@@ -440,6 +440,9 @@ impl Exchange {
     /// each body its first piece and no read is outstanding, the merge streams (and the exchange
     /// responds): `true` then.
     fn read_on(&mut self) -> bool {
+        if !self.plan.streams() {
+            return false;
+        }
         let mut read = 0;
         let mut outstanding = false;
         for call in &self.calls.0 {
