@@ -248,6 +248,12 @@ impl Harness {
         self.submit(ClientRequest::get(target))
     }
 
+    /// Makes `client` leave once it has read the first bytes of a streamed merge's body: the
+    /// rest is never read, and the merge (with the upstream bodies it holds) is dropped.
+    pub fn leave_mid_body(&mut self, client: ClientId) {
+        self.sim.world().leave_mid_body.insert(client.0);
+    }
+
     /// The client went away: its task is dropped, as a runtime drops a connection's task, which
     /// abandons its upstream requests or tells the estate it no longer waits.
     pub fn disconnect(&mut self, client: ClientId) -> Result<(), HarnessError> {
@@ -406,7 +412,18 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
         ClientAnswer::Merged {
             response, mut body, ..
         } => {
-            let (bytes, cut_off) = read_merged(&mut body);
+            let leaves = sim.world().leave_mid_body.contains(&client.0);
+            let (bytes, cut_off) = if leaves {
+                let (bytes, _) = read_merged_first(&mut body);
+                sim.world().log(format!(
+                    "{client} gone after {} bytes of the body",
+                    bytes.len()
+                ));
+                drop(body);
+                (bytes, Some("the client left".to_owned()))
+            } else {
+                read_merged(&mut body)
+            };
             merged = Some(cut_off);
             (response, bytes, None)
         }
@@ -441,6 +458,16 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
             merged,
         },
     });
+}
+
+/// The first bytes of a streamed merge's body, as a client that leaves then reads them.
+fn read_merged_first(body: &mut pdbmux_driver::MergedBody<Sim>) -> (Bytes, Option<String>) {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match body.poll_next(&mut cx) {
+        std::task::Poll::Ready(Some(Ok(bytes))) => (bytes, None),
+        std::task::Poll::Ready(Some(Err(failure))) => (Bytes::new(), Some(failure.to_string())),
+        std::task::Poll::Ready(None) | std::task::Poll::Pending => (Bytes::new(), None),
+    }
 }
 
 /// Reads a streamed merge's body as far as it goes: every simulated body is whole at once, so

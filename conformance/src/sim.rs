@@ -134,6 +134,8 @@ pub(crate) struct World {
     pub(crate) transcript: Transcript,
     pub(crate) sends: Vec<SentRequest>,
     pub(crate) answered: Vec<Answered>,
+    /// Clients that leave after the first bytes of a streamed merge ([`crate::Harness::leave_mid_body`]).
+    pub(crate) leave_mid_body: BTreeSet<usize>,
     /// Panics other than scripted ones (a defect), by task.
     pub(crate) panics: Vec<String>,
     /// Tasks that ended in a scripted panic.
@@ -405,6 +407,7 @@ impl Sim {
                 transcript: Transcript::default(),
                 sends: Vec::new(),
                 answered: Vec::new(),
+                leave_mid_body: BTreeSet::new(),
                 panics: Vec::new(),
                 panicked: BTreeSet::new(),
                 failure: None,

@@ -231,3 +231,24 @@ fn a_cached_answer_is_not_streamed() {
         ])
     );
 }
+
+#[test]
+fn a_client_leaving_mid_body_drops_the_merge_and_the_backends_bodies() {
+    let (a, b) = estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ]);
+    let client = h.get("/pdb/query/v4/resources");
+    h.leave_mid_body(client);
+    let transcript = finish(&mut h);
+    let response = h.response(client).expect("one response").clone();
+    assert_eq!(response.merged, Some(Some("the client left".to_owned())));
+    assert!(!response.body.is_empty(), "it read the first bytes");
+    // The bodies still being read are dropped with the merge: their connections are closed.
+    let dropped = transcript
+        .lines()
+        .filter(|line| line.contains("(held body dropped)"))
+        .count();
+    assert!(dropped >= 1, "{transcript}");
+}
