@@ -331,28 +331,30 @@ pub fn read_object<'a, const N: usize>(
         }
         Err(error) => return Err(error),
     };
-    let base = bytes.as_ptr() as usize;
+    let close = object_close(bytes, start, last).ok_or_else(lost)?;
+    let text = std::str::from_utf8(&bytes[start..=close]).map_err(|_| lost())?;
+    Ok(Some((Picked { text, fields }, close + 1)))
+}
+
+/// The index of the `}` closing the object that starts at `start` in `body`, found from its last
+/// value `last` (borrowed from `body`; `None`: the object has none): serde_json gives no
+/// positions, so this is how a record's text is recovered. `None` when `body` does not hold it.
+fn object_close(body: &[u8], start: usize, last: Option<&RawValue>) -> Option<usize> {
     let after_last = match last {
         Some(value) => {
             (value.get().as_ptr() as usize)
-                .checked_sub(base)
-                .filter(|offset| *offset > start && *offset < bytes.len())
-                .ok_or_else(lost)?
+                .checked_sub(body.as_ptr() as usize)
+                .filter(|offset| *offset > start && *offset < body.len())?
                 + value.get().len()
         }
         None => start + 1,
     };
-    let close = bytes
-        .get(after_last..)
-        .and_then(|rest| rest.iter().position(|&byte| !is_json_space(byte)))
-        .map(|offset| after_last + offset)
-        .ok_or_else(lost)?;
-    let text = bytes
-        .get(start..=close)
-        .and_then(|text| std::str::from_utf8(text).ok())
-        .filter(|text| text.starts_with('{') && text.ends_with('}'))
-        .ok_or_else(lost)?;
-    Ok(Some((Picked { text, fields }, close + 1)))
+    let close = after_last
+        + body
+            .get(after_last..)?
+            .iter()
+            .position(|&byte| !is_json_space(byte))?;
+    (body.get(start) == Some(&b'{') && body[close] == b'}').then_some(close)
 }
 
 /// The index just past the `}` that closes the object `bytes` starts with (at its `{`), if
@@ -421,27 +423,13 @@ impl<'de, const N: usize> Visitor<'de> for ObjectsSeed<'_, 'de, N> {
 
     fn visit_seq<S: de::SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
         let lost = || de::Error::custom("record position not recovered");
-        let base = self.body.as_ptr() as usize;
         let mut records = Vec::with_capacity(seq.size_hint().unwrap_or(0));
         // Just past the `[`: the body starts with it, after whitespace.
         let mut cursor = skip_space(self.body, 0, false).ok_or_else(lost)? + 1;
         while let Some((fields, last)) = seq.next_element_seed(ObjectSeed { names: self.names })? {
             let start = skip_space(self.body, cursor, true).ok_or_else(lost)?;
-            let after_last = match last {
-                Some(value) => {
-                    let offset = (value.get().as_ptr() as usize)
-                        .checked_sub(base)
-                        .filter(|offset| *offset >= start && *offset < self.body.len())
-                        .ok_or_else(lost)?;
-                    offset + value.get().len()
-                }
-                None => start + 1,
-            };
-            let close = skip_space(self.body, after_last, false).ok_or_else(lost)?;
+            let close = object_close(self.body.as_bytes(), start, last).ok_or_else(lost)?;
             let text = self.body.get(start..=close).ok_or_else(lost)?;
-            if !(text.starts_with('{') && text.ends_with('}')) {
-                return Err(lost());
-            }
             records.push(Picked { text, fields });
             cursor = close + 1;
         }
