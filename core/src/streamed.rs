@@ -196,9 +196,14 @@ impl Decisions {
         &mut self,
         input: usize,
         (certname, environment): (&str, Option<&str>),
-        text: &str,
+        (text, node_changed): (&str, bool),
     ) {
         self.write(text);
+        // Records come grouped by node: only a record whose node differs from the one before
+        // can be its node's first.
+        if !node_changed {
+            return;
+        }
         let Some(names) = self.provenance.as_ref().and_then(|p| p.inject.as_ref()) else {
             return;
         };
@@ -310,17 +315,20 @@ impl OwnedStream {
                     decisions.write(text);
                     return;
                 };
-                let keep = match last.as_ref() {
-                    Some((node, keep)) if *node == certname => *keep,
+                let (keep, node_changed) = match last.as_ref() {
+                    Some((node, keep)) if *node == certname => (*keep, false),
                     _ => {
                         let keep = decisions.keep(input, &certname, before_ended);
                         *last = Some((certname.clone().into_owned(), keep));
-                        keep
+                        (keep, true)
                     }
                 };
                 let environment = environment.map(serde_json::value::RawValue::get);
                 match keep {
-                    Keep::Yes => decisions.write_kept(input, (&certname, environment), text),
+                    Keep::Yes => {
+                        let node = (certname.as_ref(), environment);
+                        decisions.write_kept(input, node, (text, node_changed));
+                    }
                     Keep::No => {}
                     Keep::Later => decisions.waiting.push(Waiting {
                         input,
@@ -395,7 +403,8 @@ impl OwnedStream {
         for entry in ready {
             if self.decisions.keep(entry.input, &entry.certname, true) == Keep::Yes {
                 let node = (entry.certname.as_str(), entry.environment.as_deref());
-                self.decisions.write_kept(entry.input, node, &entry.text);
+                self.decisions
+                    .write_kept(entry.input, node, (&entry.text, true));
             }
         }
         self.decisions.waiting = still;
