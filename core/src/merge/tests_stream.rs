@@ -69,6 +69,27 @@ fn feed(stream: &mut OwnedStream, answers: &[String], pieces: &[usize], turns: &
     String::from_utf8(out).expect("utf-8")
 }
 
+/// The membership map of two backends holding `a` and `b` (node index, timestamp index; a
+/// node's first entry counts).
+fn map_of(
+    a: &[(usize, usize)],
+    b: &[(usize, usize)],
+) -> std::sync::Arc<crate::membership::Ownership> {
+    let stamp = [
+        "2026-12-01T08:00:00Z",
+        "2026-12-01T09:00:00Z",
+        "2026-12-01T10:00:00Z",
+    ];
+    let rows = |nodes: &[(usize, usize)]| -> Vec<(&str, &str)> {
+        let mut rows: Vec<(&str, &str)> =
+            nodes.iter().map(|(n, t)| (NODES[*n], stamp[*t])).collect();
+        rows.sort();
+        rows.dedup_by(|x, y| x.0 == y.0);
+        rows
+    };
+    ownership(&rows(a), &rows(b))
+}
+
 /// The records of a JSON array, each as text, sorted: the answer as a set.
 fn sorted(body: &str) -> Vec<String> {
     let records: Vec<Value> = serde_json::from_str(body).expect("a JSON array");
@@ -148,14 +169,7 @@ proptest! {
         pieces in prop::collection::vec(1..64usize, 1..8),
         turns in prop::collection::vec(0..2usize, 0..64),
     ) {
-        let stamp = ["2026-12-01T08:00:00Z", "2026-12-01T09:00:00Z", "2026-12-01T10:00:00Z"];
-        let rows = |nodes: &[(usize, usize)]| -> Vec<(&str, &str)> {
-            let mut rows: Vec<(&str, &str)> = nodes.iter().map(|(n, t)| (NODES[*n], stamp[*t])).collect();
-            rows.sort();
-            rows.dedup_by(|x, y| x.0 == y.0);
-            rows
-        };
-        let map = ownership(&rows(&a_nodes), &rows(&b_nodes));
+        let map = map_of(&a_nodes, &b_nodes);
         let answers = [answer(0, &a_records), answer(1, &b_records)];
         let config = config();
         let mut planned = plan(&config, "/pdb/query/v4/resources", Some(map.clone())).expect("plan");
@@ -196,14 +210,7 @@ proptest! {
         pieces in prop::collection::vec(1..64usize, 1..8),
         turns in prop::collection::vec(0..2usize, 0..64),
     ) {
-        let stamp = ["2026-12-01T08:00:00Z", "2026-12-01T09:00:00Z", "2026-12-01T10:00:00Z"];
-        let rows = |nodes: &[(usize, usize)]| -> Vec<(&str, &str)> {
-            let mut rows: Vec<(&str, &str)> = nodes.iter().map(|(n, t)| (NODES[*n], stamp[*t])).collect();
-            rows.sort();
-            rows.dedup_by(|x, y| x.0 == y.0);
-            rows
-        };
-        let map = ownership(&rows(&a_nodes), &rows(&b_nodes));
+        let map = map_of(&a_nodes, &b_nodes);
         // A node's records come together in one backend's answer, as PuppetDB writes them.
         let grouped = |mut records: Vec<(usize, usize, usize)>| {
             records.sort_by_key(|(node, _, _)| *node);
