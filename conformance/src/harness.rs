@@ -414,7 +414,7 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
         } => {
             let leaves = sim.world().leave_mid_body.contains(&client.0);
             let (bytes, cut_off) = if leaves {
-                let (bytes, _) = read_merged_first(&mut body);
+                let (bytes, _) = read_merged(&mut body, true);
                 sim.world().log(format!(
                     "{client} gone after {} bytes of the body",
                     bytes.len()
@@ -422,7 +422,7 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
                 drop(body);
                 (bytes, Some("the client left".to_owned()))
             } else {
-                read_merged(&mut body)
+                read_merged(&mut body, false)
             };
             merged = Some(cut_off);
             (response, bytes, None)
@@ -460,23 +460,18 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
     });
 }
 
-/// The first bytes of a streamed merge's body, as a client that leaves then reads them.
-fn read_merged_first(body: &mut pdbmux_driver::MergedBody<Sim>) -> (Bytes, Option<String>) {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match body.poll_next(&mut cx) {
-        std::task::Poll::Ready(Some(Ok(bytes))) => (bytes, None),
-        std::task::Poll::Ready(Some(Err(failure))) => (Bytes::new(), Some(failure.to_string())),
-        std::task::Poll::Ready(None) | std::task::Poll::Pending => (Bytes::new(), None),
-    }
-}
-
-/// Reads a streamed merge's body as far as it goes: every simulated body is whole at once, so
-/// the merge never waits. The bytes the client got, and why they stopped short, if they did.
-fn read_merged(body: &mut pdbmux_driver::MergedBody<Sim>) -> (Bytes, Option<String>) {
+/// Reads a streamed merge's body as far as it goes (its first bytes only, for a client that
+/// leaves then): every simulated body is whole at once, so the merge never waits. The bytes the
+/// client got, and why they stopped short, if they did.
+fn read_merged(
+    body: &mut pdbmux_driver::MergedBody<Sim>,
+    first_only: bool,
+) -> (Bytes, Option<String>) {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let mut out = Vec::new();
     loop {
         match body.poll_next(&mut cx) {
+            std::task::Poll::Ready(Some(Ok(bytes))) if first_only => return (bytes, None),
             std::task::Poll::Ready(Some(Ok(bytes))) => out.extend_from_slice(&bytes),
             std::task::Poll::Ready(None) => return (out.into(), None),
             std::task::Poll::Ready(Some(Err(failure))) => {
