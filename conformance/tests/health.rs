@@ -974,14 +974,11 @@ fn a_backend_kept_out_ages_its_part_of_the_membership_map_and_counts_each_refres
     );
 }
 
-/// When the map places no backend at all (every refresh so far failed), a request waits for a
-/// second refresh (the first may have begun before the backends came back); when that one too
-/// places nobody it asks every backend (an answer beats none) but counts none of them:
-/// ownership could not be decided, so the answer says it is partial (`0/2`) rather than
-/// passing a guess off as whole. The next request waits for a new refresh, as for the first
-/// map, and is whole, with web2 from its owner.
-#[test]
-fn an_answer_while_the_map_places_no_backend_is_not_whole() {
+/// pdb-a holding web1 and web2 (10:00), pdb-b a newer web2 (11:00), `freshness_ttl` 10 s and
+/// no cache: each backend answers `/nodes` and the membership queries, failing every membership
+/// query while it has been asked the membership extract at most `failures` times (pdb-a's,
+/// pdb-b's).
+fn web_nodes_failing_membership(failures: [usize; 2]) -> Harness {
     use pdbmux_core::membership::MEMBERSHIP_QUERY;
     let node = |certname: &str, at: &str| {
         serde_json::json!({"certname": certname, "report_timestamp": at, "deactivated": null,
@@ -993,16 +990,17 @@ fn an_answer_while_the_map_places_no_backend_is_not_whole() {
     ])
     .to_string();
     let b_nodes = serde_json::json!([node("web2", "2024-05-01T11:00:00.000Z")]).to_string();
-    let answering = |nodes: String| {
+    let answering = |nodes: String, failures: usize| {
         let mut memberships = 0;
         move |asked: &Asked<'_>| {
             let produced =
                 pdbmux_conformance::produced_query_entity(asked.path_and_query).is_some();
             if asked.path_and_query == MEMBERSHIP_QUERY {
                 memberships += 1;
-                if memberships <= 2 {
-                    return Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "busy").after(ms(3));
-                }
+            }
+            let membership = asked.path_and_query == MEMBERSHIP_QUERY || produced;
+            if membership && (1..=failures).contains(&memberships) {
+                return Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "busy").after(ms(3));
             }
             if produced {
                 let rows: Vec<Value> = serde_json::from_str::<Vec<Value>>(&nodes)
@@ -1018,26 +1016,39 @@ fn an_answer_while_the_map_places_no_backend_is_not_whole() {
             Reply::ok(nodes.clone()).after(ms(3))
         }
     };
-    let mut h = Harness::with_config(
+    Harness::with_config(
         vec![
-            FakeBackend::by_request("pdb-a", URL_A, answering(a_nodes)),
-            FakeBackend::by_request("pdb-b", URL_B, answering(b_nodes)),
+            FakeBackend::by_request("pdb-a", URL_A, answering(a_nodes, failures[0])),
+            FakeBackend::by_request("pdb-b", URL_B, answering(b_nodes, failures[1])),
         ],
         |config| {
             config.freshness_ttl = ms(10_000);
             config.facts_ttl = std::time::Duration::ZERO;
         },
     )
-    .expect("valid test backends");
-    let nodes_at = |h: &mut Harness, at_ms: u64| {
-        run_to(h, at_ms);
-        let client = h.get("/pdb/query/v4/nodes");
-        run_to(h, at_ms + 50);
-        let response = h.response(client).expect("answered");
-        let backends = response.header("x-backends").map(str::to_owned);
-        let body: Value = serde_json::from_slice(&response.body).expect("JSON");
-        (backends, body)
-    };
+    .expect("valid test backends")
+}
+
+/// `/pdb/query/v4/nodes` asked at `at_ms`: its `X-Backends` and its body.
+fn nodes_at(h: &mut Harness, at_ms: u64) -> (Option<String>, Value) {
+    run_to(h, at_ms);
+    let client = h.get("/pdb/query/v4/nodes");
+    run_to(h, at_ms + 50);
+    let response = h.response(client).expect("answered");
+    let backends = response.header("x-backends").map(str::to_owned);
+    let body: Value = serde_json::from_slice(&response.body).expect("JSON");
+    (backends, body)
+}
+
+/// When the map places no backend at all (every refresh so far failed), a request waits for a
+/// second refresh (the first may have begun before the backends came back); when that one too
+/// places nobody it asks every backend (an answer beats none) but counts none of them:
+/// ownership could not be decided, so the answer says it is partial (`0/2`) rather than
+/// passing a guess off as whole. The next request waits for a new refresh, as for the first
+/// map, and is whole, with web2 from its owner.
+#[test]
+fn an_answer_while_the_map_places_no_backend_is_not_whole() {
+    let mut h = web_nodes_failing_membership([2, 2]);
     let (first, body) = nodes_at(&mut h, 0);
     assert_eq!(first.as_deref(), Some("0/2"), "{body}");
     let (whole, body) = nodes_at(&mut h, 200);
@@ -1059,65 +1070,8 @@ fn an_answer_while_the_map_places_no_backend_is_not_whole() {
 /// asked again five seconds after, not a `freshness_ttl` after.
 #[test]
 fn a_backend_the_map_never_placed_is_left_out_until_a_refresh_places_it() {
-    use pdbmux_core::membership::MEMBERSHIP_QUERY;
-    let node = |certname: &str, at: &str| {
-        serde_json::json!({"certname": certname, "report_timestamp": at, "deactivated": null,
-            "expired": null, "facts_timestamp": at, "catalog_timestamp": at})
-    };
-    let a_nodes = serde_json::json!([
-        node("web1", "2024-05-01T10:00:00.000Z"),
-        node("web2", "2024-05-01T10:00:00.000Z")
-    ])
-    .to_string();
-    let b_nodes = serde_json::json!([node("web2", "2024-05-01T11:00:00.000Z")]).to_string();
-    let answering = |nodes: String, fail_first_membership: bool| {
-        let mut memberships = 0;
-        move |asked: &Asked<'_>| {
-            let produced =
-                pdbmux_conformance::produced_query_entity(asked.path_and_query).is_some();
-            if asked.path_and_query == MEMBERSHIP_QUERY || produced {
-                if asked.path_and_query == MEMBERSHIP_QUERY {
-                    memberships += 1;
-                }
-                if fail_first_membership && memberships == 1 {
-                    return Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "busy").after(ms(3));
-                }
-                if produced {
-                    let rows: Vec<Value> = serde_json::from_str::<Vec<Value>>(&nodes)
-                        .unwrap_or_default()
-                        .into_iter()
-                        .map(|n| {
-                            serde_json::json!({"certname": n["certname"],
-                            "producer_timestamp": n["report_timestamp"]})
-                        })
-                        .collect();
-                    return Reply::ok(Value::Array(rows).to_string()).after(ms(3));
-                }
-            }
-            Reply::ok(nodes.clone()).after(ms(3))
-        }
-    };
-    let mut h = Harness::with_config(
-        vec![
-            FakeBackend::by_request("pdb-a", URL_A, answering(a_nodes, false)),
-            FakeBackend::by_request("pdb-b", URL_B, answering(b_nodes, true)),
-        ],
-        |config| {
-            // Long: the map is asked again sooner only because pdb-b is not placed.
-            config.freshness_ttl = ms(10_000);
-            config.facts_ttl = std::time::Duration::ZERO;
-        },
-    )
-    .expect("valid test backends");
-    let nodes_at = |h: &mut Harness, at_ms: u64| {
-        run_to(h, at_ms);
-        let client = h.get("/pdb/query/v4/nodes");
-        run_to(h, at_ms + 50);
-        let response = h.response(client).expect("answered");
-        let backends = response.header("x-backends").map(str::to_owned);
-        let body: Value = serde_json::from_slice(&response.body).expect("JSON");
-        (backends, body)
-    };
+    // Long freshness: the map is asked again sooner only because pdb-b is not placed.
+    let mut h = web_nodes_failing_membership([0, 1]);
     // The first refresh does not hear from pdb-b: the request that waited for it, and one
     // after it while the map is fresh, leave pdb-b out.
     let (first, _) = nodes_at(&mut h, 0);
