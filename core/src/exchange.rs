@@ -445,11 +445,13 @@ impl Exchange {
         }
         let mut read = 0;
         let mut outstanding = false;
+        let mut reading = false;
         for call in &self.calls.0 {
             match &call.state {
                 CallState::Reading { pieces, asked, .. } => {
                     read += pieces.iter().map(Bytes::len).sum::<usize>();
                     outstanding |= *asked;
+                    reading = true;
                 }
                 CallState::Done(Outcome::Success { body, .. }) => read += body.len(),
                 _ => {}
@@ -471,7 +473,9 @@ impl Exchange {
                 }
             }
         }
-        if !over || unread || outstanding {
+        // Bodies all whole already (none held, or every one read to its end): nothing is gained
+        // by streaming them, and the buffered answer can be cached and shared.
+        if !over || unread || outstanding || !reading {
             return false;
         }
         let heads_known = !self
