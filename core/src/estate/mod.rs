@@ -9,11 +9,8 @@ use crate::cache::CacheStatus;
 use crate::clock::ClockAnchor;
 use crate::config::{Config, Renews};
 use crate::exchange::{Exchange, ExchangeReport};
-use crate::fanout::Context;
-use crate::health::{ProbeSettings, Prober, ProberOutput};
-use crate::healthz::{QueryRounds, Reachability};
-use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
-use crate::membership::{MembershipMap, MembershipOutput, Ownership};
+use crate::ids::{Counter, FlightId, UpstreamId, WaiterId};
+use crate::membership::Ownership;
 use crate::message::{Response, UpstreamFailure, UpstreamRequest, UpstreamResponse};
 use crate::parsed::ParsedRequest;
 use crate::policy::{Planned, Work};
@@ -23,14 +20,14 @@ use crate::sequence::Sequence;
 use crate::translations::Translations;
 
 mod answers;
+mod backends;
+mod membership;
 mod shared_tier;
 
 use crate::cache::shared::{StoreAnswer, StoreId, StoreRequest};
 use answers::{finish_cached, Answers, PendingFetch};
-
-/// How many membership refreshes a request waits for while the map places no backend: the one
-/// under way when it came (begun, perhaps, before the backends came back) and one more.
-pub(crate) const MAP_WAITS: u8 = 2;
+use backends::BackendWatch;
+use membership::MembershipPart;
 
 /// What to do with a client request; returned by [`Estate::admit`].
 #[derive(Debug)]
@@ -115,12 +112,12 @@ pub struct Estate {
     upstream_ids: Counter,
     waiter_ids: Counter,
     clock: ClockAnchor,
-    reachability: Reachability,
-    membership: MembershipMap<Planned>,
+    /// Probes, query rounds and the `/healthz` check.
+    backends: BackendWatch,
+    /// The membership map.
+    membership: MembershipPart,
     /// The cache, its flights and the shared tier.
     answers: Answers,
-    prober: Prober,
-    rounds: QueryRounds,
     /// PQL translations backends gave.
     translations: Translations,
     outputs: VecDeque<EstateOutput>,
@@ -130,19 +127,15 @@ impl Estate {
     /// A fresh estate for this configuration, caching in memory within `facts_cache_bytes`.
     /// `clock` maps instants to wall time for `/healthz`.
     pub fn new(config: Config, clock: ClockAnchor) -> Estate {
-        let backends = config.backends.len();
-        let prober = Prober::new(clock.instant, ProbeSettings::from_config(&config), backends);
         let config = Arc::new(config);
         Estate {
             answers: Answers::new(&config, clock),
-            prober,
-            rounds: QueryRounds::default(),
+            backends: BackendWatch::new(clock.instant, &config),
+            membership: MembershipPart::new(clock.instant, config.backends.len()),
             config,
             upstream_ids: Counter::default(),
             waiter_ids: Counter::default(),
             clock,
-            reachability: Reachability::default(),
-            membership: MembershipMap::new(clock.instant, backends),
             translations: Translations::default(),
             outputs: VecDeque::new(),
         }
@@ -163,7 +156,6 @@ impl Estate {
     /// own requests to the old backends are dropped or cancelled.
     pub fn reconfigure(&mut self, now: Instant, config: Arc<Config>) {
         let old = std::mem::replace(&mut self.config, Arc::clone(&config));
-        let same_backends = old.backends == config.backends;
         if self.answers.reconfigure(now, &old, &config) {
             self.translations = Translations::default();
         }
@@ -176,36 +168,17 @@ impl Estate {
             .iter()
             .map(|backend| old.backends.iter().position(|b| b == backend))
             .collect();
-        let probes = self
-            .prober
-            .reconfigure(now, ProbeSettings::from_config(&config), &carried);
-        // Requests queued for the runtime to send still name old backends' indices.
-        self.outputs
-            .retain(|output| !matches!(output, EstateOutput::Send(r) if probes.contains(&r.id)));
-        self.outputs
-            .extend(probes.into_iter().map(EstateOutput::Cancel));
-        if same_backends {
-            self.send_due_probes(now);
-            return;
-        }
-        self.rounds = QueryRounds::default();
-        // The estate's own requests to the old backends are abandoned: their answers would
-        // land on the new backends' indices.
-        let (mut abandoned, waiting) = self.membership.reset(now, &carried);
-        let checking = self.reachability.abandon().map(|(pending, waiters)| {
-            abandoned.extend(pending);
-            waiters
-        });
-        self.outputs
-            .retain(|output| !matches!(output, EstateOutput::Send(r) if abandoned.contains(&r.id)));
-        self.outputs
-            .extend(abandoned.into_iter().map(EstateOutput::Cancel));
-        if !waiting.is_empty() {
-            self.refresh_membership_if_due(now);
-            for (waiter, planned) in waiting {
-                self.membership.wait(waiter, planned);
-            }
-            self.drain_membership();
+        let same_backends = old.backends == config.backends;
+        let checking =
+            self.backends
+                .reconfigure(now, (&config, &carried), same_backends, &mut self.outputs);
+        if !same_backends {
+            self.membership.reset(
+                now,
+                (&carried, &self.backends.roster()),
+                (&mut self.upstream_ids, &self.config),
+                &mut self.outputs,
+            );
         }
         if let Some(waiters) = checking {
             self.join_reachability_check(now, waiters);
@@ -224,35 +197,23 @@ impl Estate {
     /// Admits a request again after [`EstateOutput::Resume`]: it waits for another refresh only
     /// while the map still places no backend, and for two at most in all.
     pub fn readmit(&mut self, now: Instant, planned: Planned) -> Admission {
-        let admission = self.admit_inner(now, planned);
-        self.send_due_probes(now);
-        admission
+        self.admit(now, planned)
     }
 
     /// Sends the probes that are due.
     fn send_due_probes(&mut self, now: Instant) {
-        self.prober.send_due(now, &mut self.upstream_ids);
-        self.drain_prober();
-    }
-
-    /// Moves what the prober asks for to the estate's outputs.
-    fn drain_prober(&mut self) {
-        while let Some(output) = self.prober.poll_output() {
-            self.outputs.push_back(match output {
-                ProberOutput::Send(request) => EstateOutput::Send(request),
-                ProberOutput::Cancel(id) => EstateOutput::Cancel(id),
-            });
-        }
+        self.backends
+            .send_due_probes(now, &mut self.upstream_ids, &mut self.outputs);
     }
 
     /// A finished exchange's report ([`Exchange::report`]): its round for `/healthz`, and the
     /// corrections it learned, kept while their membership snapshot is current.
     pub fn handle_report(&mut self, now: Instant, report: ExchangeReport) {
         if let Some(round) = report.round {
-            self.rounds.record(now, round);
+            self.backends.record_round(now, round);
         }
         if let Some((generation, learned)) = report.learned {
-            self.membership.learn(generation, learned);
+            self.membership.map.learn(generation, learned);
         }
     }
 
@@ -299,26 +260,27 @@ impl Estate {
         }
         let ownership = if needs_ownership {
             self.refresh_membership_if_due(now);
-            // A map that places no backend (every refresh so far failed) is waited for as the
-            // first one is: nothing tells whose copy of a node is newest without it.
-            if !self.membership.places_any() && planned.map_waits < MAP_WAITS {
+            if self.membership.must_wait(planned.map_waits) {
                 let waiter = WaiterId(self.waiter_ids.next());
                 let planned = Box::new(Planned {
                     work: Work::Fanout(plan),
                     map_waits: planned.map_waits + 1,
                     ..planned
                 });
-                self.membership.wait(waiter, planned);
-                self.drain_membership();
+                self.membership.wait(waiter, planned, &mut self.outputs);
                 return Admission::Wait(waiter);
             }
-            Some(Arc::clone(self.membership.snapshot()))
+            Some(self.membership.snapshot())
         } else {
             None
         };
         let fetch = PendingFetch {
             // A flight's answer is shared and cached whole: only an uncached request streams.
-            context: self.fan_out_context(ownership, planned.waited_out, cacheable.is_none()),
+            context: self.membership.context(
+                (&self.config, &self.backends),
+                (ownership, planned.waited_out),
+                cacheable.is_none(),
+            ),
             class: planned.class,
             target: planned.request.target().to_owned(),
             plan,
@@ -340,52 +302,25 @@ impl Estate {
             return;
         };
         let ownership = if needs_ownership {
-            if !self.membership.places_any() {
+            if !self.membership.map.places_any() {
                 return;
             }
             self.refresh_membership_if_due(now);
-            Some(Arc::clone(self.membership.snapshot()))
+            Some(self.membership.snapshot())
         } else {
             None
         };
         let fetch = PendingFetch {
-            context: self.fan_out_context(ownership, Vec::new(), false),
+            context: self.membership.context(
+                (&self.config, &self.backends),
+                (ownership, Vec::new()),
+                false,
+            ),
             class: planned.class,
             target: planned.request.target().to_owned(),
             plan,
         };
         self.answers.refresh(now, &cacheable, fetch);
-    }
-
-    /// What a fan-out runs in: the backends in service less `left_out` (those the membership
-    /// refresh a request waited for did not hear from) and, when ownership decides the answer,
-    /// less those the map has never placed. When that leaves nobody, every backend in service
-    /// is asked, but those left out do not count in the answer's `X-Backends`: without the map
-    /// nothing tells whose copy of a node is the newest, so the answer is not whole. A merge may
-    /// stream only when `may_stream` (its answer goes to one client).
-    fn fan_out_context(
-        &self,
-        ownership: Option<Arc<Ownership>>,
-        mut left_out: Vec<BackendId>,
-        may_stream: bool,
-    ) -> Context {
-        if ownership.is_some() {
-            left_out.extend(self.membership.unplaced());
-        }
-        let roster = self.prober.roster_without(&left_out);
-        let uncounted = roster
-            .iter()
-            .filter(|backend| left_out.contains(backend))
-            .copied()
-            .collect();
-        Context {
-            config: Arc::clone(&self.config),
-            roster,
-            ownership,
-            corrections: Arc::clone(self.membership.corrections()),
-            uncounted,
-            may_stream,
-        }
     }
 
     /// PQL: planned at once from a kept translation, else the translation request to drive.
@@ -408,14 +343,9 @@ impl Estate {
             );
         }
         let asked = pql.translation_target();
-        let context = Context {
-            config: Arc::clone(&self.config),
-            roster: self.prober.roster(),
-            ownership: None,
-            corrections: Arc::clone(self.membership.corrections()),
-            uncounted: Vec::new(),
-            may_stream: false,
-        };
+        let context =
+            self.membership
+                .context((&self.config, &self.backends), (None, Vec::new()), false);
         let plan = Box::new(Sequence::translation(asked.clone()));
         Admission::Translate {
             exchange: Exchange::new(now, context, (RouteClass::Root, asked), plan),
@@ -455,36 +385,13 @@ impl Estate {
         self.answers.handle_store_answer(now, id, answer);
     }
 
-    /// Every configured backend (the `/healthz` reachability check asks them all).
-    fn all_backends(&self) -> Vec<BackendId> {
-        (0..self.config.backends.len()).map(BackendId).collect()
-    }
-
     fn refresh_membership_if_due(&mut self, now: Instant) {
-        let roster = self.prober.roster();
-        self.membership
-            .refresh_if_due(now, &roster, (&mut self.upstream_ids, &self.config));
-        self.drain_membership();
-    }
-
-    /// Moves what the membership map asks for to the estate's outputs.
-    fn drain_membership(&mut self) {
-        while let Some(output) = self.membership.poll_output() {
-            self.outputs.push_back(match output {
-                MembershipOutput::Send(request) => EstateOutput::Send(request),
-                MembershipOutput::Cancel(id) => EstateOutput::Cancel(id),
-                MembershipOutput::Resume {
-                    waiter,
-                    mut planned,
-                    waited_out,
-                } => {
-                    if let Some(waited_out) = waited_out {
-                        planned.waited_out = waited_out;
-                    }
-                    EstateOutput::Resume { waiter, planned }
-                }
-            });
-        }
+        self.membership.refresh_if_due(
+            now,
+            &self.backends.roster(),
+            (&mut self.upstream_ids, &self.config),
+            &mut self.outputs,
+        );
     }
 
     /// A new waiter on the `/healthz` check.
@@ -497,14 +404,12 @@ impl Estate {
     /// Makes `waiters` wait for the `/healthz` check under way, or starts one asking every
     /// configured backend.
     fn join_reachability_check(&mut self, now: Instant, waiters: Vec<WaiterId>) {
-        let backends = self.all_backends();
-        let sends = self.reachability.join(
+        self.backends.join_check(
+            now,
             waiters,
-            (&backends, &mut self.upstream_ids),
-            now + self.config.timeout,
+            (&mut self.upstream_ids, &self.config),
+            &mut self.outputs,
         );
-        self.outputs
-            .extend(sends.into_iter().map(EstateOutput::Send));
         self.finish(now);
     }
 
@@ -515,23 +420,20 @@ impl Estate {
         id: UpstreamId,
         response: UpstreamResponse,
     ) {
-        if self.prober.handle_response(
+        if self.backends.handle_response(
             now,
             (id, &response),
-            (&mut self.upstream_ids, &self.config.backends),
+            (&mut self.upstream_ids, &self.config),
+            &mut self.outputs,
         ) {
-            self.drain_prober();
             return;
         }
-        self.reachability.record_response(id, &response);
-        if self.membership.handle_response(
+        self.membership.handle_response(
             now,
-            id,
-            &response,
+            (id, &response),
             (&mut self.upstream_ids, &self.config),
-        ) {
-            self.drain_membership();
-        }
+            &mut self.outputs,
+        );
         self.finish(now);
     }
 
@@ -542,21 +444,20 @@ impl Estate {
         id: UpstreamId,
         failure: UpstreamFailure,
     ) {
-        if self.prober.handle_failure(
+        if self.backends.handle_failure(
             now,
             (id, &failure),
-            (&mut self.upstream_ids, &self.config.backends),
+            (&mut self.upstream_ids, &self.config),
+            &mut self.outputs,
         ) {
-            self.drain_prober();
             return;
         }
-        self.reachability.record_failure(id, &failure);
-        if self
-            .membership
-            .handle_failure(now, id, &failure, (&mut self.upstream_ids, &self.config))
-        {
-            self.drain_membership();
-        }
+        self.membership.handle_failure(
+            now,
+            (id, &failure),
+            (&mut self.upstream_ids, &self.config),
+            &mut self.outputs,
+        );
         self.finish(now);
     }
 
@@ -564,24 +465,24 @@ impl Estate {
     /// participant left is cancelled ([`EstateOutput::CancelFlight`]).
     pub fn handle_waiter_gone(&mut self, now: Instant, waiter: WaiterId) {
         self.answers.waiter_gone(now, waiter);
-        self.reachability.waiter_gone(waiter);
-        self.membership.waiter_gone(waiter);
+        self.backends.waiter_gone(waiter);
+        self.membership.map.waiter_gone(waiter);
     }
 
     /// Time passed: expire what is past its deadline. A call before any deadline is a no-op.
     pub fn handle_timeout(&mut self, now: Instant) {
-        self.prober
-            .handle_timeout(now, (&mut self.upstream_ids, &self.config.backends));
-        self.drain_prober();
-        let expired = self.reachability.expire(now);
-        if !expired.is_empty() {
-            self.outputs
-                .extend(expired.into_iter().map(EstateOutput::Cancel));
+        if self.backends.handle_timeout(
+            now,
+            (&mut self.upstream_ids, &self.config),
+            &mut self.outputs,
+        ) {
             self.finish(now);
         }
-        self.membership
-            .handle_timeout(now, (&mut self.upstream_ids, &self.config));
-        self.drain_membership();
+        self.membership.handle_timeout(
+            now,
+            (&mut self.upstream_ids, &self.config),
+            &mut self.outputs,
+        );
         self.answers.shared_timeouts(now);
     }
 
@@ -600,12 +501,9 @@ impl Estate {
 
     /// The one next deadline the runtime must wake the estate at, if any.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let reachability = self.reachability.deadline();
-        let membership = self.membership.deadline();
         [
-            reachability,
-            membership,
-            self.prober.deadline(),
+            self.backends.deadline(),
+            self.membership.map.deadline(),
             self.answers.shared_deadline(),
         ]
         .into_iter()
@@ -615,61 +513,28 @@ impl Estate {
 
     /// The estate's numbers now, for pdbmux's own metrics (docs/operating.md).
     pub fn stats(&self, now: Instant) -> crate::stats::EstateStats {
-        let ownership = self.membership.snapshot();
-        let owned = ownership.owned_counts(self.config.merge, self.config.backends.len());
-        let backends = self
-            .all_backends()
-            .into_iter()
-            .map(|backend| crate::stats::BackendStats {
-                name: crate::status::backend_name(&self.config.backends, backend).to_owned(),
-                state: self
-                    .prober
-                    .report(backend)
-                    .map_or("unmonitored", |r| r.state.as_str()),
-                transitions: self.prober.transitions(backend),
-                owned_nodes: owned.get(backend.0).copied().unwrap_or(0),
-                membership_age: self.membership.part_age(now, backend),
-                membership_failures: self.membership.failures(backend),
-            })
-            .collect();
-        let membership = self.membership.stats(now);
-        let cache = self.answers.stats(now);
         crate::stats::EstateStats {
-            backends,
-            membership,
-            cache,
+            backends: self
+                .backends
+                .stats(&self.config, &self.membership.parts(now, &self.config)),
+            membership: self.membership.map.stats(now),
+            cache: self.answers.stats(now),
         }
     }
 
     /// The current ownership snapshot (for tests and `/healthz`).
     pub fn ownership(&self) -> Arc<Ownership> {
-        Arc::clone(self.membership.snapshot())
+        self.membership.snapshot()
     }
 
     /// Answers the `/healthz` check once it has every result.
     fn finish(&mut self, now: Instant) {
-        let Some(check) = self.reachability.take_complete() else {
-            return;
-        };
-        let (cache, shared) = self.answers.health(now);
-        let health: Vec<_> = self
-            .all_backends()
-            .into_iter()
-            .map(|b| self.prober.report(b))
-            .collect();
-        let response = check.response(
-            &self.config,
-            &health,
-            &self.rounds,
-            (cache.as_ref(), shared),
-            &self.clock,
+        let answers = &self.answers;
+        self.backends.finish_check(
+            (&self.config, &self.clock),
+            || answers.health(now),
+            &mut self.outputs,
         );
-        for waiter in check.waiters {
-            self.outputs.push_back(EstateOutput::Respond {
-                waiter,
-                response: response.clone(),
-            });
-        }
     }
 }
 
@@ -679,10 +544,12 @@ mod tests {
     use super::*;
     use crate::config::{BackendConfig, BackendUrl, TlsFiles};
     use crate::exchange::ExchangeOutput;
+    use crate::ids::BackendId;
     use crate::membership::MEMBERSHIP_QUERIES;
     use crate::message::{ClientRequest, ResponseBody, UpstreamBody, UpstreamResponse};
 
-    fn config(backends: &[(&str, u16)]) -> Config {
+    /// A configuration of these backends on loopback, probes off.
+    pub(super) fn config(backends: &[(&str, u16)]) -> Config {
         let backends = backends
             .iter()
             .map(|(name, port)| BackendConfig {
@@ -725,7 +592,7 @@ mod tests {
             .collect()
     }
 
-    const MEMBERSHIP: &str = r#"[{"certname":"n1","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}]"#;
+    pub(super) const MEMBERSHIP: &str = r#"[{"certname":"n1","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}]"#;
 
     /// The exchange's contract (`Exchange`'s doc): an answer for a cancelled or unknown id is
     /// ignored, and a held body among them is cancelled again. The driver never delivers one

@@ -39,7 +39,7 @@ use crate::sort::parse_instant;
 mod refresh;
 
 pub use refresh::MembershipStats;
-pub(crate) use refresh::{MembershipMap, MembershipOutput};
+pub(crate) use refresh::{MembershipMap, MembershipOutput, Sending};
 
 /// The upstream path and query that fetches one backend's nodes:
 /// `["extract",["certname","report_timestamp","facts_timestamp","catalog_timestamp","deactivated","expired"],["=","node_state","any"]]`.
