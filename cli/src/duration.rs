@@ -1,11 +1,11 @@
-//! Durations as configuration values: Go's `time.ParseDuration` grammar without a sign.
+//! Durations as configuration values.
 //!
-//! The grammar, exactly (README "Configuration" documents the same): `0`, or one or more
-//! `<number><unit>` pairs written together, where `<number>` is digits with an optional
-//! `.digits` fraction and `<unit>` is one of `ns`, `us` (or `µs`), `ms`, `s`, `m`, `h`, in
-//! lower case. No spaces, no sign. So `10s`, `500ms`, `1m30s`, `1.5s` and `2h` parse, and `10`,
-//! `10S`, `10 s`, `10sec` and `1y` do not. humantime computes the value once the text is known to
-//! be in the grammar (it accepts a wider one: `10sec`, `1 day`).
+//! The grammar, exactly (README "Configuration" documents the same, and a test reads its
+//! examples from there): `0`, or one or more `<number><unit>` pairs written together, where
+//! `<number>` is digits with an optional `.digits` fraction and `<unit>` is one of `ns`, `us` (or
+//! `µs`), `ms`, `s`, `m`, `h`, in lower case; spaces around the whole value are trimmed. That is
+//! Go's `time.ParseDuration` without a sign and without `.5s` or `1.s`. humantime computes the
+//! value once the text is known to be in the grammar (it accepts a wider one: `10sec`, `1 day`).
 
 use std::time::Duration;
 
@@ -179,6 +179,45 @@ mod tests {
         ];
         for (text, want) in cases {
             assert_eq!(parse(text), Err(want), "{text:?}");
+        }
+    }
+
+    /// The README's "Durations" paragraph, read as written: every example before "are durations"
+    /// parses, every one between that and "are not" is refused.
+    #[test]
+    fn the_readme_examples_are_what_the_parser_does() {
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("**Durations**")
+            .expect("README has a Durations paragraph");
+        let paragraph = &readme[start..];
+        let paragraph = &paragraph[..paragraph.find("\n\n").unwrap_or(paragraph.len())];
+        let examples = |text: &str| -> Vec<String> {
+            text.split('`')
+                .skip(1)
+                .step_by(2)
+                .map(str::to_owned)
+                .collect()
+        };
+        let so = paragraph
+            .find("So `")
+            .expect("the examples start with \"So\"");
+        let (good, rest) = paragraph[so..]
+            .split_once("are durations")
+            .expect("\"are durations\" follows the good examples");
+        let (bad, _) = rest
+            .split_once("are not")
+            .expect("\"are not\" follows the bad ones");
+        let (good, bad) = (examples(good), examples(bad));
+        assert!(good.len() >= 5 && bad.len() >= 9, "{good:?} {bad:?}");
+        for text in good {
+            assert!(parse(&text).is_ok(), "README says {text:?} is a duration");
+        }
+        for text in bad {
+            assert!(
+                parse(&text).is_err(),
+                "README says {text:?} is not a duration"
+            );
         }
     }
 

@@ -59,7 +59,8 @@ pub fn template() -> String {
     let mut out = String::from(
         "# pdbmux configuration.\n\
          # Precedence: defaults < this file < PDBMUX_* env vars < flags; `pdbmux config show` prints\n\
-         # the effective values. Durations are Go-style (500ms, 10s, 1m30s, 2h; 0 needs no unit).\n\n",
+         # the effective values. Durations are <number><unit> pairs written together, units ns us ms\n\
+         # s m h (500ms, 10s, 1m30s, 1.5s, 2h; 0 needs no unit).\n\n",
     );
     for key in KEYS {
         if key.name == "backends" {

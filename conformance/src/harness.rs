@@ -115,6 +115,16 @@ impl Harness {
         self.host.stats()
     }
 
+    /// pdbmux's own metrics as a scrape of `/metrics` reads them now (`None`: the configuration
+    /// has no `metrics_listen`, so there are none).
+    pub fn metrics_text(&self) -> Option<String> {
+        let metrics = self.host.metrics()?;
+        match metrics.answer(&http::Method::GET, "/metrics", None).body {
+            ResponseBody::Full(bytes) => Some(String::from_utf8_lossy(&bytes).into()),
+            other => panic!("a scrape is answered whole: {other:?}"),
+        }
+    }
+
     /// Models answers arriving together: with `on`, every scripted reply due at one instant is
     /// delivered before any task runs, so an answer can already be on its way when the core
     /// cancels its request (the driver must drop it unread). Off by default: one reply per

@@ -1095,3 +1095,74 @@ fn a_backend_the_map_never_placed_is_left_out_until_a_refresh_places_it() {
         "{body}"
     );
 }
+
+#[test]
+fn each_cause_of_an_unreachable_backend_counts_under_its_own_probe_outcome_and_state() {
+    // Refused, a failed TLS handshake and a probe that never answers (timed out at 250 ms),
+    // every second for 4 s: the metrics name each cause, as /healthz and the log line do.
+    let tls = Reply::fail(pdbmux_core::UpstreamFailure::Connect {
+        cause: pdbmux_core::ConnectCause::Tls,
+        detail: "invalid peer certificate: UnknownIssuer".to_owned(),
+    });
+    let mut h = Harness::with_config(
+        vec![
+            backend("pdb-a", URL_A, Vec::new(), Reply::refused()),
+            backend("pdb-b", URL_B, Vec::new(), tls),
+            backend("pdb-c", URL_C, Vec::new(), Reply::never()),
+        ],
+        |config| {
+            probing(config);
+            config.metrics_listen = Some("127.0.0.1:0".to_owned());
+        },
+    )
+    .expect("valid test backends");
+    run_to(&mut h, 4_500);
+    let text = h.metrics_text().expect("metrics are on");
+    let sample = |family: &str, labels: &str| -> f64 {
+        let prefix = format!("{family}{{{labels}}} ");
+        text.lines()
+            .find_map(|line| line.strip_prefix(&prefix))
+            .unwrap_or_else(|| panic!("no {prefix}in\n{text}"))
+            .parse()
+            .expect("a number")
+    };
+    for (backend, outcome) in [
+        ("pdb-a", "connection_refused"),
+        ("pdb-b", "tls_error"),
+        ("pdb-c", "timeout"),
+    ] {
+        let labels = format!("backend=\"{backend}\",purpose=\"probe\",outcome=\"{outcome}\"");
+        assert!(
+            sample("pdbmux_upstream_requests_total", &labels) >= 4.0,
+            "{labels}\n{text}"
+        );
+        for other in ["connection_refused", "tls_error", "timeout", "ok"] {
+            if other != outcome {
+                let labels = format!("backend=\"{backend}\",purpose=\"probe\",outcome=\"{other}\"");
+                assert_eq!(
+                    sample("pdbmux_upstream_requests_total", &labels),
+                    0.0,
+                    "{labels}"
+                );
+            }
+        }
+        let state = format!("backend=\"{backend}\",state=\"unreachable\"");
+        assert_eq!(
+            sample("pdbmux_backend_state", &state),
+            1.0,
+            "{state}\n{text}"
+        );
+    }
+    let healthz = healthz_at(&mut h, 4_600);
+    for (backend, result) in [
+        ("pdb-a", "connection_refused"),
+        ("pdb-b", "tls_error"),
+        ("pdb-c", "timeout"),
+    ] {
+        assert_eq!(
+            backend_report(&healthz, backend)["last_probe_result"],
+            result,
+            "{healthz:#}"
+        );
+    }
+}

@@ -904,15 +904,17 @@ impl<R: Runtime> EstateHost<R> {
             for output in outputs {
                 match output {
                     EstateOutput::Send(request) => {
-                        let id = request.id;
-                        let sent = self.send_for_estate(request, generation.clone());
+                        let call = EstateCall::of(&request, &generation);
+                        let sent = self.send_for_estate(request, generation.clone(), &call);
                         let task = self.runtime.spawn_as(TaskRole::EstateCall, sent);
-                        sends.retain(|_, task: &mut R::Task| !task.is_finished());
-                        sends.insert(id, task);
+                        sends
+                            .retain(|_, (task, _): &mut (R::Task, EstateCall)| !task.is_finished());
+                        sends.insert(call.id, (task, call));
                     }
                     EstateOutput::Cancel(id) => {
-                        if let Some(task) = sends.remove(&id) {
+                        if let Some((task, call)) = sends.remove(&id) {
                             task.cancel();
+                            call.cancelled(self.metrics.as_ref(), self.runtime.now());
                         }
                     }
                     EstateOutput::Respond { waiter, response } => {
@@ -992,8 +994,10 @@ impl<R: Runtime> EstateHost<R> {
         self: &Arc<Self>,
         request: UpstreamRequest,
         generation: Generation<R>,
+        call: &EstateCall,
     ) -> impl Future<Output = ()> + Send + 'static {
         let host = Arc::clone(self);
+        let counted = Arc::clone(&call.counted);
         async move {
             let (id, backend, purpose) = (request.id, request.backend, request.purpose);
             let sent = host.runtime.now();
@@ -1002,7 +1006,8 @@ impl<R: Runtime> EstateHost<R> {
                 .send(&generation.clients, request, BodyBudget::unbudgeted())
                 .await;
             let now = host.runtime.now();
-            if let Some(metrics) = &host.metrics {
+            let first = !counted.swap(true, Ordering::AcqRel);
+            if let Some(metrics) = host.metrics.as_ref().filter(|_| first) {
                 let outcome = pdbmux_core::stats::CallOutcome::of(
                     result.as_ref().map(|(response, _)| response.status),
                 );
@@ -1019,6 +1024,48 @@ impl<R: Runtime> EstateHost<R> {
                 }
             }
             host.wake.notify();
+        }
+    }
+}
+
+/// One of the estate's own upstream calls in flight, as the driver cancels it: the estate
+/// cancels a call past its deadline (a probe, the membership refresh, the `/healthz` check)
+/// before the runtime's own timeout may end it, and such a call still counts, once.
+struct EstateCall {
+    id: pdbmux_core::UpstreamId,
+    backend: pdbmux_core::BackendId,
+    purpose: pdbmux_core::Purpose,
+    deadline: Instant,
+    config: Arc<Config>,
+    /// Set by whichever counts the call first: its task on an answer, or its cancellation.
+    counted: Arc<AtomicBool>,
+}
+
+impl EstateCall {
+    fn of<R: Runtime>(request: &UpstreamRequest, generation: &Generation<R>) -> EstateCall {
+        EstateCall {
+            id: request.id,
+            backend: request.backend,
+            purpose: request.purpose,
+            deadline: request.deadline,
+            config: Arc::clone(&generation.config),
+            counted: Arc::default(),
+        }
+    }
+
+    /// The estate cancelled the call: unless its task counted an answer, it counts as timed out
+    /// (cancelled at or past its deadline) or cancelled (a reload abandoned it).
+    fn cancelled(&self, metrics: Option<&Metrics>, now: Instant) {
+        if self.counted.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let outcome = if now >= self.deadline {
+            pdbmux_core::stats::CallOutcome::Timeout
+        } else {
+            pdbmux_core::stats::CallOutcome::Cancelled
+        };
+        if let Some(metrics) = metrics {
+            metrics.observe_upstream(&self.config, self.backend, self.purpose, outcome);
         }
     }
 }
