@@ -608,3 +608,32 @@ fn a_reload_that_changes_a_class_ttl_empties_the_cache_and_applies_the_new_ttl()
     assert_eq!(sends_to(&h, REPORTS), 6);
     insta::assert_snapshot!(transcript);
 }
+
+#[test]
+fn a_partial_answer_shared_by_a_flight_counts_once_per_client() {
+    // Three clients ask at once and share one fan-out; pdb-a is refused, so each gets 1/2. The
+    // partial share of answers is what clients saw: three partial answers, not one fan-out.
+    let mut h = Harness::with_config(
+        vec![
+            FakeBackend::queue("pdb-a", URL_A, [Reply::refused().after(ms(1))]),
+            FakeBackend::queue("pdb-b", URL_B, [names(r#"["b"]"#)]),
+        ],
+        |config| {
+            config.facts_ttl = Duration::from_secs(30);
+            config.metrics_listen = Some("127.0.0.1:0".to_owned());
+        },
+    )
+    .expect("valid test backends");
+    let clients: Vec<_> = (0..3).map(|_| h.get(NAMES)).collect();
+    finish(&mut h);
+    for client in clients {
+        let response = h.response(client).expect("answered");
+        assert_eq!(response.header("x-backends"), Some("1/2"));
+    }
+    assert_eq!(sends_to(&h, NAMES), 2, "one fan-out for the three");
+    let metrics = h.metrics_text().expect("metrics are on");
+    assert!(
+        metrics.contains("pdbmux_partial_answers_total{route=\"query\"} 3\n"),
+        "{metrics}"
+    );
+}
