@@ -269,6 +269,13 @@ pub(crate) const KEYS: &[Key] = &[
         "longest a client may take no bytes of an answer before it is cut",
     ),
     key(
+        "latency_objective",
+        "PDBMUX_LATENCY_OBJECTIVE",
+        None,
+        Some("2s"),
+        "the p99 answer time to keep; PdbmuxLatencyHigh fires above it (pdbmux_latency_objective_seconds)",
+    ),
+    key(
         "tls_ca_file",
         "PDBMUX_TLS_CA_FILE",
         None,

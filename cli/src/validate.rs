@@ -33,6 +33,9 @@ const MIN_PROBE_TIMEOUT: Duration = Duration::from_millis(100);
 const MIN_FRESHNESS_TTL: Duration = Duration::from_secs(1);
 /// A client on a slow link takes this long for a head or a write.
 const MIN_CLIENT_TIMEOUT: Duration = Duration::from_secs(1);
+/// No merge over HTTP keeps a p99 below this: a smaller objective is a mistaken unit, and its
+/// alert would never be quiet.
+const MIN_LATENCY_OBJECTIVE: Duration = Duration::from_millis(10);
 /// Looking at the config file more often than this only costs system calls: a ConfigMap update
 /// takes the kubelet a minute or so to arrive anyway.
 const MIN_CONFIG_WATCH: Duration = Duration::from_secs(1);
@@ -1234,6 +1237,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     let merge_memory_bytes = c.integer("merge_memory_bytes", MIN_BODY_BYTES, u64::MAX);
     let client_header_timeout = c.duration_at_least("client_header_timeout", MIN_CLIENT_TIMEOUT);
     let client_send_timeout = c.duration_at_least("client_send_timeout", MIN_CLIENT_TIMEOUT);
+    let latency_objective = c.duration_at_least("latency_objective", MIN_LATENCY_OBJECTIVE);
     let cache_backend = check_cache_backend(&mut c, &global_tls);
     let cache_key_prefix = c.text("cache_key_prefix");
     let cache_stale_ttl = c.duration("cache_stale_ttl");
@@ -1305,6 +1309,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 Some(cache_max_entry_bytes),
                 Some((client_header_timeout, _)),
                 Some((client_send_timeout, _)),
+                Some((latency_objective, _)),
                 Some(merge_request_bytes),
                 Some(merge_memory_bytes),
             ) = (
@@ -1314,6 +1319,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 cache_max_entry_bytes,
                 client_header_timeout,
                 client_send_timeout,
+                latency_objective,
                 merge_request_bytes,
                 merge_memory_bytes,
             )
@@ -1358,6 +1364,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                     merge_memory_bytes,
                     client_header_timeout,
                     client_send_timeout,
+                    latency_objective,
                     cache_backend,
                     cache_key_prefix,
                     cache_stale_ttl,

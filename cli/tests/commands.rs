@@ -271,6 +271,7 @@ fn show_lines_and_sources() {
             "health_probe_failures : 4  (env PDBMUX_HEALTH_PROBE_FAILURES)".to_owned(),
             "client_header_timeout : 30s  (default)".to_owned(),
             "client_send_timeout : 1m  (default)".to_owned(),
+            "latency_objective : 2s  (default)".to_owned(),
             format!("tls_ca_file : /etc/pdbmux/ca.pem  (file {f})"),
             "tls_key_file : (none)  (default)".to_owned(),
             "log_format : text  (default)".to_owned(),
@@ -283,7 +284,7 @@ fn show_lines_and_sources() {
             );
         }
         // One line per key plus the config line and the backend's TLS lines.
-        assert_eq!(lines.len(), 1 + 37 + 3, "{out}");
+        assert_eq!(lines.len(), 1 + 38 + 3, "{out}");
         assert!(!out.contains("BEGIN"), "never key contents");
         Ok(())
     });

@@ -196,6 +196,10 @@ pub struct Config {
     /// `send_timeout`): the timeout bounds each wait for the socket to take bytes, not the
     /// whole answer.
     pub client_send_timeout: Duration,
+    /// The p99 latency of client answers pdbmux is run to keep: exported as
+    /// `pdbmux_latency_objective_seconds` for the `PdbmuxLatencyHigh` alert to compare with
+    /// (docs/operating.md, "On call"); it changes no answer.
+    pub latency_objective: Duration,
     /// Where merged answers are cached besides memory.
     pub cache_backend: CacheBackend,
     /// Prefixed to every key pdbmux writes in a shared store.
@@ -274,6 +278,7 @@ config_keys!(
     merge_memory_bytes => [Nothing],
     client_header_timeout => [Nothing],
     client_send_timeout => [Nothing],
+    latency_objective => [Nothing],
     cache_backend => [SharedTier],
     cache_key_prefix => [SharedTier],
     cache_stale_ttl => [SharedTier],
@@ -363,6 +368,7 @@ impl Config {
             merge_memory_bytes: 1024 * 1024 * 1024,
             client_header_timeout: Duration::from_secs(30),
             client_send_timeout: Duration::from_secs(60),
+            latency_objective: Duration::from_secs(2),
             cache_backend: CacheBackend::Memory,
             cache_key_prefix: "pdbmux:".to_owned(),
             cache_stale_ttl: Duration::from_secs(300),

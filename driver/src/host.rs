@@ -519,7 +519,7 @@ impl<R: Runtime> EstateHost<R> {
                     .with_merge_memory(Arc::clone(&merge_memory))
             });
             if let Some(metrics) = &metrics {
-                metrics.know_backends(estate.config());
+                metrics.know_config(estate.config());
             }
             EstateHost {
                 current: RwLock::new(Generation {
@@ -579,7 +579,7 @@ impl<R: Runtime> EstateHost<R> {
     pub fn reconfigure(&self, config: Config, clients: R::Clients) {
         let config = Arc::new(config);
         if let Some(metrics) = &self.metrics {
-            metrics.know_backends(&config);
+            metrics.know_config(&config);
         }
         {
             let mut estate = self.estate();
@@ -1163,12 +1163,12 @@ impl<R: Runtime> Bound<'_, R> {
 /// A store request's kind, as the metrics label it.
 fn store_op_name(op: &pdbmux_core::cache::shared::StoreOp) -> &'static str {
     use pdbmux_core::cache::shared::StoreOp;
-    match op {
-        StoreOp::Get { .. } => "get",
-        StoreOp::Put { .. } => "put",
-        StoreOp::Lock { .. } => "lock",
-        StoreOp::Unlock { .. } => "unlock",
-    }
+    crate::metrics::STORE_OPS[match op {
+        StoreOp::Get { .. } => 0,
+        StoreOp::Put { .. } => 1,
+        StoreOp::Lock { .. } => 2,
+        StoreOp::Unlock { .. } => 3,
+    }]
 }
 
 /// Every backend as `name=url`, in configured order, for log lines.

@@ -81,6 +81,10 @@ impl StreamedMerges {
     }
 }
 
+/// The shared store's operations as `pdbmux_cache_store_requests_total` names them, each
+/// present from the start.
+pub(crate) const STORE_OPS: [&str; 4] = ["get", "put", "lock", "unlock"];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct StoreLabels {
     op: &'static str,
@@ -120,6 +124,8 @@ pub struct Metrics {
     last_reload_ok: Gauge,
     /// When the configuration in force was read (start, or the last applied reload), Unix time.
     last_reload_at: Gauge<f64, AtomicU64>,
+    /// `latency_objective` of the configuration in force, for the latency alert to compare with.
+    latency_objective: Gauge<f64, AtomicU64>,
     store: Family<StoreLabels, Counter>,
     budget_refusals: Family<BudgetLabels, Counter>,
     streamed: StreamedMerges,
@@ -196,6 +202,13 @@ impl Metrics {
             Unit::Seconds,
             last_reload_at.clone(),
         );
+        let latency_objective = Gauge::<f64, AtomicU64>::default();
+        registry.register_with_unit(
+            "pdbmux_latency_objective",
+            "The p99 answer time pdbmux is run to keep (latency_objective); PdbmuxLatencyHigh fires above it",
+            Unit::Seconds,
+            latency_objective.clone(),
+        );
         // Every route class from the start: a healthy system shows zeros, not empty panels.
         for class in RouteClass::ALL {
             let route = RouteLabels {
@@ -210,6 +223,11 @@ impl Metrics {
             "Requests to the shared cache store, by op (get, put, lock, unlock) and outcome (ok, failed)",
             store.clone(),
         );
+        for op in STORE_OPS {
+            for outcome in ["ok", "failed"] {
+                drop(store.get_or_create(&StoreLabels { op, outcome }));
+            }
+        }
         let budget_refusals = Family::default();
         registry.register(
             "pdbmux_merge_budget_refusals",
@@ -248,6 +266,7 @@ impl Metrics {
             reloads,
             last_reload_ok,
             last_reload_at,
+            latency_objective,
             store,
             budget_refusals,
             streamed: StreamedMerges(streamed),
@@ -341,11 +360,14 @@ impl Metrics {
             .inc();
     }
 
-    /// Creates every per-backend series of `config`'s backends at zero (each purpose and
-    /// outcome of `pdbmux_upstream_requests_total`, the call-duration histogram), so a healthy
-    /// system shows zeros rather than empty panels and a `rate()` has a series before the first
-    /// failure. Call it at start and after a reload.
-    pub(crate) fn know_backends(&self, config: &Config) {
+    /// Takes in the configuration in force: its latency objective, and every per-backend series
+    /// of its backends at zero (each purpose and outcome of `pdbmux_upstream_requests_total`,
+    /// the call-duration histogram), so a healthy system shows zeros rather than empty panels
+    /// and a `rate()` has a series before the first failure. Call it at start and after a
+    /// reload.
+    pub(crate) fn know_config(&self, config: &Config) {
+        self.latency_objective
+            .set(config.latency_objective.as_secs_f64());
         for backend in &config.backends {
             for purpose in Purpose::ALL {
                 for outcome in CallOutcome::ALL {

@@ -193,9 +193,6 @@ impl Collector for RequestCounts {
                 .map(|(bucket, bound)| (bound, self.sum(|s| &s.buckets[route][bucket])))
                 .collect();
             let count: u64 = buckets.iter().map(|(_, n)| n).sum();
-            if count == 0 {
-                continue;
-            }
             let sum = self.sum(|s| &s.nanos[route]) as f64 / 1e9;
             let labels = RouteLabels { route: class };
             durations

@@ -273,6 +273,30 @@ pub fn the_metrics_listener_serves_metrics_only_and_the_query_port_none(bin: &Pa
             assert!(first.text.contains(&line), "{line}{}", first.text);
         }
     }
+    // The latency objective the alert compares with, and every route's duration histogram and
+    // every shared-store operation's outcome, at zero before the first request.
+    assert!(
+        first
+            .text
+            .contains("\npdbmux_latency_objective_seconds 2.0\n")
+            || first
+                .text
+                .contains("\npdbmux_latency_objective_seconds 2\n"),
+        "{}",
+        first.text
+    );
+    for class in ["query", "root", "per-certname", "pass-through", "healthz"] {
+        let line = format!("pdbmux_request_duration_seconds_count{{route=\"{class}\"}} 0\n");
+        assert!(first.text.contains(&line), "{line}{}", first.text);
+    }
+    for op in ["get", "put", "lock", "unlock"] {
+        for outcome in ["ok", "failed"] {
+            let line = format!(
+                "pdbmux_cache_store_requests_total{{op=\"{op}\",outcome=\"{outcome}\"}} 0\n"
+            );
+            assert!(first.text.contains(&line), "{line}{}", first.text);
+        }
+    }
     // Every purpose and outcome of each configured backend's calls, before the first of them
     // fails (a rate() of connection failures has a series to start from).
     for (purpose, outcome) in [
