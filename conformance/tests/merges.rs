@@ -1636,3 +1636,87 @@ fn the_provenance_fact_value_under_in_and_regex_keeps_the_backends_it_names() {
     );
     assert!(exchange_sends(&h).is_empty());
 }
+
+/// Puppetboard's fact value page asks the fact's own path with the value (and the environment
+/// chosen, unless every one) in the query: `/facts/pdbmux_source?query=["and",
+/// ["=","environment",env],["=","value",v]]`. The value is pdbmux's to decide, the environment
+/// the backends'; the same for a `/facts` query naming the fact among other clauses.
+#[test]
+fn the_provenance_fact_value_in_a_query_on_its_own_path_keeps_the_backends_it_names() {
+    let on_path = |query: Value| with_query("/pdb/query/v4/facts/pdbmux_source", &query, "");
+    let cases = [
+        (
+            on_path(json!([
+                "and",
+                ["=", "environment", "production"],
+                ["=", "value", "pdb-a"]
+            ])),
+            json!([source("web2", "pdb-a", "production")]),
+        ),
+        (
+            on_path(json!(["and", ["=", "value", "pdb-a"]])),
+            json!([source("web2", "pdb-a", "production")]),
+        ),
+        (
+            on_path(json!([
+                "and",
+                ["=", "environment", "staging"],
+                ["in", "value", ["array", ["pdb-b", "pdb-c"]]]
+            ])),
+            json!([
+                source("web1", "pdb-b", "staging"),
+                source("web4", "pdb-c", "staging"),
+            ]),
+        ),
+        (
+            on_path(json!([
+                "and",
+                ["=", "environment", "production"],
+                ["=", "value", "pdb-c"]
+            ])),
+            json!([]),
+        ),
+        (
+            with_query(
+                "/pdb/query/v4/facts",
+                &json!([
+                    "and",
+                    ["=", "environment", "production"],
+                    ["=", "name", "pdbmux_source"],
+                    ["=", "value", "pdb-b"]
+                ]),
+                "",
+            ),
+            json!([source("web3", "pdb-b", "production")]),
+        ),
+        (
+            with_query(
+                "/pdb/query/v4/facts",
+                &json!([
+                    "and",
+                    ["=", "name", "pdbmux_source"],
+                    ["=", "environment", "staging"]
+                ]),
+                "",
+            ),
+            json!([
+                source("web1", "pdb-b", "staging"),
+                source("web4", "pdb-c", "staging"),
+            ]),
+        ),
+    ];
+    for ttl in [0, 30] {
+        for (asked, want) in &cases {
+            let mut h = three_backends_facts_harness(|config| {
+                config.facts_ttl = std::time::Duration::from_secs(ttl);
+            });
+            let c = h.get(asked);
+            finish(&mut h);
+            let mut got = body_json(&h, c);
+            if let Some(rows) = got.as_array_mut() {
+                rows.sort_by_key(|row| row["certname"].as_str().map(str::to_owned));
+            }
+            assert_eq!(&got, want, "{asked} (facts_ttl {ttl}s)");
+        }
+    }
+}

@@ -283,33 +283,59 @@ enum SourceAsk {
     Refused(String),
 }
 
-/// Reads a `/facts` query that names the provenance fact (`["=","name",<source_fact>]`, alone or
-/// in an `and` with one constraint on `value`: `=`, `in` over an `array`, or `~`), what
-/// Puppetboard's fact pages and pypuppetdb send. `None` for any other request.
+/// Reads a request for the provenance fact with a constraint on its value: a `/facts` query
+/// naming it (`["=","name",<source_fact>]`), or a query on its own path `/facts/<source_fact>`
+/// (Puppetboard's fact value page), alone or in an `and` with other clauses. The constraints on
+/// `value` (`=`, `in` over an `array`, `~`) are decided here against the backends' names, since
+/// no backend holds the fact; every other clause (an environment, a certname) goes to the
+/// backends with the path's request. `None` when the request is not such a one.
 fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<SourceAsk> {
-    let Route::Query(entity) = route else {
-        return None;
-    };
+    let entity = route.entity()?;
     if !entity.carries_provenance() || !config.source_fact_enabled {
         return None;
     }
-    let QueryText::Ast(ast) = params.query_text() else {
-        return None;
-    };
     let names_source = |clause: &serde_json::Value| {
         matches!(clause.as_array().map(Vec::as_slice),
             Some([op, field, serde_json::Value::String(name)])
                 if op == "=" && field == "name" && *name == config.source_fact)
     };
-    let value = match ast.as_array()?.as_slice() {
-        _ if names_source(&ast) => None,
-        [op, a, b] if op == "and" && names_source(a) => Some(b),
-        [op, a, b] if op == "and" && names_source(b) => Some(a),
+    let QueryText::Ast(ast) = params.query_text() else {
+        return None;
+    };
+    let clauses: Vec<&serde_json::Value> = match ast.as_array().map(Vec::as_slice) {
+        Some([op, clauses @ ..]) if op == "and" => clauses.iter().collect(),
+        _ => vec![&ast],
+    };
+    let on_path = match route {
+        Route::Query(_) if clauses.iter().any(|c| names_source(c)) => false,
+        Route::FactsByName { name, value: None }
+            if percent_encoding::percent_decode_str(name).decode_utf8_lossy()
+                == config.source_fact.as_str() =>
+        {
+            true
+        }
         _ => return None,
     };
-    let mut rest = Params::default();
+    let (values, rest): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) = clauses
+        .into_iter()
+        .filter(|clause| !names_source(clause))
+        .partition(|clause| is_value_constraint(clause));
+    if on_path && values.is_empty() {
+        // The path's own merge reads any other query.
+        return None;
+    }
+    let mut kept = Params::default();
     for param in params.iter().filter(|p| p.key() != "query") {
-        rest.set(param.key(), param.value());
+        kept.set(param.key(), param.value());
+    }
+    match rest.as_slice() {
+        [] => {}
+        [one] => kept.set("query", &one.to_string()),
+        all => {
+            let mut and = vec![serde_json::Value::from("and")];
+            and.extend(all.iter().map(|clause| (*clause).clone()));
+            kept.set("query", &serde_json::Value::Array(and).to_string());
+        }
     }
     let target = |value: Option<&str>| {
         let mut path = format!(
@@ -321,61 +347,82 @@ fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<So
             path.push('/');
             path.extend(percent_encoding::utf8_percent_encode(value, SEGMENT));
         }
-        let rest = rest.to_query_string();
-        match rest.is_empty() {
+        let kept = kept.to_query_string();
+        match kept.is_empty() {
             true => path,
-            false => format!("{path}?{rest}"),
+            false => format!("{path}?{kept}"),
         }
-    };
-    let Some(value) = value else {
-        return Some(SourceAsk::Path(target(None)));
     };
     let names: Vec<&str> = config.backends.iter().map(|b| b.name.as_str()).collect();
-    let matching: Vec<String> = match value.as_array()?.as_slice() {
-        [op, field, serde_json::Value::String(value)] if op == "=" && field == "value" => {
-            return Some(SourceAsk::Path(target(Some(value))));
+    // Each value constraint narrows the backends named; all of them must hold.
+    let mut matching: Vec<&str> = names.clone();
+    for clause in values {
+        match value_matches(clause, &names) {
+            Ok(kept) => matching.retain(|name| kept.contains(name)),
+            Err((pattern, error)) => {
+                return Some(SourceAsk::Refused(format!(
+                    "pdbmux: the regular expression {pattern:?} on {} cannot be read: {error}",
+                    config.source_fact
+                )))
+            }
         }
-        [op, field, list] if op == "in" && field == "value" => {
-            let listed: Vec<&str> = match list.as_array()?.as_slice() {
-                [array, serde_json::Value::Array(values)] if array == "array" => values
-                    .iter()
-                    .filter_map(serde_json::Value::as_str)
-                    .collect(),
-                _ => return None,
-            };
-            names
-                .iter()
-                .filter(|name| listed.contains(name))
-                .map(|name| (*name).to_owned())
-                .collect()
-        }
-        [op, field, serde_json::Value::String(pattern)] if op == "~" && field == "value" => {
-            let regex = match regex::Regex::new(pattern) {
-                Ok(regex) => regex,
-                Err(error) => {
-                    return Some(SourceAsk::Refused(format!(
-                        "pdbmux: the regular expression {pattern:?} on {} cannot be read: {error}",
-                        config.source_fact
-                    )))
-                }
-            };
-            names
-                .iter()
-                .filter(|name| regex.is_match(name))
-                .map(|name| (*name).to_owned())
-                .collect()
-        }
-        _ => return None,
-    };
+    }
     Some(match matching.as_slice() {
         [] => SourceAsk::Nothing,
         [one] => SourceAsk::Path(target(Some(one))),
         all if all.len() == names.len() => SourceAsk::Path(target(None)),
         _ => SourceAsk::Values {
             whole: target(None),
-            values: matching,
+            values: matching.iter().map(|name| (*name).to_owned()).collect(),
         },
     })
+}
+
+/// Whether `clause` constrains the fact's value in a way pdbmux decides for the provenance fact:
+/// `=` a string, `in` an `array` of strings, `~` a pattern.
+fn is_value_constraint(clause: &serde_json::Value) -> bool {
+    match clause.as_array().map(Vec::as_slice) {
+        Some([op, field, serde_json::Value::String(_)]) => {
+            (op == "=" || op == "~") && field == "value"
+        }
+        Some([op, field, list]) => {
+            op == "in"
+                && field == "value"
+                && matches!(list.as_array().map(Vec::as_slice),
+                    Some([array, serde_json::Value::Array(_)]) if array == "array")
+        }
+        _ => false,
+    }
+}
+
+/// The backend names among `names` that a value constraint ([`is_value_constraint`]) admits;
+/// a pattern that does not compile, with why.
+fn value_matches<'a>(
+    clause: &serde_json::Value,
+    names: &[&'a str],
+) -> Result<Vec<&'a str>, (String, regex::Error)> {
+    let admits: Box<dyn Fn(&str) -> bool> = match clause.as_array().map(Vec::as_slice) {
+        Some([op, _, serde_json::Value::String(value)]) if op == "=" => {
+            let value = value.clone();
+            Box::new(move |name| name == value)
+        }
+        Some([op, _, serde_json::Value::String(pattern)]) if op == "~" => {
+            let regex = regex::Regex::new(pattern).map_err(|error| (pattern.clone(), error))?;
+            Box::new(move |name| regex.is_match(name))
+        }
+        Some([_, _, list]) => {
+            let listed: Vec<String> = list
+                .get(1)
+                .and_then(serde_json::Value::as_array)
+                .into_iter()
+                .flatten()
+                .filter_map(|value| value.as_str().map(str::to_owned))
+                .collect();
+            Box::new(move |name| listed.iter().any(|value| value == name))
+        }
+        _ => return Ok(Vec::new()),
+    };
+    Ok(names.iter().copied().filter(|name| admits(name)).collect())
 }
 
 /// Plans a `/facts` query for the provenance records of several backends: with the cache, it
@@ -413,13 +460,15 @@ fn plan_source_values(
                 return planned;
             };
             if let Work::Fanout(_) = planned.work {
+                let query = whole_request.params().query_text();
+                let analysis = query.as_ast().map(analyze);
                 let plan = RecordPlan::plan(
                     whole_route,
                     entity,
                     whole_request.path(),
                     whole_request.params().clone(),
-                    QueryText::Absent,
-                    None,
+                    query,
+                    analysis,
                     config,
                 );
                 planned.work = match plan {
