@@ -313,6 +313,14 @@ def test_fact_pages(board: Http, estate: Estate, env: str):
         rows = fact_rows(board, f"{prefix}/fact/e2e_loaded_into/{value}/json")
         want = [c for c in nodes if estate.merged_facts(c)["e2e_loaded_into"] == value]
         assert sorted(c for c, _ in rows) == want, f"e2e_loaded_into = {value}"
+    # The provenance fact's value page (Puppetboard asks /facts/pdbmux_source with the value and
+    # the environment in the query): the nodes whose facts each backend answers for, those
+    # loaded into every backend included (their e2e_loaded_into is `all`, no backend's name).
+    for value in estate.order:
+        rows = fact_rows(board, f"{prefix}/fact/pdbmux_source/{value}/json")
+        want = [c for c in nodes if estate.owner(c, kind="facts") == value]
+        assert want, f"no node's facts come from {value}"
+        assert sorted(c for c, _ in rows) == want, f"pdbmux_source = {value}"
 
 
 def test_fact_only_the_second_backend_has(board: Http, estate: Estate):
