@@ -13,7 +13,7 @@ help:
 	@echo "make e2e     end-to-end tests against real PuppetDBs (installs them if missing), one history per backend count, then the newcomer test"
 	@echo "make e2e-newcomer   the newcomer test alone: README.md's Quick start (make demo and its examples) on a fresh clone"
 	@echo "make e2e-histories SEEDS=20   the history suite alone: seeds 1..20 over 2, 3 and 4 PuppetDBs (SEED=n replays one)"
-	@echo "make ops-check   the on-call check alone: every alert rule seen firing under its fault and resolving (real Prometheus; ~25 min, E2E_OPS_SCALE=20 for ~2)"
+	@echo "make ops-check   the on-call check alone: every alert rule seen firing under its fault and resolving (real Prometheus; ~25 min, E2E_OPS_SCALE=20 for ~2), and request ids from client to log to backend"
 	@echo "make demo    pdbmux and Puppetboard in front of two local PuppetDBs with sample data (or your PDBMUX_BACKENDS)"
 	@echo "make bench-latency   Puppetboard's questions through pdbmux against real PuppetDBs (bench/latency)"
 	@echo "make bench-membership BASELINE=<commit>  the membership refresh, this checkout against a baseline (bench/membership)"

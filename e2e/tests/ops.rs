@@ -450,6 +450,23 @@ fn every_alert_fires_under_its_fault_and_resolves_after_it() {
         allowed: vec![],
     });
 
+    // Every rule the project ships has a fault that must make it fire: a new rule without one
+    // fails here, before the long watch.
+    let shipped: BTreeSet<String> = rules
+        .lines()
+        .filter_map(|line| line.trim().strip_prefix("- alert: "))
+        .map(str::to_owned)
+        .collect();
+    let covered: BTreeSet<String> = scenarios
+        .iter()
+        .flat_map(|s| s.expected.iter().map(|(alert, _)| (*alert).to_owned()))
+        .collect();
+    let uncovered: Vec<&String> = shipped.difference(&covered).collect();
+    assert!(
+        uncovered.is_empty() && shipped.len() >= 12,
+        "alert rules no scenario expects to fire: {uncovered:?} (of {shipped:?})"
+    );
+
     let targets: Vec<(String, SocketAddr)> = scenarios
         .iter()
         .map(|s| {
@@ -482,6 +499,27 @@ fn every_alert_fires_under_its_fault_and_resolves_after_it() {
             })
         })
         .collect();
+    // In calm, a client's own bad request too, four times a second: every backend refuses it
+    // (a 400 pdbmux passes on), which is no backend failing and no 5xx, so nothing may fire.
+    let bad = {
+        let (stop, addr) = (
+            Arc::clone(&stop),
+            scenarios[find(&scenarios, "calm")].mux().addr(),
+        );
+        thread::spawn(move || {
+            let path = "/pdb/query/v4/nodes?query=%5B%22%3D%22%2C%22no_such_field%22%2C%22x%22%5D";
+            while !stop.load(Ordering::SeqCst) {
+                if let Ok(response) = pdbmux_e2e::get(&format!("http://{addr}{path}")) {
+                    assert_eq!(
+                        response.status, 400,
+                        "a bad query is the client's: {}",
+                        response.body
+                    );
+                }
+                thread::sleep(Duration::from_millis(250));
+            }
+        })
+    };
     // A warm start: the cache of all-down holds its answers before its backends go.
     thread::sleep(Duration::from_secs(5));
 
@@ -652,8 +690,12 @@ fn every_alert_fires_under_its_fault_and_resolves_after_it() {
     for client in clients {
         let _ = client.join();
     }
+    let bad_answered_400 = bad.join().is_ok();
 
     let mut failures = Vec::new();
+    if !bad_answered_400 {
+        failures.push("a client's bad request in calm was not answered 400".to_owned());
+    }
     if !missing.is_empty() {
         failures.push(format!(
             "never fired within {limit:?}: {}\n{}",
