@@ -393,3 +393,58 @@ fn stale_is_served_only_when_every_backend_fails() {
     assert_eq!(cache["serving_stale"], false, "{cache}");
     assert_eq!(cache["stale_served"], 3, "{cache}");
 }
+
+/// A partial answer (a backend answering 503) is served but not stored: the same question asks
+/// every backend again, so the backend that is back is in the very next answer, which is
+/// stored (docs/decisions.md, D27).
+#[test]
+fn a_partial_answer_is_served_not_stored_and_a_backend_back_is_answered_at_once() {
+    let env = env();
+    let (first, second) = (env.first(), env.second());
+    let proxies = [
+        Proxy::start(&first.url).expect("proxy"),
+        Proxy::start(&second.url).expect("proxy"),
+    ];
+    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
+    let p = pdbmux_at(
+        "cache-partial-unstored",
+        &[
+            (first.name.as_str(), urls[0].as_str()),
+            (second.name.as_str(), urls[1].as_str()),
+        ],
+        // No prober: the failing backend stays asked, so the answers show what is stored.
+        &[
+            ("PDBMUX_FACTS_TTL", "30s"),
+            ("PDBMUX_HEALTH_PROBE_ENABLED", "false"),
+        ],
+    );
+    // The membership map first, with both backends.
+    let warm = cached(&p, NODES, &[], "miss");
+    assert_eq!(warm.header("x-backends"), Some("2/2"));
+    let query = not_certname(&marker("cache-partial-unstored"));
+    let params = [("query", query.as_str())];
+
+    proxies[1].set_mode(ProxyMode::Unavailable);
+    for attempt in ["first", "again"] {
+        let r = cached(&p, FACTS, &params, "miss");
+        assert_eq!(
+            r.header("x-backends"),
+            Some("1/2"),
+            "{attempt}: {:?}",
+            r.headers
+        );
+    }
+    assert_eq!(cache_of(&p)["entries"], 1, "only /nodes is stored");
+
+    proxies[1].set_mode(ProxyMode::Forward);
+    let whole = cached(&p, FACTS, &params, "miss");
+    assert_eq!(
+        whole.header("x-backends"),
+        Some("2/2"),
+        "{:?}",
+        whole.headers
+    );
+    let hit = cached(&p, FACTS, &params, "hit");
+    assert_eq!(hit.header("x-backends"), Some("2/2"));
+    assert_eq!(json_of(&hit), json_of(&whole));
+}
