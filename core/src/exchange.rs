@@ -573,7 +573,7 @@ impl Exchange {
         let response = match verdict {
             Verdict::Verbatim(response) => {
                 if response.status.is_server_error() {
-                    self.warn_unanswered(response.status);
+                    self.log_unanswered(response.status);
                 } else {
                     self.log_failures();
                 }
@@ -594,7 +594,7 @@ impl Exchange {
                         refused: false,
                     });
                 }
-                self.warn_partial();
+                self.log_partial();
                 self.with_backends_header(response, contributed)
             }
             Verdict::Unanswered { part, unusable } => {
@@ -695,10 +695,11 @@ impl Exchange {
         })
     }
 
-    /// Logs the backends that failed while others' answers are served.
-    fn warn_partial(&self) {
+    /// Logs, at info, the backends that failed while others' answers are served: the request's
+    /// one warn line is its access line (`why=partial`), written by the driver.
+    fn log_partial(&self) {
         for (backend, outcome) in self.failed_calls() {
-            tracing::warn!(
+            tracing::info!(
                 backend = backend_name(&self.context.config.backends, backend),
                 target = %self.target,
                 "backend failed; serving the others: {}",
@@ -707,8 +708,9 @@ impl Exchange {
         }
     }
 
-    /// Logs, once per request, why it is answered with a 5xx: each backend that failed.
-    fn warn_unanswered(&self, status: StatusCode) {
+    /// Logs, at info, why a request is answered with a 5xx: each backend that failed. The
+    /// request's one warn line is its access line, whose `why` is the answer's own reason.
+    fn log_unanswered(&self, status: StatusCode) {
         let reasons: Vec<String> = self
             .failed_calls()
             .map(|(backend, outcome)| {
@@ -716,7 +718,7 @@ impl Exchange {
                 format!("{name}: {}", outcome.describe())
             })
             .collect();
-        tracing::warn!(
+        tracing::info!(
             target = %self.target,
             status = status.as_u16(),
             "no backend could answer: {}",
