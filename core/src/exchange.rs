@@ -584,9 +584,11 @@ impl Exchange {
                 contributed,
                 unusable,
             } => {
-                // Backends asked only because every one in service was left out do not count.
-                let contributed = contributed.saturating_sub(self.context.uncounted.len());
                 self.mark_unusable(unusable);
+                // Backends asked only because every one in service was left out do not count:
+                // those of them whose answer went in are taken off (one that failed was never
+                // counted).
+                let contributed = contributed.saturating_sub(self.uncounted_contributors());
                 if rounds {
                     self.report.round = Some(Round {
                         asked,
@@ -623,6 +625,24 @@ impl Exchange {
     }
 
     /// The answers a plan could not use count as that backend failing (D7).
+    /// How many of the context's uncounted backends have an answer in the merge: a call that
+    /// succeeded, or a body still being read into a streamed answer.
+    fn uncounted_contributors(&self) -> usize {
+        self.context
+            .uncounted
+            .iter()
+            .filter(|backend| {
+                self.calls.0.iter().any(|call| {
+                    call.backend == **backend
+                        && matches!(
+                            call.state,
+                            CallState::Done(Outcome::Success { .. }) | CallState::Reading { .. }
+                        )
+                })
+            })
+            .count()
+    }
+
     fn mark_unusable(&mut self, unusable: Vec<(BackendId, Unusable)>) {
         for (backend, reason) in unusable {
             for call in self
