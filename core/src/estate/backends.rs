@@ -6,7 +6,6 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
-use super::membership::PartStats;
 use super::EstateOutput;
 use crate::cache::CacheReport;
 use crate::clock::ClockAnchor;
@@ -218,24 +217,21 @@ impl BackendWatch {
         Some(waiters)
     }
 
-    /// Each configured backend's health for the metrics, with its part of the membership map.
-    pub(super) fn stats(&self, config: &Config, parts: &[PartStats]) -> Vec<BackendStats> {
-        parts
-            .iter()
-            .enumerate()
-            .map(|(i, part)| {
-                let backend = BackendId(i);
-                BackendStats {
-                    name: crate::status::backend_name(&config.backends, backend).to_owned(),
-                    state: self
-                        .prober
-                        .report(backend)
-                        .map_or("unmonitored", |r| r.state.as_str()),
-                    transitions: self.prober.transitions(backend),
-                    owned_nodes: part.owned_nodes,
-                    membership_age: part.age,
-                    membership_failures: part.failures,
-                }
+    /// Each configured backend's health for the metrics; its part of the membership map is the
+    /// membership part's to fill in (left at zero here).
+    pub(super) fn stats(&self, config: &Config) -> Vec<BackendStats> {
+        (0..config.backends.len())
+            .map(BackendId)
+            .map(|backend| BackendStats {
+                name: crate::status::backend_name(&config.backends, backend).to_owned(),
+                state: self
+                    .prober
+                    .report(backend)
+                    .map_or("unmonitored", |r| r.state.as_str()),
+                transitions: self.prober.transitions(backend),
+                owned_nodes: 0,
+                membership_age: std::time::Duration::ZERO,
+                membership_failures: 0,
             })
             .collect()
     }

@@ -14,21 +14,11 @@ use crate::ids::{BackendId, UpstreamId, WaiterId};
 use crate::membership::{MembershipMap, MembershipOutput, Ownership, Sending};
 use crate::message::{UpstreamFailure, UpstreamResponse};
 use crate::policy::Planned;
+use crate::stats::BackendStats;
 
 /// How many membership refreshes a request waits for while the map places no backend: the one
 /// under way when it came (begun, perhaps, before the backends came back) and one more.
 pub(crate) const MAP_WAITS: u8 = 2;
-
-/// One backend's part of the map, as the metrics show it.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct PartStats {
-    /// The active nodes it owns under the configured merge.
-    pub(super) owned_nodes: usize,
-    /// How long since its part was last renewed.
-    pub(super) age: std::time::Duration,
-    /// Refreshes that did not renew its part.
-    pub(super) failures: u64,
-}
 
 /// The membership map as a part of the estate (see the module doc).
 #[derive(Debug)]
@@ -50,20 +40,18 @@ impl MembershipPart {
         Arc::clone(self.map.snapshot())
     }
 
-    /// Each configured backend's part of the map, for the metrics.
-    pub(super) fn parts(&self, now: Instant, config: &Config) -> Vec<PartStats> {
+    /// Fills in each backend's part of the map in `stats` (configured order): the nodes it owns
+    /// under the configured merge, how old its part is and how many refreshes did not renew it.
+    pub(super) fn fill_stats(&self, now: Instant, config: &Config, stats: &mut [BackendStats]) {
         let owned = self
             .map
             .snapshot()
             .owned_counts(config.merge, config.backends.len());
-        (0..config.backends.len())
-            .map(BackendId)
-            .map(|backend| PartStats {
-                owned_nodes: owned.get(backend.0).copied().unwrap_or(0),
-                age: self.map.part_age(now, backend),
-                failures: self.map.failures(backend),
-            })
-            .collect()
+        for (index, backend) in stats.iter_mut().enumerate() {
+            backend.owned_nodes = owned.get(index).copied().unwrap_or(0);
+            backend.membership_age = self.map.part_age(now, BackendId(index));
+            backend.membership_failures = self.map.failures(BackendId(index));
+        }
     }
 
     /// Whether a request that needs ownership and has waited for `waits` refreshes waits for
@@ -274,7 +262,8 @@ mod tests {
             unowned.roster, both,
             "a fan-out ownership does not decide asks everyone"
         );
-        assert_eq!(part.parts(now, &config)[0].owned_nodes, 1);
-        assert_eq!(part.parts(now, &config)[1].failures, 1);
+        let mut stats = BackendWatch::new(now, &config).stats(&config);
+        part.fill_stats(now, &config, &mut stats);
+        assert_eq!((stats[0].owned_nodes, stats[1].membership_failures), (1, 1));
     }
 }

@@ -513,10 +513,10 @@ impl Estate {
 
     /// The estate's numbers now, for pdbmux's own metrics (docs/operating.md).
     pub fn stats(&self, now: Instant) -> crate::stats::EstateStats {
+        let mut backends = self.backends.stats(&self.config);
+        self.membership.fill_stats(now, &self.config, &mut backends);
         crate::stats::EstateStats {
-            backends: self
-                .backends
-                .stats(&self.config, &self.membership.parts(now, &self.config)),
+            backends,
             membership: self.membership.map.stats(now),
             cache: self.answers.stats(now),
         }
