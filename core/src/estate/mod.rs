@@ -1,5 +1,11 @@
 //! The shared machine: everything requests have in common. It holds no JSON work on records and
 //! is touched only briefly per request, so it never serializes merges.
+//!
+//! [`Estate`] is the contract with the runtime and the composition of its parts, each with its
+//! own state and tests (docs/architecture.md, "The estate's parts"): `backends` (probes, query
+//! rounds, the `/healthz` check), `membership` (the membership map and its refreshes), `answers`
+//! (the cache, its flights, refresh ahead and the shared tier) and the PQL translations. The
+//! estate decides what a request waits for and which part answers it, and what a reload keeps.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
