@@ -276,8 +276,21 @@ pub fn learn_produced(
         if asked.is_some_and(|asked| asked.binary_search(certname).is_err()) {
             continue;
         }
-        member.facts_produced = facts.remove(certname).flatten();
-        member.catalog_produced = catalogs.remove(certname).flatten();
+        let (fact, catalog) = (facts.remove(certname), catalogs.remove(certname));
+        // Every node's times are read beside `/nodes` (a backend's first refresh): a factset or
+        // catalog `/nodes` shows received but no row names was stored between the two reads. It
+        // stays unknown, to be asked by name once `/nodes` answered (docs/merging.md, "Known
+        // limits").
+        let missed = |received: &Option<String>, row: &Option<Option<String>>| {
+            received.is_some() && row.is_none()
+        };
+        if asked.is_none()
+            && (missed(&member.received[0], &fact) || missed(&member.received[1], &catalog))
+        {
+            continue;
+        }
+        member.facts_produced = fact.flatten();
+        member.catalog_produced = catalog.flatten();
         member.produced_known = true;
     }
     Some(())
@@ -847,5 +860,34 @@ mod tests {
         assert!(parse_membership(b"[{\"certname\":1}]", b"[]", b"[]").is_none());
         assert!(parse_membership(b"[", b"[]", b"[]").is_none());
         assert!(parse_membership(b"[]", b"{}", b"[]").is_none());
+    }
+
+    /// History seed 19 over four backends: a backend's first refresh read `/factsets` just
+    /// before PuppetDB stored a node's factset and `/nodes` just after; the node was taken for
+    /// one without facts there, and a node deactivated since never corrected it.
+    #[test]
+    fn a_factset_stored_between_the_first_reads_is_left_to_be_asked_by_name() {
+        let nodes = br#"[
+            {"certname":"late","facts_timestamp":"2026-12-04T08:12:45.306Z","catalog_timestamp":null,"report_timestamp":null,"deactivated":"2026-12-04T06:44:09.000Z","expired":null},
+            {"certname":"early","facts_timestamp":"2026-12-04T08:12:41.865Z","catalog_timestamp":null,"report_timestamp":null,"deactivated":null,"expired":null}
+        ]"#;
+        let factsets = br#"[{"certname":"early","producer_timestamp":"2026-12-04T05:44:05.000Z"}]"#;
+        let mut held = parse_nodes(nodes).expect("nodes");
+        learn_produced(&mut held, None, (factsets, b"[]")).expect("rows");
+        assert!(held["early"].produced_known());
+        assert_eq!(
+            held["early"].facts_produced.as_deref(),
+            Some("2026-12-04T05:44:05.000Z")
+        );
+        assert!(!held["late"].produced_known(), "read before it was stored");
+        // Asked by name after `/nodes`, the answer is the node's: no row there is no factset.
+        let late = ["late".to_owned()];
+        let named = br#"[{"certname":"late","producer_timestamp":"2026-12-04T06:14:23.000Z"}]"#;
+        learn_produced(&mut held, Some(&late), (named, b"[]")).expect("rows");
+        assert!(held["late"].produced_known());
+        assert_eq!(
+            held["late"].facts_produced.as_deref(),
+            Some("2026-12-04T06:14:23.000Z")
+        );
     }
 }
