@@ -317,8 +317,9 @@ fn cache_of(p: &Pdbmux) -> Value {
     body["cache"].clone()
 }
 
-#[test]
-fn stale_is_served_only_when_every_backend_fails() {
+/// pdbmux (`label`, with `extra` settings) over the two e2e PuppetDBs, each behind a proxy the
+/// test can break.
+fn behind_proxies(label: &str, extra: &[(&str, &str)]) -> (Pdbmux, [Proxy; 2]) {
     let env = env();
     let (first, second) = (env.first(), env.second());
     let proxies = [
@@ -327,13 +328,19 @@ fn stale_is_served_only_when_every_backend_fails() {
     ];
     let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
     let p = pdbmux_at(
-        "cache-stale",
+        label,
         &[
             (first.name.as_str(), urls[0].as_str()),
             (second.name.as_str(), urls[1].as_str()),
         ],
-        &[("PDBMUX_FACTS_TTL", "2s")],
+        extra,
     );
+    (p, proxies)
+}
+
+#[test]
+fn stale_is_served_only_when_every_backend_fails() {
+    let (p, proxies) = behind_proxies("cache-stale", &[("PDBMUX_FACTS_TTL", "2s")]);
     let stale_q = not_certname(&marker("cache-stale"));
     let partial_q = not_certname(&marker("cache-partial"));
     let stale_facts = [("query", stale_q.as_str())];
@@ -399,20 +406,9 @@ fn stale_is_served_only_when_every_backend_fails() {
 /// stored (docs/decisions.md, D27).
 #[test]
 fn a_partial_answer_is_served_not_stored_and_a_backend_back_is_answered_at_once() {
-    let env = env();
-    let (first, second) = (env.first(), env.second());
-    let proxies = [
-        Proxy::start(&first.url).expect("proxy"),
-        Proxy::start(&second.url).expect("proxy"),
-    ];
-    let urls: Vec<String> = proxies.iter().map(Proxy::url).collect();
-    let p = pdbmux_at(
+    // No prober: the failing backend stays asked, so the answers show what is stored.
+    let (p, proxies) = behind_proxies(
         "cache-partial-unstored",
-        &[
-            (first.name.as_str(), urls[0].as_str()),
-            (second.name.as_str(), urls[1].as_str()),
-        ],
-        // No prober: the failing backend stays asked, so the answers show what is stored.
         &[
             ("PDBMUX_FACTS_TTL", "30s"),
             ("PDBMUX_HEALTH_PROBE_ENABLED", "false"),
