@@ -92,15 +92,11 @@ pub fn member_backend_produced(
             membership.after(after),
         )
         .on_prefix(
-            pdbmux_conformance::produced_query_prefix(
-                pdbmux_core::membership::FACTS_PRODUCED_QUERY,
-            ),
+            pdbmux_core::membership::PRODUCED_QUERY_PREFIXES[0],
             facts.after(after),
         )
         .on_prefix(
-            pdbmux_conformance::produced_query_prefix(
-                pdbmux_core::membership::CATALOGS_PRODUCED_QUERY,
-            ),
+            pdbmux_core::membership::PRODUCED_QUERY_PREFIXES[1],
             catalogs.after(after),
         )
 }

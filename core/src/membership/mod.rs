@@ -3,11 +3,10 @@
 //! and whether it is active there, and from it the owner of every node, per kind of data.
 //!
 //! Built by the membership map's machine (`refresh.rs`): each refresh asks every backend's `/nodes` (certname,
-//! `report_timestamp`, the receive times `facts_timestamp` and `catalog_timestamp`,
-//! `deactivated`, `expired`, every node state) and, for nodes more than one backend holds, when
-//! each copy's facts and catalog were produced (`/factsets` and `/catalogs`, certname and
-//! `producer_timestamp`): all of them the first time a backend answers, after that only for
-//! shared nodes whose copy changed since the producer times were learned. Reused for
+//! `report_timestamp`, `deactivated`, `expired`, every node state) and, for nodes more than one
+//! backend holds, when each copy's facts and catalog were produced (`/factsets` and `/catalogs`,
+//! certname and `producer_timestamp`, by name): every refresh, for the nodes that were shared at
+//! the last one, beside `/nodes`; for nodes shared since, once `/nodes` answered. Reused for
 //! `freshness_ttl`. A backend that fails any of its queries keeps the entries of its last good
 //! refresh.
 //!
@@ -32,6 +31,7 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
+use crate::broadcast::EstateQuery;
 use crate::config::MergeStrategy;
 use crate::ids::BackendId;
 use crate::sort::parse_instant;
@@ -42,35 +42,26 @@ pub use refresh::MembershipStats;
 pub(crate) use refresh::{MembershipMap, MembershipOutput, Sending};
 
 /// The upstream path and query that fetches one backend's nodes:
-/// `["extract",["certname","report_timestamp","facts_timestamp","catalog_timestamp","deactivated","expired"],["=","node_state","any"]]`.
-pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22facts_timestamp%22%2C%22catalog_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+/// `["extract",["certname","report_timestamp","deactivated","expired"],["=","node_state","any"]]`
+/// (no receive times: they cost PuppetDB two joins and say nothing of newness).
+pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
 
-/// The upstream path and query that fetches when every factset of one backend was produced:
-/// `["extract",["certname","producer_timestamp"],["=","node_state","any"]]` (`/factsets` sees
-/// active nodes only unless told otherwise).
-pub const FACTS_PRODUCED_QUERY: &str = "/pdb/query/v4/factsets?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
-
-/// The upstream path and query that fetches when every catalog of one backend was produced:
-/// `["extract",["certname","producer_timestamp"]]` (`/catalogs` sees every node state).
-pub const CATALOGS_PRODUCED_QUERY: &str = "/pdb/query/v4/catalogs?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%5D";
-
-/// A first refresh's queries of one backend, in the order [`parse_membership`] takes their
-/// answers: its nodes, and every node's producer times.
-pub const MEMBERSHIP_QUERIES: [&str; 3] = [
-    MEMBERSHIP_QUERY,
-    FACTS_PRODUCED_QUERY,
-    CATALOGS_PRODUCED_QUERY,
+/// How every producer-time query of the membership refresh begins when sent as a GET, for
+/// `/factsets` and `/catalogs`: `…?query=["extract",["certname","producer_timestamp"]`,
+/// URL-encoded; the rest names the certnames (see [`produced_queries`]).
+pub const PRODUCED_QUERY_PREFIXES: [&str; 2] = [
+    "/pdb/query/v4/factsets?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D",
+    "/pdb/query/v4/catalogs?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D",
 ];
 
-/// The longest producer-time query naming its certnames: a longer list asks every node instead,
-/// well under the 8 KiB request line PuppetDB's Jetty takes.
+/// The longest producer-time query sent as a GET; a longer one goes as a POST with the query in
+/// a JSON body (PuppetDB's Jetty refuses request lines over 8 KiB).
 const NAMED_QUERY_LIMIT: usize = 6 * 1024;
 
-/// The producer-time queries (factsets, catalogs) naming these certnames in an `in` list; `None`
-/// when that makes too long a request line (ask [`FACTS_PRODUCED_QUERY`] and
-/// [`CATALOGS_PRODUCED_QUERY`] instead). Both are answered with rows of certname and
-/// `producer_timestamp`, read by [`learn_produced`].
-pub fn named_produced_queries(certnames: &[String]) -> Option<[String; 2]> {
+/// The producer-time queries (factsets, catalogs) naming these certnames in an `in` list: GETs,
+/// or POSTs of `{"query": …}` when the list is too long for a URL. Both are answered with rows
+/// of certname and `producer_timestamp`, read by [`learn_produced`].
+pub(crate) fn produced_queries(certnames: &[String]) -> [EstateQuery; 2] {
     let named = serde_json::json!(["in", "certname", ["array", certnames]]);
     let columns = serde_json::json!(["certname", "producer_timestamp"]);
     // `/factsets` sees active nodes only unless told otherwise; `/catalogs` sees every state.
@@ -80,16 +71,18 @@ pub fn named_produced_queries(certnames: &[String]) -> Option<[String; 2]> {
         ["and", ["=", "node_state", "any"], named]
     ]);
     let catalogs = serde_json::json!(["extract", columns, named]);
-    let url = |entity: &str, query: &serde_json::Value| {
+    let request = |entity: &str, query: &serde_json::Value| {
+        let path = format!("/pdb/query/v4/{entity}");
         let encoded: String =
             form_urlencoded::byte_serialize(query.to_string().as_bytes()).collect();
-        format!("/pdb/query/v4/{entity}?query={encoded}")
+        let target = format!("{path}?query={encoded}");
+        if target.len() <= NAMED_QUERY_LIMIT {
+            return EstateQuery::get(target);
+        }
+        let body = serde_json::json!({ "query": query }).to_string();
+        EstateQuery::post(path, body.into())
     };
-    let queries = [url("factsets", &facts), url("catalogs", &catalogs)];
-    queries
-        .iter()
-        .all(|query| query.len() <= NAMED_QUERY_LIMIT)
-        .then_some(queries)
+    [request("factsets", &facts), request("catalogs", &catalogs)]
 }
 
 /// A kind of node data whose newest copy one PuppetDB keeps on its own (docs/decisions.md, D14):
@@ -128,12 +121,9 @@ pub struct Member {
     pub catalog_produced: Option<String>,
     /// Neither deactivated nor expired there.
     pub active: bool,
-    /// When this backend received its facts and its catalog (`facts_timestamp`,
-    /// `catalog_timestamp`). Never evidence of newness (D14): only of whether producer times
-    /// learned at an earlier refresh still hold (a new factset or catalog is received anew).
-    received: [Option<String>; 2],
-    /// Whether `facts_produced` and `catalog_produced` were learned: a refresh asks them only
-    /// for nodes another backend holds too, where ownership weighs them.
+    /// Whether `facts_produced` and `catalog_produced` were learned at the refresh that read
+    /// this holding: a refresh asks them only for nodes another backend holds too, where
+    /// ownership weighs them.
     produced_known: bool,
 }
 
@@ -145,7 +135,6 @@ impl Member {
             facts_produced: None,
             catalog_produced: None,
             active: true,
-            received: [None, None],
             produced_known: true,
         }
     }
@@ -175,19 +164,6 @@ impl Member {
     /// Whether its producer times were learned.
     pub fn produced_known(&self) -> bool {
         self.produced_known
-    }
-
-    /// Takes the producer times `earlier` learned for this node when they still hold: the same
-    /// report and the same facts and catalog received since.
-    fn carry_produced(&mut self, earlier: &Member) {
-        if earlier.produced_known
-            && earlier.report_timestamp == self.report_timestamp
-            && earlier.received == self.received
-        {
-            self.facts_produced.clone_from(&earlier.facts_produced);
-            self.catalog_produced.clone_from(&earlier.catalog_produced);
-            self.produced_known = true;
-        }
     }
 
     /// Whether this holding's `kind` is newer than `other`'s (D14); `false` on a tie
@@ -220,10 +196,6 @@ struct MembershipRow {
     certname: String,
     report_timestamp: Option<String>,
     #[serde(default)]
-    facts_timestamp: Option<String>,
-    #[serde(default)]
-    catalog_timestamp: Option<String>,
-    #[serde(default)]
     deactivated: Option<String>,
     #[serde(default)]
     expired: Option<String>,
@@ -244,7 +216,6 @@ pub fn parse_nodes(nodes: &[u8]) -> Option<BackendNodes> {
             .map(|row| {
                 let member = Member {
                     active: row.deactivated.is_none() && row.expired.is_none(),
-                    received: [row.facts_timestamp, row.catalog_timestamp],
                     produced_known: false,
                     ..Member::active(row.report_timestamp.as_deref())
                 };
@@ -254,13 +225,13 @@ pub fn parse_nodes(nodes: &[u8]) -> Option<BackendNodes> {
     )
 }
 
-/// Takes into `held` the producer times its backend answered for `asked` (sorted certnames;
-/// `None`: every node): every node asked about is known from now on, without a factset or
-/// catalog where no row names it. A row of a certname not asked about, or that `/nodes` did not
-/// list, is ignored. `None` when an answer is not an array of such rows.
+/// Takes into `held` the producer times its backend answered for `asked` (sorted certnames):
+/// every node asked about is known from now on, without a factset or catalog where no row names
+/// it. A row of a certname not asked about, or that `/nodes` did not list, is ignored. `None`
+/// when an answer is not an array of such rows.
 pub fn learn_produced(
     held: &mut BackendNodes,
-    asked: Option<&[String]>,
+    asked: &[String],
     (factsets, catalogs): (&[u8], &[u8]),
 ) -> Option<()> {
     let produced = |body: &[u8]| -> Option<BTreeMap<String, Option<String>>> {
@@ -272,47 +243,14 @@ pub fn learn_produced(
         )
     };
     let (mut facts, mut catalogs) = (produced(factsets)?, produced(catalogs)?);
-    for (certname, member) in held.iter_mut() {
-        if asked.is_some_and(|asked| asked.binary_search(certname).is_err()) {
-            continue;
+    for certname in asked {
+        if let Some(member) = held.get_mut(certname) {
+            member.facts_produced = facts.remove(certname).flatten();
+            member.catalog_produced = catalogs.remove(certname).flatten();
+            member.produced_known = true;
         }
-        let (fact, catalog) = (facts.remove(certname), catalogs.remove(certname));
-        // Every node's times are read beside `/nodes` (a backend's first refresh): a factset or
-        // catalog `/nodes` shows received but no row names was stored between the two reads. It
-        // stays unknown, to be asked by name once `/nodes` answered (docs/merging.md, "Known
-        // limits").
-        let missed = |received: &Option<String>, row: &Option<Option<String>>| {
-            received.is_some() && row.is_none()
-        };
-        if asked.is_none()
-            && (missed(&member.received[0], &fact) || missed(&member.received[1], &catalog))
-        {
-            continue;
-        }
-        member.facts_produced = fact.flatten();
-        member.catalog_produced = catalog.flatten();
-        member.produced_known = true;
     }
     Some(())
-}
-
-/// Parses one backend's answers to [`MEMBERSHIP_QUERIES`] (nodes, factsets, catalogs): every
-/// node with its producer times; `None` when one is not an array of such rows. A factset or
-/// catalog of a certname `/nodes` did not list is ignored.
-pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Option<BackendNodes> {
-    let mut held = parse_nodes(nodes)?;
-    learn_produced(&mut held, None, (factsets, catalogs))?;
-    Some(held)
-}
-
-/// Takes into `fresh` the producer times `earlier` (the same backend's last good part) learned
-/// that still hold: the same report, and the same facts and catalog received since.
-pub fn carry_produced(fresh: &mut BackendNodes, earlier: &BackendNodes) {
-    for (certname, member) in fresh.iter_mut() {
-        if let Some(earlier) = earlier.get(certname) {
-            member.carry_produced(earlier);
-        }
-    }
 }
 
 /// Which nodes a query can see, and so which holders ownership weighs.
@@ -835,10 +773,13 @@ mod tests {
 
     #[test]
     fn membership_bodies() {
-        let nodes = br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#;
-        let factsets = br#"[{"certname":"a","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"gone","producer_timestamp":"2026-11-30T07:00:00.000Z"}]"#;
+        let nodes = br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"},{"certname":"c","report_timestamp":null}]"#;
+        let factsets = br#"[{"certname":"a","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"gone","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"c","producer_timestamp":"2026-11-30T07:00:00.000Z"}]"#;
         let catalogs = br#"[{"certname":"b","producer_timestamp":"2026-11-30T07:30:00.000Z"}]"#;
-        let parsed = parse_membership(nodes, factsets, catalogs).expect("parses");
+        let mut parsed = parse_nodes(nodes).expect("parses");
+        assert!(parsed.values().all(|m| !m.produced_known()));
+        let asked = ["a", "b", "gone"].map(str::to_owned);
+        learn_produced(&mut parsed, &asked, (factsets, catalogs)).expect("rows");
         assert_eq!(parsed.get("a").map(|m| m.active), Some(true));
         assert_eq!(parsed.get("b").map(|m| m.active), Some(false));
         assert_eq!(
@@ -853,41 +794,47 @@ mod tests {
             parsed.get("b").and_then(|m| m.catalog_produced.as_deref()),
             Some("2026-11-30T07:30:00.000Z")
         );
+        assert!(parsed["a"].produced_known() && parsed["b"].produced_known());
         assert!(
             !parsed.contains_key("gone"),
             "a factset without a node is not a node"
         );
-        assert!(parse_membership(b"[{\"certname\":1}]", b"[]", b"[]").is_none());
-        assert!(parse_membership(b"[", b"[]", b"[]").is_none());
-        assert!(parse_membership(b"[]", b"{}", b"[]").is_none());
+        assert!(
+            !parsed["c"].produced_known() && parsed["c"].facts_produced.is_none(),
+            "a row of a node not asked about is not taken"
+        );
+        assert!(parse_nodes(b"[{\"certname\":1}]").is_none());
+        assert!(parse_nodes(b"[").is_none());
+        assert!(learn_produced(&mut parsed, &asked, (b"{}", b"[]")).is_none());
+        assert!(learn_produced(&mut parsed, &asked, (b"[]", b"[1]")).is_none());
     }
 
-    /// History seed 19 over four backends: a backend's first refresh read `/factsets` just
-    /// before PuppetDB stored a node's factset and `/nodes` just after; the node was taken for
-    /// one without facts there, and a node deactivated since never corrected it.
     #[test]
-    fn a_factset_stored_between_the_first_reads_is_left_to_be_asked_by_name() {
-        let nodes = br#"[
-            {"certname":"late","facts_timestamp":"2026-12-04T08:12:45.306Z","catalog_timestamp":null,"report_timestamp":null,"deactivated":"2026-12-04T06:44:09.000Z","expired":null},
-            {"certname":"early","facts_timestamp":"2026-12-04T08:12:41.865Z","catalog_timestamp":null,"report_timestamp":null,"deactivated":null,"expired":null}
-        ]"#;
-        let factsets = br#"[{"certname":"early","producer_timestamp":"2026-12-04T05:44:05.000Z"}]"#;
-        let mut held = parse_nodes(nodes).expect("nodes");
-        learn_produced(&mut held, None, (factsets, b"[]")).expect("rows");
-        assert!(held["early"].produced_known());
+    fn producer_time_queries_go_as_post_when_too_long_for_a_url() {
+        let few: Vec<String> = (0..10).map(|n| format!("node-{n}.example.com")).collect();
+        let [facts, catalogs] = produced_queries(&few);
+        assert!(facts.body.is_none() && catalogs.body.is_none());
+        assert!(facts.path_and_query.starts_with(PRODUCED_QUERY_PREFIXES[0]));
+        assert!(catalogs
+            .path_and_query
+            .starts_with(PRODUCED_QUERY_PREFIXES[1]));
+        let many: Vec<String> = (0..400).map(|n| format!("node-{n}.example.com")).collect();
+        let [facts, catalogs] = produced_queries(&many);
+        assert_eq!(facts.path_and_query, "/pdb/query/v4/factsets");
+        assert_eq!(catalogs.path_and_query, "/pdb/query/v4/catalogs");
+        let body: serde_json::Value =
+            serde_json::from_slice(facts.body.as_deref().expect("a POST body")).expect("JSON");
         assert_eq!(
-            held["early"].facts_produced.as_deref(),
-            Some("2026-12-04T05:44:05.000Z")
-        );
-        assert!(!held["late"].produced_known(), "read before it was stored");
-        // Asked by name after `/nodes`, the answer is the node's: no row there is no factset.
-        let late = ["late".to_owned()];
-        let named = br#"[{"certname":"late","producer_timestamp":"2026-12-04T06:14:23.000Z"}]"#;
-        learn_produced(&mut held, Some(&late), (named, b"[]")).expect("rows");
-        assert!(held["late"].produced_known());
-        assert_eq!(
-            held["late"].facts_produced.as_deref(),
-            Some("2026-12-04T06:14:23.000Z")
+            body["query"],
+            serde_json::json!([
+                "extract",
+                ["certname", "producer_timestamp"],
+                [
+                    "and",
+                    ["=", "node_state", "any"],
+                    ["in", "certname", ["array", many]]
+                ]
+            ])
         );
     }
 }
