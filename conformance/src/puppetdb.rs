@@ -24,7 +24,7 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde_json::{Map, Value};
 
-use pdbmux_core::membership::PRODUCED_QUERY_PREFIXES;
+use pdbmux_core::membership::{CATALOGS_PRODUCED_QUERY, FACTS_PRODUCED_QUERY};
 
 use crate::script::{Asked, FakeBackend, Reply, ReplyOutcome};
 
@@ -208,7 +208,7 @@ impl PuppetDb {
         if let Some(reply) = self.translate(asked) {
             return reply;
         }
-        if let Some(segment) = produced_query_entity(asked) {
+        if let Some(segment) = produced_query_entity(asked.path_and_query) {
             return Reply::ok(self.produced_rows(segment).to_string());
         }
         let asking = match read_asking(asked) {
@@ -397,25 +397,25 @@ impl FakeBackend {
     }
 }
 
+/// The beginning every producer-time query of the membership refresh on `every` 's route has,
+/// whether it asks every node (`every`, [`FACTS_PRODUCED_QUERY`] or [`CATALOGS_PRODUCED_QUERY`])
+/// or names certnames: `…?query=["extract",["certname","producer_timestamp"]`, URL-encoded.
+pub fn produced_query_prefix(every: &str) -> &str {
+    const END: &str = "producer_timestamp%22%5D";
+    every.find(END).map_or(every, |at| &every[..at + END.len()])
+}
+
 /// Which entity a producer-time query of the membership refresh asks (`factsets` or
-/// `catalogs`), if it is one: a GET beginning with one of [`PRODUCED_QUERY_PREFIXES`], or a
-/// POST to that entity whose query extracts certname and `producer_timestamp`. A fake answers
-/// one with every row it has: the refresh takes the rows of the certnames it asked about.
-pub fn produced_query_entity(asked: &Asked<'_>) -> Option<&'static str> {
-    const ENTITIES: [&str; 2] = ["factsets", "catalogs"];
-    if let Some(body) = asked.body {
-        let entity = ENTITIES
-            .into_iter()
-            .find(|entity| asked.path_and_query == format!("/pdb/query/v4/{entity}"))?;
-        let body: Value = serde_json::from_slice(body).ok()?;
-        let columns = serde_json::json!(["certname", "producer_timestamp"]);
-        return (body["query"][0] == "extract" && body["query"][1] == columns).then_some(entity);
-    }
-    ENTITIES
-        .into_iter()
-        .zip(PRODUCED_QUERY_PREFIXES)
-        .find(|(_, prefix)| asked.path_and_query.starts_with(prefix))
-        .map(|(entity, _)| entity)
+/// `catalogs`), if it is one. A fake answers one naming certnames with every row it has: the
+/// refresh takes the rows of the certnames it asked about.
+pub fn produced_query_entity(path_and_query: &str) -> Option<&'static str> {
+    [
+        ("factsets", FACTS_PRODUCED_QUERY),
+        ("catalogs", CATALOGS_PRODUCED_QUERY),
+    ]
+    .into_iter()
+    .find(|(_, every)| path_and_query.starts_with(produced_query_prefix(every)))
+    .map(|(entity, _)| entity)
 }
 
 /// The answer to a producer-time query of the membership refresh (`/factsets` or `/catalogs`,

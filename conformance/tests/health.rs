@@ -993,7 +993,8 @@ fn web_nodes_failing_membership(failures: [usize; 2]) -> Harness {
     let answering = |nodes: String, failures: usize| {
         let mut memberships = 0;
         move |asked: &Asked<'_>| {
-            let produced = pdbmux_conformance::produced_query_entity(asked).is_some();
+            let produced =
+                pdbmux_conformance::produced_query_entity(asked.path_and_query).is_some();
             if asked.path_and_query == MEMBERSHIP_QUERY {
                 memberships += 1;
             }

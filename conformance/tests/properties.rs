@@ -8,7 +8,7 @@
 
 use http::{Method, StatusCode};
 use pdbmux_conformance::{ms, FakeBackend, Harness, Machine, Reply, ReplyOutcome};
-use pdbmux_core::membership::{MEMBERSHIP_QUERY, PRODUCED_QUERY_PREFIXES};
+use pdbmux_core::membership::MEMBERSHIP_QUERIES;
 use pdbmux_core::{ClientRequest, REACHABILITY_PATH};
 use proptest::prelude::*;
 use proptest::sample::select;
@@ -206,8 +206,7 @@ proptest! {
                 Machine::Exchange(_) | Machine::Flight(_) => prop_assert_eq!(&sent.request.path_and_query, &target),
                 Machine::Estate => prop_assert!(
                     sent.request.path_and_query == REACHABILITY_PATH
-                        || sent.request.path_and_query == MEMBERSHIP_QUERY
-                        || PRODUCED_QUERY_PREFIXES.iter().any(|p| sent.request.path_and_query.starts_with(p)),
+                        || MEMBERSHIP_QUERIES.contains(&sent.request.path_and_query.as_str()),
                     "estate sent {}", sent.request.path_and_query
                 ),
             }

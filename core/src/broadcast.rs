@@ -24,32 +24,6 @@ pub(crate) struct BroadcastCall {
     pub(crate) result: Option<Result<Bytes, Failure>>,
 }
 
-/// One query of an estate's fan-out: a GET of `path_and_query`, or, with a body, a POST of that
-/// JSON body to it (a query too long for a URL).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct EstateQuery {
-    pub(crate) path_and_query: String,
-    pub(crate) body: Option<Bytes>,
-}
-
-impl EstateQuery {
-    /// A GET of `path_and_query`.
-    pub(crate) fn get(path_and_query: impl Into<String>) -> EstateQuery {
-        EstateQuery {
-            path_and_query: path_and_query.into(),
-            body: None,
-        }
-    }
-
-    /// A POST of the JSON `body` to `path`.
-    pub(crate) fn post(path: impl Into<String>, body: Bytes) -> EstateQuery {
-        EstateQuery {
-            path_and_query: path.into(),
-            body: Some(body),
-        }
-    }
-}
-
 /// One request to each of several backends, sent together.
 #[derive(Debug)]
 pub(crate) struct Broadcast(pub(crate) Vec<BroadcastCall>);
@@ -63,41 +37,32 @@ impl Broadcast {
         queries: &[&str],
         deadline: Instant,
     ) -> (Broadcast, Vec<UpstreamRequest>) {
-        let each: Vec<(BackendId, Vec<EstateQuery>)> = backends
+        let each: Vec<(BackendId, Vec<String>)> = backends
             .iter()
-            .map(|backend| {
-                (
-                    *backend,
-                    queries.iter().map(|q| EstateQuery::get(*q)).collect(),
-                )
-            })
+            .map(|backend| (*backend, queries.iter().map(|q| (*q).to_owned()).collect()))
             .collect();
         Broadcast::send_each(ids, purpose, &each, deadline)
     }
 
-    /// Plans each backend's own queries, all at once; a call's `query` is its index in its
-    /// backend's list. Returns the calls and the requests to send.
+    /// Plans one GET of each backend's own queries, all at once; a call's `query` is its index
+    /// in its backend's list. Returns the calls and the requests to send.
     pub(crate) fn send_each(
         ids: &mut Counter,
         purpose: Purpose,
-        each: &[(BackendId, Vec<EstateQuery>)],
+        each: &[(BackendId, Vec<String>)],
         deadline: Instant,
     ) -> (Broadcast, Vec<UpstreamRequest>) {
         let mut calls = Vec::new();
         let mut requests = Vec::new();
         for (backend, queries) in each {
-            for (query, estate_query) in queries.iter().enumerate() {
+            for (query, path_and_query) in queries.iter().enumerate() {
                 let id = UpstreamId(ids.next());
-                let method = match estate_query.body {
-                    Some(_) => Method::POST,
-                    None => Method::GET,
-                };
                 requests.push(UpstreamRequest {
                     id,
                     backend: *backend,
-                    method,
-                    path_and_query: estate_query.path_and_query.clone(),
-                    body: estate_query.body.clone(),
+                    method: Method::GET,
+                    path_and_query: path_and_query.clone(),
+                    body: None,
                     body_mode: BodyMode::Buffer,
                     deadline,
                     purpose,

@@ -22,7 +22,7 @@ use bytes::Bytes;
 use http::StatusCode;
 use pdbmux_bench::{best_of, mb_per_s, SyntheticEstate};
 use pdbmux_core::config::{BackendConfig, BackendUrl, Config, TlsFiles};
-use pdbmux_core::membership::MEMBERSHIP_QUERY;
+use pdbmux_core::membership::MEMBERSHIP_QUERIES;
 use pdbmux_core::{
     Admission, ClientRequest, ClockAnchor, Estate, EstateOutput, ExchangeOutput, Response,
     UpstreamResponse, JSON_CONTENT_TYPE,
@@ -106,36 +106,37 @@ fn ready_estate(now: Instant, membership: &[(Bytes, Bytes)]) -> Result<Estate> {
             return Err(format!("expected to wait for the membership map, got {other:?}").into())
         }
     }
-    // Two rounds: every backend's nodes, then the shared nodes' producer times.
     let mut resumed = false;
-    let mut sends: Vec<_> = std::iter::from_fn(|| estate.poll_output())
-        .filter_map(|output| match output {
-            EstateOutput::Send(send) => Some(send),
-            _ => None,
-        })
-        .collect();
-    while !sends.is_empty() {
-        for send in std::mem::take(&mut sends) {
-            let (nodes, produced) = membership
-                .get(send.backend.0)
-                .ok_or("membership query to an unknown backend")?;
-            let body = if send.path_and_query == MEMBERSHIP_QUERY {
-                nodes.clone()
-            } else {
-                produced.clone()
-            };
-            estate.handle_upstream_response(
-                now,
-                send.id,
-                UpstreamResponse::full(StatusCode::OK, JSON_CONTENT_TYPE, body),
-            );
-            while let Some(output) = estate.poll_output() {
-                match output {
-                    EstateOutput::Send(send) => sends.push(send),
-                    EstateOutput::Resume { .. } => resumed = true,
-                    _ => {}
-                }
-            }
+    let mut sends = Vec::new();
+    while let Some(output) = estate.poll_output() {
+        if let EstateOutput::Send(send) = output {
+            sends.push(send);
+        }
+    }
+    if sends.len() != membership.len() * MEMBERSHIP_QUERIES.len() {
+        return Err(format!(
+            "expected {} membership queries, got {}",
+            membership.len() * MEMBERSHIP_QUERIES.len(),
+            sends.len()
+        )
+        .into());
+    }
+    for send in sends {
+        let (nodes, produced) = membership
+            .get(send.backend.0)
+            .ok_or("membership query to an unknown backend")?;
+        let body = if send.path_and_query == MEMBERSHIP_QUERIES[0] {
+            nodes.clone()
+        } else {
+            produced.clone()
+        };
+        estate.handle_upstream_response(
+            now,
+            send.id,
+            UpstreamResponse::full(StatusCode::OK, JSON_CONTENT_TYPE, body),
+        );
+        while let Some(output) = estate.poll_output() {
+            resumed |= matches!(output, EstateOutput::Resume { .. });
         }
     }
     if !resumed {

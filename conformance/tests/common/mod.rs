@@ -92,11 +92,15 @@ pub fn member_backend_produced(
             membership.after(after),
         )
         .on_prefix(
-            pdbmux_core::membership::PRODUCED_QUERY_PREFIXES[0],
+            pdbmux_conformance::produced_query_prefix(
+                pdbmux_core::membership::FACTS_PRODUCED_QUERY,
+            ),
             facts.after(after),
         )
         .on_prefix(
-            pdbmux_core::membership::PRODUCED_QUERY_PREFIXES[1],
+            pdbmux_conformance::produced_query_prefix(
+                pdbmux_core::membership::CATALOGS_PRODUCED_QUERY,
+            ),
             catalogs.after(after),
         )
 }

@@ -551,7 +551,7 @@ mod tests {
     use crate::config::{BackendConfig, BackendUrl, TlsFiles};
     use crate::exchange::ExchangeOutput;
     use crate::ids::BackendId;
-    use crate::membership::MEMBERSHIP_QUERY;
+    use crate::membership::MEMBERSHIP_QUERIES;
     use crate::message::{ClientRequest, ResponseBody, UpstreamBody, UpstreamResponse};
 
     /// A configuration of these backends on loopback, probes off.
@@ -660,14 +660,18 @@ mod tests {
             panic!("the first /nodes waits for the membership map");
         };
         let old = sends(&mut estate);
-        assert_eq!(old.len(), 2, "its nodes, of each backend");
+        assert_eq!(old.len(), 2 * 3, "three membership queries per backend");
         estate.reconfigure(now, Arc::new(config(&[("c", 3)])));
         let new = sends(&mut estate);
-        assert_eq!(new.len(), 1, "the new backend is asked: {new:?}");
+        assert_eq!(new.len(), 3, "the new backend is asked: {new:?}");
         assert!(new.iter().all(|r| r.backend == BackendId(0)));
         let answer = |request: &UpstreamRequest| {
-            assert_eq!(request.path_and_query, MEMBERSHIP_QUERY);
-            UpstreamResponse::full(http::StatusCode::OK, "application/json", MEMBERSHIP)
+            let body = if request.path_and_query == MEMBERSHIP_QUERIES[0] {
+                MEMBERSHIP
+            } else {
+                "[]"
+            };
+            UpstreamResponse::full(http::StatusCode::OK, "application/json", body)
         };
         // The old backends' answers belong to no refresh any more.
         for request in &old {
@@ -748,9 +752,9 @@ mod tests {
             .iter()
             .map(|r| (r.backend, r.path_and_query.as_str()))
             .collect();
+        let new_backend = MEMBERSHIP_QUERIES.map(|q| (BackendId(0), q));
         assert_eq!(
-            asked,
-            [(BackendId(0), MEMBERSHIP_QUERY)],
+            asked, new_backend,
             "only the new backend is asked: {outputs:?}"
         );
     }

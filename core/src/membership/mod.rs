@@ -2,13 +2,11 @@
 //! with the producer times of what each holds (its latest report's, its facts', its catalog's)
 //! and whether it is active there, and from it the owner of every node, per kind of data.
 //!
-//! Built by the membership map's machine (`refresh.rs`): each refresh asks every backend's `/nodes` (certname,
-//! `report_timestamp`, `deactivated`, `expired`, every node state) and, for nodes more than one
-//! backend holds, when each copy's facts and catalog were produced (`/factsets` and `/catalogs`,
-//! certname and `producer_timestamp`, by name): every refresh, for the nodes that were shared at
-//! the last one, beside `/nodes`; for nodes shared since, once `/nodes` answered. Reused for
-//! `freshness_ttl`. A backend that fails any of its queries keeps the entries of its last good
-//! refresh.
+//! Built by the membership map's machine (`refresh.rs`): each refresh asks every backend, at
+//! once, its `/nodes` (certname, `report_timestamp`, `deactivated`, `expired`, every node state)
+//! and when each node's facts and catalog were produced (`/factsets` and `/catalogs`, certname
+//! and `producer_timestamp`). Reused for `freshness_ttl`. A backend that fails any of its
+//! queries keeps the entries of its last good refresh.
 //!
 //! Ownership has two scopes. Queries that see active nodes only (the default of `/nodes`,
 //! `/facts`, `/resources` and the other node-owned entities) weigh only the backends where the
@@ -31,7 +29,6 @@ use std::sync::Arc;
 
 use serde::Deserialize;
 
-use crate::broadcast::EstateQuery;
 use crate::config::MergeStrategy;
 use crate::ids::BackendId;
 use crate::sort::parse_instant;
@@ -43,47 +40,25 @@ pub(crate) use refresh::{MembershipMap, MembershipOutput, Sending};
 
 /// The upstream path and query that fetches one backend's nodes:
 /// `["extract",["certname","report_timestamp","deactivated","expired"],["=","node_state","any"]]`
-/// (no receive times: they cost PuppetDB two joins and say nothing of newness).
+/// (no receive times: each costs PuppetDB a join, and none says anything of newness).
 pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
 
-/// How every producer-time query of the membership refresh begins when sent as a GET, for
-/// `/factsets` and `/catalogs`: `…?query=["extract",["certname","producer_timestamp"]`,
-/// URL-encoded; the rest names the certnames (see [`produced_queries`]).
-pub const PRODUCED_QUERY_PREFIXES: [&str; 2] = [
-    "/pdb/query/v4/factsets?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D",
-    "/pdb/query/v4/catalogs?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D",
+/// The upstream path and query that fetches when every factset of one backend was produced:
+/// `["extract",["certname","producer_timestamp"],["=","node_state","any"]]` (`/factsets` sees
+/// active nodes only unless told otherwise).
+pub const FACTS_PRODUCED_QUERY: &str = "/pdb/query/v4/factsets?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+
+/// The upstream path and query that fetches when every catalog of one backend was produced:
+/// `["extract",["certname","producer_timestamp"]]` (`/catalogs` sees every node state).
+pub const CATALOGS_PRODUCED_QUERY: &str = "/pdb/query/v4/catalogs?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%5D";
+
+/// A refresh's queries of one backend, asked at once, in the order [`parse_membership`] takes
+/// their answers: its nodes, and every node's producer times.
+pub const MEMBERSHIP_QUERIES: [&str; 3] = [
+    MEMBERSHIP_QUERY,
+    FACTS_PRODUCED_QUERY,
+    CATALOGS_PRODUCED_QUERY,
 ];
-
-/// The longest producer-time query sent as a GET; a longer one goes as a POST with the query in
-/// a JSON body (PuppetDB's Jetty refuses request lines over 8 KiB).
-const NAMED_QUERY_LIMIT: usize = 6 * 1024;
-
-/// The producer-time queries (factsets, catalogs) naming these certnames in an `in` list: GETs,
-/// or POSTs of `{"query": …}` when the list is too long for a URL. Both are answered with rows
-/// of certname and `producer_timestamp`, read by [`learn_produced`].
-pub(crate) fn produced_queries(certnames: &[String]) -> [EstateQuery; 2] {
-    let named = serde_json::json!(["in", "certname", ["array", certnames]]);
-    let columns = serde_json::json!(["certname", "producer_timestamp"]);
-    // `/factsets` sees active nodes only unless told otherwise; `/catalogs` sees every state.
-    let facts = serde_json::json!([
-        "extract",
-        columns,
-        ["and", ["=", "node_state", "any"], named]
-    ]);
-    let catalogs = serde_json::json!(["extract", columns, named]);
-    let request = |entity: &str, query: &serde_json::Value| {
-        let path = format!("/pdb/query/v4/{entity}");
-        let encoded: String =
-            form_urlencoded::byte_serialize(query.to_string().as_bytes()).collect();
-        let target = format!("{path}?query={encoded}");
-        if target.len() <= NAMED_QUERY_LIMIT {
-            return EstateQuery::get(target);
-        }
-        let body = serde_json::json!({ "query": query }).to_string();
-        EstateQuery::post(path, body.into())
-    };
-    [request("factsets", &facts), request("catalogs", &catalogs)]
-}
 
 /// A kind of node data whose newest copy one PuppetDB keeps on its own (docs/decisions.md, D14):
 /// which copy of a node a record comes from depends on the kind it derives from.
@@ -115,16 +90,12 @@ impl Kind {
 pub struct Member {
     /// Its latest report's end time, as the agent wrote it (`None`: no report).
     pub report_timestamp: Option<String>,
-    /// When its factset was produced (`None`: no facts, or not learned: see `produced_known`).
+    /// When its factset was produced (`None`: no facts).
     pub facts_produced: Option<String>,
-    /// When its catalog was produced (`None`: no catalog, or not learned).
+    /// When its catalog was produced (`None`: no catalog).
     pub catalog_produced: Option<String>,
     /// Neither deactivated nor expired there.
     pub active: bool,
-    /// Whether `facts_produced` and `catalog_produced` were learned at the refresh that read
-    /// this holding: a refresh asks them only for nodes another backend holds too, where
-    /// ownership weighs them.
-    produced_known: bool,
 }
 
 impl Member {
@@ -135,7 +106,6 @@ impl Member {
             facts_produced: None,
             catalog_produced: None,
             active: true,
-            produced_known: true,
         }
     }
 
@@ -159,11 +129,6 @@ impl Member {
     pub fn with_catalog_produced(mut self, produced: Option<&str>) -> Member {
         self.catalog_produced = produced.map(str::to_owned);
         self
-    }
-
-    /// Whether its producer times were learned.
-    pub fn produced_known(&self) -> bool {
-        self.produced_known
     }
 
     /// Whether this holding's `kind` is newer than `other`'s (D14); `false` on a tie
@@ -207,33 +172,10 @@ struct ProducedRow {
     producer_timestamp: Option<String>,
 }
 
-/// Parses one backend's answer to [`MEMBERSHIP_QUERY`]: its nodes, producer times not learned;
-/// `None` when it is not an array of such rows.
-pub fn parse_nodes(nodes: &[u8]) -> Option<BackendNodes> {
-    let rows: Vec<MembershipRow> = serde_json::from_slice(nodes).ok()?;
-    Some(
-        rows.into_iter()
-            .map(|row| {
-                let member = Member {
-                    active: row.deactivated.is_none() && row.expired.is_none(),
-                    produced_known: false,
-                    ..Member::active(row.report_timestamp.as_deref())
-                };
-                (row.certname, member)
-            })
-            .collect(),
-    )
-}
-
-/// Takes into `held` the producer times its backend answered for `asked` (sorted certnames):
-/// every node asked about is known from now on, without a factset or catalog where no row names
-/// it. A row of a certname not asked about, or that `/nodes` did not list, is ignored. `None`
-/// when an answer is not an array of such rows.
-pub fn learn_produced(
-    held: &mut BackendNodes,
-    asked: &[String],
-    (factsets, catalogs): (&[u8], &[u8]),
-) -> Option<()> {
+/// Parses one backend's answers to [`MEMBERSHIP_QUERIES`] (nodes, factsets, catalogs): every
+/// node with its producer times (none where no row names it); `None` when one is not an array
+/// of such rows. A factset or catalog of a certname `/nodes` did not list is ignored.
+pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Option<BackendNodes> {
     let produced = |body: &[u8]| -> Option<BTreeMap<String, Option<String>>> {
         let rows: Vec<ProducedRow> = serde_json::from_slice(body).ok()?;
         Some(
@@ -243,14 +185,20 @@ pub fn learn_produced(
         )
     };
     let (mut facts, mut catalogs) = (produced(factsets)?, produced(catalogs)?);
-    for certname in asked {
-        if let Some(member) = held.get_mut(certname) {
-            member.facts_produced = facts.remove(certname).flatten();
-            member.catalog_produced = catalogs.remove(certname).flatten();
-            member.produced_known = true;
-        }
-    }
-    Some(())
+    let rows: Vec<MembershipRow> = serde_json::from_slice(nodes).ok()?;
+    Some(
+        rows.into_iter()
+            .map(|row| {
+                let member = Member {
+                    report_timestamp: row.report_timestamp,
+                    facts_produced: facts.remove(&row.certname).flatten(),
+                    catalog_produced: catalogs.remove(&row.certname).flatten(),
+                    active: row.deactivated.is_none() && row.expired.is_none(),
+                };
+                (row.certname, member)
+            })
+            .collect(),
+    )
 }
 
 /// Which nodes a query can see, and so which holders ownership weighs.
@@ -773,13 +721,10 @@ mod tests {
 
     #[test]
     fn membership_bodies() {
-        let nodes = br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"},{"certname":"c","report_timestamp":null}]"#;
-        let factsets = br#"[{"certname":"a","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"gone","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"c","producer_timestamp":"2026-11-30T07:00:00.000Z"}]"#;
+        let nodes = br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#;
+        let factsets = br#"[{"certname":"a","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"gone","producer_timestamp":"2026-11-30T07:00:00.000Z"}]"#;
         let catalogs = br#"[{"certname":"b","producer_timestamp":"2026-11-30T07:30:00.000Z"}]"#;
-        let mut parsed = parse_nodes(nodes).expect("parses");
-        assert!(parsed.values().all(|m| !m.produced_known()));
-        let asked = ["a", "b", "gone"].map(str::to_owned);
-        learn_produced(&mut parsed, &asked, (factsets, catalogs)).expect("rows");
+        let parsed = parse_membership(nodes, factsets, catalogs).expect("parses");
         assert_eq!(parsed.get("a").map(|m| m.active), Some(true));
         assert_eq!(parsed.get("b").map(|m| m.active), Some(false));
         assert_eq!(
@@ -794,47 +739,12 @@ mod tests {
             parsed.get("b").and_then(|m| m.catalog_produced.as_deref()),
             Some("2026-11-30T07:30:00.000Z")
         );
-        assert!(parsed["a"].produced_known() && parsed["b"].produced_known());
         assert!(
             !parsed.contains_key("gone"),
             "a factset without a node is not a node"
         );
-        assert!(
-            !parsed["c"].produced_known() && parsed["c"].facts_produced.is_none(),
-            "a row of a node not asked about is not taken"
-        );
-        assert!(parse_nodes(b"[{\"certname\":1}]").is_none());
-        assert!(parse_nodes(b"[").is_none());
-        assert!(learn_produced(&mut parsed, &asked, (b"{}", b"[]")).is_none());
-        assert!(learn_produced(&mut parsed, &asked, (b"[]", b"[1]")).is_none());
-    }
-
-    #[test]
-    fn producer_time_queries_go_as_post_when_too_long_for_a_url() {
-        let few: Vec<String> = (0..10).map(|n| format!("node-{n}.example.com")).collect();
-        let [facts, catalogs] = produced_queries(&few);
-        assert!(facts.body.is_none() && catalogs.body.is_none());
-        assert!(facts.path_and_query.starts_with(PRODUCED_QUERY_PREFIXES[0]));
-        assert!(catalogs
-            .path_and_query
-            .starts_with(PRODUCED_QUERY_PREFIXES[1]));
-        let many: Vec<String> = (0..400).map(|n| format!("node-{n}.example.com")).collect();
-        let [facts, catalogs] = produced_queries(&many);
-        assert_eq!(facts.path_and_query, "/pdb/query/v4/factsets");
-        assert_eq!(catalogs.path_and_query, "/pdb/query/v4/catalogs");
-        let body: serde_json::Value =
-            serde_json::from_slice(facts.body.as_deref().expect("a POST body")).expect("JSON");
-        assert_eq!(
-            body["query"],
-            serde_json::json!([
-                "extract",
-                ["certname", "producer_timestamp"],
-                [
-                    "and",
-                    ["=", "node_state", "any"],
-                    ["in", "certname", ["array", many]]
-                ]
-            ])
-        );
+        assert!(parse_membership(b"[{\"certname\":1}]", b"[]", b"[]").is_none());
+        assert!(parse_membership(b"[", b"[]", b"[]").is_none());
+        assert!(parse_membership(b"[]", b"{}", b"[]").is_none());
     }
 }
