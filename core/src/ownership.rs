@@ -205,7 +205,7 @@ mod tests {
         let nodes = |rows: &[(&str, &str)]| -> Option<BackendNodes> {
             Some(
                 rows.iter()
-                    .map(|(c, t)| ((*c).to_owned(), Member::ran_at(t)))
+                    .map(|(c, t)| ((*c).into(), Member::ran_at(t)))
                     .collect(),
             )
         };

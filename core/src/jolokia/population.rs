@@ -276,7 +276,7 @@ mod tests {
             Some(
                 names
                     .iter()
-                    .map(|n| ((*n).to_owned(), Member::active(None)))
+                    .map(|n| ((*n).into(), Member::active(None)))
                     .collect(),
             )
         };

@@ -24,7 +24,7 @@
 //! processes old data after new.
 
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use serde::Deserialize;
@@ -85,15 +85,33 @@ impl Kind {
     }
 }
 
+/// A producer time as ownership compares it: an instant when it is RFC 3339, as PuppetDB writes
+/// it (offsets apart: `10:00+02:00` is `08:00Z`), else its text, older than any instant. Kept
+/// parsed, not as text: the map holds three per node per backend.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Stamp {
+    Text(Box<str>),
+    Instant(i64, u32),
+}
+
+impl Stamp {
+    fn of(text: &str) -> Stamp {
+        match parse_instant(text) {
+            Some((seconds, nanos)) => Stamp::Instant(seconds, nanos),
+            None => Stamp::Text(text.into()),
+        }
+    }
+}
+
 /// One node as one backend holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
     /// Its latest report's end time, as the agent wrote it (`None`: no report).
-    pub report_timestamp: Option<String>,
+    report: Option<Stamp>,
     /// When its factset was produced (`None`: no facts).
-    pub facts_produced: Option<String>,
+    facts: Option<Stamp>,
     /// When its catalog was produced (`None`: no catalog).
-    pub catalog_produced: Option<String>,
+    catalog: Option<Stamp>,
     /// Neither deactivated nor expired there.
     pub active: bool,
 }
@@ -102,9 +120,9 @@ impl Member {
     /// An active node with this report timestamp and neither facts nor a catalog.
     pub fn active(report_timestamp: Option<&str>) -> Member {
         Member {
-            report_timestamp: report_timestamp.map(str::to_owned),
-            facts_produced: None,
-            catalog_produced: None,
+            report: report_timestamp.map(Stamp::of),
+            facts: None,
+            catalog: None,
             active: true,
         }
     }
@@ -120,50 +138,45 @@ impl Member {
     /// The same node with facts produced at this time.
     #[must_use]
     pub fn with_facts_produced(mut self, produced: Option<&str>) -> Member {
-        self.facts_produced = produced.map(str::to_owned);
+        self.facts = produced.map(Stamp::of);
         self
     }
 
     /// The same node with a catalog produced at this time.
     #[must_use]
     pub fn with_catalog_produced(mut self, produced: Option<&str>) -> Member {
-        self.catalog_produced = produced.map(str::to_owned);
+        self.catalog = produced.map(Stamp::of);
         self
     }
 
     /// Whether this holding's `kind` is newer than `other`'s (D14); `false` on a tie
-    /// (configured order decides).
+    /// (configured order decides). No time is older than any time.
     fn is_newer_than(&self, other: &Member, kind: Kind) -> bool {
-        fn report(m: &Member) -> Option<&str> {
-            m.report_timestamp.as_deref()
-        }
-        fn facts(m: &Member) -> Option<&str> {
-            m.facts_produced.as_deref()
-        }
-        fn catalog(m: &Member) -> Option<&str> {
-            m.catalog_produced.as_deref()
-        }
-        let by = |field: fn(&Member) -> Option<&str>| compare_timestamps(field(self), field(other));
+        let by = |field: fn(&Member) -> &Option<Stamp>| field(self).cmp(field(other));
         let order = match kind {
-            Kind::Node => by(report).then_with(|| by(facts)).then_with(|| by(catalog)),
-            Kind::Facts => by(facts),
-            Kind::Catalog => by(catalog),
+            Kind::Node => by(|m| &m.report)
+                .then_with(|| by(|m| &m.facts))
+                .then_with(|| by(|m| &m.catalog)),
+            Kind::Facts => by(|m| &m.facts),
+            Kind::Catalog => by(|m| &m.catalog),
         };
         order == Ordering::Greater
     }
 }
 
-/// One backend's nodes: certname → how it holds it.
-pub type BackendNodes = BTreeMap<String, Member>;
+/// One backend's nodes: certname → how it holds it. A certname is allocated once and shared by
+/// every view of the snapshot built from it.
+pub type BackendNodes = BTreeMap<Arc<str>, Member>;
 
 #[derive(Deserialize)]
 struct MembershipRow {
     certname: String,
     report_timestamp: Option<String>,
+    /// Only whether it is set matters.
     #[serde(default)]
-    deactivated: Option<String>,
+    deactivated: Option<serde::de::IgnoredAny>,
     #[serde(default)]
-    expired: Option<String>,
+    expired: Option<serde::de::IgnoredAny>,
 }
 
 #[derive(Deserialize)]
@@ -176,11 +189,11 @@ struct ProducedRow {
 /// node with its producer times (none where no row names it); `None` when one is not an array
 /// of such rows. A factset or catalog of a certname `/nodes` did not list is ignored.
 pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Option<BackendNodes> {
-    let produced = |body: &[u8]| -> Option<BTreeMap<String, Option<String>>> {
+    let produced = |body: &[u8]| -> Option<HashMap<String, Stamp>> {
         let rows: Vec<ProducedRow> = serde_json::from_slice(body).ok()?;
         Some(
             rows.into_iter()
-                .map(|row| (row.certname, row.producer_timestamp))
+                .filter_map(|row| Some((row.certname, Stamp::of(&row.producer_timestamp?))))
                 .collect(),
         )
     };
@@ -190,12 +203,12 @@ pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Optio
         rows.into_iter()
             .map(|row| {
                 let member = Member {
-                    report_timestamp: row.report_timestamp,
-                    facts_produced: facts.remove(&row.certname).flatten(),
-                    catalog_produced: catalogs.remove(&row.certname).flatten(),
+                    report: row.report_timestamp.as_deref().map(Stamp::of),
+                    facts: facts.remove(&row.certname),
+                    catalog: catalogs.remove(&row.certname),
                     active: row.deactivated.is_none() && row.expired.is_none(),
                 };
-                (row.certname, member)
+                (Arc::from(row.certname), member)
             })
             .collect(),
     )
@@ -248,8 +261,8 @@ struct Entry {
 /// holds with the backend that owns them.
 #[derive(Debug, Default)]
 struct View {
-    entries: BTreeMap<String, Entry>,
-    shared: Vec<Vec<(String, Owners)>>,
+    entries: BTreeMap<Arc<str>, Entry>,
+    shared: Vec<Vec<(Arc<str>, Owners)>>,
     held: Vec<usize>,
     /// How many certnames each backend owns under [`MergeStrategy::Freshness`] and
     /// [`MergeStrategy::Static`]: counted once when the snapshot is built, so a scrape (under
@@ -263,7 +276,7 @@ struct View {
 
 impl View {
     fn build(per_backend: &[Option<BackendNodes>], scope: Scope) -> View {
-        let mut holders: BTreeMap<&str, Vec<(BackendId, &Member)>> = BTreeMap::new();
+        let mut holders: BTreeMap<&Arc<str>, Vec<(BackendId, &Member)>> = BTreeMap::new();
         let mut held = vec![0; per_backend.len()];
         for (index, nodes) in per_backend.iter().enumerate() {
             for (certname, member) in nodes.iter().flatten() {
@@ -272,7 +285,7 @@ impl View {
                 }
                 held[index] += 1;
                 holders
-                    .entry(certname.as_str())
+                    .entry(certname)
                     .or_default()
                     .push((BackendId(index), member));
             }
@@ -305,12 +318,12 @@ impl View {
             if held.len() > 1 {
                 view.shared_nodes += 1;
                 for (backend, _) in &held {
-                    view.shared[backend.0].push((certname.to_owned(), owners));
+                    view.shared[backend.0].push((Arc::clone(certname), owners));
                 }
             }
             let holders = held.iter().map(|(backend, _)| *backend).collect();
             view.entries
-                .insert(certname.to_owned(), Entry { owners, holders });
+                .insert(Arc::clone(certname), Entry { owners, holders });
         }
         view
     }
@@ -395,7 +408,7 @@ impl Ownership {
             .get(backend.0)
             .map_or(&[][..], Vec::as_slice)
             .iter()
-            .map(|(certname, owners)| (certname.as_str(), *owners))
+            .map(|(certname, owners)| (&**certname, *owners))
     }
 
     /// The certnames `backend` holds deactivated (or expired) that another backend holds active:
@@ -410,7 +423,7 @@ impl Ownership {
                 let active = self.holders(certname, Scope::Active);
                 !active.is_empty() && !active.contains(&backend)
             })
-            .map(|(certname, _)| certname.as_str())
+            .map(|(certname, _)| &**certname)
             .collect()
     }
 
@@ -459,20 +472,10 @@ impl Ownership {
     }
 }
 
-/// Orders two timestamps: null is older than any timestamp; instants compare as instants.
+/// Orders two timestamps as ownership does: null is older than any timestamp; instants compare
+/// as instants; anything else (PuppetDB always writes RFC 3339) as text, older than any instant.
 pub(crate) fn compare_timestamps(a: Option<&str>, b: Option<&str>) -> Ordering {
-    match (a, b) {
-        (None, None) => Ordering::Equal,
-        (None, Some(_)) => Ordering::Less,
-        (Some(_), None) => Ordering::Greater,
-        (Some(a), Some(b)) => match (parse_instant(a), parse_instant(b)) {
-            (Some(a), Some(b)) => a.cmp(&b),
-            // PuppetDB always writes RFC 3339; anything else is compared as text after instants.
-            (Some(_), None) => Ordering::Greater,
-            (None, Some(_)) => Ordering::Less,
-            (None, None) => a.cmp(b),
-        },
-    }
+    a.map(Stamp::of).cmp(&b.map(Stamp::of))
 }
 
 #[cfg(test)]
@@ -482,7 +485,7 @@ mod tests {
     fn nodes(rows: &[(&str, Option<&str>)]) -> Option<BackendNodes> {
         Some(
             rows.iter()
-                .map(|(c, t)| ((*c).to_owned(), Member::active(*t)))
+                .map(|(c, t)| ((*c).into(), Member::active(*t)))
                 .collect(),
         )
     }
@@ -573,7 +576,7 @@ mod tests {
             ("facts-null-in-a", member(None, None)),
         ]
         .into_iter()
-        .map(|(c, m)| (c.to_owned(), m))
+        .map(|(c, m)| (c.into(), m))
         .collect();
         let b: BackendNodes = [
             ("facts-newer-in-b", member(Some(&m2), None)),
@@ -589,7 +592,7 @@ mod tests {
             ),
         ]
         .into_iter()
-        .map(|(c, m)| (c.to_owned(), m))
+        .map(|(c, m)| (c.into(), m))
         .collect();
         let ownership = Ownership::build(&[Some(a), Some(b)], 1);
         let owner = |c: &str| {
@@ -618,7 +621,7 @@ mod tests {
         // The move: the old backend (a) processed the node's last facts after the new one (b)
         // had its newer catalog and report; a receive time would make a's copy look fresher.
         let a: BackendNodes = [(
-            "moved".to_owned(),
+            "moved".into(),
             Member::active(Some("2026-11-30T08:00:00.000Z"))
                 .with_facts_produced(Some("2026-11-30T09:00:00.000Z"))
                 .with_catalog_produced(Some("2026-11-30T07:59:00.000Z")),
@@ -626,7 +629,7 @@ mod tests {
         .into_iter()
         .collect();
         let b: BackendNodes = [(
-            "moved".to_owned(),
+            "moved".into(),
             Member::active(Some("2026-11-30T08:30:00.000Z"))
                 .with_facts_produced(Some("2026-11-30T08:29:00.000Z"))
                 .with_catalog_produced(Some("2026-11-30T08:29:30.000Z")),
@@ -720,6 +723,36 @@ mod tests {
     }
 
     #[test]
+    fn timestamps_order_as_instants_then_text_with_null_oldest() {
+        use Ordering::{Equal, Greater, Less};
+        let cases = [
+            (None, None, Equal),
+            (None, Some("not a time"), Less),
+            (Some("2026-11-30T08:00:00.000Z"), None, Greater),
+            (
+                Some("2026-11-30T10:00:00.000+02:00"),
+                Some("2026-11-30T08:00:00Z"),
+                Equal,
+            ),
+            (
+                Some("2026-11-30T08:00:00.001Z"),
+                Some("2026-11-30T08:00:00.000Z"),
+                Greater,
+            ),
+            (Some("garbage"), Some("2000-01-01T00:00:00Z"), Less),
+            (Some("b"), Some("a"), Greater),
+        ];
+        for (a, b, expected) in cases {
+            assert_eq!(compare_timestamps(a, b), expected, "{a:?} against {b:?}");
+            assert_eq!(
+                compare_timestamps(b, a),
+                expected.reverse(),
+                "{b:?} against {a:?}"
+            );
+        }
+    }
+
+    #[test]
     fn membership_bodies() {
         let nodes = br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#;
         let factsets = br#"[{"certname":"a","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"gone","producer_timestamp":"2026-11-30T07:00:00.000Z"}]"#;
@@ -727,18 +760,11 @@ mod tests {
         let parsed = parse_membership(nodes, factsets, catalogs).expect("parses");
         assert_eq!(parsed.get("a").map(|m| m.active), Some(true));
         assert_eq!(parsed.get("b").map(|m| m.active), Some(false));
-        assert_eq!(
-            parsed.get("a").and_then(|m| m.facts_produced.as_deref()),
-            Some("2026-11-30T07:00:00.000Z")
-        );
-        assert_eq!(
-            parsed.get("a").and_then(|m| m.catalog_produced.as_deref()),
-            None
-        );
-        assert_eq!(
-            parsed.get("b").and_then(|m| m.catalog_produced.as_deref()),
-            Some("2026-11-30T07:30:00.000Z")
-        );
+        let at = |t: &str| Some(Stamp::of(t));
+        assert_eq!(parsed["a"].facts, at("2026-11-30T07:00:00.000Z"));
+        assert_eq!(parsed["a"].catalog, None);
+        assert_eq!(parsed["b"].catalog, at("2026-11-30T07:30:00.000Z"));
+        assert_eq!(parsed["b"].report, at("2026-11-30T08:00:00.000Z"));
         assert!(
             !parsed.contains_key("gone"),
             "a factset without a node is not a node"

@@ -36,7 +36,7 @@ pub(super) fn ownership(a: &[(&str, &str)], b: &[(&str, &str)]) -> Arc<Ownership
     let nodes = |rows: &[(&str, &str)]| -> Option<BackendNodes> {
         Some(
             rows.iter()
-                .map(|(c, t)| ((*c).to_owned(), Member::ran_at(t)))
+                .map(|(c, t)| ((*c).into(), Member::ran_at(t)))
                 .collect(),
         )
     };
