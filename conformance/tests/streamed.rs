@@ -1,5 +1,5 @@
-//! Streamed merges (docs/merging.md, "Streamed merges"): past `STREAM_ABOVE_BYTES` an unpaged,
-//! unordered node-owned answer is written as it is merged. The records are the buffered merge's;
+//! Streamed merges (docs/merging.md, "Streamed merges"): past `STREAM_ABOVE_BYTES` an unpaged
+//! node-owned answer is written as it is merged (an ordered one k-way). The records are the buffered merge's;
 //! the head is known before the first byte; a backend failing before it is a partial answer, a
 //! body failing after it is cut off so that it does not parse.
 
@@ -118,6 +118,48 @@ fn a_large_answer_streams_the_records_the_buffered_merge_keeps() {
             ("shared", "pdb-b")
         ]),
         "each node from its owner"
+    );
+}
+
+#[test]
+fn a_large_ordered_answer_streams_merged_in_order() {
+    let (a, b) = estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ]);
+    let order = r#"[{"field":"title","order":"desc"},{"field":"certname"}]"#;
+    let encoded: String = form_urlencoded::byte_serialize(order.as_bytes()).collect();
+    let client = h.get(&format!("/pdb/query/v4/resources?order_by={encoded}"));
+    finish(&mut h);
+    let response = h.response(client).expect("one response").clone();
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert_eq!(
+        counted(&response),
+        count(&[
+            ("only-a", "pdb-a"),
+            ("only-b", "pdb-b"),
+            ("shared", "pdb-b")
+        ]),
+        "each node from its owner"
+    );
+    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
+    let keys: Vec<(String, String)> = records
+        .iter()
+        .map(|r| (r["title"].to_string(), r["certname"].to_string()))
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort_by(|x, y| y.0.cmp(&x.0).then_with(|| x.1.cmp(&y.1)));
+    assert!(keys == sorted, "in the requested order across both backends");
+    assert_eq!(
+        keys[..3],
+        [
+            (r#""/etc/05999""#.to_owned(), r#""only-a""#.to_owned()),
+            (r#""/etc/05999""#.to_owned(), r#""only-b""#.to_owned()),
+            (r#""/etc/05999""#.to_owned(), r#""shared""#.to_owned()),
+        ],
+        "interleaved: one title's records from both backends"
     );
 }
 

@@ -7,8 +7,14 @@
 //! ([`OwnedStream::take`]). The records kept are the buffered merge's (`merge/owned.rs`): a node's
 //! records from its owner; a node the map does not place from the first backend in configured
 //! order that returned it, so such a record waits until every backend before its own has ended.
+//!
+//! An ordered answer (`order_by`, no `limit`) is merged k-way: each backend's answer comes
+//! sorted, so a kept record is written once every other backend still answering has read a
+//! record that sorts after it (ties to configured order, as the buffered merge's stable sort).
+//! What waits is each backend's records read ahead of the slowest backend's.
 
-use std::collections::{HashMap, HashSet};
+use std::cmp::Ordering;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,7 +22,8 @@ use bytes::Bytes;
 use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
-use crate::records::{is_str, provenance_record, raw_str, read_object};
+use crate::records::{is_str, provenance_record, raw_str, read_object, Fields};
+use crate::sort::{self, OrderBy, SortKey};
 
 /// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -154,6 +161,17 @@ struct Input {
     /// The node of the last record read and whether its records are kept: records come grouped
     /// by node, so the map is asked once per node.
     last: Option<(String, Keep)>,
+    /// An ordered merge's records read and not yet written (kept, or to be decided), in order.
+    queue: VecDeque<Queued>,
+}
+
+/// A record of an ordered merge, until every other input has read past it.
+#[derive(Debug)]
+struct Queued {
+    key: SortKey,
+    /// Its node, when the map does not place it (decided once every earlier input ended).
+    unplaced: Option<String>,
+    text: String,
 }
 
 /// The decisions and the output, apart from the readers that feed them.
@@ -169,6 +187,9 @@ struct Decisions {
     provenance: Option<StreamedProvenance>,
     /// The nodes whose synthetic provenance record was written.
     injected: HashSet<String>,
+    /// An ordered merge's `order_by`, and per node the map does not place the first input
+    /// (configured order) that returned it.
+    order: Option<(OrderBy, HashMap<String, usize>)>,
     out: Vec<u8>,
     written: usize,
 }
@@ -222,6 +243,52 @@ impl Decisions {
         }
     }
 
+    /// An ordered merge's record read from `input`: dropped when another backend owns its node,
+    /// else queued with its sort key (a node the map does not place, to be decided).
+    fn queue_ordered(
+        &mut self,
+        input: usize,
+        queue: &mut VecDeque<Queued>,
+        last: &mut Option<(String, Keep)>,
+        (text, certname): (&str, Option<&serde_json::value::RawValue>),
+    ) {
+        let certname = certname.and_then(raw_str);
+        let keep = match (&certname, last.as_ref()) {
+            (None, _) => Keep::Yes,
+            (Some(certname), Some((node, keep))) if node == certname => *keep,
+            (Some(certname), _) => {
+                // Never `Later` here: an unplaced node is decided when it is written.
+                let keep = match self.keep(input, certname, false) {
+                    Keep::Later => {
+                        if let Some((_, first_returned)) = &mut self.order {
+                            let first = first_returned.entry(certname.to_string()).or_insert(input);
+                            *first = (*first).min(input);
+                        }
+                        Keep::Later
+                    }
+                    decided => decided,
+                };
+                *last = Some((certname.to_string(), keep));
+                keep
+            }
+        };
+        let Some((order, _)) = &self.order else {
+            return;
+        };
+        if keep == Keep::No {
+            return;
+        }
+        let fields = Fields::of(text);
+        let key = sort::sort_key(order, |name| fields.as_ref().and_then(|f| f.raw(name)));
+        queue.push_back(Queued {
+            key,
+            unplaced: (keep == Keep::Later)
+                .then(|| certname.map(|c| c.into_owned()))
+                .flatten(),
+            text: text.to_owned(),
+        });
+    }
+
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
     fn is_provenance(&self, name: Option<&serde_json::value::RawValue>) -> bool {
         match (&self.provenance, name) {
@@ -265,12 +332,13 @@ pub(crate) struct OwnedStream {
 
 impl OwnedStream {
     /// A merge of the answers of `asked` (configured order), whose nodes `scope` places in
-    /// `ownership`; `provenance` for `/facts`.
+    /// `ownership`; `provenance` for `/facts`; `order` for an answer each backend sorts (no
+    /// synthetic provenance records then: they would need sorting too).
     pub(crate) fn new(
         ownership: Arc<Ownership>,
         scope: NodeScope,
         asked: Vec<BackendId>,
-        provenance: Option<StreamedProvenance>,
+        (provenance, order): (Option<StreamedProvenance>, Option<OrderBy>),
     ) -> OwnedStream {
         OwnedStream {
             inputs: asked
@@ -279,6 +347,7 @@ impl OwnedStream {
                     reader: ArrayReader::new(),
                     ended: false,
                     last: None,
+                    queue: VecDeque::new(),
                 })
                 .collect(),
             decisions: Decisions {
@@ -289,6 +358,7 @@ impl OwnedStream {
                 waiting: Vec::new(),
                 provenance,
                 injected: HashSet::new(),
+                order: order.map(|order| (order, HashMap::new())),
                 out: Vec::new(),
                 written: 0,
             },
@@ -303,45 +373,54 @@ impl OwnedStream {
             return Ok(());
         };
         let decisions = &mut self.decisions;
-        let last = &mut state.last;
-        state
-            .reader
-            .push(piece, |text, [certname, name, environment]| {
-                if decisions.is_provenance(name) {
-                    return;
+        let Input {
+            reader,
+            last,
+            queue,
+            ..
+        } = state;
+        let pushed = reader.push(piece, |text, [certname, name, environment]| {
+            if decisions.is_provenance(name) {
+                return;
+            }
+            if decisions.order.is_some() {
+                decisions.queue_ordered(input, queue, last, (text, certname));
+                return;
+            }
+            let Some(certname) = certname.and_then(raw_str) else {
+                // No node to own it: kept as it is.
+                decisions.write(text);
+                return;
+            };
+            let (keep, node_changed) = match last.as_ref() {
+                Some((node, keep)) if *node == certname => (*keep, false),
+                _ => {
+                    let keep = decisions.keep(input, &certname, before_ended);
+                    *last = Some((certname.clone().into_owned(), keep));
+                    (keep, true)
                 }
-                let Some(certname) = certname.and_then(raw_str) else {
-                    // No node to own it: kept as it is.
-                    decisions.write(text);
-                    return;
-                };
-                let (keep, node_changed) = match last.as_ref() {
-                    Some((node, keep)) if *node == certname => (*keep, false),
-                    _ => {
-                        let keep = decisions.keep(input, &certname, before_ended);
-                        *last = Some((certname.clone().into_owned(), keep));
-                        (keep, true)
-                    }
-                };
-                let environment = environment.map(serde_json::value::RawValue::get);
-                match keep {
-                    Keep::Yes => {
-                        let node = (certname.as_ref(), environment);
-                        decisions.write_kept(input, node, (text, node_changed));
-                    }
-                    Keep::No => {}
-                    Keep::Later => decisions.waiting.push(Waiting {
-                        input,
-                        certname: certname.into_owned(),
-                        environment: environment.map(str::to_owned),
-                        text: text.to_owned(),
-                    }),
+            };
+            let environment = environment.map(serde_json::value::RawValue::get);
+            match keep {
+                Keep::Yes => {
+                    let node = (certname.as_ref(), environment);
+                    decisions.write_kept(input, node, (text, node_changed));
                 }
-            })
-            .map_err(|reason| MergeBroken {
-                backend: self.decisions.asked[input].0,
-                reason,
-            })
+                Keep::No => {}
+                Keep::Later => decisions.waiting.push(Waiting {
+                    input,
+                    certname: certname.into_owned(),
+                    environment: environment.map(str::to_owned),
+                    text: text.to_owned(),
+                }),
+            }
+        });
+        pushed.map_err(|reason| MergeBroken {
+            backend: self.decisions.asked[input].0,
+            reason,
+        })?;
+        self.write_ordered();
+        Ok(())
     }
 
     /// The answer of `asked[input]` ended; an error when it ended inside its array.
@@ -363,7 +442,8 @@ impl OwnedStream {
     /// Decides what waited for the inputs that ended, and closes the array once all have.
     fn finish_if_ended(&mut self) {
         self.decide_waiting();
-        if !self.finished && self.inputs.iter().all(|i| i.ended) {
+        self.write_ordered();
+        if !self.finished && self.inputs.iter().all(|i| i.ended && i.queue.is_empty()) {
             if self.decisions.written == 0 {
                 self.decisions.out.push(b'[');
             }
@@ -389,6 +469,47 @@ impl OwnedStream {
     /// Whether every answer ended and the merged answer is whole.
     pub(crate) fn is_finished(&self) -> bool {
         self.finished
+    }
+
+    /// Writes an ordered merge's queued records while the first in order is known.
+    fn write_ordered(&mut self) {
+        while let Some((index, keep)) = self.next_ordered() {
+            let Some(record) = self.inputs[index].queue.pop_front() else {
+                return;
+            };
+            if keep {
+                self.decisions.write(&record.text);
+            }
+        }
+    }
+
+    /// The input whose queued record is written (or dropped: `false`) next, when it is known:
+    /// every input still answering has one queued, and the least (ties to the earlier input) is
+    /// decided.
+    fn next_ordered(&self) -> Option<(usize, bool)> {
+        let (order, first_returned) = self.decisions.order.as_ref()?;
+        let mut least: Option<(usize, &Queued)> = None;
+        for (index, input) in self.inputs.iter().enumerate() {
+            let Some(head) = input.queue.front() else {
+                if input.ended {
+                    continue;
+                }
+                return None;
+            };
+            let before = least.is_none_or(|(_, best)| {
+                sort::compare(&head.key, &best.key, order) == Ordering::Less
+            });
+            if before {
+                least = Some((index, head));
+            }
+        }
+        let (index, head) = least?;
+        match &head.unplaced {
+            None => Some((index, true)),
+            // Decided once no earlier input can still return the node.
+            Some(_) if !self.inputs[..index].iter().all(|i| i.ended) => None,
+            Some(certname) => Some((index, first_returned.get(certname) == Some(&index))),
+        }
     }
 
     /// Decides the waiting records of each input every input before which has ended, in

@@ -371,10 +371,10 @@ impl RecordPlan {
     }
 
     /// Whether this merge can stream in `context` (docs/merging.md, "Streamed merges"): the
-    /// records of a node-owned entity that name their node, unpaged, unordered, without a
-    /// total, each kept or dropped by the membership snapshot alone (the provenance fact's
-    /// synthetic records written with each node's first), for a request whose answer no other
-    /// client shares.
+    /// records of a node-owned entity that name their node, unpaged, without a total, each kept
+    /// or dropped by the membership snapshot alone (the provenance fact's synthetic records
+    /// written with each node's first, when unordered; an ordered answer merged k-way), for a
+    /// request whose answer no other client shares.
     fn can_stream(&self, context: &Context) -> bool {
         context.may_stream
             && context.ownership.is_some()
@@ -382,8 +382,13 @@ impl RecordPlan {
             && !matches!(self.provenance, Provenance::SyntheticOnly { .. })
             && matches!(self.owned, Some((_, Technique::Drop)))
             && !self.window.is_paged()
-            && self.order.is_none()
+            && (self.stream_order().is_none() || !matches!(self.provenance, Provenance::Inject))
             && !self.include_total
+    }
+
+    /// The order a streamed merge keeps: the request's `order_by`, when it names a field.
+    fn stream_order(&self) -> Option<&OrderBy> {
+        self.order.as_ref().filter(|order| !order.fields.is_empty())
     }
 
     /// Narrows the provenance fact's own path (`/facts/<source_fact>`, every backend's records)
@@ -749,7 +754,10 @@ impl Plan for RecordPlan {
                 ownership,
                 scope,
                 asked.clone(),
-                self.streamed_provenance(&asked),
+                (
+                    self.streamed_provenance(&asked),
+                    self.stream_order().cloned(),
+                ),
             ),
             excused: self.excused,
         })

@@ -41,7 +41,7 @@ fn streamed_with(
     (ownership, scope): (std::sync::Arc<crate::membership::Ownership>, NodeScope),
 ) -> String {
     let asked: Vec<BackendId> = (0..answers.len()).map(BackendId).collect();
-    let mut stream = OwnedStream::new(ownership, scope, asked, None);
+    let mut stream = OwnedStream::new(ownership, scope, asked, (None, None));
     feed(&mut stream, answers, pieces, turns)
 }
 
@@ -149,7 +149,7 @@ fn a_body_that_is_not_an_array_of_objects_is_broken() {
         ("[{\"certname\":\"n0\",", false),
     ] {
         let map = ownership(&[], &[]);
-        let mut stream = OwnedStream::new(map, scope(), vec![BackendId(0)], None);
+        let mut stream = OwnedStream::new(map, scope(), vec![BackendId(0)], (None, None));
         let pushed = stream.push(0, body.as_bytes());
         let ended = pushed.clone().and_then(|()| stream.end(0));
         assert!(ended.is_err(), "{body}: {ended:?}");
@@ -244,6 +244,66 @@ fn streamed_facts(
     ),
 ) -> String {
     let asked: Vec<BackendId> = (0..answers.len()).map(BackendId).collect();
-    let mut stream = OwnedStream::new(ownership, scope, asked, Some(provenance));
+    let mut stream = OwnedStream::new(ownership, scope, asked, (Some(provenance), None));
     feed(&mut stream, answers, pieces, turns)
+}
+
+/// The orders the ordered merge is checked under: every record tied (`type`: ties to configured
+/// order), by node (a node's records come from one backend), and by keys no two backends share
+/// (each title is its backend's), ascending and descending.
+const ORDERS: [&str; 4] = [
+    r#"[{"field":"type"}]"#,
+    r#"[{"field":"certname"}]"#,
+    r#"[{"field":"title","order":"desc"}]"#,
+    r#"[{"field":"certname","order":"desc"},{"field":"title"}]"#,
+];
+
+/// `records` as one backend's answer sorted by `ORDERS[order]`, as PuppetDB sorts (byte-wise
+/// strings; ties in the order PuppetDB read them).
+fn sorted_answer(backend: usize, mut records: Vec<(usize, usize)>, order: usize) -> String {
+    let title = |index: usize| format!("/b{backend}/{index}");
+    match order {
+        0 => {}
+        1 => records.sort_by_key(|(node, _)| NODES[*node]),
+        2 => records.sort_by_key(|(_, index)| std::cmp::Reverse(title(*index))),
+        _ => records.sort_by(|x, y| NODES[y.0].cmp(NODES[x.0]).then(title(x.1).cmp(&title(y.1)))),
+    }
+    answer(backend, &records)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn an_ordered_answer_merged_k_way_is_the_buffered_merge_byte_for_byte(
+        a_nodes in prop::collection::vec((0..NODES.len(), 0..3usize), 0..6),
+        b_nodes in prop::collection::vec((0..NODES.len(), 0..3usize), 0..6),
+        a_records in prop::collection::vec((0..NODES.len(), 0..20usize), 0..12),
+        b_records in prop::collection::vec((0..NODES.len(), 0..20usize), 0..12),
+        order in 0..ORDERS.len(),
+        pieces in prop::collection::vec(1..64usize, 1..8),
+        turns in prop::collection::vec(0..2usize, 0..64),
+    ) {
+        let map = map_of(&a_nodes, &b_nodes);
+        let answers = [
+            sorted_answer(0, a_records, order),
+            sorted_answer(1, b_records, order),
+        ];
+        let config = config();
+        let encoded: String = form_urlencoded::byte_serialize(ORDERS[order].as_bytes()).collect();
+        let target = format!("/pdb/query/v4/resources?order_by={encoded}");
+        let mut planned = plan(&config, &target, Some(map.clone())).expect("plan");
+        let (buffered, _) = merge(&mut planned, &[(&answers[0], None), (&answers[1], None)]);
+        let paging = crate::sort::parse_paging(
+            Some(ORDERS[order]),
+            None,
+            None,
+            crate::sort::OrderEntity::Resources,
+        )
+        .expect("an order");
+        let asked = vec![BackendId(0), BackendId(1)];
+        let mut stream = OwnedStream::new(map, scope(), asked, (None, Some(paging.order_by)));
+        let streamed = feed(&mut stream, &answers, &pieces, &turns);
+        prop_assert_eq!(streamed, buffered);
+    }
 }
