@@ -11,7 +11,9 @@
 //! An ordered answer (`order_by`, no `limit`) is merged k-way: each backend's answer comes
 //! sorted, so a kept record is written once every other backend still answering has read a
 //! record that sorts after it (ties to configured order, as the buffered merge's stable sort).
-//! What waits is each backend's records read ahead of the slowest backend's.
+//! What waits is each backend's records read ahead of the slowest backend's. A `/facts` node's
+//! synthetic provenance record (an order by certname first) is queued in its place among its
+//! node's records, after those it ties with, as the buffered merge puts it.
 
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -24,6 +26,7 @@ use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
 use crate::records::{is_str, provenance_record, raw_str, read_object, Fields};
 use crate::sort::{self, OrderBy, SortKey};
+use serde_json::value::RawValue;
 
 /// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -172,6 +175,9 @@ struct Queued {
     /// Its node, when the map does not place it (decided once every earlier input ended).
     unplaced: Option<String>,
     text: String,
+    /// A node's synthetic provenance record: it follows the node's records that sort with it,
+    /// so it waits until its input has read a record sorting after it, or ended.
+    synthetic: bool,
 }
 
 /// The decisions and the output, apart from the readers that feed them.
@@ -244,32 +250,27 @@ impl Decisions {
     }
 
     /// An ordered merge's record read from `input`: dropped when another backend owns its node,
-    /// else queued with its sort key (a node the map does not place, to be decided).
+    /// else queued with its sort key (a node the map does not place, to be decided), and with
+    /// a node's first its synthetic provenance record where `/facts` has one.
     fn queue_ordered(
         &mut self,
         input: usize,
-        queue: &mut VecDeque<Queued>,
-        last: &mut Option<(String, Keep)>,
-        (text, certname): (&str, Option<&serde_json::value::RawValue>),
+        (queue, last): (&mut VecDeque<Queued>, &mut Option<(String, Keep)>),
+        (text, certname, environment): (&str, Option<&RawValue>, Option<&RawValue>),
     ) {
         let certname = certname.and_then(raw_str);
-        let keep = match (&certname, last.as_ref()) {
-            (None, _) => Keep::Yes,
-            (Some(certname), Some((node, keep))) if node == certname => *keep,
+        let (keep, node_changed) = match (&certname, last.as_ref()) {
+            (None, _) => (Keep::Yes, false),
+            (Some(certname), Some((node, keep))) if node == certname => (*keep, false),
             (Some(certname), _) => {
-                // Never `Later` here: an unplaced node is decided when it is written.
-                let keep = match self.keep(input, certname, false) {
-                    Keep::Later => {
-                        if let Some((_, first_returned)) = &mut self.order {
-                            let first = first_returned.entry(certname.to_string()).or_insert(input);
-                            *first = (*first).min(input);
-                        }
-                        Keep::Later
-                    }
-                    decided => decided,
-                };
+                let keep = self.keep(input, certname, false);
+                if let (Keep::Later, Some((_, first_returned))) = (keep, &mut self.order) {
+                    // Decided when it is written: the first input that returned it keeps it.
+                    let first = first_returned.entry(certname.to_string()).or_insert(input);
+                    *first = (*first).min(input);
+                }
                 *last = Some((certname.to_string(), keep));
-                keep
+                (keep, true)
             }
         };
         let Some((order, _)) = &self.order else {
@@ -278,15 +279,60 @@ impl Decisions {
         if keep == Keep::No {
             return;
         }
-        let fields = Fields::of(text);
-        let key = sort::sort_key(order, |name| fields.as_ref().and_then(|f| f.raw(name)));
-        queue.push_back(Queued {
-            key,
-            unplaced: (keep == Keep::Later)
-                .then(|| certname.map(|c| c.into_owned()))
-                .flatten(),
-            text: text.to_owned(),
-        });
+        let key_of = |text: &str| {
+            let fields = Fields::of(text);
+            sort::sort_key(order, |name| fields.as_ref().and_then(|f| f.raw(name)))
+        };
+        let unplaced = (keep == Keep::Later)
+            .then(|| certname.as_deref().map(str::to_owned))
+            .flatten();
+        // Before the synthetic records queued last that sort after it or with it.
+        let key = key_of(text);
+        let mut at = queue.len();
+        while at > 0
+            && queue[at - 1].synthetic
+            && sort::compare(&queue[at - 1].key, &key, order) != Ordering::Less
+        {
+            at -= 1;
+        }
+        let synthetic = node_changed
+            .then(|| {
+                let provenance = self.provenance.as_ref()?;
+                let name = provenance.inject.as_ref()?.get(input)?;
+                provenance_record(
+                    certname.as_deref()?,
+                    &provenance.source_fact,
+                    name,
+                    environment,
+                )
+            })
+            .flatten();
+        queue.insert(
+            at,
+            Queued {
+                key,
+                unplaced: unplaced.clone(),
+                text: text.to_owned(),
+                synthetic: false,
+            },
+        );
+        if let Some(record) = synthetic {
+            // After every queued record sorting before it or with it.
+            let key = key_of(record.get());
+            let mut at = queue.len();
+            while at > 0 && sort::compare(&queue[at - 1].key, &key, order) == Ordering::Greater {
+                at -= 1;
+            }
+            queue.insert(
+                at,
+                Queued {
+                    key,
+                    unplaced,
+                    text: record.get().to_owned(),
+                    synthetic: true,
+                },
+            );
+        }
     }
 
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
@@ -332,8 +378,9 @@ pub(crate) struct OwnedStream {
 
 impl OwnedStream {
     /// A merge of the answers of `asked` (configured order), whose nodes `scope` places in
-    /// `ownership`; `provenance` for `/facts`; `order` for an answer each backend sorts (no
-    /// synthetic provenance records then: they would need sorting too).
+    /// `ownership`; `provenance` for `/facts`; `order` for an answer each backend sorts (with
+    /// synthetic provenance records only when it orders by certname first, so that each node's
+    /// records come together).
     pub(crate) fn new(
         ownership: Arc<Ownership>,
         scope: NodeScope,
@@ -384,7 +431,7 @@ impl OwnedStream {
                 return;
             }
             if decisions.order.is_some() {
-                decisions.queue_ordered(input, queue, last, (text, certname));
+                decisions.queue_ordered(input, (queue, last), (text, certname, environment));
                 return;
             }
             let Some(certname) = certname.and_then(raw_str) else {
@@ -504,6 +551,11 @@ impl OwnedStream {
             }
         }
         let (index, head) = least?;
+        let input = &self.inputs[index];
+        if head.synthetic && !input.ended && input.queue.iter().skip(1).all(|q| q.synthetic) {
+            // A record of its node still to be read may sort with it, and goes first.
+            return None;
+        }
         match &head.unplaced {
             None => Some((index, true)),
             // Decided once no earlier input can still return the node.

@@ -373,8 +373,9 @@ impl RecordPlan {
     /// Whether this merge can stream in `context` (docs/merging.md, "Streamed merges"): the
     /// records of a node-owned entity that name their node, unpaged, without a total, each kept
     /// or dropped by the membership snapshot alone (the provenance fact's synthetic records
-    /// written with each node's first, when unordered; an ordered answer merged k-way), for a
-    /// request whose answer no other client shares.
+    /// written with each node's; an ordered answer merged k-way, `/facts` with its synthetic
+    /// records only when ordered by certname first), for a request whose answer no other client
+    /// shares.
     fn can_stream(&self, context: &Context) -> bool {
         context.may_stream
             && context.ownership.is_some()
@@ -382,7 +383,12 @@ impl RecordPlan {
             && !matches!(self.provenance, Provenance::SyntheticOnly { .. })
             && matches!(self.owned, Some((_, Technique::Drop)))
             && !self.window.is_paged()
-            && (self.stream_order().is_none() || !matches!(self.provenance, Provenance::Inject))
+            && self.stream_order().is_none_or(|order| {
+                // A node's synthetic provenance record sorts inside its node's records only
+                // when the order keeps each node's records together.
+                !matches!(self.provenance, Provenance::Inject)
+                    || order.fields.first().is_some_and(|f| f.field == "certname")
+            })
             && !self.include_total
     }
 

@@ -307,3 +307,77 @@ proptest! {
         prop_assert_eq!(streamed, buffered);
     }
 }
+
+/// The orders `/facts` streams under with its synthetic provenance records (certname first), and
+/// one backend's answer sorted by `FACT_ORDERS[order]`: names on both sides of the synthetic
+/// record's (`a_fact`, `q_fact`, `z_fact`; fact 0 is named like the provenance fact: dropped).
+const FACT_ORDERS: [&str; 2] = [
+    r#"[{"field":"certname"},{"field":"name"}]"#,
+    r#"[{"field":"certname","order":"desc"}]"#,
+];
+
+fn sorted_facts_answer(
+    backend: usize,
+    mut records: Vec<(usize, usize, usize)>,
+    order: usize,
+) -> String {
+    const NAMES: [&str; 4] = ["pdbmux_source", "a_fact", "q_fact", "z_fact"];
+    match order {
+        0 => records.sort_by_key(|(node, fact, _)| (NODES[*node], NAMES[*fact])),
+        _ => records.sort_by_key(|(node, _, _)| std::cmp::Reverse(NODES[*node])),
+    }
+    let records: Vec<String> = records
+        .iter()
+        .map(|(node, fact, environment)| {
+            let environment = ["production", "dev"][*environment];
+            json!({"certname": NODES[*node], "name": NAMES[*fact], "value": backend,
+                "environment": environment})
+            .to_string()
+        })
+        .collect();
+    format!("[{}]", records.join(","))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn ordered_facts_with_provenance_records_merged_k_way_are_the_buffered_merge(
+        a_nodes in prop::collection::vec((0..NODES.len(), 0..3usize), 0..6),
+        b_nodes in prop::collection::vec((0..NODES.len(), 0..3usize), 0..6),
+        a_records in prop::collection::vec((0..NODES.len(), 0..4usize, 0..2usize), 0..12),
+        b_records in prop::collection::vec((0..NODES.len(), 0..4usize, 0..2usize), 0..12),
+        order in 0..FACT_ORDERS.len(),
+        pieces in prop::collection::vec(1..64usize, 1..8),
+        turns in prop::collection::vec(0..2usize, 0..64),
+    ) {
+        let map = map_of(&a_nodes, &b_nodes);
+        let answers = [
+            sorted_facts_answer(0, a_records, order),
+            sorted_facts_answer(1, b_records, order),
+        ];
+        let config = config();
+        let encoded: String =
+            form_urlencoded::byte_serialize(FACT_ORDERS[order].as_bytes()).collect();
+        let target = format!("/pdb/query/v4/facts?order_by={encoded}");
+        let mut planned = plan(&config, &target, Some(map.clone())).expect("plan");
+        let (buffered, _) = merge(&mut planned, &[(&answers[0], None), (&answers[1], None)]);
+        let paging = crate::sort::parse_paging(
+            Some(FACT_ORDERS[order]),
+            None,
+            None,
+            crate::sort::OrderEntity::Facts,
+        )
+        .expect("an order");
+        let provenance = crate::streamed::StreamedProvenance {
+            source_fact: config.source_fact.clone(),
+            inject: Some(vec!["pdb-a".to_owned(), "pdb-b".to_owned()]),
+        };
+        let scope = NodeScope::of(Entity::Facts, config.merge, false);
+        let asked = vec![BackendId(0), BackendId(1)];
+        let mut stream =
+            OwnedStream::new(map, scope, asked, (Some(provenance), Some(paging.order_by)));
+        let streamed = feed(&mut stream, &answers, &pieces, &turns);
+        prop_assert_eq!(streamed, buffered);
+    }
+}
