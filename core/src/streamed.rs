@@ -166,7 +166,14 @@ struct Input {
     last: Option<(String, Keep)>,
     /// An ordered merge's records read and not yet written (kept, or to be decided), in order.
     queue: VecDeque<Queued>,
+    /// The bytes of the records in `queue`.
+    queued_bytes: usize,
 }
+
+/// How many bytes of records an ordered merge queues from one backend before it waits for the
+/// others ([`OwnedStream::wants`]): a few hundred records, small beside the 8 MiB read before a
+/// merge streams.
+const ORDERED_AHEAD_BYTES: usize = 1024 * 1024;
 
 /// A record of an ordered merge, until every other input has read past it.
 #[derive(Debug)]
@@ -251,13 +258,14 @@ impl Decisions {
 
     /// An ordered merge's record read from `input`: dropped when another backend owns its node,
     /// else queued with its sort key (a node the map does not place, to be decided), and with
-    /// a node's first its synthetic provenance record where `/facts` has one.
+    /// a node's first its synthetic provenance record where `/facts` has one. Returns the
+    /// bytes queued.
     fn queue_ordered(
         &mut self,
         input: usize,
         (queue, last): (&mut VecDeque<Queued>, &mut Option<(String, Keep)>),
         (text, certname, environment): (&str, Option<&RawValue>, Option<&RawValue>),
-    ) {
+    ) -> usize {
         let certname = certname.and_then(raw_str);
         let (keep, node_changed) = match (&certname, last.as_ref()) {
             (None, _) => (Keep::Yes, false),
@@ -274,11 +282,12 @@ impl Decisions {
             }
         };
         let Some((order, _)) = &self.order else {
-            return;
+            return 0;
         };
         if keep == Keep::No {
-            return;
+            return 0;
         }
+        let mut bytes = text.len();
         let key_of = |text: &str| {
             let fields = Fields::of(text);
             sort::sort_key(order, |name| fields.as_ref().and_then(|f| f.raw(name)))
@@ -317,6 +326,7 @@ impl Decisions {
             },
         );
         if let Some(record) = synthetic {
+            bytes += record.get().len();
             // After every queued record sorting before it or with it.
             let key = key_of(record.get());
             let mut at = queue.len();
@@ -333,6 +343,7 @@ impl Decisions {
                 },
             );
         }
+        bytes
     }
 
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
@@ -395,6 +406,7 @@ impl OwnedStream {
                     ended: false,
                     last: None,
                     queue: VecDeque::new(),
+                    queued_bytes: 0,
                 })
                 .collect(),
             decisions: Decisions {
@@ -424,6 +436,7 @@ impl OwnedStream {
             reader,
             last,
             queue,
+            queued_bytes,
             ..
         } = state;
         let pushed = reader.push(piece, |text, [certname, name, environment]| {
@@ -431,7 +444,8 @@ impl OwnedStream {
                 return;
             }
             if decisions.order.is_some() {
-                decisions.queue_ordered(input, (queue, last), (text, certname, environment));
+                *queued_bytes +=
+                    decisions.queue_ordered(input, (queue, last), (text, certname, environment));
                 return;
             }
             let Some(certname) = certname.and_then(raw_str) else {
@@ -508,6 +522,23 @@ impl OwnedStream {
         }
     }
 
+    /// Whether `input`'s next piece is wanted now. An ordered merge holds what one backend read
+    /// ahead of another: past [`ORDERED_AHEAD_BYTES`] it waits for a backend that has nothing
+    /// queued (its reader pushes back on the backend), so that it holds about that much per
+    /// backend, not the faster backend's whole answer.
+    pub(crate) fn wants(&self, input: usize) -> bool {
+        let Some(this) = self.inputs.get(input) else {
+            return false;
+        };
+        self.decisions.order.is_none()
+            || this.queued_bytes < ORDERED_AHEAD_BYTES
+            || !self
+                .inputs
+                .iter()
+                .enumerate()
+                .any(|(other, i)| other != input && !i.ended && i.queue.is_empty())
+    }
+
     /// The bytes of the merged answer written since the last call.
     pub(crate) fn take(&mut self) -> Vec<u8> {
         std::mem::take(&mut self.decisions.out)
@@ -521,9 +552,11 @@ impl OwnedStream {
     /// Writes an ordered merge's queued records while the first in order is known.
     fn write_ordered(&mut self) {
         while let Some((index, keep)) = self.next_ordered() {
-            let Some(record) = self.inputs[index].queue.pop_front() else {
+            let input = &mut self.inputs[index];
+            let Some(record) = input.queue.pop_front() else {
                 return;
             };
+            input.queued_bytes -= record.text.len();
             if keep {
                 self.decisions.write(&record.text);
             }
@@ -587,8 +620,8 @@ impl OwnedStream {
 /// A streamed merge as the exchange hands it to the driver ([`crate::Exchange::take_stream`]):
 /// the merge and the held upstream bodies still to read into it.
 ///
-/// Read every body in [`MergeStream::bodies`] at once; hand each piece to
-/// [`MergeStream::push`] and each body's end to [`MergeStream::end`]; send what
+/// Read every body in [`MergeStream::bodies`] at once, each while [`MergeStream::wants`] it;
+/// hand each piece to [`MergeStream::push`] and each body's end to [`MergeStream::end`]; send what
 /// [`MergeStream::take`] gives until [`MergeStream::is_finished`]. An error, or a body that
 /// fails or passes the deadline, means the answer cannot be completed: end the client's body so
 /// that it does not parse (docs/merging.md, "Streamed merges").
@@ -606,6 +639,12 @@ impl MergeStream {
     /// The held bodies still to read, each with the input its pieces go to.
     pub fn bodies(&self) -> &[(usize, UpstreamId)] {
         &self.bodies
+    }
+
+    /// Whether to read `input`'s body now: while it is `false`, leave that body unread (the
+    /// merge holds enough of it) and read the others.
+    pub fn wants(&self, input: usize) -> bool {
+        self.merge.wants(input)
     }
 
     /// The next piece of `input`'s body.

@@ -88,6 +88,11 @@ impl<R: Runtime> MergedBody<R> {
             let Some(held) = body.as_mut() else {
                 continue;
             };
+            // Left unread (its connection pushes back on the backend) while the merge holds
+            // enough of it; another body is then wanted, and feeding it changes this.
+            if !self.stream.wants(*input) {
+                continue;
+            }
             let fed = match R::poll_piece(Pin::new(held), cx) {
                 Poll::Pending => continue,
                 Poll::Ready(Some(Ok(piece))) => self.stream.push(*input, &piece),

@@ -381,3 +381,48 @@ proptest! {
         prop_assert_eq!(streamed, buffered);
     }
 }
+
+#[test]
+fn an_ordered_merge_stops_wanting_a_backend_that_read_far_ahead_of_another() {
+    let order = crate::sort::parse_paging(
+        Some(r#"[{"field":"certname"}]"#),
+        None,
+        None,
+        crate::sort::OrderEntity::Resources,
+    )
+    .expect("an order")
+    .order_by;
+    let map = ownership(&[], &[]);
+    let asked = vec![BackendId(0), BackendId(1)];
+    let mut stream = OwnedStream::new(map, scope(), asked, (None, Some(order)));
+    // Backend 1's nodes all sort after backend 0's: its records wait for backend 0's.
+    let ahead = answer(1, &vec![(5, 0); 20_000]);
+    let behind = answer(0, &[(0, 0), (1, 1)]);
+    let mut read = 0;
+    while stream.wants(1) && read < ahead.len() {
+        let end = (read + 64 * 1024).min(ahead.len());
+        stream
+            .push(1, &ahead.as_bytes()[read..end])
+            .expect("records");
+        read = end;
+    }
+    assert!(read < ahead.len(), "stopped before backend 1's end");
+    assert!(stream.wants(0), "the backend with nothing queued is read");
+    assert!(
+        stream.take().is_empty(),
+        "nothing is known to come first yet"
+    );
+    stream.push(0, behind.as_bytes()).expect("records");
+    stream.end(0).expect("whole");
+    assert!(
+        stream.wants(1),
+        "backend 0 ended: backend 1's records are written"
+    );
+    stream.push(1, &ahead.as_bytes()[read..]).expect("records");
+    stream.end(1).expect("whole");
+    let out = String::from_utf8(stream.take()).expect("utf-8");
+    let records: Vec<Value> = serde_json::from_str(&out).expect("one array");
+    assert_eq!(records.len(), 20_002);
+    assert_eq!(records[0]["certname"], "n0");
+    assert_eq!(records[2]["certname"], "n5");
+}
