@@ -151,7 +151,10 @@ fn a_large_ordered_answer_streams_merged_in_order() {
         .collect();
     let mut sorted = keys.clone();
     sorted.sort_by(|x, y| y.0.cmp(&x.0).then_with(|| x.1.cmp(&y.1)));
-    assert!(keys == sorted, "in the requested order across both backends");
+    assert!(
+        keys == sorted,
+        "in the requested order across both backends"
+    );
     assert_eq!(
         keys[..3],
         [
