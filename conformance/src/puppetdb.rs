@@ -397,24 +397,15 @@ impl FakeBackend {
     }
 }
 
-/// The beginning every producer-time query of the membership refresh on `every` 's route has,
-/// whether it asks every node (`every`, [`FACTS_PRODUCED_QUERY`] or [`CATALOGS_PRODUCED_QUERY`])
-/// or names certnames: `…?query=["extract",["certname","producer_timestamp"]`, URL-encoded.
-pub fn produced_query_prefix(every: &str) -> &str {
-    const END: &str = "producer_timestamp%22%5D";
-    every.find(END).map_or(every, |at| &every[..at + END.len()])
-}
-
 /// Which entity a producer-time query of the membership refresh asks (`factsets` or
-/// `catalogs`), if it is one. A fake answers one naming certnames with every row it has: the
-/// refresh takes the rows of the certnames it asked about.
+/// `catalogs`: [`FACTS_PRODUCED_QUERY`] or [`CATALOGS_PRODUCED_QUERY`]), if it is one.
 pub fn produced_query_entity(path_and_query: &str) -> Option<&'static str> {
     [
         ("factsets", FACTS_PRODUCED_QUERY),
         ("catalogs", CATALOGS_PRODUCED_QUERY),
     ]
     .into_iter()
-    .find(|(_, every)| path_and_query.starts_with(produced_query_prefix(every)))
+    .find(|(_, every)| path_and_query == *every)
     .map(|(entity, _)| entity)
 }
 

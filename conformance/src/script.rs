@@ -231,9 +231,9 @@ pub struct FakeBackend {
     pub url: String,
     /// What it answers.
     pub script: Script,
-    /// Fixed replies for exact paths (for example the membership query), or for every path
-    /// beginning with a prefix, asked before `script`.
-    pub fixed: Vec<(Fixed, Reply)>,
+    /// Fixed replies for exact paths and queries (for example the membership queries), asked
+    /// before `script`.
+    pub fixed: Vec<(String, Reply)>,
 }
 
 impl FakeBackend {
@@ -251,16 +251,7 @@ impl FakeBackend {
     /// instead of asking its script.
     #[must_use]
     pub fn on(mut self, path_and_query: &str, reply: Reply) -> FakeBackend {
-        self.fixed
-            .push((Fixed::Exact(path_and_query.to_owned()), reply));
-        self
-    }
-
-    /// The same backend, answering every request whose path and query begins with `prefix`
-    /// with `reply` instead of asking its script.
-    #[must_use]
-    pub fn on_prefix(mut self, prefix: &str, reply: Reply) -> FakeBackend {
-        self.fixed.push((Fixed::Prefix(prefix.to_owned()), reply));
+        self.fixed.push((path_and_query.to_owned(), reply));
         self
     }
 
@@ -276,7 +267,7 @@ impl FakeBackend {
         match self
             .fixed
             .iter()
-            .find(|(fixed, _)| fixed.matches(request.path_and_query))
+            .find(|(fixed, _)| fixed == request.path_and_query)
         {
             Some((_, reply)) => Some(reply.clone()),
             None => self.script.next_reply_to(request),
@@ -315,24 +306,6 @@ impl FakeBackend {
         function: impl FnMut(&str) -> Reply + Send + 'static,
     ) -> FakeBackend {
         FakeBackend::new(name, url, Script::ByPath(Box::new(function)))
-    }
-}
-
-/// Which requests a fixed reply answers ([`FakeBackend::on`], [`FakeBackend::on_prefix`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Fixed {
-    /// Exactly this path and query.
-    Exact(String),
-    /// Every path and query beginning with this.
-    Prefix(String),
-}
-
-impl Fixed {
-    fn matches(&self, path_and_query: &str) -> bool {
-        match self {
-            Fixed::Exact(exact) => path_and_query == exact,
-            Fixed::Prefix(prefix) => path_and_query.starts_with(prefix.as_str()),
-        }
     }
 }
 

@@ -91,16 +91,12 @@ pub fn member_backend_produced(
             pdbmux_core::membership::MEMBERSHIP_QUERY,
             membership.after(after),
         )
-        .on_prefix(
-            pdbmux_conformance::produced_query_prefix(
-                pdbmux_core::membership::FACTS_PRODUCED_QUERY,
-            ),
+        .on(
+            pdbmux_core::membership::FACTS_PRODUCED_QUERY,
             facts.after(after),
         )
-        .on_prefix(
-            pdbmux_conformance::produced_query_prefix(
-                pdbmux_core::membership::CATALOGS_PRODUCED_QUERY,
-            ),
+        .on(
+            pdbmux_core::membership::CATALOGS_PRODUCED_QUERY,
             catalogs.after(after),
         )
 }
