@@ -109,8 +109,9 @@ pub fn normalise(path: &str, value: &Value) -> Value {
                 })
                 .map(|(k, v)| match (k.as_str(), normalise(path, v)) {
                     // An expanded sub-collection (a catalog's resources and edges, a factset's
-                    // facts) is a set: each PuppetDB lists it in its own storage order.
-                    ("data", Value::Array(mut items)) => {
+                    // facts) and a catalog's inputs (an `array_agg` without an order) are sets:
+                    // each PuppetDB lists them in its own storage order.
+                    ("data" | "inputs", Value::Array(mut items)) => {
                         items.sort_by_cached_key(Value::to_string);
                         (k.clone(), Value::Array(items))
                     }
@@ -271,5 +272,29 @@ fn shorten_text(text: &str) -> String {
     match text.char_indices().nth(1500) {
         Some((at, _)) => format!("{}… ({} bytes)", &text[..at], text.len()),
         None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn storage_ordered_lists_compare_as_sets_and_ordered_ones_in_order() {
+        let path = "/pdb/query/v4/catalog-inputs";
+        let a = json!({"certname": "n", "inputs": [["hiera", "b"], ["hiera", "a"]]});
+        let b = json!({"certname": "n", "inputs": [["hiera", "a"], ["hiera", "b"]]});
+        assert_eq!(normalise(path, &a), normalise(path, &b));
+        let data = |items: Value| json!({"resources": {"data": items}});
+        assert_eq!(
+            normalise("/pdb/query/v4/catalogs", &data(json!([1, 2]))),
+            normalise("/pdb/query/v4/catalogs", &data(json!([2, 1])))
+        );
+        let tags = |tags: Value| json!({"certname": "n", "tags": tags});
+        assert_ne!(
+            normalise("/pdb/query/v4/resources", &tags(json!(["a", "b"]))),
+            normalise("/pdb/query/v4/resources", &tags(json!(["b", "a"]))),
+            "other arrays keep their order"
+        );
     }
 }
