@@ -19,8 +19,10 @@ use smol::Async;
 
 /// The most idle connections kept per backend (as `pool_max_idle_per_host` in the tokio binary).
 const MAX_IDLE: usize = 64;
-/// How long an idle connection is kept.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long an idle connection is kept: less than PuppetDB's Jetty closes an idle one after
+/// (30 s by default), so that a request never goes out on a connection the backend is closing
+/// at that moment ("connection closed before message completed"). As the tokio binary's.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(20);
 /// How often idle connections are looked at ([`Pool::sweep`]), so that one the backend closed
 /// does not sit in CLOSE-WAIT until the next request.
 pub const SWEEP_INTERVAL: Duration = Duration::from_secs(2);

@@ -147,8 +147,12 @@ fn client_for(
         .https_or_http()
         .enable_http1()
         .wrap_connector(http);
+    // Idle connections are dropped before PuppetDB's Jetty closes them (30 s by default), so
+    // that a request never goes out on one the backend is closing at that moment ("connection
+    // closed before message completed", seen on both backends at once when the membership
+    // refresh's connections, made together, were reused one `freshness_ttl` later).
     Ok(Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_idle_timeout(Duration::from_secs(20))
         .pool_max_idle_per_host(64)
         .build(connector))
 }
