@@ -94,24 +94,31 @@ fn with_resources(
 }
 
 fn resources_of(h: &mut Harness) -> ClientResponse {
-    let client = h.get("/pdb/query/v4/resources");
+    answer_to(h, "/pdb/query/v4/resources")
+}
+
+fn answer_to(h: &mut Harness, target: &str) -> ClientResponse {
+    let client = h.get(target);
     finish(h);
     h.response(client).expect("one response").clone()
 }
 
-#[test]
-fn a_large_answer_streams_the_records_the_buffered_merge_keeps() {
+/// Both fake PuppetDBs answering the [`estate`] whole.
+fn estate_harness() -> Harness {
     let (a, b) = estate();
-    let mut h = harness(vec![
+    harness(vec![
         FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
         FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ]);
-    let response = resources_of(&mut h);
+    ])
+}
+
+/// A streamed, whole 200 from both backends holding each node's records from its owner.
+fn assert_streamed_from_owners(response: &ClientResponse) {
     assert_eq!(response.merged, Some(None), "streamed, and whole");
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.header("x-backends"), Some("2/2"));
     assert_eq!(
-        counted(&response),
+        counted(response),
         count(&[
             ("only-a", "pdb-a"),
             ("only-b", "pdb-b"),
@@ -122,28 +129,21 @@ fn a_large_answer_streams_the_records_the_buffered_merge_keeps() {
 }
 
 #[test]
+fn a_large_answer_streams_the_records_the_buffered_merge_keeps() {
+    let mut h = estate_harness();
+    assert_streamed_from_owners(&resources_of(&mut h));
+}
+
+#[test]
 fn a_large_ordered_answer_streams_merged_in_order() {
-    let (a, b) = estate();
-    let mut h = harness(vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ]);
+    let mut h = estate_harness();
     let order = r#"[{"field":"title","order":"desc"},{"field":"certname"}]"#;
     let encoded: String = form_urlencoded::byte_serialize(order.as_bytes()).collect();
-    let client = h.get(&format!("/pdb/query/v4/resources?order_by={encoded}"));
-    finish(&mut h);
-    let response = h.response(client).expect("one response").clone();
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.header("x-backends"), Some("2/2"));
-    assert_eq!(
-        counted(&response),
-        count(&[
-            ("only-a", "pdb-a"),
-            ("only-b", "pdb-b"),
-            ("shared", "pdb-b")
-        ]),
-        "each node from its owner"
+    let response = answer_to(
+        &mut h,
+        &format!("/pdb/query/v4/resources?order_by={encoded}"),
     );
+    assert_streamed_from_owners(&response);
     let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
     let keys: Vec<(String, String)> = records
         .iter()
@@ -279,11 +279,7 @@ fn a_cached_answer_is_not_streamed() {
 
 #[test]
 fn a_client_leaving_mid_body_drops_the_merge_and_the_backends_bodies() {
-    let (a, b) = estate();
-    let mut h = harness(vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ]);
+    let mut h = estate_harness();
     let client = h.get("/pdb/query/v4/resources");
     h.leave_mid_body(client);
     let transcript = finish(&mut h);

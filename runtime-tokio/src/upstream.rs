@@ -149,8 +149,8 @@ fn client_for(
         .wrap_connector(http);
     // Idle connections are dropped before PuppetDB's Jetty closes them (30 s by default), so
     // that a request never goes out on one the backend is closing at that moment ("connection
-    // closed before message completed", seen on both backends at once when the membership
-    // refresh's connections, made together, were reused one `freshness_ttl` later).
+    // closed before message completed", seen once on both backends at once; connections made
+    // together, as the membership refresh makes them, come due together).
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(20))
         .pool_max_idle_per_host(64)

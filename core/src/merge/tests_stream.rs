@@ -289,20 +289,10 @@ proptest! {
             sorted_answer(0, a_records, order),
             sorted_answer(1, b_records, order),
         ];
-        let config = config();
-        let encoded: String = form_urlencoded::byte_serialize(ORDERS[order].as_bytes()).collect();
-        let target = format!("/pdb/query/v4/resources?order_by={encoded}");
-        let mut planned = plan(&config, &target, Some(map.clone())).expect("plan");
-        let (buffered, _) = merge(&mut planned, &[(&answers[0], None), (&answers[1], None)]);
-        let paging = crate::sort::parse_paging(
-            Some(ORDERS[order]),
-            None,
-            None,
-            crate::sort::OrderEntity::Resources,
-        )
-        .expect("an order");
+        let (buffered, order_by) =
+            buffered_ordered("resources", ORDERS[order], map.clone(), &answers);
         let asked = vec![BackendId(0), BackendId(1)];
-        let mut stream = OwnedStream::new(map, scope(), asked, (None, Some(paging.order_by)));
+        let mut stream = OwnedStream::new(map, scope(), asked, (None, Some(order_by)));
         let streamed = feed(&mut stream, &answers, &pieces, &turns);
         prop_assert_eq!(streamed, buffered);
     }
@@ -357,18 +347,8 @@ proptest! {
             sorted_facts_answer(1, b_records, order),
         ];
         let config = config();
-        let encoded: String =
-            form_urlencoded::byte_serialize(FACT_ORDERS[order].as_bytes()).collect();
-        let target = format!("/pdb/query/v4/facts?order_by={encoded}");
-        let mut planned = plan(&config, &target, Some(map.clone())).expect("plan");
-        let (buffered, _) = merge(&mut planned, &[(&answers[0], None), (&answers[1], None)]);
-        let paging = crate::sort::parse_paging(
-            Some(FACT_ORDERS[order]),
-            None,
-            None,
-            crate::sort::OrderEntity::Facts,
-        )
-        .expect("an order");
+        let (buffered, order_by) =
+            buffered_ordered("facts", FACT_ORDERS[order], map.clone(), &answers);
         let provenance = crate::streamed::StreamedProvenance {
             source_fact: config.source_fact.clone(),
             inject: Some(vec!["pdb-a".to_owned(), "pdb-b".to_owned()]),
@@ -376,22 +356,41 @@ proptest! {
         let scope = NodeScope::of(Entity::Facts, config.merge, false);
         let asked = vec![BackendId(0), BackendId(1)];
         let mut stream =
-            OwnedStream::new(map, scope, asked, (Some(provenance), Some(paging.order_by)));
+            OwnedStream::new(map, scope, asked, (Some(provenance), Some(order_by)));
         let streamed = feed(&mut stream, &answers, &pieces, &turns);
         prop_assert_eq!(streamed, buffered);
     }
 }
 
+/// `order_by` (JSON) parsed for `entity` (`resources` or `facts`).
+fn order_of(entity: &str, order: &str) -> crate::sort::OrderBy {
+    let entity = match entity {
+        "facts" => crate::sort::OrderEntity::Facts,
+        _ => crate::sort::OrderEntity::Resources,
+    };
+    crate::sort::parse_paging(Some(order), None, None, entity)
+        .expect("an order")
+        .order_by
+}
+
+/// The buffered merge of two backends' `answers` to `/pdb/query/v4/<entity>?order_by=<order>`
+/// under `map`, and that order parsed (for the streamed merge to compare with).
+fn buffered_ordered(
+    entity: &str,
+    order: &str,
+    map: std::sync::Arc<crate::membership::Ownership>,
+    answers: &[String; 2],
+) -> (String, crate::sort::OrderBy) {
+    let encoded: String = form_urlencoded::byte_serialize(order.as_bytes()).collect();
+    let target = format!("/pdb/query/v4/{entity}?order_by={encoded}");
+    let mut planned = plan(&config(), &target, Some(map)).expect("plan");
+    let (buffered, _) = merge(&mut planned, &[(&answers[0], None), (&answers[1], None)]);
+    (buffered, order_of(entity, order))
+}
+
 #[test]
 fn an_ordered_merge_stops_wanting_a_backend_that_read_far_ahead_of_another() {
-    let order = crate::sort::parse_paging(
-        Some(r#"[{"field":"certname"}]"#),
-        None,
-        None,
-        crate::sort::OrderEntity::Resources,
-    )
-    .expect("an order")
-    .order_by;
+    let order = order_of("resources", r#"[{"field":"certname"}]"#);
     let map = ownership(&[], &[]);
     let asked = vec![BackendId(0), BackendId(1)];
     let mut stream = OwnedStream::new(map, scope(), asked, (None, Some(order)));
