@@ -308,21 +308,23 @@ fn parse_objects<'a, const N: usize>(
 }
 
 /// Reads the object at the start of `bytes` (after whitespace), one element of an array arriving
-/// in pieces, with the fields `names`: the record and the index just past its `}`. `Ok(None)`
-/// when `bytes` ends inside it (more is to come); an error when it is not a JSON object (or
-/// nests too deep, as in [`parse_picked`]).
-pub fn read_object<'a, const N: usize>(
+/// in pieces, filling `fields` with its fields `names` (same length; the first of a repeated name
+/// is kept): its text and the index just past its `}`. `Ok(None)` when `bytes` ends inside it
+/// (more is to come); an error when it is not a JSON object (or nests too deep, as in
+/// [`parse_picked`]).
+pub fn read_object<'a>(
     bytes: &'a [u8],
-    names: &[&str; N],
-) -> Result<Option<(Picked<'a, N>, usize)>, serde_json::Error> {
+    names: &[&str],
+    fields: &mut [Option<&'a RawValue>],
+) -> Result<Option<(&'a str, usize)>, serde_json::Error> {
     let lost = || de::Error::custom("record position not recovered");
     let start = bytes
         .iter()
         .position(|&byte| !is_json_space(byte))
         .unwrap_or(bytes.len());
     let mut deserializer = serde_json::Deserializer::from_slice(&bytes[start..]);
-    let (fields, last) = match (ObjectSeed { names }).deserialize(&mut deserializer) {
-        Ok(read) => read,
+    let last = match (ObjectSeed { names, fields }).deserialize(&mut deserializer) {
+        Ok(last) => last,
         Err(error) if error.is_eof() => return Ok(None),
         // A number cut by the end of `bytes` (`1.`, `2e`, `-`) is "invalid", not an end of
         // input, to serde_json: more is to come while the object's `}` has not arrived.
@@ -333,7 +335,7 @@ pub fn read_object<'a, const N: usize>(
     };
     let close = object_close(bytes, start, last).ok_or_else(lost)?;
     let text = std::str::from_utf8(&bytes[start..=close]).map_err(|_| lost())?;
-    Ok(Some((Picked { text, fields }, close + 1)))
+    Ok(Some((text, close + 1)))
 }
 
 /// The index of the `}` closing the object that starts at `start` in `body`, found from its last
@@ -426,7 +428,15 @@ impl<'de, const N: usize> Visitor<'de> for ObjectsSeed<'_, 'de, N> {
         let mut records = Vec::with_capacity(seq.size_hint().unwrap_or(0));
         // Just past the `[`: the body starts with it, after whitespace.
         let mut cursor = skip_space(self.body, 0, false).ok_or_else(lost)? + 1;
-        while let Some((fields, last)) = seq.next_element_seed(ObjectSeed { names: self.names })? {
+        loop {
+            let mut fields = [None; N];
+            let seed = ObjectSeed {
+                names: self.names,
+                fields: &mut fields,
+            };
+            let Some(last) = seq.next_element_seed(seed)? else {
+                break;
+            };
             let start = skip_space(self.body, cursor, true).ok_or_else(lost)?;
             let close = object_close(self.body.as_bytes(), start, last).ok_or_else(lost)?;
             let text = self.body.get(start..=close).ok_or_else(lost)?;
@@ -437,30 +447,32 @@ impl<'de, const N: usize> Visitor<'de> for ObjectsSeed<'_, 'de, N> {
     }
 }
 
-/// Reads one object for [`ObjectsSeed`]: the asked-for fields and the last value.
-struct ObjectSeed<'p, const N: usize> {
-    names: &'p [&'p str; N],
+/// Reads one object for [`ObjectsSeed`] and [`read_object`]: fills the asked-for fields and gives
+/// the last value.
+struct ObjectSeed<'p, 'f, 'de> {
+    names: &'p [&'p str],
+    /// Filled with the fields `names`, in their order.
+    fields: &'f mut [Option<&'de RawValue>],
 }
 
-type ObjectRead<'de, const N: usize> = ([Option<&'de RawValue>; N], Option<&'de RawValue>);
-
-impl<'de, const N: usize> DeserializeSeed<'de> for ObjectSeed<'_, N> {
-    type Value = ObjectRead<'de, N>;
+impl<'de> DeserializeSeed<'de> for ObjectSeed<'_, '_, 'de> {
+    /// The object's last value (`None`: it has none).
+    type Value = Option<&'de RawValue>;
 
     fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
         deserializer.deserialize_map(self)
     }
 }
 
-impl<'de, const N: usize> Visitor<'de> for ObjectSeed<'_, N> {
-    type Value = ObjectRead<'de, N>;
+impl<'de> Visitor<'de> for ObjectSeed<'_, '_, 'de> {
+    type Value = Option<&'de RawValue>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
     fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<Self::Value, M::Error> {
-        let mut fields = [None; N];
+        self.fields.fill(None);
         let mut last = None;
         while let Some(Text(key)) = map.next_key::<Text<'de>>()? {
             let value: &'de RawValue = map.next_value()?;
@@ -469,11 +481,13 @@ impl<'de, const N: usize> Visitor<'de> for ObjectSeed<'_, N> {
                 check_depth(value.get().as_bytes(), MAX_DEPTH - 2).map_err(de::Error::custom)?;
             }
             if let Some(index) = self.names.iter().position(|name| same_text(name, &key)) {
-                fields[index].get_or_insert(value);
+                if let Some(field) = self.fields.get_mut(index) {
+                    field.get_or_insert(value);
+                }
             }
             last = Some(value);
         }
-        Ok((fields, last))
+        Ok(last)
     }
 }
 
@@ -568,29 +582,45 @@ mod tests {
         let record =
             r#" {"certname":"web\"1","value":-1.5e-3,"n":[true,null,{"x":"}"}],"t":false,"é":2}"#;
         let bytes = record.as_bytes();
+        let mut fields = [None];
         for cut in 0..bytes.len() {
             assert!(
-                matches!(read_object(&bytes[..cut], &["certname"]), Ok(None)),
+                matches!(
+                    read_object(&bytes[..cut], &["certname"], &mut fields),
+                    Ok(None)
+                ),
                 "cut at {cut}: {:?}",
                 String::from_utf8_lossy(&bytes[..cut])
             );
         }
-        let (picked, end) = read_object(bytes, &["certname"])
+        let mut fields = [None; 4];
+        let (text, end) = read_object(bytes, &["certname", "t", "n", "absent"], &mut fields)
             .expect("an object")
             .expect("whole");
         assert_eq!(end, bytes.len());
-        assert_eq!(picked.text, record.trim_start());
-        assert_eq!(picked.fields[0].map(RawValue::get), Some(r#""web\"1""#));
+        assert_eq!(text, record.trim_start());
+        assert_eq!(
+            fields.map(|field| field.map(RawValue::get)),
+            [
+                Some(r#""web\"1""#),
+                Some("false"),
+                Some(r#"[true,null,{"x":"}"}]"#),
+                None
+            ]
+        );
         let followed = format!("{record} , {{}}");
-        let (_, end) = read_object(followed.as_bytes(), &["certname"])
+        let (_, end) = read_object(followed.as_bytes(), &["certname"], &mut [None])
             .expect("an object")
             .expect("whole");
         assert_eq!(end, bytes.len(), "the object alone, not what follows");
         assert!(
-            read_object(br#"{"a":1.x}"#, &["a"]).is_err(),
+            read_object(br#"{"a":1.x}"#, &["a"], &mut [None]).is_err(),
             "broken, not cut"
         );
-        assert!(read_object(b"[1]", &["a"]).is_err(), "not an object");
+        assert!(
+            read_object(b"[1]", &["a"], &mut [None]).is_err(),
+            "not an object"
+        );
     }
 
     #[test]

@@ -38,12 +38,10 @@ pub struct MergeBroken {
     pub(crate) reason: String,
 }
 
-/// The fields a record is read for: whose node it is, and for `/facts` its name (the provenance
-/// fact's are dropped) and environment (its synthetic record copies it).
+/// The fields every record is read for: whose node it is, and for `/facts` its name (the
+/// provenance fact's are dropped) and environment (its synthetic record copies it). An ordered
+/// merge reads its `order_by` fields after these in the same pass.
 const PICKED: [&str; 3] = ["certname", "name", "environment"];
-
-/// A record's [`PICKED`] fields.
-type RecordFields<'a> = [Option<&'a serde_json::value::RawValue>; 3];
 
 /// What a streamed `/facts` merge does with the provenance fact (docs/merging.md,
 /// "Provenance"): the backends' records of that name are dropped, and with `inject` one
@@ -54,6 +52,11 @@ pub(crate) struct StreamedProvenance {
     pub(crate) source_fact: String,
     /// Each input's backend name, when a synthetic record is written for each node kept.
     pub(crate) inject: Option<Vec<String>>,
+}
+
+/// A record's [`PICKED`] fields, from the fields it was read for.
+fn picked<'a>(fields: &[Option<&'a RawValue>]) -> [Option<&'a RawValue>; 3] {
+    [0, 1, 2].map(|index| fields.get(index).copied().flatten())
 }
 
 /// Where a reader is in its array.
@@ -87,14 +90,16 @@ impl ArrayReader {
         }
     }
 
-    /// Reads `piece`, handing each whole record (its text and its [`PICKED`] fields) to
-    /// `record`.
+    /// Reads `piece`, handing each whole record (its text and its fields `names`, in their order)
+    /// to `record`.
     fn push(
         &mut self,
         piece: &[u8],
-        mut record: impl FnMut(&str, RecordFields<'_>),
+        names: &[&str],
+        mut record: impl FnMut(&str, &[Option<&RawValue>]),
     ) -> Result<(), String> {
         self.pending.extend_from_slice(piece);
+        let mut fields = vec![None; names.len()];
         let mut at = 0;
         loop {
             let Some(offset) = self.pending[at..]
@@ -111,9 +116,9 @@ impl ArrayReader {
                 (ArrayState::First | ArrayState::Next, b']') => ArrayState::Closed,
                 (ArrayState::Next, b',') => ArrayState::Element,
                 (ArrayState::First | ArrayState::Element, _) => {
-                    match read_object(&self.pending[at..], &PICKED) {
-                        Ok(Some((picked, end))) => {
-                            record(picked.text, picked.fields);
+                    match read_object(&self.pending[at..], names, &mut fields) {
+                        Ok(Some((text, end))) => {
+                            record(text, &fields);
                             at += end;
                             self.state = ArrayState::Next;
                             continue;
@@ -256,16 +261,17 @@ impl Decisions {
         }
     }
 
-    /// An ordered merge's record read from `input`: dropped when another backend owns its node,
-    /// else queued with its sort key (a node the map does not place, to be decided), and with
-    /// a node's first its synthetic provenance record where `/facts` has one. Returns the
-    /// bytes queued.
+    /// An ordered merge's record read from `input`, with its fields `names` (read in the same
+    /// pass as its text): dropped when another backend owns its node, else queued with its sort
+    /// key (a node the map does not place, to be decided), and with a node's first its
+    /// synthetic provenance record where `/facts` has one. Returns the bytes queued.
     fn queue_ordered(
         &mut self,
         input: usize,
         (queue, last): (&mut VecDeque<Queued>, &mut Option<(String, Keep)>),
-        (text, certname, environment): (&str, Option<&RawValue>, Option<&RawValue>),
+        (text, names, fields): (&str, &[&str], &[Option<&RawValue>]),
     ) -> usize {
+        let [certname, _, environment] = picked(fields);
         let certname = certname.and_then(raw_str);
         let (keep, node_changed) = match (&certname, last.as_ref()) {
             (None, _) => (Keep::Yes, false),
@@ -288,15 +294,14 @@ impl Decisions {
             return 0;
         }
         let mut bytes = text.len();
-        let key_of = |text: &str| {
-            let fields = Fields::of(text);
-            sort::sort_key(order, |name| fields.as_ref().and_then(|f| f.raw(name)))
-        };
         let unplaced = (keep == Keep::Later)
             .then(|| certname.as_deref().map(str::to_owned))
             .flatten();
         // Before the synthetic records queued last that sort after it or with it.
-        let key = key_of(text);
+        let key = sort::sort_key(order, |name| {
+            let index = names.iter().position(|picked| *picked == name)?;
+            fields.get(index).copied().flatten()
+        });
         let mut at = queue.len();
         while at > 0
             && queue[at - 1].synthetic
@@ -327,8 +332,9 @@ impl Decisions {
         );
         if let Some(record) = synthetic {
             bytes += record.get().len();
-            // After every queued record sorting before it or with it.
-            let key = key_of(record.get());
+            // After every queued record sorting before it or with it (one per node: read again).
+            let fields = Fields::of(record.get());
+            let key = sort::sort_key(order, |name| fields.as_ref().and_then(|f| f.raw(name)));
             let mut at = queue.len();
             while at > 0 && sort::compare(&queue[at - 1].key, &key, order) == Ordering::Greater {
                 at -= 1;
@@ -383,6 +389,9 @@ impl Decisions {
 #[derive(Debug)]
 pub(crate) struct OwnedStream {
     inputs: Vec<Input>,
+    /// The fields each record is read for: [`PICKED`], then an ordered merge's `order_by`
+    /// fields.
+    picked: Vec<String>,
     decisions: Decisions,
     finished: bool,
 }
@@ -409,6 +418,16 @@ impl OwnedStream {
                     queued_bytes: 0,
                 })
                 .collect(),
+            picked: PICKED
+                .iter()
+                .map(|name| name.to_string())
+                .chain(
+                    order
+                        .iter()
+                        .flat_map(|order| order.fields.iter())
+                        .map(|f| f.field.clone()),
+                )
+                .collect(),
             decisions: Decisions {
                 ownership,
                 scope,
@@ -432,6 +451,7 @@ impl OwnedStream {
             return Ok(());
         };
         let decisions = &mut self.decisions;
+        let names: Vec<&str> = self.picked.iter().map(String::as_str).collect();
         let Input {
             reader,
             last,
@@ -439,13 +459,14 @@ impl OwnedStream {
             queued_bytes,
             ..
         } = state;
-        let pushed = reader.push(piece, |text, [certname, name, environment]| {
+        let pushed = reader.push(piece, &names, |text, fields| {
+            let [certname, name, environment] = picked(fields);
             if decisions.is_provenance(name) {
                 return;
             }
             if decisions.order.is_some() {
                 *queued_bytes +=
-                    decisions.queue_ordered(input, (queue, last), (text, certname, environment));
+                    decisions.queue_ordered(input, (queue, last), (text, &names, fields));
                 return;
             }
             let Some(certname) = certname.and_then(raw_str) else {
