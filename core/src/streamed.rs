@@ -198,16 +198,16 @@ struct Decisions {
     ownership: Arc<Ownership>,
     scope: NodeScope,
     asked: Vec<BackendId>,
-    /// Nodes the map does not place: the input that returned each first, in configured order.
+    /// Nodes the map does not place: the first input in configured order that returned each, of
+    /// those read so far. It keeps the node once every input before it has ended.
     claimed: HashMap<String, usize>,
     /// Records of unplaced nodes waiting for an earlier input to end.
     waiting: Vec<Waiting>,
     provenance: Option<StreamedProvenance>,
     /// The nodes whose synthetic provenance record was written.
     injected: HashSet<String>,
-    /// An ordered merge's `order_by`, and per node the map does not place the first input
-    /// (configured order) that returned it.
-    order: Option<(OrderBy, HashMap<String, usize>)>,
+    /// An ordered merge's `order_by`.
+    order: Option<OrderBy>,
     out: Vec<u8>,
     written: usize,
 }
@@ -277,17 +277,13 @@ impl Decisions {
             (None, _) => (Keep::Yes, false),
             (Some(certname), Some((node, keep))) if node == certname => (*keep, false),
             (Some(certname), _) => {
+                // A node the map does not place is decided when its record is written.
                 let keep = self.keep(input, certname, false);
-                if let (Keep::Later, Some((_, first_returned))) = (keep, &mut self.order) {
-                    // Decided when it is written: the first input that returned it keeps it.
-                    let first = first_returned.entry(certname.to_string()).or_insert(input);
-                    *first = (*first).min(input);
-                }
                 *last = Some((certname.to_string(), keep));
                 (keep, true)
             }
         };
-        let Some((order, _)) = &self.order else {
+        let Some(order) = &self.order else {
             return 0;
         };
         if keep == Keep::No {
@@ -371,13 +367,13 @@ impl Decisions {
         match owning.holding(self.asked[input], certname) {
             Holding::Own => Keep::Yes,
             Holding::Other => Keep::No,
-            Holding::Unknown if !before_ended => Keep::Later,
             Holding::Unknown => {
-                let first = *self.claimed.entry(certname.to_owned()).or_insert(input);
-                if first == input {
-                    Keep::Yes
-                } else {
-                    Keep::No
+                let first = self.claimed.entry(certname.to_owned()).or_insert(input);
+                *first = (*first).min(input);
+                match (before_ended, *first == input) {
+                    (false, _) => Keep::Later,
+                    (true, true) => Keep::Yes,
+                    (true, false) => Keep::No,
                 }
             }
         }
@@ -436,7 +432,7 @@ impl OwnedStream {
                 waiting: Vec::new(),
                 provenance,
                 injected: HashSet::new(),
-                order: order.map(|order| (order, HashMap::new())),
+                order,
                 out: Vec::new(),
                 written: 0,
             },
@@ -588,7 +584,7 @@ impl OwnedStream {
     /// every input still answering has one queued, and the least (ties to the earlier input) is
     /// decided.
     fn next_ordered(&self) -> Option<(usize, bool)> {
-        let (order, first_returned) = self.decisions.order.as_ref()?;
+        let order = self.decisions.order.as_ref()?;
         let mut least: Option<(usize, &Queued)> = None;
         for (index, input) in self.inputs.iter().enumerate() {
             let Some(head) = input.queue.front() else {
@@ -614,7 +610,7 @@ impl OwnedStream {
             None => Some((index, true)),
             // Decided once no earlier input can still return the node.
             Some(_) if !self.inputs[..index].iter().all(|i| i.ended) => None,
-            Some(certname) => Some((index, first_returned.get(certname) == Some(&index))),
+            Some(certname) => Some((index, self.decisions.claimed.get(certname) == Some(&index))),
         }
     }
 
