@@ -253,19 +253,43 @@ fn a_backend_whose_first_bytes_are_not_json_is_left_out_before_the_first_byte() 
     assert_eq!(counted(&response), count(&[("only-a", "pdb-a")]));
 }
 
+/// A harness over `backends` whose `/resources` answers are cached (a flight per key).
+fn cached_harness(backends: Vec<FakeBackend>) -> Harness {
+    Harness::with_config(backends, |config| {
+        config.facts_ttl = std::time::Duration::from_secs(30);
+    })
+    .expect("valid test backends")
+}
+
+/// The transcript's upstream answers that were held and read in pieces (a streamed merge's),
+/// not read whole.
+fn held_answers(transcript: &str) -> usize {
+    transcript
+        .lines()
+        .filter(|line| line.contains(" <- ") && line.contains("held:"))
+        .count()
+}
+
 #[test]
-fn a_cached_answer_is_not_streamed() {
+fn a_cached_answer_streams_into_one_whole_answer_that_enters_the_cache() {
     let (a, b) = estate();
-    let mut h = Harness::with_config(
-        vec![
-            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-        ],
-        |config| config.facts_ttl = std::time::Duration::from_secs(30),
-    )
-    .expect("valid test backends");
-    let response = resources_of(&mut h);
-    assert_eq!(response.merged, None, "a flight's answer is buffered");
+    let mut h = cached_harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ]);
+    let client = h.get("/pdb/query/v4/resources");
+    let transcript = finish(&mut h);
+    let response = h.response(client).expect("one response").clone();
+    assert_eq!(
+        held_answers(&transcript),
+        2,
+        "both answers merged as they were read:\n{transcript}"
+    );
+    assert_eq!(
+        response.merged, None,
+        "the flight's clients get a whole answer"
+    );
+    assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.header("x-cache"), Some("miss"));
     assert_eq!(
         counted(&response),
@@ -275,6 +299,29 @@ fn a_cached_answer_is_not_streamed() {
             ("shared", "pdb-b")
         ])
     );
+    let again = answer_to(&mut h, "/pdb/query/v4/resources");
+    assert_eq!(again.header("x-cache"), Some("hit"), "stored once complete");
+    assert_eq!(again.body, response.body);
+}
+
+#[test]
+fn a_cached_answer_whose_merge_breaks_is_a_whole_error_and_is_not_stored() {
+    let (a, b) = estate();
+    let mut h = cached_harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        with_resources("pdb-b", URL_B, b, |reply| {
+            let mut body = body_of(&reply);
+            body.truncate(body.len() - 2_000);
+            Reply::ok(body).after(ms(3))
+        }),
+    ]);
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, None, "no byte had left: a whole answer");
+    assert_eq!(response.status, StatusCode::BAD_GATEWAY);
+    let body = String::from_utf8_lossy(&response.body);
+    assert!(body.contains("ended inside the array"), "{body}");
+    let again = answer_to(&mut h, "/pdb/query/v4/resources");
+    assert_eq!(again.header("x-cache"), Some("miss"), "nothing was stored");
 }
 
 #[test]

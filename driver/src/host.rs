@@ -843,7 +843,8 @@ impl<R: Runtime> EstateHost<R> {
                 let target = exchange.target().to_owned();
                 let config = Arc::clone(&generation.config);
                 let bound = Bound::new(&host, generation, context);
-                let (response, _) = crate::drive(&bound, exchange, &mut timings).await;
+                let (response, streamed) = crate::drive(&bound, exchange, &mut timings).await;
+                let response = crate::collect::read_whole(&bound, response, streamed).await;
                 timings.log(&target, "flight", |id: BackendId| backend_name(&config, id));
                 host.observe_upstream_durations(&config, &timings);
                 host.sealed(response).await

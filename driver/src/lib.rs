@@ -23,6 +23,7 @@ use std::pin::pin;
 use std::time::Instant;
 
 pub mod budget;
+mod collect;
 mod context;
 mod host;
 pub mod http1;

@@ -3,8 +3,8 @@
 //! the slower backend asked directly in the same run (bench/README.md, "Scale").
 //!
 //! For each size: two fakepdb (a fifth of the nodes in both, `--facts` facts per node); then for
-//! each binary a fresh process (cache off, health probes off, membership map warmed by one small
-//! request): each `--entities` entity unpaged, `/facts` ordered, and `--concurrent` of the first
+//! each binary a fresh process (cache off unless `--cache default`, health probes off, membership
+//! map warmed by one small request): each `--entities` entity unpaged, `/facts` ordered, and `--concurrent` of the first
 //! entity's question at once, each in a fresh process so its peak (`VmHWM`) is its own. The memory budgets are set
 //! as `--budget` says: `off` (so large enough that the merge itself is measured) or `default`
 //! (pdbmux's own, so the refusals show how the budget bounds memory). `--concurrent 0` skips the
@@ -35,6 +35,8 @@ struct Args {
     facts: usize,
     concurrent: usize,
     budget: String,
+    /// `off`, or `default`: pdbmux's own TTLs, so each merge is a cached flight's.
+    cache: String,
     binaries: Vec<PathBuf>,
     fakepdb: PathBuf,
 }
@@ -52,6 +54,7 @@ fn parse_args() -> Result<Args> {
         facts: 40,
         concurrent: 8,
         budget: "off".into(),
+        cache: "off".into(),
         binaries: vec![dir.join("pdbmux"), dir.join("pdbmux-smol")],
         fakepdb: dir.join("fakepdb"),
     };
@@ -69,9 +72,10 @@ fn parse_args() -> Result<Args> {
             "--entities" => args.entities = value.split(',').map(String::from).collect(),
             "--concurrent" => args.concurrent = value.parse()?,
             "--budget" if value == "off" || value == "default" => args.budget = value,
+            "--cache" if value == "off" || value == "default" => args.cache = value,
             "--binaries" => args.binaries = value.split(',').map(PathBuf::from).collect(),
             "--fakepdb" => args.fakepdb = PathBuf::from(value),
-            _ => return Err(format!("unknown flag {flag}; flags: --sizes 5000,20000,50000 --entities facts,fact-contents,inventory,resources --facts 40 --concurrent 8 --budget off|default --binaries PATH,PATH --fakepdb PATH").into()),
+            _ => return Err(format!("unknown flag {flag}; flags: --sizes 5000,20000,50000 --entities facts,fact-contents,inventory,resources --facts 40 --concurrent 8 --budget off|default --cache off|default --binaries PATH,PATH --fakepdb PATH").into()),
         }
     }
     Ok(args)
@@ -135,12 +139,12 @@ fn peak_rss_mib(pid: u32) -> Result<f64> {
     Ok(kib / 1024.0)
 }
 
-/// Starts `binary` over `backends`, cache and probes off, budgets as `budget` says, and warms
-/// its membership map.
+/// Starts `binary` over `backends`, probes off, budgets and cache as `budget` and `cache` say, and
+/// warms its membership map.
 fn start_pdbmux(
     binary: &Path,
     backends: &[SocketAddr],
-    budget: &str,
+    (budget, cache): (&str, &str),
 ) -> Result<(Proc, SocketAddr)> {
     let addr: SocketAddr = format!("127.0.0.1:{}", free_port()?).parse()?;
     let list = backends
@@ -156,15 +160,21 @@ fn start_pdbmux(
         .env("PDBMUX_LISTEN", addr.to_string())
         .env("PDBMUX_BACKENDS", list)
         .env("PDBMUX_METRICS_LISTEN", "")
-        .env("PDBMUX_FACTS_TTL", "0")
-        .env("PDBMUX_HISTORY_TTL", "0")
-        .env("PDBMUX_AGGREGATE_TTL", "0")
         .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
         .env("PDBMUX_LOG_LEVEL", "warn")
         .env("PDBMUX_MAX_BODY_BYTES", (8u64 << 30).to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
+    if cache == "off" {
+        for ttl in [
+            "PDBMUX_FACTS_TTL",
+            "PDBMUX_HISTORY_TTL",
+            "PDBMUX_AGGREGATE_TTL",
+        ] {
+            command.env(ttl, "0");
+        }
+    }
     if budget == "off" {
         command
             .env("PDBMUX_MERGE_REQUEST_BYTES", (64u64 << 30).to_string())
@@ -243,7 +253,7 @@ fn main() -> Result<()> {
                 .file_name()
                 .map_or("?".into(), |n| n.to_string_lossy().into_owned());
             for ((question, target), (bodies, slower)) in questions.iter().zip(&baselines) {
-                let (proc, addr) = start_pdbmux(binary, &[a, b], &args.budget)?;
+                let (proc, addr) = start_pdbmux(binary, &[a, b], (&args.budget, &args.cache))?;
                 let answer = timed_get(addr, target)?;
                 let peak = peak_rss_mib(proc.pid())?;
                 println!(
@@ -260,7 +270,7 @@ fn main() -> Result<()> {
             if args.concurrent == 0 {
                 continue;
             }
-            let (proc, addr) = start_pdbmux(binary, &[a, b], &args.budget)?;
+            let (proc, addr) = start_pdbmux(binary, &[a, b], (&args.budget, &args.cache))?;
             let started = Instant::now();
             let answers: Vec<Result<Answer>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = (0..args.concurrent)

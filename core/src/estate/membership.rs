@@ -142,13 +142,12 @@ impl MembershipPart {
     /// refresh a request waited for did not hear from) and, when ownership decides the answer,
     /// less those the map has never placed. When that leaves nobody, every backend in service
     /// is asked, but those left out do not count in the answer's `X-Backends`: without the map
-    /// nothing tells whose copy of a node is the newest, so the answer is not whole. A merge may
-    /// stream only when `may_stream` (its answer goes to one client).
+    /// nothing tells whose copy of a node is the newest, so the answer is not whole. Its merge
+    /// may stream: to the client, or for a flight into the one answer its driver shares.
     pub(super) fn context(
         &self,
         (config, backends): (&Arc<Config>, &BackendWatch),
         (ownership, mut left_out): (Option<Arc<Ownership>>, Vec<BackendId>),
-        may_stream: bool,
     ) -> Context {
         if ownership.is_some() {
             left_out.extend(self.map.unplaced());
@@ -165,7 +164,7 @@ impl MembershipPart {
             ownership,
             corrections: Arc::clone(self.map.corrections()),
             uncounted,
-            may_stream,
+            may_stream: true,
         }
     }
 
@@ -210,7 +209,7 @@ mod tests {
         // Nothing placed: a request that needs ownership waits, for two refreshes at most; a
         // fan-out then asks everyone and counts nobody.
         assert!(part.must_wait(0) && part.must_wait(1) && !part.must_wait(2));
-        let blind = part.context((&config, &watch), (Some(part.snapshot()), Vec::new()), true);
+        let blind = part.context((&config, &watch), (Some(part.snapshot()), Vec::new()));
         assert_eq!(
             (blind.roster.as_slice(), blind.uncounted.as_slice()),
             (&both[..], &both[..])
@@ -250,14 +249,10 @@ mod tests {
             !part.must_wait(0),
             "a map that places a backend is not waited for"
         );
-        let owned = part.context(
-            (&config, &watch),
-            (Some(part.snapshot()), Vec::new()),
-            false,
-        );
+        let owned = part.context((&config, &watch), (Some(part.snapshot()), Vec::new()));
         assert_eq!(owned.roster, [BackendId(0)]);
         assert!(owned.uncounted.is_empty());
-        let unowned = part.context((&config, &watch), (None, Vec::new()), false);
+        let unowned = part.context((&config, &watch), (None, Vec::new()));
         assert_eq!(
             unowned.roster, both,
             "a fan-out ownership does not decide asks everyone"

@@ -281,11 +281,10 @@ impl Estate {
             None
         };
         let fetch = PendingFetch {
-            // A flight's answer is shared and cached whole: only an uncached request streams.
+            // A flight's merge streams too: its driver reads it whole, to share and cache.
             context: self.membership.context(
                 (&self.config, &self.backends),
                 (ownership, planned.waited_out),
-                cacheable.is_none(),
             ),
             class: planned.class,
             target: planned.request.target().to_owned(),
@@ -317,11 +316,9 @@ impl Estate {
             None
         };
         let fetch = PendingFetch {
-            context: self.membership.context(
-                (&self.config, &self.backends),
-                (ownership, Vec::new()),
-                false,
-            ),
+            context: self
+                .membership
+                .context((&self.config, &self.backends), (ownership, Vec::new())),
             class: planned.class,
             target: planned.request.target().to_owned(),
             plan,
@@ -349,9 +346,9 @@ impl Estate {
             );
         }
         let asked = pql.translation_target();
-        let context =
-            self.membership
-                .context((&self.config, &self.backends), (None, Vec::new()), false);
+        let context = self
+            .membership
+            .context((&self.config, &self.backends), (None, Vec::new()));
         let plan = Box::new(Sequence::translation(asked.clone()));
         Admission::Translate {
             exchange: Exchange::new(now, context, (RouteClass::Root, asked), plan),
