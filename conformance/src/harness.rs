@@ -240,7 +240,7 @@ impl Harness {
             .sim
             .spawn_for(Machine::Exchange(id), false, async move {
                 let answer = host.answer(&asked, &context).await;
-                record(&sim, id, answer);
+                record(&sim, id, answer).await;
             });
         self.clients.push(Client {
             request,
@@ -405,7 +405,7 @@ impl Drop for Harness {
 
 /// What a client's task does with its answer: reads a streamed body whole and hands the
 /// response to the harness.
-fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
+async fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
     let mut merged = None;
     let (response, body, streamed_from) = match answer {
         ClientAnswer::Whole(response) => {
@@ -424,7 +424,7 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
         } => {
             let leaves = sim.world().leave_mid_body.contains(&client.0);
             let (bytes, cut_off) = if leaves {
-                let (bytes, _) = read_merged(&mut body, true);
+                let (bytes, _) = read_merged(&mut body, true).await;
                 sim.world().log(format!(
                     "{client} gone after {} bytes of the body",
                     bytes.len()
@@ -432,7 +432,7 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
                 drop(body);
                 (bytes, Some("the client left".to_owned()))
             } else {
-                read_merged(&mut body, false)
+                read_merged(&mut body, false).await
             };
             merged = Some(cut_off);
             (response, bytes, None)
@@ -470,29 +470,21 @@ fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
     });
 }
 
-/// Reads a streamed merge's body as far as it goes (its first bytes only, for a client that
-/// leaves then): every simulated body is whole at once, so the merge never waits. The bytes the
-/// client got, and why they stopped short, if they did.
-fn read_merged(
+/// Reads a streamed merge's body as the client's task would (its first bytes only, for a client
+/// that leaves then): a merge of its own is fed by simulated bodies whole at once; a cached
+/// flight's comes as the flight's task writes it. The bytes the client got, and why they
+/// stopped short, if they did.
+async fn read_merged(
     body: &mut pdbmux_driver::MergedBody<Sim>,
     first_only: bool,
 ) -> (Bytes, Option<String>) {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let mut out = Vec::new();
     loop {
-        match body.poll_next(&mut cx) {
-            std::task::Poll::Ready(Some(Ok(bytes))) if first_only => return (bytes, None),
-            std::task::Poll::Ready(Some(Ok(bytes))) => out.extend_from_slice(&bytes),
-            std::task::Poll::Ready(None) => return (out.into(), None),
-            std::task::Poll::Ready(Some(Err(failure))) => {
-                return (out.into(), Some(failure.to_string()))
-            }
-            std::task::Poll::Pending => {
-                return (
-                    out.into(),
-                    Some("the merge waited on a simulated body".to_owned()),
-                )
-            }
+        match std::future::poll_fn(|cx| body.poll_next(cx)).await {
+            Some(Ok(bytes)) if first_only => return (bytes, None),
+            Some(Ok(bytes)) => out.extend_from_slice(&bytes),
+            None => return (out.into(), None),
+            Some(Err(failure)) => return (out.into(), Some(failure.to_string())),
         }
     }
 }

@@ -13,7 +13,7 @@ use pdbmux_conformance::{
 };
 use serde_json::{json, Value};
 
-use common::{finish, harness, URL_A, URL_B};
+use common::{finish, harness, STEPS, URL_A, URL_B};
 
 const T09: Option<&str> = Some("2024-05-01T09:00:00.000Z");
 const T10: Option<&str> = Some("2024-05-01T10:00:00.000Z");
@@ -94,7 +94,7 @@ fn with_resources(
 }
 
 fn resources_of(h: &mut Harness) -> ClientResponse {
-    answer_to(h, "/pdb/query/v4/resources")
+    answer_to(h, RESOURCES)
 }
 
 fn answer_to(h: &mut Harness, target: &str) -> ClientResponse {
@@ -253,12 +253,26 @@ fn a_backend_whose_first_bytes_are_not_json_is_left_out_before_the_first_byte() 
     assert_eq!(counted(&response), count(&[("only-a", "pdb-a")]));
 }
 
-/// A harness over `backends` whose `/resources` answers are cached (a flight per key).
-fn cached_harness(backends: Vec<FakeBackend>) -> Harness {
+/// A harness over `backends` whose `/resources` answers are cached for `ttl` (a flight per
+/// key), refreshed ahead past 80% of it.
+fn cached_harness(backends: Vec<FakeBackend>, ttl: std::time::Duration) -> Harness {
     Harness::with_config(backends, |config| {
-        config.facts_ttl = std::time::Duration::from_secs(30);
+        config.facts_ttl = ttl;
+        config.cache_refresh_ahead_percent = 80;
     })
     .expect("valid test backends")
+}
+
+/// Both fake PuppetDBs answering the [`estate`] whole, their `/resources` answers cached.
+fn cached_estate_harness(ttl: std::time::Duration) -> Harness {
+    let (a, b) = estate();
+    cached_harness(
+        vec![
+            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+        ],
+        ttl,
+    )
 }
 
 /// The transcript's upstream answers that were held and read in pieces (a streamed merge's),
@@ -270,58 +284,114 @@ fn held_answers(transcript: &str) -> usize {
         .count()
 }
 
+const RESOURCES: &str = "/pdb/query/v4/resources";
+
 #[test]
-fn a_cached_answer_streams_into_one_whole_answer_that_enters_the_cache() {
-    let (a, b) = estate();
-    let mut h = cached_harness(vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ]);
-    let client = h.get("/pdb/query/v4/resources");
+fn a_cached_answer_streams_to_every_client_of_its_flight_and_enters_the_cache() {
+    let mut h = cached_estate_harness(std::time::Duration::from_secs(30));
+    let clients = [h.get(RESOURCES), h.get(RESOURCES)];
     let transcript = finish(&mut h);
-    let response = h.response(client).expect("one response").clone();
     assert_eq!(
         held_answers(&transcript),
         2,
-        "both answers merged as they were read:\n{transcript}"
+        "one fan-out, both answers merged as they were read:\n{transcript}"
     );
+    let answers: Vec<ClientResponse> = clients
+        .iter()
+        .map(|client| h.response(*client).expect("one response").clone())
+        .collect();
+    for answer in &answers {
+        assert_streamed_from_owners(answer);
+        assert_eq!(answer.header("x-cache"), Some("miss"));
+    }
     assert_eq!(
-        response.merged, None,
-        "the flight's clients get a whole answer"
+        answers[0].body, answers[1].body,
+        "one merge, written to both"
     );
-    assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(response.header("x-cache"), Some("miss"));
-    assert_eq!(
-        counted(&response),
-        count(&[
-            ("only-a", "pdb-a"),
-            ("only-b", "pdb-b"),
-            ("shared", "pdb-b")
-        ])
-    );
-    let again = answer_to(&mut h, "/pdb/query/v4/resources");
-    assert_eq!(again.header("x-cache"), Some("hit"), "stored once complete");
-    assert_eq!(again.body, response.body);
+    let again = answer_to(&mut h, RESOURCES);
+    assert_eq!(again.header("x-cache"), Some("hit"), "stored once whole");
+    assert_eq!(again.merged, None);
+    assert_eq!(again.body, answers[0].body);
 }
 
 #[test]
-fn a_cached_answer_whose_merge_breaks_is_a_whole_error_and_is_not_stored() {
+fn a_client_leaving_a_flight_mid_body_leaves_the_others_and_the_cache_their_answer() {
+    let mut h = cached_estate_harness(std::time::Duration::from_secs(30));
+    let [leaving, staying] = [h.get(RESOURCES), h.get(RESOURCES)];
+    h.leave_mid_body(leaving);
+    finish(&mut h);
+    let left = h.response(leaving).expect("answered").clone();
+    assert_eq!(left.merged, Some(Some("the client left".to_owned())));
+    let stayed = h.response(staying).expect("answered").clone();
+    assert_streamed_from_owners(&stayed);
+    let again = answer_to(&mut h, RESOURCES);
+    assert_eq!(again.header("x-cache"), Some("hit"), "stored once whole");
+    assert_eq!(again.body, stayed.body);
+}
+
+#[test]
+fn a_cached_answer_whose_body_breaks_after_the_head_is_cut_off_and_not_stored() {
     let (a, b) = estate();
-    let mut h = cached_harness(vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        with_resources("pdb-b", URL_B, b, |reply| {
-            let mut body = body_of(&reply);
-            body.truncate(body.len() - 2_000);
-            Reply::ok(body).after(ms(3))
-        }),
-    ]);
+    let mut h = cached_harness(
+        vec![
+            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+            with_resources("pdb-b", URL_B, b, |reply| {
+                let mut body = body_of(&reply);
+                body.truncate(body.len() - 2_000);
+                Reply::ok(body).after(ms(3))
+            }),
+        ],
+        std::time::Duration::from_secs(30),
+    );
     let response = resources_of(&mut h);
-    assert_eq!(response.merged, None, "no byte had left: a whole answer");
-    assert_eq!(response.status, StatusCode::BAD_GATEWAY);
-    let body = String::from_utf8_lossy(&response.body);
-    assert!(body.contains("ended inside the array"), "{body}");
-    let again = answer_to(&mut h, "/pdb/query/v4/resources");
+    let cut_off = response.merged.clone().flatten();
+    assert!(
+        cut_off
+            .as_deref()
+            .is_some_and(|why| why.contains("ended inside the array")),
+        "{cut_off:?}"
+    );
+    assert!(
+        serde_json::from_slice::<Value>(&response.body).is_err(),
+        "what the client got does not parse"
+    );
+    let again = answer_to(&mut h, RESOURCES);
     assert_eq!(again.header("x-cache"), Some("miss"), "nothing was stored");
+}
+
+#[test]
+fn a_refresh_ahead_of_a_large_entry_reads_its_merge_whole_and_renews_the_entry() {
+    let mut h = cached_estate_harness(std::time::Duration::from_secs(10));
+    let first = h.get(RESOURCES);
+    if let Err(error) = h.run_until(std::time::Duration::from_secs(9), STEPS) {
+        panic!("{error}\n{}", h.transcript());
+    }
+    // Past 8 s: a hit, which starts the refresh (no client waits on it).
+    let hit = h.get(RESOURCES);
+    if let Err(error) = h.run_until(std::time::Duration::from_millis(9_500), STEPS) {
+        panic!("{error}\n{}", h.transcript());
+    }
+    let renewed = h.get(RESOURCES);
+    let transcript = finish(&mut h);
+    assert_eq!(
+        held_answers(&transcript),
+        4,
+        "the first answer and the refresh both merged as read:\n{transcript}"
+    );
+    let first = h.response(first).expect("answered").clone();
+    assert_streamed_from_owners(&first);
+    let hit = h.response(hit).expect("answered");
+    assert_eq!(
+        (hit.header("x-cache"), hit.header("age")),
+        (Some("hit"), Some("8"))
+    );
+    let renewed = h.response(renewed).expect("answered");
+    assert_eq!(
+        (renewed.header("x-cache"), renewed.header("age")),
+        (Some("hit"), Some("0")),
+        "the refresh renewed the entry"
+    );
+    assert_eq!(renewed.body, first.body);
 }
 
 #[test]

@@ -413,13 +413,13 @@ enum Admitted<R: Runtime> {
 struct WaitTicket<R: Runtime> {
     host: Arc<EstateHost<R>>,
     waiter: WaiterId,
-    receiver: Option<oneshot::Receiver<WaiterEvent>>,
+    receiver: Option<oneshot::Receiver<WaiterEvent<R>>>,
 }
 
 impl<R: Runtime> WaitTicket<R> {
     /// Waits for the estate's word; `None` when the estate is gone (shutting down). Dropped
     /// while waiting, the ticket still holds its receiver, so its `Drop` tells the estate.
-    async fn wait(mut self) -> Option<WaiterEvent> {
+    async fn wait(mut self) -> Option<WaiterEvent<R>> {
         let event = match self.receiver.as_mut() {
             Some(receiver) => receiver.await.ok(),
             None => None,
@@ -439,9 +439,12 @@ impl<R: Runtime> Drop for WaitTicket<R> {
 }
 
 /// What the estate tells a waiting request.
-enum WaiterEvent {
+enum WaiterEvent<R: Runtime> {
     /// Answer with this.
     Respond(Response),
+    /// Answer with this head and a cached flight's merge, written as it comes, until the
+    /// instant.
+    Stream(Response, crate::MergedBody<R>, Instant),
     /// What the request waited for (a membership refresh) is ready: admit it again.
     Resume(Box<Planned>),
 }
@@ -479,7 +482,7 @@ pub struct EstateHost<R: Runtime> {
     /// replaced with the estate's configuration, under the estate's lock, so an exchange the
     /// estate admits always gets the clients of the configuration it was built with.
     current: RwLock<Generation<R>>,
-    waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<WaiterEvent>>>,
+    waiters: Mutex<BTreeMap<WaiterId, oneshot::Sender<WaiterEvent<R>>>>,
     flights: Mutex<BTreeMap<FlightId, R::Task>>,
     wake: Wake,
     /// Seals flights' answers before the estate stores them (the store's own sealer).
@@ -740,6 +743,10 @@ impl<R: Runtime> EstateHost<R> {
                         log(timings, "waited");
                         return (response, None);
                     }
+                    Some(WaiterEvent::Stream(head, body, deadline)) => {
+                        log(timings, "waited");
+                        return (head, Some(crate::Streamed::Merged(body, deadline)));
+                    }
                     Some(WaiterEvent::Resume(planned)) => {
                         admission = self.admit_with(Some(context), |estate| {
                             estate.readmit(self.runtime.now(), *planned)
@@ -844,7 +851,13 @@ impl<R: Runtime> EstateHost<R> {
                 let config = Arc::clone(&generation.config);
                 let bound = Bound::new(&host, generation, context);
                 let (response, streamed) = crate::drive(&bound, exchange, &mut timings).await;
-                let response = crate::collect::read_whole(&bound, response, streamed).await;
+                let response = match streamed {
+                    Some(crate::Streamed::Merged(body, deadline)) => {
+                        host.flight_merge(&bound, flight, response, (body, deadline))
+                            .await
+                    }
+                    _ => response,
+                };
                 timings.log(&target, "flight", |id: BackendId| backend_name(&config, id));
                 host.observe_upstream_durations(&config, &timings);
                 host.sealed(response).await
@@ -871,6 +884,34 @@ impl<R: Runtime> EstateHost<R> {
         flights.insert(flight, task);
     }
 
+    /// A flight's streamed merge (`flight_merge.rs`): written to its clients as it comes when
+    /// the estate lets it (each client's waiter told its head and given its body now), else read
+    /// whole; the flight's answer for the estate to store.
+    async fn flight_merge(
+        &self,
+        bound: &Bound<'_, R>,
+        flight: FlightId,
+        head: Response,
+        (body, deadline): (crate::MergedBody<R>, Instant),
+    ) -> Response {
+        let clients = self.estate().stream_flight(flight, &head);
+        let Some(clients) = clients else {
+            return crate::flight_merge::read_whole(bound, head, body, deadline).await;
+        };
+        let senders = clients
+            .into_iter()
+            .map(|(waiter, head)| {
+                let (sender, pieces) =
+                    futures_channel::mpsc::channel(crate::flight_merge::CLIENT_PIECES);
+                let body = crate::MergedBody::shared(pieces);
+                self.tell(waiter, WaiterEvent::Stream(head, body, deadline));
+                sender
+            })
+            .collect();
+        let keep = bound.config().facts_cache_bytes;
+        crate::flight_merge::write_to_clients(bound, head, (body, deadline), senders, keep).await
+    }
+
     /// A flight's answer sealed ([`Sealer::seal_flight_answer`]) when there is something to
     /// seal, on the runtime's blocking pool: copying a large body into huge pages may make the
     /// kernel compact memory, which must not stall a worker thread and the connections on it.
@@ -884,7 +925,7 @@ impl<R: Runtime> EstateHost<R> {
             .await
     }
 
-    fn tell(&self, waiter: WaiterId, event: WaiterEvent) {
+    fn tell(&self, waiter: WaiterId, event: WaiterEvent<R>) {
         let sender = lock(&self.waiters).remove(&waiter);
         if let Some(sender) = sender {
             // The client may have gone; nothing to do then.
@@ -1137,6 +1178,11 @@ impl<R: Runtime> Bound<'_, R> {
         if let Some(metrics) = &self.host.metrics {
             metrics.observe_budget_refusal(scope);
         }
+    }
+
+    /// The configuration the exchange runs under.
+    pub(crate) fn config(&self) -> &Config {
+        &self.generation.config
     }
 
     /// Resolves at `deadline` ([`Runtime::sleep_until`]).

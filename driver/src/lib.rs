@@ -23,8 +23,8 @@ use std::pin::pin;
 use std::time::Instant;
 
 pub mod budget;
-mod collect;
 mod context;
+mod flight_merge;
 mod host;
 pub mod http1;
 mod json_check;

@@ -1,12 +1,16 @@
 //! The body of a streamed merge (docs/merging.md, "Streamed merges"): the held upstream bodies
 //! read at once, each piece fed to the core's [`MergeStream`] as it arrives, and what the merge
-//! writes handed to the client. Both binaries wrap it in their own body type, with the deadline.
+//! writes handed to the client; or, for a client of a cached flight, the pieces the flight's
+//! task writes to each of its clients ([`SharedPiece`]). Both binaries wrap it in their own body
+//! type, with the deadline.
 
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures_channel::mpsc;
+use futures_util::StreamExt;
 use pdbmux_core::MergeStream;
 
 use crate::metrics::StreamedMerges;
@@ -17,11 +21,8 @@ use crate::{Runtime, StreamFailure};
 /// that it does not parse (the connection aborted). Dropped early (the client left), it drops
 /// the upstream bodies, closing their connections.
 pub struct MergedBody<R: Runtime> {
-    stream: Box<MergeStream>,
-    /// Each input's held body, until its end.
-    bodies: Vec<(usize, Option<R::Held>)>,
-    /// The input polled first next time: the bodies take turns.
-    next: usize,
+    /// `None` once it failed: the held bodies (or the flight's channel) are let go.
+    source: Option<Source<R>>,
     /// Ended: whole, or cut off.
     done: bool,
     /// The request it answers, for its log line, and where it counts how it ended.
@@ -29,17 +30,54 @@ pub struct MergedBody<R: Runtime> {
     runtime: PhantomData<fn() -> R>,
 }
 
+/// Where a [`MergedBody`]'s bytes come from.
+enum Source<R: Runtime> {
+    /// The merge, fed by the held bodies.
+    Merge {
+        stream: Box<MergeStream>,
+        /// Each input's held body, until its end.
+        bodies: Vec<(usize, Option<R::Held>)>,
+        /// The input polled first next time: the bodies take turns.
+        next: usize,
+    },
+    /// A cached flight's merge, as its task writes it to each of its clients.
+    Shared(mpsc::Receiver<SharedPiece>),
+}
+
+/// What a cached flight's task writes to each of its clients' [`MergedBody`].
+#[derive(Debug, Clone)]
+pub(crate) enum SharedPiece {
+    /// The next bytes of the answer.
+    Bytes(Bytes),
+    /// The answer is whole.
+    End,
+    /// The answer cannot be completed, and why.
+    Failed(String),
+}
+
 impl<R: Runtime> MergedBody<R> {
     /// The merge `stream` fed by `bodies` (each with its input, as [`MergeStream::bodies`]
     /// names them).
     pub fn new(stream: MergeStream, bodies: Vec<(usize, R::Held)>) -> MergedBody<R> {
-        MergedBody {
+        MergedBody::of(Source::Merge {
             stream: Box::new(stream),
             bodies: bodies
                 .into_iter()
                 .map(|(input, body)| (input, Some(body)))
                 .collect(),
             next: 0,
+        })
+    }
+
+    /// A client's body of a cached flight's merge: the pieces its task sends to `pieces`. The
+    /// task stopping before [`SharedPiece::End`] cuts the body off.
+    pub(crate) fn shared(pieces: mpsc::Receiver<SharedPiece>) -> MergedBody<R> {
+        MergedBody::of(Source::Shared(pieces))
+    }
+
+    fn of(source: Source<R>) -> MergedBody<R> {
+        MergedBody {
+            source: Some(source),
             done: false,
             watch: None,
             runtime: PhantomData,
@@ -57,62 +95,36 @@ impl<R: Runtime> MergedBody<R> {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Bytes, StreamFailure>>> {
-        if self.done {
+        let Some(source) = self.source.as_mut().filter(|_| !self.done) else {
             return Poll::Ready(None);
-        }
-        loop {
-            let out = self.stream.take();
-            if !out.is_empty() {
-                return Poll::Ready(Some(Ok(out)));
-            }
-            if self.stream.is_finished() {
+        };
+        let polled = match source {
+            Source::Merge {
+                stream,
+                bodies,
+                next,
+            } => poll_merge::<R>(stream, bodies, next, cx),
+            Source::Shared(pieces) => match pieces.poll_next_unpin(cx) {
+                Poll::Pending => Poll::Pending,
+                Poll::Ready(Some(SharedPiece::Bytes(bytes))) => Poll::Ready(Some(Ok(bytes))),
+                Poll::Ready(Some(SharedPiece::End)) => Poll::Ready(None),
+                Poll::Ready(Some(SharedPiece::Failed(why))) => {
+                    Poll::Ready(Some(Err(StreamFailure::Upstream(why))))
+                }
+                Poll::Ready(None) => Poll::Ready(Some(Err(StreamFailure::Upstream(
+                    "the flight's merge stopped before its end".to_owned(),
+                )))),
+            },
+        };
+        match polled {
+            Poll::Ready(None) => {
                 self.done = true;
                 self.count("complete");
-                return Poll::Ready(None);
+                Poll::Ready(None)
             }
-            match self.read_one(cx) {
-                Ok(true) => {}
-                Ok(false) => return Poll::Pending,
-                Err(failure) => return Poll::Ready(Some(Err(self.fail(failure)))),
-            }
+            Poll::Ready(Some(Err(failure))) => Poll::Ready(Some(Err(self.fail(failure)))),
+            other => other,
         }
-    }
-
-    /// Polls the bodies in turn until one gives something: `Ok(true)` when the merge was fed,
-    /// `Ok(false)` when every body is waiting.
-    fn read_one(&mut self, cx: &mut Context<'_>) -> Result<bool, StreamFailure> {
-        let count = self.bodies.len();
-        for turn in 0..count {
-            let slot = (self.next + turn) % count;
-            let (input, body) = &mut self.bodies[slot];
-            let Some(held) = body.as_mut() else {
-                continue;
-            };
-            // Left unread (its connection pushes back on the backend) while the merge holds
-            // enough of it; another body is then wanted, and feeding it changes this.
-            if !self.stream.wants(*input) {
-                continue;
-            }
-            let fed = match R::poll_piece(Pin::new(held), cx) {
-                Poll::Pending => continue,
-                Poll::Ready(Some(Ok(piece))) => self.stream.push(*input, &piece),
-                Poll::Ready(None) => {
-                    *body = None;
-                    self.stream.end(*input)
-                }
-                Poll::Ready(Some(Err(error))) => return Err(StreamFailure::Upstream(error)),
-            };
-            self.next = (slot + 1) % count;
-            return fed
-                .map(|()| true)
-                .map_err(|broken| StreamFailure::Upstream(broken.to_string()));
-        }
-        if self.bodies.iter().all(|(_, body)| body.is_none()) {
-            return Err(StreamFailure::Upstream(
-                "every body ended before the merge did".to_owned(),
-            ));
-        }
-        Ok(false)
     }
 
     /// The answer's deadline passed: the failure to end the body with.
@@ -122,7 +134,8 @@ impl<R: Runtime> MergedBody<R> {
 
     fn fail(&mut self, failure: StreamFailure) -> StreamFailure {
         self.done = true;
-        self.bodies.clear();
+        // The held bodies (or the flight's channel) go now: their connections close.
+        self.source = None;
         let request_id = self.watch.as_ref().map_or("-", |(id, _)| id.as_str());
         tracing::warn!(request_id, "aborting a streamed merge: {failure}");
         self.count("cut_off");
@@ -134,6 +147,72 @@ impl<R: Runtime> MergedBody<R> {
             counts.observe(outcome);
         }
     }
+}
+
+/// The next bytes a merge writes: fed from the held bodies until it writes some, `Ready(None)`
+/// once it is whole.
+fn poll_merge<R: Runtime>(
+    stream: &mut MergeStream,
+    bodies: &mut [(usize, Option<R::Held>)],
+    next: &mut usize,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Bytes, StreamFailure>>> {
+    loop {
+        let out = stream.take();
+        if !out.is_empty() {
+            return Poll::Ready(Some(Ok(out)));
+        }
+        if stream.is_finished() {
+            return Poll::Ready(None);
+        }
+        match read_one::<R>(stream, bodies, next, cx) {
+            Ok(true) => {}
+            Ok(false) => return Poll::Pending,
+            Err(failure) => return Poll::Ready(Some(Err(failure))),
+        }
+    }
+}
+
+/// Polls the bodies in turn, from `next`, until one gives something: `Ok(true)` when the merge
+/// was fed, `Ok(false)` when every body is waiting.
+fn read_one<R: Runtime>(
+    stream: &mut MergeStream,
+    bodies: &mut [(usize, Option<R::Held>)],
+    next: &mut usize,
+    cx: &mut Context<'_>,
+) -> Result<bool, StreamFailure> {
+    let count = bodies.len();
+    for turn in 0..count {
+        let slot = (*next + turn) % count;
+        let (input, body) = &mut bodies[slot];
+        let Some(held) = body.as_mut() else {
+            continue;
+        };
+        // Left unread (its connection pushes back on the backend) while the merge holds
+        // enough of it; another body is then wanted, and feeding it changes this.
+        if !stream.wants(*input) {
+            continue;
+        }
+        let fed = match R::poll_piece(Pin::new(held), cx) {
+            Poll::Pending => continue,
+            Poll::Ready(Some(Ok(piece))) => stream.push(*input, &piece),
+            Poll::Ready(None) => {
+                *body = None;
+                stream.end(*input)
+            }
+            Poll::Ready(Some(Err(error))) => return Err(StreamFailure::Upstream(error)),
+        };
+        *next = (slot + 1) % count;
+        return fed
+            .map(|()| true)
+            .map_err(|broken| StreamFailure::Upstream(broken.to_string()));
+    }
+    if bodies.iter().all(|(_, body)| body.is_none()) {
+        return Err(StreamFailure::Upstream(
+            "every body ended before the merge did".to_owned(),
+        ));
+    }
+    Ok(false)
 }
 
 impl<R: Runtime> Drop for MergedBody<R> {

@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 
@@ -47,6 +47,9 @@ pub(super) struct Flight {
     pub(super) lock: Option<(String, String)>,
     /// An expired shared entry, for the stale fallback.
     pub(super) stale: Option<cache::CachedResponse>,
+    /// Once its merge streams to its clients ([`Answers::stream_flight`]): the keys its answer
+    /// is stored under when it completes.
+    pub(super) streamed_to: Option<Vec<String>>,
 }
 
 /// Where a flight stands (docs/caching.md).
@@ -294,6 +297,7 @@ impl Answers {
             fetch: None,
             lock: None,
             stale: None,
+            streamed_to: None,
         };
         let exchange = match self.shared_lookup(now, &cacheable.flight_key, flight) {
             Some(id) => {
@@ -314,6 +318,46 @@ impl Answers {
         }
     }
 
+    /// A flight's merge streams (docs/merging.md, "Streamed merges"): its clients, each with
+    /// `head` as its answer's status and headers, read the merge's pieces as its driver writes
+    /// them. From now on a request for its key starts a flight of its own (it would have missed
+    /// what was written), and [`Answers::handle_flight_done`] gets the whole answer to store,
+    /// or a failure. `None` when the flight's answer must be whole first: a client's drilldown
+    /// filters it, or it refreshes an entry ahead of expiry; its driver then reads it whole.
+    pub(super) fn stream_flight(
+        &mut self,
+        flight: FlightId,
+        head: &Response,
+    ) -> Option<Vec<(WaiterId, Response)>> {
+        let record = self.flights.get_mut(&flight)?;
+        let whole_first =
+            record.refresh.is_some() || record.participants.values().any(|p| p.filter.is_some());
+        if whole_first || record.streamed_to.is_some() {
+            return None;
+        }
+        let participants = std::mem::take(&mut record.participants);
+        let mut keys: Vec<String> = participants.values().map(|p| p.key.clone()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        record.streamed_to = Some(keys);
+        let key = record.key.clone();
+        self.forget_flight_key(&key, flight);
+        let head = Response {
+            status: head.status,
+            headers: head.headers.clone(),
+            body: ResponseBody::Merged,
+        };
+        Some(
+            participants
+                .into_keys()
+                .map(|waiter| {
+                    let head = finish_cached(head.clone(), CacheStatus::Miss, Duration::ZERO);
+                    (waiter, head)
+                })
+                .collect(),
+        )
+    }
+
     /// A flight's exchange responded: per participant key, store the answer (filtered by the
     /// drilldown's value, once per key) or fall back to that key's stale entry, and answer every
     /// participant. An answer for an unknown (cancelled) flight is ignored.
@@ -328,6 +372,10 @@ impl Answers {
         };
         self.forget_flight_key(&done.key, flight);
         self.shared_flight_done(now, &done, &response);
+        if let Some(keys) = &done.streamed_to {
+            self.store_streamed(now, &done, keys, response);
+            return;
+        }
         let flight = done;
         let mut settled: BTreeMap<String, (Response, CacheStatus, std::time::Duration)> =
             BTreeMap::new();
@@ -376,6 +424,20 @@ impl Answers {
                     tracing::warn!(key = %refresh.key, status = answer.status.as_u16(), "cache refresh ahead of expiry failed; the entry expires as it is");
                     cache.refresh_failed(now, &refresh.key, now + flight.ttl);
                 }
+            }
+        }
+    }
+
+    /// Stores a streamed flight's answer under each of its clients' keys, once it is whole and
+    /// a success its clients were answered with already; a failure stores nothing.
+    fn store_streamed(&mut self, now: Instant, flight: &Flight, keys: &[String], answer: Response) {
+        let current = flight.cache_generation == self.cache_generation;
+        let Some(cache) = self.cache.as_mut().filter(|_| current) else {
+            return;
+        };
+        if let (true, ResponseBody::Full(body)) = (cache::is_storable(&answer), &answer.body) {
+            for key in keys {
+                cache.store((now, flight.ttl), key, body.clone(), answer.headers.clone());
             }
         }
     }

@@ -381,6 +381,20 @@ impl Estate {
         self.answers.handle_flight_done(now, flight, response);
     }
 
+    /// A flight's exchange answered with a streamed merge whose head is `head`: the clients to
+    /// answer with that head (each its own, with `X-Cache`) and to write the merge's pieces to
+    /// as they come, or `None` when the flight's answer must be read whole first (a drilldown
+    /// filters it, or it refreshes an entry). Either way [`Estate::handle_flight_done`] follows
+    /// with the whole answer (stored when it may be) or the failure. A request for the key that
+    /// comes once the flight streams starts a flight of its own.
+    pub fn stream_flight(
+        &mut self,
+        flight: FlightId,
+        head: &Response,
+    ) -> Option<Vec<(WaiterId, Response)>> {
+        self.answers.stream_flight(flight, head)
+    }
+
     /// The shared store answered (or, from [`Estate::handle_timeout`], did not in time). A late
     /// or unknown answer is ignored; a lock taken for a flight nobody waits on any more is
     /// released.
