@@ -501,6 +501,7 @@ impl Exchange {
                 return false;
             };
             let mut bodies = Vec::new();
+            let mut read_ahead = Vec::new();
             let mut contributed = excused;
             let mut broken = None;
             for (input, &(backend, part)) in inputs.iter().enumerate() {
@@ -508,7 +509,14 @@ impl Exchange {
                 let fed = match state {
                     Some(CallState::Reading { id, pieces, .. }) => {
                         bodies.push((input, *id));
-                        pieces.iter().try_for_each(|piece| merge.push(input, piece))
+                        // Its first piece now (a body whose first bytes do not parse is that
+                        // backend's failure, before the first byte), the rest as the answer is
+                        // written, so that the first byte does not wait for them.
+                        let mut pieces = pieces.iter();
+                        read_ahead.extend(pieces.clone().skip(1).map(|p| (input, p.clone())));
+                        pieces
+                            .next()
+                            .map_or(Ok(()), |piece| merge.push(input, piece))
                     }
                     Some(CallState::Done(Outcome::Success { body, .. })) => {
                         merge.push(input, body).and_then(|()| merge.end(input))
@@ -554,7 +562,7 @@ impl Exchange {
                     pieces.clear();
                 }
             }
-            self.stream = Some(Box::new(MergeStream::new(merge, bodies)));
+            self.stream = Some(Box::new(MergeStream::new(merge, bodies, read_ahead)));
             let mut response = Response::json(StatusCode::OK, "");
             response.body = ResponseBody::Merged;
             self.finish(Verdict::Merged {

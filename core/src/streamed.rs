@@ -635,22 +635,42 @@ impl OwnedStream {
 }
 
 /// A streamed merge as the exchange hands it to the driver ([`crate::Exchange::take_stream`]):
-/// the merge and the held upstream bodies still to read into it.
+/// the merge, the pieces read before it streamed and not merged yet, and the held upstream
+/// bodies still to read into it.
 ///
-/// Read every body in [`MergeStream::bodies`] at once, each while [`MergeStream::wants`] it;
-/// hand each piece to [`MergeStream::push`] and each body's end to [`MergeStream::end`]; send what
-/// [`MergeStream::take`] gives until [`MergeStream::is_finished`]. An error, or a body that
+/// Send what [`MergeStream::take`] gives; while it gives nothing, merge a piece read before
+/// ([`MergeStream::merge_read_ahead`]) until none is left, then read every body in
+/// [`MergeStream::bodies`] at once, each while [`MergeStream::wants`] it, handing each piece to
+/// [`MergeStream::push`] and each body's end to [`MergeStream::end`]; until
+/// [`MergeStream::is_finished`]. An error, or a body that
 /// fails or passes the deadline, means the answer cannot be completed: end the client's body so
 /// that it does not parse (docs/merging.md, "Streamed merges").
 #[derive(Debug)]
 pub struct MergeStream {
     merge: OwnedStream,
     bodies: Vec<(usize, UpstreamId)>,
+    /// Pieces read before the merge streamed, each with its input, in the order they came.
+    read_ahead: VecDeque<(usize, Bytes)>,
 }
 
 impl MergeStream {
-    pub(crate) fn new(merge: OwnedStream, bodies: Vec<(usize, UpstreamId)>) -> MergeStream {
-        MergeStream { merge, bodies }
+    pub(crate) fn new(
+        merge: OwnedStream,
+        bodies: Vec<(usize, UpstreamId)>,
+        read_ahead: Vec<(usize, Bytes)>,
+    ) -> MergeStream {
+        MergeStream {
+            merge,
+            bodies,
+            read_ahead: read_ahead.into(),
+        }
+    }
+
+    /// Merges the next piece read before the merge streamed: `None` when none is left (then
+    /// read the bodies).
+    pub fn merge_read_ahead(&mut self) -> Option<Result<(), MergeBroken>> {
+        let (input, piece) = self.read_ahead.pop_front()?;
+        Some(self.merge.push(input, &piece))
     }
 
     /// The held bodies still to read, each with the input its pieces go to.

@@ -165,6 +165,12 @@ fn poll_merge<R: Runtime>(
         if stream.is_finished() {
             return Poll::Ready(None);
         }
+        if let Some(merged) = stream.merge_read_ahead() {
+            if let Err(broken) = merged {
+                return Poll::Ready(Some(Err(StreamFailure::Upstream(broken.to_string()))));
+            }
+            continue;
+        }
         match read_one::<R>(stream, bodies, next, cx) {
             Ok(true) => {}
             Ok(false) => return Poll::Pending,
