@@ -342,6 +342,9 @@ impl Answers {
         record.streamed_to = Some(keys);
         let key = record.key.clone();
         self.forget_flight_key(&key, flight);
+        if let Some(cache) = self.cache.as_mut() {
+            cache.served_live();
+        }
         let head = Response {
             status: head.status,
             headers: head.headers.clone(),
