@@ -264,6 +264,12 @@ impl Harness {
         self.sim.world().leave_mid_body.insert(client.0);
     }
 
+    /// Makes `client` stop reading a streamed merge's body for `pause` once it has read its
+    /// first bytes, as a client on a stalled connection does; it then reads on.
+    pub fn stall_mid_body(&mut self, client: ClientId, pause: Duration) {
+        self.sim.world().stall_mid_body.insert(client.0, pause);
+    }
+
     /// The client went away: its task is dropped, as a runtime drops a connection's task, which
     /// abandons its upstream requests or tells the estate it no longer waits.
     pub fn disconnect(&mut self, client: ClientId) -> Result<(), HarnessError> {
@@ -423,7 +429,18 @@ async fn record(sim: &Sim, client: ClientId, answer: ClientAnswer<Sim>) {
             response, mut body, ..
         } => {
             let leaves = sim.world().leave_mid_body.contains(&client.0);
-            let (bytes, cut_off) = if leaves {
+            let stalls = sim.world().stall_mid_body.get(&client.0).copied();
+            let (bytes, cut_off) = if let Some(pause) = stalls {
+                let (first, _) = read_merged(&mut body, true).await;
+                sim.world().log(format!(
+                    "{client} stops reading for {} ms",
+                    pause.as_millis()
+                ));
+                pdbmux_driver::Runtime::sleep_until(sim, pdbmux_driver::Runtime::now(sim) + pause)
+                    .await;
+                let (rest, cut_off) = read_merged(&mut body, false).await;
+                ([first, rest].concat().into(), cut_off)
+            } else if leaves {
                 let (bytes, _) = read_merged(&mut body, true).await;
                 sim.world().log(format!(
                     "{client} gone after {} bytes of the body",

@@ -136,6 +136,9 @@ pub(crate) struct World {
     pub(crate) answered: Vec<Answered>,
     /// Clients that leave after the first bytes of a streamed merge ([`crate::Harness::leave_mid_body`]).
     pub(crate) leave_mid_body: BTreeSet<usize>,
+    /// Clients that stop reading a streamed merge's body after its first bytes, for how long
+    /// ([`crate::Harness::stall_mid_body`]).
+    pub(crate) stall_mid_body: BTreeMap<usize, Duration>,
     /// Panics other than scripted ones (a defect), by task.
     pub(crate) panics: Vec<String>,
     /// Tasks that ended in a scripted panic.
@@ -408,6 +411,7 @@ impl Sim {
                 sends: Vec::new(),
                 answered: Vec::new(),
                 leave_mid_body: BTreeSet::new(),
+                stall_mid_body: BTreeMap::new(),
                 panics: Vec::new(),
                 panicked: BTreeSet::new(),
                 failure: None,

@@ -330,6 +330,52 @@ fn a_client_leaving_a_flight_mid_body_leaves_the_others_and_the_cache_their_answ
 }
 
 #[test]
+fn a_client_that_stops_reading_is_let_go_and_does_not_hold_the_others() {
+    let mut h = cached_estate_harness(std::time::Duration::from_secs(30));
+    let [stalled, reading] = [h.get(RESOURCES), h.get(RESOURCES)];
+    // Longer than the flight waits for one client, shorter than the answer's deadline.
+    h.stall_mid_body(stalled, std::time::Duration::from_secs(5));
+    finish(&mut h);
+    let stalled = h.response(stalled).expect("answered").clone();
+    let why = stalled.merged.clone().flatten();
+    assert!(
+        why.as_deref()
+            .is_some_and(|why| why.contains("fell behind")),
+        "{why:?}"
+    );
+    assert!(serde_json::from_slice::<Value>(&stalled.body).is_err());
+    let reading = h.response(reading).expect("answered").clone();
+    assert_streamed_from_owners(&reading);
+    assert!(
+        reading.at < std::time::Duration::from_secs(3),
+        "answered once the stalled client was let go, at {:?}",
+        reading.at
+    );
+    let again = answer_to(&mut h, RESOURCES);
+    assert_eq!(again.header("x-cache"), Some("hit"), "the copy was whole");
+}
+
+#[test]
+fn a_cached_answer_larger_than_the_cache_streams_and_is_not_stored() {
+    let (a, b) = estate();
+    let mut h = Harness::with_config(
+        vec![
+            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+        ],
+        |config| {
+            config.facts_ttl = std::time::Duration::from_secs(30);
+            config.facts_cache_bytes = 1024 * 1024;
+        },
+    )
+    .expect("valid test backends");
+    assert_streamed_from_owners(&resources_of(&mut h));
+    let again = answer_to(&mut h, RESOURCES);
+    assert_eq!(again.header("x-cache"), Some("miss"), "the copy was let go");
+    assert_streamed_from_owners(&again);
+}
+
+#[test]
 fn a_cached_answer_whose_body_breaks_after_the_head_is_cut_off_and_not_stored() {
     let (a, b) = estate();
     let mut h = cached_harness(

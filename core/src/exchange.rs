@@ -63,6 +63,12 @@ impl ExchangeReport {
     }
 }
 
+/// How many of each backend's first bytes a streamed merge reads before its first byte leaves:
+/// enough records that a body which is not a JSON array of objects is found while it can still
+/// be that backend's failure (a partial answer), few enough to merge in well under a
+/// millisecond.
+const CHECKED_BEFORE_STREAMING: usize = 64 * 1024;
+
 /// One client request's upstream work, as a sans-IO state machine.
 ///
 /// Contract: after construction and after every `handle_*` call, drain [`Exchange::poll_output`]
@@ -486,8 +492,10 @@ impl Exchange {
         heads_known && self.stream_merge()
     }
 
-    /// Starts the plan's streamed merge over what was read so far, and responds with it: the
-    /// head as a buffered merge's (`X-Backends`, the round), the body [`ResponseBody::Merged`].
+    /// Starts the plan's streamed merge over each backend's first bytes read so far (the
+    /// pieces holding its first [`CHECKED_BEFORE_STREAMING`] bytes; the rest is merged as the
+    /// answer is written), and responds with it: the head as a buffered merge's (`X-Backends`,
+    /// the round), the body [`ResponseBody::Merged`].
     /// A backend whose first bytes are not a JSON array of objects is unusable (D7) and the
     /// merge starts again without it; `false` when no body is left to stream.
     fn stream_merge(&mut self) -> bool {
@@ -509,14 +517,18 @@ impl Exchange {
                 let fed = match state {
                     Some(CallState::Reading { id, pieces, .. }) => {
                         bodies.push((input, *id));
-                        // Its first piece now (a body whose first bytes do not parse is that
+                        // Its first bytes now (a body whose first bytes do not parse is that
                         // backend's failure, before the first byte), the rest as the answer is
                         // written, so that the first byte does not wait for them.
-                        let mut pieces = pieces.iter();
-                        read_ahead.extend(pieces.clone().skip(1).map(|p| (input, p.clone())));
-                        pieces
-                            .next()
-                            .map_or(Ok(()), |piece| merge.push(input, piece))
+                        let mut checked = 0;
+                        pieces.iter().try_for_each(|piece| {
+                            if checked >= CHECKED_BEFORE_STREAMING {
+                                read_ahead.push((input, piece.clone()));
+                                return Ok(());
+                            }
+                            checked += piece.len();
+                            merge.push(input, piece)
+                        })
                     }
                     Some(CallState::Done(Outcome::Success { body, .. })) => {
                         merge.push(input, body).and_then(|()| merge.end(input))

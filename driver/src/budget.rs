@@ -81,6 +81,18 @@ impl BodyBudget {
     }
 }
 
+impl BodyBudget {
+    /// Gives back `bytes` taken earlier and no longer held (a cached flight's copy let go).
+    pub fn give(&self, bytes: usize) {
+        let Some(share) = &self.0 else {
+            return;
+        };
+        let bytes = u64::try_from(bytes).unwrap_or(u64::MAX);
+        share.used.fetch_sub(bytes, Ordering::Relaxed);
+        share.process.used.fetch_sub(bytes, Ordering::Relaxed);
+    }
+}
+
 /// The count of one body read whole: [`BodyBudget::body`] starts it, [`BodyCount::chunk`] takes
 /// each chunk as it is read.
 #[derive(Debug)]
@@ -155,6 +167,22 @@ mod tests {
         );
         assert_eq!(memory.used(), 101);
         drop((budget, other_call));
+        assert_eq!(memory.used(), 0);
+    }
+
+    #[test]
+    fn bytes_given_back_leave_the_request_and_the_process() {
+        let memory = Arc::new(MergeMemory::default());
+        let budget = memory.share(&config(100, 1000)).expect("room");
+        assert_eq!(budget.take(80), Ok(()));
+        budget.give(80);
+        assert_eq!(memory.used(), 0);
+        assert_eq!(
+            budget.take(90),
+            Ok(()),
+            "the request's own limit counts them back"
+        );
+        drop(budget);
         assert_eq!(memory.used(), 0);
     }
 

@@ -8,7 +8,7 @@
 //! records besides, as a buffered merge would.
 
 use std::pin::pin;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use futures_channel::mpsc;
@@ -21,6 +21,12 @@ use crate::{MergedBody, Runtime, StreamFailure};
 
 /// How many pieces a flight's client may be behind before the flight waits for it.
 pub(crate) const CLIENT_PIECES: usize = 8;
+
+/// How long a flight waits for one client to take a piece before it lets that client go (its
+/// body then ends so that it does not parse): a client that stops reading must not hold the
+/// others, whose bodies would otherwise stop with it. A client that cannot take 8 pieces' room
+/// in 2 s reads a large answer for hours anyway.
+const CLIENT_STALL: Duration = Duration::from_secs(2);
 
 /// The next piece of `body`, or the failure its deadline passing is.
 async fn next_piece<R: Runtime>(
@@ -102,13 +108,7 @@ pub(crate) async fn write_to_clients<R: Runtime>(
         let piece = next_piece(bound, &mut body, deadline).await;
         let (sent, outcome) = match piece {
             Some(Ok(bytes)) => {
-                copy = copy.filter(|copy| {
-                    (copy.len() + bytes.len()) as u64 <= keep
-                        && bound.take_budget(bytes.len()).is_ok()
-                });
-                if let Some(copy) = copy.as_mut() {
-                    copy.extend_from_slice(&bytes);
-                }
+                copy = kept(bound, copy, &bytes, keep);
                 (SharedPiece::Bytes(bytes), None)
             }
             None => {
@@ -123,9 +123,10 @@ pub(crate) async fn write_to_clients<R: Runtime>(
                 Some(broken(&failure, status)),
             ),
         };
+        let until = deadline.min(bound.now() + CLIENT_STALL);
         let sends = clients
             .iter_mut()
-            .map(|client| deliver(client, sent.clone()));
+            .map(|client| deliver(bound, client, sent.clone(), until));
         let delivered = future::join_all(sends).await;
         let mut still = delivered.into_iter();
         clients.retain(|_| still.next().unwrap_or(false));
@@ -139,7 +140,38 @@ pub(crate) async fn write_to_clients<R: Runtime>(
     }
 }
 
-/// Sends `piece` to one client once it has room: `false` when the client left.
-async fn deliver(client: &mut mpsc::Sender<SharedPiece>, piece: SharedPiece) -> bool {
-    future::poll_fn(|cx| client.poll_ready(cx)).await.is_ok() && client.start_send(piece).is_ok()
+/// The copy for the cache with `bytes` added, counted in the request's memory budget; `None`
+/// (its bytes given back) once it would be over `keep` or the budget.
+fn kept<R: Runtime>(
+    bound: &Bound<'_, R>,
+    copy: Option<BytesMut>,
+    bytes: &Bytes,
+    keep: u64,
+) -> Option<BytesMut> {
+    let mut copy = copy?;
+    let fits = (copy.len() + bytes.len()) as u64 <= keep;
+    if fits && bound.take_budget(bytes.len()).is_ok() {
+        copy.extend_from_slice(bytes);
+        return Some(copy);
+    }
+    // What was taken for it goes back: for a refused piece too (taking counts before it checks).
+    let taken = copy.len() + if fits { bytes.len() } else { 0 };
+    bound.give_budget(taken);
+    None
+}
+
+/// Sends `piece` to one client once it has room: `false` when the client left, or had no room
+/// by `until` (it is let go).
+async fn deliver<R: Runtime>(
+    bound: &Bound<'_, R>,
+    client: &mut mpsc::Sender<SharedPiece>,
+    piece: SharedPiece,
+    until: Instant,
+) -> bool {
+    let room = future::poll_fn(|cx| client.poll_ready(cx));
+    let ready = match future::select(pin!(room), pin!(bound.sleep_until(until))).await {
+        Either::Left((ready, _)) => ready.is_ok(),
+        Either::Right(((), _)) => false,
+    };
+    ready && client.start_send(piece).is_ok()
 }

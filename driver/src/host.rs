@@ -894,7 +894,11 @@ impl<R: Runtime> EstateHost<R> {
         head: Response,
         (body, deadline): (crate::MergedBody<R>, Instant),
     ) -> Response {
-        let clients = self.estate().stream_flight(flight, &head);
+        let clients = self
+            .estate()
+            .stream_flight(self.runtime.now(), flight, &head);
+        // The lock it let go of may be asked for (a store request to send).
+        self.wake.notify();
         let Some(clients) = clients else {
             return crate::flight_merge::read_whole(bound, head, body, deadline).await;
         };
@@ -1159,6 +1163,13 @@ impl<R: Runtime> Bound<'_, R> {
         match &self.budget {
             Ok(budget) => budget.take(bytes),
             Err(_) => Ok(()),
+        }
+    }
+
+    /// Gives back `bytes` taken with [`Bound::take_budget`] and no longer held.
+    pub(crate) fn give_budget(&self, bytes: usize) {
+        if let Ok(budget) = &self.budget {
+            budget.give(bytes);
         }
     }
 

@@ -112,7 +112,8 @@ impl<R: Runtime> MergedBody<R> {
                     Poll::Ready(Some(Err(StreamFailure::Upstream(why))))
                 }
                 Poll::Ready(None) => Poll::Ready(Some(Err(StreamFailure::Upstream(
-                    "the flight's merge stopped before its end".to_owned(),
+                    "the flight let this client go (it fell behind) or stopped before its end"
+                        .to_owned(),
                 )))),
             },
         };

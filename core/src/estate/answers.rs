@@ -321,11 +321,16 @@ impl Answers {
     /// A flight's merge streams (docs/merging.md, "Streamed merges"): its clients, each with
     /// `head` as its answer's status and headers, read the merge's pieces as its driver writes
     /// them. From now on a request for its key starts a flight of its own (it would have missed
-    /// what was written), and [`Answers::handle_flight_done`] gets the whole answer to store,
-    /// or a failure. `None` when the flight's answer must be whole first: a client's drilldown
-    /// filters it, or it refreshes an entry ahead of expiry; its driver then reads it whole.
+    /// what was written), so the flight lets go of the shared tier's lock now (the next flight,
+    /// here or on another replica, is not kept waiting for an entry that may never be put), and
+    /// [`Answers::handle_flight_done`] gets the whole answer to store, or a failure. `None` when
+    /// the flight's answer must be whole first: it refreshes an entry ahead of expiry (no
+    /// client waits), or a client's drilldown filters it (its route never streams today; the
+    /// check keeps a filtered client from ever being sent the whole record set); its driver
+    /// then reads it whole.
     pub(super) fn stream_flight(
         &mut self,
+        now: Instant,
         flight: FlightId,
         head: &Response,
     ) -> Option<Vec<(WaiterId, Response)>> {
@@ -340,8 +345,11 @@ impl Answers {
         keys.sort_unstable();
         keys.dedup();
         record.streamed_to = Some(keys);
-        let key = record.key.clone();
+        let (key, lock) = (record.key.clone(), record.lock.take());
         self.forget_flight_key(&key, flight);
+        if let Some((lock_key, token)) = lock {
+            self.shared_unlock(now, lock_key, token);
+        }
         if let Some(cache) = self.cache.as_mut() {
             cache.served_live();
         }

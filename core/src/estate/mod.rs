@@ -389,10 +389,11 @@ impl Estate {
     /// comes once the flight streams starts a flight of its own.
     pub fn stream_flight(
         &mut self,
+        now: Instant,
         flight: FlightId,
         head: &Response,
     ) -> Option<Vec<(WaiterId, Response)>> {
-        self.answers.stream_flight(flight, head)
+        self.answers.stream_flight(now, flight, head)
     }
 
     /// The shared store answered (or, from [`Estate::handle_timeout`], did not in time). A late
