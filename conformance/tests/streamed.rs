@@ -376,6 +376,43 @@ fn a_cached_answer_larger_than_the_cache_streams_and_is_not_stored() {
 }
 
 #[test]
+fn a_flight_that_streams_lets_go_of_the_shared_lock_before_its_answer_ends() {
+    let (a, b) = estate();
+    let mut h = Harness::with_config(
+        vec![
+            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+        ],
+        |config| {
+            config.facts_ttl = std::time::Duration::from_secs(30);
+            config.cache_backend = pdbmux_core::config::CacheBackend::Redis {
+                url: "redis://127.0.0.1:6379".to_owned(),
+                tls: pdbmux_core::config::TlsFiles::default(),
+                secret: pdbmux_core::config::Secret::new(
+                    b"streamed-flight-secret-0123456789".to_vec(),
+                ),
+                password: None,
+            };
+        },
+    )
+    .expect("valid test backends");
+    h.set_store(pdbmux_conformance::FakeStore::default());
+    let client = h.get(RESOURCES);
+    let transcript = finish(&mut h);
+    assert_streamed_from_owners(h.response(client).expect("answered"));
+    let line_of = |needle: &str| {
+        transcript
+            .lines()
+            .position(|line| line.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in\n{transcript}"))
+    };
+    assert!(
+        line_of("unlock pdbmux:lock:/pdb/query/v4/resources") < line_of("f0 done"),
+        "the lock goes when the flight streams, not when it ends:\n{transcript}"
+    );
+}
+
+#[test]
 fn a_cached_answer_whose_body_breaks_after_the_head_is_cut_off_and_not_stored() {
     let (a, b) = estate();
     let mut h = cached_harness(
