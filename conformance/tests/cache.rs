@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{finish, STEPS, URL_A, URL_B};
+use common::{finish, run_to, URL_A, URL_B};
 use http::StatusCode;
 use pdbmux_conformance::{ms, FakeBackend, Harness, Reply};
 
@@ -20,12 +20,6 @@ fn cached(backends: Vec<FakeBackend>) -> Harness {
 
 fn names(body: &str) -> Reply {
     Reply::ok(body.to_owned()).after(ms(5))
-}
-
-fn run_to(h: &mut Harness, at: Duration) {
-    if let Err(error) = h.run_until(at, STEPS) {
-        panic!("{error}\n{}", h.transcript());
-    }
 }
 
 fn sends_to(h: &Harness, path: &str) -> usize {

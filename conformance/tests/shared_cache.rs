@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{STEPS, URL_A, URL_B};
+use common::{run_to, URL_A, URL_B};
 use pdbmux_conformance::{ms, FakeBackend, FakeStore, Harness, Reply};
 use pdbmux_core::cache::shared::{encode, EntryRefusal};
 use pdbmux_core::config::{CacheBackend, Secret, TlsFiles};
@@ -78,12 +78,6 @@ fn replica(store: &FakeStore, a: Reply, b: Reply) -> Harness {
 
 fn healthy(store: &FakeStore) -> Harness {
     replica(store, names(r#"["kernel"]"#, 5), names(r#"["os"]"#, 5))
-}
-
-fn run_to(h: &mut Harness, at: Duration) {
-    if let Err(error) = h.run_until(at, STEPS) {
-        panic!("{error}\n{}", h.transcript());
-    }
 }
 
 fn asked(h: &Harness) -> usize {

@@ -13,7 +13,7 @@ use pdbmux_conformance::{
 };
 use serde_json::{json, Value};
 
-use common::{finish, harness, STEPS, URL_A, URL_B};
+use common::{finish, harness, run_to, URL_A, URL_B};
 
 const T09: Option<&str> = Some("2024-05-01T09:00:00.000Z");
 const T10: Option<&str> = Some("2024-05-01T10:00:00.000Z");
@@ -104,12 +104,17 @@ fn answer_to(h: &mut Harness, target: &str) -> ClientResponse {
 }
 
 /// Both fake PuppetDBs answering the [`estate`] whole.
-fn estate_harness() -> Harness {
+fn estate_backends() -> Vec<FakeBackend> {
     let (a, b) = estate();
-    harness(vec![
+    vec![
         FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
         FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ])
+    ]
+}
+
+/// A harness over the [`estate_backends`].
+fn estate_harness() -> Harness {
+    harness(estate_backends())
 }
 
 /// A streamed, whole 200 from both backends holding each node's records from its owner.
@@ -254,25 +259,23 @@ fn a_backend_whose_first_bytes_are_not_json_is_left_out_before_the_first_byte() 
 }
 
 /// A harness over `backends` whose `/resources` answers are cached for `ttl` (a flight per
-/// key), refreshed ahead past 80% of it.
-fn cached_harness(backends: Vec<FakeBackend>, ttl: std::time::Duration) -> Harness {
+/// key), refreshed ahead past 80% of it, and configured further by `configure`.
+fn cached_harness(
+    backends: Vec<FakeBackend>,
+    ttl: std::time::Duration,
+    configure: impl FnOnce(&mut pdbmux_core::config::Config),
+) -> Harness {
     Harness::with_config(backends, |config| {
         config.facts_ttl = ttl;
         config.cache_refresh_ahead_percent = 80;
+        configure(config);
     })
     .expect("valid test backends")
 }
 
-/// Both fake PuppetDBs answering the [`estate`] whole, their `/resources` answers cached.
+/// The [`estate_harness`] with its `/resources` answers cached for `ttl`.
 fn cached_estate_harness(ttl: std::time::Duration) -> Harness {
-    let (a, b) = estate();
-    cached_harness(
-        vec![
-            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-        ],
-        ttl,
-    )
+    cached_harness(estate_backends(), ttl, |_| {})
 }
 
 /// The transcript's upstream answers that were held and read in pieces (a streamed merge's),
@@ -357,18 +360,13 @@ fn a_client_that_stops_reading_is_let_go_and_does_not_hold_the_others() {
 
 #[test]
 fn a_cached_answer_larger_than_the_cache_streams_and_is_not_stored() {
-    let (a, b) = estate();
-    let mut h = Harness::with_config(
-        vec![
-            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-        ],
+    let mut h = cached_harness(
+        estate_backends(),
+        std::time::Duration::from_secs(30),
         |config| {
-            config.facts_ttl = std::time::Duration::from_secs(30);
             config.facts_cache_bytes = 1024 * 1024;
         },
-    )
-    .expect("valid test backends");
+    );
     assert_streamed_from_owners(&resources_of(&mut h));
     let again = answer_to(&mut h, RESOURCES);
     assert_eq!(again.header("x-cache"), Some("miss"), "the copy was let go");
@@ -377,14 +375,10 @@ fn a_cached_answer_larger_than_the_cache_streams_and_is_not_stored() {
 
 #[test]
 fn a_flight_that_streams_lets_go_of_the_shared_lock_before_its_answer_ends() {
-    let (a, b) = estate();
-    let mut h = Harness::with_config(
-        vec![
-            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-        ],
+    let mut h = cached_harness(
+        estate_backends(),
+        std::time::Duration::from_secs(30),
         |config| {
-            config.facts_ttl = std::time::Duration::from_secs(30);
             config.cache_backend = pdbmux_core::config::CacheBackend::Redis {
                 url: "redis://127.0.0.1:6379".to_owned(),
                 tls: pdbmux_core::config::TlsFiles::default(),
@@ -394,8 +388,7 @@ fn a_flight_that_streams_lets_go_of_the_shared_lock_before_its_answer_ends() {
                 password: None,
             };
         },
-    )
-    .expect("valid test backends");
+    );
     h.set_store(pdbmux_conformance::FakeStore::default());
     let client = h.get(RESOURCES);
     let transcript = finish(&mut h);
@@ -425,6 +418,7 @@ fn a_cached_answer_whose_body_breaks_after_the_head_is_cut_off_and_not_stored() 
             }),
         ],
         std::time::Duration::from_secs(30),
+        |_| {},
     );
     let response = resources_of(&mut h);
     let cut_off = response.merged.clone().flatten();
@@ -446,14 +440,10 @@ fn a_cached_answer_whose_body_breaks_after_the_head_is_cut_off_and_not_stored() 
 fn a_refresh_ahead_of_a_large_entry_reads_its_merge_whole_and_renews_the_entry() {
     let mut h = cached_estate_harness(std::time::Duration::from_secs(10));
     let first = h.get(RESOURCES);
-    if let Err(error) = h.run_until(std::time::Duration::from_secs(9), STEPS) {
-        panic!("{error}\n{}", h.transcript());
-    }
+    run_to(&mut h, std::time::Duration::from_secs(9));
     // Past 8 s: a hit, which starts the refresh (no client waits on it).
     let hit = h.get(RESOURCES);
-    if let Err(error) = h.run_until(std::time::Duration::from_millis(9_500), STEPS) {
-        panic!("{error}\n{}", h.transcript());
-    }
+    run_to(&mut h, std::time::Duration::from_millis(9_500));
     let renewed = h.get(RESOURCES);
     let transcript = finish(&mut h);
     assert_eq!(

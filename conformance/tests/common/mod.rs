@@ -26,6 +26,14 @@ pub fn finish(harness: &mut Harness) -> String {
     harness.transcript()
 }
 
+/// Runs the simulation to `at` after its start (every timer due by then fires); panics with
+/// the transcript when it cannot.
+pub fn run_to(harness: &mut Harness, at: std::time::Duration) {
+    if let Err(error) = harness.run_until(at, STEPS) {
+        panic!("{error}\n{}", harness.transcript());
+    }
+}
+
 /// A harness over these backends; panics on a bad script (test data).
 pub fn harness(backends: Vec<FakeBackend>) -> Harness {
     Harness::new(backends).expect("valid test backends")
