@@ -892,8 +892,12 @@ impl<R: Runtime> EstateHost<R> {
         bound: &Bound<'_, R>,
         flight: FlightId,
         head: Response,
-        (body, deadline): (crate::MergedBody<R>, Instant),
+        (mut body, deadline): (crate::MergedBody<R>, Instant),
     ) -> Response {
+        // Its failure is logged under the request the flight started for.
+        if let Some(request_id) = bound.request_id() {
+            body.watched(request_id, None);
+        }
         let clients = self
             .estate()
             .stream_flight(self.runtime.now(), flight, &head);
@@ -1194,6 +1198,14 @@ impl<R: Runtime> Bound<'_, R> {
     /// The configuration the exchange runs under.
     pub(crate) fn config(&self) -> &Config {
         &self.generation.config
+    }
+
+    /// The id of the client request the exchange answers (a flight's: the one it started
+    /// for), for log lines.
+    pub(crate) fn request_id(&self) -> Option<&str> {
+        self.context
+            .as_ref()
+            .map(|context| context.request_id.as_str())
     }
 
     /// Resolves at `deadline` ([`Runtime::sleep_until`]).
