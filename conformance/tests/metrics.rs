@@ -6,13 +6,14 @@
 
 mod common;
 
-use common::{finish, harness, URL_A, URL_B};
+use common::{finish, harness, run_to, URL_A, URL_B};
 use http::StatusCode;
 use pdbmux_conformance::{
     decoded_upstream, excluded_certnames, ms, read_asking, Asked, ClientId, FakeBackend, Harness,
     Machine, PuppetDb, Reply,
 };
 use serde_json::{json, Value};
+use std::time::Duration;
 
 const T10: Option<&str> = Some("2024-05-01T10:00:00.000Z");
 const T11: Option<&str> = Some("2024-05-01T11:00:00.000Z");
@@ -485,5 +486,107 @@ fn num_resources_is_the_owned_resource_count() {
             expected("pdb-b", &[]),
         ]
     );
+    insta::assert_snapshot!(transcript);
+}
+
+const JVM_READ: &str = "/metrics/v2/read/puppetlabs.puppetdb.mq:name=global.processing-time";
+
+#[test]
+fn population_figures_are_cached_as_counts_are_and_a_backends_own_figures_are_not() {
+    // Puppetboard's overview of all environments reads num-nodes and num-resources on every
+    // visit; num-resources asks each backend a resource count. It is the estate's count, cached
+    // for aggregate_ttl like the counts of /nodes; a backend's JVM figures are live and are
+    // asked every time (docs/caching.md).
+    let (a, b) = estate();
+    let jvm = |count: u64, timestamp: u64| {
+        envelope(read(PROCESSING_TIME), json!({"Count": count}), timestamp)
+    };
+    let resources = |value: u64, timestamp: u64| {
+        envelope(
+            population("num-resources"),
+            json!({"Value": value}),
+            timestamp,
+        )
+    };
+    let backends = vec![
+        estate_backend(
+            "pdb-a",
+            URL_A,
+            a,
+            vec![
+                (NUM_RESOURCES, resources(8, 1_700_000_000)),
+                (JVM_READ, jvm(10, 1_700_000_000)),
+            ],
+            2,
+        ),
+        estate_backend(
+            "pdb-b",
+            URL_B,
+            b,
+            vec![
+                (NUM_RESOURCES, resources(7, 1_700_000_001)),
+                (JVM_READ, jvm(5, 1_700_000_001)),
+            ],
+            3,
+        ),
+    ];
+    let mut h = Harness::with_config(backends, |config| {
+        config.aggregate_ttl = Duration::from_secs(15);
+    })
+    .expect("valid test backends");
+    let first = (h.get(NUM_RESOURCES), h.get(JVM_READ));
+    run_to(&mut h, Duration::from_secs(5));
+    let second = (h.get(NUM_RESOURCES), h.get(JVM_READ));
+    run_to(&mut h, Duration::from_secs(16));
+    let third = h.get(NUM_RESOURCES);
+    let transcript = run(&mut h);
+
+    let header = |client, name| {
+        h.response(client)
+            .expect("answered")
+            .header(name)
+            .map(str::to_owned)
+    };
+    assert_eq!(header(first.0, "x-cache").as_deref(), Some("miss"));
+    assert_eq!(header(second.0, "x-cache").as_deref(), Some("hit"));
+    assert_eq!(header(second.0, "x-backends").as_deref(), Some("2/2"));
+    assert_eq!(body_json(&h, second.0), body_json(&h, first.0));
+    assert_eq!(body_json(&h, second.0)["value"], json!({"Value": 10}));
+    assert_eq!(
+        h.response(second.0).expect("answered").at,
+        Duration::from_secs(5),
+        "a hit asks no backend"
+    );
+    assert_eq!(
+        header(third, "x-cache").as_deref(),
+        Some("miss"),
+        "past aggregate_ttl the backends are asked again"
+    );
+    let sent = |prefix: &str| {
+        h.sends()
+            .iter()
+            .filter(|s| s.machine != Machine::Estate)
+            .filter(|s| s.request.path_and_query.starts_with(prefix))
+            .count()
+    };
+    assert_eq!(
+        sent(NUM_RESOURCES),
+        4,
+        "two fan-outs of two: the first and the third"
+    );
+    assert_eq!(
+        sent("/pdb/query/v4/resources"),
+        4,
+        "one count per fan-out and backend"
+    );
+    for jvm in [first.1, second.1] {
+        assert_eq!(
+            header(jvm, "x-cache"),
+            None,
+            "a backend's own figure is not cached"
+        );
+        assert_eq!(body_json(&h, jvm)["value"], json!({"Count": 15}));
+    }
+    assert_eq!(sent(JVM_READ), 4, "asked of both backends each time");
     insta::assert_snapshot!(transcript);
 }

@@ -166,8 +166,22 @@ fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
         Route::ReportHash { .. } => Work::Fanout(Box::new(Holder::new(target))),
         Route::MetaVersion => Work::Fanout(Box::new(LowestVersion::new(target))),
         Route::ServerTime => Work::Fanout(Box::new(FirstInOrder::new(target))),
-        Route::Metrics(route) => {
-            Work::Fanout(Box::new(JolokiaPlan::plan(*route, target, config.merge)))
+        Route::Metrics(metrics) => {
+            let plan = JolokiaPlan::plan(*metrics, target, config.merge);
+            // A population figure is a count over the estate: cached as the counts are
+            // (docs/caching.md); the backends' own JVM figures are live and stay uncached.
+            let ttl = config.cache_ttl(CacheClass::Aggregates);
+            let cache = (plan.reads_population() && !ttl.is_zero())
+                .then(|| {
+                    cache::cache_key(
+                        route,
+                        (request.path(), request.query(), params),
+                        &config.source_fact,
+                        ttl,
+                    )
+                })
+                .flatten();
+            return planned(cache, Work::Fanout(Box::new(plan)));
         }
         Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
             return plan_query(request, route, config);
@@ -668,7 +682,13 @@ mod tests {
             ("/pdb/query/v4/environments/production", false, false),
             ("/pdb/query/v4/nodes/web1", true, false),
             ("/pdb/meta/v1/version", false, false),
-            ("/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes", true, false),
+            // A population figure counts the estate; a backend's own figures are live.
+            ("/metrics/v2/read/puppetlabs.puppetdb.population:name=num-nodes", true, true),
+            (
+                "/metrics/v2/read/puppetlabs.puppetdb.mq:name=global.processing-time",
+                false,
+                false,
+            ),
             ("/metrics/v2/list", false, false),
         ];
         for (target, ownership, cached) in cases {
@@ -696,6 +716,13 @@ mod tests {
             ttl("/pdb/query/v4/event-counts?summarize_by=certname", &classes),
             None
         );
+        let population = "/metrics/v2/read/puppetlabs.puppetdb.population:name=num-resources";
+        assert_eq!(
+            ttl(population, &config),
+            Some(15),
+            "aggregate_ttl's default"
+        );
+        assert_eq!(ttl(population, &classes), None);
         assert!(matches!(
             plan(&ClientRequest::get("/healthz"), &config).work,
             Work::Healthz

@@ -17,7 +17,7 @@ use http::{HeaderMap, HeaderValue};
 pub use store::{CacheStore, CachedResponse, MemoryStore, StoreStats};
 
 use crate::query::Params;
-use crate::route::Route;
+use crate::route::{MetricsRoute, Route};
 
 /// Header saying where a cached-path response came from: `hit`, `miss` or `stale`.
 pub const X_CACHE: http::HeaderName = http::HeaderName::from_static("x-cache");
@@ -88,7 +88,7 @@ pub fn cache_key(
     let mut value_filter = None;
     let mut drilldown_path = None;
     match route {
-        Route::Query(_) | Route::ResourcesByType => {}
+        Route::Query(_) | Route::ResourcesByType | Route::Metrics(MetricsRoute::Read) => {}
         Route::FactsByName { name, value } => {
             let decoded = percent_encoding::percent_decode_str(name).decode_utf8_lossy();
             if let (true, Some(value)) = (decoded == source_fact, value) {

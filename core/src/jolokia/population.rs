@@ -85,6 +85,12 @@ impl JolokiaPlan {
         }
     }
 
+    /// Whether the request reads a population MBean: a figure of the whole estate (cacheable
+    /// as the counts are), not one of a backend's own JVM.
+    pub(crate) fn reads_population(&self) -> bool {
+        self.population.is_some()
+    }
+
     fn counts_resources(&self) -> bool {
         matches!(
             self.population,
@@ -189,7 +195,7 @@ impl Plan for JolokiaPlan {
     }
 
     fn needs_ownership(&self) -> bool {
-        self.population.is_some()
+        self.reads_population()
     }
 
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
