@@ -307,26 +307,28 @@ fn parse_objects<'a, const N: usize>(
     Some(records)
 }
 
-/// Reads the object at the start of `bytes` (after whitespace), one element of an array arriving
+/// Reads the object at the start of `text` (after whitespace), one element of an array arriving
 /// in pieces, filling `fields` with its fields `names` (same length; the first of a repeated name
-/// is kept): its text and the index just past its `}`. `Ok(None)` when `bytes` ends inside it
+/// is kept): its text and the index just past its `}`. `Ok(None)` when `text` ends inside it
 /// (more is to come); an error when it is not a JSON object (or nests too deep, as in
-/// [`parse_picked`]).
+/// [`parse_picked`]). `text` is already UTF-8, so the object is parsed as `str` (its strings are
+/// not checked again, as in [`parse_picked`]).
 pub fn read_object<'a>(
-    bytes: &'a [u8],
+    text: &'a str,
     names: &[&str],
     fields: &mut [Option<&'a RawValue>],
 ) -> Result<Option<(&'a str, usize)>, serde_json::Error> {
     let lost = || de::Error::custom("record position not recovered");
+    let bytes = text.as_bytes();
     let start = bytes
         .iter()
         .position(|&byte| !is_json_space(byte))
         .unwrap_or(bytes.len());
-    let mut deserializer = serde_json::Deserializer::from_slice(&bytes[start..]);
+    let mut deserializer = serde_json::Deserializer::from_str(&text[start..]);
     let last = match (ObjectSeed { names, fields }).deserialize(&mut deserializer) {
         Ok(last) => last,
         Err(error) if error.is_eof() => return Ok(None),
-        // A number cut by the end of `bytes` (`1.`, `2e`, `-`) is "invalid", not an end of
+        // A number cut by the end of `text` (`1.`, `2e`, `-`) is "invalid", not an end of
         // input, to serde_json: more is to come while the object's `}` has not arrived.
         Err(_) if bytes.get(start) == Some(&b'{') && object_end(&bytes[start..]).is_none() => {
             return Ok(None)
@@ -334,8 +336,8 @@ pub fn read_object<'a>(
         Err(error) => return Err(error),
     };
     let close = object_close(bytes, start, last).ok_or_else(lost)?;
-    let text = std::str::from_utf8(&bytes[start..=close]).map_err(|_| lost())?;
-    Ok(Some((text, close + 1)))
+    let record = text.get(start..=close).ok_or_else(lost)?;
+    Ok(Some((record, close + 1)))
 }
 
 /// The index of the `}` closing the object that starts at `start` in `body`, found from its last
@@ -583,18 +585,19 @@ mod tests {
             r#" {"certname":"web\"1","value":-1.5e-3,"n":[true,null,{"x":"}"}],"t":false,"é":2}"#;
         let bytes = record.as_bytes();
         let mut fields = [None];
-        for cut in 0..bytes.len() {
+        // The reader hands on whole characters only (a piece's cut one waits for the next).
+        for cut in (0..bytes.len()).filter(|cut| record.is_char_boundary(*cut)) {
             assert!(
                 matches!(
-                    read_object(&bytes[..cut], &["certname"], &mut fields),
+                    read_object(&record[..cut], &["certname"], &mut fields),
                     Ok(None)
                 ),
                 "cut at {cut}: {:?}",
-                String::from_utf8_lossy(&bytes[..cut])
+                &record[..cut]
             );
         }
         let mut fields = [None; 4];
-        let (text, end) = read_object(bytes, &["certname", "t", "n", "absent"], &mut fields)
+        let (text, end) = read_object(record, &["certname", "t", "n", "absent"], &mut fields)
             .expect("an object")
             .expect("whole");
         assert_eq!(end, bytes.len());
@@ -609,16 +612,16 @@ mod tests {
             ]
         );
         let followed = format!("{record} , {{}}");
-        let (_, end) = read_object(followed.as_bytes(), &["certname"], &mut [None])
+        let (_, end) = read_object(&followed, &["certname"], &mut [None])
             .expect("an object")
             .expect("whole");
         assert_eq!(end, bytes.len(), "the object alone, not what follows");
         assert!(
-            read_object(br#"{"a":1.x}"#, &["a"], &mut [None]).is_err(),
+            read_object(r#"{"a":1.x}"#, &["a"], &mut [None]).is_err(),
             "broken, not cut"
         );
         assert!(
-            read_object(b"[1]", &["a"], &mut [None]).is_err(),
+            read_object("[1]", &["a"], &mut [None]).is_err(),
             "not an object"
         );
     }

@@ -8,6 +8,10 @@
 //! push-down, parsing and validating both bodies, per-record field extraction, ownership,
 //! provenance records and serialisation of the merged body.
 //!
+//! The same merge streamed: the bodies held (`UpstreamBody::Held`) and handed in 64 KiB pieces
+//! as the exchange and then its `MergeStream` ask for them, as a runtime reads a socket, the
+//! answer's pieces taken as they are written (issue 32: the streamed merge's CPU per byte).
+//!
 //! Baselines, same bytes, same run: `serde_json::from_slice::<Vec<&RawValue>>` (the cheapest
 //! full validation of an array) and `serde_json::from_slice::<serde_json::Value>` (a full parse
 //! into a tree) of each body.
@@ -24,14 +28,16 @@ use pdbmux_bench::{best_of, mb_per_s, SyntheticEstate};
 use pdbmux_core::config::{BackendConfig, BackendUrl, Config, TlsFiles};
 use pdbmux_core::membership::MEMBERSHIP_QUERIES;
 use pdbmux_core::{
-    Admission, ClientRequest, ClockAnchor, Estate, EstateOutput, ExchangeOutput, Response,
-    UpstreamResponse, JSON_CONTENT_TYPE,
+    Admission, ClientRequest, ClockAnchor, Estate, EstateOutput, Exchange, ExchangeOutput,
+    Response, ResponseBody, UpstreamBody, UpstreamId, UpstreamResponse, JSON_CONTENT_TYPE,
 };
 use serde_json::value::RawValue;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 const FACTS: &str = "/pdb/query/v4/facts";
+/// The pieces a streamed body is handed in: what a runtime reads from a socket at a time.
+const PIECE: usize = 64 * 1024;
 
 struct Args {
     nodes: usize,
@@ -41,6 +47,8 @@ struct Args {
     scaling_secs: f64,
     /// Only run this many merges and print their time (for a profiler).
     merge_only: Option<usize>,
+    /// Only run this many streamed merges and print their time (for a profiler).
+    streamed_only: Option<usize>,
 }
 
 fn args() -> Result<Args> {
@@ -51,6 +59,7 @@ fn args() -> Result<Args> {
         runs: 7,
         scaling_secs: 3.0,
         merge_only: None,
+        streamed_only: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -62,9 +71,10 @@ fn args() -> Result<Args> {
             "--runs" => args.runs = value.parse()?,
             "--scaling-secs" => args.scaling_secs = value.parse()?,
             "--merge-only" => args.merge_only = Some(value.parse()?),
+            "--streamed-only" => args.streamed_only = Some(value.parse()?),
             _ => {
                 return Err(format!(
-                "unknown flag {flag}; flags: --nodes N --facts N --overlap N --runs N --scaling-secs S --merge-only N"
+                "unknown flag {flag}; flags: --nodes N --facts N --overlap N --runs N --scaling-secs S --merge-only N --streamed-only N"
             )
                 .into())
             }
@@ -145,18 +155,23 @@ fn ready_estate(now: Instant, membership: &[(Bytes, Bytes)]) -> Result<Estate> {
     Ok(estate)
 }
 
-/// Drives one `/facts` exchange (admitted under `estate`'s lock) to its response.
-fn merge_once(estate: &Mutex<Estate>, now: Instant, facts: &[Bytes]) -> Result<Response> {
-    // Planned outside the lock, as the driver does.
+/// Admits one `/facts` request under `estate`'s lock, planned outside it as the driver does.
+fn admit_facts(estate: &Mutex<Estate>, now: Instant) -> Result<Exchange> {
     let config = Arc::clone(estate.lock().map_err(|_| "estate lock poisoned")?.config());
     let planned = pdbmux_core::plan(&ClientRequest::get(FACTS), &config);
     let admission = estate
         .lock()
         .map_err(|_| "estate lock poisoned")?
         .admit(now, planned);
-    let Admission::Exchange(mut exchange) = admission else {
-        return Err(format!("expected an exchange, got {admission:?}").into());
-    };
+    match admission {
+        Admission::Exchange(exchange) => Ok(exchange),
+        admission => Err(format!("expected an exchange, got {admission:?}").into()),
+    }
+}
+
+/// Drives one `/facts` exchange (admitted under `estate`'s lock) to its response.
+fn merge_once(estate: &Mutex<Estate>, now: Instant, facts: &[Bytes]) -> Result<Response> {
+    let mut exchange = admit_facts(estate, now)?;
     let mut sends = Vec::new();
     while let Some(output) = exchange.poll_output() {
         match output {
@@ -183,6 +198,107 @@ fn merge_once(estate: &Mutex<Estate>, now: Instant, facts: &[Bytes]) -> Result<R
         }
     }
     Err("the exchange did not respond".into())
+}
+
+/// One held body being handed over in pieces.
+struct HeldBody {
+    id: UpstreamId,
+    body: Bytes,
+    offset: usize,
+    ended: bool,
+}
+
+impl HeldBody {
+    /// The next piece, or `None` at the body's end.
+    fn next_piece(&mut self) -> Option<Bytes> {
+        let end = (self.offset + PIECE).min(self.body.len());
+        let piece = (end > self.offset).then(|| self.body.slice(self.offset..end));
+        self.offset = end;
+        piece
+    }
+}
+
+/// Drives one `/facts` exchange with held bodies, read in pieces as the exchange and then its
+/// streamed merge ask, to the answer's end, handing each piece of the answer to `sink`.
+fn merge_streamed_once(
+    estate: &Mutex<Estate>,
+    now: Instant,
+    facts: &[Bytes],
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<()> {
+    let mut exchange = admit_facts(estate, now)?;
+    let mut held = Vec::new();
+    while let Some(output) = exchange.poll_output() {
+        if let ExchangeOutput::Send(send) = output {
+            let body = facts
+                .get(send.backend.0)
+                .ok_or("facts query to an unknown backend")?
+                .clone();
+            held.push(HeldBody {
+                id: send.id,
+                body,
+                offset: 0,
+                ended: false,
+            });
+        }
+    }
+    let mut response = None;
+    for body in &held {
+        let mut head = UpstreamResponse::full(StatusCode::OK, JSON_CONTENT_TYPE, Bytes::new());
+        head.body = UpstreamBody::Held;
+        exchange.handle_upstream_response(now, body.id, head);
+    }
+    while response.is_none() {
+        let Some(output) = exchange.poll_output() else {
+            return Err("the exchange stopped before it responded".into());
+        };
+        match output {
+            ExchangeOutput::Read(id) => {
+                let body = held
+                    .iter_mut()
+                    .find(|b| b.id == id)
+                    .ok_or("read of an unknown body")?;
+                match body.next_piece() {
+                    Some(piece) => exchange.handle_upstream_piece(now, id, piece),
+                    None => exchange.handle_upstream_end(now, id),
+                }
+            }
+            ExchangeOutput::Respond(answer) => response = Some(answer),
+            ExchangeOutput::Send(_) | ExchangeOutput::Cancel(_) => {}
+        }
+    }
+    if !matches!(response.map(|r| r.body), Some(ResponseBody::Merged)) {
+        return Err("the exchange merged whole instead of streaming".into());
+    }
+    let mut stream = exchange.take_stream().ok_or("no streamed merge")?;
+    let broken = |e| format!("the streamed merge broke: {e:?}");
+    while let Some(merged) = stream.merge_read_ahead() {
+        merged.map_err(broken)?;
+        sink(&stream.take());
+    }
+    let inputs: Vec<(usize, UpstreamId)> = stream.bodies().to_vec();
+    while !stream.is_finished() {
+        for &(input, id) in &inputs {
+            if !stream.wants(input) {
+                continue;
+            }
+            let body = held
+                .iter_mut()
+                .find(|b| b.id == id)
+                .ok_or("an unknown body to stream")?;
+            match body.next_piece() {
+                Some(piece) => stream.push(input, &piece).map_err(broken)?,
+                None if !body.ended => {
+                    stream.end(input).map_err(broken)?;
+                    body.ended = true;
+                }
+                None => {}
+            }
+            sink(&stream.take());
+        }
+    }
+    sink(&stream.take());
+    Ok(())
 }
 
 /// CPU time (user + system) this process has used, in seconds (from /proc/self/stat).
@@ -249,6 +365,22 @@ fn main() -> Result<()> {
         )
         .into());
     }
+    let mut streamed = Vec::new();
+    merge_streamed_once(&estate, now, &facts, &mut |piece| {
+        streamed.extend_from_slice(piece)
+    })?;
+    let streamed_records = serde_json::from_slice::<Vec<&RawValue>>(&streamed)?.len();
+    if (streamed.len(), streamed_records) != (body.len(), merged.len()) {
+        return Err(format!(
+            "streamed {} records in {} bytes, buffered {} in {}",
+            streamed_records,
+            streamed.len(),
+            merged.len(),
+            body.len()
+        )
+        .into());
+    }
+    drop(streamed);
     let output_bytes = body.len();
     let backends_header = response
         .headers
@@ -258,10 +390,13 @@ fn main() -> Result<()> {
         .to_owned();
     drop(merged);
 
-    if let Some(merges) = args.merge_only {
+    if let Some(merges) = args.merge_only.or(args.streamed_only) {
         let started = Instant::now();
         for _ in 0..merges {
-            merge_once(&estate, now, &facts)?;
+            match args.streamed_only {
+                Some(_) => merge_streamed_once(&estate, now, &facts, &mut |_| {})?,
+                None => drop(merge_once(&estate, now, &facts)?),
+            }
         }
         let each = started.elapsed() / merges.max(1) as u32;
         println!(
@@ -291,6 +426,7 @@ fn main() -> Result<()> {
 
     // Interleave the three so that drifting background load hits each alike.
     let mut merge_best = Duration::MAX;
+    let mut streamed_best = Duration::MAX;
     let mut raw_best = Duration::MAX;
     let mut value_best = Duration::MAX;
     for _ in 0..args.runs {
@@ -300,6 +436,15 @@ fn main() -> Result<()> {
             return Err(format!("merge answered {}", response.status).into());
         }
         merge_best = merge_best.min(t);
+        let mut written = 0;
+        let (t, streamed) = best_of(1, || {
+            merge_streamed_once(&estate, now, &facts, &mut |piece| written += piece.len())
+        });
+        streamed?;
+        if written != output_bytes {
+            return Err(format!("streamed {written} bytes, buffered {output_bytes}").into());
+        }
+        streamed_best = streamed_best.min(t);
         let (t, parsed) = best_of(1, || {
             facts
                 .iter()
@@ -326,6 +471,7 @@ fn main() -> Result<()> {
     }
     let rows = [
         ("pdbmux /facts merge (Exchange)", merge_best),
+        ("the same merge, streamed", streamed_best),
         ("serde_json -> Vec<&RawValue>", raw_best),
         ("serde_json -> Value", value_best),
     ];
@@ -416,6 +562,12 @@ fn main() -> Result<()> {
         mb_per_s(input_bytes, value_best),
         vs_value,
         verdict(vs_value <= 2.0)
+    );
+    println!(
+        "SUMMARY\t1 merge\tstreamed /facts merge {:.0} MB/s\tbuffered {:.0} MB/s\t{:.2}x\t(info)\t-",
+        mb_per_s(input_bytes, streamed_best),
+        mb_per_s(input_bytes, merge_best),
+        streamed_best.as_secs_f64() / merge_best.as_secs_f64(),
     );
     println!(
         "SUMMARY\t1 merge\tin-process merges/s, 2 threads: {:.2} ({:.2} cores)\t1 thread: {:.2} ({:.2} cores)\t{:.2}x\t(info)\t-",
