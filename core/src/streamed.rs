@@ -701,7 +701,15 @@ impl MergeStream {
     /// Merges the next piece read before the merge streamed: `None` when none is left (then
     /// read the bodies).
     pub fn merge_read_ahead(&mut self) -> Option<Result<(), MergeBroken>> {
-        let (input, piece) = self.read_ahead.pop_front()?;
+        // Each backend's pieces in their order, but a backend the merge waits for first: an
+        // ordered merge given one backend's megabytes before the other's would queue them all
+        // (each record copied with its sort key), past what it holds while reading sockets.
+        let next = self
+            .read_ahead
+            .iter()
+            .position(|(input, _)| self.merge.wants(*input))
+            .unwrap_or(0);
+        let (input, piece) = self.read_ahead.remove(next)?;
         Some(self.merge.push(input, &piece))
     }
 

@@ -8,7 +8,7 @@ use super::tests::{config, merge, ownership, plan};
 use crate::entity::Entity;
 use crate::ids::BackendId;
 use crate::ownership::NodeScope;
-use crate::streamed::OwnedStream;
+use crate::streamed::{MergeStream, OwnedStream};
 
 /// The certnames the generated estates draw from.
 const NODES: [&str; 6] = ["n0", "n1", "n2", "n3", "n4", "n5"];
@@ -424,4 +424,37 @@ fn an_ordered_merge_stops_wanting_a_backend_that_read_far_ahead_of_another() {
     assert_eq!(records.len(), 20_002);
     assert_eq!(records[0]["certname"], "n0");
     assert_eq!(records[2]["certname"], "n5");
+}
+
+#[test]
+fn pieces_read_ahead_go_first_to_the_backend_an_ordered_merge_waits_for() {
+    // Read before the merge streamed: many pieces of backend 1 (whose nodes all sort after
+    // backend 0's), then one of backend 0. Merged in the order they came, all of backend 1's
+    // would be queued before backend 0's first record could be written.
+    let order = order_of("resources", r#"[{"field":"certname"}]"#);
+    let asked = vec![BackendId(0), BackendId(1)];
+    let owned = OwnedStream::new(ownership(&[], &[]), scope(), asked, (None, Some(order)));
+    let ahead = answer(1, &vec![(5, 0); 40_000]);
+    let pieces: Vec<(usize, bytes::Bytes)> = ahead
+        .as_bytes()
+        .chunks(64 * 1024)
+        .map(|piece| (1, bytes::Bytes::copy_from_slice(piece)))
+        .chain([(0, bytes::Bytes::from(answer(0, &[(0, 0), (1, 1)])))])
+        .collect();
+    let of_backend_1 = pieces.len() - 1;
+    let mut stream = MergeStream::new(owned, Vec::new(), pieces);
+    let mut out = String::new();
+    let mut merged = 0;
+    while !out.contains(r#""n1""#) {
+        stream
+            .merge_read_ahead()
+            .expect("backend 0's piece is still to merge")
+            .expect("records");
+        merged += 1;
+        out.push_str(std::str::from_utf8(&stream.take()).expect("utf-8"));
+    }
+    assert!(
+        merged <= of_backend_1 / 2,
+        "backend 0's records written after {merged} pieces, of backend 1's {of_backend_1}"
+    );
 }
