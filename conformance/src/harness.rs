@@ -133,6 +133,12 @@ impl Harness {
         self.sim.world().late_answers = on;
     }
 
+    /// Held bodies give each read at most `bytes` (64 KiB by default, a socket read's worth):
+    /// smaller pieces put a body's first bytes in several reads.
+    pub fn set_piece_bytes(&mut self, bytes: usize) {
+        self.sim.world().piece_bytes = bytes.max(1);
+    }
+
     /// Reloads (as a SIGHUP does) with the running configuration changed by `configure`, at
     /// the current simulated time.
     pub fn reload(&mut self, configure: impl FnOnce(&mut Config)) {

@@ -124,6 +124,8 @@ pub(crate) struct World {
     /// Deliver every reply due at one instant before any task runs (see
     /// [`crate::Harness::set_late_answers`]).
     pub(crate) late_answers: bool,
+    /// The most a held body gives one read ([`crate::Harness::set_piece_bytes`]).
+    pub(crate) piece_bytes: usize,
     seq: u64,
     /// Keyed by send order, the tie-break between replies due at the same instant.
     calls: BTreeMap<u64, Call>,
@@ -403,6 +405,7 @@ impl Sim {
                 backends,
                 store: FakeStore::default(),
                 late_answers: false,
+                piece_bytes: SIM_PIECE,
                 seq: 0,
                 calls: BTreeMap::new(),
                 timers: BTreeMap::new(),
@@ -825,7 +828,7 @@ impl Drop for SimSleep {
     }
 }
 
-/// The most a simulated held body gives a streamed merge's read at once (a socket read's worth).
+/// The most a simulated held body gives a read at once by default (a socket read's worth).
 const SIM_PIECE: usize = 64 * 1024;
 
 /// An upstream body held for streaming: its bytes, read by the client's task when the
@@ -838,11 +841,12 @@ pub struct SimHeld {
 }
 
 impl SimHeld {
-    /// A streamed merge's read: the body in pieces of at most [`SIM_PIECE`] bytes, each ready at
-    /// once, then its end.
+    /// A streamed merge's read: the body in pieces of at most the world's `piece_bytes`
+    /// ([`SIM_PIECE`] unless a test sets it), each ready at once, then its end.
     fn poll_piece(&mut self) -> Poll<Option<Result<Bytes, String>>> {
+        let most = self.sim.world().piece_bytes;
         let piece = match self.body.as_mut() {
-            Some(body) if body.len() > SIM_PIECE => Some(body.split_to(SIM_PIECE)),
+            Some(body) if body.len() > most => Some(body.split_to(most)),
             _ => self.body.take(),
         };
         Poll::Ready(piece.map(Ok))

@@ -258,6 +258,29 @@ fn a_backend_whose_first_bytes_are_not_json_is_left_out_before_the_first_byte() 
     assert_eq!(counted(&response), count(&[("only-a", "pdb-a")]));
 }
 
+#[test]
+fn a_body_broken_after_its_first_piece_but_within_its_first_64_kib_is_left_out_before_the_first_byte(
+) {
+    // Reads of 16 KiB: pdb-b's body breaks in its second read, within the 64 KiB of each body
+    // a streamed merge checks before its first byte leaves; so it is pdb-b failing (a partial,
+    // whole answer), not an answer cut off.
+    let (a, b) = estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        with_resources("pdb-b", URL_B, b, |reply| {
+            let mut body = body_of(&reply);
+            // A control character is no JSON, inside a string or out.
+            body[20_000] = 0x01;
+            Reply::ok(body).after(ms(3))
+        }),
+    ]);
+    h.set_piece_bytes(16 * 1024);
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.header("x-backends"), Some("1/2"), "pdb-b unusable");
+    assert_eq!(counted(&response), count(&[("only-a", "pdb-a")]));
+}
+
 /// A harness over `backends` whose `/resources` answers are cached for `ttl` (a flight per
 /// key), refreshed ahead past 80% of it, and configured further by `configure`.
 fn cached_harness(

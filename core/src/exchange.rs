@@ -443,8 +443,8 @@ impl Exchange {
 
     /// Reads the held bodies of a merge that can stream: each is asked piece by piece while
     /// they hold at most [`STREAM_ABOVE_BYTES`] together. Past it, once every call has its head,
-    /// each body its first piece and no read is outstanding, the merge streams (and the exchange
-    /// responds): `true` then.
+    /// each body its first [`CHECKED_BEFORE_STREAMING`] bytes and no read is outstanding, the
+    /// merge streams (and the exchange responds): `true` then.
     fn read_on(&mut self) -> bool {
         if !self.plan.streams() {
             return false;
@@ -470,9 +470,11 @@ impl Exchange {
                 id, asked, pieces, ..
             } = &mut call.state
             {
-                // Past the threshold, each body's first piece is still read: a body that is not
-                // JSON from its first bytes is found before the first byte leaves.
-                if !*asked && (!over || pieces.is_empty()) {
+                // Past the threshold, each body is still read to its first
+                // CHECKED_BEFORE_STREAMING bytes: a body that is not JSON there is found before
+                // the first byte leaves, however fast another backend filled the threshold.
+                let checked = pieces.iter().map(Bytes::len).sum::<usize>();
+                if !*asked && (!over || checked < CHECKED_BEFORE_STREAMING) {
                     *asked = true;
                     unread = true;
                     self.outputs.push_back(ExchangeOutput::Read(*id));
