@@ -80,19 +80,20 @@ impl Broadcast {
         (Broadcast(calls), requests)
     }
 
-    /// The results of `backend`'s calls in query order: its answers' bodies, or the first
-    /// reason one is unusable (a call with no result yet counts as timed out).
-    pub(crate) fn bodies_of(&self, backend: BackendId) -> Result<Vec<Bytes>, Failure> {
-        let mut mine: Vec<&BroadcastCall> = self
+    /// Takes the results of `backend`'s calls in query order: its answers' bodies (moved out,
+    /// so each backend's are let go once read rather than held until every one is), or the
+    /// first reason one is unusable (a call with no result counts as timed out).
+    pub(crate) fn take_bodies_of(&mut self, backend: BackendId) -> Result<Vec<Bytes>, Failure> {
+        let mut mine: Vec<&mut BroadcastCall> = self
             .0
-            .iter()
+            .iter_mut()
             .filter(|call| call.backend == backend)
             .collect();
         mine.sort_by_key(|call| call.query);
         mine.into_iter()
-            .map(|call| match &call.result {
-                Some(Ok(body)) => Ok(body.clone()),
-                Some(Err(failure)) => Err(failure.clone()),
+            .map(|call| match call.result.take() {
+                Some(Ok(body)) => Ok(body),
+                Some(Err(failure)) => Err(failure),
                 None => Err(UpstreamFailure::Timeout.into()),
             })
             .collect()

@@ -334,7 +334,7 @@ impl<P> MembershipMap<P> {
 
     /// The new map from a finished refresh: each answered backend's part renewed, every other
     /// one kept (and counted as a failure); its waiters resumed.
-    fn complete(&mut self, now: Instant, refresh: Refresh<P>, config: &Config) {
+    fn complete(&mut self, now: Instant, mut refresh: Refresh<P>, config: &Config) {
         // Backends that gave no answer in the whole timeout: a request that waited for this map
         // does not wait for them again (one timeout per request).
         let mut waited_out = refresh.calls.timed_out();
@@ -343,10 +343,12 @@ impl<P> MembershipMap<P> {
         for index in 0..self.per_backend.len() {
             let backend = BackendId(index);
             let asked = refresh.calls.0.iter().any(|call| call.backend == backend);
+            // Each backend's answers are let go once parsed: the new map is built without
+            // every backend's bodies held beside the old map and the new one.
             let part = asked.then(|| {
                 refresh
                     .calls
-                    .bodies_of(backend)
+                    .take_bodies_of(backend)
                     .and_then(|bodies| match &bodies[..] {
                         [nodes, factsets, catalogs] => parse_membership(nodes, factsets, catalogs)
                             .ok_or_else(not_a_membership_answer),
