@@ -573,19 +573,19 @@ impl OwnedStream {
 
     /// Whether `input`'s next piece is wanted now. An ordered merge holds what one backend read
     /// ahead of another: past [`ORDERED_AHEAD_BYTES`] it waits for a backend that has nothing
-    /// queued (its reader pushes back on the backend), so that it holds about that much per
-    /// backend, not the faster backend's whole answer.
+    /// queued it can write (its reader pushes back on the backend), so that it holds about that
+    /// much per backend, not the faster backend's whole answer. A backend whose queue holds only
+    /// a node's synthetic provenance record has nothing it can write: that record waits for the
+    /// backend's next record.
     pub(crate) fn wants(&self, input: usize) -> bool {
         let Some(this) = self.inputs.get(input) else {
             return false;
         };
         self.decisions.order.is_none()
             || this.queued_bytes < ORDERED_AHEAD_BYTES
-            || !self
-                .inputs
-                .iter()
-                .enumerate()
-                .any(|(other, i)| other != input && !i.ended && i.queue.is_empty())
+            || !self.inputs.iter().enumerate().any(|(other, i)| {
+                other != input && !i.ended && i.queue.iter().all(|queued| queued.synthetic)
+            })
     }
 
     /// The bytes of the merged answer written since the last call.
@@ -671,9 +671,9 @@ impl OwnedStream {
 /// bodies still to read into it.
 ///
 /// Send what [`MergeStream::take`] gives; while it gives nothing, merge a piece read before
-/// ([`MergeStream::merge_read_ahead`]) until none is left, then read every body in
+/// ([`MergeStream::merge_read_ahead`]) while it gives one, else read the bodies in
 /// [`MergeStream::bodies`] at once, each while [`MergeStream::wants`] it, handing each piece to
-/// [`MergeStream::push`] and each body's end to [`MergeStream::end`]; until
+/// [`MergeStream::push`] and each body's end to [`MergeStream::end`]; and again, until
 /// [`MergeStream::is_finished`]. An error, or a body that
 /// fails or passes the deadline, means the answer cannot be completed: end the client's body so
 /// that it does not parse (docs/merging.md, "Streamed merges").
@@ -698,17 +698,17 @@ impl MergeStream {
         }
     }
 
-    /// Merges the next piece read before the merge streamed: `None` when none is left (then
-    /// read the bodies).
+    /// Merges the next piece read before the merge streamed that the merge wants now: `None`
+    /// when there is none (then read the bodies it wants; call again after each).
     pub fn merge_read_ahead(&mut self) -> Option<Result<(), MergeBroken>> {
-        // Each backend's pieces in their order, but a backend the merge waits for first: an
-        // ordered merge given one backend's megabytes before the other's would queue them all
-        // (each record copied with its sort key), past what it holds while reading sockets.
+        // Each backend's pieces in their order, and only a backend the merge wants: an ordered
+        // merge given one backend's megabytes before the other's would queue them all (each
+        // record copied with its sort key) where reading sockets it holds about
+        // ORDERED_AHEAD_BYTES per backend. Some backend is always wanted, so this never stalls.
         let next = self
             .read_ahead
             .iter()
-            .position(|(input, _)| self.merge.wants(*input))
-            .unwrap_or(0);
+            .position(|(input, _)| self.merge.wants(*input))?;
         let (input, piece) = self.read_ahead.remove(next)?;
         Some(self.merge.push(input, &piece))
     }
@@ -719,9 +719,10 @@ impl MergeStream {
     }
 
     /// Whether to read `input`'s body now: while it is `false`, leave that body unread (the
-    /// merge holds enough of it) and read the others.
+    /// merge holds enough of it, or pieces of it read before the merge streamed wait for
+    /// [`MergeStream::merge_read_ahead`]) and read the others.
     pub fn wants(&self, input: usize) -> bool {
-        self.merge.wants(input)
+        self.merge.wants(input) && !self.read_ahead.iter().any(|(i, _)| *i == input)
     }
 
     /// The next piece of `input`'s body.

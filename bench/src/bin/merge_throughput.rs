@@ -272,12 +272,15 @@ fn merge_streamed_once(
     }
     let mut stream = exchange.take_stream().ok_or("no streamed merge")?;
     let broken = |e| format!("the streamed merge broke: {e:?}");
-    while let Some(merged) = stream.merge_read_ahead() {
-        merged.map_err(broken)?;
-        sink(&stream.take());
-    }
     let inputs: Vec<(usize, UpstreamId)> = stream.bodies().to_vec();
     while !stream.is_finished() {
+        // As the driver does: a piece read before the merge streamed while the merge wants one,
+        // else the next piece of each body it wants.
+        if let Some(merged) = stream.merge_read_ahead() {
+            merged.map_err(broken)?;
+            sink(&stream.take());
+            continue;
+        }
         for &(input, id) in &inputs {
             if !stream.wants(input) {
                 continue;

@@ -427,6 +427,57 @@ fn an_ordered_merge_stops_wanting_a_backend_that_read_far_ahead_of_another() {
 }
 
 #[test]
+fn a_backend_holding_only_a_synthetic_provenance_record_is_read_before_one_far_ahead() {
+    // Ordered /facts with provenance: backend 0's n0 has given one record, so its queue holds
+    // n0's synthetic pdbmux_source record, which waits for n0's next record; backend 1's n5
+    // records all sort after it. Backend 1 is read only until it holds its share.
+    let order = order_of("facts", FACT_ORDERS[0]);
+    let config = config();
+    let provenance = crate::streamed::StreamedProvenance {
+        source_fact: config.source_fact.clone(),
+        inject: Some(vec!["pdb-a".to_owned(), "pdb-b".to_owned()]),
+    };
+    let scope = NodeScope::of(Entity::Facts, config.merge, false);
+    let asked = vec![BackendId(0), BackendId(1)];
+    let map = map_of(&[(0, 0)], &[(5, 0)]);
+    let mut stream = OwnedStream::new(map, scope, asked, (Some(provenance), Some(order)));
+    let behind = sorted_facts_answer(0, vec![(0, 1, 0), (0, 2, 0)], 0);
+    let comma = behind.find("},{").expect("two records") + 2;
+    stream
+        .push(0, &behind.as_bytes()[..comma])
+        .expect("records");
+    let ahead = sorted_facts_answer(1, vec![(5, 1, 0); 40_000], 0);
+    let mut read = 0;
+    while stream.wants(1) && read < ahead.len() {
+        let end = (read + 64 * 1024).min(ahead.len());
+        stream
+            .push(1, &ahead.as_bytes()[read..end])
+            .expect("records");
+        read = end;
+    }
+    assert!(
+        read < ahead.len() / 2,
+        "backend 1 read {read} bytes of {} while backend 0 had nothing to write",
+        ahead.len()
+    );
+    assert!(stream.wants(0));
+    stream
+        .push(0, &behind.as_bytes()[comma..])
+        .expect("records");
+    stream.end(0).expect("whole");
+    stream.push(1, &ahead.as_bytes()[read..]).expect("records");
+    stream.end(1).expect("whole");
+    let out = String::from_utf8(stream.take()).expect("utf-8");
+    let records: Vec<Value> = serde_json::from_str(&out).expect("one array");
+    let names: Vec<&str> = records[..4]
+        .iter()
+        .map(|r| r["name"].as_str().unwrap_or("?"))
+        .collect();
+    assert_eq!(names, ["a_fact", "pdbmux_source", "q_fact", "a_fact"]);
+    assert_eq!(records.len(), 3 + 40_001);
+}
+
+#[test]
 fn pieces_read_ahead_go_first_to_the_backend_an_ordered_merge_waits_for() {
     // Read before the merge streamed: many pieces of backend 1 (whose nodes all sort after
     // backend 0's), then one of backend 0. Merged in the order they came, all of backend 1's
@@ -435,14 +486,21 @@ fn pieces_read_ahead_go_first_to_the_backend_an_ordered_merge_waits_for() {
     let asked = vec![BackendId(0), BackendId(1)];
     let owned = OwnedStream::new(ownership(&[], &[]), scope(), asked, (None, Some(order)));
     let ahead = answer(1, &vec![(5, 0); 40_000]);
+    let behind = answer(0, &[(0, 0), (1, 1)]);
+    // Backend 0's answer without its `]`: its body is still being read.
+    let (first, rest) = behind.split_at(behind.rfind(']').expect("an array"));
     let pieces: Vec<(usize, bytes::Bytes)> = ahead
         .as_bytes()
         .chunks(64 * 1024)
         .map(|piece| (1, bytes::Bytes::copy_from_slice(piece)))
-        .chain([(0, bytes::Bytes::from(answer(0, &[(0, 0), (1, 1)])))])
+        .chain([(0, bytes::Bytes::copy_from_slice(first.as_bytes()))])
         .collect();
     let of_backend_1 = pieces.len() - 1;
     let mut stream = MergeStream::new(owned, Vec::new(), pieces);
+    assert!(
+        !stream.wants(0),
+        "a body is not read while pieces of it read before wait"
+    );
     let mut out = String::new();
     let mut merged = 0;
     while !out.contains(r#""n1""#) {
@@ -456,5 +514,24 @@ fn pieces_read_ahead_go_first_to_the_backend_an_ordered_merge_waits_for() {
     assert!(
         merged <= of_backend_1 / 2,
         "backend 0's records written after {merged} pieces, of backend 1's {of_backend_1}"
+    );
+    // Backend 1 holds its share queued and backend 0 has nothing: backend 1's other pieces
+    // wait, and backend 0's body is read.
+    assert!(stream.merge_read_ahead().is_none());
+    assert!(stream.wants(0) && !stream.wants(1));
+    stream.push(0, rest.as_bytes()).expect("records");
+    stream.end(0).expect("whole");
+    while let Some(merged) = stream.merge_read_ahead() {
+        merged.expect("records");
+        out.push_str(std::str::from_utf8(&stream.take()).expect("utf-8"));
+    }
+    stream.end(1).expect("whole");
+    assert!(stream.is_finished());
+    out.push_str(std::str::from_utf8(&stream.take()).expect("utf-8"));
+    let records: Vec<Value> = serde_json::from_str(&out).expect("one array");
+    assert_eq!(records.len(), 40_002);
+    assert_eq!(
+        (&records[0]["certname"], &records[2]["certname"]),
+        (&json!("n0"), &json!("n5"))
     );
 }
