@@ -170,19 +170,27 @@ impl SyntheticEstate {
         serde_json::to_vec(&rows).unwrap_or_default()
     }
 
-    /// Calls `each` with every fact of every node `backend` holds, in node order: the node's
-    /// number, certname and environment, the fact's name and value.
+    /// Calls `each` with every fact of every node `backend` holds, in node order and each node's
+    /// by name (byte-wise), as PuppetDB sorts `order_by` certname then name (fakepdb serves
+    /// one body for every question, ordered ones included): the node's number, certname and
+    /// environment, the fact's name and value.
     fn each_fact(&self, backend: usize, mut each: impl FnMut(usize, &str, &str, String, Value)) {
         for node in self.nodes(backend) {
             let certname = Self::certname(node);
             let environment = ENVIRONMENTS[node % ENVIRONMENTS.len()];
             let mut rng = Rng::new((node as u64) << 8 | backend as u64);
-            for index in 0..self.facts_per_node {
-                let name = match FACT_NAMES.get(index) {
-                    Some(name) => (*name).to_owned(),
-                    None => format!("custom_fact_{index}"),
-                };
-                let value = fact_value(&name, index, node, &certname, &mut rng);
+            let mut facts: Vec<(String, Value)> = (0..self.facts_per_node)
+                .map(|index| {
+                    let name = match FACT_NAMES.get(index) {
+                        Some(name) => (*name).to_owned(),
+                        None => format!("custom_fact_{index}"),
+                    };
+                    let value = fact_value(&name, index, node, &certname, &mut rng);
+                    (name, value)
+                })
+                .collect();
+            facts.sort_by(|a, b| a.0.cmp(&b.0));
+            for (name, value) in facts {
                 each(node, &certname, environment, name, value);
             }
         }
