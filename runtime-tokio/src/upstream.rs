@@ -66,18 +66,31 @@ impl Upstreams {
     ) -> Result<(UpstreamResponse, Option<HeldBody>), UpstreamFailure> {
         let backend = self.backend(request.backend)?;
         let uri = format!("{}{}", backend.base, request.path_and_query);
-        let mut builder = Request::builder().method(request.method.clone()).uri(&uri);
-        for (name, value) in request_headers(request) {
-            builder = builder.header(name, value);
+        let build = || {
+            let mut builder = Request::builder().method(request.method.clone()).uri(&uri);
+            for (name, value) in request_headers(request) {
+                builder = builder.header(name, value);
+            }
+            builder
+                .body(Full::new(request.body.clone().unwrap_or_default()))
+                .map_err(|e| UpstreamFailure::Transport(format!("bad upstream request: {e}")))
+        };
+        let response = match backend.client.request(build()?).await {
+            // A pooled connection the backend closed as the request went out on it (Jetty
+            // closes idle ones): hyper retries only a request it had not written yet; an
+            // idempotent one is sent once more on another connection, as pdbmux-smol does for
+            // a reused connection.
+            Err(error) if request.method.is_idempotent() && closed_before_answer(&error) => {
+                tracing::debug!(
+                    backend = %request.backend,
+                    "connection closed before an answer ({}); retrying on another",
+                    error_chain(&error)
+                );
+                backend.client.request(build()?).await
+            }
+            other => other,
         }
-        let http_request = builder
-            .body(Full::new(request.body.clone().unwrap_or_default()))
-            .map_err(|e| UpstreamFailure::Transport(format!("bad upstream request: {e}")))?;
-        let response = backend
-            .client
-            .request(http_request)
-            .await
-            .map_err(classify_client_error)?;
+        .map_err(classify_client_error)?;
         let (parts, body) = response.into_parts();
         let length = parts
             .headers
@@ -119,6 +132,14 @@ impl Upstreams {
             .get(id.0)
             .ok_or_else(|| UpstreamFailure::Transport(format!("no backend {id}")))
     }
+}
+
+/// Whether the connection closed before any of the answer arrived ("connection closed before
+/// message completed"): nothing was read, so an idempotent request can be sent again.
+fn closed_before_answer(error: &hyper_util::client::legacy::Error) -> bool {
+    std::iter::successors(std::error::Error::source(error), |e| e.source())
+        .filter_map(|e| e.downcast_ref::<hyper::Error>())
+        .any(hyper::Error::is_incomplete_message)
 }
 
 fn classify_client_error(error: hyper_util::client::legacy::Error) -> UpstreamFailure {

@@ -10,7 +10,8 @@
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -421,6 +422,37 @@ pub fn upstream_connections_are_kept_alive_and_reused(bin: &Path) {
     );
 }
 
+/// A pooled upstream connection the backend closes without answering the request just sent on
+/// it (as a backend closing an idle connection does when the request crosses the close): the
+/// request is sent once more on a new connection and answered, not failed.
+pub fn a_request_on_a_connection_the_backend_closed_is_sent_again(bin: &Path) {
+    let asked = Arc::new(AtomicUsize::new(0));
+    let count = asked.clone();
+    let backend = FakeBackend::start(move |line| {
+        if !line.contains("/environments/production") {
+            return respond("200 OK", "application/json", "[]");
+        }
+        // The second request, on the connection the first left in the pool, is read and the
+        // connection closed with no answer.
+        match count.fetch_add(1, Ordering::SeqCst) {
+            1 => vec![Piece::Close],
+            _ => respond("200 OK", "application/json", r#"{"name":"production"}"#),
+        }
+    });
+    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let first = pdbmux.get("/pdb/query/v4/environments/production");
+    assert_eq!(first.status(), 200, "{}", first.text);
+    thread::sleep(Duration::from_millis(50));
+    let second = pdbmux.get("/pdb/query/v4/environments/production");
+    assert_eq!(second.status(), 200, "sent again: {}", second.text);
+    assert_eq!(second.body(), r#"{"name":"production"}"#);
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        3,
+        "the first, the closed one, once more"
+    );
+}
+
 pub fn an_http10_client_gets_a_whole_body_without_chunks(bin: &Path) {
     let backend = FakeBackend::start(|_| {
         vec![
@@ -634,6 +666,7 @@ macro_rules! runtime_cases {
             a_backend_closing_mid_body_aborts_the_connection,
             keep_alive_answers_pipelined_requests_in_order,
             upstream_connections_are_kept_alive_and_reused,
+            a_request_on_a_connection_the_backend_closed_is_sent_again,
             an_http10_client_gets_a_whole_body_without_chunks,
             the_request_target_reaches_the_backend_verbatim,
             shutdown_closes_idle_keep_alive_connections_at_once,
