@@ -382,12 +382,19 @@ fn a_client_that_stops_reading_is_let_go_and_does_not_hold_the_others() {
 }
 
 #[test]
-fn a_cached_answer_larger_than_the_cache_streams_and_is_not_stored() {
+fn a_cached_answer_over_a_quarter_of_the_cache_streams_and_is_not_stored() {
+    // The answer's size, from a cache that keeps it (64 MiB, a quarter 16 MiB).
+    let size = resources_of(&mut cached_estate_harness(std::time::Duration::from_secs(
+        30,
+    )))
+    .body
+    .len() as u64;
+    // Twice the answer: room for it in the cache, but it is over a quarter of it.
     let mut h = cached_harness(
         estate_backends(),
         std::time::Duration::from_secs(30),
         |config| {
-            config.facts_cache_bytes = 1024 * 1024;
+            config.facts_cache_bytes = 2 * size;
         },
     );
     assert_streamed_from_owners(&resources_of(&mut h));

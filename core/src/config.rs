@@ -306,6 +306,14 @@ impl Config {
         }
     }
 
+    /// The largest streamed answer the cache keeps (a quarter of `facts_cache_bytes`): a copy
+    /// is kept beside a streamed merge only up to this, so that one large answer neither pushes
+    /// out most of what the cache holds nor holds that much memory beside its merge
+    /// (docs/caching.md).
+    pub fn streamed_cache_entry_bytes(&self) -> u64 {
+        self.facts_cache_bytes / 4
+    }
+
     /// Whether any answer is cached (a cache is kept at all).
     pub fn caches_anything(&self) -> bool {
         [

@@ -916,7 +916,7 @@ impl<R: Runtime> EstateHost<R> {
                 sender
             })
             .collect();
-        let keep = bound.config().facts_cache_bytes;
+        let keep = bound.config().streamed_cache_entry_bytes();
         crate::flight_merge::write_to_clients(bound, head, (body, deadline), senders, keep).await
     }
 
