@@ -590,3 +590,50 @@ fn population_figures_are_cached_as_counts_are_and_a_backends_own_figures_are_no
     assert_eq!(sent(JVM_READ), 4, "asked of both backends each time");
     insta::assert_snapshot!(transcript);
 }
+
+#[test]
+fn a_backend_whose_resource_count_fails_is_left_out_and_the_answer_is_not_cached() {
+    // pdb-b's envelope answers but its resource count does not: its resources would be missing
+    // from a total that said 2/2 (and was cached as whole).
+    let (a, b) = estate();
+    let resources = |value: u64| {
+        envelope(
+            population("num-resources"),
+            json!({"Value": value}),
+            1_700_000_000,
+        )
+    };
+    let b_metrics = [(NUM_RESOURCES, resources(7))];
+    let backends = vec![
+        estate_backend("pdb-a", URL_A, a, vec![(NUM_RESOURCES, resources(8))], 2),
+        FakeBackend::by_request("pdb-b", URL_B, move |asked| {
+            if asked.path_and_query.starts_with("/pdb/query/v4/resources") {
+                return Reply::text(StatusCode::SERVICE_UNAVAILABLE, "overloaded").after(ms(3));
+            }
+            match b_metrics.iter().find(|(p, _)| *p == asked.path_and_query) {
+                Some((_, body)) => Reply::ok(body.clone()).after(ms(3)),
+                None => b.answer(asked).after(ms(3)),
+            }
+        }),
+    ];
+    let mut h = Harness::with_config(backends, |config| {
+        config.aggregate_ttl = Duration::from_secs(15);
+    })
+    .expect("valid test backends");
+    let first = h.get(NUM_RESOURCES);
+    run_to(&mut h, Duration::from_secs(5));
+    let second = h.get(NUM_RESOURCES);
+    let transcript = run(&mut h);
+    let response = h.response(first).expect("answered");
+    assert_eq!(response.header("x-backends"), Some("1/2"), "{transcript}");
+    assert_eq!(
+        body_json(&h, first)["value"],
+        json!({"Value": 3}),
+        "pdb-a's own count: web1's 3 (shared is pdb-b's)"
+    );
+    assert_eq!(
+        h.response(second).expect("answered").header("x-cache"),
+        Some("miss"),
+        "a partial answer is not stored"
+    );
+}

@@ -171,16 +171,18 @@ fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
             // A population figure is a count over the estate: cached as the counts are
             // (docs/caching.md); the backends' own JVM figures are live and stay uncached.
             let ttl = config.cache_ttl(CacheClass::Aggregates);
-            let cache = (plan.reads_population() && !ttl.is_zero())
-                .then(|| {
-                    cache::cache_key(
-                        route,
-                        (request.path(), request.query(), params),
-                        &config.source_fact,
-                        ttl,
-                    )
-                })
-                .flatten();
+            // Not with a parameter given twice: the key would not tell which one counts.
+            let cache =
+                (plan.reads_population() && !ttl.is_zero() && repeated_param(params).is_none())
+                    .then(|| {
+                        cache::cache_key(
+                            route,
+                            (request.path(), request.query(), params),
+                            &config.source_fact,
+                            ttl,
+                        )
+                    })
+                    .flatten();
             return planned(cache, Work::Fanout(Box::new(plan)));
         }
         Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
@@ -723,6 +725,11 @@ mod tests {
             "aggregate_ttl's default"
         );
         assert_eq!(ttl(population, &classes), None);
+        assert_eq!(
+            ttl(&format!("{population}?a=1&a=2"), &config),
+            None,
+            "a parameter given twice is not keyed"
+        );
         assert!(matches!(
             plan(&ClientRequest::get("/healthz"), &config).work,
             Work::Healthz

@@ -77,10 +77,11 @@ impl Upstreams {
         };
         let response = match backend.client.request(build()?).await {
             // A pooled connection the backend closed as the request went out on it (Jetty
-            // closes idle ones): hyper retries only a request it had not written yet; an
-            // idempotent one is sent once more on another connection, as pdbmux-smol does for
-            // a reused connection.
-            Err(error) if request.method.is_idempotent() && closed_before_answer(&error) => {
+            // closes idle ones): hyper retries only a request it had not written yet; a GET is
+            // sent once more on another connection. hyper does not say whether the connection
+            // was reused, so a fresh one that closes so is tried again too (pdbmux-smol retries
+            // only a reused one).
+            Err(error) if request.method == http::Method::GET && closed_before_answer(&error) => {
                 tracing::debug!(
                     backend = %request.backend,
                     "connection closed before an answer ({}); retrying on another",
@@ -134,8 +135,8 @@ impl Upstreams {
     }
 }
 
-/// Whether the connection closed before any of the answer arrived ("connection closed before
-/// message completed"): nothing was read, so an idempotent request can be sent again.
+/// Whether the connection closed before the answer's head was whole ("connection closed before
+/// message completed"): no answer was taken, so a GET can be sent again.
 fn closed_before_answer(error: &hyper_util::client::legacy::Error) -> bool {
     std::iter::successors(std::error::Error::source(error), |e| e.source())
         .filter_map(|e| e.downcast_ref::<hyper::Error>())

@@ -144,12 +144,9 @@ impl JolokiaPlan {
         let population = self.population?;
         let nodes = nodes?;
         let resources = || -> Option<u64> {
-            let mut total = 0u64;
-            for body in resource_counts {
-                let rows: Vec<Value> = serde_json::from_slice(body).ok()?;
-                total += rows.first()?.get("count")?.as_u64()?;
-            }
-            Some(total)
+            resource_counts
+                .iter()
+                .try_fold(0u64, |total, body| Some(total + resource_count(body)?))
         };
         match population {
             Population::ActiveNodes => Some(json!(nodes.active)),
@@ -158,6 +155,12 @@ impl JolokiaPlan {
             Population::ResourcesPerNode => Some(clojure_ratio(resources()?, nodes.any as u64)),
         }
     }
+}
+
+/// The count a backend's owned resource count answered (`[{"count":n}]`), if it reads.
+fn resource_count(body: &[u8]) -> Option<u64> {
+    let rows: Vec<Value> = serde_json::from_slice(body).ok()?;
+    rows.first()?.get("count")?.as_u64()
 }
 
 /// How many nodes the estate holds: active, and in any state.
@@ -232,14 +235,31 @@ impl Plan for JolokiaPlan {
         if !calls.all_done() {
             return Step::Wait;
         }
+        // A backend whose resource count failed or does not read is left out of the answer,
+        // envelope too: its resources would be missing from a total that says every backend
+        // answered (and the answer could be cached as whole).
+        let counted = |backend: &BackendId| {
+            !self.counts_resources()
+                || calls
+                    .success(*backend, RESOURCE_COUNT)
+                    .is_some_and(|(_, body)| resource_count(body).is_some())
+        };
+        let uncounted: Vec<(BackendId, Unusable)> = context
+            .roster
+            .iter()
+            .filter(|b| calls.success(**b, ENVELOPE).is_some() && !counted(b))
+            .map(|b| (*b, Unusable::IncompleteParts))
+            .collect();
         let envelopes: Vec<&[u8]> = context
             .roster
             .iter()
+            .filter(|b| counted(b))
             .filter_map(|b| calls.success(*b, ENVELOPE).map(|(_, body)| &body[..]))
             .collect();
         let counts: Vec<&[u8]> = context
             .roster
             .iter()
+            .filter(|b| counted(b))
             .filter_map(|b| calls.success(*b, RESOURCE_COUNT).map(|(_, body)| &body[..]))
             .collect();
         let nodes = context.ownership.as_ref().map(|o| PopulationNodes {
@@ -250,7 +270,7 @@ impl Plan for JolokiaPlan {
             Some((response, contributed)) => Step::Done(Verdict::Merged {
                 response,
                 contributed,
-                unusable: Vec::new(),
+                unusable: uncounted,
             }),
             None => {
                 let unusable = context
