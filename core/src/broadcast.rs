@@ -80,9 +80,18 @@ impl Broadcast {
         (Broadcast(calls), requests)
     }
 
+    /// Whether every one of `backend`'s calls has a result.
+    pub(crate) fn answered(&self, backend: BackendId) -> bool {
+        self.0
+            .iter()
+            .filter(|call| call.backend == backend)
+            .all(|call| call.result.is_some())
+    }
+
     /// Takes the results of `backend`'s calls in query order: its answers' bodies (moved out,
-    /// so each backend's are let go once read rather than held until every one is), or the
-    /// first reason one is unusable (a call with no result counts as timed out).
+    /// so each backend's are let go once read rather than held until every one is; the calls
+    /// stay answered, with empty bodies), or the first reason one is unusable (a call with no
+    /// result counts as timed out).
     pub(crate) fn take_bodies_of(&mut self, backend: BackendId) -> Result<Vec<Bytes>, Failure> {
         let mut mine: Vec<&mut BroadcastCall> = self
             .0
@@ -91,9 +100,9 @@ impl Broadcast {
             .collect();
         mine.sort_by_key(|call| call.query);
         mine.into_iter()
-            .map(|call| match call.result.take() {
-                Some(Ok(body)) => Ok(body),
-                Some(Err(failure)) => Err(failure),
+            .map(|call| match &mut call.result {
+                Some(Ok(body)) => Ok(std::mem::take(body)),
+                Some(Err(failure)) => Err(failure.clone()),
                 None => Err(UpstreamFailure::Timeout.into()),
             })
             .collect()

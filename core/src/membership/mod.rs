@@ -23,10 +23,12 @@
 //! `catalog_timestamp`, `receive_time`) are never asked for: a backend with a command backlog
 //! processes old data after new.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::marker::PhantomData;
 use std::sync::Arc;
 
+use serde::de::{Deserializer as _, SeqAccess, Visitor};
 use serde::Deserialize;
 
 use crate::config::MergeStrategy;
@@ -164,14 +166,52 @@ impl Member {
     }
 }
 
-/// One backend's nodes: certname → how it holds it. A certname is allocated once and shared by
-/// every view of the snapshot built from it.
-pub type BackendNodes = BTreeMap<Arc<str>, Member>;
+/// One backend's nodes, sorted by certname: how it holds each. Built once per refresh and only
+/// read after; a certname is allocated once and shared by every snapshot built from it. Build it
+/// with [`parse_membership`] or by collecting `(certname, member)` pairs (a certname given twice
+/// keeps its last member).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackendNodes(Box<[(Arc<str>, Member)]>);
+
+impl BackendNodes {
+    /// How this backend holds `certname`, if it does.
+    pub fn get(&self, certname: &str) -> Option<&Member> {
+        let at = self.position(certname).ok()?;
+        self.0.get(at).map(|(_, member)| member)
+    }
+
+    fn get_mut(&mut self, certname: &str) -> Option<&mut Member> {
+        let at = self.position(certname).ok()?;
+        self.0.get_mut(at).map(|(_, member)| member)
+    }
+
+    fn position(&self, certname: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(held, _)| (**held).cmp(certname))
+    }
+}
+
+impl FromIterator<(Arc<str>, Member)> for BackendNodes {
+    fn from_iter<I: IntoIterator<Item = (Arc<str>, Member)>>(nodes: I) -> BackendNodes {
+        let mut nodes: Vec<(Arc<str>, Member)> = nodes.into_iter().collect();
+        // Stable, so of a certname given twice the later member is moved into the kept slot.
+        nodes.sort_by(|(a, _), (b, _)| a.cmp(b));
+        nodes.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                std::mem::swap(later, kept);
+            }
+            same
+        });
+        BackendNodes(nodes.into_boxed_slice())
+    }
+}
 
 #[derive(Deserialize)]
-struct MembershipRow {
-    certname: String,
-    report_timestamp: Option<String>,
+struct MembershipRow<'a> {
+    #[serde(borrow)]
+    certname: Cow<'a, str>,
+    #[serde(borrow)]
+    report_timestamp: Option<Cow<'a, str>>,
     /// Only whether it is set matters.
     #[serde(default)]
     deactivated: Option<serde::de::IgnoredAny>,
@@ -180,38 +220,65 @@ struct MembershipRow {
 }
 
 #[derive(Deserialize)]
-struct ProducedRow {
-    certname: String,
-    producer_timestamp: Option<String>,
+struct ProducedRow<'a> {
+    #[serde(borrow)]
+    certname: Cow<'a, str>,
+    #[serde(borrow)]
+    producer_timestamp: Option<Cow<'a, str>>,
 }
 
 /// Parses one backend's answers to [`MEMBERSHIP_QUERIES`] (nodes, factsets, catalogs): every
 /// node with its producer times (none where no row names it); `None` when one is not an array
-/// of such rows. A factset or catalog of a certname `/nodes` did not list is ignored.
+/// of such rows. A factset or catalog of a certname `/nodes` did not list is ignored. Rows are
+/// read one at a time and borrow from the bodies: the only memory that stays is the map itself.
 pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Option<BackendNodes> {
-    let produced = |body: &[u8]| -> Option<HashMap<String, Stamp>> {
-        let rows: Vec<ProducedRow> = serde_json::from_slice(body).ok()?;
-        Some(
-            rows.into_iter()
-                .filter_map(|row| Some((row.certname, Stamp::of(&row.producer_timestamp?))))
-                .collect(),
-        )
-    };
-    let (mut facts, mut catalogs) = (produced(factsets)?, produced(catalogs)?);
-    let rows: Vec<MembershipRow> = serde_json::from_slice(nodes).ok()?;
-    Some(
-        rows.into_iter()
-            .map(|row| {
-                let member = Member {
-                    report: row.report_timestamp.as_deref().map(Stamp::of),
-                    facts: facts.remove(&row.certname),
-                    catalog: catalogs.remove(&row.certname),
-                    active: row.deactivated.is_none() && row.expired.is_none(),
-                };
-                (Arc::from(row.certname), member)
-            })
-            .collect(),
-    )
+    let mut held = Vec::new();
+    for_each_row(nodes, |row: MembershipRow<'_>| {
+        let member = Member {
+            report: row.report_timestamp.as_deref().map(Stamp::of),
+            facts: None,
+            catalog: None,
+            active: row.deactivated.is_none() && row.expired.is_none(),
+        };
+        held.push((Arc::from(row.certname), member));
+    })?;
+    let mut held: BackendNodes = held.into_iter().collect();
+    for_each_row(factsets, |row: ProducedRow<'_>| {
+        if let (Some(member), Some(at)) = (held.get_mut(&row.certname), row.producer_timestamp) {
+            member.facts = Some(Stamp::of(&at));
+        }
+    })?;
+    for_each_row(catalogs, |row: ProducedRow<'_>| {
+        if let (Some(member), Some(at)) = (held.get_mut(&row.certname), row.producer_timestamp) {
+            member.catalog = Some(Stamp::of(&at));
+        }
+    })?;
+    Some(held)
+}
+
+/// Calls `each` with every element of the JSON array `body` as a `T`, keeping none of them;
+/// `None` when `body` is not an array of `T`.
+fn for_each_row<'de, T: Deserialize<'de>>(body: &'de [u8], each: impl FnMut(T)) -> Option<()> {
+    struct Rows<T, F>(F, PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>, F: FnMut(T)> Visitor<'de> for Rows<T, F> {
+        type Value = ();
+
+        fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            formatter.write_str("an array of rows")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(mut self, mut rows: A) -> Result<(), A::Error> {
+            while let Some(row) = rows.next_element()? {
+                (self.0)(row);
+            }
+            Ok(())
+        }
+    }
+
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    deserializer.deserialize_seq(Rows(each, PhantomData)).ok()?;
+    deserializer.end().ok()
 }
 
 /// Which nodes a query can see, and so which holders ownership weighs.
@@ -234,6 +301,21 @@ pub struct Owners {
 }
 
 impl Owners {
+    /// The owners among `held` (configured order, not empty).
+    fn of(held: &[(BackendId, &Member)]) -> Option<Owners> {
+        let (&(first, _), rest) = held.split_first()?;
+        let newest = Kind::ALL.map(|kind| {
+            let mut newest = held[0];
+            for candidate in rest {
+                if candidate.1.is_newer_than(newest.1, kind) {
+                    newest = *candidate;
+                }
+            }
+            newest.0
+        });
+        Some(Owners { newest, first })
+    }
+
     /// The owner of the node's `kind` of data under `strategy`.
     pub fn under(&self, strategy: MergeStrategy, kind: Kind) -> BackendId {
         match strategy {
@@ -250,91 +332,99 @@ impl Owners {
     }
 }
 
-/// One certname within one scope: its owners and every backend holding it (configured order).
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
+/// One certname in the snapshot: where it is held, and its owners within each scope.
+#[derive(Debug, Clone, Copy)]
+struct Placement {
+    /// Where its holders start in [`Ownership::holders`]: every backend holding it, then those
+    /// holding it active (each in configured order).
+    start: usize,
+    /// How many backends hold it at all, and how many hold it active.
+    held: usize,
+    held_active: usize,
     owners: Owners,
-    holders: Box<[BackendId]>,
+    /// Meaningful only when some backend holds it active.
+    owners_active: Owners,
 }
 
-/// Ownership within one scope: each certname's entry, and the shared certnames each backend
-/// holds with the backend that owns them.
+impl Placement {
+    /// Its owners within `scope`, if any backend holds it there.
+    fn owners(&self, scope: Scope) -> Option<Owners> {
+        match scope {
+            Scope::Any => Some(self.owners),
+            Scope::Active => (self.held_active > 0).then_some(self.owners_active),
+        }
+    }
+
+    /// Where its holders within `scope` are in [`Ownership::holders`].
+    fn holders(&self, scope: Scope) -> std::ops::Range<usize> {
+        let all = self.start + self.held;
+        match scope {
+            Scope::Any => self.start..all,
+            Scope::Active => all..all + self.held_active,
+        }
+    }
+}
+
+/// The numbers of one scope, counted once when the snapshot is built (a scrape, under the
+/// estate's lock, does not walk the map), and each backend's shared certnames.
 #[derive(Debug, Default)]
-struct View {
-    entries: BTreeMap<Arc<str>, Entry>,
-    shared: Vec<Vec<(Arc<str>, Owners)>>,
+struct Tally {
+    /// Per backend: the certnames it holds that another backend holds too (positions in
+    /// [`Ownership::placements`], so by certname).
+    shared: Vec<Vec<usize>>,
     held: Vec<usize>,
     /// How many certnames each backend owns under [`MergeStrategy::Freshness`] and
-    /// [`MergeStrategy::Static`]: counted once when the snapshot is built, so a scrape (under
-    /// the estate's lock) does not walk the map.
+    /// [`MergeStrategy::Static`].
     owned: [Vec<usize>; 2],
+    /// How many certnames any backend holds.
+    nodes: usize,
     /// How many certnames more than one backend holds.
     shared_nodes: usize,
     /// How many certnames have kinds of data owned by different backends.
     split_nodes: usize,
 }
 
-impl View {
-    fn build(per_backend: &[Option<BackendNodes>], scope: Scope) -> View {
-        let mut holders: BTreeMap<&Arc<str>, Vec<(BackendId, &Member)>> = BTreeMap::new();
-        let mut held = vec![0; per_backend.len()];
-        for (index, nodes) in per_backend.iter().enumerate() {
-            for (certname, member) in nodes.iter().flatten() {
-                if scope == Scope::Active && !member.active {
-                    continue;
-                }
-                held[index] += 1;
-                holders
-                    .entry(certname)
-                    .or_default()
-                    .push((BackendId(index), member));
+impl Tally {
+    fn new(backends: usize) -> Tally {
+        Tally {
+            shared: vec![Vec::new(); backends],
+            held: vec![0; backends],
+            owned: [vec![0; backends], vec![0; backends]],
+            ..Tally::default()
+        }
+    }
+
+    /// Counts the certname at `position`, held by `holders` with these `owners`.
+    fn count(&mut self, position: usize, holders: &[BackendId], owners: Owners) {
+        self.nodes += 1;
+        for backend in holders {
+            self.held[backend.0] += 1;
+        }
+        if !owners.is_whole(MergeStrategy::Freshness) {
+            self.split_nodes += 1;
+        }
+        self.owned[0][owners.under(MergeStrategy::Freshness, Kind::Node).0] += 1;
+        self.owned[1][owners.first.0] += 1;
+        if holders.len() > 1 {
+            self.shared_nodes += 1;
+            for backend in holders {
+                self.shared[backend.0].push(position);
             }
         }
-        let mut view = View {
-            entries: BTreeMap::new(),
-            shared: vec![Vec::new(); per_backend.len()],
-            held,
-            owned: [vec![0; per_backend.len()], vec![0; per_backend.len()]],
-            shared_nodes: 0,
-            split_nodes: 0,
-        };
-        for (certname, held) in holders {
-            let first = held[0].0;
-            let newest = Kind::ALL.map(|kind| {
-                let mut newest = held[0];
-                for candidate in &held[1..] {
-                    if candidate.1.is_newer_than(newest.1, kind) {
-                        newest = *candidate;
-                    }
-                }
-                newest.0
-            });
-            let owners = Owners { newest, first };
-            if !owners.is_whole(MergeStrategy::Freshness) {
-                view.split_nodes += 1;
-            }
-            view.owned[0][owners.under(MergeStrategy::Freshness, Kind::Node).0] += 1;
-            view.owned[1][owners.first.0] += 1;
-            if held.len() > 1 {
-                view.shared_nodes += 1;
-                for (backend, _) in &held {
-                    view.shared[backend.0].push((Arc::clone(certname), owners));
-                }
-            }
-            let holders = held.iter().map(|(backend, _)| *backend).collect();
-            view.entries
-                .insert(Arc::clone(certname), Entry { owners, holders });
-        }
-        view
     }
 }
 
-/// An immutable snapshot of node ownership, shared by every exchange admitted while it is current.
+/// An immutable snapshot of node ownership, shared by every exchange admitted while it is
+/// current. Every certname is one entry of a sorted list (looked up by binary search), with its
+/// owners in both scopes; its holders are a run of one shared list: a snapshot of 100,000
+/// certnames is a few MiB beside the certnames themselves.
 #[derive(Debug, Default)]
 pub struct Ownership {
     generation: u64,
-    active: View,
-    any: View,
+    placements: Box<[(Arc<str>, Placement)]>,
+    holders: Box<[BackendId]>,
+    active: Tally,
+    any: Tally,
 }
 
 impl Ownership {
@@ -342,10 +432,63 @@ impl Ownership {
     /// answered). `generation` tells snapshots apart: what was learned against one snapshot (a
     /// correction, docs/merging.md) is valid for that snapshot only.
     pub fn build(per_backend: &[Option<BackendNodes>], generation: u64) -> Ownership {
+        let parts: Vec<&[(Arc<str>, Member)]> = per_backend
+            .iter()
+            .map(|part| part.as_ref().map_or(&[][..], |nodes| &nodes.0[..]))
+            .collect();
+        let mut cursors = vec![0; parts.len()];
+        let mut placements = Vec::new();
+        let mut holders = Vec::new();
+        let (mut active, mut any) = (Tally::new(parts.len()), Tally::new(parts.len()));
+        let mut held: Vec<(BackendId, &Member)> = Vec::new();
+        let mut held_active: Vec<(BackendId, &Member)> = Vec::new();
+        // A merge of the backends' sorted parts: each step takes the smallest certname left.
+        while let Some(certname) = parts
+            .iter()
+            .zip(&cursors)
+            .filter_map(|(part, cursor)| part.get(*cursor).map(|(certname, _)| certname))
+            .min()
+        {
+            held.clear();
+            for (index, (part, cursor)) in parts.iter().zip(cursors.iter_mut()).enumerate() {
+                if let Some((_, member)) = part.get(*cursor).filter(|(c, _)| c == certname) {
+                    held.push((BackendId(index), member));
+                    *cursor += 1;
+                }
+            }
+            held_active.clear();
+            held_active.extend(held.iter().filter(|(_, member)| member.active));
+            let Some(owners) = Owners::of(&held) else {
+                continue;
+            };
+            let start = holders.len();
+            holders.extend(held.iter().map(|(backend, _)| *backend));
+            let any_holders = start..holders.len();
+            holders.extend(held_active.iter().map(|(backend, _)| *backend));
+            let position = placements.len();
+            any.count(position, &holders[any_holders.clone()], owners);
+            let owners_active = match Owners::of(&held_active) {
+                Some(owners_active) => {
+                    active.count(position, &holders[any_holders.end..], owners_active);
+                    owners_active
+                }
+                None => owners,
+            };
+            let placement = Placement {
+                start,
+                held: held.len(),
+                held_active: held_active.len(),
+                owners,
+                owners_active,
+            };
+            placements.push((Arc::clone(certname), placement));
+        }
         Ownership {
             generation,
-            active: View::build(per_backend, Scope::Active),
-            any: View::build(per_backend, Scope::Any),
+            placements: placements.into_boxed_slice(),
+            holders: holders.into_boxed_slice(),
+            active,
+            any,
         }
     }
 
@@ -354,24 +497,31 @@ impl Ownership {
         self.generation
     }
 
-    fn view(&self, scope: Scope) -> &View {
+    fn tally(&self, scope: Scope) -> &Tally {
         match scope {
             Scope::Active => &self.active,
             Scope::Any => &self.any,
         }
     }
 
+    fn placement(&self, certname: &str) -> Option<&Placement> {
+        let at = self
+            .placements
+            .binary_search_by(|(held, _)| (**held).cmp(certname))
+            .ok()?;
+        self.placements.get(at).map(|(_, placement)| placement)
+    }
+
     /// The owners of a certname within `scope`, if any backend held it at the last refresh.
     pub fn owners(&self, certname: &str, scope: Scope) -> Option<Owners> {
-        self.view(scope).entries.get(certname).map(|e| e.owners)
+        self.placement(certname)?.owners(scope)
     }
 
     /// Every backend holding `certname` within `scope` (configured order; empty when none).
     pub fn holders(&self, certname: &str, scope: Scope) -> &[BackendId] {
-        self.view(scope)
-            .entries
-            .get(certname)
-            .map_or(&[][..], |e| &e.holders[..])
+        self.placement(certname)
+            .and_then(|placement| self.holders.get(placement.holders(scope)))
+            .unwrap_or_default()
     }
 
     /// The certnames `backend` holds but another backend owns the `kind` of (under `strategy`,
@@ -403,25 +553,28 @@ impl Ownership {
     }
 
     fn shared(&self, backend: BackendId, scope: Scope) -> impl Iterator<Item = (&str, Owners)> {
-        self.view(scope)
+        self.tally(scope)
             .shared
             .get(backend.0)
             .map_or(&[][..], Vec::as_slice)
             .iter()
-            .map(|(certname, owners)| (&**certname, *owners))
+            .filter_map(move |position| {
+                let (certname, placement) = self.placements.get(*position)?;
+                Some((&**certname, placement.owners(scope)?))
+            })
     }
 
     /// The certnames `backend` holds deactivated (or expired) that another backend holds active:
     /// nodes that moved away from it. Its own `node_state` filter on history counts them
     /// inactive, where the estate counts them active (docs/merging.md, "History counted once").
     pub fn revived(&self, backend: BackendId) -> Vec<&str> {
-        self.any
-            .entries
+        self.placements
             .iter()
-            .filter(|(_, entry)| entry.holders.contains(&backend))
-            .filter(|(certname, _)| {
-                let active = self.holders(certname, Scope::Active);
-                !active.is_empty() && !active.contains(&backend)
+            .filter(|(_, placement)| {
+                let in_scope = |scope| self.holders.get(placement.holders(scope));
+                let (any, active) = (in_scope(Scope::Any), in_scope(Scope::Active));
+                any.is_some_and(|any| any.contains(&backend))
+                    && active.is_some_and(|active| !active.is_empty() && !active.contains(&backend))
             })
             .map(|(certname, _)| &**certname)
             .collect()
@@ -429,7 +582,7 @@ impl Ownership {
 
     /// How many certnames `backend` holds within `scope`.
     pub fn held(&self, backend: BackendId, scope: Scope) -> usize {
-        self.view(scope).held.get(backend.0).copied().unwrap_or(0)
+        self.tally(scope).held.get(backend.0).copied().unwrap_or(0)
     }
 
     /// How many active nodes each of `backends` backends owns (their node record and latest
@@ -457,13 +610,13 @@ impl Ownership {
 
     /// How many distinct active certnames the estate holds.
     pub fn node_count(&self) -> usize {
-        self.active.entries.len()
+        self.active.nodes
     }
 
     /// How many distinct certnames the estate holds in any node state (a node deactivated in
     /// one backend and active in another is one of them).
     pub fn certname_count(&self) -> usize {
-        self.any.entries.len()
+        self.placements.len()
     }
 
     /// An empty snapshot, for requests admitted before any refresh succeeded.
@@ -753,6 +906,109 @@ mod tests {
     }
 
     #[test]
+    fn membership_bodies_in_any_order_with_escapes_and_repeats() {
+        // PuppetDB sorts nothing here; a certname escaped in JSON is the same certname; a
+        // certname listed twice keeps its last row, as a map would.
+        let nodes = br#"[{"certname":"z","report_timestamp":null},{"certname":"a\u002eb","report_timestamp":"2026-11-30T08:00:00.000Z"},{"certname":"m","report_timestamp":null},{"certname":"z","report_timestamp":null,"expired":"2026-11-30T09:00:00.000Z"}]"#;
+        let factsets = br#"[{"certname":"m","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"a.b","producer_timestamp":null},{"certname":"m","producer_timestamp":"2026-11-30T07:05:00.000Z"}]"#;
+        let parsed = parse_membership(nodes, factsets, b"[]").expect("parses");
+        let certnames: Vec<&str> = parsed.0.iter().map(|(c, _)| &**c).collect();
+        assert_eq!(certnames, ["a.b", "m", "z"]);
+        assert_eq!(
+            parsed.get("z").map(|m| m.active),
+            Some(false),
+            "the last row"
+        );
+        assert_eq!(
+            parsed.get("a.b").and_then(|m| m.report.clone()),
+            Some(Stamp::of("2026-11-30T08:00:00.000Z"))
+        );
+        assert_eq!(parsed.get("a.b").and_then(|m| m.facts.clone()), None);
+        assert_eq!(
+            parsed.get("m").and_then(|m| m.facts.clone()),
+            Some(Stamp::of("2026-11-30T07:05:00.000Z")),
+            "the last factset row"
+        );
+        assert!(
+            parse_membership(b"[] x", b"[]", b"[]").is_none(),
+            "trailing bytes"
+        );
+        assert!(
+            parse_membership(b"[]", b"[{}]", b"[]").is_none(),
+            "a row without certname"
+        );
+    }
+
+    #[test]
+    fn a_snapshot_over_four_backends_places_every_certname_once() {
+        let at = |hour: u32| format!("2026-11-30T{hour:02}:00:00.000Z");
+        let part = |rows: &[(&str, u32, bool)]| -> Option<BackendNodes> {
+            Some(
+                rows.iter()
+                    .map(|(c, hour, active)| {
+                        let member = Member {
+                            active: *active,
+                            ..Member::ran_at(&at(*hour))
+                        };
+                        ((*c).into(), member)
+                    })
+                    .collect(),
+            )
+        };
+        let ownership = Ownership::build(
+            &[
+                part(&[("a", 1, true), ("c", 5, false), ("e", 1, true)]),
+                None,
+                part(&[("b", 1, true), ("c", 3, true), ("e", 2, true)]),
+                part(&[("c", 4, true), ("d", 1, false), ("e", 2, true)]),
+            ],
+            7,
+        );
+        let (b0, b2, b3) = (BackendId(0), BackendId(2), BackendId(3));
+        assert_eq!(ownership.certname_count(), 5);
+        assert_eq!(ownership.node_count(), 4, "d is active nowhere");
+        assert_eq!(ownership.holders("c", Scope::Any), [b0, b2, b3]);
+        assert_eq!(ownership.holders("c", Scope::Active), [b2, b3]);
+        assert_eq!(ownership.holders("d", Scope::Active), [] as [BackendId; 0]);
+        assert_eq!(
+            ownership.holders("nowhere", Scope::Any),
+            [] as [BackendId; 0]
+        );
+        let fresh = MergeStrategy::Freshness;
+        let owner = |c: &str, scope| {
+            ownership
+                .owners(c, scope)
+                .map(|o| o.under(fresh, Kind::Node))
+        };
+        assert_eq!(owner("c", Scope::Any), Some(b0), "05:00, deactivated there");
+        assert_eq!(owner("c", Scope::Active), Some(b3));
+        assert_eq!(owner("d", Scope::Active), None);
+        assert_eq!(owner("d", Scope::Any), Some(b3));
+        assert_eq!(
+            owner("e", Scope::Active),
+            Some(b2),
+            "a tie goes to configured order"
+        );
+        assert_eq!(ownership.revived(b0), ["c"]);
+        assert_eq!(ownership.shared_with_others(b2, Scope::Active), ["c", "e"]);
+        assert_eq!(ownership.shared_with_others(b0, Scope::Active), ["e"]);
+        assert_eq!(ownership.shared_with_others(b0, Scope::Any), ["c", "e"]);
+        assert_eq!(
+            ownership.excluded(b3, (fresh, Kind::Facts), Scope::Active, &[b0, b2, b3]),
+            ["e"]
+        );
+        assert_eq!(ownership.held(b3, Scope::Any), 3);
+        assert_eq!(ownership.held(b3, Scope::Active), 2);
+        assert_eq!(ownership.owned_counts(fresh, 4), [1, 0, 2, 1]);
+        assert_eq!(
+            ownership.owned_counts(MergeStrategy::Static, 4),
+            [2, 0, 2, 0]
+        );
+        assert_eq!(ownership.shared_count(), 2);
+        assert_eq!(ownership.generation(), 7);
+    }
+
+    #[test]
     fn membership_bodies() {
         let nodes = br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#;
         let factsets = br#"[{"certname":"a","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"gone","producer_timestamp":"2026-11-30T07:00:00.000Z"}]"#;
@@ -761,12 +1017,19 @@ mod tests {
         assert_eq!(parsed.get("a").map(|m| m.active), Some(true));
         assert_eq!(parsed.get("b").map(|m| m.active), Some(false));
         let at = |t: &str| Some(Stamp::of(t));
-        assert_eq!(parsed["a"].facts, at("2026-11-30T07:00:00.000Z"));
-        assert_eq!(parsed["a"].catalog, None);
-        assert_eq!(parsed["b"].catalog, at("2026-11-30T07:30:00.000Z"));
-        assert_eq!(parsed["b"].report, at("2026-11-30T08:00:00.000Z"));
+        let (a, b) = (parsed.get("a").cloned(), parsed.get("b").cloned());
+        assert_eq!(
+            a.clone().and_then(|a| a.facts),
+            at("2026-11-30T07:00:00.000Z")
+        );
+        assert_eq!(a.and_then(|a| a.catalog), None);
+        assert_eq!(
+            b.clone().and_then(|b| b.catalog),
+            at("2026-11-30T07:30:00.000Z")
+        );
+        assert_eq!(b.and_then(|b| b.report), at("2026-11-30T08:00:00.000Z"));
         assert!(
-            !parsed.contains_key("gone"),
+            parsed.get("gone").is_none(),
             "a factset without a node is not a node"
         );
         assert!(parse_membership(b"[{\"certname\":1}]", b"[]", b"[]").is_none());

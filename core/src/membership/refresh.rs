@@ -63,7 +63,34 @@ struct Refresh<P> {
     started: Instant,
     /// Each backend's [`MEMBERSHIP_QUERIES`].
     calls: Broadcast,
+    /// The backends whose calls all have results, each read into its part (or why not) as soon
+    /// as its last answer came: its bodies are let go then, not held until every backend's
+    /// answers are in.
+    parts: Vec<(BackendId, Result<BackendNodes, Failure>)>,
     waiters: Vec<(WaiterId, Box<P>)>,
+}
+
+impl<P> Refresh<P> {
+    /// Reads the part of every backend whose calls all have results and is not read yet.
+    fn read_answered(&mut self) {
+        let mut backends: Vec<BackendId> = self.calls.0.iter().map(|call| call.backend).collect();
+        backends.dedup();
+        for backend in backends {
+            if self.parts.iter().any(|(read, _)| *read == backend) || !self.calls.answered(backend)
+            {
+                continue;
+            }
+            let part = self
+                .calls
+                .take_bodies_of(backend)
+                .and_then(|bodies| match &bodies[..] {
+                    [nodes, factsets, catalogs] => parse_membership(nodes, factsets, catalogs)
+                        .ok_or_else(not_a_membership_answer),
+                    _ => Err(not_a_membership_answer()),
+                });
+            self.parts.push((backend, part));
+        }
+    }
 }
 
 /// The membership map's numbers.
@@ -172,6 +199,7 @@ impl<P> MembershipMap<P> {
         self.refresh = Some(Refresh {
             started: now,
             calls,
+            parts: Vec::new(),
             waiters: Vec::new(),
         });
         // A roster of nobody completes at once.
@@ -321,11 +349,17 @@ impl<P> MembershipMap<P> {
         self.per_backend.get(backend.0).and_then(Option::as_ref)
     }
 
-    /// Builds the new map once every call of the refresh has a result.
+    /// Reads each backend's part once its calls have results, and builds the new map once
+    /// every call of the refresh has one.
     fn advance(&mut self, now: Instant, config: &Config) {
-        match &self.refresh {
-            Some(refresh) if refresh.calls.is_complete() => {}
-            _ => return,
+        match &mut self.refresh {
+            Some(refresh) => {
+                refresh.read_answered();
+                if !refresh.calls.is_complete() {
+                    return;
+                }
+            }
+            None => return,
         }
         if let Some(refresh) = self.refresh.take() {
             self.complete(now, refresh, config);
@@ -342,19 +376,11 @@ impl<P> MembershipMap<P> {
         waited_out.dedup();
         for index in 0..self.per_backend.len() {
             let backend = BackendId(index);
-            let asked = refresh.calls.0.iter().any(|call| call.backend == backend);
-            // Each backend's answers are let go once parsed: the new map is built without
-            // every backend's bodies held beside the old map and the new one.
-            let part = asked.then(|| {
-                refresh
-                    .calls
-                    .take_bodies_of(backend)
-                    .and_then(|bodies| match &bodies[..] {
-                        [nodes, factsets, catalogs] => parse_membership(nodes, factsets, catalogs)
-                            .ok_or_else(not_a_membership_answer),
-                        _ => Err(not_a_membership_answer()),
-                    })
-            });
+            let part = refresh
+                .parts
+                .iter()
+                .position(|(read, _)| *read == backend)
+                .map(|at| refresh.parts.swap_remove(at).1);
             match part {
                 Some(Ok(nodes)) => {
                     self.per_backend[index] = Some(nodes);
