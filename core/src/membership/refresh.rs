@@ -527,6 +527,37 @@ mod tests {
         request.path_and_query == MEMBERSHIP_QUERY
     }
 
+    #[test]
+    fn a_backend_is_read_when_its_answers_are_in_and_its_bodies_let_go() {
+        let mut rig = Rig::new();
+        let requests = rig.refresh();
+        let (of_a, of_b): (Vec<_>, Vec<_>) = requests.into_iter().partition(|r| r.backend == A);
+        rig.answer(&of_a, |request| match is_nodes(request) {
+            true => serde_json::json!([node("a1", T10)]).to_string(),
+            false => produced(&[("a1", T10)]),
+        });
+        let refresh = rig.map.refresh.as_ref().expect("b has not answered");
+        assert!(
+            matches!(&refresh.parts[..], [(A, Ok(part))] if part.get("a1").is_some()),
+            "a is read: {:?}",
+            refresh.parts
+        );
+        for call in refresh.calls.0.iter().filter(|call| call.backend == A) {
+            assert!(
+                matches!(&call.result, Some(Ok(body)) if body.is_empty()),
+                "a's bodies are let go, its calls still answered"
+            );
+        }
+        rig.answer(&of_b, |request| match is_nodes(request) {
+            true => serde_json::json!([node("b1", T10)]).to_string(),
+            false => "[]".to_owned(),
+        });
+        assert!(rig.map.refresh.is_none());
+        let snapshot = rig.map.snapshot();
+        assert_eq!(snapshot.holders("a1", Scope::Any), [A]);
+        assert_eq!(snapshot.holders("b1", Scope::Any), [B]);
+    }
+
     const T10: &str = "2026-12-01T10:00:00.000Z";
     const T11: &str = "2026-12-01T11:00:00.000Z";
     const T12: &str = "2026-12-01T12:00:00.000Z";
