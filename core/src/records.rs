@@ -176,13 +176,18 @@ pub fn same_text(a: &str, b: &str) -> bool {
 /// A raw JSON string's value; `None` for any other JSON.
 pub fn raw_str(raw: &RawValue) -> Option<Cow<'_, str>> {
     let text = raw.get();
-    // A raw value is valid JSON, so a string without a backslash is exactly its quoted bytes.
-    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-        if !inner.contains('\\') {
-            return Some(Cow::Borrowed(inner));
-        }
+    if let Some(inner) = unescaped_str(text) {
+        return Some(Cow::Borrowed(inner));
     }
     serde_json::from_str::<Text<'_>>(text).ok().map(|t| t.0)
+}
+
+/// The value of `json`, the text of one valid JSON value, when it is a string with nothing
+/// escaped: then its value is exactly its quoted bytes, and no parse is needed.
+pub(crate) fn unescaped_str(json: &str) -> Option<&str> {
+    json.strip_prefix('"')?
+        .strip_suffix('"')
+        .filter(|inner| !inner.contains('\\'))
 }
 
 /// Whether a raw JSON value is the string `expected`. Most other strings are told apart by length

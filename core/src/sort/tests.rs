@@ -699,6 +699,24 @@ proptest! {
     }
 
     #[test]
+    fn a_string_key_read_without_serde_is_the_key_serde_reads(
+        text in prop_oneof![".{0,12}", "[a-z0-9.\\-]{0,12}", Just("2026-11-30T08:00:00.000Z".to_owned())],
+        kind in prop::sample::select(vec![
+            ColumnKind::Text, ColumnKind::Number, ColumnKind::Boolean, ColumnKind::Timestamp,
+            ColumnKind::TextArray, ColumnKind::Jsonb, ColumnKind::PathArray,
+            ColumnKind::EncodedPath, ColumnKind::Other,
+        ]),
+    ) {
+        let raw = Value::String(text).to_string();
+        let parsed: Jsonb = serde_json::from_str(&raw).expect("a JSON string");
+        let by_serde = match (kind, parsed) {
+            (ColumnKind::Jsonb, v) => KeyPart::Jsonb(v),
+            (kind, v) => KeyPart::from_json(v, kind),
+        };
+        prop_assert_eq!(key_part(&raw, kind), by_serde, "{} as {:?}", raw, kind);
+    }
+
+    #[test]
     fn parsers_never_panic(s in ".{0,40}") {
         let _ = parse_order_by(&s, OrderEntity::Facts);
         let _ = parse_limit(&s);
