@@ -60,7 +60,7 @@ fn check_grammar(text: &str) -> Result<(), String> {
         }
         if !UNITS.contains(&unit) {
             return Err(format!(
-                "unknown unit \"{unit}\" (units: ns, us, ms, s, m, h; {EXAMPLES})"
+                "unknown unit \"{unit}\" (units: ns, us or µs, ms, s, m, h; {EXAMPLES})"
             ));
         }
         rest = &after_number[unit_len..];
@@ -146,7 +146,7 @@ mod tests {
     /// The near misses a newcomer writes, each with the reason it is told.
     #[test]
     fn refuses_near_misses_with_their_reason() {
-        let units = "(units: ns, us, ms, s, m, h; e.g. 10s, 500ms, 1m30s)";
+        let units = "(units: ns, us or µs, ms, s, m, h; e.g. 10s, 500ms, 1m30s)";
         let cases = [
             ("10", "missing unit (e.g. 10s, 500ms, 1m30s)".to_owned()),
             ("1m30", "missing unit (e.g. 10s, 500ms, 1m30s)".to_owned()),

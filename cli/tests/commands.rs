@@ -571,7 +571,7 @@ fn serve_names_the_source_of_every_problem() {
         assert_eq!(code, 2);
         assert!(settings.is_none(), "nothing may start");
         assert_eq!(out, "");
-        let units = "(units: ns, us, ms, s, m, h; e.g. 10s, 500ms, 1m30s)";
+        let units = "(units: ns, us or µs, ms, s, m, h; e.g. 10s, 500ms, 1m30s)";
         assert_eq!(
             err.lines().collect::<Vec<_>>(),
             [

@@ -10,7 +10,7 @@
 
 mod common;
 
-use common::{version, URL_A, URL_B, URL_C};
+use common::{version, URL_A, URL_B, URL_C, URL_D};
 use http::StatusCode;
 use pdbmux_conformance::{
     ms, probe_degraded, probe_running, probe_status, Asked, ClientId, FakeBackend, Harness,
@@ -1098,8 +1098,9 @@ fn a_backend_the_map_never_placed_is_left_out_until_a_refresh_places_it() {
 
 #[test]
 fn each_cause_of_an_unreachable_backend_counts_under_its_own_probe_outcome_and_state() {
-    // Refused, a failed TLS handshake and a probe that never answers (timed out at 250 ms),
-    // every second for 4 s: the metrics name each cause, as /healthz and the log line do.
+    // Refused, a failed TLS handshake, a probe that never answers (timed out at 250 ms) and a
+    // probe path the backend does not have (404), every second for 4 s: the metrics name each
+    // cause, as /healthz and the log line do.
     let tls = Reply::fail(pdbmux_core::UpstreamFailure::Connect {
         cause: pdbmux_core::ConnectCause::Tls,
         detail: "invalid peer certificate: UnknownIssuer".to_owned(),
@@ -1109,6 +1110,7 @@ fn each_cause_of_an_unreachable_backend_counts_under_its_own_probe_outcome_and_s
             backend("pdb-a", URL_A, Vec::new(), Reply::refused()),
             backend("pdb-b", URL_B, Vec::new(), tls),
             backend("pdb-c", URL_C, Vec::new(), Reply::never()),
+            backend("pdb-d", URL_D, Vec::new(), probe_status(404)),
         ],
         |config| {
             probing(config);
@@ -1126,17 +1128,18 @@ fn each_cause_of_an_unreachable_backend_counts_under_its_own_probe_outcome_and_s
             .parse()
             .expect("a number")
     };
-    for (backend, outcome) in [
-        ("pdb-a", "connection_refused"),
-        ("pdb-b", "tls_error"),
-        ("pdb-c", "timeout"),
+    for (backend, outcome, state) in [
+        ("pdb-a", "connection_refused", "unreachable"),
+        ("pdb-b", "tls_error", "unreachable"),
+        ("pdb-c", "timeout", "unreachable"),
+        ("pdb-d", "4xx", "probe_unsupported"),
     ] {
         let labels = format!("backend=\"{backend}\",purpose=\"probe\",outcome=\"{outcome}\"");
         assert!(
             sample("pdbmux_upstream_requests_total", &labels) >= 4.0,
             "{labels}\n{text}"
         );
-        for other in ["connection_refused", "tls_error", "timeout", "ok"] {
+        for other in ["connection_refused", "tls_error", "timeout", "4xx", "ok"] {
             if other != outcome {
                 let labels = format!("backend=\"{backend}\",purpose=\"probe\",outcome=\"{other}\"");
                 assert_eq!(
@@ -1146,7 +1149,7 @@ fn each_cause_of_an_unreachable_backend_counts_under_its_own_probe_outcome_and_s
                 );
             }
         }
-        let state = format!("backend=\"{backend}\",state=\"unreachable\"");
+        let state = format!("backend=\"{backend}\",state=\"{state}\"");
         assert_eq!(
             sample("pdbmux_backend_state", &state),
             1.0,
@@ -1158,6 +1161,7 @@ fn each_cause_of_an_unreachable_backend_counts_under_its_own_probe_outcome_and_s
         ("pdb-a", "connection_refused"),
         ("pdb-b", "tls_error"),
         ("pdb-c", "timeout"),
+        ("pdb-d", "probe_path_not_found"),
     ] {
         assert_eq!(
             backend_report(&healthz, backend)["last_probe_result"],

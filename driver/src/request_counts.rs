@@ -27,6 +27,11 @@ const CODES: [u16; 13] = [
     200, 304, 400, 404, 405, 414, 429, 431, 499, 500, 502, 503, 504,
 ];
 
+/// The codes every route class shows from the start, at zero until one is answered: the
+/// success and server-error ratios (an alert, a dashboard panel) divide by and into them, and a
+/// ratio over a series that does not exist yet is no data rather than 0.
+const CODES_FROM_START: [u16; 5] = [200, 500, 502, 503, 504];
+
 /// Cache results, in `X-Cache`'s spelling, as the `result` label.
 pub(crate) const CACHE_RESULTS: [&str; 3] = ["hit", "miss", "stale"];
 
@@ -166,7 +171,7 @@ impl Collector for RequestCounts {
                 .iter()
                 .enumerate()
                 .map(|(index, code)| (*code, self.sum(|s| &s.requests[route][index])))
-                .filter(|(_, count)| *count > 0)
+                .filter(|(code, count)| *count > 0 || CODES_FROM_START.contains(code))
                 .collect();
             for ((_, code), count) in other.range((route, 0)..=(route, u16::MAX)) {
                 counts.insert(*code, *count);

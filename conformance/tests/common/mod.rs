@@ -14,6 +14,8 @@ pub const URL_A: &str = "http://pdb-a.example.com:8080";
 pub const URL_B: &str = "http://pdb-b.example.com:8080";
 /// URL of the third test backend.
 pub const URL_C: &str = "http://pdb-c.example.com:8080";
+/// URL of the fourth test backend.
+pub const URL_D: &str = "http://pdb-d.example.com:8080";
 
 /// Drives to quiescence, checks the end state and returns the transcript.
 pub fn finish(harness: &mut Harness) -> String {

@@ -653,4 +653,52 @@ mod tests {
             "b's previous part (T11), newer than a's renewed one (T10)"
         );
     }
+
+    /// A backend whose refreshes fail keeps its last part (its age says how stale it is), but
+    /// its owned count is not frozen: each refresh builds ownership again, so a node the others
+    /// now hold newer leaves it.
+    #[test]
+    fn a_stale_backends_owned_count_follows_the_refreshes_of_the_others() {
+        let mut rig = Rig::new();
+        let first = rig.refresh();
+        rig.answer(&first, |request| {
+            match (request.backend, is_nodes(request)) {
+                (A, true) => {
+                    serde_json::json!([node("moved", T10), node("a-only", T10)]).to_string()
+                }
+                (_, true) => {
+                    serde_json::json!([node("moved", T11), node("b-only", T10)]).to_string()
+                }
+                _ => "[]".to_owned(),
+            }
+        });
+        let fresh = crate::config::MergeStrategy::Freshness;
+        assert_eq!(rig.map.snapshot().owned_counts(fresh, 2), [1, 2]);
+        let second = rig.refresh();
+        let now = rig.now;
+        let (of_b, of_a): (Vec<_>, Vec<_>) = second.into_iter().partition(|r| r.backend == B);
+        for request in &of_b {
+            let refused = UpstreamFailure::Connect {
+                cause: crate::message::ConnectCause::Refused,
+                detail: "connection refused".to_owned(),
+            };
+            rig.map
+                .handle_failure(now, request.id, &refused, (&mut rig.ids, &rig.config));
+        }
+        rig.answer(&of_a, |request| match is_nodes(request) {
+            true => serde_json::json!([node("moved", T12), node("a-only", T10)]).to_string(),
+            false => "[]".to_owned(),
+        });
+        assert_eq!(rig.map.failures(B), 1);
+        assert_eq!(
+            rig.map.part_age(rig.now, B),
+            rig.config.freshness_ttl,
+            "b's part is the first refresh's"
+        );
+        assert_eq!(
+            rig.map.snapshot().owned_counts(fresh, 2),
+            [2, 1],
+            "moved is newest in a now; b still owns the node only it holds"
+        );
+    }
 }

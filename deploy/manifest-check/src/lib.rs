@@ -115,7 +115,10 @@ pub fn memory_bytes(quantity: &str) -> Result<u64, String> {
         .ok_or_else(|| format!("memory quantity {quantity:?} overflows"))
 }
 
-/// A Go-style duration in seconds, as pdbmux reads them: `500ms`, `10s`, `1m30s`, `1h`.
+/// A duration in the manifests, in seconds: pdbmux's (`500ms`, `10s`, `1m30s`, `1.5h`) and
+/// Prometheus's (`30s`, `5m`) alike. Looser than either (`.5s` passes here, where pdbmux refuses
+/// it): it reads values each tool checks itself (`pdbmux_accepts_the_config` runs pdbmux on the
+/// ConfigMap, `make deploy-check` runs promtool on the rules where it is installed).
 pub fn duration_secs(text: &str) -> Result<f64, String> {
     let mut rest = text.trim();
     if rest == "0" {

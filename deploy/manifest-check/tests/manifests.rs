@@ -133,6 +133,23 @@ fn deployment_problems(deployment: &Value, config: Option<&Value>) -> Vec<String
         ),
         "spec.selector.matchLabels does not select the pod template's labels".into(),
     );
+    // The replicas spread over nodes: one node's loss leaves the other serving.
+    let spread = at(deployment, "spec.template.spec.topologySpreadConstraints")
+        .and_then(Value::as_sequence)
+        .and_then(|constraints| constraints.first());
+    check(
+        spread.is_some_and(|constraint| {
+            str_at(constraint, "topologyKey") == Some("kubernetes.io/hostname")
+                && int_at(constraint, "maxSkew") == Some(1)
+                && labels_match(
+                    at(constraint, "labelSelector.matchLabels"),
+                    at(deployment, "spec.template.metadata.labels"),
+                )
+        }),
+        "spec.template.spec.topologySpreadConstraints should spread the pods over hosts \
+         (kubernetes.io/hostname, maxSkew 1, selecting the pod labels)"
+            .into(),
+    );
     let container = the_container(deployment);
     let env = env_of(container);
     let settings = match effective(config, &env) {
@@ -481,6 +498,11 @@ fn broken_deployments_are_caught() {
     let container = "spec.template.spec.containers.0";
     let cases: &[(&str, &str, Value)] = &[
         ("spec", "replicas", Value::from(1)),
+        (
+            "spec.template.spec.topologySpreadConstraints.0",
+            "topologyKey",
+            Value::from("topology.kubernetes.io/zone-typo"),
+        ),
         (
             "spec.template.spec",
             "terminationGracePeriodSeconds",

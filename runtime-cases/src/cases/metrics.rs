@@ -288,6 +288,14 @@ pub fn the_metrics_listener_serves_metrics_only_and_the_query_port_none(bin: &Pa
     for class in ["query", "root", "per-certname", "pass-through", "healthz"] {
         let line = format!("pdbmux_request_duration_seconds_count{{route=\"{class}\"}} 0\n");
         assert!(first.text.contains(&line), "{line}{}", first.text);
+        // The 5xx ratio's numerator and denominator exist before the first answer (a healthy
+        // instance's ratio is 0, not no data); other codes appear with their first answer.
+        for code in [200, 500, 502, 503, 504] {
+            let line = format!("pdbmux_requests_total{{route=\"{class}\",code=\"{code}\"}} 0\n");
+            assert!(first.text.contains(&line), "{line}{}", first.text);
+        }
+        let line = format!("pdbmux_requests_total{{route=\"{class}\",code=\"404\"}}");
+        assert!(!first.text.contains(&line), "{line}{}", first.text);
     }
     for op in ["get", "put", "lock", "unlock"] {
         for outcome in ["ok", "failed"] {
