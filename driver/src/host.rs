@@ -25,9 +25,10 @@ use pdbmux_core::{
 use pdbmux_sealed::Sealer;
 use tracing::Instrument;
 
+use crate::access::{AccessLine, BodyWatch};
 use crate::budget::{BodyBudget, MergeMemory};
 use crate::context::ClientContext;
-use crate::{Metrics, Timings, UpstreamResult};
+use crate::{Metrics, StreamedBody, Timings, UpstreamResult};
 
 /// What a runtime gives the estate host.
 pub trait Runtime: Send + Sync + 'static {
@@ -120,6 +121,9 @@ pub enum ClientAnswer<R: Runtime> {
         response: Response,
         /// The upstream body.
         body: R::Held,
+        /// What the body is checked and counted by on its way: feed it every piece read, and
+        /// the end or failure (it writes the request's access line when the body ends).
+        check: StreamedBody,
         /// When the body must be complete.
         deadline: Instant,
     },
@@ -154,16 +158,11 @@ impl<R: Runtime> ClientAnswer<R> {
         answer.echo_request_id(context);
         let (method, target) = request.map_or(("-".to_owned(), "-"), |(m, t)| (m.to_string(), t));
         AccessLine {
-            context,
             method,
-            target,
-            route: pdbmux_core::RouteClass::Refused,
+            target: target.to_owned(),
             status: status.as_u16(),
-            took: std::time::Duration::ZERO,
-            backends: "-".to_owned(),
-            cache: "-".to_owned(),
-            bytes: "-".to_owned(),
             why: Some(why.to_owned()),
+            ..AccessLine::of_context(context)
         }
         .log();
         answer
@@ -185,6 +184,7 @@ impl<R: Runtime> ClientAnswer<R> {
                 ClientAnswer::Streamed {
                     response,
                     body,
+                    check: StreamedBody::new(),
                     deadline,
                 }
             }
@@ -224,99 +224,52 @@ impl<R: Runtime> ClientAnswer<R> {
     }
 }
 
-/// One request's access line (docs/operating.md, "Following a request"): every field of it, so
-/// that answered requests and refused heads write the same line in one place ([`Self::log`]).
-struct AccessLine<'a> {
-    context: &'a ClientContext,
-    method: String,
-    target: &'a str,
+/// The access line of an answered request ([`AccessLine`]): the answer's fields; a streamed
+/// body's bytes are filled in when it ends.
+fn access_line<R: Runtime>(
+    request: &ClientRequest,
+    context: &ClientContext,
     route: pdbmux_core::RouteClass,
-    status: u16,
+    answer: &ClientAnswer<R>,
     took: std::time::Duration,
-    backends: String,
-    cache: String,
-    bytes: String,
-    /// Why the answer is not a whole success: set for a 5xx, a partial answer, a refused head.
-    why: Option<String>,
-}
-
-impl<'a> AccessLine<'a> {
-    /// The line of an answered request.
-    fn of_answer<R: Runtime>(
-        request: &'a ClientRequest,
-        context: &'a ClientContext,
-        route: pdbmux_core::RouteClass,
-        answer: &ClientAnswer<R>,
-        took: std::time::Duration,
-    ) -> AccessLine<'a> {
-        let response = answer.response();
-        let header = |name: &str| {
-            response
-                .headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("-")
-                .to_owned()
-        };
-        let backends = header("x-backends");
-        let why = if response.status.is_server_error() {
-            match &response.body {
-                ResponseBody::Full(body) => Some(reason_of(body)),
-                ResponseBody::Upstream(_) | ResponseBody::Merged => {
-                    Some("a backend's error, streamed".to_owned())
-                }
+) -> AccessLine {
+    let response = answer.response();
+    let header = |name: &str| {
+        response
+            .headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned()
+    };
+    let backends = header("x-backends");
+    let why = if response.status.is_server_error() {
+        match &response.body {
+            ResponseBody::Full(body) => Some(reason_of(body)),
+            ResponseBody::Upstream(_) | ResponseBody::Merged => {
+                Some("a backend's error, streamed".to_owned())
             }
-        } else if pdbmux_core::Coverage::of(response) == pdbmux_core::Coverage::Partial {
-            Some(format!("partial: {backends} backends answered"))
-        } else {
-            None
-        };
-        let bytes = match (answer, &response.body) {
-            (ClientAnswer::Whole(_), ResponseBody::Full(body)) => body.len().to_string(),
-            _ => "streamed".to_owned(),
-        };
-        AccessLine {
-            context,
-            method: request.method.to_string(),
-            target: &request.target,
-            route,
-            status: response.status.as_u16(),
-            took,
-            cache: header("x-cache"),
-            backends,
-            bytes,
-            why,
         }
-    }
-
-    /// Writes it: at info, or at warn with `why` when there is one.
-    fn log(&self) {
-        let client = self
-            .context
-            .peer
-            .map_or_else(|| "-".to_owned(), |peer| peer.to_string());
-        macro_rules! access {
-            ($level:ident, $($why:tt)*) => {
-                tracing::$level!(
-                    target: "pdbmux::access",
-                    request_id = %self.context.request_id,
-                    method = %self.method,
-                    target = %self.target,
-                    route = %self.route,
-                    status = self.status,
-                    ms = self.took.as_millis() as u64,
-                    backends = %self.backends,
-                    cache = %self.cache,
-                    bytes = %self.bytes,
-                    client = %client,
-                    $($why)*
-                )
-            };
-        }
-        match &self.why {
-            Some(why) => access!(warn, why = %why),
-            None => access!(info,),
-        }
+    } else if pdbmux_core::Coverage::of(response) == pdbmux_core::Coverage::Partial {
+        Some(format!("partial: {backends} backends answered"))
+    } else {
+        None
+    };
+    let bytes = match (answer, &response.body) {
+        (ClientAnswer::Whole(_), ResponseBody::Full(body)) => body.len().to_string(),
+        _ => "-".to_owned(),
+    };
+    AccessLine {
+        method: request.method.to_string(),
+        target: request.target.clone(),
+        route,
+        status: response.status.as_u16(),
+        took,
+        cache: header("x-cache"),
+        backends,
+        bytes,
+        why,
+        ..AccessLine::of_context(context)
     }
 }
 
@@ -656,12 +609,17 @@ impl<R: Runtime> EstateHost<R> {
         let (mut answer, class, took) =
             self.answer_in_span(request, context).instrument(span).await;
         answer.echo_request_id(context);
-        if let ClientAnswer::Merged { body, .. } = &mut answer {
-            let counts = self.metrics.as_ref().map(Metrics::streamed_merges);
-            body.watched(&context.request_id, counts);
+        // Outside the span: the line names the id itself, as a field of its own. A streamed
+        // body writes it when it ends, with the bytes it sent.
+        let line = access_line(request, context, class, &answer, took);
+        match &mut answer {
+            ClientAnswer::Whole(_) => line.log(),
+            ClientAnswer::Streamed { check, .. } => check.watched(BodyWatch::new(line)),
+            ClientAnswer::Merged { body, .. } => {
+                let counts = self.metrics.as_ref().map(Metrics::streamed_merges);
+                body.watched(BodyWatch::new(line), counts);
+            }
         }
-        // Outside the span: the line names the id itself, as a field of its own.
-        AccessLine::of_answer(request, context, class, &answer, took).log();
         answer
     }
 
@@ -896,7 +854,7 @@ impl<R: Runtime> EstateHost<R> {
     ) -> Response {
         // Its failure is logged under the request the flight started for.
         if let Some(request_id) = bound.request_id() {
-            body.watched(request_id, None);
+            body.failure_logged_under(request_id);
         }
         let clients = self
             .estate()

@@ -15,6 +15,8 @@ use bytes::Bytes;
 
 use pdbmux_core::MAX_JSON_DEPTH;
 
+use crate::access::BodyWatch;
+
 /// A streamed body that is not one JSON value (or nests deeper than [`MAX_JSON_DEPTH`], as a
 /// buffered answer may not either).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -197,6 +199,8 @@ pub struct StreamedBody {
     check: CheckedStream,
     ended: bool,
     failed: Option<StreamFailure>,
+    /// The request's access line, written when the body ends.
+    watch: BodyWatch,
 }
 
 impl StreamedBody {
@@ -205,11 +209,21 @@ impl StreamedBody {
         StreamedBody::default()
     }
 
+    /// Writes the request's access line (`watch`) when the body ends.
+    pub(crate) fn watched(&mut self, watch: BodyWatch) {
+        self.watch = watch;
+    }
+
     /// A chunk read from upstream: `Ok` gives what may go out now (see [`CheckedStream::push`]).
     pub fn chunk(&mut self, chunk: Bytes) -> Result<Option<Bytes>, StreamFailure> {
         self.still_going()?;
-        let checked = self.check.push(chunk);
-        checked.map_err(|not_json| self.fail(not_json.into()))
+        match self.check.push(chunk) {
+            Ok(out) => {
+                self.watch.sent(out.as_ref().map_or(0, Bytes::len));
+                Ok(out)
+            }
+            Err(not_json) => Err(self.fail(not_json.into())),
+        }
     }
 
     /// The upstream body ended: `Ok` gives the last chunk to send; after it, only trailers.
@@ -218,6 +232,8 @@ impl StreamedBody {
         match self.check.finish() {
             Ok(last) => {
                 self.ended = true;
+                self.watch.sent(last.as_ref().map_or(0, Bytes::len));
+                self.watch.complete();
                 Ok(last)
             }
             Err(not_json) => Err(self.fail(not_json.into())),
@@ -261,7 +277,9 @@ impl StreamedBody {
     }
 
     fn fail(&mut self, failure: StreamFailure) -> StreamFailure {
-        tracing::warn!("aborting a streamed response: {failure}");
+        if !self.watch.cut_off(&failure) {
+            tracing::warn!("aborting a streamed response: {failure}");
+        }
         self.failed = Some(failure.clone());
         failure
     }

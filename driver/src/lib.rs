@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::pin::pin;
 use std::time::Instant;
 
+mod access;
 pub mod budget;
 mod context;
 mod flight_merge;

@@ -13,6 +13,7 @@ use futures_channel::mpsc;
 use futures_util::StreamExt;
 use pdbmux_core::MergeStream;
 
+use crate::access::BodyWatch;
 use crate::metrics::StreamedMerges;
 use crate::{Runtime, StreamFailure};
 
@@ -25,8 +26,13 @@ pub struct MergedBody<R: Runtime> {
     source: Option<Source<R>>,
     /// Ended: whole, or cut off.
     done: bool,
-    /// The request it answers, for its log line, and where it counts how it ended.
-    watch: Option<(String, Option<StreamedMerges>)>,
+    /// The request's access line, written when the body ends.
+    watch: BodyWatch,
+    /// Where it counts how it ended.
+    counts: Option<StreamedMerges>,
+    /// The request a failure is logged under when no access line is watched (a flight's own
+    /// merge, whose clients each have theirs).
+    request_id: Option<String>,
     runtime: PhantomData<fn() -> R>,
 }
 
@@ -79,15 +85,23 @@ impl<R: Runtime> MergedBody<R> {
         MergedBody {
             source: Some(source),
             done: false,
-            watch: None,
+            watch: BodyWatch::default(),
+            counts: None,
+            request_id: None,
             runtime: PhantomData,
         }
     }
 
-    /// Names the request it answers (in its log line if it is cut off) and where it counts
-    /// how it ends.
-    pub(crate) fn watched(&mut self, request_id: &str, counts: Option<StreamedMerges>) {
-        self.watch = Some((request_id.to_owned(), counts));
+    /// Logs its failure, if any, under `request_id` (for a merge no client reads directly).
+    pub(crate) fn failure_logged_under(&mut self, request_id: &str) {
+        self.request_id = Some(request_id.to_owned());
+    }
+
+    /// Writes the request's access line (`watch`) when the body ends, and counts how it ended in
+    /// `counts`.
+    pub(crate) fn watched(&mut self, watch: BodyWatch, counts: Option<StreamedMerges>) {
+        self.watch = watch;
+        self.counts = counts;
     }
 
     /// The next bytes of the answer: `Ready(None)` once it is whole.
@@ -121,10 +135,15 @@ impl<R: Runtime> MergedBody<R> {
             Poll::Ready(None) => {
                 self.done = true;
                 self.count("complete");
+                self.watch.complete();
                 Poll::Ready(None)
             }
             Poll::Ready(Some(Err(failure))) => Poll::Ready(Some(Err(self.fail(failure)))),
-            other => other,
+            Poll::Ready(Some(Ok(bytes))) => {
+                self.watch.sent(bytes.len());
+                Poll::Ready(Some(Ok(bytes)))
+            }
+            Poll::Pending => Poll::Pending,
         }
     }
 
@@ -137,14 +156,16 @@ impl<R: Runtime> MergedBody<R> {
         self.done = true;
         // The held bodies (or the flight's channel) go now: their connections close.
         self.source = None;
-        let request_id = self.watch.as_ref().map_or("-", |(id, _)| id.as_str());
-        tracing::warn!(request_id, "aborting a streamed merge: {failure}");
+        if !self.watch.cut_off(&failure) {
+            let request_id = self.request_id.as_deref().unwrap_or("-");
+            tracing::warn!(request_id, "aborting a streamed merge: {failure}");
+        }
         self.count("cut_off");
         failure
     }
 
     fn count(&self, outcome: &'static str) {
-        if let Some((_, Some(counts))) = &self.watch {
+        if let Some(counts) = &self.counts {
             counts.observe(outcome);
         }
     }

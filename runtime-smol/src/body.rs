@@ -161,12 +161,13 @@ const READ_SIZE: usize = 16 * 1024;
 const MERGE_READ_SIZE: usize = 64 * 1024;
 
 impl Deadlined {
-    /// Bounds `inner` by `deadline`.
-    pub fn new(inner: HeldBody, deadline: Instant) -> Deadlined {
+    /// Bounds `inner` by `deadline`; every piece goes through `check` (the driver's, which
+    /// writes the request's access line when the body ends).
+    pub fn new(inner: HeldBody, check: StreamedBody, deadline: Instant) -> Deadlined {
         Deadlined {
             inner,
             timer: Timer::at(deadline),
-            body: StreamedBody::new(),
+            body: check,
             scratch: vec![0; READ_SIZE].into_boxed_slice(),
             ready: Bytes::new(),
         }

@@ -434,9 +434,12 @@ async fn buffered(answer: ClientAnswer) -> ClientAnswer {
         ClientAnswer::Streamed {
             response,
             body: held,
+            check,
             deadline,
         } => {
-            let read = Deadlined::new(held, deadline).read_to_end(&mut body).await;
+            let read = Deadlined::new(held, check, deadline)
+                .read_to_end(&mut body)
+                .await;
             (response, read)
         }
         ClientAnswer::Merged {
@@ -469,10 +472,11 @@ fn to_wire(answer: ClientAnswer, keep_alive: bool, http11: bool) -> http_types::
         ClientAnswer::Streamed {
             response,
             body: held,
+            check,
             deadline,
         } => {
             let length = held.length().and_then(|n| usize::try_from(n).ok());
-            let body = http_types::Body::from_reader(Deadlined::new(held, deadline), length);
+            let body = http_types::Body::from_reader(Deadlined::new(held, check, deadline), length);
             (response, body)
         }
         ClientAnswer::Merged {

@@ -31,12 +31,13 @@ pub fn full(bytes: Bytes) -> ResponseBody {
 /// Streams a held upstream body. Going over `max_body_bytes`, past `deadline` or a body that is
 /// not JSON ends the body with an error, so the client connection is aborted rather than sent a
 /// truncated or broken 200. The JSON check holds back the latest chunk until the body is known to
-/// continue or to end as one value ([`StreamedBody`]).
-pub fn streamed(body: HeldBody, deadline: Instant) -> ResponseBody {
+/// continue or to end as one value ([`StreamedBody`]: the driver's `check`, which writes the
+/// request's access line when the body ends).
+pub fn streamed(body: HeldBody, check: StreamedBody, deadline: Instant) -> ResponseBody {
     Deadlined {
         inner: body,
         sleep: Box::pin(tokio::time::sleep_until(deadline.into())),
-        body: StreamedBody::new(),
+        body: check,
         trailers: None,
     }
     .boxed()

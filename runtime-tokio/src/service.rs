@@ -95,8 +95,9 @@ fn into_hyper(answer: ClientAnswer<Tokio>) -> http::Response<body::ResponseBody>
         ClientAnswer::Streamed {
             response,
             body,
+            check,
             deadline,
-        } => (response, body::streamed(body, deadline)),
+        } => (response, body::streamed(body, check, deadline)),
         ClientAnswer::Merged {
             response,
             body,

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::support::{respond, tcp_sockets, FakeBackend, Pdbmux, Piece};
+use crate::support::{access_line, respond, tcp_sockets, FakeBackend, Pdbmux, Piece};
 
 mod metrics;
 pub use metrics::*;
@@ -357,7 +357,7 @@ pub fn a_backend_closing_mid_body_aborts_the_connection(bin: &Path) {
             Piece::Close,
         ]
     });
-    let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+    let mut pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
     let response = pdbmux.get("/pdb/query/v4/environments/production");
     assert_eq!(response.status(), 200, "{}", response.text);
     match response.header("content-length") {
@@ -372,6 +372,26 @@ pub fn a_backend_closing_mid_body_aborts_the_connection(bin: &Path) {
             response.text
         ),
     }
+    // One access line, written when the body was cut off: at warn, with why.
+    let log = pdbmux.stderr();
+    let line = access_line(&log, "/pdb/query/v4/environments/production");
+    for field in [
+        "WARN",
+        " status=200 ",
+        " body=cut_off ",
+        " why=cut off after ",
+    ] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+    let id = response
+        .header("x-request-id")
+        .expect("a request id")
+        .to_owned();
+    let warned = log
+        .lines()
+        .filter(|l| l.contains("WARN") && l.contains(&id))
+        .count();
+    assert_eq!(warned, 1, "the request's one line at warn:\n{log}");
 }
 
 /// Whether a raw response's body (after its head: the head itself may end in a `0`, a request

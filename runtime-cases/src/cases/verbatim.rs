@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::{chunked, End};
-use crate::support::{respond, FakeBackend, Pdbmux, Piece};
+use crate::support::{access_line, respond, FakeBackend, Pdbmux, Piece};
 
 /// The routes one backend answers as it is.
 const VERBATIM_TARGETS: [&str; 4] = [
@@ -169,7 +169,7 @@ pub fn a_large_streamed_answer_passes_whole(bin: &Path) {
     let declared_backend =
         FakeBackend::start(move |_| respond("200 OK", "application/json", &declared_body));
     for backend in [chunked_backend, trailers_backend, declared_backend] {
-        let pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
+        let mut pdbmux = Pdbmux::start(bin, &[("PDBMUX_BACKENDS", format!("a={}", backend.url()))]);
         let response = pdbmux.get(VERBATIM_TARGETS[0]);
         assert_eq!(response.status(), 200);
         let body = match response.header("content-length") {
@@ -184,5 +184,15 @@ pub fn a_large_streamed_answer_passes_whole(bin: &Path) {
             }
         };
         assert!(body == whole, "the body must arrive byte for byte");
+        // Its access line is written when the body ends, with the bytes it sent.
+        let log = pdbmux.stderr();
+        let line = access_line(&log, VERBATIM_TARGETS[0]);
+        for field in [
+            format!(" bytes={} ", whole.len()),
+            " body=streamed ".to_owned(),
+        ] {
+            assert!(line.contains(&field), "{field} in {line}");
+        }
+        assert!(!line.contains("WARN"), "{line}");
     }
 }

@@ -278,6 +278,14 @@ impl Pdbmux {
     }
 }
 
+/// The access line of the request for `target` in a pdbmux log (see [`Pdbmux::stderr`]).
+pub fn access_line<'a>(log: &'a str, target: &str) -> &'a str {
+    let field = format!(" target={target} ");
+    log.lines()
+        .find(|line| line.contains("pdbmux::access") && line.contains(&field))
+        .unwrap_or_else(|| panic!("no access line for {target} in:\n{log}"))
+}
+
 impl Drop for Pdbmux {
     fn drop(&mut self) {
         let _ = self.child.kill();
