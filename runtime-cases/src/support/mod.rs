@@ -161,38 +161,60 @@ pub struct Pdbmux {
 }
 
 impl Pdbmux {
-    /// Starts `binary` (see [`binary`]) on a free loopback port with `env`.
+    /// Starts `binary` (see [`binary`]) on a free loopback port with `env`. The port is found
+    /// free and then given to pdbmux: another process can take it in between (a client's
+    /// ephemeral port), so a start refused with "Address already in use" is tried again on
+    /// another port; any other exit before listening fails with pdbmux's own words.
     pub fn start(binary: &std::path::Path, env: &[(&str, String)]) -> Pdbmux {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let home = tempfile::tempdir().unwrap();
-        let mut command = Command::new(binary);
-        command
-            .env_clear()
-            .env("HOME", home.path())
-            .env("PDBMUX_LISTEN", addr.to_string())
-            .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
-            .env("PDBMUX_METRICS_LISTEN", "")
-            .env("PDBMUX_LOG_LEVEL", "debug")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (key, value) in env {
-            command.env(key, value);
+        for _attempt in 0..3 {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port();
+            let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+            let home = tempfile::tempdir().unwrap();
+            let mut command = Command::new(binary);
+            command
+                .env_clear()
+                .env("HOME", home.path())
+                .env("PDBMUX_LISTEN", addr.to_string())
+                .env("PDBMUX_HEALTH_PROBE_ENABLED", "false")
+                .env("PDBMUX_METRICS_LISTEN", "")
+                .env("PDBMUX_LOG_LEVEL", "debug")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped());
+            for (key, value) in env {
+                command.env(key, value);
+            }
+            let mut pdbmux = Pdbmux {
+                child: command.spawn().unwrap(),
+                addr,
+                home,
+            };
+            // Generous: a debug build on a loaded 2-core machine starts slowly.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let exited = pdbmux.child.try_wait().ok().flatten();
+                match exited {
+                    None if TcpStream::connect(addr).is_ok() => return pdbmux,
+                    None => {}
+                    Some(status) => {
+                        let log = pdbmux.stderr();
+                        if log.contains("Address already in use") {
+                            break;
+                        }
+                        panic!("pdbmux exited ({status}) before listening on {addr}:\n{log}");
+                    }
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "pdbmux did not start listening on {addr} within 30 s"
+                );
+                thread::sleep(Duration::from_millis(20));
+            }
         }
-        let child = command.spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(addr).is_err() {
-            assert!(
-                Instant::now() < deadline,
-                "pdbmux did not start listening on {addr}"
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-        Pdbmux { child, addr, home }
+        panic!("pdbmux found each of three free ports taken before it could listen")
     }
 
     /// Sends raw request bytes and reads until the server closes the connection.
