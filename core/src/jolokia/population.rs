@@ -99,12 +99,12 @@ impl JolokiaPlan {
     }
 
     /// Merges the answers: `envelopes` are the 2xx metrics bodies in configured order,
-    /// `resource_counts` the owned resource counts (for the population MBeans). `None` when no
-    /// body was usable.
+    /// `resources` the sum of the owned resource counts (for the population MBeans). `None`
+    /// when no body was usable.
     fn respond(
         &self,
         envelopes: &[&[u8]],
-        resource_counts: &[&[u8]],
+        resources: u64,
         nodes: Option<PopulationNodes>,
     ) -> Option<(Response, usize)> {
         let merged = match self.route {
@@ -122,7 +122,7 @@ impl JolokiaPlan {
             }
             JolokiaMerge::NothingUsable => return None,
         };
-        let body = match self.population_value(resource_counts, nodes) {
+        let body = match self.population_value(resources, nodes) {
             Some(value) => {
                 let value = if self.bare_value {
                     value
@@ -136,24 +136,15 @@ impl JolokiaPlan {
         Some((Response::json(StatusCode::OK, body), contributed))
     }
 
-    fn population_value(
-        &self,
-        resource_counts: &[&[u8]],
-        nodes: Option<PopulationNodes>,
-    ) -> Option<Value> {
+    fn population_value(&self, resources: u64, nodes: Option<PopulationNodes>) -> Option<Value> {
         let population = self.population?;
         let nodes = nodes?;
-        let resources = || -> Option<u64> {
-            resource_counts
-                .iter()
-                .try_fold(0u64, |total, body| Some(total + resource_count(body)?))
-        };
-        match population {
-            Population::ActiveNodes => Some(json!(nodes.active)),
-            Population::InactiveNodes => Some(json!(nodes.any.saturating_sub(nodes.active))),
-            Population::Resources => resources().map(|r| json!(r)),
-            Population::ResourcesPerNode => Some(clojure_ratio(resources()?, nodes.any as u64)),
-        }
+        Some(match population {
+            Population::ActiveNodes => json!(nodes.active),
+            Population::InactiveNodes => json!(nodes.any.saturating_sub(nodes.active)),
+            Population::Resources => json!(resources),
+            Population::ResourcesPerNode => clojure_ratio(resources, nodes.any as u64),
+        })
     }
 }
 
@@ -237,36 +228,33 @@ impl Plan for JolokiaPlan {
         }
         // A backend whose resource count failed or does not read is left out of the answer,
         // envelope too: its resources would be missing from a total that says every backend
-        // answered (and the answer could be cached as whole).
-        let counted = |backend: &BackendId| {
-            !self.counts_resources()
-                || calls
-                    .success(*backend, RESOURCE_COUNT)
-                    .is_some_and(|(_, body)| resource_count(body).is_some())
-        };
-        let uncounted: Vec<(BackendId, Unusable)> = context
-            .roster
-            .iter()
-            .filter(|b| calls.success(**b, ENVELOPE).is_some() && !counted(b))
-            .map(|b| (*b, Unusable::IncompleteParts))
-            .collect();
-        let envelopes: Vec<&[u8]> = context
-            .roster
-            .iter()
-            .filter(|b| counted(b))
-            .filter_map(|b| calls.success(*b, ENVELOPE).map(|(_, body)| &body[..]))
-            .collect();
-        let counts: Vec<&[u8]> = context
-            .roster
-            .iter()
-            .filter(|b| counted(b))
-            .filter_map(|b| calls.success(*b, RESOURCE_COUNT).map(|(_, body)| &body[..]))
-            .collect();
+        // answered (and the answer could be cached as whole). Each count is read once.
+        let mut uncounted: Vec<(BackendId, Unusable)> = Vec::new();
+        let mut envelopes: Vec<&[u8]> = Vec::new();
+        let mut resources = 0u64;
+        for &backend in &context.roster {
+            let envelope = calls.success(backend, ENVELOPE).map(|(_, body)| &body[..]);
+            if self.counts_resources() {
+                let count = calls
+                    .success(backend, RESOURCE_COUNT)
+                    .and_then(|(_, body)| resource_count(body));
+                match count {
+                    Some(count) => resources = resources.saturating_add(count),
+                    None => {
+                        if envelope.is_some() {
+                            uncounted.push((backend, Unusable::IncompleteParts));
+                        }
+                        continue;
+                    }
+                }
+            }
+            envelopes.extend(envelope);
+        }
         let nodes = context.ownership.as_ref().map(|o| PopulationNodes {
             active: o.node_count(),
             any: o.certname_count(),
         });
-        match self.respond(&envelopes, &counts, nodes) {
+        match self.respond(&envelopes, resources, nodes) {
             Some((response, contributed)) => Step::Done(Verdict::Merged {
                 response,
                 contributed,
@@ -312,6 +300,14 @@ mod tests {
         ))
     }
 
+    /// The sum of owned resource counts as the plan reads them, each body once.
+    fn resources(bodies: &[&[u8]]) -> u64 {
+        bodies
+            .iter()
+            .map(|body| resource_count(body).expect("a count"))
+            .sum()
+    }
+
     fn envelope(mbean: &str, value: Value) -> Vec<u8> {
         json!({"request": {"mbean": mbean, "type": "read"}, "value": value, "timestamp": 1_700_000_000, "status": 200})
             .to_string()
@@ -343,7 +339,7 @@ mod tests {
             active: ownership.node_count(),
             any: ownership.certname_count(),
         });
-        let (response, contributed) = plan.respond(&[&a, &b], &[], nodes).expect("merged");
+        let (response, contributed) = plan.respond(&[&a, &b], 0, nodes).expect("merged");
         let body: Value =
             serde_json::from_slice(response.full_body().expect("full")).expect("json");
         assert_eq!(body["value"], json!({"Value": 4}), "5 summed, 4 distinct");
@@ -381,7 +377,11 @@ mod tests {
         );
         let nodes = Some(PopulationNodes { active: 4, any: 6 });
         let (response, _) = plan
-            .respond(&[&a], &[br#"[{"count":30}]"#, br#"[{"count":50}]"#], nodes)
+            .respond(
+                &[&a],
+                resources(&[br#"[{"count":30}]"#, br#"[{"count":50}]"#]),
+                nodes,
+            )
             .expect("merged");
         let body: Value =
             serde_json::from_slice(response.full_body().expect("full")).expect("json");
@@ -406,7 +406,7 @@ mod tests {
             "java.lang:type=Memory",
             json!({"HeapMemoryUsage": {"used": 7}}),
         );
-        let (response, _) = plan.respond(&[&a, &b], &[], None).expect("merged");
+        let (response, _) = plan.respond(&[&a, &b], 0, None).expect("merged");
         let body: Value =
             serde_json::from_slice(response.full_body().expect("full")).expect("json");
         assert_eq!(body["value"]["HeapMemoryUsage"]["used"], json!(12));
