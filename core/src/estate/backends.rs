@@ -6,6 +6,7 @@
 use std::collections::VecDeque;
 use std::time::Instant;
 
+use super::asked::UpstreamEnd;
 use super::EstateOutput;
 use crate::cache::CacheReport;
 use crate::clock::ClockAnchor;
@@ -13,7 +14,6 @@ use crate::config::Config;
 use crate::health::{ProbeSettings, Prober, ProberOutput};
 use crate::healthz::{QueryRounds, Reachability, Round};
 use crate::ids::{BackendId, Counter, UpstreamId, WaiterId};
-use crate::message::{UpstreamFailure, UpstreamResponse};
 use crate::stats::BackendStats;
 
 /// The estate's output queue, which every part pushes onto.
@@ -76,43 +76,35 @@ impl BackendWatch {
         ));
     }
 
-    /// An upstream answer: a probe's is taken (`true`); any other is noted for the check under
-    /// way, if it is one of its calls, and left to the other parts (`false`).
-    pub(super) fn handle_response(
+    /// The answer to one of the prober's probes: recorded, and the next ones sent.
+    pub(super) fn probe_answered(
         &mut self,
         now: Instant,
-        (id, response): (UpstreamId, &UpstreamResponse),
+        (id, answer): (UpstreamId, UpstreamEnd<'_>),
         (ids, config): (&mut Counter, &Config),
         outputs: &mut Outputs,
-    ) -> bool {
-        if self
-            .prober
-            .handle_response(now, (id, response), (ids, &config.backends))
-        {
-            self.drain_prober(outputs);
-            return true;
-        }
-        self.reachability.record_response(id, response);
-        false
+    ) {
+        let backends = &config.backends;
+        match answer {
+            UpstreamEnd::Response(response) => {
+                self.prober
+                    .handle_response(now, (id, response), (ids, backends))
+            }
+            UpstreamEnd::Failure(failure) => {
+                self.prober
+                    .handle_failure(now, (id, failure), (ids, backends))
+            }
+        };
+        self.drain_prober(outputs);
     }
 
-    /// An upstream failure, as [`BackendWatch::handle_response`] takes an answer.
-    pub(super) fn handle_failure(
-        &mut self,
-        now: Instant,
-        (id, failure): (UpstreamId, &UpstreamFailure),
-        (ids, config): (&mut Counter, &Config),
-        outputs: &mut Outputs,
-    ) -> bool {
-        if self
-            .prober
-            .handle_failure(now, (id, failure), (ids, &config.backends))
-        {
-            self.drain_prober(outputs);
-            return true;
+    /// The answer to one of the `/healthz` check's calls, noted for the check under way (one of
+    /// an abandoned check is ignored).
+    pub(super) fn check_answered(&mut self, id: UpstreamId, answer: UpstreamEnd<'_>) {
+        match answer {
+            UpstreamEnd::Response(response) => self.reachability.record_response(id, response),
+            UpstreamEnd::Failure(failure) => self.reachability.record_failure(id, failure),
         }
-        self.reachability.record_failure(id, failure);
-        false
     }
 
     /// Makes `waiters` wait for the `/healthz` check under way, or starts one asking every
@@ -249,7 +241,7 @@ pub(super) fn abandon(outputs: &mut Outputs, ids: Vec<UpstreamId>) {
 mod tests {
     use super::*;
     use crate::estate::tests::config;
-    use crate::message::{Purpose, UpstreamRequest};
+    use crate::message::{Purpose, UpstreamRequest, UpstreamResponse};
 
     fn sends(outputs: &mut Outputs) -> Vec<UpstreamRequest> {
         outputs
@@ -278,12 +270,13 @@ mod tests {
         assert_eq!(probes.len(), 2);
         assert!(probes.iter().all(|r| r.purpose == Purpose::Probe));
         let ok = || UpstreamResponse::full(http::StatusCode::OK, "application/json", "{}");
-        assert!(watch.handle_response(
+        watch.probe_answered(
             now,
-            (probes[0].id, &ok()),
+            (probes[0].id, UpstreamEnd::Response(&ok())),
             (&mut ids, &config),
-            &mut outputs
-        ));
+            &mut outputs,
+        );
+        assert_eq!(watch.stats(&config)[0].state, "healthy");
 
         let clock = ClockAnchor {
             instant: now,
@@ -295,12 +288,7 @@ mod tests {
         for call in &calls {
             watch.finish_check((&config, &clock), || (None, None), &mut outputs);
             assert!(outputs.is_empty(), "no answer before every call has one");
-            assert!(!watch.handle_response(
-                now,
-                (call.id, &ok()),
-                (&mut ids, &config),
-                &mut outputs
-            ));
+            watch.check_answered(call.id, UpstreamEnd::Response(&ok()));
         }
         watch.finish_check((&config, &clock), || (None, None), &mut outputs);
         match outputs.pop_front() {

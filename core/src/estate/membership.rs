@@ -6,13 +6,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::asked::UpstreamEnd;
 use super::backends::{abandon, BackendWatch, Outputs};
 use super::EstateOutput;
 use crate::config::Config;
 use crate::fanout::Context;
 use crate::ids::{BackendId, UpstreamId, WaiterId};
 use crate::membership::{MembershipMap, MembershipOutput, Ownership, Sending};
-use crate::message::{UpstreamFailure, UpstreamResponse};
 use crate::policy::Planned;
 use crate::stats::BackendStats;
 
@@ -79,28 +79,19 @@ impl MembershipPart {
         self.drain(outputs);
     }
 
-    /// An upstream answer, taken when it is one of the refresh's.
-    pub(super) fn handle_response(
+    /// The answer to one of the refresh's queries (one of an abandoned refresh is ignored).
+    pub(super) fn answered(
         &mut self,
         now: Instant,
-        (id, response): (UpstreamId, &UpstreamResponse),
+        (id, answer): (UpstreamId, UpstreamEnd<'_>),
         sending: Sending<'_>,
         outputs: &mut Outputs,
     ) {
-        if self.map.handle_response(now, id, response, sending) {
-            self.drain(outputs);
-        }
-    }
-
-    /// An upstream failure, taken when it is one of the refresh's.
-    pub(super) fn handle_failure(
-        &mut self,
-        now: Instant,
-        (id, failure): (UpstreamId, &UpstreamFailure),
-        sending: Sending<'_>,
-        outputs: &mut Outputs,
-    ) {
-        if self.map.handle_failure(now, id, failure, sending) {
+        let taken = match answer {
+            UpstreamEnd::Response(response) => self.map.handle_response(now, id, response, sending),
+            UpstreamEnd::Failure(failure) => self.map.handle_failure(now, id, failure, sending),
+        };
+        if taken {
             self.drain(outputs);
         }
     }
@@ -196,6 +187,7 @@ mod tests {
     use crate::estate::tests::{config, MEMBERSHIP};
     use crate::ids::Counter;
     use crate::membership::MEMBERSHIP_QUERY;
+    use crate::message::{UpstreamFailure, UpstreamResponse};
 
     #[test]
     fn a_fan_out_that_needs_ownership_leaves_out_what_the_map_never_placed() {
@@ -224,9 +216,9 @@ mod tests {
             };
             if request.backend == BackendId(1) {
                 let failure = UpstreamFailure::Timeout;
-                part.handle_failure(
+                part.answered(
                     now,
-                    (request.id, &failure),
+                    (request.id, UpstreamEnd::Failure(&failure)),
                     (&mut ids, &config),
                     &mut outputs,
                 );
@@ -238,9 +230,9 @@ mod tests {
                 "[]"
             };
             let answer = UpstreamResponse::full(http::StatusCode::OK, "application/json", body);
-            part.handle_response(
+            part.answered(
                 now,
-                (request.id, &answer),
+                (request.id, UpstreamEnd::Response(&answer)),
                 (&mut ids, &config),
                 &mut outputs,
             );

@@ -5,7 +5,8 @@
 //! own state and tests (docs/architecture.md, "The estate's parts"): `backends` (probes, query
 //! rounds, the `/healthz` check), `membership` (the membership map and its refreshes), `answers`
 //! (the cache, its flights, refresh ahead and the shared tier) and the PQL translations. The
-//! estate decides what a request waits for and which part answers it, and what a reload keeps.
+//! estate decides what a request waits for and which part answers it, and what a reload keeps;
+//! an upstream answer goes to the part that asked it (`asked`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -15,9 +16,10 @@ use crate::cache::CacheStatus;
 use crate::clock::ClockAnchor;
 use crate::config::{Config, Renews};
 use crate::exchange::{Exchange, ExchangeReport};
-use crate::ids::{Counter, FlightId, UpstreamId, WaiterId};
+use crate::fanout::Plan;
+use crate::ids::{BackendId, Counter, FlightId, UpstreamId, WaiterId};
 use crate::membership::Ownership;
-use crate::message::{Response, UpstreamFailure, UpstreamRequest, UpstreamResponse};
+use crate::message::{Response, UpstreamFailure, UpstreamResponse};
 use crate::parsed::ParsedRequest;
 use crate::policy::{Planned, Work};
 use crate::root::{Pql, Translating};
@@ -26,85 +28,19 @@ use crate::sequence::Sequence;
 use crate::translations::Translations;
 
 mod answers;
+mod asked;
 mod backends;
 mod membership;
+mod output;
 mod shared_tier;
 
-use crate::cache::shared::{StoreAnswer, StoreId, StoreRequest};
+pub use output::{Admission, EstateOutput};
+
+use crate::cache::shared::{StoreAnswer, StoreId};
 use answers::{finish_cached, Answers, PendingFetch};
+use asked::{AskedBy, Asker, UpstreamEnd};
 use backends::BackendWatch;
 use membership::MembershipPart;
-
-/// What to do with a client request; returned by [`Estate::admit`].
-#[derive(Debug)]
-pub enum Admission {
-    /// Answer with this right away (a refusal); no backend is asked.
-    Respond(Response),
-    /// Drive this exchange on the request's own task until it responds.
-    Exchange(Exchange),
-    /// Wait: the estate later emits [`EstateOutput::Respond`] or [`EstateOutput::Resume`] for this
-    /// waiter.
-    Wait(WaiterId),
-    /// Start a shared flight: drive `exchange` on a task of its own (not the client's, so the
-    /// client leaving cannot cancel it), hand its response to [`Estate::handle_flight_done`], and
-    /// wait for this waiter's [`EstateOutput::Respond`] like any other waiter.
-    Flight {
-        /// The flight to report back on.
-        flight: FlightId,
-        /// The client that started it.
-        waiter: WaiterId,
-        /// The fan-out to drive.
-        exchange: Exchange,
-    },
-    /// PQL whose translation is not known: drive `exchange` (the translation request) on the
-    /// request's own task and hand its response, with `translating`, to
-    /// [`Estate::handle_translated`], which admits the translated query.
-    Translate {
-        /// The translation request to drive.
-        exchange: Exchange,
-        /// The request it translates.
-        translating: Translating,
-    },
-}
-
-/// What the [`Estate`] asks of the runtime; drain with [`Estate::poll_output`].
-#[derive(Debug)]
-pub enum EstateOutput {
-    /// Send this request upstream; report the answer to [`Estate::handle_upstream_response`] or
-    /// [`Estate::handle_upstream_failure`].
-    Send(UpstreamRequest),
-    /// Abandon this upstream request.
-    Cancel(UpstreamId),
-    /// Answer the client behind this waiter.
-    Respond {
-        /// Who is waiting.
-        waiter: WaiterId,
-        /// The answer.
-        response: Response,
-    },
-    /// What the waiter waited for (the first membership map) is ready: admit its request again
-    /// with [`Estate::readmit`].
-    Resume {
-        /// Who is waiting.
-        waiter: WaiterId,
-        /// Its request, as planned.
-        planned: Box<Planned>,
-    },
-    /// Every participant of this flight left: abort its task, releasing its upstream requests.
-    CancelFlight(FlightId),
-    /// Carry this request to the shared cache store; hand its answer to
-    /// [`Estate::handle_store_answer`].
-    Store(StoreRequest),
-    /// Start this flight's fan-out now (the shared store did not answer it): drive `exchange` on
-    /// a task of its own and hand its response to [`Estate::handle_flight_done`], as for
-    /// [`Admission::Flight`].
-    StartFlight {
-        /// The flight.
-        flight: FlightId,
-        /// Its fan-out.
-        exchange: Exchange,
-    },
-}
 
 /// The state every request shares: configuration, backend health, the membership map, the cache
 /// and its flights, and the `/healthz` check in flight.
@@ -127,6 +63,8 @@ pub struct Estate {
     /// PQL translations backends gave.
     translations: Translations,
     outputs: VecDeque<EstateOutput>,
+    /// The part that asked each upstream request in flight.
+    asked: AskedBy,
 }
 
 impl Estate {
@@ -144,6 +82,7 @@ impl Estate {
             clock,
             translations: Translations::default(),
             outputs: VecDeque::new(),
+            asked: AskedBy::default(),
         }
     }
 
@@ -230,9 +169,6 @@ impl Estate {
         } else {
             planned.again(&self.config)
         };
-        if matches!(planned.work, Work::Healthz) {
-            return Admission::Wait(self.healthz_waiter(now));
-        }
         // A fresh entry answers before anything else: a hit does no JSON work.
         if let Some(hit) = self.answers.lookup(now, &planned) {
             if hit.refresh {
@@ -244,7 +180,7 @@ impl Estate {
         let needs_ownership = planned.needs_ownership();
         let plan = match planned.work {
             Work::Local(response) => {
-                // Answered from the request and the configuration alone: no fan-out, no wait
+                // UpstreamEnd from the request and the configuration alone: no fan-out, no wait
                 // for the membership map.
                 return Admission::Respond(if cacheable.is_some() {
                     finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO)
@@ -280,16 +216,11 @@ impl Estate {
         } else {
             None
         };
-        let fetch = PendingFetch {
-            // A flight's merge streams too: its driver reads it whole, to share and cache.
-            context: self.membership.context(
-                (&self.config, &self.backends),
-                (ownership, planned.waited_out),
-            ),
-            class: planned.class,
-            target: planned.request.target().to_owned(),
-            plan,
-        };
+        // A flight's merge streams too: its driver reads it whole, to share and cache.
+        let fetch = self.fetch(
+            (planned.class, &planned.request, plan),
+            (ownership, planned.waited_out),
+        );
         match cacheable {
             None => Admission::Exchange(fetch.start(now)),
             Some(cacheable) => self
@@ -315,15 +246,26 @@ impl Estate {
         } else {
             None
         };
-        let fetch = PendingFetch {
-            context: self
-                .membership
-                .context((&self.config, &self.backends), (ownership, Vec::new())),
-            class: planned.class,
-            target: planned.request.target().to_owned(),
-            plan,
-        };
+        let fetch = self.fetch(
+            (planned.class, &planned.request, plan),
+            (ownership, Vec::new()),
+        );
         self.answers.refresh(now, &cacheable, fetch);
+    }
+
+    /// The fan-out of `plan` for `request` over the backends as they are now, ownership decided
+    /// by `ownership` and the backends a wait for the map did not hear from left out.
+    fn fetch(
+        &self,
+        (class, request, plan): (RouteClass, &ParsedRequest, Box<dyn Plan>),
+        placing: (Option<Arc<Ownership>>, Vec<BackendId>),
+    ) -> PendingFetch {
+        PendingFetch {
+            context: (self.membership).context((&self.config, &self.backends), placing),
+            class,
+            target: request.target().to_owned(),
+            plan,
+        }
     }
 
     /// PQL: planned at once from a kept translation, else the translation request to drive.
@@ -438,21 +380,7 @@ impl Estate {
         id: UpstreamId,
         response: UpstreamResponse,
     ) {
-        if self.backends.handle_response(
-            now,
-            (id, &response),
-            (&mut self.upstream_ids, &self.config),
-            &mut self.outputs,
-        ) {
-            return;
-        }
-        self.membership.handle_response(
-            now,
-            (id, &response),
-            (&mut self.upstream_ids, &self.config),
-            &mut self.outputs,
-        );
-        self.finish(now);
+        self.answered(now, id, UpstreamEnd::Response(&response));
     }
 
     /// An upstream failure for a request the estate sent.
@@ -462,21 +390,28 @@ impl Estate {
         id: UpstreamId,
         failure: UpstreamFailure,
     ) {
-        if self.backends.handle_failure(
-            now,
-            (id, &failure),
-            (&mut self.upstream_ids, &self.config),
-            &mut self.outputs,
-        ) {
-            return;
+        self.answered(now, id, UpstreamEnd::Failure(&failure));
+    }
+
+    /// Hands an upstream request's end to the part that asked it; one cancelled, or dropped by
+    /// a reload, is nobody's.
+    fn answered(&mut self, now: Instant, id: UpstreamId, answer: UpstreamEnd<'_>) {
+        let sending = (&mut self.upstream_ids, &*self.config);
+        match self.asked.take(id) {
+            Some(Asker::Prober) => {
+                self.backends
+                    .probe_answered(now, (id, answer), sending, &mut self.outputs)
+            }
+            Some(Asker::Reachability) => {
+                self.backends.check_answered(id, answer);
+                self.finish(now);
+            }
+            Some(Asker::Membership) => {
+                self.membership
+                    .answered(now, (id, answer), sending, &mut self.outputs)
+            }
+            None => {}
         }
-        self.membership.handle_failure(
-            now,
-            (id, &failure),
-            (&mut self.upstream_ids, &self.config),
-            &mut self.outputs,
-        );
-        self.finish(now);
     }
 
     /// A waiting client went away; nothing is sent to it any more. A flight whose last
@@ -512,9 +447,12 @@ impl Estate {
 
     /// The next thing the runtime must do, if any.
     pub fn poll_output(&mut self) -> Option<EstateOutput> {
-        self.outputs
+        let output = self
+            .outputs
             .pop_front()
-            .or_else(|| self.answers.outputs.pop_front())
+            .or_else(|| self.answers.outputs.pop_front())?;
+        self.asked.note(&output);
+        Some(output)
     }
 
     /// The one next deadline the runtime must wake the estate at, if any.
@@ -564,7 +502,9 @@ mod tests {
     use crate::exchange::ExchangeOutput;
     use crate::ids::BackendId;
     use crate::membership::MEMBERSHIP_QUERIES;
-    use crate::message::{ClientRequest, ResponseBody, UpstreamBody, UpstreamResponse};
+    use crate::message::{
+        ClientRequest, ResponseBody, UpstreamBody, UpstreamRequest, UpstreamResponse,
+    };
 
     /// A configuration of these backends on loopback, probes off.
     pub(super) fn config(backends: &[(&str, u16)]) -> Config {
