@@ -582,3 +582,326 @@ pub(super) fn filtered_by_source(mut response: Response, values: &[String]) -> R
     }
     response
 }
+
+#[cfg(test)]
+#[allow(clippy::disallowed_methods)] // tests need one real instant to start from
+pub(in crate::estate) mod tests {
+    use super::*;
+    use crate::cache::X_CACHE;
+    use crate::corrections::Corrections;
+    use crate::estate::tests::config;
+    use crate::ids::BackendId;
+    use crate::message::ClientRequest;
+    use crate::policy::Work;
+
+    pub(in crate::estate) const TARGET: &str = "/pdb/query/v4/fact-names";
+
+    /// The answers of a one-backend configuration, changed by `with`.
+    pub(in crate::estate) fn answers(with: impl FnOnce(&mut Config)) -> (Answers, Instant) {
+        let mut config = config(&[("a", 1)]);
+        with(&mut config);
+        let now = Instant::now();
+        let clock = ClockAnchor {
+            instant: now,
+            wall: std::time::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+        };
+        (Answers::new(&Arc::new(config), clock), now)
+    }
+
+    /// `target`'s cache key and the fan-out a miss would start.
+    pub(in crate::estate) fn asked(answers: &Answers, target: &str) -> (Cacheable, PendingFetch) {
+        let planned = crate::policy::plan(&ClientRequest::get(target), &answers.config);
+        let cacheable = answers.caches(&planned).expect("a cacheable request");
+        let Work::Fanout(plan) = planned.work else {
+            panic!("a fan-out");
+        };
+        let context = Context {
+            config: Arc::clone(&answers.config),
+            roster: vec![BackendId(0)],
+            ownership: None,
+            corrections: Arc::new(Corrections::new(0)),
+            uncounted: Vec::new(),
+            may_stream: false,
+        };
+        let fetch = PendingFetch {
+            context,
+            class: planned.class,
+            target: target.to_owned(),
+            plan,
+        };
+        (cacheable, fetch)
+    }
+
+    /// Everything the answers asked for, drained.
+    pub(in crate::estate) fn drained(answers: &mut Answers) -> Vec<EstateOutput> {
+        answers.outputs.drain(..).collect()
+    }
+
+    /// The waiters answered among `outputs`, each with its body and `X-Cache`.
+    pub(in crate::estate) fn answered(outputs: &[EstateOutput]) -> Vec<(WaiterId, String, String)> {
+        outputs
+            .iter()
+            .filter_map(|output| match output {
+                EstateOutput::Respond { waiter, response } => Some((
+                    *waiter,
+                    String::from_utf8_lossy(response.full_body().expect("a whole body"))
+                        .into_owned(),
+                    response.headers[X_CACHE].to_str().unwrap_or("").to_owned(),
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn looked_up(answers: &mut Answers, now: Instant) -> Option<(String, String, bool)> {
+        let planned = crate::policy::plan(&ClientRequest::get(TARGET), &answers.config);
+        let hit = answers.lookup(now, &planned)?;
+        let body = String::from_utf8_lossy(hit.response.full_body()?).into_owned();
+        let status = hit.response.headers[X_CACHE].to_str().ok()?.to_owned();
+        Some((body, status, hit.refresh))
+    }
+
+    fn ok(body: &str) -> Response {
+        Response::json(http::StatusCode::OK, body.to_owned())
+    }
+
+    #[test]
+    fn one_flight_answers_every_client_that_joins_it_and_stores_its_answer_once() {
+        let (mut answers, now) = answers(|_| {});
+        let mut waiters = Counter::default();
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, waiter, .. } =
+            answers.fly(now, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("without a shared tier the fan-out starts at once");
+        };
+        let joined = answers.join(&cacheable, &mut waiters).expect("joins");
+        assert!(looked_up(&mut answers, now).is_none(), "nothing stored yet");
+        answers.handle_flight_done(now, flight, ok(r#"["kernel"]"#));
+        let outputs = drained(&mut answers);
+        let kernel = r#"["kernel"]"#.to_owned();
+        assert_eq!(
+            answered(&outputs),
+            [
+                (waiter, kernel.clone(), "miss".into()),
+                (joined, kernel.clone(), "miss".into())
+            ]
+        );
+        assert_eq!(
+            looked_up(&mut answers, now + Duration::from_secs(1)),
+            Some((kernel, "hit".into(), false))
+        );
+        assert!(
+            answers.join(&cacheable, &mut waiters).is_none(),
+            "the flight is over: a later miss starts another"
+        );
+        let stats = answers.stats(now).expect("a cache");
+        assert_eq!(stats.flight_joins, 1);
+    }
+
+    #[test]
+    fn a_failed_flight_serves_the_expired_entry_and_a_partial_success_is_served_unstored() {
+        let (mut answers, now) = answers(|_| {});
+        let mut waiters = Counter::default();
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, .. } = answers.fly(now, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("a flight");
+        };
+        answers.handle_flight_done(now, flight, ok(r#"["old"]"#));
+        drained(&mut answers);
+
+        let later = now + answers.config.facts_ttl + Duration::from_secs(5);
+        assert!(looked_up(&mut answers, later).is_none(), "expired");
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, waiter, .. } =
+            answers.fly(later, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("a flight");
+        };
+        let failed = Response::text(http::StatusCode::BAD_GATEWAY, "every backend failed");
+        answers.handle_flight_done(later, flight, failed);
+        let served = answered(&drained(&mut answers));
+        assert_eq!(served, [(waiter, r#"["old"]"#.into(), "stale".into())]);
+
+        // A partial success (one backend of two missing) is served, never stored.
+        let retry = later + Duration::from_secs(60);
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, .. } = answers.fly(retry, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("a flight");
+        };
+        let mut partial = ok(r#"["new"]"#);
+        partial
+            .headers
+            .insert(crate::message::X_BACKENDS, HeaderValue::from_static("1/2"));
+        answers.handle_flight_done(retry, flight, partial);
+        let served = answered(&drained(&mut answers));
+        assert_eq!(served[0].1, r#"["new"]"#);
+        assert_eq!(served[0].2, "miss");
+        assert!(
+            looked_up(&mut answers, retry).is_none_or(|(body, ..)| body != r#"["new"]"#),
+            "a partial answer is not stored"
+        );
+    }
+
+    #[test]
+    fn the_last_client_leaving_cancels_a_flight_but_never_a_refresh_ahead() {
+        let (mut answers, now) = answers(|_| {});
+        let mut waiters = Counter::default();
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, waiter, .. } =
+            answers.fly(now, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("a flight");
+        };
+        let joined = answers.join(&cacheable, &mut waiters).expect("joins");
+        answers.waiter_gone(now, waiter);
+        assert!(drained(&mut answers).is_empty(), "one client still waits");
+        answers.waiter_gone(now, joined);
+        assert!(matches!(
+            drained(&mut answers).as_slice(),
+            [EstateOutput::CancelFlight(id)] if *id == flight
+        ));
+
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        answers.refresh(now, &cacheable, fetch);
+        let refresh = match drained(&mut answers).as_slice() {
+            [EstateOutput::StartFlight { flight, .. }] => *flight,
+            other => panic!("a refresh starts its own flight: {other:?}"),
+        };
+        let joined = answers
+            .join(&cacheable, &mut waiters)
+            .expect("a miss joins it");
+        answers.waiter_gone(now, joined);
+        assert!(
+            drained(&mut answers).is_empty(),
+            "a refresh runs on with no client"
+        );
+        answers.handle_flight_done(now, refresh, ok(r#"["renewed"]"#));
+        assert!(answered(&drained(&mut answers)).is_empty());
+        assert_eq!(
+            looked_up(&mut answers, now).map(|(body, ..)| body),
+            Some(r#"["renewed"]"#.into())
+        );
+        assert_eq!(answers.stats(now).map(|s| s.refreshes_ahead), Some(1));
+    }
+
+    #[test]
+    fn a_hit_past_its_share_of_the_ttl_asks_for_a_refresh_and_a_failed_refresh_keeps_the_entry() {
+        let (mut answers, now) = answers(|_| {});
+        let mut waiters = Counter::default();
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, .. } = answers.fly(now, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("a flight");
+        };
+        answers.handle_flight_done(now, flight, ok(r#"["kept"]"#));
+        drained(&mut answers);
+        let ttl = answers.config.facts_ttl;
+        let early = now + ttl / 2;
+        let due = now + ttl * 9 / 10;
+        assert_eq!(looked_up(&mut answers, early).map(|hit| hit.2), Some(false));
+        assert_eq!(looked_up(&mut answers, due).map(|hit| hit.2), Some(true));
+
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        answers.refresh(due, &cacheable, fetch);
+        let refresh = match drained(&mut answers).as_slice() {
+            [EstateOutput::StartFlight { flight, .. }] => *flight,
+            other => panic!("a refresh flight: {other:?}"),
+        };
+        assert_eq!(
+            looked_up(&mut answers, due).map(|hit| hit.2),
+            Some(false),
+            "one refresh at a time"
+        );
+        let failed = Response::text(http::StatusCode::BAD_GATEWAY, "down");
+        answers.handle_flight_done(due, refresh, failed);
+        assert_eq!(
+            looked_up(&mut answers, due).map(|(body, status, _)| (body, status)),
+            Some((r#"["kept"]"#.into(), "hit".into())),
+            "the entry serves on until its TTL"
+        );
+        assert!(
+            looked_up(&mut answers, now + ttl).is_none(),
+            "then it expires"
+        );
+    }
+
+    #[test]
+    fn a_streamed_flight_heads_every_client_and_stores_only_a_whole_success() {
+        let (mut answers, now) = answers(|_| {});
+        let mut waiters = Counter::default();
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, waiter, .. } =
+            answers.fly(now, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("a flight");
+        };
+        let joined = answers.join(&cacheable, &mut waiters).expect("joins");
+        let head = Response {
+            status: http::StatusCode::OK,
+            headers: http::HeaderMap::new(),
+            body: ResponseBody::Merged,
+        };
+        let heads = answers.stream_flight(now, flight, &head).expect("streams");
+        let clients: Vec<(WaiterId, &str)> = heads
+            .iter()
+            .map(|(w, r)| (*w, r.headers[X_CACHE].to_str().unwrap_or("")))
+            .collect();
+        assert_eq!(clients, [(waiter, "miss"), (joined, "miss")]);
+        assert!(
+            answers.join(&cacheable, &mut waiters).is_none(),
+            "a request once it streams starts a flight of its own"
+        );
+        answers.handle_flight_done(now, flight, ok(r#"["whole"]"#));
+        assert!(
+            answered(&drained(&mut answers)).is_empty(),
+            "its clients were answered by the stream"
+        );
+        assert_eq!(
+            looked_up(&mut answers, now).map(|(body, ..)| body),
+            Some(r#"["whole"]"#.into())
+        );
+
+        // A stream cut off stores nothing (the earlier entry stays).
+        let later = now + answers.config.facts_ttl * 2;
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, .. } = answers.fly(later, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("a flight");
+        };
+        answers
+            .stream_flight(later, flight, &head)
+            .expect("streams");
+        let cut = Response::text(http::StatusCode::BAD_GATEWAY, "cut off");
+        answers.handle_flight_done(later, flight, cut);
+        assert!(looked_up(&mut answers, later).is_none());
+    }
+
+    #[test]
+    fn a_reload_that_changes_answers_starts_an_empty_cache_and_one_that_does_not_keeps_it() {
+        let (mut answers, now) = answers(|_| {});
+        let mut waiters = Counter::default();
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let Admission::Flight { flight, .. } = answers.fly(now, &cacheable, fetch, &mut waiters)
+        else {
+            panic!("a flight");
+        };
+        answers.handle_flight_done(now, flight, ok(r#"["kernel"]"#));
+        drained(&mut answers);
+        let old = Arc::clone(&answers.config);
+        let timeout = Arc::new(Config {
+            timeout: Duration::from_secs(3),
+            ..(*old).clone()
+        });
+        assert!(!answers.reconfigure(now, &old, &timeout));
+        assert!(looked_up(&mut answers, now).is_some(), "kept");
+        let ttl = Arc::new(Config {
+            facts_ttl: Duration::from_secs(20),
+            ..(*timeout).clone()
+        });
+        assert!(answers.reconfigure(now, &timeout, &ttl));
+        assert!(looked_up(&mut answers, now).is_none(), "emptied");
+    }
+}

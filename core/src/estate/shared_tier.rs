@@ -566,3 +566,230 @@ impl Answers {
         polls.chain(tier.next_deadline()).min()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::TlsFiles;
+    use crate::estate::answers::tests::{answered, answers, asked, drained, TARGET};
+    use crate::estate::Admission;
+    use crate::ids::WaiterId;
+    use bytes::Bytes;
+
+    fn secret() -> Secret {
+        Secret::new(b"0123456789abcdef0123456789abcdef".to_vec())
+    }
+
+    /// Answers whose flights ask a shared store signing with [`secret`].
+    fn shared() -> (Answers, Instant) {
+        answers(|config| {
+            config.cache_backend = CacheBackend::Redis {
+                url: "redis://127.0.0.1:6379/0".into(),
+                tls: TlsFiles::default(),
+                secret: secret(),
+                password: None,
+            };
+        })
+    }
+
+    /// The store requests among `outputs`.
+    fn store_requests(outputs: &[EstateOutput]) -> Vec<&StoreRequest> {
+        outputs
+            .iter()
+            .filter_map(|output| match output {
+                EstateOutput::Store(request) => Some(request),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The one store request `outputs` hold.
+    fn one_store_request(outputs: &[EstateOutput]) -> (StoreId, StoreOp) {
+        match store_requests(outputs).as_slice() {
+            [request] => (request.id, request.op.clone()),
+            other => panic!("one store request: {other:?} in {outputs:?}"),
+        }
+    }
+
+    /// A miss's flight, which asks the store first: its waiter and the `GET`.
+    fn flight(answers: &mut Answers, now: Instant) -> (WaiterId, StoreId, StoreOp) {
+        let (cacheable, fetch) = asked(answers, TARGET);
+        let Admission::Wait(waiter) = answers.fly(now, &cacheable, fetch, &mut Counter::default())
+        else {
+            panic!("with a shared store the fan-out waits for its answer");
+        };
+        let (id, op) = one_store_request(&drained(answers));
+        (waiter, id, op)
+    }
+
+    /// The envelope another replica would have stored for `TARGET` at `stored_at_ms`.
+    fn entry(answers: &Answers, stored_at_ms: u64, body: &str, signed_by: &Secret) -> Bytes {
+        let tier = answers.shared.as_ref().expect("a shared tier");
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static(crate::message::JSON_CONTENT_TYPE),
+        );
+        let key = tier.settings.entry_key(TARGET);
+        let body = Bytes::from(body.to_owned());
+        encode(
+            signed_by,
+            &key,
+            stored_at_ms,
+            http::StatusCode::OK,
+            &headers,
+            &body,
+        )
+        .expect("an envelope")
+    }
+
+    #[test]
+    fn a_miss_looks_locks_looks_again_fans_out_then_puts_and_unlocks() {
+        let (mut answers, now) = shared();
+        let (waiter, get, op) = flight(&mut answers, now);
+        assert!(
+            matches!(&op, StoreOp::Get { key, .. } if key.ends_with(&format!("entry:{TARGET}")))
+        );
+        answers.handle_store_answer(now, get, StoreAnswer::Value(None));
+        let (lock, op) = one_store_request(&drained(&mut answers));
+        assert!(matches!(op, StoreOp::Lock { .. }), "{op:?}");
+        answers.handle_store_answer(now, lock, StoreAnswer::Locked(true));
+        let (confirm, op) = one_store_request(&drained(&mut answers));
+        assert!(matches!(op, StoreOp::Get { .. }), "looks once more: {op:?}");
+        answers.handle_store_answer(now, confirm, StoreAnswer::Value(Some(Bytes::new())));
+        let started = match drained(&mut answers).as_slice() {
+            [EstateOutput::StartFlight { flight: id, .. }] => *id,
+            other => panic!("fans out itself: {other:?}"),
+        };
+        answers.handle_flight_done(now, started, Response::json(http::StatusCode::OK, "[1]"));
+        let outputs = drained(&mut answers);
+        let ops: Vec<&StoreOp> = store_requests(&outputs).iter().map(|r| &r.op).collect();
+        assert!(
+            matches!(ops.as_slice(), [StoreOp::Put { keep, .. }, StoreOp::Unlock { .. }]
+                if *keep == answers.config.facts_ttl + answers.config.cache_stale_ttl),
+            "{ops:?}"
+        );
+        assert_eq!(answered(&outputs), [(waiter, "[1]".into(), "miss".into())]);
+    }
+
+    #[test]
+    fn an_entry_another_replica_stored_answers_with_no_fan_out_and_is_kept_in_memory() {
+        let (mut answers, now) = shared();
+        let (waiter, get, _) = flight(&mut answers, now);
+        let stored_at = answers.clock.unix_millis(now) - 2_000;
+        let value = entry(&answers, stored_at, r#"["shared"]"#, &secret());
+        answers.handle_store_answer(now, get, StoreAnswer::Value(Some(value)));
+        let outputs = drained(&mut answers);
+        assert_eq!(
+            answered(&outputs),
+            [(waiter, r#"["shared"]"#.into(), "hit".into())]
+        );
+        assert!(store_requests(&outputs).is_empty(), "no lock, no put");
+        let planned =
+            crate::policy::plan(&crate::message::ClientRequest::get(TARGET), &answers.config);
+        let hit = answers.lookup(now, &planned).expect("kept in memory");
+        assert_eq!(hit.response.headers[http::header::AGE], "2");
+    }
+
+    #[test]
+    fn an_entry_this_deployment_did_not_sign_is_refused_counted_and_treated_as_a_miss() {
+        let (mut answers, now) = shared();
+        let (_, get, _) = flight(&mut answers, now);
+        let forged = entry(
+            &answers,
+            answers.clock.unix_millis(now),
+            r#"["forged"]"#,
+            &Secret::new(b"another deployment's secret key!".to_vec()),
+        );
+        answers.handle_store_answer(now, get, StoreAnswer::Value(Some(forged)));
+        let outputs = drained(&mut answers);
+        assert!(answered(&outputs).is_empty(), "nobody is served it");
+        let (_, op) = one_store_request(&outputs);
+        assert!(matches!(op, StoreOp::Lock { .. }), "a miss: {op:?}");
+        let refused = answers.shared.as_ref().map(SharedTier::refused);
+        let forged_index = EntryRefusal::Forged.index();
+        assert_eq!(refused.map(|counts| counts[forged_index]), Some(1));
+    }
+
+    #[test]
+    fn a_store_that_fails_is_left_alone_for_a_second_and_the_flight_fans_out_at_once() {
+        let (mut answers, now) = shared();
+        let (_, get, _) = flight(&mut answers, now);
+        answers.handle_store_answer(now, get, StoreAnswer::Failed("refused".into()));
+        assert!(matches!(
+            drained(&mut answers).as_slice(),
+            [EstateOutput::StartFlight { .. }]
+        ));
+        assert_eq!(
+            answers.shared.as_ref().map(SharedTier::reachable),
+            Some(false)
+        );
+
+        let (cacheable, fetch) = asked(&answers, TARGET);
+        let soon = now + Duration::from_millis(10);
+        let admission = answers.fly(soon, &cacheable, fetch, &mut Counter::default());
+        assert!(
+            matches!(admission, Admission::Flight { .. }),
+            "the store is not asked while it fails"
+        );
+        assert!(store_requests(&drained(&mut answers)).is_empty());
+
+        // A store that does not answer in time fails the same way.
+        let (mut answers, now) = shared();
+        let (_, _, _) = flight(&mut answers, now);
+        let deadline = answers.shared_deadline().expect("the GET's deadline");
+        assert_eq!(deadline, now + STORE_TIMEOUT);
+        answers.shared_timeouts(deadline);
+        assert!(matches!(
+            drained(&mut answers).as_slice(),
+            [EstateOutput::StartFlight { .. }]
+        ));
+    }
+
+    #[test]
+    fn another_replica_holding_the_lock_is_waited_for_and_its_entry_taken_when_it_lands() {
+        let (mut answers, now) = shared();
+        let (waiter, get, _) = flight(&mut answers, now);
+        answers.handle_store_answer(now, get, StoreAnswer::Value(None));
+        let (lock, _) = one_store_request(&drained(&mut answers));
+        answers.handle_store_answer(now, lock, StoreAnswer::Locked(false));
+        assert!(drained(&mut answers).is_empty(), "waits");
+        let poll_at = answers.shared_deadline().expect("a poll");
+        assert_eq!(poll_at, now + POLL_INTERVAL);
+        answers.shared_timeouts(poll_at);
+        let (poll, op) = one_store_request(&drained(&mut answers));
+        assert!(matches!(op, StoreOp::Get { .. }));
+        let value = entry(
+            &answers,
+            answers.clock.unix_millis(poll_at),
+            r#"["theirs"]"#,
+            &secret(),
+        );
+        answers.handle_store_answer(poll_at, poll, StoreAnswer::Value(Some(value)));
+        let outputs = drained(&mut answers);
+        assert_eq!(
+            answered(&outputs),
+            [(waiter, r#"["theirs"]"#.into(), "hit".into())]
+        );
+        assert!(
+            store_requests(&outputs).is_empty(),
+            "no lock of its own to release"
+        );
+    }
+
+    #[test]
+    fn a_lock_granted_after_its_flight_was_cancelled_is_released() {
+        let (mut answers, now) = shared();
+        let (waiter, get, _) = flight(&mut answers, now);
+        answers.handle_store_answer(now, get, StoreAnswer::Value(None));
+        let (lock, _) = one_store_request(&drained(&mut answers));
+        answers.waiter_gone(now, waiter);
+        assert!(
+            drained(&mut answers).is_empty(),
+            "no task to cancel before the fan-out starts"
+        );
+        answers.handle_store_answer(now, lock, StoreAnswer::Locked(true));
+        let (_, op) = one_store_request(&drained(&mut answers));
+        assert!(matches!(op, StoreOp::Unlock { .. }), "{op:?}");
+    }
+}
