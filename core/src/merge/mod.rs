@@ -13,6 +13,7 @@
 //! its query only when its page came up short; a query pinned to certnames goes to their owners
 //! only; totals are corrected with counts learned once per membership snapshot.
 
+mod collect;
 mod facts;
 mod names;
 mod nodes;

@@ -7,84 +7,89 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 
-use super::rows::{Collected, Page, Raw, Row};
-use super::{parse_answers, BackendPage, Merged, RecordPlan};
+use serde_json::value::RawValue;
+
+use super::collect::{collect_pages, RecordFate};
+use super::rows::{Raw, Row};
+use super::{BackendPage, Merged, RecordPlan};
+use crate::ids::BackendId;
 use crate::ownership::{Holding, Owning};
-use crate::records::{parse_picked, raw_str, Fields};
+use crate::records::{parse_picked, raw_str, Fields, Picked};
 
 pub(crate) fn merge(
     plan: &RecordPlan,
     answers: &[BackendPage<'_>],
     owning: Option<Owning<'_>>,
 ) -> Merged {
-    let (parsed, unusable) = match parse_answers(answers, |body| parse_picked(body, ["certname"])) {
-        Ok(parsed) => parsed,
-        Err(unusable) => return Merged::nothing(unusable),
-    };
     let order = plan.order.as_ref();
-    // A node the map does not place: the first backend (configured order) that returned it.
-    let mut first_holder: HashMap<Cow<'_, str>, usize> = HashMap::new();
-    let mut rows = Collected::new(
+    let key_of = |text: &str| {
+        order.map(|order| {
+            let fields = Fields::of(text);
+            crate::sort::sort_key(order, |name| fields.as_ref()?.raw(name))
+        })
+    };
+    let mut owners = OwnerFilter {
+        owning,
+        first_holder: HashMap::new(),
+        previous: None,
+    };
+    collect_pages(
+        plan,
         order,
-        plan.window,
-        parsed.iter().map(|(_, records)| records.len()).sum(),
-        answers.iter().map(|answer| answer.body.len()).sum(),
-    );
-    let mut pages = Vec::with_capacity(parsed.len());
-    for (answer, records) in &parsed {
-        let backend = answer.backend;
-        let mut page = Page::new(backend.0, answer.limit);
-        page.returned = records.len();
-        let key_of = |text: &str| {
-            order.map(|order| {
-                let fields = Fields::of(text);
-                crate::sort::sort_key(order, |name| fields.as_ref()?.raw(name))
-            })
-        };
-        page.last_key = records.last().and_then(|record| key_of(record.text));
-        // The certname of the record before and whether its records were kept: records come
-        // grouped by node, so the ownership lookup runs once per node.
-        let mut previous: Option<(&str, bool)> = None;
-        for record in records {
+        answers,
+        |body| parse_picked(body, ["certname"]),
+        |record: &Picked<'_, 1>| key_of(record.text),
+        |backend, record| {
             let [certname] = record.fields;
-            let keep = match (certname, previous) {
-                (Some(raw), Some((last, keep))) if raw.get() == last => keep,
-                (Some(raw), _) => {
-                    let keep = match raw_str(raw) {
-                        Some(certname) => {
-                            let holding =
-                                owning.map_or(Holding::Unknown, |o| o.holding(backend, &certname));
-                            match holding {
-                                Holding::Own => true,
-                                Holding::Other => false,
-                                Holding::Unknown => {
-                                    *first_holder.entry(certname).or_insert(backend.0) == backend.0
-                                }
-                            }
-                        }
-                        None => true,
-                    };
-                    previous = Some((raw.get(), keep));
-                    keep
-                }
-                (None, _) => true,
-            };
-            if !keep {
-                continue;
+            if !owners.keeps(backend, certname) {
+                return RecordFate::Dropped;
             }
-            page.kept += 1;
-            let key = key_of(record.text);
-            rows.push(Row {
+            RecordFate::Served(Row {
                 backend: backend.0,
                 raw: Raw::Borrowed(record.text),
-                key,
-            });
+                key: key_of(record.text),
+            })
+        },
+    )
+}
+
+/// Which copies of a node's records a node-owned merge keeps: its owner's, or (a node the map
+/// does not place) the first backend's, in configured order, that returned it.
+struct OwnerFilter<'a, 'o> {
+    owning: Option<Owning<'o>>,
+    first_holder: HashMap<Cow<'a, str>, usize>,
+    /// The backend and raw certname of the record before, and whether it was kept: records come
+    /// grouped by node, so the ownership lookup runs once per node and backend.
+    previous: Option<(BackendId, &'a str, bool)>,
+}
+
+impl<'a> OwnerFilter<'a, '_> {
+    /// Whether `backend`'s record naming `certname` (raw JSON) is kept; one naming no node is.
+    fn keeps(&mut self, backend: BackendId, certname: Option<&'a RawValue>) -> bool {
+        let Some(raw) = certname else {
+            return true;
+        };
+        if let Some((from, last, keep)) = self.previous {
+            if from == backend && raw.get() == last {
+                return keep;
+            }
         }
-        pages.push(page);
-    }
-    Merged {
-        body: rows.finish(order, plan.window, &pages),
-        contributed: parsed.len(),
-        unusable,
+        let keep = match raw_str(raw) {
+            Some(certname) => {
+                match self
+                    .owning
+                    .map_or(Holding::Unknown, |o| o.holding(backend, &certname))
+                {
+                    Holding::Own => true,
+                    Holding::Other => false,
+                    Holding::Unknown => {
+                        *self.first_holder.entry(certname).or_insert(backend.0) == backend.0
+                    }
+                }
+            }
+            None => true,
+        };
+        self.previous = Some((backend, raw.get(), keep));
+        keep
     }
 }

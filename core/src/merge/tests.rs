@@ -597,3 +597,50 @@ fn static_merge_uses_the_first_holder() {
         "{body}"
     );
 }
+
+#[test]
+fn a_dropped_record_leaves_its_full_page_short_and_a_deduped_one_does_not() {
+    use super::collect::{collect_pages, RecordFate};
+    use super::rows::{Raw, Row, Unfilled};
+    use super::BackendPage;
+
+    let config = config();
+    let planned = plan(&config, "/pdb/query/v4/events?limit=2", None).expect("plan");
+    let headers = HeaderMap::new();
+    let (a, b) = (
+        Bytes::from_static(br#"[{"a":1},{"a":2}]"#),
+        Bytes::from_static(br#"[{"a":3},{"a":4}]"#),
+    );
+    let page = |backend, body| BackendPage {
+        backend: BackendId(backend),
+        headers: &headers,
+        body,
+        limit: Some(2),
+    };
+    let answers = [page(0, &a), page(1, &b)];
+    // Backend 0's full page is judged away whole; backend 1's is served.
+    let merged = |deduped: bool| {
+        collect_pages(
+            &planned.plan,
+            None,
+            &answers,
+            crate::records::parse_records,
+            |_| None,
+            |backend, record| match (backend.0, deduped) {
+                (0, true) => RecordFate::Deduped,
+                (0, false) => RecordFate::Dropped,
+                _ => RecordFate::Served(Row {
+                    backend: backend.0,
+                    raw: Raw::Borrowed(record.get()),
+                    key: None,
+                }),
+            },
+        )
+    };
+    // Copies of records served elsewhere: backend 0 kept a full page, so it hides none.
+    let served = merged(true);
+    assert_eq!(served.contributed, 2);
+    assert_eq!(served.body, Ok((br#"[{"a":3},{"a":4}]"#.to_vec(), 2)));
+    // Other owners' copies: records past backend 0's page may belong in the window.
+    assert_eq!(merged(false).body, Err(Unfilled(vec![0])));
+}

@@ -8,8 +8,9 @@ use std::collections::HashSet;
 
 use serde_json::value::RawValue;
 
-use super::rows::{Collected, Page, Raw, Row};
-use super::{parse_answers, BackendPage, Merged, RecordPlan};
+use super::collect::{collect_pages, RecordFate};
+use super::rows::{Raw, Row};
+use super::{BackendPage, Merged, RecordPlan};
 use crate::entity::Identity;
 use crate::ownership::{Holding, Owning};
 use crate::records::{parse_records, Fields};
@@ -21,10 +22,6 @@ pub(crate) fn merge(
     identity: Identity,
     owning: Option<Owning<'_>>,
 ) -> Merged {
-    let (parsed, unusable) = match parse_answers(answers, parse_records) {
-        Ok(parsed) => parsed,
-        Err(unusable) => return Merged::nothing(unusable),
-    };
     let by_name = OrderBy {
         fields: vec![OrderField {
             field: "name".to_owned(),
@@ -40,43 +37,30 @@ pub(crate) fn merge(
     let depth_ordered = plan.entity.depth_from_path()
         && order.is_some_and(|o| o.fields.iter().any(|f| f.field == "depth"));
     let mut seen: HashSet<String> = HashSet::new();
-    let mut rows = Collected::new(
+    collect_pages(
+        plan,
         order,
-        plan.window,
-        parsed.iter().map(|(_, records)| records.len()).sum(),
-        answers.iter().map(|answer| answer.body.len()).sum(),
-    );
-    let mut pages = Vec::with_capacity(parsed.len());
-    for (answer, records) in &parsed {
-        let backend = answer.backend;
-        let mut page = Page::new(backend.0, answer.limit);
-        page.returned = records.len();
-        for (index, record) in records.iter().enumerate() {
-            let fields = Fields::of(record.get());
-            let depth = if depth_ordered {
-                fact_path_depth(fields.as_ref())
-            } else {
-                None
-            };
-            let lookup = |name: &str| match (name, &depth) {
-                ("depth", Some(depth)) => Some(&**depth),
-                _ => fields.as_ref().and_then(|f| f.raw(name)),
-            };
-            if index + 1 == records.len() {
-                page.last_key = order.map(|order| crate::sort::sort_key(order, lookup));
-            }
+        answers,
+        parse_records,
+        |record| {
+            order.map(|order| {
+                let record = UnionRecord::read(record, depth_ordered);
+                crate::sort::sort_key(order, |name| record.field(name))
+            })
+        },
+        |backend, record| {
+            let record = *record;
+            let union_record = UnionRecord::read(record, depth_ordered);
+            let fields = &union_record.fields;
             if let (Some(owning), Some(certname)) =
                 (owning, fields.as_ref().and_then(|f| f.str("certname")))
             {
                 if owning.holding(backend, &certname) == Holding::Other {
-                    continue;
+                    return RecordFate::Dropped;
                 }
             }
-            // A record deduped away is still one the page filled: its copy is kept and sorts
-            // where it does.
-            page.kept += 1;
             let key = match identity {
-                Identity::Verbatim => Some(match &fields {
+                Identity::Verbatim => Some(match fields {
                     Some(fields) => fields.identity_without("report_receive_time"),
                     None => record.get().to_owned(),
                 }),
@@ -91,7 +75,8 @@ pub(crate) fn merge(
             };
             if let Some(key) = key {
                 if !seen.insert(key) {
-                    continue;
+                    // Still one the page filled: its copy is kept and sorts where it does.
+                    return RecordFate::Deduped;
                 }
             }
             // Fields asked for only to tell copies apart leave before the record is served.
@@ -101,14 +86,37 @@ pub(crate) fn merge(
                     .and_then(|text| RawValue::from_string(text).ok())
                     .map_or(Raw::Borrowed(record.get()), Raw::Owned),
             };
-            rows.push(Row::new(backend.0, raw, order, lookup));
-        }
-        pages.push(page);
+            RecordFate::Served(Row::new(backend.0, raw, order, |name| {
+                union_record.field(name)
+            }))
+        },
+    )
+}
+
+/// A union record as the merge reads it: its top-level fields, and `/fact-paths`' `depth` when
+/// the request orders by it (computed from the path; not projected).
+struct UnionRecord<'a> {
+    fields: Option<Fields<'a>>,
+    depth: Option<Box<RawValue>>,
+}
+
+impl<'a> UnionRecord<'a> {
+    /// Reads `record`, with its depth when `depth_ordered`.
+    fn read(record: &'a RawValue, depth_ordered: bool) -> UnionRecord<'a> {
+        let fields = Fields::of(record.get());
+        let depth = match depth_ordered {
+            true => fact_path_depth(fields.as_ref()),
+            false => None,
+        };
+        UnionRecord { fields, depth }
     }
-    Merged {
-        body: rows.finish(order, plan.window, &pages),
-        contributed: parsed.len(),
-        unusable,
+
+    /// The raw value the sort reads for the column `name`.
+    fn field(&self, name: &str) -> Option<&RawValue> {
+        match (name, &self.depth) {
+            ("depth", Some(depth)) => Some(&**depth),
+            _ => self.fields.as_ref().and_then(|f| f.raw(name)),
+        }
     }
 }
 
