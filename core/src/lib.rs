@@ -35,6 +35,7 @@
 #![forbid(unsafe_code)]
 
 mod aggregate;
+mod asked_of_all;
 mod broadcast;
 pub mod budget;
 pub mod cache;

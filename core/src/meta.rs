@@ -6,40 +6,21 @@ use std::cmp::Ordering;
 use http::StatusCode;
 use serde::Deserialize;
 
-use crate::fanout::{everyone, CallState, Calls, Context, Outbound, Plan, Step, Verdict};
-use crate::ids::BackendId;
+use crate::asked_of_all::AnswerRule;
+use crate::fanout::{CallState, Calls, Context, Step, Verdict};
 use crate::message::Response;
 use crate::sequence::verbatim;
 use crate::status::{Outcome, Unusable};
 
-/// `/pdb/meta/v1/version` asked of every backend; the lowest version among those that answered
-/// one.
+/// `/pdb/meta/v1/version` asked of every backend ([`crate::asked_of_all::AskedOfAll`]): the
+/// lowest version among those that answered one.
 #[derive(Debug, Clone)]
-pub(crate) struct LowestVersion {
-    target: String,
-}
+pub(crate) struct LowestVersion;
 
-impl LowestVersion {
-    /// The plan for this target.
-    pub(crate) fn new(target: String) -> LowestVersion {
-        LowestVersion { target }
-    }
-}
+impl AnswerRule for LowestVersion {
+    const VERBATIM: bool = false;
 
-impl Plan for LowestVersion {
-    fn again(&self) -> Box<dyn Plan> {
-        Box::new(self.clone())
-    }
-
-    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
-        everyone(context)
-    }
-
-    fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
-        Outbound::get(self.target.clone())
-    }
-
-    fn progress(&mut self, calls: &Calls, _context: &Context) -> Step {
+    fn progress(&self, calls: &Calls, _context: &Context) -> Step {
         if !calls.all_done() {
             return Step::Wait;
         }
@@ -65,38 +46,15 @@ impl Plan for LowestVersion {
     }
 }
 
-/// `/pdb/meta/v1/server-time` asked of every backend; the first success in configured order,
-/// served as soon as it is known.
+/// `/pdb/meta/v1/server-time` asked of every backend ([`crate::asked_of_all::AskedOfAll`]): the
+/// first success in configured order, served as soon as it is known.
 #[derive(Debug, Clone)]
-pub(crate) struct FirstInOrder {
-    target: String,
-}
+pub(crate) struct FirstInOrder;
 
-impl FirstInOrder {
-    /// The plan for this target.
-    pub(crate) fn new(target: String) -> FirstInOrder {
-        FirstInOrder { target }
-    }
-}
+impl AnswerRule for FirstInOrder {
+    const VERBATIM: bool = true;
 
-impl Plan for FirstInOrder {
-    fn again(&self) -> Box<dyn Plan> {
-        Box::new(self.clone())
-    }
-
-    fn answers_verbatim(&self) -> bool {
-        true
-    }
-
-    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
-        everyone(context)
-    }
-
-    fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
-        Outbound::get(self.target.clone())
-    }
-
-    fn progress(&mut self, calls: &Calls, _context: &Context) -> Step {
+    fn progress(&self, calls: &Calls, _context: &Context) -> Step {
         for call in &calls.0 {
             match &call.state {
                 CallState::Pending { .. } | CallState::Held { .. } | CallState::Reading { .. } => {

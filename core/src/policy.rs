@@ -13,6 +13,7 @@ use std::sync::Arc;
 use http::{HeaderValue, StatusCode};
 
 use crate::aggregate::AggregatePlan;
+use crate::asked_of_all::AskedOfAll;
 use crate::cache::{self, Cacheable};
 use crate::config::{CacheClass, Config};
 use crate::fanout::Plan;
@@ -163,9 +164,9 @@ fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
             RootQuery::Pql(pql) => Work::Translate(pql),
             RootQuery::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
         },
-        Route::ReportHash { .. } => Work::Fanout(Box::new(Holder::new(target))),
-        Route::MetaVersion => Work::Fanout(Box::new(LowestVersion::new(target))),
-        Route::ServerTime => Work::Fanout(Box::new(FirstInOrder::new(target))),
+        Route::ReportHash { .. } => Work::Fanout(Box::new(AskedOfAll::new(target, Holder))),
+        Route::MetaVersion => Work::Fanout(Box::new(AskedOfAll::new(target, LowestVersion))),
+        Route::ServerTime => Work::Fanout(Box::new(AskedOfAll::new(target, FirstInOrder))),
         Route::Metrics(metrics) => {
             let plan = JolokiaPlan::plan(*metrics, target, config.merge);
             // A population figure is a count over the estate: cached as the counts are

@@ -5,7 +5,8 @@
 use http::{HeaderMap, HeaderValue, StatusCode};
 use percent_encoding::percent_decode_str;
 
-use crate::fanout::{everyone, CallState, Calls, Context, Outbound, Plan, Step, Verdict};
+use crate::asked_of_all::AnswerRule;
+use crate::fanout::{CallState, Calls, Context, Outbound, Plan, Step, Verdict};
 use crate::ids::BackendId;
 use crate::membership::{Kind, Scope};
 use crate::message::{BodyMode, Response, ResponseBody};
@@ -194,40 +195,17 @@ impl Plan for Sequence {
     }
 }
 
-/// `/reports/<hash>/{events,logs,metrics}`: every backend at once; only the one holding the
-/// report answers 2xx, so the first success is served at once. Without one: the holder's error
-/// (anything but 404), else 502 when a backend did not answer (it may hold the report), else
-/// the unanimous 404.
+/// `/reports/<hash>/{events,logs,metrics}` asked of every backend
+/// ([`crate::asked_of_all::AskedOfAll`]): only the one holding the report answers 2xx, so the
+/// first success is served at once. Without one: the holder's error (anything but 404), else 502
+/// when a backend did not answer (it may hold the report), else the unanimous 404.
 #[derive(Debug, Clone)]
-pub(crate) struct Holder {
-    target: String,
-}
+pub(crate) struct Holder;
 
-impl Holder {
-    /// A holder search for this target.
-    pub(crate) fn new(target: String) -> Holder {
-        Holder { target }
-    }
-}
+impl AnswerRule for Holder {
+    const VERBATIM: bool = true;
 
-impl Plan for Holder {
-    fn again(&self) -> Box<dyn Plan> {
-        Box::new(self.clone())
-    }
-
-    fn answers_verbatim(&self) -> bool {
-        true
-    }
-
-    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
-        everyone(context)
-    }
-
-    fn request(&self, _backend: BackendId, _part: usize, _context: &Context) -> Outbound {
-        Outbound::get(self.target.clone())
-    }
-
-    fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
+    fn progress(&self, calls: &Calls, context: &Context) -> Step {
         for call in &calls.0 {
             if let CallState::Done(Outcome::Success {
                 status,
