@@ -50,6 +50,7 @@ mod fanout;
 mod health;
 mod healthz;
 mod ids;
+mod instant;
 mod jolokia;
 pub mod membership;
 mod merge;

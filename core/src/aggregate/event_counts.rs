@@ -18,10 +18,11 @@ use super::counts_filter::{CountsFilter, COUNT_FIELDS};
 use super::object::{into_raw, write_object};
 use super::values::{canonical, canonical_value, is_null, Total};
 use super::{Mode, PlanError};
+use crate::entity::{ColumnSet, Entity, SummarizeBy};
 use crate::merge::Window;
 use crate::query::Params;
 use crate::records::Fields;
-use crate::sort::{self, OrderBy, OrderEntity, PagingError, SummarizeBy};
+use crate::sort::{self, OrderBy, PagingError};
 use crate::status::Unusable;
 
 /// The columns that name the subject; every other column is a count.
@@ -428,7 +429,7 @@ pub(super) fn plan_event_counts(params: &Params) -> Result<Mode, PlanError> {
                 params.get("order_by"),
                 params.get("limit"),
                 params.get("offset"),
-                OrderEntity::EventCounts(SummarizeBy::Certname),
+                Entity::EventCounts.order_columns(ColumnSet::SummarizedBy(SummarizeBy::Certname)),
             )
             .or_else(|error| match error {
                 PagingError::UnrecognizedColumn { .. } => Ok(Default::default()),
@@ -441,7 +442,7 @@ pub(super) fn plan_event_counts(params: &Params) -> Result<Mode, PlanError> {
         params.get("order_by"),
         params.get("limit"),
         params.get("offset"),
-        OrderEntity::EventCounts(summarize_by),
+        Entity::EventCounts.order_columns(ColumnSet::SummarizedBy(summarize_by)),
     )?;
     let filter = counts_filter(params)?;
     Ok(Mode::EventCounts {

@@ -16,9 +16,10 @@ use serde_json::Value;
 
 use super::values::value_order;
 use super::PlanError;
+use crate::entity::{ColumnKind, ColumnSet, Entity, OrderColumns};
 use crate::merge::Window;
 use crate::query::{check_combinable, rewrite_avg, Analysis, FunctionColumn, GroupByItem, Params};
-use crate::sort::{self, column_kind, ColumnKind, Direction, OrderBy, OrderEntity, OrderField};
+use crate::sort::{self, Direction, OrderBy, OrderField};
 
 /// How one upstream aggregate column folds.
 #[derive(Debug, Clone, PartialEq)]
@@ -79,12 +80,12 @@ struct InQuery {
 
 /// Plans the combine of an AST query with a function column on `entity`.
 pub(super) fn plan(
-    entity: OrderEntity,
+    entity: Entity,
     params: &Params,
     ast: &Value,
     analysis: &Analysis,
 ) -> Result<ExtractPlan, PlanError> {
-    if entity == OrderEntity::Events
+    if entity == Entity::Events
         && params
             .get("distinct_resources")
             .is_some_and(sort::parse_include_total)
@@ -92,11 +93,14 @@ pub(super) fn plan(
         return Err(PlanError::DistinctResources);
     }
     check_combinable(analysis)?;
+    let columns = entity.order_columns(ColumnSet::facts_expiration(
+        params.get("include_facts_expiration"),
+    ));
     let url = sort::parse_paging(
         params.get("order_by"),
         params.get("limit"),
         params.get("offset"),
-        entity,
+        columns,
     )?;
     let mut upstream = ast.clone();
     let in_query = if analysis.in_query_paging {
@@ -112,7 +116,7 @@ pub(super) fn plan(
             fields: fields
                 .into_iter()
                 .map(|(field, direction)| OrderField {
-                    kind: order_kind(entity, analysis, &field),
+                    kind: order_kind(columns, analysis, &field),
                     field,
                     direction,
                 })
@@ -157,8 +161,8 @@ pub(super) fn plan(
                 continue;
             }
             "count" | "sum" => Rule::Add,
-            "min" => Rule::Min(value_order(argument_kind(entity, function))),
-            "max" => Rule::Max(value_order(argument_kind(entity, function))),
+            "min" => Rule::Min(value_order(argument_kind(columns, function))),
+            "max" => Rule::Max(value_order(argument_kind(columns, function))),
             // Row functions key the group; check_combinable refused everything else.
             _ => continue,
         };
@@ -269,24 +273,24 @@ impl ExtractPlan {
 
 /// How the values of `field` (a response column) compare: a function alias by what the
 /// function returns, anything else by the entity's column type.
-fn order_kind(entity: OrderEntity, analysis: &Analysis, field: &str) -> ColumnKind {
+fn order_kind(columns: OrderColumns, analysis: &Analysis, field: &str) -> ColumnKind {
     match analysis.function_columns.iter().find(|f| f.name == field) {
         Some(function) => match function.name.as_str() {
             "count" | "sum" | "avg" => ColumnKind::Number,
-            "min" | "max" => value_order(argument_kind(entity, function))
+            "min" | "max" => value_order(argument_kind(columns, function))
                 .fields
                 .first()
                 .map_or(ColumnKind::Other, |f| f.kind),
             _ => ColumnKind::Text,
         },
-        None => column_kind(entity, field),
+        None => columns.kind(field),
     }
 }
 
 /// The column type of a function's first argument (`max(producer_timestamp)` is a timestamp).
-fn argument_kind(entity: OrderEntity, function: &FunctionColumn) -> ColumnKind {
+fn argument_kind(columns: OrderColumns, function: &FunctionColumn) -> ColumnKind {
     match function.args.first() {
-        Some(Value::String(field)) => column_kind(entity, field),
+        Some(Value::String(field)) => columns.kind(field),
         _ => ColumnKind::Other,
     }
 }

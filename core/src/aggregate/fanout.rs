@@ -59,18 +59,11 @@ struct Bodies<'a> {
 
 /// Which combine a route takes for its query, if any: an extract with a function column on the
 /// entities whose extracts fold, and the event-count endpoints always.
-pub(crate) fn combine_kind(entity: Entity, params: &Params) -> Option<CombineKind> {
+pub(crate) fn combine_kind(entity: Entity) -> Option<CombineKind> {
     match entity.combine() {
         Combine::EventCounts => Some(CombineKind::EventCounts),
         Combine::AggregateEventCounts => Some(CombineKind::AggregateEventCounts),
-        Combine::Extracts => {
-            let include_facts_expiration = params
-                .get("include_facts_expiration")
-                .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-            entity
-                .order_entity(include_facts_expiration)
-                .map(CombineKind::Extract)
-        }
+        Combine::Extracts => Some(CombineKind::Extract(entity)),
         Combine::Never => None,
     }
 }
@@ -86,7 +79,7 @@ impl AggregatePlan {
         analysis: Option<&Analysis>,
         config: &Arc<Config>,
     ) -> Option<Result<AggregatePlan, Response>> {
-        let kind = combine_kind(entity, params)?;
+        let kind = combine_kind(entity)?;
         let mut plan = match CombinePlan::plan(kind, params, query.as_ast().zip(analysis)) {
             Ok(Some(plan)) => plan,
             Ok(None) => return None,

@@ -30,10 +30,11 @@ use serde_json::value::RawValue;
 
 use self::counts_filter::CountsFilter;
 use self::extract::ExtractPlan;
+use crate::entity::{Entity, SummarizeBy};
 use crate::merge::Window;
 use crate::query::{CombineRefusal, Params};
 use crate::records::{parse_array, write_array};
-use crate::sort::{self, OrderBy, OrderEntity, PagingError};
+use crate::sort::{self, OrderBy, PagingError};
 use crate::status::Unusable;
 
 pub(crate) use self::counts_filter::CountsFilterError;
@@ -47,7 +48,7 @@ pub(crate) const EVENT_COUNTS_PATH: &str = "/pdb/query/v4/event-counts";
 pub(crate) enum CombineKind {
     /// An extract with a function column on `/reports`, `/events`, `/nodes`, `/resources`,
     /// `/facts` or `/facts/<name>[/<value>]`; the entity decides the `order_by` columns.
-    Extract(OrderEntity),
+    Extract(Entity),
     /// `/event-counts`.
     EventCounts,
     /// `/aggregate-event-counts`.
@@ -177,7 +178,7 @@ pub(crate) struct CombinePlan {
 enum Mode {
     Extract(ExtractPlan),
     EventCounts {
-        summarize_by: sort::SummarizeBy,
+        summarize_by: SummarizeBy,
         count_by_certname: bool,
         filter: Option<CountsFilter>,
         order: OrderBy,
@@ -187,9 +188,9 @@ enum Mode {
         count_by_certname: bool,
         filter: Option<CountsFilter>,
         /// The summarize_by values as listed (one summary object each).
-        listed: Vec<sort::SummarizeBy>,
+        listed: Vec<SummarizeBy>,
         /// The distinct values, one upstream request each.
-        requests: Vec<sort::SummarizeBy>,
+        requests: Vec<SummarizeBy>,
     },
 }
 
@@ -465,7 +466,7 @@ impl CombinePlan {
 
 /// What an event-count mode counts: one `/event-counts` request per `summarize_by` value.
 struct Counted<'p> {
-    requests: &'p [sort::SummarizeBy],
+    requests: &'p [SummarizeBy],
     count_by_certname: bool,
     filter: Option<&'p CountsFilter>,
 }
@@ -479,7 +480,7 @@ impl CombinePlan {
         usable: Vec<(usize, Vec<Vec<&'a RawValue>>)>,
         corrections: &[(usize, Vec<&'a RawValue>)],
         unusable: &mut Vec<(usize, Unusable)>,
-    ) -> Vec<(sort::SummarizeBy, Vec<event_counts::Subject<'a>>)> {
+    ) -> Vec<(SummarizeBy, Vec<event_counts::Subject<'a>>)> {
         let mut owned = Vec::new();
         let mut history = Vec::new();
         for (index, rows) in corrections {

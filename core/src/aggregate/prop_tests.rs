@@ -264,7 +264,7 @@ proptest! {
             .map(|rec| Rec { backend: rec.backend % backends, ..rec })
             .collect();
         let plan = CombinePlan::from_params(
-            CombineKind::Extract(crate::sort::OrderEntity::Facts),
+            CombineKind::Extract(crate::entity::Entity::Facts),
             &with_query(&ast(&query), ""),
         )
         .expect("plannable")

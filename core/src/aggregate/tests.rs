@@ -4,7 +4,7 @@
 use serde_json::{json, Value};
 
 use super::*;
-use crate::sort::OrderEntity;
+use crate::entity::Entity;
 
 pub(super) fn encode(text: &str) -> String {
     form_urlencoded::byte_serialize(text.as_bytes()).collect()
@@ -20,13 +20,13 @@ pub(super) fn with_query(ast: &Value, extra: &str) -> Params {
     Params::parse(Some(&raw))
 }
 
-fn plan(entity: OrderEntity, ast: Value, extra: &str) -> CombinePlan {
+fn plan(entity: Entity, ast: Value, extra: &str) -> CombinePlan {
     CombinePlan::from_params(CombineKind::Extract(entity), &with_query(&ast, extra))
         .expect("plannable")
         .expect("combined")
 }
 
-fn refusal(entity: OrderEntity, ast: Value, extra: &str) -> String {
+fn refusal(entity: Entity, ast: Value, extra: &str) -> String {
     CombinePlan::from_params(CombineKind::Extract(entity), &with_query(&ast, extra))
         .expect_err("refused")
         .to_string()
@@ -75,8 +75,8 @@ fn value(text: &str) -> Value {
     serde_json::from_str(text).expect("json")
 }
 
-const FACTS: OrderEntity = OrderEntity::Facts;
-const REPORTS: OrderEntity = OrderEntity::Reports;
+const FACTS: Entity = Entity::Facts;
+const REPORTS: Entity = Entity::Reports;
 
 // ---- planning ----
 
@@ -313,7 +313,7 @@ fn refusals_before_fan_out() {
         "extract function median has no combiner; pdbmux combines count, sum, avg, min, max, to_string and jsonb_typeof"
     );
     assert_eq!(
-        refusal(OrderEntity::Events, json!(["extract", [["function", "count"]]]), "distinct_resources=TRUE"),
+        refusal(Entity::Events, json!(["extract", [["function", "count"]]]), "distinct_resources=TRUE"),
         "distinct_resources cannot be combined with extract functions; puppetdb answers distinct_resources queries from its legacy query compiler, which supports neither function nor group_by"
     );
     assert_eq!(
@@ -366,14 +366,14 @@ fn distinct_resources_elsewhere_is_not_refused() {
     // Without a function column the request is not combined, so it fans out untouched.
     assert_eq!(
         CombinePlan::from_params(
-            CombineKind::Extract(OrderEntity::Events),
+            CombineKind::Extract(Entity::Events),
             &with_query(&json!(["extract", ["certname"]]), "distinct_resources=true")
         ),
         Ok(None)
     );
     // false is not true.
     plan(
-        OrderEntity::Events,
+        Entity::Events,
         json!(["extract", [["function", "count"]]]),
         "distinct_resources=false",
     );

@@ -6,7 +6,8 @@ use std::cmp::Ordering;
 use serde_json::value::RawValue;
 use serde_json::{Number, Value};
 
-use crate::sort::{self, ColumnKind, Direction, OrderBy, OrderField, SortKey};
+use crate::entity::ColumnKind;
+use crate::sort::{self, Direction, OrderBy, OrderField, SortKey};
 
 /// A running total of a `count` or `sum` column: integers stay integers (exactly, up to 2^127)
 /// until a float appears, then the whole total is an `f64`. Null and absent values are never

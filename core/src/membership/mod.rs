@@ -33,7 +33,7 @@ use serde::Deserialize;
 
 use crate::config::MergeStrategy;
 use crate::ids::BackendId;
-use crate::sort::parse_instant;
+use crate::instant::parse_instant;
 
 mod refresh;
 

@@ -30,7 +30,7 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::corrections::Learned;
-use crate::entity::{Entity, MergeRule};
+use crate::entity::{ColumnSet, Entity, MergeRule};
 use crate::fanout::{Calls, Context, CorrectionCall, Outbound, Plan, Step, StreamStart, Verdict};
 use crate::ids::BackendId;
 use crate::membership::Scope;
@@ -217,17 +217,14 @@ impl RecordPlan {
             }
             _ => (path.to_owned(), None),
         };
-        let include_facts_expiration = params
-            .get("include_facts_expiration")
-            .is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        let order_entity = entity
-            .order_entity(include_facts_expiration)
-            .ok_or_else(|| Box::new(bad_request("pdbmux: not a record route")))?;
+        let columns = entity.order_columns(ColumnSet::facts_expiration(
+            params.get("include_facts_expiration"),
+        ));
         let paging = sort::parse_paging(
             params.get("order_by"),
             params.get("limit"),
             params.get("offset"),
-            order_entity,
+            columns,
         )
         .map_err(|error| Box::new(bad_request(error.to_string())))?;
         let order = (!paging.order_by.is_empty()).then_some(paging.order_by);

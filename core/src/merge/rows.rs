@@ -242,7 +242,8 @@ impl Window {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sort::{ColumnKind, Direction, OrderField};
+    use crate::entity::ColumnKind;
+    use crate::sort::{Direction, OrderField};
 
     fn order() -> OrderBy {
         OrderBy {

@@ -365,10 +365,11 @@ proptest! {
 /// `order_by` (JSON) parsed for `entity` (`resources` or `facts`).
 fn order_of(entity: &str, order: &str) -> crate::sort::OrderBy {
     let entity = match entity {
-        "facts" => crate::sort::OrderEntity::Facts,
-        _ => crate::sort::OrderEntity::Resources,
+        "facts" => crate::entity::Entity::Facts,
+        _ => crate::entity::Entity::Resources,
     };
-    crate::sort::parse_paging(Some(order), None, None, entity)
+    let columns = entity.order_columns(crate::entity::ColumnSet::Base);
+    crate::sort::parse_paging(Some(order), None, None, columns)
         .expect("an order")
         .order_by
 }

@@ -11,10 +11,10 @@ use serde_json::value::RawValue;
 use super::collect::{collect_pages, RecordFate};
 use super::rows::{Raw, Row};
 use super::{BackendPage, Merged, RecordPlan};
-use crate::entity::Identity;
+use crate::entity::{ColumnKind, Identity};
 use crate::ownership::{Holding, Owning};
 use crate::records::{parse_records, Fields};
-use crate::sort::{ColumnKind, Direction, OrderBy, OrderField};
+use crate::sort::{Direction, OrderBy, OrderField};
 
 pub(crate) fn merge(
     plan: &RecordPlan,

@@ -13,13 +13,16 @@
 //! paging.clj` (`parse-order-by`, `validate-limit`, `validate-offset`, `validate-order-by!`),
 //! `query_eng.clj` `orderable-columns` (the first column check, which lists the entity's
 //! queryable projections in the iteration order of its projection map), `query/event_counts.clj`
-//! (`event-counts-columns`) and `http/query.clj` (`coerce-to-boolean`). The messages and lists
-//! below were confirmed by running those functions from the Debian `puppetdb` 7.12.1 jar and
-//! against a running 7.12.1 over HTTP (all 400s, including the precedence in [`parse_paging`]).
-//! The orders were checked against PostgreSQL 15 with the C collation (text, numeric, boolean,
-//! timestamptz, text[] and jsonb columns, ascending and descending, with NULLs).
+//! (`event-counts-columns`) and `http/query.clj` (`coerce-to-boolean`). The messages below and
+//! the column lists, which the entity table holds (`core/src/entity/orderable.rs`), were
+//! confirmed by running those functions from the Debian `puppetdb` 7.12.1 jar and against a
+//! running 7.12.1 over HTTP (all 400s, including the precedence in [`parse_paging`]). The orders
+//! were checked against PostgreSQL 15 with the C collation (text, numeric, boolean, timestamptz,
+//! text[] and jsonb columns, ascending and descending, with NULLs).
 //!
-//! Use: parse the request with [`parse_paging`] (or the single-parameter functions), build one
+//! Use: take the request's [`OrderColumns`] from its entity
+//! ([`crate::entity::Entity::order_columns`]), parse the request with [`parse_paging`] (or the
+//! single-parameter functions), build one
 //! [`SortKey`] per merged record with [`sort_key`], then sort with [`sort_stable`] (or a stable sort
 //! using [`compare`]); ties keep the merged set's order.
 
@@ -32,6 +35,8 @@ use serde_json::value::RawValue;
 
 use self::clj::Cv;
 use self::jsonb::Jsonb;
+use crate::entity::{ColumnKind, OrderColumns};
+use crate::instant::parse_instant;
 use crate::records::unescaped_str;
 
 /// Which way one `order_by` field sorts.
@@ -43,35 +48,6 @@ pub enum Direction {
     Descending,
 }
 
-/// How a column's values compare, from the SQL type PuppetDB selects for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ColumnKind {
-    /// A text column: strings byte-wise.
-    Text,
-    /// An integer column (`line`, `report_format`, event counts): numerically.
-    Number,
-    /// A boolean column: false before true.
-    Boolean,
-    /// A `timestamptz` column: the ISO 8601 string is parsed and compared as an instant.
-    Timestamp,
-    /// A `text[]` column (`containment_path`, `tags`): element-wise, then shorter first.
-    TextArray,
-    /// A `jsonb` column (facts `value`, `parameters`, `facts`, `trusted`): jsonb order; a JSON
-    /// `null` is a jsonb value here, not SQL NULL.
-    Jsonb,
-    /// A text column holding serialized JSON (events `new_value`/`old_value`): the compact JSON
-    /// text byte-wise, as PostgreSQL sorts the stored text (`null` is the text `null`).
-    JsonText,
-    /// A fact path as `/fact-contents` stores it (`text[]`): element-wise, each element (a
-    /// string or an array index) compared as text, then shorter first.
-    PathArray,
-    /// A fact path as `/fact-paths` stores it: the elements joined by `#~` and compared as text.
-    EncodedPath,
-    /// Not a known column (a function alias such as `count`, a query-only field): keyed by the
-    /// value's JSON type.
-    Other,
-}
-
 /// One field of an `order_by`, with how its values compare.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OrderField {
@@ -79,7 +55,7 @@ pub struct OrderField {
     pub field: String,
     /// Ascending or descending.
     pub direction: Direction,
-    /// How values compare; [`column_kind`] gives it for an entity's columns.
+    /// How values compare; [`OrderColumns::kind`] gives it for an entity's columns.
     pub kind: ColumnKind,
 }
 
@@ -94,351 +70,6 @@ impl OrderBy {
     /// Whether there is nothing to sort by.
     pub fn is_empty(&self) -> bool {
         self.fields.is_empty()
-    }
-}
-
-/// `summarize_by` of `/event-counts`, which decides the columns it can be ordered by.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SummarizeBy {
-    /// `certname`.
-    Certname,
-    /// `resource` (rows carry `resource_type` and `resource_title`).
-    Resource,
-    /// `containing_class`.
-    ContainingClass,
-}
-
-impl SummarizeBy {
-    /// The parameter's spelling (and the `subject_type` of its rows).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SummarizeBy::Certname => "certname",
-            SummarizeBy::Resource => "resource",
-            SummarizeBy::ContainingClass => "containing_class",
-        }
-    }
-
-    /// Reads the `summarize_by` parameter; `None` for anything PuppetDB rejects.
-    pub fn from_param(raw: &str) -> Option<SummarizeBy> {
-        match raw {
-            "certname" => Some(SummarizeBy::Certname),
-            "resource" => Some(SummarizeBy::Resource),
-            "containing_class" => Some(SummarizeBy::ContainingClass),
-            _ => None,
-        }
-    }
-}
-
-/// The entities whose merged records pdbmux re-sorts, as far as ordering is concerned. Use it to
-/// pick the allowed `order_by` columns and their comparison kinds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OrderEntity {
-    /// `/nodes`; the flag is the request's `include_facts_expiration=true`, which adds
-    /// `expires_facts` and `expires_facts_updated`.
-    Nodes {
-        /// Whether the request set `include_facts_expiration=true`.
-        include_facts_expiration: bool,
-    },
-    /// `/facts`, `/facts/<name>`, `/facts/<name>/<value>`.
-    Facts,
-    /// `/fact-names` (`name` only).
-    FactNames,
-    /// `/environments` (`name` only).
-    Environments,
-    /// `/reports`.
-    Reports,
-    /// `/events` (without `distinct_resources`, which PuppetDB checks against another list).
-    Events,
-    /// `/event-counts`: the four counts plus the `summarize_by` columns. Rows carry those in
-    /// `subject` (`title`, or `type`/`title`), so the record lookup must map them.
-    EventCounts(SummarizeBy),
-    /// `/resources`.
-    Resources,
-    /// `/catalogs`.
-    Catalogs,
-    /// `/catalog-inputs`.
-    CatalogInputs,
-    /// `/catalog-input-contents`.
-    CatalogInputContents,
-    /// `/factsets` (the `facts` column is the stored jsonb map, not the expanded `{href,data}`).
-    Factsets,
-    /// `/inventory`.
-    Inventory,
-    /// `/fact-contents`.
-    FactContents,
-    /// `/fact-paths` (`depth` orders but is not projected: it is the path's length less one).
-    FactPaths,
-    /// `/edges`.
-    Edges,
-    /// `/packages`.
-    Packages,
-    /// `/package-inventory`.
-    PackageInventory,
-    /// `/producers` (`name` only).
-    Producers,
-}
-
-// The lists are in the order PuppetDB 7.12.1 names them in "Supported columns are ...".
-const NODES: &[&str] = &[
-    "latest_report_corrective_change",
-    "deactivated",
-    "expired",
-    "report_environment",
-    "certname",
-    "facts_timestamp",
-    "facts_environment",
-    "cached_catalog_status",
-    "latest_report_status",
-    "latest_report_hash",
-    "catalog_timestamp",
-    "latest_report_noop_pending",
-    "report_timestamp",
-    "latest_report_noop",
-    "catalog_environment",
-    "latest_report_job_id",
-];
-const NODES_WITH_EXPIRATION: &[&str] = &[
-    "latest_report_corrective_change",
-    "deactivated",
-    "expired",
-    "report_environment",
-    "certname",
-    "expires_facts",
-    "facts_timestamp",
-    "facts_environment",
-    "cached_catalog_status",
-    "latest_report_status",
-    "latest_report_hash",
-    "catalog_timestamp",
-    "latest_report_noop_pending",
-    "report_timestamp",
-    "latest_report_noop",
-    "expires_facts_updated",
-    "catalog_environment",
-    "latest_report_job_id",
-];
-const FACTS: &[&str] = &["certname", "environment", "name", "value"];
-const NAME_ONLY: &[&str] = &["name"];
-const REPORTS: &[&str] = &[
-    "receive_time",
-    "corrective_change",
-    "code_id",
-    "noop",
-    "certname",
-    "puppet_version",
-    "hash",
-    "cached_catalog_status",
-    "transaction_uuid",
-    "configuration_version",
-    "status",
-    "job_id",
-    "producer",
-    "catalog_uuid",
-    "noop_pending",
-    "end_time",
-    "type",
-    "environment",
-    "latest_report?",
-    "start_time",
-    "producer_timestamp",
-    "report_format",
-];
-const EVENTS: &[&str] = &[
-    "message",
-    "old_value",
-    "report_receive_time",
-    "corrective_change",
-    "containment_path",
-    "certname",
-    "timestamp",
-    "run_end_time",
-    "name",
-    "configuration_version",
-    "new_value",
-    "resource_title",
-    "status",
-    "property",
-    "resource_type",
-    "line",
-    "environment",
-    "containing_class",
-    "run_start_time",
-    "latest_report?",
-    "file",
-    "report",
-];
-const EVENT_COUNTS_CERTNAME: &[&str] = &["failures", "skips", "successes", "noops", "certname"];
-const EVENT_COUNTS_RESOURCE: &[&str] = &[
-    "failures",
-    "skips",
-    "successes",
-    "noops",
-    "resource_type",
-    "resource_title",
-];
-const EVENT_COUNTS_CLASS: &[&str] = &[
-    "failures",
-    "skips",
-    "successes",
-    "noops",
-    "containing_class",
-];
-const RESOURCES: &[&str] = &[
-    "resource",
-    "certname",
-    "tags",
-    "tag",
-    "exported",
-    "line",
-    "title",
-    "type",
-    "environment",
-    "file",
-    "parameters",
-];
-const CATALOGS: &[&str] = &[
-    "code_id",
-    "certname",
-    "hash",
-    "transaction_uuid",
-    "job_id",
-    "producer",
-    "catalog_uuid",
-    "environment",
-    "version",
-    "producer_timestamp",
-];
-const CATALOG_INPUTS: &[&str] = &["certname", "producer_timestamp", "catalog_uuid", "inputs"];
-const CATALOG_INPUT_CONTENTS: &[&str] = &[
-    "certname",
-    "producer_timestamp",
-    "catalog_uuid",
-    "name",
-    "type",
-];
-const FACTSETS: &[&str] = &[
-    "timestamp",
-    "facts",
-    "certname",
-    "hash",
-    "producer_timestamp",
-    "producer",
-    "environment",
-];
-const INVENTORY: &[&str] = &["certname", "timestamp", "environment", "facts", "trusted"];
-const FACT_CONTENTS: &[&str] = &["certname", "environment", "path", "name", "value"];
-const FACT_PATHS: &[&str] = &["type", "path", "name", "depth"];
-const EDGES: &[&str] = &[
-    "certname",
-    "relationship",
-    "source_title",
-    "source_type",
-    "target_title",
-    "target_type",
-];
-const PACKAGES: &[&str] = &["package_name", "version", "provider"];
-const PACKAGE_INVENTORY: &[&str] = &["certname", "package_name", "version", "provider"];
-
-/// The columns an entity accepts in the URL `order_by`, in the order PuppetDB lists them in its
-/// "Supported columns" error. Use it to validate or to document; [`parse_order_by`] already checks.
-pub fn orderable_fields(entity: OrderEntity) -> &'static [&'static str] {
-    match entity {
-        OrderEntity::Nodes {
-            include_facts_expiration: false,
-        } => NODES,
-        OrderEntity::Nodes {
-            include_facts_expiration: true,
-        } => NODES_WITH_EXPIRATION,
-        OrderEntity::Facts => FACTS,
-        OrderEntity::FactNames | OrderEntity::Environments | OrderEntity::Producers => NAME_ONLY,
-        OrderEntity::Reports => REPORTS,
-        OrderEntity::Events => EVENTS,
-        OrderEntity::EventCounts(SummarizeBy::Certname) => EVENT_COUNTS_CERTNAME,
-        OrderEntity::EventCounts(SummarizeBy::Resource) => EVENT_COUNTS_RESOURCE,
-        OrderEntity::EventCounts(SummarizeBy::ContainingClass) => EVENT_COUNTS_CLASS,
-        OrderEntity::Resources => RESOURCES,
-        OrderEntity::Catalogs => CATALOGS,
-        OrderEntity::CatalogInputs => CATALOG_INPUTS,
-        OrderEntity::CatalogInputContents => CATALOG_INPUT_CONTENTS,
-        OrderEntity::Factsets => FACTSETS,
-        OrderEntity::Inventory => INVENTORY,
-        OrderEntity::FactContents => FACT_CONTENTS,
-        OrderEntity::FactPaths => FACT_PATHS,
-        OrderEntity::Edges => EDGES,
-        OrderEntity::Packages => PACKAGES,
-        OrderEntity::PackageInventory => PACKAGE_INVENTORY,
-    }
-}
-
-/// How an entity's column compares (from the SQL type behind it). Use it to build an
-/// [`OrderField`] for an order that did not come through [`parse_order_by`], such as an in-query
-/// `["order_by", ...]`; a name that is not a column (a function alias) gets [`ColumnKind::Other`].
-pub fn column_kind(entity: OrderEntity, field: &str) -> ColumnKind {
-    use ColumnKind::{
-        Boolean, EncodedPath, JsonText, Jsonb, Number, Other, PathArray, Text, TextArray, Timestamp,
-    };
-    let timestamp = match entity {
-        OrderEntity::Nodes { .. } => &[
-            "deactivated",
-            "expired",
-            "catalog_timestamp",
-            "facts_timestamp",
-            "report_timestamp",
-            "expires_facts_updated",
-        ][..],
-        OrderEntity::Reports => &[
-            "start_time",
-            "end_time",
-            "producer_timestamp",
-            "receive_time",
-        ],
-        OrderEntity::Events => &[
-            "timestamp",
-            "run_start_time",
-            "run_end_time",
-            "report_receive_time",
-        ],
-        OrderEntity::Catalogs | OrderEntity::CatalogInputs | OrderEntity::CatalogInputContents => {
-            &["producer_timestamp"]
-        }
-        OrderEntity::Factsets => &["timestamp", "producer_timestamp"],
-        OrderEntity::Inventory => &["timestamp"],
-        _ => &[],
-    };
-    if timestamp.contains(&field) {
-        return Timestamp;
-    }
-    match (entity, field) {
-        (
-            OrderEntity::Nodes { .. },
-            "latest_report_noop"
-            | "latest_report_noop_pending"
-            | "latest_report_corrective_change"
-            | "expires_facts",
-        ) => Boolean,
-        (OrderEntity::Facts, "value") => Jsonb,
-        (
-            OrderEntity::Reports,
-            "noop" | "noop_pending" | "corrective_change" | "latest_report?",
-        ) => Boolean,
-        (OrderEntity::Reports, "report_format") => Number,
-        (OrderEntity::Events, "corrective_change" | "latest_report?") => Boolean,
-        (OrderEntity::Events, "line") => Number,
-        (OrderEntity::Events, "containment_path") => TextArray,
-        (OrderEntity::Events, "new_value" | "old_value") => JsonText,
-        (OrderEntity::EventCounts(_), "failures" | "skips" | "successes" | "noops") => Number,
-        (OrderEntity::Resources, "exported") => Boolean,
-        (OrderEntity::Resources, "line") => Number,
-        (OrderEntity::Resources, "tags") | (OrderEntity::CatalogInputs, "inputs") => TextArray,
-        (OrderEntity::Resources, "parameters") => Jsonb,
-        (OrderEntity::Resources, "tag") => Other,
-        (OrderEntity::Factsets, "facts") | (OrderEntity::Inventory, "facts" | "trusted") => Jsonb,
-        (OrderEntity::FactContents, "value") => Jsonb,
-        (OrderEntity::FactContents, "path") => PathArray,
-        (OrderEntity::FactPaths, "path") => EncodedPath,
-        (OrderEntity::FactPaths, "depth") => Number,
-        _ if orderable_fields(entity).contains(&field) => Text,
-        _ => Other,
     }
 }
 
@@ -492,8 +123,8 @@ pub enum PagingError {
     UnrecognizedColumn {
         /// The field as PuppetDB names it (the part after a `/`, if any).
         field: String,
-        /// The entity's columns, from [`orderable_fields`].
-        supported: &'static [&'static str],
+        /// The columns the request may order by, from [`OrderColumns::supported`].
+        supported: Vec<&'static str>,
     },
     /// `limit` is not an integer from 1 to 2147483647.
     #[error("Illegal value '{raw}' for :limit; expected a positive non-zero integer.")]
@@ -596,7 +227,7 @@ fn parse_order_by_structure(raw: &str) -> Result<Vec<(RawField, Direction)>, Pag
 
 fn not_a_string_check(
     fields: &[(RawField, Direction)],
-    entity: OrderEntity,
+    columns: OrderColumns,
 ) -> Result<(), PagingError> {
     match fields.iter().find_map(|(f, _)| match f {
         RawField::NotAString(shown) => Some(shown),
@@ -604,33 +235,36 @@ fn not_a_string_check(
     }) {
         Some(shown) => Err(PagingError::UnrecognizedColumn {
             field: shown.clone(),
-            supported: orderable_fields(entity),
+            supported: columns.supported().collect(),
         }),
         None => Ok(()),
     }
 }
 
-/// PuppetDB's `validate-order-by!`: every field must be one of the entity's columns.
+/// PuppetDB's `validate-order-by!`: every field must be one of the request's columns.
 fn resolve_columns(
     fields: Vec<(RawField, Direction)>,
-    entity: OrderEntity,
+    columns: OrderColumns,
 ) -> Result<OrderBy, PagingError> {
-    not_a_string_check(&fields, entity)?;
-    let supported = orderable_fields(entity);
+    not_a_string_check(&fields, columns)?;
     let mut out = Vec::with_capacity(fields.len());
     for (field, direction) in fields {
         let RawField::Name(name) = field else {
             continue; // ruled out above
         };
         // `(keyword "a/b")` has a namespace, so it never equals a column keyword.
-        if clj::keyword_has_ns(&name) || !supported.contains(&name.as_str()) {
+        let column = match clj::keyword_has_ns(&name) {
+            true => None,
+            false => columns.find(&name),
+        };
+        let Some(column) = column else {
             return Err(PagingError::UnrecognizedColumn {
                 field: clj::keyword_name(&name).to_owned(),
-                supported,
+                supported: columns.supported().collect(),
             });
-        }
+        };
         out.push(OrderField {
-            kind: column_kind(entity, &name),
+            kind: column.kind,
             field: name,
             direction,
         });
@@ -638,13 +272,13 @@ fn resolve_columns(
     Ok(OrderBy { fields: out })
 }
 
-/// Parses the URL `order_by` parameter (already form-decoded) for `entity`, with PuppetDB's
+/// Parses the URL `order_by` parameter (already form-decoded) against `columns`, with PuppetDB's
 /// checks and 400 texts. An empty, whitespace-only, `null`, `false`, `""`, `{}` or `[]` value means
 /// no ordering, and text after a complete JSON value is ignored, as in PuppetDB. When `limit` or
 /// `offset` may also be bad, use [`parse_paging`], which reports errors in PuppetDB's order.
 #[cfg(test)]
-pub(crate) fn parse_order_by(raw: &str, entity: OrderEntity) -> Result<OrderBy, PagingError> {
-    resolve_columns(parse_order_by_structure(raw)?, entity)
+pub(crate) fn parse_order_by(raw: &str, columns: OrderColumns) -> Result<OrderBy, PagingError> {
+    resolve_columns(parse_order_by_structure(raw)?, columns)
 }
 
 /// Java's `Integer.parseInt`: optional sign, ASCII digits, 32-bit range. (Java also takes
@@ -699,16 +333,16 @@ pub fn parse_paging(
     order_by: Option<&str>,
     limit: Option<&str>,
     offset: Option<&str>,
-    entity: OrderEntity,
+    columns: OrderColumns,
 ) -> Result<Paging, PagingError> {
     let fields = order_by.map(parse_order_by_structure).transpose()?;
     if let Some(fields) = &fields {
-        not_a_string_check(fields, entity)?;
+        not_a_string_check(fields, columns)?;
     }
     let limit = limit.map(parse_limit).transpose()?;
     let offset = offset.map(parse_offset).transpose()?;
     let order_by = match fields {
-        Some(fields) => resolve_columns(fields, entity)?,
+        Some(fields) => resolve_columns(fields, columns)?,
         None => OrderBy::default(),
     };
     Ok(Paging {
@@ -1003,15 +637,6 @@ pub fn sort_stable<T>(
     let mut keyed: Vec<(SortKey, T)> = items.into_iter().map(|t| (key(&t), t)).collect();
     keyed.sort_by(|a, b| compare(&a.0, &b.0, order));
     keyed.into_iter().map(|(_, t)| t).collect()
-}
-
-// ---- timestamps ----
-
-/// An RFC 3339 timestamp (any offset, any fractional precision) as (Unix seconds, nanoseconds).
-pub(crate) fn parse_instant(s: &str) -> Option<(i64, u32)> {
-    let instant =
-        time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
-    Some((instant.unix_timestamp(), instant.nanosecond()))
 }
 
 #[cfg(test)]

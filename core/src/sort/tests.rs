@@ -1,21 +1,28 @@
 //! Tests for the parent module.
 use super::*;
+use crate::entity::{ColumnSet, Entity, SummarizeBy};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-const NODES_E: OrderEntity = OrderEntity::Nodes {
-    include_facts_expiration: false,
-};
+/// The columns of `entity` for a request whose parameters add none.
+fn base(entity: Entity) -> OrderColumns {
+    entity.order_columns(ColumnSet::Base)
+}
 
-fn err(raw: &str, entity: OrderEntity) -> String {
-    match parse_order_by(raw, entity) {
+/// `/event-counts`' columns under `summarize_by`.
+fn event_counts(summarize_by: SummarizeBy) -> OrderColumns {
+    Entity::EventCounts.order_columns(ColumnSet::SummarizedBy(summarize_by))
+}
+
+fn err(raw: &str, columns: OrderColumns) -> String {
+    match parse_order_by(raw, columns) {
         Ok(o) => panic!("{raw:?} parsed: {o:?}"),
         Err(e) => e.to_string(),
     }
 }
 
-fn fields(raw: &str, entity: OrderEntity) -> Vec<(String, Direction)> {
-    parse_order_by(raw, entity)
+fn fields(raw: &str, columns: OrderColumns) -> Vec<(String, Direction)> {
+    parse_order_by(raw, columns)
         .expect("valid order_by")
         .fields
         .into_iter()
@@ -26,7 +33,7 @@ fn fields(raw: &str, entity: OrderEntity) -> Vec<(String, Direction)> {
 #[test]
 fn order_by_errors_match_puppetdb() {
     // Each expected text is what PuppetDB 7.12.1 answered for the same input.
-    let facts = OrderEntity::Facts;
+    let facts = base(Entity::Facts);
     assert_eq!(
         err("[x", facts),
         "Illegal value '[x' for :order_by; expected a JSON array of maps."
@@ -116,7 +123,7 @@ fn order_by_errors_match_puppetdb() {
          'certname', 'environment', 'name', 'value'"
     );
     assert_eq!(
-        err(r#"[{"field":"certname"}]"#, OrderEntity::FactNames),
+        err(r#"[{"field":"certname"}]"#, base(Entity::FactNames)),
         "Unrecognized column 'certname' specified in :order_by; Supported columns are 'name'"
     );
     assert_eq!(
@@ -130,7 +137,7 @@ fn order_by_errors_match_puppetdb() {
 #[test]
 fn nodes_column_lists() {
     assert_eq!(
-        err(r#"[{"field":"zzz"}]"#, NODES_E),
+        err(r#"[{"field":"zzz"}]"#, base(Entity::Nodes)),
         "Unrecognized column 'zzz' specified in :order_by; Supported columns are \
          'latest_report_corrective_change', 'deactivated', 'expired', 'report_environment', \
          'certname', 'facts_timestamp', 'facts_environment', 'cached_catalog_status', \
@@ -138,10 +145,8 @@ fn nodes_column_lists() {
          'latest_report_noop_pending', 'report_timestamp', 'latest_report_noop', \
          'catalog_environment', 'latest_report_job_id'"
     );
-    assert!(parse_order_by(r#"[{"field":"expires_facts"}]"#, NODES_E).is_err());
-    let with = OrderEntity::Nodes {
-        include_facts_expiration: true,
-    };
+    assert!(parse_order_by(r#"[{"field":"expires_facts"}]"#, base(Entity::Nodes)).is_err());
+    let with = Entity::Nodes.order_columns(ColumnSet::FactsExpiration);
     assert_eq!(
         fields(
             r#"[{"field":"expires_facts_updated","order":"DESC"}]"#,
@@ -150,23 +155,20 @@ fn nodes_column_lists() {
         vec![("expires_facts_updated".to_owned(), Direction::Descending)]
     );
     assert_eq!(
-        err(
-            r#"[{"field":"x"}]"#,
-            OrderEntity::EventCounts(SummarizeBy::Resource)
-        ),
+        err(r#"[{"field":"x"}]"#, event_counts(SummarizeBy::Resource)),
         "Unrecognized column 'x' specified in :order_by; Supported columns are \
          'failures', 'skips', 'successes', 'noops', 'resource_type', 'resource_title'"
     );
     assert!(parse_order_by(
         r#"[{"field":"certname"}]"#,
-        OrderEntity::EventCounts(SummarizeBy::Resource)
+        event_counts(SummarizeBy::Resource)
     )
     .is_err());
 }
 
 #[test]
 fn order_by_accepts() {
-    let facts = OrderEntity::Facts;
+    let facts = base(Entity::Facts);
     assert_eq!(
         fields(
             r#"[{"field":"certname","order":"desc"},{"field":"name"}]"#,
@@ -268,7 +270,7 @@ fn include_total_is_java_parse_boolean() {
 
 #[test]
 fn paging_reports_errors_in_puppetdb_order() {
-    let facts = OrderEntity::Facts;
+    let facts = base(Entity::Facts);
     let e = |o, l, off| parse_paging(o, l, off, facts).map_err(|e| e.to_string());
     // A structural order_by error comes first, then limit, then offset, then the column.
     assert!(e(Some("[x"), Some("0"), None).is_err_and(|m| m.contains(":order_by")));
@@ -291,14 +293,14 @@ fn raw(v: &Value) -> Box<RawValue> {
     RawValue::from_string(v.to_string()).expect("serializable")
 }
 
-fn order(entity: OrderEntity, spec: &[(&str, Direction)]) -> OrderBy {
+fn order(columns: OrderColumns, spec: &[(&str, Direction)]) -> OrderBy {
     OrderBy {
         fields: spec
             .iter()
             .map(|(f, d)| OrderField {
                 field: (*f).to_owned(),
                 direction: *d,
-                kind: column_kind(entity, f),
+                kind: columns.kind(f),
             })
             .collect(),
     }
@@ -340,9 +342,9 @@ fn nulls_last_ascending_first_descending() {
         json!({"certname": "c"}),
         json!({"certname": "d", "report_timestamp": "2025-01-01T00:00:00.000Z"}),
     ];
-    let asc = order(NODES_E, &[("report_timestamp", Asc)]);
+    let asc = order(base(Entity::Nodes), &[("report_timestamp", Asc)]);
     assert_eq!(sorted(&recs, &asc, "certname"), vec!["d", "a", "b", "c"]);
-    let desc = order(NODES_E, &[("report_timestamp", Desc)]);
+    let desc = order(base(Entity::Nodes), &[("report_timestamp", Desc)]);
     assert_eq!(sorted(&recs, &desc, "certname"), vec!["b", "c", "a", "d"]);
 }
 
@@ -383,7 +385,7 @@ fn timestamps_are_instants() {
         json!({"n": "same2", "start_time": "2026-11-30T08:04:00.123+01:00"}),
         json!({"n": "garbage", "start_time": "0000-not-a-time"}),
     ];
-    let o = order(OrderEntity::Reports, &[("start_time", Asc)]);
+    let o = order(base(Entity::Reports), &[("start_time", Asc)]);
     assert_eq!(
         sorted(&recs, &o, "n"),
         vec!["earlier", "same1", "same2", "later", "garbage"]
@@ -392,7 +394,7 @@ fn timestamps_are_instants() {
 
 #[test]
 fn numbers_strings_booleans() {
-    let ec = OrderEntity::EventCounts(SummarizeBy::Certname);
+    let ec = event_counts(SummarizeBy::Certname);
     let recs = vec![
         json!({"failures": 10}),
         json!({"failures": 9}),
@@ -410,7 +412,11 @@ fn numbers_strings_booleans() {
         json!({"certname": "ab"}),
     ];
     assert_eq!(
-        sorted(&recs, &order(NODES_E, &[("certname", Asc)]), "certname"),
+        sorted(
+            &recs,
+            &order(base(Entity::Nodes), &[("certname", Asc)]),
+            "certname"
+        ),
         vec!["B", "a", "ab", "é"]
     );
     let recs = vec![
@@ -421,7 +427,7 @@ fn numbers_strings_booleans() {
     assert_eq!(
         sorted(
             &recs,
-            &order(NODES_E, &[("latest_report_noop", Asc)]),
+            &order(base(Entity::Nodes), &[("latest_report_noop", Asc)]),
             "latest_report_noop"
         ),
         vec![json!(false), json!(true), json!(null)]
@@ -471,7 +477,7 @@ fn facts_value_in_jsonb_order() {
     .into_iter()
     .map(|v| json!({"certname": "n", "name": "f", "value": v}))
     .collect();
-    let o = order(OrderEntity::Facts, &[("value", Asc)]);
+    let o = order(base(Entity::Facts), &[("value", Asc)]);
     assert_eq!(
         sorted(&recs, &o, "value"),
         vec![
@@ -497,7 +503,7 @@ fn arrays_and_json_text() {
         json!({"n": 4, "containment_path": ["Stage[main]", "Bar", "X"]}),
         json!({"n": 5, "containment_path": null}),
     ];
-    let o = order(OrderEntity::Events, &[("containment_path", Asc)]);
+    let o = order(base(Entity::Events), &[("containment_path", Asc)]);
     assert_eq!(
         sorted(&recs, &o, "n"),
         vec![json!(3), json!(2), json!(4), json!(1), json!(5)]
@@ -510,7 +516,7 @@ fn arrays_and_json_text() {
         json!({"new_value": 9}),
         json!({"new_value": ["a"]}),
     ];
-    let o = order(OrderEntity::Events, &[("new_value", Asc)]);
+    let o = order(base(Entity::Events), &[("new_value", Asc)]);
     assert_eq!(
         sorted(&recs, &o, "new_value"),
         vec![json!("b"), json!(10), json!(9), json!(["a"]), json!(null)]
@@ -531,7 +537,7 @@ fn multi_field_mixed_directions() {
         json!({"certname": "a", "id": 5}),
     ];
     let o = order(
-        OrderEntity::Reports,
+        base(Entity::Reports),
         &[("certname", Asc), ("end_time", Desc)],
     );
     assert_eq!(
@@ -666,8 +672,7 @@ proptest! {
     ) {
         let names = ["certname", "failures", "noop", "end_time"];
         let spec: Vec<(&str, Direction)> = spec.iter().map(|&(i, d)| (names[i], if d { Desc } else { Asc })).collect();
-        let entity = OrderEntity::Reports;
-        let mut o = order(entity, &spec);
+        let mut o = order(base(Entity::Reports), &spec);
         // `failures` is not a reports column: give it its kind by hand.
         for f in &mut o.fields {
             if f.field == "failures" {
@@ -718,7 +723,7 @@ proptest! {
 
     #[test]
     fn parsers_never_panic(s in ".{0,40}") {
-        let _ = parse_order_by(&s, OrderEntity::Facts);
+        let _ = parse_order_by(&s, base(Entity::Facts));
         let _ = parse_limit(&s);
         let _ = parse_offset(&s);
         let _ = parse_instant(&s);

@@ -2,8 +2,12 @@
 //! about each: where it is served, how its records merge, which nodes its queries see, the
 //! columns it can be ordered by. One row per entity; docs/merging.md is the same table in prose.
 
+mod columns;
+mod orderable;
+
 use crate::membership::{Kind, Scope};
-use crate::sort::OrderEntity;
+
+pub use self::columns::{Column, ColumnKind, ColumnSet, OrderColumns, SummarizeBy};
 
 /// A v4 query entity pdbmux merges across backends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -205,10 +209,12 @@ pub struct EntityRow {
     /// Whether a PQL query on it is mapped onto its REST endpoint (not the event counts, which
     /// PQL does not name that way).
     pub pql_mapped: bool,
-    /// Which columns an `order_by` may name and how they compare; `None` for the event-count
-    /// endpoints, whose columns depend on `summarize_by` (for `/nodes`, the request's
-    /// `include_facts_expiration` is set by [`Entity::order_entity`]).
-    pub order: Option<OrderEntity>,
+    /// The columns an `order_by` may name and how each compares, in PuppetDB's "Supported
+    /// columns" order (`orderable.rs`). A column in a set other than [`ColumnSet::Base`] is
+    /// offered only when the request's parameters add that set: `/nodes`' two expiration
+    /// columns, `/event-counts`' columns of each `summarize_by`. Empty for
+    /// `/aggregate-event-counts`, which takes no `order_by`.
+    pub order: &'static [Column],
 }
 
 /// The entity table, in [`ALL`]'s order (docs/merging.md is the same table in prose).
@@ -228,9 +234,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Nodes {
-            include_facts_expiration: false,
-        }),
+        order: orderable::NODES,
     },
     EntityRow {
         entity: Entity::Facts,
@@ -247,7 +251,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Facts),
+        order: orderable::FACTS,
     },
     EntityRow {
         entity: Entity::FactContents,
@@ -264,7 +268,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::FactContents),
+        order: orderable::FACT_CONTENTS,
     },
     EntityRow {
         entity: Entity::FactNames,
@@ -281,7 +285,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::FactNames),
+        order: orderable::NAME_ONLY,
     },
     EntityRow {
         entity: Entity::FactPaths,
@@ -298,7 +302,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: true,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::FactPaths),
+        order: orderable::FACT_PATHS,
     },
     EntityRow {
         entity: Entity::Factsets,
@@ -315,7 +319,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Factsets),
+        order: orderable::FACTSETS,
     },
     EntityRow {
         entity: Entity::Catalogs,
@@ -332,7 +336,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
-        order: Some(OrderEntity::Catalogs),
+        order: orderable::CATALOGS,
     },
     EntityRow {
         entity: Entity::CatalogInputs,
@@ -349,7 +353,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::CatalogInputs),
+        order: orderable::CATALOG_INPUTS,
     },
     EntityRow {
         entity: Entity::CatalogInputContents,
@@ -366,7 +370,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::CatalogInputContents),
+        order: orderable::CATALOG_INPUT_CONTENTS,
     },
     EntityRow {
         entity: Entity::Edges,
@@ -383,7 +387,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Edges),
+        order: orderable::EDGES,
     },
     EntityRow {
         entity: Entity::Resources,
@@ -400,7 +404,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Resources),
+        order: orderable::RESOURCES,
     },
     EntityRow {
         entity: Entity::Inventory,
@@ -417,7 +421,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Inventory),
+        order: orderable::INVENTORY,
     },
     EntityRow {
         entity: Entity::Packages,
@@ -437,7 +441,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Packages),
+        order: orderable::PACKAGES,
     },
     EntityRow {
         entity: Entity::PackageInventory,
@@ -454,7 +458,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::PackageInventory),
+        order: orderable::PACKAGE_INVENTORY,
     },
     EntityRow {
         entity: Entity::Producers,
@@ -471,7 +475,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Producers),
+        order: orderable::NAME_ONLY,
     },
     EntityRow {
         entity: Entity::Environments,
@@ -488,7 +492,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: true,
-        order: Some(OrderEntity::Environments),
+        order: orderable::NAME_ONLY,
     },
     EntityRow {
         entity: Entity::Reports,
@@ -510,7 +514,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
-        order: Some(OrderEntity::Reports),
+        order: orderable::REPORTS,
     },
     EntityRow {
         entity: Entity::Events,
@@ -532,7 +536,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: true,
         pql_mapped: true,
-        order: Some(OrderEntity::Events),
+        order: orderable::EVENTS,
     },
     EntityRow {
         entity: Entity::EventCounts,
@@ -554,7 +558,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: false,
-        order: None,
+        order: orderable::EVENT_COUNTS,
     },
     EntityRow {
         entity: Entity::AggregateEventCounts,
@@ -576,7 +580,7 @@ const ROWS: [EntityRow; 20] = [
         depth_from_path: false,
         pql_sees_every_state: false,
         pql_mapped: false,
-        order: None,
+        order: &[],
     },
 ];
 
@@ -653,15 +657,11 @@ impl Entity {
         self.row().default_scope
     }
 
-    /// Which columns an `order_by` may name and how they compare; `None` for the event-count
-    /// endpoints, whose columns depend on `summarize_by`.
-    pub fn order_entity(self, include_facts_expiration: bool) -> Option<OrderEntity> {
-        match self.row().order? {
-            OrderEntity::Nodes { .. } => Some(OrderEntity::Nodes {
-                include_facts_expiration,
-            }),
-            order => Some(order),
-        }
+    /// The columns an `order_by` on it may name, for a request whose parameters add `added`
+    /// ([`ColumnSet::facts_expiration`] for a record or extract request; `/event-counts` adds
+    /// its `summarize_by`'s). Use it to parse the request's paging.
+    pub fn order_columns(self, added: ColumnSet) -> OrderColumns {
+        OrderColumns::new(self.row().order, added)
     }
 
     /// Which of its queries pdbmux combines.
@@ -753,5 +753,61 @@ mod tests {
             };
             assert_eq!(history.records, expected, "{entity:?}");
         }
+    }
+
+    #[test]
+    fn each_order_column_is_named_once_and_its_set_belongs_to_its_entity() {
+        for entity in ALL {
+            let columns = entity.row().order;
+            for (at, column) in columns.iter().enumerate() {
+                assert!(
+                    columns[..at].iter().all(|c| c.name != column.name),
+                    "{entity:?} {}",
+                    column.name
+                );
+                let own_set = match column.set {
+                    ColumnSet::Base => true,
+                    ColumnSet::FactsExpiration => entity == Entity::Nodes,
+                    ColumnSet::SummarizedBy(_) => entity == Entity::EventCounts,
+                };
+                assert!(own_set, "{entity:?} {column:?}");
+            }
+        }
+        // `include_facts_expiration=true` adds its two columns where PuppetDB lists them.
+        let expiring: Vec<&str> = Entity::Nodes
+            .order_columns(ColumnSet::FactsExpiration)
+            .supported()
+            .collect();
+        assert_eq!(
+            expiring[4..7],
+            ["certname", "expires_facts", "facts_timestamp"]
+        );
+        assert_eq!(
+            expiring[14..],
+            [
+                "latest_report_noop",
+                "expires_facts_updated",
+                "catalog_environment",
+                "latest_report_job_id"
+            ]
+        );
+        let plain = Entity::Nodes.order_columns(ColumnSet::Base).supported();
+        assert!(plain.eq(expiring
+            .into_iter()
+            .filter(|c| !c.starts_with("expires_facts"))));
+        let subject = |by| -> Vec<&str> {
+            Entity::EventCounts
+                .order_columns(ColumnSet::SummarizedBy(by))
+                .supported()
+                .skip(4)
+                .collect()
+        };
+        assert_eq!(subject(SummarizeBy::Certname), ["certname"]);
+        assert_eq!(
+            subject(SummarizeBy::Resource),
+            ["resource_type", "resource_title"]
+        );
+        assert_eq!(subject(SummarizeBy::ContainingClass), ["containing_class"]);
+        assert!(Entity::AggregateEventCounts.row().order.is_empty());
     }
 }
