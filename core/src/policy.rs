@@ -565,10 +565,9 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
     let path = request.path();
     let aggregate = AggregatePlan::plan(entity, path, &params, &query, analysis.as_ref(), config);
     let combines = aggregate.is_some();
-    let class = match (combines, entity.is_history()) {
-        (true, _) => CacheClass::Aggregates,
-        (false, true) => CacheClass::History,
-        (false, false) => CacheClass::Records,
+    let class = match combines {
+        true => CacheClass::Aggregates,
+        false => entity.cache_class(),
     };
     let ttl = config.cache_ttl(class);
     let cacheable = match ttl.is_zero() {

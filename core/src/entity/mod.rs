@@ -1,10 +1,12 @@
 //! The PuppetDB v4 entities pdbmux answers for the estate, and everything pdbmux needs to know
 //! about each: where it is served, how its records merge, which nodes its queries see, the
-//! columns it can be ordered by. One row per entity; docs/merging.md is the same table in prose.
+//! columns it can be ordered by, how long its answers are cached. One row per entity;
+//! docs/merging.md is the same table in prose.
 
 mod columns;
 mod orderable;
 
+use crate::config::CacheClass;
 use crate::membership::{Kind, Scope};
 
 pub use self::columns::{Column, ColumnKind, ColumnSet, OrderColumns, SummarizeBy};
@@ -215,6 +217,11 @@ pub struct EntityRow {
     /// columns, `/event-counts`' columns of each `summarize_by`. Empty for
     /// `/aggregate-event-counts`, which takes no `order_by`.
     pub order: &'static [Column],
+    /// Which TTL its merged answers are cached for (docs/caching.md, "What is cached"): record
+    /// sets `Records`, history `History`, the event-count endpoints, whose every answer is
+    /// combined, `Aggregates`. A combined answer of any entity (an extract with functions) is
+    /// cached as `Aggregates` whatever its row says.
+    pub cache: CacheClass,
 }
 
 /// The entity table, in [`ALL`]'s order (docs/merging.md is the same table in prose).
@@ -235,6 +242,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::NODES,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Facts,
@@ -252,6 +260,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::FACTS,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::FactContents,
@@ -269,6 +278,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::FACT_CONTENTS,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::FactNames,
@@ -286,6 +296,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::NAME_ONLY,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::FactPaths,
@@ -303,6 +314,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::FACT_PATHS,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Factsets,
@@ -320,6 +332,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::FACTSETS,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Catalogs,
@@ -337,6 +350,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: true,
         pql_mapped: true,
         order: orderable::CATALOGS,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::CatalogInputs,
@@ -354,6 +368,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::CATALOG_INPUTS,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::CatalogInputContents,
@@ -371,6 +386,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::CATALOG_INPUT_CONTENTS,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Edges,
@@ -388,6 +404,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::EDGES,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Resources,
@@ -405,6 +422,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::RESOURCES,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Inventory,
@@ -422,6 +440,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::INVENTORY,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Packages,
@@ -442,6 +461,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::PACKAGES,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::PackageInventory,
@@ -459,6 +479,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::PACKAGE_INVENTORY,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Producers,
@@ -476,6 +497,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::NAME_ONLY,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Environments,
@@ -493,6 +515,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: true,
         order: orderable::NAME_ONLY,
+        cache: CacheClass::Records,
     },
     EntityRow {
         entity: Entity::Reports,
@@ -515,6 +538,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: true,
         pql_mapped: true,
         order: orderable::REPORTS,
+        cache: CacheClass::History,
     },
     EntityRow {
         entity: Entity::Events,
@@ -537,6 +561,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: true,
         pql_mapped: true,
         order: orderable::EVENTS,
+        cache: CacheClass::History,
     },
     EntityRow {
         entity: Entity::EventCounts,
@@ -559,6 +584,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: false,
         order: orderable::EVENT_COUNTS,
+        cache: CacheClass::Aggregates,
     },
     EntityRow {
         entity: Entity::AggregateEventCounts,
@@ -581,6 +607,7 @@ const ROWS: [EntityRow; 20] = [
         pql_sees_every_state: false,
         pql_mapped: false,
         order: &[],
+        cache: CacheClass::Aggregates,
     },
 ];
 
@@ -662,6 +689,11 @@ impl Entity {
     /// its `summarize_by`'s). Use it to parse the request's paging.
     pub fn order_columns(self, added: ColumnSet) -> OrderColumns {
         OrderColumns::new(self.row().order, added)
+    }
+
+    /// Which TTL its merged (not combined) answers are cached for.
+    pub fn cache_class(self) -> CacheClass {
+        self.row().cache
     }
 
     /// Which of its queries pdbmux combines.
@@ -809,5 +841,23 @@ mod tests {
         );
         assert_eq!(subject(SummarizeBy::ContainingClass), ["containing_class"]);
         assert!(Entity::AggregateEventCounts.row().order.is_empty());
+    }
+
+    #[test]
+    fn history_is_cached_as_history_and_the_event_counts_as_aggregates() {
+        let cached_as = |class| -> Vec<Entity> {
+            ALL.into_iter()
+                .filter(|e| e.cache_class() == class)
+                .collect()
+        };
+        assert_eq!(
+            cached_as(CacheClass::History),
+            [Entity::Reports, Entity::Events]
+        );
+        assert_eq!(
+            cached_as(CacheClass::Aggregates),
+            [Entity::EventCounts, Entity::AggregateEventCounts]
+        );
+        assert_eq!(cached_as(CacheClass::Records).len(), ALL.len() - 4);
     }
 }
