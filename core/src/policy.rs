@@ -3,7 +3,8 @@
 //!
 //! Call [`plan`] on every client request (outside whatever lock guards the [`crate::Estate`]):
 //! it reads the target once ([`ParsedRequest`]: the route by the allowlist, the parameters),
-//! parses the query AST once, and
+//! parses the query once ([`ParsedRequest::parsed_query`], which every plan below takes its
+//! query from, and keeps), and
 //! picks the way the request is answered ([`crate::fanout::Plan`]), whether it needs the
 //! membership map, and the key it is cached under. Hand the result to
 //! [`crate::Estate::admit`].
@@ -23,7 +24,7 @@ use crate::message::{ClientRequest, Response};
 use crate::meta::{FirstInOrder, LowestVersion};
 use crate::parent::ParentChecked;
 use crate::parsed::ParsedRequest;
-use crate::query::{analyze, Params, QueryText};
+use crate::query::{Params, QueryText};
 use crate::root::{self, Pql, RootQuery};
 use crate::route::{Route, RouteClass};
 use crate::sequence::{Holder, Sequence};
@@ -159,8 +160,8 @@ fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
             Work::Fanout(Box::new(Sequence::owner_first(target, certname, *kind)))
         }
         Route::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
-        Route::Root => match root::read(params) {
-            RootQuery::Mapped(mapped) => return plan_mapped(&mapped, config),
+        Route::Root => match root::read(request) {
+            RootQuery::Mapped(mapped) => return plan_mapped(mapped, config),
             RootQuery::Pql(pql) => Work::Translate(pql),
             RootQuery::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
         },
@@ -210,10 +211,10 @@ fn repeated_param(params: &Params) -> Option<String> {
     repeated
 }
 
-/// Plans a root-endpoint query mapped onto `target`, its entity's route: as that route's own
+/// Plans a root-endpoint query mapped onto `mapped`, its entity's route: as that route's own
 /// request, whatever the length of the mapped target (the client's was within the limit).
-fn plan_mapped(target: &str, config: &Arc<Config>) -> Planned {
-    let planned = plan_parsed(&Arc::new(ParsedRequest::derived(target.to_owned())), config);
+fn plan_mapped(mapped: ParsedRequest, config: &Arc<Config>) -> Planned {
+    let planned = plan_parsed(&Arc::new(mapped), config);
     Planned {
         class: Route::Root.class(),
         ..planned
@@ -233,9 +234,9 @@ fn plan_within(
     let value = percent_encoding::percent_decode_str(raw_value).decode_utf8_lossy();
     let clause = serde_json::json!(["=", field, value]);
     let params = request.params();
-    let query = match params.query_text() {
+    let query = match request.parsed_query().text() {
         QueryText::Absent => clause,
-        QueryText::Ast(ast) => crate::query::add_clause(Some(&ast), clause),
+        QueryText::Ast(ast) => crate::query::add_clause(Some(ast), clause),
         QueryText::Pql(_) | QueryText::Malformed(_) => {
             let target = request.target().to_owned();
             return Planned {
@@ -256,7 +257,8 @@ fn plan_within(
     }
     let target = format!("{}/{entity_path}?{}", root::ROOT, mapped.to_query_string());
     // The route table admitted only an entity's record routes below a parent.
-    let planned = plan_parsed(&Arc::new(ParsedRequest::derived(target)), config);
+    let derived = ParsedRequest::derived(target, Some(query));
+    let planned = plan_parsed(&Arc::new(derived), config);
     // The field names its parent: `environment` is found at `/environments/<env>`.
     let parent_path = format!("{}/{field}s/{raw_value}", root::ROOT);
     Planned {
@@ -291,9 +293,12 @@ const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
 enum SourceAsk {
     /// The provenance fact's own path, `/facts/<source_fact>[/<value>]`, with the request's
     /// other parameters.
-    Path(String),
+    Path(ParsedRequest),
     /// The records naming one of several backends (but not all): the whole path narrowed.
-    Values { whole: String, values: Vec<String> },
+    Values {
+        whole: ParsedRequest,
+        values: Vec<String>,
+    },
     /// A value constraint no backend's name meets: no records.
     Nothing,
     /// A value constraint pdbmux cannot evaluate (a regular expression it cannot compile).
@@ -306,7 +311,7 @@ enum SourceAsk {
 /// `value` (`=`, `in` over an `array`, `~`) are decided here against the backends' names, since
 /// no backend holds the fact; every other clause (an environment, a certname) goes to the
 /// backends with the path's request. `None` when the request is not such a one.
-fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<SourceAsk> {
+fn source_fact_ask(request: &ParsedRequest, route: &Route, config: &Config) -> Option<SourceAsk> {
     let entity = route.entity()?;
     if !entity.carries_provenance() || !config.source_fact_enabled {
         return None;
@@ -316,12 +321,10 @@ fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<So
             Some([op, field, serde_json::Value::String(name)])
                 if op == "=" && field == "name" && *name == config.source_fact)
     };
-    let QueryText::Ast(ast) = params.query_text() else {
-        return None;
-    };
+    let ast = request.parsed_query().ast()?;
     let clauses: Vec<&serde_json::Value> = match ast.as_array().map(Vec::as_slice) {
         Some([op, clauses @ ..]) if op == "and" => clauses.iter().collect(),
-        _ => vec![&ast],
+        _ => vec![ast],
     };
     let on_path = match route {
         Route::Query(_) if clauses.iter().any(|c| names_source(c)) => false,
@@ -342,17 +345,20 @@ fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<So
         return None;
     }
     let mut kept = Params::default();
-    for param in params.iter().filter(|p| p.key() != "query") {
+    for param in request.params().iter().filter(|p| p.key() != "query") {
         kept.set(param.key(), param.value());
     }
-    match rest.as_slice() {
-        [] => {}
-        [one] => kept.set("query", &one.to_string()),
+    let kept_query = match rest.as_slice() {
+        [] => None,
+        [one] => Some((*one).clone()),
         all => {
             let mut and = vec![serde_json::Value::from("and")];
             and.extend(all.iter().map(|clause| (*clause).clone()));
-            kept.set("query", &serde_json::Value::Array(and).to_string());
+            Some(serde_json::Value::Array(and))
         }
+    };
+    if let Some(query) = &kept_query {
+        kept.set("query", &query.to_string());
     }
     let target = |value: Option<&str>| {
         let mut path = format!(
@@ -365,10 +371,11 @@ fn source_fact_ask(params: &Params, route: &Route, config: &Config) -> Option<So
             path.extend(percent_encoding::utf8_percent_encode(value, SEGMENT));
         }
         let kept = kept.to_query_string();
-        match kept.is_empty() {
+        let target = match kept.is_empty() {
             true => path,
             false => format!("{path}?{kept}"),
-        }
+        };
+        ParsedRequest::derived(target, kept_query.clone())
     };
     let names: Vec<&str> = config.backends.iter().map(|b| b.name.as_str()).collect();
     // Each value constraint narrows the backends named; all of them must hold.
@@ -447,11 +454,11 @@ fn value_matches<'a>(
 /// (stored under its own key); without, the whole path's merge keeps only those records.
 fn plan_source_values(
     (request, route): (&ParsedRequest, &Route),
-    whole: String,
+    whole: ParsedRequest,
     values: Vec<String>,
     config: &Arc<Config>,
 ) -> Planned {
-    let whole_request = Arc::new(ParsedRequest::derived(whole));
+    let whole_request = Arc::new(whole);
     let mut planned = plan_parsed(&whole_request, config);
     match planned.cache.take() {
         Some(shared) => {
@@ -477,15 +484,12 @@ fn plan_source_values(
                 return planned;
             };
             if let Work::Fanout(_) = planned.work {
-                let query = whole_request.params().query_text();
-                let analysis = query.as_ast().map(analyze);
                 let plan = RecordPlan::plan(
                     whole_route,
                     entity,
                     whole_request.path(),
                     whole_request.params().clone(),
-                    query,
-                    analysis,
+                    Arc::clone(whole_request.parsed_query()),
                     config,
                 );
                 planned.work = match plan {
@@ -512,8 +516,8 @@ pub(crate) fn plan_translated(
     config: &Arc<Config>,
 ) -> Option<Planned> {
     let ast: serde_json::Value = serde_json::from_slice(translation).ok()?;
-    Some(match root::mapped_target(&ast, &pql.params) {
-        Some(mapped) => plan_mapped(&mapped, config),
+    Some(match root::mapped_request(&ast, &pql.params) {
+        Some(mapped) => plan_mapped(mapped, config),
         None => Planned {
             config: Arc::clone(config),
             class: Route::Root.class(),
@@ -541,10 +545,8 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         waited_out: Vec::new(),
         map_waits: 0,
     };
-    match source_fact_ask(&params, route, config) {
-        Some(SourceAsk::Path(target)) => {
-            return plan_parsed(&Arc::new(ParsedRequest::derived(target)), config)
-        }
+    match source_fact_ask(request, route, config) {
+        Some(SourceAsk::Path(derived)) => return plan_parsed(&Arc::new(derived), config),
         Some(SourceAsk::Values { whole, values }) => {
             return plan_source_values((request, route), whole, values, config)
         }
@@ -560,10 +562,9 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         let target = request.target().to_owned();
         return uncached(Work::Fanout(Box::new(Sequence::first_success(target))));
     };
-    let query = params.query_text();
-    let analysis = query.as_ast().map(analyze);
+    let query = request.parsed_query();
     let path = request.path();
-    let aggregate = AggregatePlan::plan(entity, path, &params, &query, analysis.as_ref(), config);
+    let aggregate = AggregatePlan::plan(entity, path, &params, query, config);
     let combines = aggregate.is_some();
     let class = match combines {
         true => CacheClass::Aggregates,
@@ -584,25 +585,18 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         Some(Err(refusal)) => Work::Local(refusal),
         None => {
             let shared = params.clone();
-            let plan = RecordPlan::plan(
-                route,
-                entity,
-                path,
-                params,
-                query.clone(),
-                analysis.clone(),
-                config,
-            );
+            let plan = RecordPlan::plan(route, entity, path, params, Arc::clone(query), config);
             // The provenance drilldown fetches the shared record set, without its value (which
             // is applied to the shared answer, docs/merging.md "Provenance").
             let drilldown = cacheable
                 .as_ref()
                 .and_then(|c| c.fan_out_target.as_deref())
-                .map(|target| ParsedRequest::derived(target.to_owned()));
+                .map(|target| ParsedRequest::derived(target.to_owned(), None));
             match (plan, drilldown.as_ref().map(|d| (d.route(), d.path()))) {
                 (Err(response), _) => Work::Local(*response),
                 (Ok(_), Some((Ok(route), path))) => {
-                    match RecordPlan::plan(route, entity, path, shared, query, analysis, config) {
+                    let query = Arc::clone(query);
+                    match RecordPlan::plan(route, entity, path, shared, query, config) {
                         Ok(plan) => Work::Fanout(Box::new(plan)),
                         Err(response) => Work::Local(*response),
                     }

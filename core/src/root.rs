@@ -24,8 +24,8 @@ use crate::query::{Params, QueryText};
 /// What a request on the root endpoint is.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum RootQuery {
-    /// A `from` AST on a merged entity: the entity route's target it is answered as.
-    Mapped(String),
+    /// A `from` AST on a merged entity: the entity route's request it is answered as.
+    Mapped(ParsedRequest),
     /// PQL: translated by a backend first.
     Pql(Pql),
     /// Anything else: answered by the first backend that answers.
@@ -62,31 +62,33 @@ pub struct Translating {
 /// The root query endpoint's path.
 pub(crate) const ROOT: &str = "/pdb/query/v4";
 
-/// Reads a root-endpoint request's parameters.
-pub(crate) fn read(params: &Params) -> RootQuery {
+/// Reads a root-endpoint request: its parameters and its query.
+pub(crate) fn read(request: &ParsedRequest) -> RootQuery {
+    let params = request.params();
     if params
         .get("ast_only")
         .is_some_and(|v| v.eq_ignore_ascii_case("true"))
     {
         return RootQuery::PassThrough;
     }
-    match params.query_text() {
+    match request.parsed_query().text() {
         QueryText::Pql(text) => RootQuery::Pql(Pql {
-            text,
+            text: text.clone(),
             params: params.clone(),
         }),
-        QueryText::Ast(ast) => match mapped_target(&ast, params) {
-            Some(target) => RootQuery::Mapped(target),
+        QueryText::Ast(ast) => match mapped_request(ast, params) {
+            Some(mapped) => RootQuery::Mapped(mapped),
             None => RootQuery::PassThrough,
         },
         QueryText::Absent | QueryText::Malformed(_) => RootQuery::PassThrough,
     }
 }
 
-/// The entity route's target for a `from` AST with the request's other parameters; `None` when
-/// it is not a `from` query pdbmux can map (not `from`, an entity it does not merge, a clause it
-/// does not know, two queries).
-pub(crate) fn mapped_target(ast: &Value, params: &Params) -> Option<String> {
+/// The entity route's request for a `from` AST with the request's other parameters (carrying
+/// the query it was given, so that query is not parsed again); `None` when it is not a `from`
+/// query pdbmux can map (not `from`, an entity it does not merge, a clause it does not know,
+/// two queries).
+pub(crate) fn mapped_request(ast: &Value, params: &Params) -> Option<ParsedRequest> {
     let items = ast.as_array()?;
     let ["from", entity] = [items.first()?.as_str()?, items.get(1)?.as_str()?] else {
         return None;
@@ -132,11 +134,12 @@ pub(crate) fn mapped_target(ast: &Value, params: &Params) -> Option<String> {
             mapped.set(name, &value);
         }
     }
-    let query = mapped.to_query_string();
-    Some(match query.is_empty() {
+    let query_string = mapped.to_query_string();
+    let target = match query_string.is_empty() {
         true => entity.path(),
-        false => format!("{}?{query}", entity.path()),
-    })
+        false => format!("{}?{query_string}", entity.path()),
+    };
+    Some(ParsedRequest::derived(target, query))
 }
 
 /// An AST `order_by` clause's fields (`"certname"` or `["certname", "desc"]`) as the URL
@@ -162,13 +165,14 @@ fn order_by(fields: &Value) -> Option<Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::message::ClientRequest;
     use serde_json::json;
 
     fn mapped(ast: Value, extra: &str) -> Option<String> {
         let encoded: String = form_urlencoded::byte_serialize(ast.to_string().as_bytes()).collect();
         let raw = format!("query={encoded}{extra}");
-        mapped_target(&ast, &Params::parse(Some(&raw))).map(|t| {
-            percent_encoding::percent_decode_str(&t)
+        mapped_request(&ast, &Params::parse(Some(&raw))).map(|t| {
+            percent_encoding::percent_decode_str(t.target())
                 .decode_utf8_lossy()
                 .into_owned()
         })
@@ -249,10 +253,12 @@ mod tests {
             mapped(json!(["from", "nodes", ["=", "a", 1], ["=", "b", 2]]), ""),
             None
         );
-        let params = Params::parse(Some("query=nodes%20%7B%7D&ast_only=true"));
-        assert_eq!(read(&params), RootQuery::PassThrough);
-        let params = Params::parse(Some("query=nodes%20%7B%7D"));
-        let RootQuery::Pql(pql) = read(&params) else {
+        let read_target = |target: &str| read(&ParsedRequest::parse(&ClientRequest::get(target)));
+        assert_eq!(
+            read_target("/pdb/query/v4?query=nodes%20%7B%7D&ast_only=true"),
+            RootQuery::PassThrough
+        );
+        let RootQuery::Pql(pql) = read_target("/pdb/query/v4?query=nodes%20%7B%7D") else {
             panic!("PQL");
         };
         assert_eq!(

@@ -25,7 +25,7 @@ use crate::membership::Scope;
 use crate::message::Response;
 use crate::outbound;
 use crate::ownership::{narrow, NodeScope, Owning};
-use crate::query::{Analysis, Params, QueryText};
+use crate::query::{Params, ParsedQuery, QueryText};
 use crate::status::Unusable;
 
 /// A planned combine fan-out.
@@ -75,20 +75,20 @@ impl AggregatePlan {
         entity: Entity,
         path: &str,
         params: &Params,
-        query: &QueryText,
-        analysis: Option<&Analysis>,
+        query: &Arc<ParsedQuery>,
         config: &Arc<Config>,
     ) -> Option<Result<AggregatePlan, Response>> {
         let kind = combine_kind(entity)?;
-        let mut plan = match CombinePlan::plan(kind, params, query.as_ast().zip(analysis)) {
+        let mut plan = match CombinePlan::plan(kind, params, query) {
             Ok(Some(plan)) => plan,
             Ok(None) => return None,
             Err(error) => return Some(Err(error.response())),
         };
+        let analysis = query.analysis();
         let latest_report = analysis.is_some_and(|a| a.uses_latest_report);
         let names_node_state = analysis.is_some_and(|a| a.names_node_state);
         let node_owned = entity.is_node_owned() || (entity.is_history() && latest_report);
-        let pushable = matches!(query, QueryText::Absent | QueryText::Ast(_));
+        let pushable = matches!(query.text(), QueryText::Absent | QueryText::Ast(_));
         let node_scope = node_owned.then(|| NodeScope::of(entity, config.merge, names_node_state));
         let correction = match (node_owned, entity.history(), pushable) {
             (_, _, false) => None,
@@ -145,27 +145,19 @@ impl AggregatePlan {
         }
     }
 
-    /// `params` with its query's `node_state` filter widened for `backend`, when this is history
-    /// filtered by state and the backend holds nodes that moved away; whether it changed.
-    fn widen(&self, backend: BackendId, params: &mut Params, context: &Context) -> bool {
+    /// `query` with its `node_state` filter widened for `backend`, when this is history
+    /// filtered by state and the backend holds nodes that moved away; `None` when unchanged.
+    fn widened(
+        &self,
+        backend: BackendId,
+        query: Option<&serde_json::Value>,
+        context: &Context,
+    ) -> Option<serde_json::Value> {
         if !self.history_node_state {
-            return false;
+            return None;
         }
-        let Some(ownership) = context.ownership.as_deref() else {
-            return false;
-        };
-        let revived = ownership.revived(backend);
-        let query = params.query_text();
-        match query
-            .as_ast()
-            .and_then(|q| crate::query::widen_node_state(q, &revived))
-        {
-            Some(widened) => {
-                params.set("query", &widened.to_string());
-                true
-            }
-            None => false,
-        }
+        let revived = context.ownership.as_deref()?.revived(backend);
+        crate::query::widen_node_state(query?, &revived)
     }
 
     /// The part number of the correction request (after the planned parts).
@@ -206,10 +198,12 @@ impl Plan for AggregatePlan {
             if certnames.is_empty() {
                 continue;
             }
-            let Some((path, mut params)) = self.plan.correction_params(&certnames) else {
+            let Some((path, mut params, query)) = self.plan.correction_params(&certnames) else {
                 continue;
             };
-            self.widen(backend, &mut params, context);
+            if let Some(widened) = self.widened(backend, Some(&query), context) {
+                params.set("query", &widened.to_string());
+            }
             let path = path.unwrap_or(&self.path);
             let outbound = outbound::request(path, &params, true);
             let key = format!("{path}?{}", params.to_query_string());
@@ -253,20 +247,24 @@ impl Plan for AggregatePlan {
             UpstreamPath::EventCounts => EVENT_COUNTS_PATH,
         };
         let mut params = upstream.params.clone();
-        let mut rewritten = self.widen(backend, &mut params, context);
+        // The planned query, rewritten for this backend only where it must be.
+        let planned = self.plan.upstream_ast();
+        let mut rewritten = self.widened(backend, planned, context);
         // Without a correction, a node-owned aggregate is made exact by pushing ownership down.
         let push = self.correction.is_none() && self.pushable;
         if let (Some(owning), true) = (self.owning(context), push) {
             let excluded = owning.excluded(backend, self.pinned.as_deref());
-            let query = params.query_text();
             if !excluded.is_empty() {
-                if let Some(owned) = crate::query::exclude_certnames(query.as_ast(), &excluded) {
-                    params.set("query", &owned.to_string());
-                    rewritten = true;
+                let query = rewritten.as_ref().or(planned);
+                if let Some(owned) = crate::query::exclude_certnames(query, &excluded) {
+                    rewritten = Some(owned);
                 }
             }
         }
-        outbound::request(path, &params, rewritten)
+        if let Some(query) = &rewritten {
+            params.set("query", &query.to_string());
+        }
+        outbound::request(path, &params, rewritten.is_some())
     }
 
     fn progress(&mut self, calls: &Calls, _context: &Context) -> Step {

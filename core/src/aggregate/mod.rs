@@ -26,13 +26,15 @@ mod tests;
 #[cfg(test)]
 mod tests_events;
 
+use std::sync::Arc;
+
 use serde_json::value::RawValue;
 
 use self::counts_filter::CountsFilter;
 use self::extract::ExtractPlan;
 use crate::entity::{Entity, SummarizeBy};
 use crate::merge::Window;
-use crate::query::{CombineRefusal, Params};
+use crate::query::{CombineRefusal, Params, ParsedQuery};
 use crate::records::{parse_array, write_array};
 use crate::sort::{self, OrderBy, PagingError};
 use crate::status::Unusable;
@@ -169,6 +171,8 @@ pub(crate) struct Combined {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct CombinePlan {
     params: Params,
+    /// The request's query, read once when it was planned.
+    query: Arc<ParsedQuery>,
     mode: Mode,
     include_total: bool,
     correction: Option<Correction>,
@@ -201,14 +205,14 @@ impl CombinePlan {
     pub(crate) fn plan(
         kind: CombineKind,
         params: &Params,
-        query: Option<(&serde_json::Value, &crate::query::Analysis)>,
+        query: &Arc<ParsedQuery>,
     ) -> Result<Option<CombinePlan>, PlanError> {
         let include_total = params
             .get("include_total")
             .is_some_and(sort::parse_include_total);
         let mode = match kind {
             CombineKind::Extract(entity) => {
-                let Some((ast, analysis)) = query else {
+                let Some((ast, analysis)) = query.ast().zip(query.analysis()) else {
                     return Ok(None);
                 };
                 if !analysis.has_function_column() {
@@ -221,6 +225,7 @@ impl CombinePlan {
         };
         Ok(Some(CombinePlan {
             params: params.clone(),
+            query: Arc::clone(query),
             mode,
             include_total,
             correction: None,
@@ -249,14 +254,24 @@ impl CombinePlan {
         self.correction
     }
 
+    /// The query every part is asked with ([`CombinePlan::upstream`]): an extract's as
+    /// rewritten, else the request's own; `None` when the request has no AST query.
+    pub(crate) fn upstream_ast(&self) -> Option<&serde_json::Value> {
+        match &self.mode {
+            Mode::Extract(plan) => Some(&plan.upstream),
+            Mode::EventCounts { .. } | Mode::Aggregate { .. } => self.query.ast(),
+        }
+    }
+
     /// The correction request of a backend over `certnames` (the nodes it holds for others, or
     /// those whose history another backend holds too): part 0's parameters with its query
     /// restricted to them, on part 0's path; for history event counts, an `/events` extract
-    /// ([`event_counts::history_correction`]). `None` for the path means part 0's.
+    /// ([`event_counts::history_correction`]). `None` for the path means part 0's. The query
+    /// set in the parameters comes too, built from the planned AST, for a caller that rewrites it.
     pub(crate) fn correction_params(
         &self,
         certnames: &[&str],
-    ) -> Option<(Option<&'static str>, Params)> {
+    ) -> Option<(Option<&'static str>, Params, serde_json::Value)> {
         let correction = self.correction?;
         let mut params = self.upstream().into_iter().next()?.params;
         let (path, query) = match (&self.mode, correction) {
@@ -269,7 +284,7 @@ impl CombinePlan {
             (Mode::EventCounts { .. }, Correction::Owned) => (
                 None,
                 crate::query::add_clause(
-                    params.query_text().as_ast(),
+                    self.query.ast(),
                     crate::query::only_certnames_clause(certnames),
                 ),
             ),
@@ -277,15 +292,14 @@ impl CombinePlan {
                 Mode::EventCounts { .. } | Mode::Aggregate { .. },
                 Correction::History { records, .. },
             ) => {
-                let query =
-                    event_counts::history_correction(params.query_text().as_ast(), certnames);
+                let query = event_counts::history_correction(self.query.ast(), certnames);
                 params = Params::default();
                 (Some(records.path_static()), query)
             }
             _ => return None,
         };
         params.set("query", &query.to_string());
-        Some((path, params))
+        Some((path, params, query))
     }
 
     /// [`CombinePlan::plan`] with the query read from `params`, as a request's planning reads it.
@@ -294,9 +308,8 @@ impl CombinePlan {
         kind: CombineKind,
         params: &Params,
     ) -> Result<Option<CombinePlan>, PlanError> {
-        let query = params.query_text();
-        let analysis = query.as_ast().map(crate::query::analyze);
-        CombinePlan::plan(kind, params, query.as_ast().zip(analysis.as_ref()))
+        let query = Arc::new(ParsedQuery::new(params.query_text()));
+        CombinePlan::plan(kind, params, &query)
     }
 
     /// The requests each backend gets, in the order [`Part::bodies`] answers them: one, except

@@ -37,7 +37,7 @@ use crate::membership::Scope;
 use crate::message::{BodyMode, Response};
 use crate::outbound;
 use crate::ownership::{narrow, NodeScope, Owning};
-use crate::query::{self, Analysis, Params, QueryText};
+use crate::query::{self, Params, ParsedQuery, QueryText};
 use crate::route::Route;
 use crate::sort::{self, OrderBy};
 use crate::status::Unusable;
@@ -151,8 +151,8 @@ pub(crate) struct RecordPlan {
     config: Arc<Config>,
     upstream_path: String,
     params: Params,
-    query: QueryText,
-    analysis: Option<Analysis>,
+    /// The request's query and its analysis, read once when the request was planned.
+    query: Arc<ParsedQuery>,
     pub(crate) order: Option<OrderBy>,
     pub(crate) window: Window,
     pub(crate) include_total: bool,
@@ -197,10 +197,10 @@ impl RecordPlan {
         entity: Entity,
         path: &str,
         params: Params,
-        query: QueryText,
-        analysis: Option<Analysis>,
+        query: Arc<ParsedQuery>,
         config: &Arc<Config>,
     ) -> Result<RecordPlan, Box<Response>> {
+        let analysis = query.analysis();
         let source_fact = config.source_fact.as_str();
         let (upstream_path, facts_path_name) = match route {
             Route::FactsByName { name, value } => {
@@ -243,12 +243,12 @@ impl RecordPlan {
                 None => Provenance::Off,
             }
         } else {
-            let gated = match &query {
+            let gated = match query.text() {
                 QueryText::Pql(_) | QueryText::Malformed(_) => true,
                 QueryText::Absent => false,
-                QueryText::Ast(_) => analysis
-                    .as_ref()
-                    .is_some_and(|a| a.extract_outside_subquery || a.outer_name_constraint),
+                QueryText::Ast(_) => {
+                    analysis.is_some_and(|a| a.extract_outside_subquery || a.outer_name_constraint)
+                }
             } || window.is_paged();
             match facts_path_name {
                 Some(value) => {
@@ -268,18 +268,18 @@ impl RecordPlan {
             }
         };
 
-        let latest_report = analysis.as_ref().is_some_and(|a| a.uses_latest_report);
-        let names_node_state = analysis.as_ref().is_some_and(|a| a.names_node_state);
+        let latest_report = analysis.is_some_and(|a| a.uses_latest_report);
+        let names_node_state = analysis.is_some_and(|a| a.names_node_state);
         let node_owned = entity.is_node_owned() || (entity.is_history() && latest_report);
-        let names_node = match analysis.as_ref() {
+        let names_node = match analysis {
             Some(a) if !a.plain_columns.is_empty() || a.has_function_column() => {
                 a.plain_columns.iter().any(|c| c == "certname")
             }
             _ => true,
         };
-        let pushable = match &query {
+        let pushable = match query.text() {
             QueryText::Absent => true,
-            QueryText::Ast(_) => !analysis.as_ref().is_some_and(|a| a.in_query_paging),
+            QueryText::Ast(_) => !analysis.is_some_and(|a| a.in_query_paging),
             QueryText::Pql(_) | QueryText::Malformed(_) => false,
         };
         let technique = match (names_node, window.is_paged(), pushable) {
@@ -300,7 +300,7 @@ impl RecordPlan {
         let history_node_state = entity.is_history() && !node_owned && pushable && names_node_state;
         // BackendAsked whether or not `latest_report?` makes the history node-owned: one backend's own
         // rows are not merged by their projected content either (D22).
-        let history_helpers = match (&analysis, pushable) {
+        let history_helpers = match (analysis, pushable) {
             (Some(a), true) if !a.plain_columns.is_empty() && !a.has_function_column() => {
                 // The fields that tell one stored report (or event) from another, so that the
                 // copies several backends store are served once (docs/merging.md, "History
@@ -318,7 +318,7 @@ impl RecordPlan {
 
         let distinct_owned = entity
             .distinct_of()
-            .filter(|(_, columns)| pushable && query::is_filter_on(query.as_ast(), columns))
+            .filter(|(_, columns)| pushable && query::is_filter_on(query.ast(), columns))
             .map(|_| NodeScope {
                 strategy: config.merge,
                 kind: entity.kind(),
@@ -331,7 +331,6 @@ impl RecordPlan {
             upstream_path,
             params,
             query,
-            analysis,
             order,
             window,
             include_total,
@@ -411,14 +410,14 @@ impl RecordPlan {
 
     /// Whether the outer query projects columns (an extract): rows keep their shape untouched.
     pub(crate) fn is_projection(&self) -> bool {
-        self.analysis
-            .as_ref()
+        self.query
+            .analysis()
             .is_some_and(|a| !a.plain_columns.is_empty() || a.has_function_column())
     }
 
     fn pinned(&self) -> Option<&[String]> {
-        self.analysis
-            .as_ref()
+        self.query
+            .analysis()
             .and_then(|a| a.pinned_certnames.as_deref())
     }
 
@@ -464,7 +463,7 @@ impl RecordPlan {
                 }
             }
         }
-        let mut query = self.query.as_ast().cloned();
+        let mut query = self.query.ast().cloned();
         let mut rewritten = false;
         if let Some(with) = query
             .as_ref()
@@ -489,9 +488,9 @@ impl RecordPlan {
     }
 
     fn pushable(&self) -> bool {
-        match &self.query {
+        match self.query.text() {
             QueryText::Absent => true,
-            QueryText::Ast(_) => !self.analysis.as_ref().is_some_and(|a| a.in_query_paging),
+            QueryText::Ast(_) => !self.query.analysis().is_some_and(|a| a.in_query_paging),
             QueryText::Pql(_) | QueryText::Malformed(_) => false,
         }
     }
@@ -574,7 +573,7 @@ impl RecordPlan {
             if excluded.is_empty() {
                 return None;
             }
-            let query = query::count_among(self.query.as_ast(), &excluded)?;
+            let query = query::count_among(self.query.ast(), &excluded)?;
             return Some(outbound::query_only(&self.upstream_path, &query));
         }
         if self.history_total {
@@ -627,7 +626,7 @@ impl RecordPlan {
 
     /// The filter of a history query (its outer extract's, or the query).
     fn history_filter(&self) -> Option<Value> {
-        query::outer_filter(self.query.as_ast()?).cloned()
+        query::outer_filter(self.query.ast()?).cloned()
     }
 
     /// The body `backend`'s correction was answered with: known to the estate already, or

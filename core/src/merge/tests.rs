@@ -11,7 +11,7 @@ use crate::corrections::Corrections;
 use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, Verdict};
 use crate::ids::BackendId;
 use crate::membership::{BackendNodes, Member, Ownership};
-use crate::query::{analyze, Params};
+use crate::query::{Params, ParsedQuery};
 use crate::route::{classify, Route};
 use crate::status::Outcome;
 use crate::ClientRequest;
@@ -52,24 +52,15 @@ pub(super) fn plan(
     let route: Route = classify(&request).map_err(|e| e.to_string())?;
     let entity = route.entity().ok_or("not a query route")?;
     let params = Params::parse(request.query());
-    let query = params.query_text();
-    let analysis = query.as_ast().map(analyze);
-    let mut plan = RecordPlan::plan(
-        &route,
-        entity,
-        request.path(),
-        params,
-        query,
-        analysis,
-        config,
-    )
-    .map_err(|response| {
-        format!(
-            "{} {}",
-            response.status.as_u16(),
-            String::from_utf8_lossy(response.full_body().map_or(&[][..], |b| &b[..]))
-        )
-    })?;
+    let query = Arc::new(ParsedQuery::new(params.query_text()));
+    let mut plan = RecordPlan::plan(&route, entity, request.path(), params, query, config)
+        .map_err(|response| {
+            format!(
+                "{} {}",
+                response.status.as_u16(),
+                String::from_utf8_lossy(response.full_body().map_or(&[][..], |b| &b[..]))
+            )
+        })?;
     let context = Context {
         config: Arc::clone(config),
         roster: vec![BackendId(0), BackendId(1)],

@@ -7,9 +7,12 @@
 //!    forwarded byte for byte ([`Params::to_query_string`]), so the `query` param reaches every
 //!    backend verbatim unless pdbmux rewrites it.
 //! 2. [`QueryText::classify`] the decoded `query` value: JSON AST, PQL (opaque, never analysed) or
-//!    malformed JSON (forwarded untouched so the backends answer the 400).
-//! 3. [`analyze`] an AST once: the provenance gates (extract outside a subquery, outer name
-//!    constraint), the response-shaping extract's columns, `latest_report?` and in-query paging.
+//!    malformed JSON (forwarded untouched so the backends answer the 400). A request does it once
+//!    (`ParsedRequest::parsed_query`) and keeps the result, a `ParsedQuery`, for its whole life:
+//!    every plan reads the query from there, never from the parameters again.
+//! 3. [`analyze`] an AST once (`ParsedQuery::analysis`): the provenance gates (extract outside a
+//!    subquery, outer name constraint), the response-shaping extract's columns, `latest_report?`
+//!    and in-query paging.
 //! 4. For an extract with a function column, [`check_combinable`] refuses what cannot be merged,
 //!    and [`rewrite_avg`] turns `avg` into `sum` + `count` upstream.
 //! 5. [`exclude_certnames`] pushes node ownership into the upstream query (docs/decisions.md D4); a
@@ -23,12 +26,14 @@ mod foldable;
 #[cfg(test)]
 mod gate_vectors;
 mod params;
+mod parsed;
 mod rewrite;
 
 pub use ast::{analyze, Analysis, FunctionColumn, GroupByItem};
 pub(crate) use ast::{names_node_state, outer_filter};
 pub use foldable::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
 pub use params::{JsonBodyError, Param, Params};
+pub(crate) use parsed::ParsedQuery;
 pub use rewrite::{
     add_clause, count_among, distinct_among_owned, exclude_certnames, is_filter_on,
     only_certnames_clause, ownership_clause, rewrite_avg, widen_node_state, with_extract_columns,

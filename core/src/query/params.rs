@@ -179,7 +179,9 @@ impl Params {
         self.iter().next().is_none()
     }
 
-    /// Classifies the `query` parameter ([`QueryText::classify`] of `get("query")`).
+    /// Classifies the `query` parameter ([`QueryText::classify`] of `get("query")`), parsing its
+    /// JSON. A request's is read once, by `ParsedRequest::parsed_query`, and kept: read it from
+    /// there.
     pub fn query_text(&self) -> QueryText {
         QueryText::classify(self.get("query"))
     }
