@@ -161,7 +161,7 @@ fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
         }
         Route::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
         Route::Root => match root::read(request) {
-            RootQuery::Mapped(mapped) => return plan_mapped(mapped, config),
+            RootQuery::Mapped(mapped) => return plan_mapped(mapped, request, config),
             RootQuery::Pql(pql) => Work::Translate(pql),
             RootQuery::PassThrough => Work::Fanout(Box::new(Sequence::first_success(target))),
         },
@@ -212,11 +212,17 @@ fn repeated_param(params: &Params) -> Option<String> {
 }
 
 /// Plans a root-endpoint query mapped onto `mapped`, its entity's route: as that route's own
-/// request, whatever the length of the mapped target (the client's was within the limit).
-fn plan_mapped(mapped: ParsedRequest, config: &Arc<Config>) -> Planned {
+/// request, whatever the length of the mapped target (the client's was within the limit). It
+/// stays `original`'s (the client's) plan: labelled `root`, and planned again from it.
+fn plan_mapped(
+    mapped: ParsedRequest,
+    original: &Arc<ParsedRequest>,
+    config: &Arc<Config>,
+) -> Planned {
     let planned = plan_parsed(&Arc::new(mapped), config);
     Planned {
         class: Route::Root.class(),
+        request: Arc::clone(original),
         ..planned
     }
 }
@@ -453,7 +459,7 @@ fn value_matches<'a>(
 /// joins the fan-out of the whole `/facts/<source_fact>` record set and is filtered from it
 /// (stored under its own key); without, the whole path's merge keeps only those records.
 fn plan_source_values(
-    (request, route): (&ParsedRequest, &Route),
+    (request, route): (&Arc<ParsedRequest>, &Route),
     whole: ParsedRequest,
     values: Vec<String>,
     config: &Arc<Config>,
@@ -517,7 +523,7 @@ pub(crate) fn plan_translated(
 ) -> Option<Planned> {
     let ast: serde_json::Value = serde_json::from_slice(translation).ok()?;
     Some(match root::mapped_request(&ast, &pql.params) {
-        Some(mapped) => plan_mapped(mapped, config),
+        Some(mapped) => plan_mapped(mapped, original, config),
         None => Planned {
             config: Arc::clone(config),
             class: Route::Root.class(),
@@ -546,9 +552,18 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         map_waits: 0,
     };
     match source_fact_ask(request, route, config) {
-        Some(SourceAsk::Path(derived)) => return plan_parsed(&Arc::new(derived), config),
+        Some(SourceAsk::Path(derived)) => {
+            return Planned {
+                request: Arc::clone(request),
+                ..plan_parsed(&Arc::new(derived), config)
+            }
+        }
         Some(SourceAsk::Values { whole, values }) => {
-            return plan_source_values((request, route), whole, values, config)
+            // Planned again from the client's request, so its values come with it.
+            return Planned {
+                request: Arc::clone(request),
+                ..plan_source_values((request, route), whole, values, config)
+            };
         }
         Some(SourceAsk::Nothing) => {
             return uncached(Work::Local(Response::json(StatusCode::OK, "[]")))
@@ -769,6 +784,60 @@ mod tests {
             };
             let planned = plan(&ClientRequest::get(target), &config);
             assert!(matches!(planned.work, Work::Fanout(_)), "{entity:?}");
+        }
+    }
+
+    /// A request planned again after a reload (or to ask the backends the prober kept out) is
+    /// planned from the client's own request: a root query stays `root`, a `/facts` query for
+    /// some backends' provenance records keeps its values, a sub-route its parent.
+    #[test]
+    fn planned_again_a_request_is_the_clients_own_plan_whatever_it_was_derived_to() {
+        let source = |values: &str| {
+            let query = format!(
+                r#"["and",["=","name","pdbmux_source"],["in","value",["array",{values}]]]"#
+            );
+            format!(
+                "/pdb/query/v4/facts?query={}",
+                form_urlencoded::byte_serialize(query.as_bytes()).collect::<String>()
+            )
+        };
+        let targets = [
+            format!(
+                "/pdb/query/v4?query={}",
+                form_urlencoded::byte_serialize(br#"["from","nodes",["=","certname","a"]]"#)
+                    .collect::<String>()
+            ),
+            source(r#""pdb-a""#),
+            source(r#""pdb-a","pdb-c""#),
+            source(r#""pdb-a","pdb-x","pdb-b""#),
+            "/pdb/query/v4/facts/pdbmux_source/pdb-b".to_owned(),
+            "/pdb/query/v4/environments/production/facts".to_owned(),
+        ];
+        for cached in [true, false] {
+            // Three backends, so that two of them are some but not all.
+            let mut config = (*config()).clone();
+            let mut third = config.backends[1].clone();
+            third.name = "pdb-c".into();
+            third.url.port = Some(3);
+            config.backends.push(third);
+            if !cached {
+                config.facts_ttl = std::time::Duration::ZERO;
+            }
+            let config = Arc::new(config);
+            // A reload to the same values: the plans must read the same.
+            let reloaded = Arc::new((*config).clone());
+            for target in &targets {
+                let planned = plan(&ClientRequest::get(target.as_str()), &config);
+                let again = planned.again(&reloaded);
+                assert_eq!(planned.target(), target, "the client's own target");
+                assert_eq!(again.target(), target);
+                assert_eq!(again.class(), planned.class(), "{target}");
+                assert_eq!(
+                    format!("{:?} {:?}", again.cache, again.work),
+                    format!("{:?} {:?}", planned.cache, planned.work),
+                    "{target} (cached: {cached})"
+                );
+            }
         }
     }
 }
