@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use crate::args::InitFlags;
 use crate::env::Environment;
-use crate::keys::KEYS;
+use pdbmux_core::config::ConfigKey;
+
+use crate::keys::{LoaderKey, KEYS};
 
 /// Why `config init` wrote nothing.
 #[derive(Debug, thiserror::Error)]
@@ -62,17 +64,16 @@ pub fn template() -> String {
          # the effective values. Durations are <number><unit> pairs written together, units ns us ms\n\
          # s m h (500ms, 10s, 1m30s, 1.5s, 2h; 0 needs no unit).\n\n",
     );
-    for key in KEYS {
-        if key.name == "backends" {
+    for key in KEYS.iter() {
+        if key.name == ConfigKey::backends.name() {
             out.push_str(BACKENDS_EXAMPLE);
             continue;
         }
-        let (prefix, value) = match (key.name, key.default) {
-            ("log_level", Some(default)) => ("# ", default.to_owned()),
-            (_, Some(default)) if default.contains(':') => ("", format!("\"{default}\"")),
-            (_, Some(default)) => ("", default.to_owned()),
-            ("cache_redis_url", None) => ("# ", "redis://127.0.0.1:6379".to_owned()),
-            (name, None) => ("# ", format!("/etc/pdbmux/{}", example_file(name))),
+        let (prefix, value) = match key.default {
+            Some(default) if key.name == LoaderKey::log_level.name() => ("# ", default.to_owned()),
+            Some(default) if default.contains(':') => ("", format!("\"{default}\"")),
+            Some(default) => ("", default.to_owned()),
+            None => ("# ", example_value(key.name)),
         };
         let setting = format!("{prefix}{}: {value}", key.name);
         out.push_str(&format!("{setting:<38}  # {}\n", key.comment));
@@ -80,12 +81,19 @@ pub fn template() -> String {
     out
 }
 
-fn example_file(key: &str) -> &'static str {
-    match key {
-        "tls_ca_file" => "ca.pem",
-        "tls_cert_file" => "client.pem",
-        _ => "client-key.pem",
+/// The value shown, commented out, for a key without a default: a URL or a file.
+fn example_value(key: &str) -> String {
+    if key == LoaderKey::cache_redis_url.name() {
+        return "redis://127.0.0.1:6379".to_owned();
     }
+    let file = if key == LoaderKey::tls_ca_file.name() {
+        "ca.pem"
+    } else if key == LoaderKey::tls_cert_file.name() {
+        "client.pem"
+    } else {
+        "client-key.pem"
+    };
+    format!("/etc/pdbmux/{file}")
 }
 
 /// Writes [`template`] to [`init_path`], creating parent directories; refuses to overwrite an
@@ -116,5 +124,33 @@ pub fn init(args: &InitFlags, env: &Environment) -> Result<PathBuf, InitError> {
         Ok(()) => Ok(path),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(InitError::Exists { path }),
         Err(source) => Err(InitError::Write { path, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every key of the table has its line, with its comment: set to its default, or commented
+    /// out when it has none (and `log_level`, so that `RUST_LOG` still applies).
+    #[test]
+    fn the_template_has_a_line_for_every_key() {
+        let text = template();
+        for key in KEYS.iter() {
+            let set = format!("{}: ", key.name);
+            let commented = format!("# {}:", key.name);
+            let line = text
+                .lines()
+                .find(|line| line.starts_with(&set) || line.starts_with(&commented))
+                .unwrap_or_else(|| panic!("no line for {}:\n{text}", key.name));
+            assert!(line.contains("  # "), "no comment on {line:?}");
+            match key.default {
+                Some(default) if key.name != LoaderKey::log_level.name() => {
+                    assert!(line.starts_with(&set), "{line:?} sets {}", key.name);
+                    assert!(line.contains(default), "{line:?} holds {default}");
+                }
+                _ => assert!(line.starts_with(&commented), "{line:?} is commented out"),
+            }
+        }
     }
 }

@@ -29,6 +29,7 @@ use std::process::ExitCode;
 pub use args::{version, Cli, Command, ConfigCommand, InitFlags, SettingFlags};
 pub use env::Environment;
 pub use init::{init, template, InitError};
+pub use keys::names as key_names;
 pub use load::{load, ConfigFile, LoadError, Loaded, Source};
 pub use logging::{init_logging, LoggingError};
 pub use origin::Origin;

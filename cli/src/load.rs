@@ -10,10 +10,11 @@ use std::path::{Path, PathBuf};
 use figment::providers::Format;
 use figment::value::{Dict, Map, Value};
 use figment::{Figment, Metadata, Profile, Provider};
+use pdbmux_core::config::ConfigKey;
 
 use crate::args::SettingFlags;
 use crate::env::Environment;
-use crate::keys::{self, KEYS};
+use crate::keys::{self, LoaderKey, KEYS};
 
 const DEFAULTS: &str = "pdbmux defaults";
 const ENVIRONMENT: &str = "pdbmux environment";
@@ -177,9 +178,9 @@ fn env_layer(env: &Environment) -> Layer {
         .iter()
         .filter_map(|k| {
             let value = if k.empty_is_a_value {
-                env.get_even_empty(k.env)?
+                env.get_even_empty(&k.env)?
             } else {
-                env.get(k.env)?
+                env.get(&k.env)?
             };
             Some((k.name.to_owned(), Value::from(value)))
         })
@@ -193,16 +194,28 @@ fn env_layer(env: &Environment) -> Layer {
 fn flags_layer(args: &SettingFlags) -> Layer {
     let mut dict = Dict::new();
     if let Some(listen) = &args.listen {
-        dict.insert("listen".to_owned(), Value::from(listen.as_str()));
+        dict.insert(
+            ConfigKey::listen.name().to_owned(),
+            Value::from(listen.as_str()),
+        );
     }
     if let Some(merge) = &args.merge {
-        dict.insert("merge".to_owned(), Value::from(merge.as_str()));
+        dict.insert(
+            ConfigKey::merge.name().to_owned(),
+            Value::from(merge.as_str()),
+        );
     }
     if let Some(probe) = args.health_probe {
-        dict.insert("health_probe_enabled".to_owned(), Value::from(probe));
+        dict.insert(
+            ConfigKey::health_probe_enabled.name().to_owned(),
+            Value::from(probe),
+        );
     }
     if let Some(format) = &args.log_format {
-        dict.insert("log_format".to_owned(), Value::from(format.as_str()));
+        dict.insert(
+            LoaderKey::log_format.name().to_owned(),
+            Value::from(format.as_str()),
+        );
     }
     Layer { name: FLAGS, dict }
 }
@@ -283,7 +296,7 @@ pub fn load(args: &SettingFlags, env: &Environment) -> Result<Loaded, LoadError>
             (value, _) => {
                 let source = match figment.get_metadata(value.tag()) {
                     Some(md) if md.name == DEFAULTS => Source::Default,
-                    Some(md) if md.name == ENVIRONMENT => Source::Env(key.env),
+                    Some(md) if md.name == ENVIRONMENT => Source::Env(&key.env),
                     Some(md) if md.name == FLAGS => Source::Flag(key.flag.unwrap_or(key.name)),
                     _ => Source::File(file.path().map(Path::to_path_buf).unwrap_or_default()),
                 };

@@ -7,6 +7,7 @@ use pdbmux_core::config::Config;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
+use crate::keys::LoaderKey;
 use crate::{load, validate, Environment, LogFormat, SettingFlags, Settings};
 
 /// What a binary keeps from its start to reload its configuration; handed to `serve` by
@@ -102,9 +103,10 @@ impl Reloader {
         FileStamp::of(&self.args, &self.env)
     }
 
-    /// The configuration as it reads now, for a process running `running`: `listen` and
-    /// `metrics_listen` stay as they are (a warning says a restart is needed to move them), as
-    /// does logging. An invalid configuration is an error and changes nothing.
+    /// The configuration as it reads now, for a process running `running`: the keys `Config::KEYS`
+    /// classes as taking a restart (the listeners) stay as they are (a warning says a restart is
+    /// needed to move them), as do logging and the config watch. An invalid configuration is an
+    /// error and changes nothing.
     pub fn reload(&self, running: &Config) -> Result<Config, ReloadError> {
         let loaded = load(&self.args, &self.env).map_err(|error| ReloadError {
             problems: vec![error.to_string()],
@@ -122,20 +124,12 @@ impl Reloader {
             tracing::warn!(key, from = %from, "{key} is above the cap; clamped");
         }
         let mut config = settings.config;
-        let mut needs_restart = Vec::new();
-        if config.listen != running.listen {
-            needs_restart.push("listen");
-            config.listen.clone_from(&running.listen);
-        }
-        if config.metrics_listen != running.metrics_listen {
-            needs_restart.push("metrics_listen");
-            config.metrics_listen.clone_from(&running.metrics_listen);
-        }
+        let mut needs_restart = config.keep_restart_keys(running);
         if settings.log_format != self.log_format || settings.log_level != self.log_level {
             needs_restart.push("log_format/log_level");
         }
         if settings.config_watch != self.config_watch {
-            needs_restart.push("config_watch_interval");
+            needs_restart.push(LoaderKey::config_watch_interval.name());
         }
         if !needs_restart.is_empty() {
             tracing::warn!(

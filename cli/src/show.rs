@@ -1,6 +1,8 @@
 //! `config show`: every effective value, one per line, with where it came from.
 
-use crate::keys::KEYS;
+use pdbmux_core::config::ConfigKey;
+
+use crate::keys::{LoaderKey, KEYS};
 use crate::load::{ConfigFile, Loaded, Source};
 use crate::validate::{check, raw_display, ValidateError};
 use crate::Settings;
@@ -36,26 +38,26 @@ pub fn show(loaded: &Loaded) -> Shown {
         }
     });
 
-    for key in KEYS {
+    for key in KEYS.iter() {
         let source = loaded.source(key.name);
-        if key.name == "backends" {
+        if key.name == ConfigKey::backends.name() {
             if checked.backends.is_empty() {
-                let value = match loaded.settings.get("backends") {
+                let value = match loaded.settings.get(key.name) {
                     Some(setting) => format!("{} (invalid)", raw_display(&setting.value)),
                     None => "(none)".to_owned(),
                 };
                 let source = source.map_or("not set".to_owned(), Source::to_string);
-                lines.push(line("backends", &value, &source));
+                lines.push(line(key.name, &value, &source));
             }
             for (i, backend) in checked.backends.iter().enumerate() {
                 lines.push(line(
-                    &format!("backends[{i}]"),
+                    &format!("{}[{i}]", key.name),
                     &backend.line,
                     &backend.source.to_string(),
                 ));
                 for (field, path, source) in &backend.tls {
                     lines.push(line(
-                        &format!("backends[{i}].{field}"),
+                        &format!("{}[{i}].{field}", key.name),
                         &path.display().to_string(),
                         &source.to_string(),
                     ));
@@ -63,7 +65,7 @@ pub fn show(loaded: &Loaded) -> Shown {
             }
             continue;
         }
-        let source = if key.name == "log_level" {
+        let source = if key.name == LoaderKey::log_level.name() {
             checked.log_level_source.as_ref().or(source)
         } else {
             source

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use figment::value::{Num, Value};
 use pdbmux_core::config::{
-    BackendConfig, BackendUrl, CacheBackend, Config, MergeStrategy, Secret, TlsFiles, FACTS_TTL_CAP,
+    BackendConfig, BackendUrl, CacheBackend, Config, ConfigKey, MergeStrategy, Secret, TlsFiles,
+    FACTS_TTL_CAP,
 };
 
 use crate::duration;
-use crate::keys::{self, BACKEND_KEYS};
+use crate::keys::{self, LoaderKey, BACKEND_KEYS};
 use crate::load::{Loaded, Setting, Source};
 use crate::origin::{self, Origin};
 use crate::{LogFormat, Settings};
@@ -271,7 +272,7 @@ impl ConfigProblem {
             }
         }
         let entry = |index: usize, field: Option<&'static str>| Subject {
-            key: "backends",
+            key: ConfigKey::backends.name(),
             item: Some(index),
             field,
         };
@@ -299,7 +300,7 @@ impl ConfigProblem {
                 Some(entry(*index, None))
             }
             P::NoBackends { .. } | P::DuplicateBackend { .. } | P::BadBackendsEntry { .. } => {
-                Some(Subject::key("backends"))
+                Some(Subject::key(ConfigKey::backends.name()))
             }
             P::UnknownVariable { .. } => None,
         }
@@ -700,15 +701,15 @@ impl<'a> Checker<'a> {
     }
 
     fn listen(&mut self) -> Option<String> {
-        let text = self.scalar("listen")?;
+        let text = self.scalar(ConfigKey::listen.name())?;
         match parse_listen(&text) {
             Some(addr) => {
-                self.show("listen", addr.clone());
+                self.show(ConfigKey::listen.name(), addr.clone());
                 Some(addr)
             }
             None => {
                 self.problems.push(ConfigProblem::Invalid {
-                    key: "listen".to_owned(),
+                    key: ConfigKey::listen.name().to_owned(),
                     value: text,
                     reason: "is not :port, host:port or [v6]:port",
                 });
@@ -720,19 +721,19 @@ impl<'a> Checker<'a> {
     /// `metrics_listen`: an address like `listen`, or empty for no metrics listener. `Err` when
     /// the value is malformed.
     fn metrics_listen(&mut self) -> Result<Option<String>, ()> {
-        let text = self.scalar("metrics_listen").ok_or(())?;
+        let text = self.scalar(ConfigKey::metrics_listen.name()).ok_or(())?;
         if text.trim().is_empty() {
-            self.show("metrics_listen", "(off)");
+            self.show(ConfigKey::metrics_listen.name(), "(off)");
             return Ok(None);
         }
         match parse_listen(&text) {
             Some(addr) => {
-                self.show("metrics_listen", addr.clone());
+                self.show(ConfigKey::metrics_listen.name(), addr.clone());
                 Ok(Some(addr))
             }
             None => {
                 self.problems.push(ConfigProblem::Invalid {
-                    key: "metrics_listen".to_owned(),
+                    key: ConfigKey::metrics_listen.name().to_owned(),
                     value: text,
                     reason: "is not :port, host:port or [v6]:port (empty turns it off)",
                 });
@@ -742,21 +743,21 @@ impl<'a> Checker<'a> {
     }
 
     fn log_level(&mut self) -> (Option<String>, Option<Source>) {
-        let Some(setting) = self.setting("log_level") else {
+        let Some(setting) = self.setting(LoaderKey::log_level.name()) else {
             return (None, None);
         };
         let (key, text, source) = match (&setting.source, &self.loaded.rust_log) {
             (Source::Default, Some(rust_log)) => {
                 ("RUST_LOG", rust_log.clone(), Source::Env("RUST_LOG"))
             }
-            (source, _) => match self.scalar_of("log_level", &setting.value) {
-                Some(text) => ("log_level", text, source.clone()),
+            (source, _) => match self.scalar_of(LoaderKey::log_level.name(), &setting.value) {
+                Some(text) => (LoaderKey::log_level.name(), text, source.clone()),
                 None => return (None, Some(source.clone())),
             },
         };
         match tracing_subscriber::EnvFilter::try_new(&text) {
             Ok(_) => {
-                self.show("log_level", text.clone());
+                self.show(LoaderKey::log_level.name(), text.clone());
                 (Some(text), Some(source))
             }
             Err(e) => {
@@ -783,7 +784,11 @@ struct RawBackend {
     tls: [Option<String>; 3],
 }
 
-const TLS_KEYS: [&str; 3] = ["tls_ca_file", "tls_cert_file", "tls_key_file"];
+const TLS_KEYS: [&str; 3] = [
+    LoaderKey::tls_ca_file.name(),
+    LoaderKey::tls_cert_file.name(),
+    LoaderKey::tls_key_file.name(),
+];
 
 /// Splits `name=url,name=url` (the `PDBMUX_BACKENDS` form); blank entries are skipped.
 fn split_backends(text: &str, problems: &mut Vec<ConfigProblem>) -> Vec<RawBackend> {
@@ -865,7 +870,7 @@ fn raw_backends(checker: &mut Checker<'_>, setting: &Setting) -> Vec<RawBackend>
         }
         other => {
             checker.problems.push(ConfigProblem::WrongShape {
-                key: "backends".to_owned(),
+                key: ConfigKey::backends.name().to_owned(),
                 expected: "a list of {name, url} or name=url,...",
                 found: shape(other),
             });
@@ -886,24 +891,27 @@ fn check_cache_backend(
         Redis,
     }
     let kind = c.choice(
-        "cache_backend",
+        ConfigKey::cache_backend.name(),
         &[("memory", Kind::Memory), ("redis", Kind::Redis)],
         "memory or redis",
     )?;
     let url = c
-        .setting("cache_redis_url")
-        .and_then(|setting| c.scalar_of("cache_redis_url", &setting.value));
+        .setting(LoaderKey::cache_redis_url.name())
+        .and_then(|setting| c.scalar_of(LoaderKey::cache_redis_url.name(), &setting.value));
     match (kind, url) {
         (Kind::Memory, _) => {
             // Shown as given; they are read only for a shared store.
-            for key in ["cache_secret_file", "cache_redis_password_file"] {
+            for key in [
+                LoaderKey::cache_secret_file.name(),
+                LoaderKey::cache_redis_password_file.name(),
+            ] {
                 c.optional_path(key).ok()?;
             }
             Some(CacheBackend::Memory)
         }
         (Kind::Redis, None) => {
             c.problems.push(ConfigProblem::Invalid {
-                key: "cache_redis_url".to_owned(),
+                key: LoaderKey::cache_redis_url.name().to_owned(),
                 value: String::new(),
                 reason: "is required with cache_backend: redis",
             });
@@ -914,31 +922,31 @@ fn check_cache_backend(
             let scheme_ok = url.starts_with("redis://") || url.starts_with("rediss://");
             if !scheme_ok || url.len() <= "rediss://".len() {
                 c.problems.push(ConfigProblem::Invalid {
-                    key: "cache_redis_url".to_owned(),
+                    key: LoaderKey::cache_redis_url.name().to_owned(),
                     value: redact_userinfo(&url),
                     reason: "is not a redis:// or rediss:// URL",
                 });
                 return None;
             }
-            c.show("cache_redis_url", redact_userinfo(&url));
+            c.show(LoaderKey::cache_redis_url.name(), redact_userinfo(&url));
             let tls = TlsFiles {
                 ca_file: global_tls[0].0.clone(),
                 cert_file: global_tls[1].0.clone(),
                 key_file: global_tls[2].0.clone(),
             };
-            let secret = match c.secret_file("cache_secret_file") {
+            let secret = match c.secret_file(LoaderKey::cache_secret_file.name()) {
                 Ok(Some(secret)) if secret.expose().len() >= MIN_SECRET_BYTES => Some(secret),
                 Ok(Some(_)) => {
                     c.problems.push(ConfigProblem::Invalid {
-                        key: "cache_secret_file".to_owned(),
-                        value: c.shown.get("cache_secret_file").cloned().unwrap_or_default(),
+                        key: LoaderKey::cache_secret_file.name().to_owned(),
+                        value: c.shown.get(LoaderKey::cache_secret_file.name()).cloned().unwrap_or_default(),
                         reason: "holds fewer than 16 bytes: write at least 32 random bytes, e.g. `openssl rand -hex 32`",
                     });
                     None
                 }
                 Ok(None) => {
                     c.problems.push(ConfigProblem::Invalid {
-                        key: "cache_secret_file".to_owned(),
+                        key: LoaderKey::cache_secret_file.name().to_owned(),
                         value: String::new(),
                         reason: "is required with cache_backend: redis (the key replicas sign \
                                  shared entries with, so a writer of the store cannot change \
@@ -948,7 +956,9 @@ fn check_cache_backend(
                 }
                 Err(()) => None,
             };
-            let password = c.secret_file("cache_redis_password_file").ok()?;
+            let password = c
+                .secret_file(LoaderKey::cache_redis_password_file.name())
+                .ok()?;
             Some(CacheBackend::Redis {
                 url,
                 tls,
@@ -1056,7 +1066,7 @@ fn check_backends(
     let none = ConfigProblem::NoBackends {
         file: checker.loaded.file.path().map(PathBuf::from),
     };
-    let Some(setting) = checker.setting("backends") else {
+    let Some(setting) = checker.setting(ConfigKey::backends.name()) else {
         checker.problems.push(none);
         return (None, Vec::new());
     };
@@ -1180,15 +1190,15 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
     }
     let (backends, backends_shown) = check_backends(&mut c, &global_tls);
     let merge = c.choice(
-        "merge",
+        ConfigKey::merge.name(),
         &[
             ("freshness", MergeStrategy::Freshness),
             ("static", MergeStrategy::Static),
         ],
         "freshness or static",
     );
-    let timeout = c.duration_at_least("timeout", MIN_TIMEOUT);
-    let freshness_ttl = c.duration_at_least("freshness_ttl", MIN_FRESHNESS_TTL);
+    let timeout = c.duration_at_least(ConfigKey::timeout.name(), MIN_TIMEOUT);
+    let freshness_ttl = c.duration_at_least(ConfigKey::freshness_ttl.name(), MIN_FRESHNESS_TTL);
     let mut clamped = Vec::new();
     let mut cache_ttl = |c: &mut Checker, key: &'static str, what: &str| {
         c.duration_off_or_at_least(key, MIN_FACTS_TTL, what)
@@ -1206,50 +1216,80 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 }
             })
     };
-    let facts_ttl = cache_ttl(&mut c, "facts_ttl", "the cache");
-    let history_ttl = cache_ttl(&mut c, "history_ttl", "caching history");
-    let aggregate_ttl = cache_ttl(&mut c, "aggregate_ttl", "caching combined answers");
-    let cache_refresh_ahead_percent = c.integer("cache_refresh_ahead_percent", 0, 99);
+    let facts_ttl = cache_ttl(&mut c, ConfigKey::facts_ttl.name(), "the cache");
+    let history_ttl = cache_ttl(&mut c, ConfigKey::history_ttl.name(), "caching history");
+    let aggregate_ttl = cache_ttl(
+        &mut c,
+        ConfigKey::aggregate_ttl.name(),
+        "caching combined answers",
+    );
+    let cache_refresh_ahead_percent =
+        c.integer(ConfigKey::cache_refresh_ahead_percent.name(), 0, 99);
     // A zero budget stores nothing: `facts_ttl: 0` is how the cache is turned off.
-    let facts_cache_bytes = c.integer("facts_cache_bytes", MIN_CACHE_BYTES, u64::MAX);
-    let source_fact = c.text("source_fact");
-    let source_fact_enabled = c.flag("source_fact_enabled");
-    let health_probe_enabled = c.flag("health_probe_enabled");
-    let health_probe_path = c.text("health_probe_path").filter(|path| {
+    let facts_cache_bytes = c.integer(
+        ConfigKey::facts_cache_bytes.name(),
+        MIN_CACHE_BYTES,
+        u64::MAX,
+    );
+    let source_fact = c.text(ConfigKey::source_fact.name());
+    let source_fact_enabled = c.flag(ConfigKey::source_fact_enabled.name());
+    let health_probe_enabled = c.flag(ConfigKey::health_probe_enabled.name());
+    let health_probe_path = c.text(ConfigKey::health_probe_path.name()).filter(|path| {
         let ok = path.starts_with('/') && !path.contains(char::is_whitespace);
         if !ok {
-            c.shown.remove("health_probe_path");
+            c.shown.remove(ConfigKey::health_probe_path.name());
             c.problems.push(ConfigProblem::Invalid {
-                key: "health_probe_path".to_owned(),
+                key: ConfigKey::health_probe_path.name().to_owned(),
                 value: path.clone(),
                 reason: "must be a path starting with /",
             });
         }
         ok
     });
-    let health_probe_interval = c.duration_at_least("health_probe_interval", MIN_PROBE_INTERVAL);
-    let health_probe_timeout = c.duration_at_least("health_probe_timeout", MIN_PROBE_TIMEOUT);
+    let health_probe_interval =
+        c.duration_at_least(ConfigKey::health_probe_interval.name(), MIN_PROBE_INTERVAL);
+    let health_probe_timeout =
+        c.duration_at_least(ConfigKey::health_probe_timeout.name(), MIN_PROBE_TIMEOUT);
     let max_count = u64::from(u32::MAX);
-    let health_probe_failures = c.integer("health_probe_failures", 1, max_count);
-    let health_probe_successes = c.integer("health_probe_successes", 1, max_count);
-    let max_body_bytes = c.integer("max_body_bytes", MIN_BODY_BYTES, u64::MAX);
-    let merge_request_bytes = c.integer("merge_request_bytes", MIN_BODY_BYTES, u64::MAX);
-    let merge_memory_bytes = c.integer("merge_memory_bytes", MIN_BODY_BYTES, u64::MAX);
-    let client_header_timeout = c.duration_at_least("client_header_timeout", MIN_CLIENT_TIMEOUT);
-    let client_send_timeout = c.duration_at_least("client_send_timeout", MIN_CLIENT_TIMEOUT);
-    let latency_objective = c.duration_at_least("latency_objective", MIN_LATENCY_OBJECTIVE);
+    let health_probe_failures = c.integer(ConfigKey::health_probe_failures.name(), 1, max_count);
+    let health_probe_successes = c.integer(ConfigKey::health_probe_successes.name(), 1, max_count);
+    let max_body_bytes = c.integer(ConfigKey::max_body_bytes.name(), MIN_BODY_BYTES, u64::MAX);
+    let merge_request_bytes = c.integer(
+        ConfigKey::merge_request_bytes.name(),
+        MIN_BODY_BYTES,
+        u64::MAX,
+    );
+    let merge_memory_bytes = c.integer(
+        ConfigKey::merge_memory_bytes.name(),
+        MIN_BODY_BYTES,
+        u64::MAX,
+    );
+    let client_header_timeout =
+        c.duration_at_least(ConfigKey::client_header_timeout.name(), MIN_CLIENT_TIMEOUT);
+    let client_send_timeout =
+        c.duration_at_least(ConfigKey::client_send_timeout.name(), MIN_CLIENT_TIMEOUT);
+    let latency_objective =
+        c.duration_at_least(ConfigKey::latency_objective.name(), MIN_LATENCY_OBJECTIVE);
     let cache_backend = check_cache_backend(&mut c, &global_tls);
-    let cache_key_prefix = c.text("cache_key_prefix");
-    let cache_stale_ttl = c.duration("cache_stale_ttl");
-    let cache_max_entry_bytes = c.integer("cache_max_entry_bytes", MIN_ENTRY_BYTES, u64::MAX);
+    let cache_key_prefix = c.text(ConfigKey::cache_key_prefix.name());
+    let cache_stale_ttl = c.duration(ConfigKey::cache_stale_ttl.name());
+    let cache_max_entry_bytes = c.integer(
+        ConfigKey::cache_max_entry_bytes.name(),
+        MIN_ENTRY_BYTES,
+        u64::MAX,
+    );
     let log_format = c.choice(
-        "log_format",
+        LoaderKey::log_format.name(),
         &[("text", LogFormat::Text), ("json", LogFormat::Json)],
         "text or json",
     );
     let (log_level, log_level_source) = c.log_level();
     let config_watch = c
-        .duration_off_or_at_least("config_watch_interval", MIN_CONFIG_WATCH, "the watch")
+        .duration_off_or_at_least(
+            LoaderKey::config_watch_interval.name(),
+            MIN_CONFIG_WATCH,
+            "the watch",
+        )
         .map(|(every, _)| (!every.is_zero()).then_some(every));
 
     let settings = match (

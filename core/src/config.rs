@@ -229,9 +229,34 @@ pub enum Renews {
 
 /// Defines, from one list of `key => [what it renews]`, every place that walks the keys: the
 /// struct is destructured without `..`, so a field added to [`Config`] does not compile until
-/// it is listed (and classed) here. Each field is named as its configuration key.
+/// it is listed (and classed) here. Each field is named as its configuration key; the list's
+/// order is the order `config show` and `config init` print the keys in.
 macro_rules! config_keys {
     ($($key:ident => [$($renews:ident),+]),* $(,)?) => {
+        /// A key of [`Config`], each variant named as the key is written in a config file: what
+        /// the loader (`pdbmux-cli`) names the core's keys by, so that its tables and checks
+        /// follow this one list.
+        #[allow(non_camel_case_types)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum ConfigKey {
+            $(
+                #[doc = concat!("`", stringify!($key), "`: [`Config::", stringify!($key), "`].")]
+                $key,
+            )*
+        }
+
+        impl ConfigKey {
+            /// Every key, in [`Config::KEYS`] order; for building the loader's tables.
+            pub const ALL: &'static [ConfigKey] = &[$(ConfigKey::$key),*];
+
+            /// The key as written in a config file.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(ConfigKey::$key => stringify!($key),)*
+                }
+            }
+        }
+
         impl Config {
             /// Every key of this configuration, with what a reload that changes it renews.
             pub const KEYS: &'static [(&'static str, &'static [Renews])] =
@@ -247,6 +272,21 @@ macro_rules! config_keys {
                     .filter(|(_, _, differs)| *differs)
                     .map(|(key, renews, _)| (*key, *renews))
                     .collect()
+            }
+
+            /// Sets every key that takes a restart ([`Renews::Restart`]) back to its value in
+            /// `running` and names those that differed, in [`Config::KEYS`] order: what a
+            /// reload calls on the configuration it read, so that it applies the rest only.
+            pub fn keep_restart_keys(&mut self, running: &Config) -> Vec<&'static str> {
+                let mut kept = Vec::new();
+                let Config { $($key),* } = self;
+                $(
+                    if [$(Renews::$renews),+].contains(&Renews::Restart) && *$key != running.$key {
+                        $key.clone_from(&running.$key);
+                        kept.push(stringify!($key));
+                    }
+                )*
+                kept
             }
         }
     };
@@ -265,6 +305,10 @@ config_keys!(
     aggregate_ttl => [Answers],
     cache_refresh_ahead_percent => [Nothing],
     facts_cache_bytes => [Answers],
+    cache_backend => [SharedTier],
+    cache_key_prefix => [SharedTier],
+    cache_stale_ttl => [SharedTier],
+    cache_max_entry_bytes => [SharedTier],
     source_fact => [Answers],
     source_fact_enabled => [Answers],
     health_probe_enabled => [Probes],
@@ -279,10 +323,6 @@ config_keys!(
     client_header_timeout => [Nothing],
     client_send_timeout => [Nothing],
     latency_objective => [Nothing],
-    cache_backend => [SharedTier],
-    cache_key_prefix => [SharedTier],
-    cache_stale_ttl => [SharedTier],
-    cache_max_entry_bytes => [SharedTier],
 );
 
 /// Which TTL a cached answer lives for (docs/caching.md, "What is cached").
@@ -403,5 +443,35 @@ mod tests {
             ..old.clone()
         };
         assert_eq!(old.changed_keys(&new), ["timeout", "client_send_timeout"]);
+    }
+
+    #[test]
+    fn a_reload_keeps_the_running_value_of_every_key_that_takes_a_restart() {
+        let running = Config::with_backends(Vec::new());
+        let mut read = Config {
+            listen: "127.0.0.1:1".to_owned(),
+            metrics_listen: None,
+            timeout: Duration::from_secs(3),
+            ..running.clone()
+        };
+        assert_eq!(
+            read.keep_restart_keys(&running),
+            ["listen", "metrics_listen"]
+        );
+        assert_eq!(read.listen, running.listen);
+        assert_eq!(read.metrics_listen, running.metrics_listen);
+        assert_eq!(read.timeout, Duration::from_secs(3), "applied, not kept");
+        assert!(read.keep_restart_keys(&running).is_empty());
+    }
+
+    #[test]
+    fn the_key_enum_names_the_keys_of_the_list_in_its_order() {
+        let named: Vec<&str> = ConfigKey::ALL.iter().map(|key| key.name()).collect();
+        let listed: Vec<&str> = Config::KEYS.iter().map(|(key, _)| *key).collect();
+        assert_eq!(named, listed);
+        assert_eq!(
+            ConfigKey::health_probe_interval.name(),
+            "health_probe_interval"
+        );
     }
 }
