@@ -4,11 +4,14 @@
 //! `core/src/config.rs` that also says what a reload renews) and the loader's own
 //! ([`LoaderKey`]). Each key's env var is its name upper-cased after `PDBMUX_`. Everything that
 //! lists keys (the loader's layers, `config show`, `config init`, the unknown-variable check)
-//! walks this one table, so a key added to either list is picked up everywhere.
+//! walks this one table, and a test holds README.md's table of keys to it, so a key added to
+//! either list is picked up everywhere.
 
 mod core_keys;
 mod loader_keys;
 mod nearest;
+#[cfg(test)]
+mod readme_table;
 mod variables;
 
 use std::sync::LazyLock;
