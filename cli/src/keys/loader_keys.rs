@@ -66,6 +66,16 @@ impl LoaderKey {
         }
     }
 
+    /// Whether a reload leaves this key's running value (a changed one takes a restart): the
+    /// log settings, set up once at start, and the file watch, which runs the reloads.
+    pub(crate) fn takes_restart(self) -> bool {
+        use LoaderKey as L;
+        matches!(
+            self,
+            L::log_format | L::log_level | L::config_watch_interval
+        )
+    }
+
     /// The table's entry for this key.
     pub(super) fn entry(self) -> Key {
         use LoaderKey as L;

@@ -12,6 +12,8 @@ mod loader_keys;
 mod nearest;
 #[cfg(test)]
 mod readme_table;
+#[cfg(test)]
+mod restart_docs;
 mod variables;
 
 use std::sync::LazyLock;
@@ -100,6 +102,21 @@ pub(crate) const BACKEND_KEYS: &[&str] = &[
 /// tools that walk the keys.
 pub fn names() -> impl Iterator<Item = &'static str> {
     KEYS.iter().map(|key| key.name)
+}
+
+/// The keys a reload does not apply (a changed value is named in a warning and takes a
+/// restart), in the table's order: the core's classed [`pdbmux_core::config::Renews::Restart`]
+/// and the loader's that [`LoaderKey::takes_restart`].
+pub(crate) fn restart_keys() -> Vec<&'static str> {
+    let core: Vec<&str> = pdbmux_core::config::Config::KEYS
+        .iter()
+        .filter(|(_, renews)| renews.contains(&pdbmux_core::config::Renews::Restart))
+        .map(|(name, _)| *name)
+        .collect();
+    let loader = LoaderKey::ALL.iter().filter(|key| key.takes_restart());
+    names()
+        .filter(|name| core.contains(name) || loader.clone().any(|key| key.name() == *name))
+        .collect()
 }
 
 /// The entry for `name`; `None` for a name not in the table.
