@@ -125,12 +125,19 @@ impl Reloader {
         }
         let mut config = settings.config;
         let mut needs_restart = config.keep_restart_keys(running);
-        if settings.log_format != self.log_format || settings.log_level != self.log_level {
-            needs_restart.push("log_format/log_level");
-        }
-        if settings.config_watch != self.config_watch {
-            needs_restart.push(LoaderKey::config_watch_interval.name());
-        }
+        // The loader's own keys a reload leaves, each compared with its running value.
+        let changed = |key: LoaderKey| match key {
+            LoaderKey::log_format => settings.log_format != self.log_format,
+            LoaderKey::log_level => settings.log_level != self.log_level,
+            LoaderKey::config_watch_interval => settings.config_watch != self.config_watch,
+            _ => false,
+        };
+        needs_restart.extend(
+            LoaderKey::ALL
+                .iter()
+                .filter(|key| key.takes_restart() && changed(**key))
+                .map(|key| key.name()),
+        );
         if !needs_restart.is_empty() {
             tracing::warn!(
                 "reload: {} changed; that takes a restart, the running value stays",

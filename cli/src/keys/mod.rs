@@ -106,7 +106,8 @@ pub fn names() -> impl Iterator<Item = &'static str> {
 
 /// The keys a reload does not apply (a changed value is named in a warning and takes a
 /// restart), in the table's order: the core's classed [`pdbmux_core::config::Renews::Restart`]
-/// and the loader's that [`LoaderKey::takes_restart`].
+/// and the loader's that [`LoaderKey::takes_restart`]. The docs name them (`restart_docs`).
+#[cfg(test)]
 pub(crate) fn restart_keys() -> Vec<&'static str> {
     let core: Vec<&str> = pdbmux_core::config::Config::KEYS
         .iter()

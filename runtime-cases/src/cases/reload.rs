@@ -215,7 +215,7 @@ pub fn a_bad_configuration_on_sighup_is_refused_and_the_old_one_serves(bin: &Pat
         refused[0]
     );
     assert!(
-        log.contains("log_format/log_level changed; that takes a restart"),
+        log.contains("reload: log_format changed; that takes a restart"),
         "{log}"
     );
 }
