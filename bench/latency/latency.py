@@ -243,11 +243,15 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated question name prefixes")
     ap.add_argument("--json", help="write the medians here")
     ap.add_argument("--phases", help="pdbmux's JSON log, for the per-phase table")
+    ap.add_argument("--baseline", help="another pdbmux's base URL (an earlier build, same "
+                    "settings), asked in the same rounds: pdbmux's ratio to it")
     args = ap.parse_args()
     estate = json.load(open(args.estate))
     targets = [Target("pdbmux", args.pdbmux)]
     targets += [Target(b["name"], b["url"]) for b in estate["backends"]]
     targets.append(Target("union", estate["union"]))
+    if args.baseline:
+        targets.append(Target("baseline", args.baseline))
     qs = questions(estate)
     # The fan-out's floor on this machine: both backends asked the same question at once, each
     # over its own connection, timed until the slower answers (what pdbmux cannot beat when the
@@ -285,17 +289,21 @@ def main() -> int:
         rows.append({"question": name, "median_ms": med, "slower_backend_ms": slower,
                      "vs_slower": med["pdbmux"] / slower, "vs_union": med["pdbmux"] / med["union"],
                      "vs_floor": med["pdbmux"] / med[FLOOR],
+                     **({"vs_baseline": med["pdbmux"] / med["baseline"]} if args.baseline else {}),
                      "same": same and total_same, "bytes": len(pb)})
 
     names = [t.name for t in targets] + [FLOOR]
+    base_col = f" {'/base':>6s}" if args.baseline else ""
     header = f"{'question':36s} " + " ".join(f"{n:>9s}" for n in names) + \
-        f" {'slower':>9s} {'/slower':>8s} {'/union':>7s} {'/floor':>7s}  same"
+        f" {'slower':>9s} {'/slower':>8s} {'/union':>7s} {'/floor':>7s}{base_col}  same"
     print(header)
     for row in rows:
         med = row["median_ms"]
         print(f"{row['question'][:36]:36s} " + " ".join(f"{med[n]:9.1f}" for n in names) +
               f" {row['slower_backend_ms']:9.1f} {row['vs_slower']:8.2f} {row['vs_union']:7.2f}"
-              f" {row['vs_floor']:7.2f}  {'yes' if row['same'] else 'NO'}")
+              f" {row['vs_floor']:7.2f}" +
+              (f" {row['vs_baseline']:6.2f}" if args.baseline else "") +
+              f"  {'yes' if row['same'] else 'NO'}")
     geo = lambda xs: math.exp(sum(math.log(x) for x in xs) / len(xs))
     g_slower = geo([r["vs_slower"] for r in rows])
     g_union = geo([r["vs_union"] for r in rows])
@@ -303,12 +311,20 @@ def main() -> int:
     print(f"geometric mean: {g_slower:.2f}x the slower backend, {g_union:.2f}x the union, "
           f"{g_floor:.2f}x both backends at once ({len(rows)} questions, {args.rounds} rounds; "
           f"{sum(not r['same'] for r in rows)} answers differ from the union's)")
+    if args.baseline:
+        g_base = geo([r["vs_baseline"] for r in rows])
+        worst = max(rows, key=lambda r: r["vs_baseline"])
+        print(f"against the baseline build (same settings, same rounds): geometric mean "
+              f"{g_base:.2f}x, highest {worst['vs_baseline']:.2f}x ({worst['question']})")
     if args.phases:
         print_phases(args.phases, qs, rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "geomean_vs_slower": g_slower, "geomean_vs_union": g_union,
-                       "geomean_vs_floor": g_floor}, f, indent=1)
+            summary = {"rows": rows, "geomean_vs_slower": g_slower, "geomean_vs_union": g_union,
+                       "geomean_vs_floor": g_floor}
+            if args.baseline:
+                summary["geomean_vs_baseline"] = g_base
+            json.dump(summary, f, indent=1)
     return 0
 
 

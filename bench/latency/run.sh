@@ -11,7 +11,9 @@
 # Environment: NODES (2000), FACTS (150), REPORTS (1 per node and backend), OVERLAPS ("0.2 0.6"),
 # ROUNDS (15), ONLY, CACHE (off: every cache TTL 0, every answer a fan-out; default: pdbmux's
 # defaults, the cache warm after each question's first round), MUX_BIN
-# (default target/release/pdbmux, built here), KEEP=1 (leave the PuppetDBs running afterwards).
+# (default target/release/pdbmux, built here), BASELINE_BIN (another pdbmux binary, run beside it
+# with the same settings and asked in the same interleaved rounds: a "baseline" column and
+# pdbmux's ratio to it), KEEP=1 (leave the PuppetDBs running afterwards).
 # Loopback only; every process it starts is stopped before it exits unless KEEP=1.
 set -euo pipefail
 
@@ -30,6 +32,7 @@ esac
 STATE=${BENCH_STATE:-$PWD/bench/.state}
 PORTS=${BENCH_PORTS:-19080 19081 19443 19082}
 MUX_PORT=${BENCH_LISTEN_PORT:-19900}
+BASELINE_PORT=$((MUX_PORT + 1))
 
 if [[ -z ${MUX_BIN:-} ]]; then
   echo "bench: building pdbmux (release)" >&2
@@ -38,9 +41,12 @@ if [[ -z ${MUX_BIN:-} ]]; then
 fi
 
 MUX_PID=""
+BASELINE_PID=""
 stop_all() {
   [[ -n $MUX_PID ]] && kill "$MUX_PID" 2>/dev/null && wait "$MUX_PID" 2>/dev/null || true
+  [[ -n $BASELINE_PID ]] && kill "$BASELINE_PID" 2>/dev/null && wait "$BASELINE_PID" 2>/dev/null || true
   MUX_PID=""
+  BASELINE_PID=""
   if [[ ${KEEP:-0} != 1 && -f $STATE/pids ]]; then
     # shellcheck disable=SC2046
     kill $(cat "$STATE/pids") 2>/dev/null || true
@@ -62,15 +68,27 @@ for overlap in $OVERLAPS; do
   estate=$STATE/estate-$overlap.json
   python3 bench/latency/estate.py --backends "$E2E_BACKENDS" --union "$E2E_UNION" \
     --nodes "$NODES" --facts "$FACTS" --reports "$REPORTS" --shared "$overlap" --out "$estate"
-  env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$E2E_BACKENDS" \
-    PDBMUX_LISTEN="127.0.0.1:$MUX_PORT" PDBMUX_METRICS_LISTEN= "${CACHE_ENV[@]}" PDBMUX_LOG_FORMAT=json \
-    PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug \
-    "$MUX_BIN" serve >"$STATE/pdbmux.log" 2>&1 &
+  # serve BIN PORT LOG: a pdbmux over the two backends with the bench's settings.
+  serve() {
+    env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$E2E_BACKENDS" \
+      PDBMUX_LISTEN="127.0.0.1:$2" PDBMUX_METRICS_LISTEN= "${CACHE_ENV[@]}" PDBMUX_LOG_FORMAT=json \
+      PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug \
+      "$1" serve >"$3" 2>&1 &
+  }
+  serve "$MUX_BIN" "$MUX_PORT" "$STATE/pdbmux.log"
   MUX_PID=$!
-  for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$MUX_PORT") 2>/dev/null && break; sleep 0.1; done
+  baseline_args=()
+  if [[ -n ${BASELINE_BIN:-} ]]; then
+    serve "$BASELINE_BIN" "$BASELINE_PORT" "$STATE/baseline.log"
+    BASELINE_PID=$!
+    baseline_args=(--baseline "http://127.0.0.1:$BASELINE_PORT")
+  fi
+  for port in "$MUX_PORT" ${BASELINE_BIN:+"$BASELINE_PORT"}; do
+    for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
+  done
   echo
   echo "== $NODES nodes ($REPORTS reports each per backend), $overlap held by both, cache $CACHE ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
   python3 bench/latency/latency.py --estate "$estate" --pdbmux "http://127.0.0.1:$MUX_PORT" \
-    --rounds "$ROUNDS" ${ONLY:+--only "$ONLY"} --json "$STATE/latency-$overlap.json" \
+    --rounds "$ROUNDS" ${ONLY:+--only "$ONLY"} --json "$STATE/latency-$overlap.json" "${baseline_args[@]}" \
     --phases "$STATE/pdbmux.log"
 done
