@@ -85,7 +85,7 @@ pub(super) fn plan(
     ast: &Value,
     analysis: &Analysis,
 ) -> Result<ExtractPlan, PlanError> {
-    if entity == Entity::Events
+    if entity.takes_distinct_resources()
         && params
             .get("distinct_resources")
             .is_some_and(sort::parse_include_total)

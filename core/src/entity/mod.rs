@@ -198,6 +198,10 @@ pub struct EntityRow {
     /// of its records: injected once per node, and dropped from the backends' answers
     /// (docs/merging.md, "Provenance"). `/facts` alone.
     pub provenance: bool,
+    /// Whether it takes `distinct_resources=true` (`/events` alone), which PuppetDB answers from
+    /// its legacy query compiler: no extract function or `group_by`, so such a query is never
+    /// combined (docs/merging.md, "Aggregates").
+    pub distinct_resources: bool,
     /// Whether its `depth` column, which its records do not carry, orders by the length of its
     /// `path` less one (`/fact-paths`).
     pub depth_from_path: bool,
@@ -237,6 +241,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -255,6 +260,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: true,
+        distinct_resources: false,
         parents: &[Parent::Environment],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -273,6 +279,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -291,6 +298,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Never,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -309,6 +317,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: true,
         pql_sees_every_state: false,
@@ -327,6 +336,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[Parent::Producer],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -345,6 +355,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[Parent::Producer],
         depth_from_path: false,
         pql_sees_every_state: true,
@@ -363,6 +374,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -381,6 +393,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -399,6 +412,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -417,6 +431,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[Parent::Environment],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -435,6 +450,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -456,6 +472,7 @@ const ROWS: [EntityRow; 20] = [
         )),
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -474,6 +491,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -492,6 +510,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -510,6 +529,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -533,6 +553,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: false,
         parents: &[Parent::Environment, Parent::Producer],
         depth_from_path: false,
         pql_sees_every_state: true,
@@ -556,6 +577,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::Extracts,
         provenance: false,
+        distinct_resources: true,
         parents: &[Parent::Environment],
         depth_from_path: false,
         pql_sees_every_state: true,
@@ -579,6 +601,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::EventCounts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -602,6 +625,7 @@ const ROWS: [EntityRow; 20] = [
         distinct_of: None,
         combine: Combine::AggregateEventCounts,
         provenance: false,
+        distinct_resources: false,
         parents: &[],
         depth_from_path: false,
         pql_sees_every_state: false,
@@ -704,6 +728,11 @@ impl Entity {
     /// Whether the provenance fact is one of its records (`/facts`).
     pub fn carries_provenance(self) -> bool {
         self.row().provenance
+    }
+
+    /// Whether it takes `distinct_resources=true`, whose queries are never combined (`/events`).
+    pub fn takes_distinct_resources(self) -> bool {
+        self.row().distinct_resources
     }
 
     /// Whether it is served below `parent` (`/environments/<env>/facts`).
