@@ -7,7 +7,7 @@ use pdbmux_core::config::Config;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use crate::keys::LoaderKey;
+use crate::keys::{LoadedOnce, LoaderKey};
 use crate::{load, validate, Environment, LogFormat, SettingFlags, Settings};
 
 /// What a binary keeps from its start to reload its configuration; handed to `serve` by
@@ -126,16 +126,20 @@ impl Reloader {
         let mut config = settings.config;
         let mut needs_restart = config.keep_restart_keys(running);
         // The loader's own keys a reload leaves, each compared with its running value.
-        let changed = |key: LoaderKey| match key {
-            LoaderKey::log_format => settings.log_format != self.log_format,
-            LoaderKey::log_level => settings.log_level != self.log_level,
-            LoaderKey::config_watch_interval => settings.config_watch != self.config_watch,
-            _ => false,
+        let running_once = LoadedOnce {
+            log_format: self.log_format,
+            log_level: &self.log_level,
+            config_watch: self.config_watch,
+        };
+        let loaded_once = LoadedOnce {
+            log_format: settings.log_format,
+            log_level: &settings.log_level,
+            config_watch: settings.config_watch,
         };
         needs_restart.extend(
             LoaderKey::ALL
                 .iter()
-                .filter(|key| key.takes_restart() && changed(**key))
+                .filter(|key| key.restart_value(&running_once) != key.restart_value(&loaded_once))
                 .map(|key| key.name()),
         );
         if !needs_restart.is_empty() {

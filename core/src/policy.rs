@@ -268,8 +268,8 @@ fn plan_within(
     // The field names its parent: `environment` is found at `/environments/<env>`.
     let parent_path = format!("{}/{field}s/{raw_value}", root::ROOT);
     Planned {
-        // Planned again from the client's own request (after a reload, or to ask the backends
-        // the prober kept out), so the parent check comes with it.
+        // Planned again from the client's own request (after a reload), so the parent check
+        // comes with it.
         request: Arc::clone(request),
         // Stored apart from the entity route's own answer to the same query: that one is `[]`
         // where this one is a 404.
@@ -787,8 +787,7 @@ mod tests {
         }
     }
 
-    /// A request planned again after a reload (or to ask the backends the prober kept out) is
-    /// planned from the client's own request: a root query stays `root`, a `/facts` query for
+    /// A request planned again after a reload is planned from the client's own request: a root query stays `root`, a `/facts` query for
     /// some backends' provenance records keeps its values, a sub-route its parent.
     #[test]
     fn planned_again_a_request_is_the_clients_own_plan_whatever_it_was_derived_to() {
@@ -839,5 +838,27 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// PQL planned from its translation stays the client's request: planned again (after a
+    /// reload) it is translated again (from the kept translation, unless the reload changed
+    /// answers and dropped them), not planned as the entity route it was mapped to.
+    #[test]
+    fn translated_pql_planned_again_is_the_pql_request() {
+        let config = config();
+        let target = "/pdb/query/v4?query=nodes%20%7B%20certname%20%3D%20%22a%22%20%7D";
+        let planned = plan(&ClientRequest::get(target), &config);
+        let Work::Translate(pql) = planned.work else {
+            panic!("PQL is translated first");
+        };
+        let translation = br#"["from","nodes",["=","certname","a"]]"#;
+        let translated = plan_translated(translation, &pql, &planned.request, &config)
+            .expect("an AST translation");
+        assert!(matches!(translated.work, Work::Fanout(_)));
+        assert_eq!(translated.class(), RouteClass::Root);
+        assert_eq!(translated.target(), target);
+        let again = translated.again(&Arc::new((*config).clone()));
+        assert!(matches!(again.work, Work::Translate(_)), "{:?}", again.work);
+        assert_eq!(again.class(), RouteClass::Root);
     }
 }

@@ -48,6 +48,17 @@ loader_keys!(
     config_watch_interval,
 );
 
+/// The loader's settings read once, at start: what a reload compares and keeps.
+#[derive(Debug, Default)]
+pub(crate) struct LoadedOnce<'a> {
+    /// `log_format`.
+    pub(crate) log_format: crate::LogFormat,
+    /// `log_level` (the filter in effect).
+    pub(crate) log_level: &'a str,
+    /// `config_watch_interval`.
+    pub(crate) config_watch: Option<std::time::Duration>,
+}
+
 impl LoaderKey {
     /// The core's key this one is printed right after (the shared store's keys follow
     /// `cache_backend`); `None`: after all of the core's.
@@ -66,14 +77,30 @@ impl LoaderKey {
         }
     }
 
-    /// Whether a reload leaves this key's running value (a changed one takes a restart): the
-    /// log settings, set up once at start, and the file watch, which runs the reloads.
-    pub(crate) fn takes_restart(self) -> bool {
+    /// This key's value in `loaded` when a reload leaves its running value (a changed one takes
+    /// a restart: the log settings, set up once at start, and the file watch, which runs the
+    /// reloads); `None` for a key a reload applies (it is read into the new configuration). The
+    /// one place that says which of the loader's keys take a restart: the reload compares these
+    /// values, the docs test lists the keys.
+    pub(crate) fn restart_value(self, loaded: &LoadedOnce<'_>) -> Option<String> {
         use LoaderKey as L;
-        matches!(
-            self,
-            L::log_format | L::log_level | L::config_watch_interval
-        )
+        match self {
+            L::log_format => Some(loaded.log_format.as_str().to_owned()),
+            L::log_level => Some(loaded.log_level.to_owned()),
+            L::config_watch_interval => Some(format!("{:?}", loaded.config_watch)),
+            L::cache_redis_url
+            | L::cache_redis_password_file
+            | L::cache_secret_file
+            | L::tls_ca_file
+            | L::tls_cert_file
+            | L::tls_key_file => None,
+        }
+    }
+
+    /// Whether a reload leaves this key's running value ([`LoaderKey::restart_value`]).
+    #[cfg(test)]
+    pub(crate) fn takes_restart(self) -> bool {
+        self.restart_value(&LoadedOnce::default()).is_some()
     }
 
     /// The table's entry for this key.

@@ -20,7 +20,7 @@ use std::sync::LazyLock;
 
 use pdbmux_core::config::ConfigKey;
 
-pub(crate) use loader_keys::LoaderKey;
+pub(crate) use loader_keys::{LoadedOnce, LoaderKey};
 pub(crate) use nearest::{nearest_backend_key, nearest_key, nearest_var};
 pub(crate) use variables::is_unknown_var;
 

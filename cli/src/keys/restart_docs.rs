@@ -1,6 +1,6 @@
 //! The docs' lists of the keys a reload does not apply ("take a restart") against
-//! [`restart_keys`]: docs/operating.md ("Reload") and deploy/kubernetes/README.md each name them
-//! in a sentence, which a key added to either class must not leave behind.
+//! [`restart_keys`]: README.md, docs/operating.md ("Reload") and deploy/kubernetes/README.md each
+//! name them in a sentence, which a key added to either class must not leave behind.
 
 use super::restart_keys;
 
@@ -41,5 +41,14 @@ fn the_kubernetes_readme_names_every_key_that_takes_a_restart() {
         "deploy/kubernetes/README.md",
         include_str!("../../../deploy/kubernetes/README.md"),
         "need a restart",
+    );
+}
+
+#[test]
+fn the_readme_names_every_key_that_takes_a_restart() {
+    check(
+        "README.md",
+        include_str!("../../../README.md"),
+        "take a restart",
     );
 }

@@ -153,7 +153,8 @@ impl OrderColumns {
         self.offered().find(|c| c.name == name)
     }
 
-    /// How `field` compares (a column's type is the same whichever set offers it). Use it to
+    /// How `field` compares, whichever of the entity's sets offers it (so an `/event-counts`
+    /// subject column reads as its type even where `summarize_by` does not offer it). Use it to
     /// build an [`crate::sort::OrderField`] for an order that did not come through
     /// [`crate::sort::parse_paging`], such as an in-query `["order_by", ...]`; a name that is not a
     /// column (a function alias) gets [`ColumnKind::Other`].

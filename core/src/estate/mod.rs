@@ -180,7 +180,7 @@ impl Estate {
         let needs_ownership = planned.needs_ownership();
         let plan = match planned.work {
             Work::Local(response) => {
-                // UpstreamEnd from the request and the configuration alone: no fan-out, no wait
+                // Answered from the request and the configuration alone: no fan-out, no wait
                 // for the membership map.
                 return Admission::Respond(if cacheable.is_some() {
                     finish_cached(response, CacheStatus::Miss, std::time::Duration::ZERO)

@@ -91,34 +91,33 @@ impl Prober {
         }
     }
 
-    /// An upstream answer: whether it was a probe's (then recorded, and the next ones sent).
+    /// A probe's answer: recorded, and the next probes due sent. One for a probe no longer in
+    /// flight (timed out, or dropped by a reload) is ignored.
     pub(crate) fn handle_response(
         &mut self,
         now: Instant,
         (id, response): (UpstreamId, &UpstreamResponse),
         (ids, backends): (&mut Counter, &[BackendConfig]),
-    ) -> bool {
+    ) {
         let Some(backend) = self.in_flight.remove(&id) else {
-            return false;
+            return;
         };
         self.record(now, backend, ProbeResult::from_response(response), backends);
         self.send_due(now, ids);
-        true
     }
 
-    /// An upstream failure: whether it was a probe's (then recorded, and the next ones sent).
+    /// A probe's failure, as [`Prober::handle_response`] takes an answer.
     pub(crate) fn handle_failure(
         &mut self,
         now: Instant,
         (id, failure): (UpstreamId, &UpstreamFailure),
         (ids, backends): (&mut Counter, &[BackendConfig]),
-    ) -> bool {
+    ) {
         let Some(backend) = self.in_flight.remove(&id) else {
-            return false;
+            return;
         };
         self.record(now, backend, ProbeResult::from_failure(failure), backends);
         self.send_due(now, ids);
-        true
     }
 
     /// Time passed: a probe past its timeout is cancelled and counts as timed out; the probes

@@ -29,8 +29,10 @@ impl ParsedQuery {
     }
 
     /// The query of a request pdbmux derives, whose `query` parameter it wrote as
-    /// `ast.to_string()`: what classifying that text gives, without parsing it again (an array
-    /// is an AST; any other JSON value does not start with `[`, so it reads as PQL).
+    /// `ast.to_string()`: classified as that text would be, without parsing it again (an array
+    /// is an AST; any other JSON value does not start with `[`, so it reads as PQL). The AST is
+    /// the one written, so the two agree but for a float serde_json would read back one unit in
+    /// the last place apart, which only pdbmux's own analysis could see.
     pub(crate) fn built(ast: Value) -> ParsedQuery {
         let text = match ast {
             Value::Array(_) => QueryText::Ast(ast),
