@@ -13,7 +13,9 @@
 # defaults, the cache warm after each question's first round), MUX_BIN
 # (default target/release/pdbmux, built here), BASELINE_BIN (another pdbmux binary, run beside it
 # with the same settings and asked in the same interleaved rounds: a "baseline" column and
-# pdbmux's ratio to it), KEEP=1 (leave the PuppetDBs running afterwards).
+# pdbmux's ratio to it), MUX_ENV (extra PDBMUX_* settings, space-separated, for the measured
+# pdbmux only: with BASELINE_BIN the same binary, a setting's effect in one run), KEEP=1 (leave
+# the PuppetDBs running afterwards).
 # Loopback only; every process it starts is stopped before it exits unless KEEP=1.
 set -euo pipefail
 
@@ -72,10 +74,11 @@ for overlap in $OVERLAPS; do
   serve() {
     env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$E2E_BACKENDS" \
       PDBMUX_LISTEN="127.0.0.1:$2" PDBMUX_METRICS_LISTEN= "${CACHE_ENV[@]}" PDBMUX_LOG_FORMAT=json \
-      PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug \
+      PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug "${@:4}" \
       "$1" serve >"$3" 2>&1 &
   }
-  serve "$MUX_BIN" "$MUX_PORT" "$STATE/pdbmux.log"
+  read -r -a mux_env <<<"${MUX_ENV:-}"
+  serve "$MUX_BIN" "$MUX_PORT" "$STATE/pdbmux.log" "${mux_env[@]}"
   MUX_PID=$!
   baseline_args=()
   if [[ -n ${BASELINE_BIN:-} ]]; then
