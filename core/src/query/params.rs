@@ -281,12 +281,17 @@ impl Params {
 /// The JSON text of one parameter's value in a POST body.
 fn body_value(key: &str, value: &str) -> Result<String, JsonBodyError> {
     if key == "query" {
-        return Ok(match QueryText::classify(Some(value)) {
-            QueryText::Ast(_) => match serde_json::from_str::<&RawValue>(value) {
-                Ok(raw) => raw.get().to_owned(),
-                Err(_) => Value::from(value).to_string(),
-            },
-            _ => Value::from(value).to_string(),
+        // An AST goes in as JSON, anything else (PQL, malformed JSON) as a string, as
+        // `QueryText::classify` tells them apart; told here by one validating pass, not a parse
+        // into a tree: a query sent as a body is a long one (often a rewritten push-down).
+        let ast = value
+            .trim_start_matches(super::is_java_space)
+            .starts_with('[')
+            .then(|| serde_json::from_str::<&RawValue>(value).ok())
+            .flatten();
+        return Ok(match ast {
+            Some(raw) => raw.get().to_owned(),
+            None => Value::from(value).to_string(),
         });
     }
     if JSON_PARAMS.contains(&key) {
@@ -486,6 +491,28 @@ mod tests {
             "{\"limit\":7,\"summarize_by\":\"certname\",\
              \"query\":[\"=\", \"value\", 123456789012345678901234567890]}"
         );
+    }
+
+    /// The body embeds a query as JSON exactly when `QueryText::classify` reads it as an AST.
+    #[test]
+    fn json_body_embeds_the_query_exactly_when_it_classifies_as_an_ast() {
+        for query in [
+            r#"["=","certname","a"]"#,
+            " \t\n[\"extract\",[\"certname\"]]",
+            "\u{0B}[\"=\",\"a\",1]",
+            "[1,",
+            "[\"=\",\"a\",1] trailing",
+            r#"{"a":1}"#,
+            "nodes { certname = 'a' }",
+            "\"[1]\"",
+            "[]",
+        ] {
+            let mut params = Params::parse(None);
+            params.set("query", query);
+            let embedded = body(&params)["query"].is_array();
+            let ast = matches!(QueryText::classify(Some(query)), QueryText::Ast(_));
+            assert_eq!(embedded, ast, "{query:?}");
+        }
     }
 
     #[test]
