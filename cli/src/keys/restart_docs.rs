@@ -1,15 +1,16 @@
 //! The docs' lists of the keys a reload does not apply ("take a restart") against
-//! [`restart_keys`]: README.md, docs/operating.md ("Reload") and deploy/kubernetes/README.md each
-//! name them in a sentence, which a key added to either class must not leave behind.
+//! [`restart_keys`]: README.md, docs/operating.md ("Reload") and deploy/kubernetes/README.md (a
+//! sentence and its table's row) name them, and a key added to either class must not leave them
+//! behind.
 
 use super::restart_keys;
 
-/// The `backticked` names of the first sentence of `text` that says `says`.
+/// The `backticked` names of the first sentence (or table cell) of `text` that says `says`.
 fn named_in_sentence<'a>(text: &'a str, says: &str) -> Vec<&'a str> {
     let at = text
         .find(says)
         .unwrap_or_else(|| panic!("no sentence says {says:?}"));
-    let start = text[..at].rfind('.').map_or(0, |i| i + 1);
+    let start = text[..at].rfind(['.', '|']).map_or(0, |i| i + 1);
     text[start..at].split('`').skip(1).step_by(2).collect()
 }
 
@@ -50,5 +51,14 @@ fn the_readme_names_every_key_that_takes_a_restart() {
         "README.md",
         include_str!("../../../README.md"),
         "take a restart",
+    );
+}
+
+#[test]
+fn the_kubernetes_readmes_table_names_every_key_that_takes_a_restart() {
+    check(
+        "deploy/kubernetes/README.md",
+        include_str!("../../../deploy/kubernetes/README.md"),
+        " in the ConfigMap | `kubectl rollout restart",
     );
 }
