@@ -211,19 +211,31 @@ fn repeated_param(params: &Params) -> Option<String> {
     repeated
 }
 
+/// Plans `derived`, a request pdbmux derived from the client's (a root query's entity route, a
+/// sub-route's, the provenance fact's path), as the client's own plan: it keeps `client` as its
+/// request, so a reload plans it again from what the client asked, not from the derivation.
+fn plan_derived(
+    derived: ParsedRequest,
+    client: &Arc<ParsedRequest>,
+    config: &Arc<Config>,
+) -> Planned {
+    Planned {
+        request: Arc::clone(client),
+        ..plan_parsed(&Arc::new(derived), config)
+    }
+}
+
 /// Plans a root-endpoint query mapped onto `mapped`, its entity's route: as that route's own
-/// request, whatever the length of the mapped target (the client's was within the limit). It
-/// stays `original`'s (the client's) plan: labelled `root`, and planned again from it.
+/// request, whatever the length of the mapped target (the client's was within the limit),
+/// labelled `root`.
 fn plan_mapped(
     mapped: ParsedRequest,
     original: &Arc<ParsedRequest>,
     config: &Arc<Config>,
 ) -> Planned {
-    let planned = plan_parsed(&Arc::new(mapped), config);
     Planned {
         class: Route::Root.class(),
-        request: Arc::clone(original),
-        ..planned
+        ..plan_derived(mapped, original, config)
     }
 }
 
@@ -264,13 +276,12 @@ fn plan_within(
     let target = format!("{}/{entity_path}?{}", root::ROOT, mapped.to_query_string());
     // The route table admitted only an entity's record routes below a parent.
     let derived = ParsedRequest::derived(target, Some(query));
-    let planned = plan_parsed(&Arc::new(derived), config);
+    // Planned again from the client's own request (after a reload), so the parent check comes
+    // with it.
+    let planned = plan_derived(derived, request, config);
     // The field names its parent: `environment` is found at `/environments/<env>`.
     let parent_path = format!("{}/{field}s/{raw_value}", root::ROOT);
     Planned {
-        // Planned again from the client's own request (after a reload), so the parent check
-        // comes with it.
-        request: Arc::clone(request),
         // Stored apart from the entity route's own answer to the same query: that one is `[]`
         // where this one is a 404.
         cache: planned.cache.map(|cacheable| Cacheable {
@@ -459,7 +470,7 @@ fn value_matches<'a>(
 /// joins the fan-out of the whole `/facts/<source_fact>` record set and is filtered from it
 /// (stored under its own key); without, the whole path's merge keeps only those records.
 fn plan_source_values(
-    (request, route): (&Arc<ParsedRequest>, &Route),
+    (request, route): (&ParsedRequest, &Route),
     whole: ParsedRequest,
     values: Vec<String>,
     config: &Arc<Config>,
@@ -552,12 +563,7 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         map_waits: 0,
     };
     match source_fact_ask(request, route, config) {
-        Some(SourceAsk::Path(derived)) => {
-            return Planned {
-                request: Arc::clone(request),
-                ..plan_parsed(&Arc::new(derived), config)
-            }
-        }
+        Some(SourceAsk::Path(derived)) => return plan_derived(derived, request, config),
         Some(SourceAsk::Values { whole, values }) => {
             // Planned again from the client's request, so its values come with it.
             return Planned {
