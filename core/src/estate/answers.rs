@@ -653,6 +653,32 @@ pub(in crate::estate) mod tests {
             .collect()
     }
 
+    /// A miss for [`TARGET`] at `now`: the flight it starts at once (no shared tier) and its
+    /// first waiter.
+    fn miss(answers: &mut Answers, now: Instant, waiters: &mut Counter) -> (FlightId, WaiterId) {
+        let (cacheable, fetch) = asked(answers, TARGET);
+        match answers.fly(now, &cacheable, fetch, waiters) {
+            Admission::Flight { flight, waiter, .. } => (flight, waiter),
+            other => panic!("without a shared tier the fan-out starts at once: {other:?}"),
+        }
+    }
+
+    /// A request for [`TARGET`] joining the flight under way, if any: its waiter.
+    fn join(answers: &mut Answers, waiters: &mut Counter) -> Option<WaiterId> {
+        let (cacheable, _) = asked(answers, TARGET);
+        answers.join(&cacheable, waiters)
+    }
+
+    /// The refresh ahead of [`TARGET`]'s entry started at `now`: its flight.
+    fn refreshing(answers: &mut Answers, now: Instant) -> FlightId {
+        let (cacheable, fetch) = asked(answers, TARGET);
+        answers.refresh(now, &cacheable, fetch);
+        match drained(answers).as_slice() {
+            [EstateOutput::StartFlight { flight, .. }] => *flight,
+            other => panic!("a refresh starts a flight of its own: {other:?}"),
+        }
+    }
+
     fn looked_up(answers: &mut Answers, now: Instant) -> Option<(String, String, bool)> {
         let planned = crate::policy::plan(&ClientRequest::get(TARGET), &answers.config);
         let hit = answers.lookup(now, &planned)?;
@@ -669,13 +695,8 @@ pub(in crate::estate) mod tests {
     fn one_flight_answers_every_client_that_joins_it_and_stores_its_answer_once() {
         let (mut answers, now) = answers(|_| {});
         let mut waiters = Counter::default();
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, waiter, .. } =
-            answers.fly(now, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("without a shared tier the fan-out starts at once");
-        };
-        let joined = answers.join(&cacheable, &mut waiters).expect("joins");
+        let (flight, waiter) = miss(&mut answers, now, &mut waiters);
+        let joined = join(&mut answers, &mut waiters).expect("joins");
         assert!(looked_up(&mut answers, now).is_none(), "nothing stored yet");
         answers.handle_flight_done(now, flight, ok(r#"["kernel"]"#));
         let outputs = drained(&mut answers);
@@ -692,7 +713,7 @@ pub(in crate::estate) mod tests {
             Some((kernel, "hit".into(), false))
         );
         assert!(
-            answers.join(&cacheable, &mut waiters).is_none(),
+            join(&mut answers, &mut waiters).is_none(),
             "the flight is over: a later miss starts another"
         );
         let stats = answers.stats(now).expect("a cache");
@@ -703,22 +724,13 @@ pub(in crate::estate) mod tests {
     fn a_failed_flight_serves_the_expired_entry_and_a_partial_success_is_served_unstored() {
         let (mut answers, now) = answers(|_| {});
         let mut waiters = Counter::default();
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, .. } = answers.fly(now, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("a flight");
-        };
+        let (flight, _) = miss(&mut answers, now, &mut waiters);
         answers.handle_flight_done(now, flight, ok(r#"["old"]"#));
         drained(&mut answers);
 
         let later = now + answers.config.facts_ttl + Duration::from_secs(5);
         assert!(looked_up(&mut answers, later).is_none(), "expired");
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, waiter, .. } =
-            answers.fly(later, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("a flight");
-        };
+        let (flight, waiter) = miss(&mut answers, later, &mut waiters);
         let failed = Response::text(http::StatusCode::BAD_GATEWAY, "every backend failed");
         answers.handle_flight_done(later, flight, failed);
         let served = answered(&drained(&mut answers));
@@ -726,11 +738,7 @@ pub(in crate::estate) mod tests {
 
         // A partial success (one backend of two missing) is served, never stored.
         let retry = later + Duration::from_secs(60);
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, .. } = answers.fly(retry, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("a flight");
-        };
+        let (flight, _) = miss(&mut answers, retry, &mut waiters);
         let mut partial = ok(r#"["new"]"#);
         partial
             .headers
@@ -749,13 +757,8 @@ pub(in crate::estate) mod tests {
     fn the_last_client_leaving_cancels_a_flight_but_never_a_refresh_ahead() {
         let (mut answers, now) = answers(|_| {});
         let mut waiters = Counter::default();
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, waiter, .. } =
-            answers.fly(now, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("a flight");
-        };
-        let joined = answers.join(&cacheable, &mut waiters).expect("joins");
+        let (flight, waiter) = miss(&mut answers, now, &mut waiters);
+        let joined = join(&mut answers, &mut waiters).expect("joins");
         answers.waiter_gone(now, waiter);
         assert!(drained(&mut answers).is_empty(), "one client still waits");
         answers.waiter_gone(now, joined);
@@ -764,15 +767,8 @@ pub(in crate::estate) mod tests {
             [EstateOutput::CancelFlight(id)] if *id == flight
         ));
 
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        answers.refresh(now, &cacheable, fetch);
-        let refresh = match drained(&mut answers).as_slice() {
-            [EstateOutput::StartFlight { flight, .. }] => *flight,
-            other => panic!("a refresh starts its own flight: {other:?}"),
-        };
-        let joined = answers
-            .join(&cacheable, &mut waiters)
-            .expect("a miss joins it");
+        let refresh = refreshing(&mut answers, now);
+        let joined = join(&mut answers, &mut waiters).expect("a miss joins it");
         answers.waiter_gone(now, joined);
         assert!(
             drained(&mut answers).is_empty(),
@@ -791,11 +787,7 @@ pub(in crate::estate) mod tests {
     fn a_hit_past_its_share_of_the_ttl_asks_for_a_refresh_and_a_failed_refresh_keeps_the_entry() {
         let (mut answers, now) = answers(|_| {});
         let mut waiters = Counter::default();
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, .. } = answers.fly(now, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("a flight");
-        };
+        let (flight, _) = miss(&mut answers, now, &mut waiters);
         answers.handle_flight_done(now, flight, ok(r#"["kept"]"#));
         drained(&mut answers);
         let ttl = answers.config.facts_ttl;
@@ -804,12 +796,7 @@ pub(in crate::estate) mod tests {
         assert_eq!(looked_up(&mut answers, early).map(|hit| hit.2), Some(false));
         assert_eq!(looked_up(&mut answers, due).map(|hit| hit.2), Some(true));
 
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        answers.refresh(due, &cacheable, fetch);
-        let refresh = match drained(&mut answers).as_slice() {
-            [EstateOutput::StartFlight { flight, .. }] => *flight,
-            other => panic!("a refresh flight: {other:?}"),
-        };
+        let refresh = refreshing(&mut answers, due);
         assert_eq!(
             looked_up(&mut answers, due).map(|hit| hit.2),
             Some(false),
@@ -832,13 +819,8 @@ pub(in crate::estate) mod tests {
     fn a_streamed_flight_heads_every_client_and_stores_only_a_whole_success() {
         let (mut answers, now) = answers(|_| {});
         let mut waiters = Counter::default();
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, waiter, .. } =
-            answers.fly(now, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("a flight");
-        };
-        let joined = answers.join(&cacheable, &mut waiters).expect("joins");
+        let (flight, waiter) = miss(&mut answers, now, &mut waiters);
+        let joined = join(&mut answers, &mut waiters).expect("joins");
         let head = Response {
             status: http::StatusCode::OK,
             headers: http::HeaderMap::new(),
@@ -851,7 +833,7 @@ pub(in crate::estate) mod tests {
             .collect();
         assert_eq!(clients, [(waiter, "miss"), (joined, "miss")]);
         assert!(
-            answers.join(&cacheable, &mut waiters).is_none(),
+            join(&mut answers, &mut waiters).is_none(),
             "a request once it streams starts a flight of its own"
         );
         answers.handle_flight_done(now, flight, ok(r#"["whole"]"#));
@@ -866,11 +848,7 @@ pub(in crate::estate) mod tests {
 
         // A stream cut off stores nothing (the earlier entry stays).
         let later = now + answers.config.facts_ttl * 2;
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, .. } = answers.fly(later, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("a flight");
-        };
+        let (flight, _) = miss(&mut answers, later, &mut waiters);
         answers
             .stream_flight(later, flight, &head)
             .expect("streams");
@@ -883,11 +861,7 @@ pub(in crate::estate) mod tests {
     fn a_reload_that_changes_answers_starts_an_empty_cache_and_one_that_does_not_keeps_it() {
         let (mut answers, now) = answers(|_| {});
         let mut waiters = Counter::default();
-        let (cacheable, fetch) = asked(&answers, TARGET);
-        let Admission::Flight { flight, .. } = answers.fly(now, &cacheable, fetch, &mut waiters)
-        else {
-            panic!("a flight");
-        };
+        let (flight, _) = miss(&mut answers, now, &mut waiters);
         answers.handle_flight_done(now, flight, ok(r#"["kernel"]"#));
         drained(&mut answers);
         let old = Arc::clone(&answers.config);
