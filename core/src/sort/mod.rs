@@ -32,6 +32,7 @@ mod jsonb;
 use std::cmp::Ordering;
 
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 use self::clj::Cv;
 use self::jsonb::Jsonb;
@@ -440,7 +441,7 @@ enum KeyPart {
     /// Seconds since the Unix epoch and nanoseconds.
     Instant(i64, u32),
     /// UTF-8 bytes, compared byte-wise (= code point order).
-    Text(Box<[u8]>),
+    Text(KeyText),
     /// A PostgreSQL array: element-wise, then shorter first; NULL elements sort last.
     List(Box<[KeyPart]>),
     Jsonb(Jsonb),
@@ -492,7 +493,7 @@ impl KeyPart {
                 .flatten()
             {
                 Some((secs, nanos)) => KeyPart::Instant(secs, nanos),
-                None => KeyPart::Text(s.into_boxed_bytes()),
+                None => KeyPart::Text(KeyText::from_slice(s.as_bytes())),
             },
             Jsonb::Arr(items) if kind == ColumnKind::TextArray => KeyPart::List(
                 items
@@ -512,7 +513,12 @@ impl KeyPart {
 /// The typed sort key of one record under one [`OrderBy`]: extract it once per record with
 /// [`sort_key`], then compare keys with [`compare`] as often as the sort needs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct SortKey(Vec<KeyPart>);
+pub struct SortKey(SmallVec<[KeyPart; 2]>);
+
+/// A text key part's bytes, held inline up to 24 bytes (most certnames, fact names, resource
+/// types and titles, and every timestamp PuppetDB writes): an ordered merge builds a key per
+/// record, and a key that allocates nothing costs it no allocator round trip.
+type KeyText = SmallVec<[u8; 24]>;
 
 /// Builds a record's sort key. `lookup` gives the record's raw JSON for a field name (`None`
 /// when the record has no such field, which sorts like NULL); only those values are parsed.
@@ -537,7 +543,7 @@ where
 /// The key part of `raw`, the text of one valid JSON value, in a column of `kind`.
 fn key_part(raw: &str, kind: ColumnKind) -> KeyPart {
     if kind == ColumnKind::JsonText {
-        return KeyPart::Text(minify_json(raw).into_bytes().into_boxed_slice());
+        return KeyPart::Text(KeyText::from_vec(minify_json(raw).into_bytes()));
     }
     // Most keys are strings with nothing escaped (certnames, names, times): their text is the
     // string, so an ordered merge does not parse them a second time per record.
@@ -547,7 +553,7 @@ fn key_part(raw: &str, kind: ColumnKind) -> KeyPart {
             .flatten()
         {
             Some((secs, nanos)) => KeyPart::Instant(secs, nanos),
-            None => KeyPart::Text(text.as_bytes().into()),
+            None => KeyPart::Text(KeyText::from_slice(text.as_bytes())),
         };
     }
     match serde_json::from_str::<Jsonb>(raw) {
@@ -558,7 +564,7 @@ fn key_part(raw: &str, kind: ColumnKind) -> KeyPart {
                 .into_vec()
                 .into_iter()
                 .map(|item| match path_element(&item) {
-                    Some(text) => KeyPart::Text(text.into_bytes().into_boxed_slice()),
+                    Some(text) => KeyPart::Text(KeyText::from_vec(text.into_bytes())),
                     None => KeyPart::Null,
                 })
                 .collect(),
@@ -567,7 +573,7 @@ fn key_part(raw: &str, kind: ColumnKind) -> KeyPart {
             let elements: Option<Vec<String>> = items.iter().map(path_element).collect();
             match elements {
                 Some(elements) => {
-                    KeyPart::Text(elements.join("#~").into_bytes().into_boxed_slice())
+                    KeyPart::Text(KeyText::from_vec(elements.join("#~").into_bytes()))
                 }
                 None => KeyPart::Null,
             }
