@@ -13,7 +13,7 @@ use pdbmux_core::{
     UpstreamResponse,
 };
 
-const TARGETS: [&str; 13] = [
+const TARGETS: [&str; 14] = [
     "/pdb/query/v4/nodes",
     "/pdb/query/v4/facts",
     "/pdb/query/v4/fact-names",
@@ -27,6 +27,7 @@ const TARGETS: [&str; 13] = [
     "/pdb/query/v4/packages",
     "/pdb/query/v4/inventory?limit=3&offset=1",
     "/pdb/query/v4/catalogs/web1.example",
+    "/pdb/query/v4/facts?order_by=%5B%7B%22field%22%3A%22certname%22%7D%2C%7B%22field%22%3A%22value%22%2C%22order%22%3A%22desc%22%7D%5D",
 ];
 
 /// `backends` backends, no cache (every question fans out).
