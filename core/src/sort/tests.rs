@@ -551,6 +551,28 @@ fn multi_field_mixed_directions() {
     );
 }
 
+#[test]
+fn text_keys_longer_than_held_inline_and_keys_of_more_than_two_fields_compare_whole() {
+    // Certnames that differ only past their 24th byte, then past a shared 40-byte prefix; and
+    // a third field that alone breaks the tie of the first two.
+    let long = "a-very-long-certname.datacentre-one.example.com";
+    let recs = vec![
+        json!({"certname": format!("{long}.z"), "name": "os", "environment": "a", "id": 1}),
+        json!({"certname": "node-000000000000000000009", "name": "os", "environment": "a", "id": 2}),
+        json!({"certname": format!("{long}.b"), "name": "os", "environment": "b", "id": 3}),
+        json!({"certname": "node-000000000000000000001", "name": "os", "environment": "a", "id": 4}),
+        json!({"certname": format!("{long}.b"), "name": "os", "environment": "a", "id": 5}),
+    ];
+    let o = order(
+        base(Entity::Facts),
+        &[("certname", Asc), ("name", Asc), ("environment", Desc)],
+    );
+    assert_eq!(
+        sorted(&recs, &o, "id"),
+        vec![json!(3), json!(5), json!(1), json!(4), json!(2)]
+    );
+}
+
 // ---- property: the key-based sort equals a naive comparator on serde_json::Value ----
 
 /// The ordering written directly against `Value`s, the obvious way.
