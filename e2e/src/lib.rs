@@ -320,9 +320,42 @@ pub fn free_port() -> Result<u16, Error> {
     Ok(port)
 }
 
-/// A URL on a loopback port that refuses connections: a backend that is down.
-pub fn closed_backend_url() -> Result<String, Error> {
-    Ok(format!("http://127.0.0.1:{}", free_port()?))
+/// A backend that is down, for as long as this value lives: a loopback port bound and not
+/// listening, so connections to it are refused. Held, not merely found free: a released port is
+/// the kernel's to give to the next `bind` of port 0, such as a pdbmux another test starts, which
+/// would then answer for the dead backend. Without `SO_REUSEADDR` no other socket can bind it.
+#[derive(Debug)]
+pub struct ClosedBackend {
+    _bound: socket2::Socket,
+    url: String,
+}
+
+impl ClosedBackend {
+    /// Its URL, for a backend list.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+/// A backend that refuses every connection ([`ClosedBackend`]); keep it until the test ends.
+pub fn closed_backend() -> Result<ClosedBackend, Error> {
+    let bound = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
+        .map_err(io_err("a TCP socket"))?;
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    bound
+        .bind(&any.into())
+        .map_err(io_err("bind 127.0.0.1:0"))?;
+    let port = bound
+        .local_addr()
+        .map_err(io_err("local_addr of 127.0.0.1:0"))?
+        .as_socket()
+        .ok_or_else(|| std::io::Error::other("not an IP address"))
+        .map_err(io_err("local_addr of 127.0.0.1:0"))?
+        .port();
+    Ok(ClosedBackend {
+        _bound: bound,
+        url: format!("http://127.0.0.1:{port}"),
+    })
 }
 
 /// Configures and starts one pdbmux process.
@@ -780,6 +813,25 @@ pub fn timestamp_micros(secs: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_closed_backend_refuses_connections_and_no_listener_can_take_its_port() {
+        let closed = closed_backend().expect("a closed backend");
+        let addr: SocketAddr = closed
+            .url()
+            .trim_start_matches("http://")
+            .parse()
+            .expect("an address");
+        let refused = TcpStream::connect_timeout(&addr, Duration::from_secs(2))
+            .expect_err("a connection to a closed backend");
+        assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+        // std's listeners set SO_REUSEADDR, as tokio's and async-io's do: even so the port is
+        // not theirs while the closed backend lives, and is once it is dropped.
+        let taken = TcpListener::bind(addr).expect_err("a listener on the closed backend's port");
+        assert_eq!(taken.kind(), std::io::ErrorKind::AddrInUse);
+        drop(closed);
+        TcpListener::bind(addr).expect("the port, released");
+    }
 
     #[test]
     fn timestamps_format_from_epoch_seconds() {

@@ -24,7 +24,7 @@ use common::{
 };
 use pdbmux_core::membership::Kind;
 use pdbmux_e2e::order::{self, order_by_param, sort_keys, sort_records, window, OrderField};
-use pdbmux_e2e::{closed_backend_url, Backend, Pdbmux, Response};
+use pdbmux_e2e::{closed_backend, Backend, Pdbmux, Response};
 use serde_json::{json, Value};
 
 const NODES: &str = "/pdb/query/v4/nodes";
@@ -1646,11 +1646,17 @@ fn per_certname_routes_answer_the_owner() {
 fn a_dead_backend_leaves_the_survivors_records() {
     let env = env();
     for alive in &env.backends {
-        let dead = closed_backend_url().expect("a closed port");
+        let dead = closed_backend().expect("a closed port");
         let configured: Vec<(&str, &str)> = if alive.name == env.first().name {
-            vec![(alive.name.as_str(), alive.url.as_str()), ("dead", &dead)]
+            vec![
+                (alive.name.as_str(), alive.url.as_str()),
+                ("dead", dead.url()),
+            ]
         } else {
-            vec![("dead", &dead), (alive.name.as_str(), alive.url.as_str())]
+            vec![
+                ("dead", dead.url()),
+                (alive.name.as_str(), alive.url.as_str()),
+            ]
         };
         let names: Vec<&str> = configured.iter().map(|(n, _)| *n).collect();
         let p = env

@@ -12,9 +12,7 @@ use std::cmp::Ordering;
 use std::time::Duration;
 
 use common::{certname_query, direct, env, get, json_of, node_of, pdbmux};
-use pdbmux_e2e::{
-    closed_backend_url, cmp_version, epoch_seconds, marker, AccessLog, Pdbmux, Response,
-};
+use pdbmux_e2e::{closed_backend, cmp_version, epoch_seconds, marker, AccessLog, Pdbmux, Response};
 use serde_json::{json, Value};
 
 // --- meta -------------------------------------------------------------------------------------
@@ -714,11 +712,11 @@ fn healthz_ok_when_every_backend_answers() {
 #[test]
 fn healthz_degraded_when_one_backend_is_down() {
     let env = env();
-    let dead = closed_backend_url().expect("a closed port");
+    let dead = closed_backend().expect("a closed port");
     let p = env
         .pdbmux_with(&[
             (env.first().name.as_str(), env.first().url.as_str()),
-            ("dead", dead.as_str()),
+            ("dead", dead.url()),
         ])
         .label("healthz-degraded")
         .spawn()
@@ -740,11 +738,11 @@ fn healthz_degraded_when_one_backend_is_down() {
 fn healthz_down_when_no_backend_answers() {
     let env = env();
     let (d1, d2) = (
-        closed_backend_url().expect("a closed port"),
-        closed_backend_url().expect("a closed port"),
+        closed_backend().expect("a closed port"),
+        closed_backend().expect("a closed port"),
     );
     let p = env
-        .pdbmux_with(&[("dead-1", d1.as_str()), ("dead-2", d2.as_str())])
+        .pdbmux_with(&[("dead-1", d1.url()), ("dead-2", d2.url())])
         .label("healthz-down")
         .spawn()
         .unwrap_or_else(|e| panic!("start pdbmux: {e}"));
