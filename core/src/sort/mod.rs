@@ -515,9 +515,9 @@ impl KeyPart {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SortKey(SmallVec<[KeyPart; 2]>);
 
-/// A text key part's bytes, held inline up to 24 bytes (most certnames, fact names, resource
-/// types and titles, and every timestamp PuppetDB writes): an ordered merge builds a key per
-/// record, and a key that allocates nothing costs it no allocator round trip.
+/// A text key part's bytes, held inline up to 24 bytes (most certnames, fact names and resource
+/// types; longer ones spill to the heap): an ordered merge builds a key per record, and a key
+/// that allocates nothing costs it no allocator round trip.
 type KeyText = SmallVec<[u8; 24]>;
 
 /// Builds a record's sort key. `lookup` gives the record's raw JSON for a field name (`None`
