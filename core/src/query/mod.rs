@@ -68,11 +68,10 @@ impl QueryText {
         let Some(text) = decoded else {
             return QueryText::Absent;
         };
-        let rest = text.trim_start_matches(is_java_space);
-        if rest.is_empty() {
+        if text.trim_start_matches(is_java_space).is_empty() {
             return QueryText::Absent;
         }
-        if !rest.starts_with('[') {
+        if !reads_as_ast(text) {
             return QueryText::Pql(text.to_owned());
         }
         match serde_json::from_str::<Value>(text) {
@@ -88,6 +87,13 @@ impl QueryText {
             _ => None,
         }
     }
+}
+
+/// Whether PuppetDB takes `text` for an AST (JSON, valid or not) rather than PQL: its first
+/// character after whitespace is `[`. The one place that tells them apart: [`QueryText::classify`]
+/// and a POST body's `query` ask it.
+pub(crate) fn reads_as_ast(text: &str) -> bool {
+    text.trim_start_matches(is_java_space).starts_with('[')
 }
 
 /// Java regex `\s`: the whitespace PuppetDB skips before looking for `[`.

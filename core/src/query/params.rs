@@ -284,9 +284,7 @@ fn body_value(key: &str, value: &str) -> Result<String, JsonBodyError> {
         // An AST goes in as JSON, anything else (PQL, malformed JSON) as a string, as
         // `QueryText::classify` tells them apart; told here by one validating pass, not a parse
         // into a tree: a query sent as a body is a long one (often a rewritten push-down).
-        let ast = value
-            .trim_start_matches(super::is_java_space)
-            .starts_with('[')
+        let ast = super::reads_as_ast(value)
             .then(|| serde_json::from_str::<&RawValue>(value).ok())
             .flatten();
         return Ok(match ast {
