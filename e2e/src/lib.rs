@@ -339,11 +339,7 @@ impl ClosedBackend {
 
 /// A backend that refuses every connection ([`ClosedBackend`]); keep it until the test ends.
 pub fn closed_backend() -> Result<ClosedBackend, Error> {
-    let bound = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)
-        .map_err(io_err("a TCP socket"))?;
-    let any = SocketAddr::from(([127, 0, 0, 1], 0));
-    bound
-        .bind(&any.into())
+    let bound = bound_not_listening(SocketAddr::from(([127, 0, 0, 1], 0)), false)
         .map_err(io_err("bind 127.0.0.1:0"))?;
     let port = bound
         .local_addr()
@@ -356,6 +352,23 @@ pub fn closed_backend() -> Result<ClosedBackend, Error> {
         _bound: bound,
         url: format!("http://127.0.0.1:{port}"),
     })
+}
+
+/// A TCP socket bound to `addr` that does not listen: connections to it are refused, and the
+/// kernel gives its port to no other socket (not to `bind` of port 0, not as a connection's
+/// source port; without `reuse_address`, not to an explicit `bind` of it either).
+pub(crate) fn bound_not_listening(
+    addr: SocketAddr,
+    reuse_address: bool,
+) -> std::io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(addr),
+        socket2::Type::STREAM,
+        None,
+    )?;
+    socket.set_reuse_address(reuse_address)?;
+    socket.bind(&addr.into())?;
+    Ok(socket)
 }
 
 /// Configures and starts one pdbmux process.

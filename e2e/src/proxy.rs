@@ -327,18 +327,10 @@ fn accept_loop(
     }
 }
 
-/// A socket bound to `addr` that does not listen: connections to it are refused, and the kernel
-/// gives the port to no other socket (not to `bind` of port 0, not as a connection's source
-/// port). SO_REUSEADDR lets it bind over connections of the closed listener in TIME_WAIT.
+/// The listener's port held while closed ([`crate::bound_not_listening`]); `SO_REUSEADDR` lets it
+/// bind over connections of the closed listener in TIME_WAIT.
 fn reserve(addr: SocketAddr) -> std::io::Result<socket2::Socket> {
-    let socket = socket2::Socket::new(
-        socket2::Domain::for_address(addr),
-        socket2::Type::STREAM,
-        None,
-    )?;
-    socket.set_reuse_address(true)?;
-    socket.bind(&addr.into())?;
-    Ok(socket)
+    crate::bound_not_listening(addr, true)
 }
 
 fn handle(client: TcpStream, upstream: SocketAddr, shared: &Arc<Shared>, mode: ProxyMode) {
