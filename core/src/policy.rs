@@ -793,8 +793,9 @@ mod tests {
         }
     }
 
-    /// A request planned again after a reload is planned from the client's own request: a root query stays `root`, a `/facts` query for
-    /// some backends' provenance records keeps its values, a sub-route its parent.
+    /// A request planned again after a reload is planned from the client's own request: a root
+    /// query stays `root`, a `/facts` query for some backends' provenance records keeps its
+    /// values, a sub-route its parent.
     #[test]
     fn planned_again_a_request_is_the_clients_own_plan_whatever_it_was_derived_to() {
         let source = |values: &str| {

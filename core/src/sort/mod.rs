@@ -493,7 +493,7 @@ impl KeyPart {
                 .flatten()
             {
                 Some((secs, nanos)) => KeyPart::Instant(secs, nanos),
-                None => KeyPart::Text(KeyText::from_slice(s.as_bytes())),
+                None => KeyPart::Text(KeyText::from_vec(String::from(s).into_bytes())),
             },
             Jsonb::Arr(items) if kind == ColumnKind::TextArray => KeyPart::List(
                 items
