@@ -57,6 +57,18 @@ stop_all() {
 }
 trap stop_all EXIT
 
+# serve BIN PORT LOG [SETTING...]: a pdbmux over the level's two backends with the bench's
+# settings (and SETTING..., PDBMUX_*=value), in the background.
+serve() {
+  env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$E2E_BACKENDS" \
+    PDBMUX_LISTEN="127.0.0.1:$2" PDBMUX_METRICS_LISTEN= "${CACHE_ENV[@]}" PDBMUX_LOG_FORMAT=json \
+    PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug "${@:4}" \
+    "$1" serve >"$3" 2>&1 &
+}
+read -r -a mux_env <<<"${MUX_ENV:-}"
+# What each run measures: the binaries, not the checkout (MUX_BIN may be another build).
+measured="$MUX_BIN${BASELINE_BIN:+ against $BASELINE_BIN}${MUX_ENV:+ with $MUX_ENV}"
+
 for overlap in $OVERLAPS; do
   echo "bench: $NODES nodes, $FACTS facts each, $overlap held by both: starting three PuppetDBs" >&2
   stop_all
@@ -70,14 +82,6 @@ for overlap in $OVERLAPS; do
   estate=$STATE/estate-$overlap.json
   python3 bench/latency/estate.py --backends "$E2E_BACKENDS" --union "$E2E_UNION" \
     --nodes "$NODES" --facts "$FACTS" --reports "$REPORTS" --shared "$overlap" --out "$estate"
-  # serve BIN PORT LOG: a pdbmux over the two backends with the bench's settings.
-  serve() {
-    env -i PATH="$PATH" HOME="$STATE" PDBMUX_BACKENDS="$E2E_BACKENDS" \
-      PDBMUX_LISTEN="127.0.0.1:$2" PDBMUX_METRICS_LISTEN= "${CACHE_ENV[@]}" PDBMUX_LOG_FORMAT=json \
-      PDBMUX_LOG_LEVEL=warn,pdbmux::timing=debug "${@:4}" \
-      "$1" serve >"$3" 2>&1 &
-  }
-  read -r -a mux_env <<<"${MUX_ENV:-}"
   serve "$MUX_BIN" "$MUX_PORT" "$STATE/pdbmux.log" "${mux_env[@]}"
   MUX_PID=$!
   baseline_args=()
@@ -90,7 +94,7 @@ for overlap in $OVERLAPS; do
     for _ in $(seq 50); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null && break; sleep 0.1; done
   done
   echo
-  echo "== $NODES nodes ($REPORTS reports each per backend), $overlap held by both, cache $CACHE ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg))"
+  echo "== $NODES nodes ($REPORTS reports each per backend), $overlap held by both, cache $CACHE ($(git rev-parse --short HEAD 2>/dev/null || echo '?')$(git diff --quiet 2>/dev/null || echo '+dirty'), load average $(cut -d' ' -f1-3 /proc/loadavg); $measured)"
   python3 bench/latency/latency.py --estate "$estate" --pdbmux "http://127.0.0.1:$MUX_PORT" \
     --rounds "$ROUNDS" ${ONLY:+--only "$ONLY"} --json "$STATE/latency-$overlap.json" "${baseline_args[@]}" \
     --phases "$STATE/pdbmux.log"
