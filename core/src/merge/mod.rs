@@ -484,6 +484,14 @@ impl RecordPlan {
             query = Some(query::add_clause(query.as_ref(), clause));
             rewritten = true;
         }
+        // The provenance fact's own path writes one record per node: ask each backend its nodes
+        // (certname and environment), not every fact of them. The order is applied here, to the
+        // synthetic records (a backend could not order rows by a field the extract leaves out).
+        if matches!(self.provenance, Provenance::SyntheticOnly { .. }) && self.pushable() {
+            query = Some(query::fact_nodes(query.as_ref()));
+            params.remove("order_by");
+            rewritten = true;
+        }
         (params, query, rewritten)
     }
 

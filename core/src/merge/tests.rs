@@ -443,15 +443,43 @@ fn the_source_fact_path_is_synthesised() {
     let config = config();
     let facts_a = r#"[{"certname":"n1","name":"k","value":1,"environment":"e"}]"#;
     let facts_b = r#"[{"certname":"n2","name":"k","value":1,"environment":"f"}]"#;
-    let mut all = plan(&config, "/pdb/query/v4/facts/pdbmux_source", None).expect("plan");
-    assert!(all
-        .upstream(0)
-        .path_and_query
-        .starts_with("/pdb/query/v4/facts"));
-    let (body, _) = merge(&mut all, &[(facts_a, None), (facts_b, None)]);
+    let mut all = plan(
+        &config,
+        "/pdb/query/v4/facts/pdbmux_source?order_by=[{\"field\":\"certname\",\"order\":\"desc\"}]",
+        None,
+    )
+    .expect("plan");
+    // Each backend is asked its nodes, one row each, not every fact of them; the order is
+    // applied here.
+    let asked = all.upstream(0).path_and_query;
+    let asked = percent_encoding::percent_decode_str(&asked).decode_utf8_lossy();
+    assert_eq!(
+        asked,
+        r#"/pdb/query/v4/facts?query=["extract",["certname","environment"],["group_by","certname","environment"]]"#
+    );
+    let nodes_a = r#"[{"certname":"n1","environment":"e"}]"#;
+    let nodes_b = r#"[{"certname":"n2","environment":"f"}]"#;
+    let (body, _) = merge(&mut all, &[(nodes_a, None), (nodes_b, None)]);
     assert_eq!(
         body,
-        r#"[{"certname":"n1","name":"pdbmux_source","value":"pdb-a","environment":"e"},{"certname":"n2","name":"pdbmux_source","value":"pdb-b","environment":"f"}]"#
+        r#"[{"certname":"n2","name":"pdbmux_source","value":"pdb-b","environment":"f"},{"certname":"n1","name":"pdbmux_source","value":"pdb-a","environment":"e"}]"#
+    );
+    let mut filtered = plan(
+        &config,
+        "/pdb/query/v4/facts/pdbmux_source?query=[\"=\",\"environment\",\"e\"]",
+        None,
+    )
+    .expect("plan");
+    let asked = filtered.upstream(0).path_and_query;
+    let asked = percent_encoding::percent_decode_str(&asked).decode_utf8_lossy();
+    assert_eq!(
+        asked,
+        r#"/pdb/query/v4/facts?query=["extract",["certname","environment"],["=","environment","e"],["group_by","certname","environment"]]"#
+    );
+    let (body, _) = merge(&mut filtered, &[(nodes_a, None), ("[]", None)]);
+    assert_eq!(
+        body,
+        r#"[{"certname":"n1","name":"pdbmux_source","value":"pdb-a","environment":"e"}]"#
     );
     let mut one = plan(&config, "/pdb/query/v4/facts/pdbmux_source/pdb-b", None).expect("plan");
     let (body, _) = merge(&mut one, &[(facts_a, None), (facts_b, None)]);

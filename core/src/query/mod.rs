@@ -35,7 +35,7 @@ pub use foldable::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
 pub use params::{JsonBodyError, Param, Params};
 pub(crate) use parsed::ParsedQuery;
 pub use rewrite::{
-    add_clause, count_among, distinct_among_owned, exclude_certnames, is_filter_on,
+    add_clause, count_among, distinct_among_owned, exclude_certnames, fact_nodes, is_filter_on,
     only_certnames_clause, ownership_clause, rewrite_avg, widen_node_state, with_extract_columns,
 };
 

@@ -220,6 +220,19 @@ pub fn distinct_among_owned(
     Some(json!(["extract", columns, filter, group_by]))
 }
 
+/// The nodes a `/facts` query matches, one row per node: `["extract", ["certname",
+/// "environment"], query, ["group_by", "certname", "environment"]]`. It asks a backend for what
+/// the provenance fact's own path needs of it (each node and its facts' environment), rather
+/// than every fact of every node (docs/merging.md, "Provenance").
+pub fn fact_nodes(query: Option<&Value>) -> Value {
+    let columns = json!(["certname", "environment"]);
+    let group_by = json!(["group_by", "certname", "environment"]);
+    match query {
+        None => json!(["extract", columns, group_by]),
+        Some(query) => json!(["extract", columns, query, group_by]),
+    }
+}
+
 /// Whether `query` is absent or a filter on `columns` alone, the shape
 /// [`distinct_among_owned`] rewrites: check it when planning, so that a query it leaves alone
 /// does not wait for the membership map.
