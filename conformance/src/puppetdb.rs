@@ -930,6 +930,14 @@ pub fn matches(filter: &Value, record: &Value) -> Result<bool, String> {
             }
             _ => Err(format!("in over {list} is not served by the fake")),
         },
+        // PostgreSQL's `~` on a string column: Rust's `regex` agrees for the patterns tests use.
+        ("~", [Value::String(field), Value::String(pattern)]) => {
+            let regex = regex::Regex::new(pattern).map_err(|e| format!("{pattern}: {e}"))?;
+            Ok(record
+                .get(field)
+                .and_then(Value::as_str)
+                .is_some_and(|value| regex.is_match(value)))
+        }
         ("null?", [Value::String(field), Value::Bool(null)]) => {
             Ok(record.get(field).is_none_or(Value::is_null) == *null)
         }

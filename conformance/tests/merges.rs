@@ -560,13 +560,12 @@ fn gated(target: &str) -> (Harness, Value, String) {
 
 #[test]
 fn facts_gate_outer_name_constraint() {
-    // Asks for the impostor by name too: it comes back from pdb-a and is dropped.
+    // A name constraint that admits the impostor: it comes back from pdb-a and is dropped, and
+    // no synthetic record is written (the provenance fact named beside other facts is answered
+    // with them: `the_provenance_fact_named_beside_other_facts_is_answered_with_them`).
     let (_, body, transcript) = gated(&form_target(
         "/pdb/query/v4/facts",
-        &[(
-            "query",
-            r#"["or",["=","name","os"],["=","name","pdbmux_source"]]"#,
-        )],
+        &[("query", r#"["not",["=","name","kernel"]]"#)],
     ));
     assert_eq!(
         body,
@@ -1719,4 +1718,138 @@ fn the_provenance_fact_value_in_a_query_on_its_own_path_keeps_the_backends_it_na
             assert_eq!(&got, want, "{asked} (facts_ttl {ttl}s)");
         }
     }
+}
+
+/// Puppetboard's inventory asks `/facts` for its facts by name, `["or",["=","name",f],…]`
+/// (with the environment chosen, unless every one): with the provenance fact among them the
+/// answer is the other facts' records, each node's from its owner, then the provenance record
+/// of every node the rest of the query admits, as `/facts/pdbmux_source` answers it. The same
+/// for `in` over names and a pattern on the name that the provenance fact's matches; a
+/// constraint naming only the provenance fact is its own path.
+#[test]
+fn the_provenance_fact_named_beside_other_facts_is_answered_with_them() {
+    let facts = |query: Value| with_query("/pdb/query/v4/facts", &query, "");
+    let cases = [
+        (
+            facts(json!([
+                "and",
+                ["or", ["=", "name", "os"], ["=", "name", "pdbmux_source"]],
+                ["=", "environment", "production"]
+            ])),
+            json!([
+                fact("web2", "os", "Debian", "production"),
+                fact("web3", "os", "Alpine", "production"),
+                source("web2", "pdb-a", "production"),
+                source("web3", "pdb-b", "production"),
+            ]),
+        ),
+        (
+            facts(json!([
+                "or",
+                ["=", "name", "kernel"],
+                ["=", "name", "pdbmux_source"],
+                ["=", "name", "os"]
+            ])),
+            json!([
+                fact("web2", "os", "Debian", "production"),
+                fact("web1", "os", "Ubuntu", "staging"),
+                fact("web1", "kernel", "Linux", "staging"),
+                fact("web3", "os", "Alpine", "production"),
+                source("web2", "pdb-a", "production"),
+                source("web1", "pdb-b", "staging"),
+                source("web3", "pdb-b", "production"),
+            ]),
+        ),
+        (
+            facts(json!([
+                "and",
+                ["in", "name", ["array", ["pdbmux_source", "kernel"]]],
+                ["=", "certname", "web1"]
+            ])),
+            json!([
+                fact("web1", "kernel", "Linux", "staging"),
+                source("web1", "pdb-b", "staging"),
+            ]),
+        ),
+        (
+            facts(json!([
+                "and",
+                ["in", "name", ["array", ["pdbmux_source"]]],
+                ["=", "environment", "staging"]
+            ])),
+            json!([source("web1", "pdb-b", "staging")]),
+        ),
+        (
+            facts(json!([
+                "and",
+                ["~", "name", "^(pdbmux|kern)"],
+                ["=", "environment", "staging"]
+            ])),
+            json!([
+                fact("web1", "kernel", "Linux", "staging"),
+                source("web1", "pdb-b", "staging"),
+            ]),
+        ),
+    ];
+    for ttl in [0, 30] {
+        for (asked, want) in &cases {
+            let mut h = shared_facts_harness(|config| {
+                config.facts_ttl = std::time::Duration::from_secs(ttl);
+            });
+            let c = h.get(asked);
+            finish(&mut h);
+            assert_eq!(&body_json(&h, c), want, "{asked} (facts_ttl {ttl}s)");
+            let response = h.response(c).expect("one response");
+            assert_eq!(response.header("x-backends"), Some("2/2"), "{asked}");
+            // The provenance part asks each backend its nodes, never every fact of them.
+            for sent in exchange_sends(&h) {
+                let query = sent
+                    .request
+                    .path_and_query
+                    .split_once("query=")
+                    .map(|q| q.1);
+                let query = pdbmux_conformance::decode_component(query.unwrap_or_default());
+                assert!(
+                    query.contains("\"name\"") || query.starts_with("[\"extract\""),
+                    "{asked}: sent {query}"
+                );
+            }
+        }
+    }
+}
+
+/// The provenance fact named beside other facts, one backend timing out: both parts answer
+/// from the survivor, each node it owns once, and the answer says it is partial.
+#[test]
+fn the_provenance_fact_beside_other_facts_with_a_backend_timing_out_is_partial() {
+    let (a, _) = shared_facts();
+    let members_of_b = members(&[("web1", T11), ("web3", None)]);
+    // pdb-b answers neither part (its records nor its nodes).
+    let mut h = harness(vec![
+        pdb("pdb-a", URL_A, a, 4),
+        member_backend(
+            "pdb-b",
+            URL_B,
+            members_of_b,
+            vec![Reply::never(), Reply::never()],
+        ),
+    ]);
+    let c = h.get(&with_query(
+        "/pdb/query/v4/facts",
+        &json!(["or", ["=", "name", "os"], ["=", "name", "pdbmux_source"]]),
+        "",
+    ));
+    let transcript = run(&mut h);
+    let response = h.response(c).expect("one response");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("1/2"));
+    // pdb-a was told web1 is pdb-b's, so only web2 is served, in both parts.
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web2", "os", "Debian", "production"),
+            source("web2", "pdb-a", "production"),
+        ])
+    );
+    insta::assert_snapshot!(transcript);
 }

@@ -106,7 +106,7 @@ pub(crate) struct Context {
 }
 
 /// Where one call stands.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum CallState {
     /// Asked; waiting until `deadline`.
     Pending {
@@ -134,7 +134,7 @@ pub(crate) enum CallState {
 }
 
 /// One upstream call of an exchange.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Call {
     pub(crate) backend: BackendId,
     pub(crate) part: usize,

@@ -40,6 +40,7 @@ mod broadcast;
 pub mod budget;
 pub mod cache;
 mod clock;
+mod concat;
 pub mod config;
 mod corrections;
 mod coverage;

@@ -10,13 +10,16 @@
 //! [`crate::Estate::admit`].
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::{HeaderValue, StatusCode};
 
 use crate::aggregate::AggregatePlan;
 use crate::asked_of_all::AskedOfAll;
 use crate::cache::{self, Cacheable};
+use crate::concat::Concat;
 use crate::config::{CacheClass, Config};
+use crate::entity::Entity;
 use crate::fanout::Plan;
 use crate::jolokia::JolokiaPlan;
 use crate::merge::RecordPlan;
@@ -320,6 +323,14 @@ enum SourceAsk {
     Nothing,
     /// A value constraint pdbmux cannot evaluate (a regular expression it cannot compile).
     Refused(String),
+    /// The provenance fact named beside other facts (an `or` or `in` of names, a pattern on the
+    /// name; Puppetboard's inventory asks the first): the other facts' records (`records`, the
+    /// request without the provenance fact's name) and then the provenance records of the nodes
+    /// the rest of the query admits (`synthetic`, its own path).
+    Beside {
+        records: ParsedRequest,
+        synthetic: ParsedRequest,
+    },
 }
 
 /// Reads a request for the provenance fact with a constraint on its value: a `/facts` query
@@ -333,16 +344,21 @@ fn source_fact_ask(request: &ParsedRequest, route: &Route, config: &Config) -> O
     if !entity.carries_provenance() || !config.source_fact_enabled {
         return None;
     }
+    let source = config.source_fact.as_str();
+    // A constraint naming the provenance fact alone (`=`, or an `or`/`in` of only its name).
     let names_source = |clause: &serde_json::Value| {
-        matches!(clause.as_array().map(Vec::as_slice),
-            Some([op, field, serde_json::Value::String(name)])
-                if op == "=" && field == "name" && *name == config.source_fact)
+        named_facts(clause).is_some_and(|names| names.iter().all(|name| *name == source))
     };
     let ast = request.parsed_query().ast()?;
     let clauses: Vec<&serde_json::Value> = match ast.as_array().map(Vec::as_slice) {
         Some([op, clauses @ ..]) if op == "and" => clauses.iter().collect(),
         _ => vec![ast],
     };
+    if let Route::Query(_) = route {
+        if let Some(beside) = source_beside_others(request, &clauses, config) {
+            return Some(beside);
+        }
+    }
     let on_path = match route {
         Route::Query(_) if clauses.iter().any(|c| names_source(c)) => false,
         Route::FactsByName { name, value: None }
@@ -361,38 +377,14 @@ fn source_fact_ask(request: &ParsedRequest, route: &Route, config: &Config) -> O
         // The path's own merge reads any other query.
         return None;
     }
-    let mut kept = Params::default();
-    for param in request.params().iter().filter(|p| p.key() != "query") {
-        kept.set(param.key(), param.value());
-    }
-    let kept_query = match rest.as_slice() {
-        [] => None,
-        [one] => Some((*one).clone()),
-        all => {
-            let mut and = vec![serde_json::Value::from("and")];
-            and.extend(all.iter().map(|clause| (*clause).clone()));
-            Some(serde_json::Value::Array(and))
-        }
-    };
-    if let Some(query) = &kept_query {
-        kept.set("query", &query.to_string());
-    }
+    let kept_query = and_of(rest.into_iter().cloned().collect());
     let target = |value: Option<&str>| {
-        let mut path = format!(
-            "{}/{}",
-            entity.path_static(),
-            percent_encoding::utf8_percent_encode(&config.source_fact, SEGMENT)
-        );
+        let mut path = source_path(entity, config);
         if let Some(value) = value {
             path.push('/');
             path.extend(percent_encoding::utf8_percent_encode(value, SEGMENT));
         }
-        let kept = kept.to_query_string();
-        let target = match kept.is_empty() {
-            true => path,
-            false => format!("{path}?{kept}"),
-        };
-        ParsedRequest::derived(target, kept_query.clone())
+        with_query(path, request.params(), kept_query.clone())
     };
     let names: Vec<&str> = config.backends.iter().map(|b| b.name.as_str()).collect();
     // Each value constraint narrows the backends named; all of them must hold.
@@ -417,6 +409,163 @@ fn source_fact_ask(request: &ParsedRequest, route: &Route, config: &Config) -> O
             values: matching.iter().map(|name| (*name).to_owned()).collect(),
         },
     })
+}
+
+/// The fact names a constraint on `name` alone admits: `["=","name",n]`, an `or` of those, or
+/// `["in","name",["array",[n, …]]]`; `None` for any other clause.
+fn named_facts(clause: &serde_json::Value) -> Option<Vec<&str>> {
+    match clause.as_array().map(Vec::as_slice)? {
+        [op, field, serde_json::Value::String(name)] if op == "=" && field == "name" => {
+            Some(vec![name.as_str()])
+        }
+        [op, field, list] if op == "in" && field == "name" => {
+            match list.as_array().map(Vec::as_slice)? {
+                [array, serde_json::Value::Array(names)] if array == "array" => {
+                    names.iter().map(serde_json::Value::as_str).collect()
+                }
+                _ => None,
+            }
+        }
+        [op, disjuncts @ ..] if op == "or" && !disjuncts.is_empty() => {
+            let mut names = Vec::new();
+            for disjunct in disjuncts {
+                match disjunct.as_array().map(Vec::as_slice)? {
+                    [op, field, serde_json::Value::String(name)]
+                        if op == "=" && field == "name" =>
+                    {
+                        names.push(name.as_str())
+                    }
+                    _ => return None,
+                }
+            }
+            Some(names)
+        }
+        _ => None,
+    }
+}
+
+/// A constraint admitting exactly `names`: `["=","name",n]` for one, an `or` of those for more.
+fn names_clause(names: &[&str]) -> serde_json::Value {
+    match names {
+        [one] => serde_json::json!(["=", "name", one]),
+        many => {
+            let mut or = vec![serde_json::Value::from("or")];
+            or.extend(
+                many.iter()
+                    .map(|name| serde_json::json!(["=", "name", name])),
+            );
+            serde_json::Value::Array(or)
+        }
+    }
+}
+
+/// Reads a `/facts` query naming the provenance fact beside other facts, in a clause of its
+/// top-level `and` (or as the whole query): `["or",["=","name",<source_fact>],["=","name",
+/// "os"],…]`, `["in","name",["array",[…]]]` or `["~","name",<a pattern it matches>]` (read with
+/// Rust's `regex`, as a pattern on its value is). Puppetboard's inventory asks the first when its
+/// facts include the provenance fact. Answered as the other facts' records and then the
+/// provenance fact's own path under the query's other clauses (docs/merging.md, "Provenance"). `None`
+/// for another shape, a paged or ordered request (the two answers are joined, not merged), or
+/// other clauses on a fact's name or value, which would mean a different thing to each part.
+fn source_beside_others(
+    request: &ParsedRequest,
+    clauses: &[&serde_json::Value],
+    config: &Config,
+) -> Option<SourceAsk> {
+    let source = config.source_fact.as_str();
+    // The clause naming the provenance fact and others, and what the backends are asked in
+    // its place: the other names, or the pattern and not the provenance fact. Neither names
+    // the provenance fact in a clause of its own, so the records' request is planned as any
+    // other `/facts` query, not read here again.
+    let (at, others) = clauses.iter().enumerate().find_map(|(at, clause)| {
+        if let Some(names) = named_facts(clause) {
+            let listed = names.len();
+            let others: Vec<&str> = names.into_iter().filter(|name| *name != source).collect();
+            return (others.len() < listed && !others.is_empty())
+                .then(|| (at, names_clause(&others)));
+        }
+        match clause.as_array().map(Vec::as_slice)? {
+            [op, field, serde_json::Value::String(pattern)] if op == "~" && field == "name" => {
+                let regex = regex::Regex::new(pattern).ok()?;
+                let others = serde_json::json!(["and", clause, ["not", ["=", "name", source]]]);
+                regex.is_match(source).then_some((at, others))
+            }
+            _ => None,
+        }
+    })?;
+    let params = request.params();
+    let ordered_or_paged = ["order_by", "limit", "offset", "include_total"]
+        .iter()
+        .any(|key| params.get(key).is_some());
+    let rest: Vec<&serde_json::Value> = clauses
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| *index != at)
+        .map(|(_, clause)| *clause)
+        .collect();
+    let names_a_fact = rest.iter().any(|clause| {
+        named_facts(clause).is_some()
+            || matches!(clause.as_array().map(Vec::as_slice),
+                Some([_, field, _]) if field == "name" || field == "value")
+    });
+    if ordered_or_paged || names_a_fact {
+        return None;
+    }
+    let mut records_clauses: Vec<serde_json::Value> =
+        clauses.iter().map(|clause| (*clause).clone()).collect();
+    records_clauses[at] = others;
+    let entity = request.route().ok()?.entity()?;
+    Some(SourceAsk::Beside {
+        records: with_query(
+            entity.path_static().to_owned(),
+            params,
+            and_of(records_clauses),
+        ),
+        synthetic: with_query(
+            source_path(entity, config),
+            params,
+            and_of(rest.into_iter().cloned().collect()),
+        ),
+    })
+}
+
+/// The provenance fact's own path, `/facts/<source_fact>`.
+fn source_path(entity: Entity, config: &Config) -> String {
+    format!(
+        "{}/{}",
+        entity.path_static(),
+        percent_encoding::utf8_percent_encode(&config.source_fact, SEGMENT)
+    )
+}
+
+/// Clauses as one query: none, the one, or their `and`.
+fn and_of(clauses: Vec<serde_json::Value>) -> Option<serde_json::Value> {
+    match clauses.len() {
+        0 => None,
+        1 => clauses.into_iter().next(),
+        _ => {
+            let mut and = vec![serde_json::Value::from("and")];
+            and.extend(clauses);
+            Some(serde_json::Value::Array(and))
+        }
+    }
+}
+
+/// A request of `path` with `params` but their `query`, and `query` in its place.
+fn with_query(path: String, params: &Params, query: Option<serde_json::Value>) -> ParsedRequest {
+    let mut kept = Params::default();
+    for param in params.iter().filter(|p| p.key() != "query") {
+        kept.set(param.key(), param.value());
+    }
+    if let Some(query) = &query {
+        kept.set("query", &query.to_string());
+    }
+    let kept = kept.to_query_string();
+    let target = match kept.is_empty() {
+        true => path,
+        false => format!("{path}?{kept}"),
+    };
+    ParsedRequest::derived(target, query)
 }
 
 /// Whether `clause` constrains the fact's value in a way pdbmux decides for the provenance fact:
@@ -464,6 +613,45 @@ fn value_matches<'a>(
         _ => return Ok(Vec::new()),
     };
     Ok(names.iter().copied().filter(|name| admits(name)).collect())
+}
+
+/// Plans a `/facts` query naming the provenance fact beside other facts ([`SourceAsk::Beside`]):
+/// the two requests' plans answer it together, their records joined, cached under the client's
+/// request as a `/facts` answer is.
+fn plan_beside(
+    (request, route): (&Arc<ParsedRequest>, &Route),
+    records: ParsedRequest,
+    synthetic: ParsedRequest,
+    config: &Arc<Config>,
+) -> Planned {
+    let records = plan_derived(records, request, config);
+    let synthetic = plan_derived(synthetic, request, config);
+    let (Work::Fanout(first), Work::Fanout(second)) = (records.work, synthetic.work) else {
+        // Neither part is known without asking while the provenance fact is on; were one
+        // refused, the client's request is answered as any other `/facts` query.
+        return plan_parsed(request, config);
+    };
+    let ttl = route.entity().map_or(Duration::ZERO, |entity| {
+        config.cache_ttl(entity.cache_class())
+    });
+    let cache = match ttl.is_zero() {
+        false => cache::cache_key(
+            route,
+            (request.path(), request.query(), request.params()),
+            &config.source_fact,
+            ttl,
+        ),
+        true => None,
+    };
+    Planned {
+        config: Arc::clone(config),
+        class: route.class(),
+        request: Arc::clone(request),
+        cache,
+        work: Work::Fanout(Box::new(Concat::new(first, second))),
+        waited_out: Vec::new(),
+        map_waits: 0,
+    }
 }
 
 /// Plans a `/facts` query for the provenance records of several backends: with the cache, it
@@ -576,6 +764,9 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         }
         Some(SourceAsk::Refused(message)) => {
             return uncached(Work::Local(Response::refusal(message)))
+        }
+        Some(SourceAsk::Beside { records, synthetic }) => {
+            return plan_beside((request, route), records, synthetic, config)
         }
         None => {}
     }
@@ -782,8 +973,7 @@ mod tests {
         let config = config();
         for entity in crate::entity::ALL {
             let target = match entity {
-                crate::entity::Entity::EventCounts
-                | crate::entity::Entity::AggregateEventCounts => {
+                Entity::EventCounts | Entity::AggregateEventCounts => {
                     format!("{}?summarize_by=certname", entity.path())
                 }
                 _ => entity.path(),

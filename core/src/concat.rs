@@ -1,0 +1,257 @@
+//! One request answered by two record plans together: each makes its own calls, and the answer
+//! is the records of both, the first's then the second's. A `/facts` query that names the
+//! provenance fact beside other facts is two questions: the other facts, which the backends
+//! hold, and the provenance records, which pdbmux writes (docs/merging.md, "Provenance").
+//!
+//! The two plans' calls share the exchange: plan `which`'s part `p` is the exchange's part
+//! `p * 2 + which`, and each plan sees only its own calls, numbered as it made them. Both are
+//! buffered (their records are joined here), and the answer counts a backend only where both
+//! plans could use it.
+
+use bytes::{Bytes, BytesMut};
+
+use crate::corrections::Learned;
+use crate::fanout::{Call, Calls, Context, Outbound, Plan, Step, Verdict};
+use crate::ids::BackendId;
+use crate::message::{Response, ResponseBody};
+
+/// How many plans answer together.
+const PLANS: usize = 2;
+
+/// The exchange's part of plan `which`'s part `part`.
+fn outer(which: usize, part: usize) -> usize {
+    part * PLANS + which
+}
+
+/// Two record plans whose answers are joined ([`Concat::new`]).
+#[derive(Debug)]
+pub(crate) struct Concat {
+    plans: [Box<dyn Plan>; PLANS],
+    verdicts: [Option<Verdict>; PLANS],
+}
+
+impl Concat {
+    /// Answers with `first`'s records, then `second`'s.
+    pub(crate) fn new(first: Box<dyn Plan>, second: Box<dyn Plan>) -> Concat {
+        Concat {
+            plans: [first, second],
+            verdicts: [None, None],
+        }
+    }
+
+    /// Plan `which`'s calls, as it numbered them.
+    fn own_calls(calls: &Calls, which: usize) -> Calls {
+        Calls(
+            calls
+                .0
+                .iter()
+                .filter(|call| call.part % PLANS == which)
+                .map(|call| Call {
+                    part: call.part / PLANS,
+                    ..call.clone()
+                })
+                .collect(),
+        )
+    }
+
+    /// The answer once both plans reached theirs: both merged, their records joined; else the
+    /// first that did not merge, its part as the exchange numbers it.
+    fn joined(verdicts: [Verdict; PLANS]) -> Verdict {
+        let [first, second] = verdicts;
+        match (first, second) {
+            (
+                Verdict::Merged {
+                    response,
+                    contributed,
+                    mut unusable,
+                },
+                Verdict::Merged {
+                    response: other,
+                    contributed: other_contributed,
+                    unusable: other_unusable,
+                },
+            ) => {
+                for (backend, why) in other_unusable {
+                    if !unusable.iter().any(|(b, _)| *b == backend) {
+                        unusable.push((backend, why));
+                    }
+                }
+                let body = match (&response.body, &other.body) {
+                    (ResponseBody::Full(a), ResponseBody::Full(b)) => join_arrays(a, b),
+                    // Neither plan streams (`buffered`): unreachable, and answered as the first.
+                    _ => None,
+                };
+                Verdict::Merged {
+                    response: match body {
+                        Some(body) => Response {
+                            body: ResponseBody::Full(body),
+                            ..response
+                        },
+                        None => response,
+                    },
+                    contributed: contributed.min(other_contributed),
+                    unusable,
+                }
+            }
+            (Verdict::Merged { .. }, other) => renumbered(other, 1),
+            (first, _) => renumbered(first, 0),
+        }
+    }
+}
+
+/// Plan `which`'s verdict with its part numbered as the exchange numbers it.
+fn renumbered(verdict: Verdict, which: usize) -> Verdict {
+    match verdict {
+        Verdict::Unanswered { part, unusable } => Verdict::Unanswered {
+            part: outer(which, part),
+            unusable,
+        },
+        other => other,
+    }
+}
+
+/// Two JSON arrays (as pdbmux writes them) as one: `a`'s elements, then `b`'s. `None` when either
+/// is not an array.
+fn join_arrays(a: &Bytes, b: &Bytes) -> Option<Bytes> {
+    let inner = |body: &Bytes| {
+        let text = body.trim_ascii();
+        let inner = text.strip_prefix(b"[")?.strip_suffix(b"]")?;
+        Some(body.slice_ref(inner.trim_ascii()))
+    };
+    let (a_inner, b_inner) = (inner(a)?, inner(b)?);
+    if b_inner.is_empty() {
+        return Some(a.clone());
+    }
+    if a_inner.is_empty() {
+        return Some(b.clone());
+    }
+    let mut joined = BytesMut::with_capacity(a_inner.len() + b_inner.len() + 3);
+    joined.extend_from_slice(b"[");
+    joined.extend_from_slice(&a_inner);
+    joined.extend_from_slice(b",");
+    joined.extend_from_slice(&b_inner);
+    joined.extend_from_slice(b"]");
+    Some(joined.freeze())
+}
+
+/// `context` for a plan whose answer is joined: never streamed.
+fn buffered(context: &Context) -> Context {
+    Context {
+        may_stream: false,
+        ..context.clone()
+    }
+}
+
+impl Plan for Concat {
+    fn needs_ownership(&self) -> bool {
+        self.plans.iter().any(|plan| plan.needs_ownership())
+    }
+
+    fn counts_rounds(&self) -> bool {
+        self.plans.iter().any(|plan| plan.counts_rounds())
+    }
+
+    fn again(&self) -> Box<dyn Plan> {
+        Box::new(Concat::new(self.plans[0].again(), self.plans[1].again()))
+    }
+
+    fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
+        let context = buffered(context);
+        let mut calls = Vec::new();
+        for (which, plan) in self.plans.iter_mut().enumerate() {
+            let first = plan.start(&context);
+            calls.extend(first.into_iter().map(|(b, part)| (b, outer(which, part))));
+        }
+        calls
+    }
+
+    fn request(&self, backend: BackendId, part: usize, context: &Context) -> Outbound {
+        self.plans[part % PLANS].request(backend, part / PLANS, &buffered(context))
+    }
+
+    fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
+        let context = buffered(context);
+        let mut more = Vec::new();
+        for (which, (plan, verdict)) in self.plans.iter_mut().zip(&mut self.verdicts).enumerate() {
+            if verdict.is_some() {
+                continue;
+            }
+            match plan.progress(&Concat::own_calls(calls, which), &context) {
+                Step::Wait => {}
+                Step::Call(next) => {
+                    more.extend(next.into_iter().map(|(b, part)| (b, outer(which, part))));
+                }
+                Step::Done(done) => *verdict = Some(done),
+            }
+        }
+        if !more.is_empty() {
+            return Step::Call(more);
+        }
+        match std::mem::take(&mut self.verdicts) {
+            [Some(first), Some(second)] => Step::Done(Concat::joined([first, second])),
+            pending => {
+                self.verdicts = pending;
+                Step::Wait
+            }
+        }
+    }
+
+    fn learned(&self, calls: &Calls) -> Vec<Learned> {
+        let mut learned = Vec::new();
+        for (which, plan) in self.plans.iter().enumerate() {
+            learned.extend(plan.learned(&Concat::own_calls(calls, which)));
+        }
+        learned
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrays_join_in_order_and_an_empty_side_adds_nothing() {
+        let join = |a: &'static str, b: &'static str| {
+            join_arrays(
+                &Bytes::from_static(a.as_bytes()),
+                &Bytes::from_static(b.as_bytes()),
+            )
+            .map(|joined| String::from_utf8(joined.to_vec()).expect("utf-8"))
+        };
+        assert_eq!(join("[1,2]", "[3]").as_deref(), Some("[1,2,3]"));
+        assert_eq!(join("[]", "[3]").as_deref(), Some("[3]"));
+        assert_eq!(join("[1]", " [ ] ").as_deref(), Some("[1]"));
+        assert_eq!(join("[]", "[]").as_deref(), Some("[]"));
+        assert_eq!(join("{}", "[1]"), None);
+    }
+
+    #[test]
+    fn a_plan_that_did_not_merge_answers_with_its_part_as_the_exchange_numbers_it() {
+        let unanswered = |part| Verdict::Unanswered {
+            part,
+            unusable: Vec::new(),
+        };
+        let merged = || Verdict::Merged {
+            response: Response::json(http::StatusCode::OK, "[1]"),
+            contributed: 2,
+            unusable: Vec::new(),
+        };
+        let part = |verdict: Verdict| match verdict {
+            Verdict::Unanswered { part, .. } => Some(part),
+            _ => None,
+        };
+        assert_eq!(part(Concat::joined([merged(), unanswered(0)])), Some(1));
+        assert_eq!(part(Concat::joined([unanswered(2), merged()])), Some(4));
+        match Concat::joined([merged(), merged()]) {
+            Verdict::Merged {
+                response,
+                contributed,
+                ..
+            } => {
+                assert_eq!(contributed, 2);
+                assert!(matches!(response.body, ResponseBody::Full(b) if &b[..] == b"[1,1]"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}
