@@ -459,6 +459,9 @@ def test_inventory(board: Http, estate: Estate, env: str):
         facts = estate.merged_facts(certname)
         assert row[1] == facts["networking"]["ip"], f"{certname}: IP address"
         assert row[4] == facts["kernelrelease"], f"{certname}: kernel release"
+        # The provenance fact among the inventory's facts (e2e/puppetboard/serve): the backend
+        # each node's facts come from.
+        assert row[6] == estate.owner(certname, kind="facts"), f"{certname}: source"
 
 
 # --- metrics ------------------------------------------------------------------------------------

@@ -628,15 +628,11 @@ fn facts_gated_shapes_get_no_source_record() {
     let cases = [
         ("a name constraint", json!(["=", "name", "e2e_loaded_into"])),
         (
-            "a name regex matching the upstream source fact",
-            json!(["~", "name", "^(kernel|pdbmux_source)$"]),
-        ),
-        (
-            "a name constraint under and",
+            "a name constraint under and that admits the upstream source fact",
             json!([
                 "and",
                 ["=", "certname", forged],
-                ["in", "name", ["array", ["kernel", SOURCE]]]
+                ["not", ["=", "name", "kernel"]]
             ]),
         ),
         (
@@ -693,6 +689,67 @@ fn facts_gated_shapes_get_no_source_record() {
         "limit={limit}: {SOURCE} records {sources:?}"
     );
     assert_eq!(multiset(&got), multiset(&expected), "limit={limit}");
+}
+
+/// The provenance fact named beside other facts (Puppetboard's inventory with the fact in its
+/// `INVENTORY_FACTS`, `in` over names, a pattern on the name): the other facts' records, each
+/// node's from its owner, and one provenance record per node the query's other clauses admit,
+/// naming its facts' owner; the fixture's upstream record of that name never served.
+#[test]
+fn facts_named_beside_the_provenance_fact_come_with_its_records() {
+    let names = names();
+    let owners = owners(Strategy::Freshness);
+    let forged = forged_source_node();
+    let p = pdbmux("merge-facts-beside");
+    let cases = [
+        (
+            "Puppetboard's inventory",
+            json!(["or", ["=", "name", "kernel"], ["=", "name", SOURCE]]),
+            json!(["=", "name", "kernel"]),
+            None,
+        ),
+        (
+            "in over names, under and",
+            json!([
+                "and",
+                ["=", "certname", forged],
+                ["in", "name", ["array", ["kernel", SOURCE]]]
+            ]),
+            json!(["and", ["=", "certname", forged], ["=", "name", "kernel"]]),
+            Some(json!(["=", "certname", forged])),
+        ),
+        (
+            "a name regex matching the source fact",
+            json!(["~", "name", "^(kernel|pdbmux_source)$"]),
+            json!(["=", "name", "kernel"]),
+            None,
+        ),
+    ];
+    for (what, q, others, rest) in cases {
+        let q = q.to_string();
+        let others = others.to_string();
+        let rest = rest.map(|rest| rest.to_string());
+        let mut expected = merge_facts(
+            &direct_records(FACTS, &[("query", &others)]),
+            &names,
+            &owners,
+            Some(SOURCE),
+            false,
+        );
+        let rest_params: Vec<(&str, &str)> = rest.iter().map(|r| ("query", r.as_str())).collect();
+        let every = merge_facts(
+            &direct_records(FACTS, &rest_params),
+            &names,
+            &owners,
+            Some(SOURCE),
+            true,
+        );
+        let sources: Vec<Value> = every.into_iter().filter(|r| is_source(r, SOURCE)).collect();
+        assert!(!sources.is_empty(), "{what}: no node to name");
+        expected.extend(sources);
+        let got = merged_records(&p, FACTS, &[("query", &q)]);
+        assert_eq!(multiset(&got), multiset(&expected), "{what} ({q})");
+    }
 }
 
 /// The certname holding the fixture's upstream `pdbmux_source` fact.
