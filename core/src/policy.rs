@@ -347,7 +347,8 @@ fn source_fact_ask(request: &ParsedRequest, route: &Route, config: &Config) -> O
     let source = config.source_fact.as_str();
     // A constraint naming the provenance fact alone (`=`, or an `or`/`in` of only its name).
     let names_source = |clause: &serde_json::Value| {
-        named_facts(clause).is_some_and(|names| names.iter().all(|name| *name == source))
+        named_facts(clause)
+            .is_some_and(|names| !names.is_empty() && names.iter().all(|name| *name == source))
     };
     let ast = request.parsed_query().ast()?;
     let clauses: Vec<&serde_json::Value> = match ast.as_array().map(Vec::as_slice) {
@@ -462,11 +463,12 @@ fn names_clause(names: &[&str]) -> serde_json::Value {
 /// Reads a `/facts` query naming the provenance fact beside other facts, in a clause of its
 /// top-level `and` (or as the whole query): `["or",["=","name",<source_fact>],["=","name",
 /// "os"],…]`, `["in","name",["array",[…]]]` or `["~","name",<a pattern it matches>]` (read with
-/// Rust's `regex`, as a pattern on its value is). Puppetboard's inventory asks the first when its
-/// facts include the provenance fact. Answered as the other facts' records and then the
-/// provenance fact's own path under the query's other clauses (docs/merging.md, "Provenance"). `None`
-/// for another shape, a paged or ordered request (the two answers are joined, not merged), or
-/// other clauses on a fact's name or value, which would mean a different thing to each part.
+/// Rust's `regex`, as a pattern on its value is). Puppetboard's inventory asks the first when
+/// its facts include the provenance fact. Answered as the other facts' records and then the
+/// provenance fact's own path under the query's other clauses (docs/merging.md,
+/// "Provenance"). `None` for another shape, a paged or ordered request (the two answers are
+/// joined, not merged), or other clauses on a fact's name or value, which would mean a
+/// different thing to each part.
 fn source_beside_others(
     request: &ParsedRequest,
     clauses: &[&serde_json::Value],
@@ -624,12 +626,21 @@ fn plan_beside(
     synthetic: ParsedRequest,
     config: &Arc<Config>,
 ) -> Planned {
-    let records = plan_derived(records, request, config);
-    let synthetic = plan_derived(synthetic, request, config);
-    let (Work::Fanout(first), Work::Fanout(second)) = (records.work, synthetic.work) else {
-        // Neither part is known without asking while the provenance fact is on; were one
-        // refused, the client's request is answered as any other `/facts` query.
-        return plan_parsed(request, config);
+    let records = plan_derived(records, request, config).work;
+    let synthetic = plan_derived(synthetic, request, config).work;
+    let answered = |work, cache| Planned {
+        config: Arc::clone(config),
+        class: route.class(),
+        request: Arc::clone(request),
+        cache,
+        work,
+        waited_out: Vec::new(),
+        map_waits: 0,
+    };
+    let (first, second) = match (records, synthetic) {
+        (Work::Fanout(first), Work::Fanout(second)) => (first, second),
+        // A part answered without asking (its parameters refused): the request's answer.
+        (Work::Fanout(_), work) | (work, _) => return answered(work, None),
     };
     let ttl = route.entity().map_or(Duration::ZERO, |entity| {
         config.cache_ttl(entity.cache_class())
@@ -643,15 +654,7 @@ fn plan_beside(
         ),
         true => None,
     };
-    Planned {
-        config: Arc::clone(config),
-        class: route.class(),
-        request: Arc::clone(request),
-        cache,
-        work: Work::Fanout(Box::new(Concat::new(first, second))),
-        waited_out: Vec::new(),
-        map_waits: 0,
-    }
+    answered(Work::Fanout(Box::new(Concat::new(first, second))), cache)
 }
 
 /// Plans a `/facts` query for the provenance records of several backends: with the cache, it
@@ -832,6 +835,7 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
 mod tests {
     use super::*;
     use crate::config::{BackendConfig, BackendUrl, TlsFiles};
+    use serde_json::json;
 
     fn config() -> Arc<Config> {
         let backend = |name: &str, port| BackendConfig {
@@ -966,6 +970,56 @@ mod tests {
             .work,
             Work::Fanout(_)
         ));
+    }
+
+    #[test]
+    fn the_provenance_fact_beside_others_is_two_requests_and_never_an_empty_list_of_names() {
+        let config = config();
+        let ask = |query: serde_json::Value, extra: &str| {
+            let target = format!(
+                "/pdb/query/v4/facts?query={}{extra}",
+                percent_encoding::utf8_percent_encode(&query.to_string(), SEGMENT)
+            );
+            let request = ParsedRequest::parse(&ClientRequest::get(target));
+            let route = request.route().expect("a route").clone();
+            source_fact_ask(&request, &route, &config)
+        };
+        let or = json!([
+            "and",
+            ["or", ["=", "name", "os"], ["=", "name", "pdbmux_source"]],
+            ["=", "environment", "production"]
+        ]);
+        let Some(SourceAsk::Beside { records, synthetic }) = ask(or.clone(), "") else {
+            panic!("two requests");
+        };
+        assert_eq!(
+            records.parsed_query().ast(),
+            Some(&json!([
+                "and",
+                ["=", "name", "os"],
+                ["=", "environment", "production"]
+            ]))
+        );
+        assert!(synthetic.path().ends_with("/facts/pdbmux_source"));
+        assert_eq!(
+            synthetic.parsed_query().ast(),
+            Some(&json!(["=", "environment", "production"]))
+        );
+        // Joined answers are not merged: an ordered or paged request is not two.
+        assert_eq!(ask(or.clone(), "&limit=5"), None);
+        assert_eq!(
+            ask(or, "&order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D"),
+            None
+        );
+        // Another clause on a fact's name would mean a different thing to each part.
+        let twice = json!([
+            "and",
+            ["in", "name", ["array", ["pdbmux_source", "os"]]],
+            ["~", "name", "o"]
+        ]);
+        assert_eq!(ask(twice, ""), None);
+        // An empty list names no fact: the backends answer it, as one PuppetDB would.
+        assert_eq!(ask(json!(["in", "name", ["array", []]]), ""), None);
     }
 
     #[test]
