@@ -1780,6 +1780,15 @@ fn the_provenance_fact_named_beside_other_facts_is_answered_with_them() {
             json!([source("web1", "pdb-b", "staging")]),
         ),
         (
+            facts(json!(["~", "name", "^(pdbmux|kern)"])),
+            json!([
+                fact("web1", "kernel", "Linux", "staging"),
+                source("web2", "pdb-a", "production"),
+                source("web1", "pdb-b", "staging"),
+                source("web3", "pdb-b", "production"),
+            ]),
+        ),
+        (
             facts(json!([
                 "and",
                 ["~", "name", "^(pdbmux|kern)"],

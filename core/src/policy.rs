@@ -476,9 +476,7 @@ fn source_beside_others(
 ) -> Option<SourceAsk> {
     let source = config.source_fact.as_str();
     // The clause naming the provenance fact and others, and what the backends are asked in
-    // its place: the other names, or the pattern and not the provenance fact. Neither names
-    // the provenance fact in a clause of its own, so the records' request is planned as any
-    // other `/facts` query, not read here again.
+    // its place: the other names, or the pattern and not the provenance fact.
     let (at, others) = clauses.iter().enumerate().find_map(|(at, clause)| {
         if let Some(names) = named_facts(clause) {
             let listed = names.len();
@@ -626,7 +624,10 @@ fn plan_beside(
     synthetic: ParsedRequest,
     config: &Arc<Config>,
 ) -> Planned {
-    let records = plan_derived(records, request, config).work;
+    // The other facts' request is planned as records, not read for the provenance fact again:
+    // its query still names the fact (a pattern, and not the fact's name).
+    // It asks the client's route, `/facts`.
+    let records = plan_records(&Arc::new(records), route, config).work;
     let synthetic = plan_derived(synthetic, request, config).work;
     let answered = |work, cache| Planned {
         config: Arc::clone(config),
@@ -743,7 +744,6 @@ pub(crate) fn plan_translated(
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
 /// cached for its class's TTL (record sets, history, combined answers: docs/caching.md).
 fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>) -> Planned {
-    let params = request.params().clone();
     let uncached = |work| Planned {
         config: Arc::clone(config),
         class: route.class(),
@@ -773,6 +773,22 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         }
         None => {}
     }
+    plan_records(request, route, config)
+}
+
+/// Plans a query of an entity's records (or an aggregate of them) as the backends hold them:
+/// [`plan_query`] once the provenance fact's own shapes are read.
+fn plan_records(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>) -> Planned {
+    let params = request.params().clone();
+    let uncached = |work| Planned {
+        config: Arc::clone(config),
+        class: route.class(),
+        request: Arc::clone(request),
+        cache: None,
+        work,
+        waited_out: Vec::new(),
+        map_waits: 0,
+    };
     let Some(entity) = route.entity() else {
         let target = request.target().to_owned();
         return uncached(Work::Fanout(Box::new(Sequence::first_success(target))));
@@ -1018,6 +1034,28 @@ mod tests {
             ["~", "name", "o"]
         ]);
         assert_eq!(ask(twice, ""), None);
+        // A pattern stays the other facts' constraint, beside not the provenance fact's name;
+        // planned, that request is records (it is not read for the provenance fact again).
+        let pattern = json!(["~", "name", "^(pdbmux|kern)"]);
+        let Some(SourceAsk::Beside { records, .. }) = ask(pattern.clone(), "") else {
+            panic!("two requests");
+        };
+        assert_eq!(
+            records.parsed_query().ast(),
+            Some(&json!([
+                "and",
+                pattern,
+                ["not", ["=", "name", "pdbmux_source"]]
+            ]))
+        );
+        let target = format!(
+            "/pdb/query/v4/facts?query={}",
+            percent_encoding::utf8_percent_encode(&pattern.to_string(), SEGMENT)
+        );
+        assert!(matches!(
+            plan(&ClientRequest::get(target), &config).work,
+            Work::Fanout(_)
+        ));
         // An empty list names no fact: the backends answer it, as one PuppetDB would.
         assert_eq!(ask(json!(["in", "name", ["array", []]]), ""), None);
     }
