@@ -1060,6 +1060,81 @@ mod tests {
         assert_eq!(ask(json!(["in", "name", ["array", []]]), ""), None);
     }
 
+    /// A clause of a `/facts` query as Puppetboard, pypuppetdb or an operator writes one: on
+    /// the name (the provenance fact's among others), the value, the environment, combined.
+    fn facts_clause() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let name = prop_oneof![Just("pdbmux_source"), Just("os"), Just("kernel")];
+        let leaf = prop_oneof![
+            name.clone().prop_map(|n| json!(["=", "name", n])),
+            proptest::collection::vec(name, 0..4).prop_map(|names| json!([
+                "in",
+                "name",
+                ["array", names]
+            ])),
+            prop_oneof![
+                Just("^pdbmux"),
+                Just("o"),
+                Just("^(pdbmux|kern)"),
+                Just("(")
+            ]
+            .prop_map(|p| json!(["~", "name", p])),
+            prop_oneof![Just("pdb-a"), Just("x")].prop_map(|v| json!(["=", "value", v])),
+            Just(json!(["~", "value", "^pdb"])),
+            Just(json!(["=", "environment", "production"])),
+        ];
+        let combined = leaf.clone().prop_recursive(3, 12, 3, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 1..4).prop_map(|c| {
+                    let mut or = vec![json!("or")];
+                    or.extend(c);
+                    serde_json::Value::Array(or)
+                }),
+                proptest::collection::vec(inner.clone(), 1..4).prop_map(|c| {
+                    let mut and = vec![json!("and")];
+                    and.extend(c);
+                    serde_json::Value::Array(and)
+                }),
+                inner.prop_map(|c| json!(["not", c])),
+            ]
+        });
+        // A lone clause as often as a combination: Puppetboard's queries are mostly one or two.
+        prop_oneof![leaf, combined]
+    }
+
+    proptest::proptest! {
+        /// Planning a `/facts` query or the provenance fact's own path ends, whatever names the
+        /// query constrains and how, and the provenance fact named beside other facts is two
+        /// plans joined once: a plan that read its own derived request again nested until the
+        /// request grew too long (answered `[]`), and once planned that again until the stack
+        /// overflowed.
+        #[test]
+        fn any_facts_query_plans_once(
+            query in facts_clause(),
+            on_path in proptest::bool::ANY,
+            extra in proptest::sample::select(vec!["", "&limit=3", "&order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D"]),
+        ) {
+            let config = config();
+            let path = if on_path { "/pdb/query/v4/facts/pdbmux_source" } else { "/pdb/query/v4/facts" };
+            let target = format!(
+                "{path}?query={}{extra}",
+                percent_encoding::utf8_percent_encode(&query.to_string(), SEGMENT)
+            );
+            let planned = plan(&ClientRequest::get(target.clone()), &config);
+            let request = ParsedRequest::parse(&ClientRequest::get(target.clone()));
+            let route = request.route().expect("a route").clone();
+            if let Some(SourceAsk::Beside { .. }) = source_fact_ask(&request, &route, &config) {
+                let Work::Fanout(work) = &planned.work else {
+                    return Err(proptest::test_runner::TestCaseError::fail(format!(
+                        "{target}: two requests, not asked"
+                    )));
+                };
+                let joined = format!("{work:?}").matches("Concat").count();
+                proptest::prop_assert_eq!(joined, 1, "{}", target);
+            }
+        }
+    }
+
     #[test]
     fn every_entity_is_merged_on_its_own_path() {
         let config = config();
