@@ -559,20 +559,26 @@ fn gated(target: &str) -> (Harness, Value, String) {
 }
 
 #[test]
-fn facts_gate_outer_name_constraint() {
-    // A name constraint that admits the impostor: it comes back from pdb-a and is dropped, and
-    // no synthetic record is written (the provenance fact named beside other facts is answered
-    // with them: `the_provenance_fact_named_beside_other_facts_is_answered_with_them`).
-    let (_, body, transcript) = gated(&form_target(
+fn a_name_constraint_admitting_the_provenance_fact_drops_the_impostor_and_writes_its_own() {
+    // A name constraint that admits the impostor: it comes back from pdb-a and is dropped; the
+    // constraint admits the provenance fact too, so each node's record is pdbmux's own, from
+    // its facts owner (pdb-b's factset of web1 is the newer), asked as the fact's own path.
+    let mut h = shared_facts_harness(|_| {});
+    let c = h.get(&form_target(
         "/pdb/query/v4/facts",
         &[("query", r#"["not",["=","name","kernel"]]"#)],
     ));
+    let transcript = run(&mut h);
+    let body = body_json(&h, c);
     assert_eq!(
         body,
         json!([
             fact("web2", "os", "Debian", "production"),
             fact("web1", "os", "Ubuntu", "staging"),
             fact("web3", "os", "Alpine", "production"),
+            fact("web2", "pdbmux_source", "pdb-a", "production"),
+            fact("web1", "pdbmux_source", "pdb-b", "staging"),
+            fact("web3", "pdbmux_source", "pdb-b", "production"),
         ])
     );
     insta::assert_snapshot!(transcript);
@@ -1716,6 +1722,108 @@ fn the_provenance_fact_value_in_a_query_on_its_own_path_keeps_the_backends_it_na
                 rows.sort_by_key(|row| row["certname"].as_str().map(str::to_owned));
             }
             assert_eq!(&got, want, "{asked} (facts_ttl {ttl}s)");
+        }
+    }
+}
+
+/// Any constraint on the provenance fact's name or value, anywhere in the query, is decided by
+/// pdbmux for the fact (its value the facts owner's name), per backend, and the rest of the
+/// query by the backends: the answer is what one PuppetDB holding the fact would give. A `not`
+/// on the name, a value below an `or` (a part per backend: each keeps its own), a value below a
+/// `not`, its own path with a name or value clause, and an environment's sub-route.
+#[test]
+fn the_provenance_fact_under_any_constraint_is_what_one_puppetdb_holding_it_would_answer() {
+    let facts = |query: Value| with_query("/pdb/query/v4/facts", &query, "");
+    let path =
+        |below: &str, query: Value| with_query(&format!("/pdb/query/v4/{below}"), &query, "");
+    let cases = [
+        (
+            facts(json!([
+                "and",
+                ["not", ["in", "name", ["array", ["kernel", "os"]]]],
+                ["=", "environment", "production"]
+            ])),
+            json!([
+                source("web2", "pdb-a", "production"),
+                source("web3", "pdb-b", "production"),
+            ]),
+        ),
+        (
+            facts(json!([
+                "and",
+                ["=", "name", "pdbmux_source"],
+                [
+                    "or",
+                    ["=", "value", "pdb-a"],
+                    ["=", "environment", "staging"]
+                ]
+            ])),
+            json!([
+                source("web2", "pdb-a", "production"),
+                source("web1", "pdb-b", "staging"),
+            ]),
+        ),
+        (
+            facts(json!([
+                "and",
+                ["~", "name", "source$"],
+                ["not", ["=", "value", "pdb-a"]]
+            ])),
+            json!([
+                source("web1", "pdb-b", "staging"),
+                source("web3", "pdb-b", "production"),
+            ]),
+        ),
+        (
+            path("facts/pdbmux_source", json!(["=", "name", "pdbmux_source"])),
+            json!([
+                source("web2", "pdb-a", "production"),
+                source("web1", "pdb-b", "staging"),
+                source("web3", "pdb-b", "production"),
+            ]),
+        ),
+        (
+            path(
+                "facts/pdbmux_source/pdb-b",
+                json!([
+                    "and",
+                    ["=", "value", "pdb-b"],
+                    ["=", "environment", "production"]
+                ]),
+            ),
+            json!([source("web3", "pdb-b", "production")]),
+        ),
+        (
+            path("facts/pdbmux_source", json!(["=", "name", "kernel"])),
+            json!([]),
+        ),
+        (
+            path(
+                "environments/staging/facts",
+                json!([
+                    "or",
+                    ["=", "name", "kernel"],
+                    ["=", "name", "pdbmux_source"]
+                ]),
+            ),
+            json!([
+                fact("web1", "kernel", "Linux", "staging"),
+                source("web1", "pdb-b", "staging"),
+            ]),
+        ),
+    ];
+    for ttl in [0, 30] {
+        for (asked, want) in &cases {
+            let mut h = shared_facts_harness(|config| {
+                config.facts_ttl = std::time::Duration::from_secs(ttl);
+            });
+            let c = h.get(asked);
+            finish(&mut h);
+            assert_eq!(&body_json(&h, c), want, "{asked} (facts_ttl {ttl}s)");
+            let response = h.response(c).expect("one response");
+            // A name no fact has is answered at once, asking nobody.
+            let counted = (want != &json!([])).then_some("2/2");
+            assert_eq!(response.header("x-backends"), counted, "{asked}");
         }
     }
 }

@@ -1,7 +1,9 @@
 //! One request answered by two record plans together: each makes its own calls, and the answer
-//! is the records of both, the first's then the second's. A `/facts` query that names the
-//! provenance fact beside other facts is two questions: the other facts, which the backends
-//! hold, and the provenance records, which pdbmux writes (docs/merging.md, "Provenance").
+//! is the records of both, the first's then the second's (nested, by as many as it takes). A
+//! `/facts` query whose constraints admit the provenance fact and other facts is several
+//! questions: the other facts, which the backends hold, and the provenance records, which
+//! pdbmux writes, one part for each query its constraints leave the backends (docs/merging.md,
+//! "Provenance").
 //!
 //! The two plans' calls share the exchange: plan `which`'s part `p` is the exchange's part
 //! `p * 2 + which`, and each plan sees only its own calls, numbered as it made them. Both are

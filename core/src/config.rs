@@ -423,6 +423,25 @@ impl Config {
             cache_max_entry_bytes: 8 * 1024 * 1024,
         }
     }
+
+    /// A configuration with every default and these backends, named and on these ports of the
+    /// loopback address over HTTP; for the core's tests.
+    #[cfg(test)]
+    pub(crate) fn on_loopback(backends: &[(&str, u16)]) -> Config {
+        let backends = backends
+            .iter()
+            .map(|(name, port)| BackendConfig {
+                name: (*name).into(),
+                url: BackendUrl {
+                    scheme: "http".into(),
+                    host: "127.0.0.1".into(),
+                    port: Some(*port),
+                },
+                tls: TlsFiles::default(),
+            })
+            .collect();
+        Config::with_backends(backends)
+    }
 }
 
 #[cfg(test)]

@@ -69,6 +69,7 @@ mod route;
 mod scrub;
 mod sequence;
 mod sort;
+mod source_ask;
 pub mod stats;
 mod status;
 mod streamed;

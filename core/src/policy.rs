@@ -19,7 +19,6 @@ use crate::asked_of_all::AskedOfAll;
 use crate::cache::{self, Cacheable};
 use crate::concat::Concat;
 use crate::config::{CacheClass, Config};
-use crate::entity::Entity;
 use crate::fanout::Plan;
 use crate::jolokia::JolokiaPlan;
 use crate::merge::RecordPlan;
@@ -31,6 +30,7 @@ use crate::query::{Params, QueryText};
 use crate::root::{self, Pql, RootQuery};
 use crate::route::{Route, RouteClass};
 use crate::sequence::{Holder, Sequence};
+use crate::source_ask::{self, SourceAsk, SourcePart};
 
 /// A request read and planned once: what [`crate::Estate::admit`] takes.
 #[derive(Debug)]
@@ -300,335 +300,33 @@ fn plan_within(
     }
 }
 
-/// What a path segment keeps unencoded: the unreserved characters.
-const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'~');
-
-/// What a `/facts` query that asks for the provenance fact by name resolves to: the backends
-/// hold no such fact, so only its own path answers it (docs/merging.md, "Provenance").
-#[derive(Debug, PartialEq)]
-enum SourceAsk {
-    /// The provenance fact's own path, `/facts/<source_fact>[/<value>]`, with the request's
-    /// other parameters.
-    Path(ParsedRequest),
-    /// The records naming one of several backends (but not all): the whole path narrowed.
-    Values {
-        whole: ParsedRequest,
-        values: Vec<String>,
-    },
-    /// A value constraint no backend's name meets: no records.
-    Nothing,
-    /// A value constraint pdbmux cannot evaluate (a regular expression it cannot compile).
-    Refused(String),
-    /// The provenance fact named beside other facts (an `or` or `in` of names, a pattern on the
-    /// name; Puppetboard's inventory asks the first): the other facts' records (`records`, the
-    /// request without the provenance fact's name) and then the provenance records of the nodes
-    /// the rest of the query admits (`synthetic`, its own path).
-    Beside {
-        records: ParsedRequest,
-        synthetic: ParsedRequest,
-    },
-}
-
-/// Reads a request for the provenance fact with a constraint on its value: a `/facts` query
-/// naming it (`["=","name",<source_fact>]`), or a query on its own path `/facts/<source_fact>`
-/// (Puppetboard's fact value page), alone or in an `and` with other clauses. The constraints on
-/// `value` (`=`, `in` over an `array`, `~`) are decided here against the backends' names, since
-/// no backend holds the fact; every other clause (an environment, a certname) goes to the
-/// backends with the path's request. `None` when the request is not such a one.
-fn source_fact_ask(request: &ParsedRequest, route: &Route, config: &Config) -> Option<SourceAsk> {
-    let entity = route.entity()?;
-    if !entity.carries_provenance() || !config.source_fact_enabled {
-        return None;
-    }
-    let source = config.source_fact.as_str();
-    // A constraint naming the provenance fact alone (`=`, or an `or`/`in` of only its name).
-    let names_source = |clause: &serde_json::Value| {
-        named_facts(clause)
-            .is_some_and(|names| !names.is_empty() && names.iter().all(|name| *name == source))
-    };
-    let ast = request.parsed_query().ast()?;
-    let clauses: Vec<&serde_json::Value> = match ast.as_array().map(Vec::as_slice) {
-        Some([op, clauses @ ..]) if op == "and" => clauses.iter().collect(),
-        _ => vec![ast],
-    };
-    if let Route::Query(_) = route {
-        if let Some(beside) = source_beside_others(request, &clauses, config) {
-            return Some(beside);
-        }
-    }
-    let on_path = match route {
-        Route::Query(_) if clauses.iter().any(|c| names_source(c)) => false,
-        Route::FactsByName { name, value: None }
-            if percent_encoding::percent_decode_str(name).decode_utf8_lossy()
-                == config.source_fact.as_str() =>
-        {
-            true
-        }
-        _ => return None,
-    };
-    let (values, rest): (Vec<&serde_json::Value>, Vec<&serde_json::Value>) = clauses
-        .into_iter()
-        .filter(|clause| !names_source(clause))
-        .partition(|clause| is_value_constraint(clause));
-    if on_path && values.is_empty() {
-        // The path's own merge reads any other query.
-        return None;
-    }
-    let kept_query = and_of(rest.into_iter().cloned().collect());
-    let target = |value: Option<&str>| {
-        let mut path = source_path(entity, config);
-        if let Some(value) = value {
-            path.push('/');
-            path.extend(percent_encoding::utf8_percent_encode(value, SEGMENT));
-        }
-        with_query(path, request.params(), kept_query.clone())
-    };
-    let names: Vec<&str> = config.backends.iter().map(|b| b.name.as_str()).collect();
-    // Each value constraint narrows the backends named; all of them must hold.
-    let mut matching: Vec<&str> = names.clone();
-    for clause in values {
-        match value_matches(clause, &names) {
-            Ok(kept) => matching.retain(|name| kept.contains(name)),
-            Err((pattern, error)) => {
-                return Some(SourceAsk::Refused(format!(
-                    "pdbmux: the regular expression {pattern:?} on {} cannot be read: {error}",
-                    config.source_fact
-                )))
-            }
-        }
-    }
-    Some(match matching.as_slice() {
-        [] => SourceAsk::Nothing,
-        [one] => SourceAsk::Path(target(Some(one))),
-        all if all.len() == names.len() => SourceAsk::Path(target(None)),
-        _ => SourceAsk::Values {
-            whole: target(None),
-            values: matching.iter().map(|name| (*name).to_owned()).collect(),
-        },
-    })
-}
-
-/// The fact names a constraint on `name` alone admits: `["=","name",n]`, an `or` of those, or
-/// `["in","name",["array",[n, …]]]`; `None` for any other clause.
-fn named_facts(clause: &serde_json::Value) -> Option<Vec<&str>> {
-    match clause.as_array().map(Vec::as_slice)? {
-        [op, field, serde_json::Value::String(name)] if op == "=" && field == "name" => {
-            Some(vec![name.as_str()])
-        }
-        [op, field, list] if op == "in" && field == "name" => {
-            match list.as_array().map(Vec::as_slice)? {
-                [array, serde_json::Value::Array(names)] if array == "array" => {
-                    names.iter().map(serde_json::Value::as_str).collect()
-                }
-                _ => None,
-            }
-        }
-        [op, disjuncts @ ..] if op == "or" && !disjuncts.is_empty() => {
-            let mut names = Vec::new();
-            for disjunct in disjuncts {
-                match disjunct.as_array().map(Vec::as_slice)? {
-                    [op, field, serde_json::Value::String(name)]
-                        if op == "=" && field == "name" =>
-                    {
-                        names.push(name.as_str())
-                    }
-                    _ => return None,
-                }
-            }
-            Some(names)
-        }
-        _ => None,
-    }
-}
-
-/// A constraint admitting exactly `names`: `["=","name",n]` for one, an `or` of those for more.
-fn names_clause(names: &[&str]) -> serde_json::Value {
-    match names {
-        [one] => serde_json::json!(["=", "name", one]),
-        many => {
-            let mut or = vec![serde_json::Value::from("or")];
-            or.extend(
-                many.iter()
-                    .map(|name| serde_json::json!(["=", "name", name])),
-            );
-            serde_json::Value::Array(or)
-        }
-    }
-}
-
-/// Reads a `/facts` query naming the provenance fact beside other facts, in a clause of its
-/// top-level `and` (or as the whole query): `["or",["=","name",<source_fact>],["=","name",
-/// "os"],…]`, `["in","name",["array",[…]]]` or `["~","name",<a pattern it matches>]` (read with
-/// Rust's `regex`, as a pattern on its value is). Puppetboard's inventory asks the first when
-/// its facts include the provenance fact. Answered as the other facts' records and then the
-/// provenance fact's own path under the query's other clauses (docs/merging.md,
-/// "Provenance"). `None` for another shape, a paged or ordered request (the two answers are
-/// joined, not merged), or other clauses on a fact's name or value, which would mean a
-/// different thing to each part.
-fn source_beside_others(
-    request: &ParsedRequest,
-    clauses: &[&serde_json::Value],
-    config: &Config,
-) -> Option<SourceAsk> {
-    let source = config.source_fact.as_str();
-    // The clause naming the provenance fact and others, and what the backends are asked in
-    // its place: the other names, or the pattern and not the provenance fact.
-    let (at, others) = clauses.iter().enumerate().find_map(|(at, clause)| {
-        if let Some(names) = named_facts(clause) {
-            let listed = names.len();
-            let others: Vec<&str> = names.into_iter().filter(|name| *name != source).collect();
-            return (others.len() < listed && !others.is_empty())
-                .then(|| (at, names_clause(&others)));
-        }
-        match clause.as_array().map(Vec::as_slice)? {
-            [op, field, serde_json::Value::String(pattern)] if op == "~" && field == "name" => {
-                let regex = regex::Regex::new(pattern).ok()?;
-                let others = serde_json::json!(["and", clause, ["not", ["=", "name", source]]]);
-                regex.is_match(source).then_some((at, others))
-            }
-            _ => None,
-        }
-    })?;
-    let params = request.params();
-    let ordered_or_paged = ["order_by", "limit", "offset", "include_total"]
-        .iter()
-        .any(|key| params.get(key).is_some());
-    let rest: Vec<&serde_json::Value> = clauses
-        .iter()
-        .enumerate()
-        .filter(|(index, _)| *index != at)
-        .map(|(_, clause)| *clause)
-        .collect();
-    let names_a_fact = rest.iter().any(|clause| {
-        named_facts(clause).is_some()
-            || matches!(clause.as_array().map(Vec::as_slice),
-                Some([_, field, _]) if field == "name" || field == "value")
-    });
-    if ordered_or_paged || names_a_fact {
-        return None;
-    }
-    let mut records_clauses: Vec<serde_json::Value> =
-        clauses.iter().map(|clause| (*clause).clone()).collect();
-    records_clauses[at] = others;
-    let entity = request.route().ok()?.entity()?;
-    Some(SourceAsk::Beside {
-        records: with_query(
-            entity.path_static().to_owned(),
-            params,
-            and_of(records_clauses),
-        ),
-        synthetic: with_query(
-            source_path(entity, config),
-            params,
-            and_of(rest.into_iter().cloned().collect()),
-        ),
-    })
-}
-
-/// The provenance fact's own path, `/facts/<source_fact>`.
-fn source_path(entity: Entity, config: &Config) -> String {
-    format!(
-        "{}/{}",
-        entity.path_static(),
-        percent_encoding::utf8_percent_encode(&config.source_fact, SEGMENT)
-    )
-}
-
-/// Clauses as one query: none, the one, or their `and`.
-fn and_of(clauses: Vec<serde_json::Value>) -> Option<serde_json::Value> {
-    match clauses.len() {
-        0 => None,
-        1 => clauses.into_iter().next(),
-        _ => {
-            let mut and = vec![serde_json::Value::from("and")];
-            and.extend(clauses);
-            Some(serde_json::Value::Array(and))
-        }
-    }
-}
-
-/// A request of `path` with `params` but their `query`, and `query` in its place.
-fn with_query(path: String, params: &Params, query: Option<serde_json::Value>) -> ParsedRequest {
-    let mut kept = Params::default();
-    for param in params.iter().filter(|p| p.key() != "query") {
-        kept.set(param.key(), param.value());
-    }
-    if let Some(query) = &query {
-        kept.set("query", &query.to_string());
-    }
-    let kept = kept.to_query_string();
-    let target = match kept.is_empty() {
-        true => path,
-        false => format!("{path}?{kept}"),
-    };
-    ParsedRequest::derived(target, query)
-}
-
-/// Whether `clause` constrains the fact's value in a way pdbmux decides for the provenance fact:
-/// `=` a string, `in` an `array` of strings, `~` a pattern.
-fn is_value_constraint(clause: &serde_json::Value) -> bool {
-    match clause.as_array().map(Vec::as_slice) {
-        Some([op, field, serde_json::Value::String(_)]) => {
-            (op == "=" || op == "~") && field == "value"
-        }
-        Some([op, field, list]) => {
-            op == "in"
-                && field == "value"
-                && matches!(list.as_array().map(Vec::as_slice),
-                    Some([array, serde_json::Value::Array(_)]) if array == "array")
-        }
-        _ => false,
-    }
-}
-
-/// The backend names among `names` that a value constraint ([`is_value_constraint`]) admits;
-/// a pattern that does not compile, with why.
-fn value_matches<'a>(
-    clause: &serde_json::Value,
-    names: &[&'a str],
-) -> Result<Vec<&'a str>, (String, regex::Error)> {
-    let admits: Box<dyn Fn(&str) -> bool> = match clause.as_array().map(Vec::as_slice) {
-        Some([op, _, serde_json::Value::String(value)]) if op == "=" => {
-            let value = value.clone();
-            Box::new(move |name| name == value)
-        }
-        Some([op, _, serde_json::Value::String(pattern)]) if op == "~" => {
-            let regex = regex::Regex::new(pattern).map_err(|error| (pattern.clone(), error))?;
-            Box::new(move |name| regex.is_match(name))
-        }
-        Some([_, _, list]) => {
-            let listed: Vec<String> = list
-                .get(1)
-                .and_then(serde_json::Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(|value| value.as_str().map(str::to_owned))
-                .collect();
-            Box::new(move |name| listed.iter().any(|value| value == name))
-        }
-        _ => return Ok(Vec::new()),
-    };
-    Ok(names.iter().copied().filter(|name| admits(name)).collect())
-}
-
-/// Plans a `/facts` query naming the provenance fact beside other facts ([`SourceAsk::Beside`]):
-/// the two requests' plans answer it together, their records joined, cached under the client's
-/// request as a `/facts` answer is.
-fn plan_beside(
+/// Plans the provenance records of one part ([`SourcePart`]) as the client's own plan: its path,
+/// or, narrowed to several backends, [`plan_source_values`].
+fn plan_source_part(
     (request, route): (&Arc<ParsedRequest>, &Route),
-    records: ParsedRequest,
-    synthetic: ParsedRequest,
+    part: SourcePart,
     config: &Arc<Config>,
 ) -> Planned {
-    // The other facts' request is planned as records, not read for the provenance fact again:
-    // its query still names the fact (a pattern, and not the fact's name).
-    // It asks the client's route, `/facts`.
-    let records = plan_records(&Arc::new(records), route, config).work;
-    let synthetic = plan_derived(synthetic, request, config).work;
+    match part.values {
+        None => plan_derived(part.request, request, config),
+        // Planned again from the client's request, so its values come with it.
+        Some(values) => Planned {
+            request: Arc::clone(request),
+            ..plan_source_values((request, route), part.request, values, config)
+        },
+    }
+}
+
+/// Plans a `/facts` query answered by several record sets joined ([`SourceAsk::Joined`]): the
+/// other facts' records, when the query admits them, then each part's provenance records; the
+/// plans answer it together (`core/src/concat.rs`), cached under the client's request as a
+/// `/facts` answer is.
+fn plan_joined(
+    (request, route): (&Arc<ParsedRequest>, &Route),
+    records: bool,
+    parts: Vec<SourcePart>,
+    config: &Arc<Config>,
+) -> Planned {
     let answered = |work, cache| Planned {
         config: Arc::clone(config),
         class: route.class(),
@@ -638,10 +336,38 @@ fn plan_beside(
         waited_out: Vec::new(),
         map_waits: 0,
     };
-    let (first, second) = match (records, synthetic) {
-        (Work::Fanout(first), Work::Fanout(second)) => (first, second),
-        // A part answered without asking (its parameters refused): the request's answer.
-        (Work::Fanout(_), work) | (work, _) => return answered(work, None),
+    let mut works = Vec::with_capacity(parts.len() + 1);
+    if records {
+        // The client's request as the backends answer it, planned as records: it is not read
+        // for the provenance fact again.
+        works.push(plan_records(request, route, config).work);
+    }
+    // Each part's own merge, uncached: a cached plan of a value's path fetches the whole record
+    // set and leaves the value to the cache, which a joined answer does not pass through.
+    works.extend(
+        parts
+            .into_iter()
+            .map(|part| source_part_work(&part.request, part.values, config)),
+    );
+    let mut plans: Vec<Box<dyn Plan>> = Vec::with_capacity(works.len());
+    for work in works {
+        match work {
+            Work::Fanout(plan) => plans.push(plan),
+            // A part answered without asking: nothing to join when it is empty, else (its
+            // parameters refused) the request's answer.
+            Work::Local(response)
+                if response.status == StatusCode::OK
+                    && response
+                        .full_body()
+                        .is_some_and(|body| body.trim_ascii() == b"[]") => {}
+            work => return answered(work, None),
+        }
+    }
+    let Some(plan) = plans
+        .into_iter()
+        .reduce(|first, second| Box::new(Concat::new(first, second)))
+    else {
+        return answered(Work::Local(Response::json(StatusCode::OK, "[]")), None);
     };
     let ttl = route.entity().map_or(Duration::ZERO, |entity| {
         config.cache_ttl(entity.cache_class())
@@ -655,7 +381,7 @@ fn plan_beside(
         ),
         true => None,
     };
-    answered(Work::Fanout(Box::new(Concat::new(first, second))), cache)
+    answered(Work::Fanout(plan), cache)
 }
 
 /// Plans a `/facts` query for the provenance records of several backends: with the cache, it
@@ -686,32 +412,46 @@ fn plan_source_values(
             });
         }
         None => {
-            let Ok(whole_route) = whole_request.route() else {
-                return planned;
-            };
-            let Some(entity) = whole_route.entity() else {
-                return planned;
-            };
             if let Work::Fanout(_) = planned.work {
-                let plan = RecordPlan::plan(
-                    whole_route,
-                    entity,
-                    whole_request.path(),
-                    whole_request.params().clone(),
-                    Arc::clone(whole_request.parsed_query()),
-                    config,
-                );
-                planned.work = match plan {
-                    Ok(mut plan) => {
-                        plan.keep_sources(values);
-                        Work::Fanout(Box::new(plan))
-                    }
-                    Err(response) => Work::Local(*response),
-                };
+                planned.work = source_part_work(&whole_request, Some(values), config);
             }
         }
     }
     planned
+}
+
+/// The merge of the provenance fact's own path (`part`, a path pdbmux derived), uncached,
+/// keeping only the records of `values` when given: a part of an answer narrowed to several
+/// backends, or one of several parts joined.
+fn source_part_work(
+    part: &ParsedRequest,
+    values: Option<Vec<String>>,
+    config: &Arc<Config>,
+) -> Work {
+    let planned = part.route().ok().and_then(|route| {
+        let entity = route.entity()?;
+        let params = part.params().clone();
+        let query = Arc::clone(part.parsed_query());
+        Some(RecordPlan::plan(
+            route,
+            entity,
+            part.path(),
+            params,
+            query,
+            config,
+        ))
+    });
+    match planned {
+        Some(Ok(mut plan)) => {
+            if let Some(values) = values {
+                plan.keep_sources(values);
+            }
+            Work::Fanout(Box::new(plan))
+        }
+        Some(Err(response)) => Work::Local(*response),
+        // Not a record route (a derived path always is): planned as it is.
+        None => plan_parsed(&Arc::new(part.clone()), config).work,
+    }
 }
 
 /// Plans PQL once a backend translated it (`translation`, the body of its `ast_only=true`
@@ -753,23 +493,16 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         waited_out: Vec::new(),
         map_waits: 0,
     };
-    match source_fact_ask(request, route, config) {
-        Some(SourceAsk::Path(derived)) => return plan_derived(derived, request, config),
-        Some(SourceAsk::Values { whole, values }) => {
-            // Planned again from the client's request, so its values come with it.
-            return Planned {
-                request: Arc::clone(request),
-                ..plan_source_values((request, route), whole, values, config)
-            };
-        }
+    match source_ask::read(request, route, config) {
+        Some(SourceAsk::Part(part)) => return plan_source_part((request, route), part, config),
         Some(SourceAsk::Nothing) => {
             return uncached(Work::Local(Response::json(StatusCode::OK, "[]")))
         }
         Some(SourceAsk::Refused(message)) => {
             return uncached(Work::Local(Response::refusal(message)))
         }
-        Some(SourceAsk::Beside { records, synthetic }) => {
-            return plan_beside((request, route), records, synthetic, config)
+        Some(SourceAsk::Joined { records, parts }) => {
+            return plan_joined((request, route), records, parts, config)
         }
         None => {}
     }
@@ -850,23 +583,11 @@ fn plan_records(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{BackendConfig, BackendUrl, TlsFiles};
-    use serde_json::json;
+    use crate::entity::Entity;
+    use crate::source_ask::SEGMENT;
 
     fn config() -> Arc<Config> {
-        let backend = |name: &str, port| BackendConfig {
-            name: name.into(),
-            url: BackendUrl {
-                scheme: "http".into(),
-                host: "127.0.0.1".into(),
-                port: Some(port),
-            },
-            tls: TlsFiles::default(),
-        };
-        Arc::new(Config::with_backends(vec![
-            backend("pdb-a", 1),
-            backend("pdb-b", 2),
-        ]))
+        Arc::new(Config::on_loopback(&[("pdb-a", 1), ("pdb-b", 2)]))
     }
 
     #[test]
@@ -988,129 +709,15 @@ mod tests {
         ));
     }
 
-    #[test]
-    fn the_provenance_fact_beside_others_is_two_requests_and_never_an_empty_list_of_names() {
-        let config = config();
-        let ask = |query: serde_json::Value, extra: &str| {
-            let target = format!(
-                "/pdb/query/v4/facts?query={}{extra}",
-                percent_encoding::utf8_percent_encode(&query.to_string(), SEGMENT)
-            );
-            let request = ParsedRequest::parse(&ClientRequest::get(target));
-            let route = request.route().expect("a route").clone();
-            source_fact_ask(&request, &route, &config)
-        };
-        let or = json!([
-            "and",
-            ["or", ["=", "name", "os"], ["=", "name", "pdbmux_source"]],
-            ["=", "environment", "production"]
-        ]);
-        let Some(SourceAsk::Beside { records, synthetic }) = ask(or.clone(), "") else {
-            panic!("two requests");
-        };
-        assert_eq!(
-            records.parsed_query().ast(),
-            Some(&json!([
-                "and",
-                ["=", "name", "os"],
-                ["=", "environment", "production"]
-            ]))
-        );
-        assert!(synthetic.path().ends_with("/facts/pdbmux_source"));
-        assert_eq!(
-            synthetic.parsed_query().ast(),
-            Some(&json!(["=", "environment", "production"]))
-        );
-        // Joined answers are not merged: an ordered or paged request is not two.
-        assert_eq!(ask(or.clone(), "&limit=5"), None);
-        assert_eq!(
-            ask(or, "&order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D"),
-            None
-        );
-        // Another clause on a fact's name would mean a different thing to each part.
-        let twice = json!([
-            "and",
-            ["in", "name", ["array", ["pdbmux_source", "os"]]],
-            ["~", "name", "o"]
-        ]);
-        assert_eq!(ask(twice, ""), None);
-        // A pattern stays the other facts' constraint, beside not the provenance fact's name;
-        // planned, that request is records (it is not read for the provenance fact again).
-        let pattern = json!(["~", "name", "^(pdbmux|kern)"]);
-        let Some(SourceAsk::Beside { records, .. }) = ask(pattern.clone(), "") else {
-            panic!("two requests");
-        };
-        assert_eq!(
-            records.parsed_query().ast(),
-            Some(&json!([
-                "and",
-                pattern,
-                ["not", ["=", "name", "pdbmux_source"]]
-            ]))
-        );
-        let target = format!(
-            "/pdb/query/v4/facts?query={}",
-            percent_encoding::utf8_percent_encode(&pattern.to_string(), SEGMENT)
-        );
-        assert!(matches!(
-            plan(&ClientRequest::get(target), &config).work,
-            Work::Fanout(_)
-        ));
-        // An empty list names no fact: the backends answer it, as one PuppetDB would.
-        assert_eq!(ask(json!(["in", "name", ["array", []]]), ""), None);
-    }
-
-    /// A clause of a `/facts` query as Puppetboard, pypuppetdb or an operator writes one: on
-    /// the name (the provenance fact's among others), the value, the environment, combined.
-    fn facts_clause() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
-        use proptest::prelude::*;
-        let name = prop_oneof![Just("pdbmux_source"), Just("os"), Just("kernel")];
-        let leaf = prop_oneof![
-            name.clone().prop_map(|n| json!(["=", "name", n])),
-            proptest::collection::vec(name, 0..4).prop_map(|names| json!([
-                "in",
-                "name",
-                ["array", names]
-            ])),
-            prop_oneof![
-                Just("^pdbmux"),
-                Just("o"),
-                Just("^(pdbmux|kern)"),
-                Just("(")
-            ]
-            .prop_map(|p| json!(["~", "name", p])),
-            prop_oneof![Just("pdb-a"), Just("x")].prop_map(|v| json!(["=", "value", v])),
-            Just(json!(["~", "value", "^pdb"])),
-            Just(json!(["=", "environment", "production"])),
-        ];
-        let combined = leaf.clone().prop_recursive(3, 12, 3, |inner| {
-            prop_oneof![
-                proptest::collection::vec(inner.clone(), 1..4).prop_map(|c| {
-                    let mut or = vec![json!("or")];
-                    or.extend(c);
-                    serde_json::Value::Array(or)
-                }),
-                proptest::collection::vec(inner.clone(), 1..4).prop_map(|c| {
-                    let mut and = vec![json!("and")];
-                    and.extend(c);
-                    serde_json::Value::Array(and)
-                }),
-                inner.prop_map(|c| json!(["not", c])),
-            ]
-        });
-        // A lone clause as often as a combination: Puppetboard's queries are mostly one or two.
-        prop_oneof![leaf, combined]
-    }
-
     proptest::proptest! {
-        /// Planning a `/facts` query or the provenance fact's own path ends, whatever names the
-        /// query constrains and how, and the provenance fact named beside other facts is two
-        /// plans joined once: a plan that read its own derived request again nested until the
-        /// request grew too long (answered `[]`), and once planned that again until the stack
-        /// overflowed.
+        /// Planning a `/facts` query or the provenance fact's own path ends, whatever names and
+        /// values the query constrains and how, and an answer of several parts is each part
+        /// planned once and joined: a plan that read its own derived request again nested until
+        /// the request grew too long (answered `[]`), and once planned that again until the
+        /// stack overflowed.
         #[test]
         fn any_facts_query_plans_once(
-            query in facts_clause(),
+            query in crate::source_ask::tests::facts_clause(),
             on_path in proptest::bool::ANY,
             extra in proptest::sample::select(vec!["", "&limit=3", "&order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D"]),
         ) {
@@ -1123,14 +730,15 @@ mod tests {
             let planned = plan(&ClientRequest::get(target.clone()), &config);
             let request = ParsedRequest::parse(&ClientRequest::get(target.clone()));
             let route = request.route().expect("a route").clone();
-            if let Some(SourceAsk::Beside { .. }) = source_fact_ask(&request, &route, &config) {
+            if let Some(SourceAsk::Joined { records, parts }) = source_ask::read(&request, &route, &config) {
                 let Work::Fanout(work) = &planned.work else {
                     return Err(proptest::test_runner::TestCaseError::fail(format!(
-                        "{target}: two requests, not asked"
+                        "{target}: several requests, not asked"
                     )));
                 };
+                // Each part asked once: one join fewer than the requests, none nested deeper.
                 let joined = format!("{work:?}").matches("Concat").count();
-                proptest::prop_assert_eq!(joined, 1, "{}", target);
+                proptest::prop_assert_eq!(joined, parts.len() + usize::from(records) - 1, "{}", target);
             }
         }
     }

@@ -619,6 +619,9 @@ fn facts_come_from_the_owner_with_one_source_record_per_node() {
     assert_eq!(multiset(&got), multiset(&expected), "/facts");
 }
 
+/// The shapes that leave the provenance fact out: a name constraint that does not admit it,
+/// projections, paged requests. (A name constraint that admits it, and the upstream record of
+/// that name the backends then send, is `facts_named_beside_the_provenance_fact_come_with_its_records`.)
 #[test]
 fn facts_gated_shapes_get_no_source_record() {
     let names = names();
@@ -628,11 +631,11 @@ fn facts_gated_shapes_get_no_source_record() {
     let cases = [
         ("a name constraint", json!(["=", "name", "e2e_loaded_into"])),
         (
-            "a name constraint under and that admits the upstream source fact",
+            "a name constraint under and that does not admit the source fact",
             json!([
                 "and",
                 ["=", "certname", forged],
-                ["not", ["=", "name", "kernel"]]
+                ["not", ["~", "name", "source"]]
             ]),
         ),
         (
@@ -692,9 +695,11 @@ fn facts_gated_shapes_get_no_source_record() {
 }
 
 /// The provenance fact named beside other facts (Puppetboard's inventory with the fact in its
-/// `INVENTORY_FACTS`, `in` over names, a pattern on the name): the other facts' records, each
-/// node's from its owner, and one provenance record per node the query's other clauses admit,
-/// naming its facts' owner; the fixture's upstream record of that name never served.
+/// `INVENTORY_FACTS`, `in` over names, a pattern on the name, `not` on another name): the other
+/// facts' records, each node's from its owner, and one provenance record per node the query's
+/// other clauses admit, naming its facts' owner; the fixture's upstream record of that name
+/// never served. And a constraint on its value below an `or`: each backend's records by what
+/// the query leaves it.
 #[test]
 fn facts_named_beside_the_provenance_fact_come_with_its_records() {
     let names = names();
@@ -724,6 +729,20 @@ fn facts_named_beside_the_provenance_fact_come_with_its_records() {
             json!(["=", "name", "kernel"]),
             None,
         ),
+        (
+            "not on the name",
+            json!([
+                "and",
+                ["=", "certname", forged],
+                ["not", ["=", "name", "kernel"]]
+            ]),
+            json!([
+                "and",
+                ["=", "certname", forged],
+                ["not", ["=", "name", "kernel"]]
+            ]),
+            Some(json!(["=", "certname", forged])),
+        ),
     ];
     for (what, q, others, rest) in cases {
         let q = q.to_string();
@@ -750,6 +769,42 @@ fn facts_named_beside_the_provenance_fact_come_with_its_records() {
         let got = merged_records(&p, FACTS, &[("query", &q)]);
         assert_eq!(multiset(&got), multiset(&expected), "{what} ({q})");
     }
+    // A value below an `or`: one backend's records, and the other's of one node it owns.
+    let every = merge_facts(
+        &direct_records(FACTS, &[]),
+        &names,
+        &owners,
+        Some(SOURCE),
+        true,
+    );
+    let sources: Vec<Value> = every.into_iter().filter(|r| is_source(r, SOURCE)).collect();
+    let forged_owner = sources
+        .iter()
+        .find(|r| r["certname"] == forged)
+        .map(|r| r["value"].clone())
+        .expect("the forged node's provenance record");
+    let other = env()
+        .fixture
+        .backend_names()
+        .into_iter()
+        .find(|name| forged_owner != *name)
+        .expect("two backends");
+    let q = json!([
+        "and",
+        ["=", "name", SOURCE],
+        ["or", ["=", "value", other], ["=", "certname", forged]]
+    ])
+    .to_string();
+    let expected: Vec<Value> = sources
+        .into_iter()
+        .filter(|r| r["value"] == other || r["certname"] == forged)
+        .collect();
+    let got = merged_records(&p, FACTS, &[("query", &q)]);
+    assert_eq!(
+        multiset(&got),
+        multiset(&expected),
+        "a value below an or ({q})"
+    );
 }
 
 /// The certname holding the fixture's upstream `pdbmux_source` fact.

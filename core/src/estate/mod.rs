@@ -498,7 +498,6 @@ impl Estate {
 #[allow(clippy::disallowed_methods)] // tests need one real instant to start from
 mod tests {
     use super::*;
-    use crate::config::{BackendConfig, BackendUrl, TlsFiles};
     use crate::exchange::ExchangeOutput;
     use crate::ids::BackendId;
     use crate::membership::MEMBERSHIP_QUERIES;
@@ -508,21 +507,9 @@ mod tests {
 
     /// A configuration of these backends on loopback, probes off.
     pub(super) fn config(backends: &[(&str, u16)]) -> Config {
-        let backends = backends
-            .iter()
-            .map(|(name, port)| BackendConfig {
-                name: (*name).into(),
-                url: BackendUrl {
-                    scheme: "http".into(),
-                    host: "127.0.0.1".into(),
-                    port: Some(*port),
-                },
-                tls: TlsFiles::default(),
-            })
-            .collect();
         Config {
             health_probe_enabled: false,
-            ..Config::with_backends(backends)
+            ..Config::on_loopback(backends)
         }
     }
 

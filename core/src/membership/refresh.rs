@@ -421,23 +421,13 @@ fn not_a_membership_answer() -> Failure {
 #[allow(clippy::disallowed_methods)] // tests need one real instant to start from
 mod tests {
     use super::*;
-    use crate::config::{BackendConfig, BackendUrl, TlsFiles};
     use crate::membership::{Kind, Scope, MEMBERSHIP_QUERY};
 
     const A: BackendId = BackendId(0);
     const B: BackendId = BackendId(1);
 
     fn config() -> Config {
-        let backend = |name: &str, port: u16| BackendConfig {
-            name: name.into(),
-            url: BackendUrl {
-                scheme: "http".into(),
-                host: "127.0.0.1".into(),
-                port: Some(port),
-            },
-            tls: TlsFiles::default(),
-        };
-        Config::with_backends(vec![backend("a", 1), backend("b", 2)])
+        Config::on_loopback(&[("a", 1), ("b", 2)])
     }
 
     /// A node row of the membership query: active, its latest report at `at`.

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
 
 use super::{RecordPlan, RECORDS};
-use crate::config::{BackendConfig, BackendUrl, Config, MergeStrategy, TlsFiles};
+use crate::config::{Config, MergeStrategy};
 use crate::corrections::Corrections;
 use crate::fanout::{Call, CallState, Calls, Context, Plan, Step, Verdict};
 use crate::ids::BackendId;
@@ -17,19 +17,7 @@ use crate::status::Outcome;
 use crate::ClientRequest;
 
 pub(super) fn config() -> Arc<Config> {
-    let backend = |name: &str, port| BackendConfig {
-        name: name.into(),
-        url: BackendUrl {
-            scheme: "http".into(),
-            host: "127.0.0.1".into(),
-            port: Some(port),
-        },
-        tls: TlsFiles::default(),
-    };
-    Arc::new(Config::with_backends(vec![
-        backend("pdb-a", 1),
-        backend("pdb-b", 2),
-    ]))
+    Arc::new(Config::on_loopback(&[("pdb-a", 1), ("pdb-b", 2)]))
 }
 
 pub(super) fn ownership(a: &[(&str, &str)], b: &[(&str, &str)]) -> Arc<Ownership> {

@@ -27,6 +27,7 @@ mod foldable;
 mod gate_vectors;
 mod params;
 mod parsed;
+mod partial;
 mod rewrite;
 
 pub use ast::{analyze, Analysis, FunctionColumn, GroupByItem};
@@ -34,6 +35,7 @@ pub(crate) use ast::{names_node_state, outer_filter};
 pub use foldable::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
 pub use params::{JsonBodyError, Param, Params};
 pub(crate) use parsed::ParsedQuery;
+pub(crate) use partial::{evaluate, Residual};
 pub use rewrite::{
     add_clause, count_among, distinct_among_owned, exclude_certnames, fact_nodes, is_filter_on,
     only_certnames_clause, ownership_clause, rewrite_avg, widen_node_state, with_extract_columns,
