@@ -4,7 +4,10 @@
 //! rest of the query (the environment, the certname, a subquery on the node) to the backends,
 //! which are asked the provenance fact's own path under it (docs/merging.md, "Provenance").
 
+use std::collections::HashMap;
+
 use percent_encoding::percent_decode_str;
+use regex::{Regex, RegexBuilder};
 use serde_json::Value;
 
 use crate::config::Config;
@@ -54,11 +57,40 @@ pub(crate) enum SourceAsk {
 /// Why the query cannot be evaluated for the provenance fact.
 enum Stop {
     /// A clause on a fact's name or value pdbmux does not decide (an `in` of a subquery, an order
-    /// on the name, an implicit subquery joined on the fact): the request is answered as before
-    /// this reading, the fact left out.
+    /// on the name, an implicit subquery joined on the fact, a pattern on the name it cannot
+    /// read): the request is answered as before this reading, the fact left out.
     Undecided,
-    /// A pattern on the value that does not compile: the 400's message.
-    Refused(String),
+    /// A pattern on the value pdbmux cannot read (PostgreSQL syntax Rust's `regex` lacks, or
+    /// over [`PATTERN_BYTES`]), with why: a 400 when the query admits no other fact, else
+    /// undecided (the backends read it for their own facts).
+    Unreadable(String),
+}
+
+/// The most memory one pattern of a query may compile to. The patterns a fact's or a backend's
+/// name needs take a few KiB; a pattern that needs more is not read by pdbmux (a query of large
+/// patterns such as `\w{40}\w{40}z`, each compiled to megabytes, would otherwise cost seconds of
+/// CPU).
+const PATTERN_BYTES: usize = 256 * 1024;
+
+/// The patterns of one reading, each compiled once whatever the backends it is decided for, or
+/// why it cannot be read.
+#[derive(Default)]
+struct Patterns(HashMap<String, Result<Regex, String>>);
+
+impl Patterns {
+    /// `pattern`, compiled (at most once).
+    fn get(&mut self, pattern: &str) -> Result<&Regex, &str> {
+        self.0
+            .entry(pattern.to_owned())
+            .or_insert_with(|| {
+                RegexBuilder::new(pattern)
+                    .size_limit(PATTERN_BYTES)
+                    .build()
+                    .map_err(|error| error.to_string())
+            })
+            .as_ref()
+            .map_err(String::as_str)
+    }
 }
 
 /// Reads `request` for the provenance fact: `None` when it is not a question about it, or one
@@ -102,13 +134,24 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
     if on_path.is_some() && request.parsed_query().analysis()?.extract_outside_subquery {
         return None;
     }
+    // Whether the query admits facts other than the provenance fact, which the backends hold.
+    let records = on_path.is_none()
+        && query::evaluate(query, &mut |atom| {
+            Ok::<_, std::convert::Infallible>(names_only(atom, source).then_some(false))
+        }) != Ok(Residual::Always(false));
     // What is left of the query for each backend's records, those sharing one left together.
     let mut groups: Vec<(Residual, Vec<&str>)> = Vec::new();
+    let mut patterns = Patterns::default();
     for backend in asked.iter().copied() {
-        let residual = query::evaluate(query, &mut |atom| source_atom(atom, source, backend));
+        let residual = query::evaluate(query, &mut |atom| {
+            source_atom(atom, (source, backend), &mut patterns)
+        });
         match residual {
             Err(Stop::Undecided) => return None,
-            Err(Stop::Refused(message)) => return Some(SourceAsk::Refused(message)),
+            // Refused only where it decides the answer: a query about other facts too is the
+            // backends' to read as before.
+            Err(Stop::Unreadable(_)) if records => return None,
+            Err(Stop::Unreadable(message)) => return Some(SourceAsk::Refused(message)),
             Ok(Residual::Always(false)) => {}
             Ok(residual) => match groups.iter_mut().find(|(left, _)| *left == residual) {
                 Some((_, kept)) => kept.push(backend),
@@ -124,11 +167,6 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
             }
         }
     }
-    // Whether the query admits facts other than the provenance fact, which the backends hold.
-    let records = on_path.is_none()
-        && query::evaluate(query, &mut |atom| {
-            Ok::<_, std::convert::Infallible>(names_only(atom, source).then_some(false))
-        }) != Ok(Residual::Always(false));
     let params = request.params();
     let part = |(residual, kept): (Residual, Vec<&str>)| {
         let left = match residual {
@@ -170,7 +208,11 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
 /// The truth of `atom` for the provenance record whose value is `backend`: decided for a clause
 /// on the fact's name or value, `None` for one the backends decide (on the node's certname or
 /// environment, a subquery on another entity).
-fn source_atom(atom: &Value, source: &str, backend: &str) -> Result<Option<bool>, Stop> {
+fn source_atom(
+    atom: &Value,
+    (source, backend): (&str, &str),
+    patterns: &mut Patterns,
+) -> Result<Option<bool>, Stop> {
     let Some(items) = atom.as_array() else {
         return Err(Stop::Undecided);
     };
@@ -202,9 +244,9 @@ fn source_atom(atom: &Value, source: &str, backend: &str) -> Result<Option<bool>
         ("=", Value::Number(_) | Value::Bool(_)) if on_value => Ok(Some(false)),
         ("<" | ">" | "<=" | ">=", Value::Number(_)) if on_value => Ok(Some(false)),
         ("null?", Value::Bool(null)) => Ok(Some(!null)),
-        ("~", Value::String(pattern)) => match regex::Regex::new(pattern) {
+        ("~", Value::String(pattern)) => match patterns.get(pattern) {
             Ok(regex) => Ok(Some(regex.is_match(subject))),
-            Err(error) if on_value => Err(Stop::Refused(format!(
+            Err(error) if on_value => Err(Stop::Unreadable(format!(
                 "pdbmux: the regular expression {pattern:?} on {source} cannot be read: {error}"
             ))),
             // A pattern on the name is the backends' to read for their own facts.
@@ -415,6 +457,32 @@ pub(crate) mod tests {
             ask("facts", unreadable, ""),
             Some(SourceAsk::Refused(message)) if message.contains("cannot be read")
         ));
+        // Beside other facts, a value pattern pdbmux cannot read (PostgreSQL's look-ahead, its
+        // word boundaries) is the backends' for their facts, in whatever order the clauses come.
+        for theirs in [
+            json!(["and", ["~", "value", "^(?!Ubuntu)"], ["=", "name", "os"]]),
+            json!(["and", ["=", "name", "os"], ["~", "value", "^(?!Ubuntu)"]]),
+            json!([
+                "and",
+                ["~", "name", "^(pdbmux|kern)"],
+                ["~", "value", "\\m5"]
+            ]),
+        ] {
+            assert_eq!(ask("facts", theirs.clone(), ""), None, "{theirs}");
+        }
+        // A pattern too large to compile cheaply is not read, and each is compiled once.
+        let mut large = vec![json!("or")];
+        large.extend((0..50).map(|n| json!(["~", "name", format!("\\w{{40}}\\w{{40}}{n}")])));
+        assert_eq!(ask("facts", Value::Array(large), ""), None);
+        let mut patterns = Patterns::default();
+        for backend in ["pdb-a", "pdb-b"] {
+            let atom = json!(["~", "value", "^pdb-"]);
+            assert!(matches!(
+                source_atom(&atom, ("pdbmux_source", backend), &mut patterns),
+                Ok(Some(true))
+            ));
+        }
+        assert_eq!(patterns.0.len(), 1);
         // A pattern on the name pdbmux cannot read is the backends' (their own facts), and a
         // clause it does not decide leaves the query as it was.
         assert_eq!(ask("facts", json!(["~", "name", "("]), ""), None);
