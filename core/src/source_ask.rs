@@ -496,6 +496,9 @@ pub(crate) mod tests {
             ]
         ]);
         assert_eq!(ask("facts", subquery, ""), None);
+        // A malformed `not` is the backends' to refuse, the name clause inside it undecided.
+        let malformed = json!(["and", source, ["not", ["=", "name", "x"], 1]]);
+        assert_eq!(ask("facts", malformed, ""), None);
     }
 
     #[test]

@@ -18,7 +18,8 @@ pub(crate) enum Residual {
 /// Evaluates `query` as far as `atom` decides its clauses: `atom` is asked each clause that is
 /// not an `and`, `or` or `not` (a comparison, an `in`, a subquery) and answers its truth, `None`
 /// to leave it to the backends, or an error that stops the evaluation. An `and` or `or` without
-/// clauses, or a `not` without exactly one, is left whole, as is: the backends answer it.
+/// clauses, or a `not` without exactly one, is malformed: `atom` is asked it whole (leave it to
+/// the backends, which answer it with a 400, or stop).
 pub(crate) fn evaluate<E>(
     query: &Value,
     atom: &mut impl FnMut(&Value) -> Result<Option<bool>, E>,
@@ -53,7 +54,6 @@ pub(crate) fn evaluate<E>(
             Residual::Always(truth) => Residual::Always(!truth),
             Residual::Left(clause) => Residual::Left(serde_json::json!(["not", clause])),
         }),
-        Some(("and" | "or" | "not", _)) => Ok(Residual::Left(query.clone())),
         _ => Ok(match atom(query)? {
             Some(truth) => Residual::Always(truth),
             None => Residual::Left(query.clone()),
@@ -113,10 +113,19 @@ mod tests {
     }
 
     #[test]
-    fn malformed_connectives_are_left_to_the_backends_and_an_error_stops() {
+    fn malformed_connectives_are_asked_whole_and_an_error_stops() {
         for malformed in [json!(["and"]), json!(["not", 1, 2]), json!(["or"])] {
             assert_eq!(kernel(malformed.clone()), Residual::Left(malformed));
         }
+        // Whole: the name clause inside is not decided.
+        let mut whole = |clause: &Value| -> Result<Option<bool>, &'static str> {
+            match clause.get(0).and_then(Value::as_str) {
+                Some("not") => Err("malformed"),
+                _ => Ok(Some(true)),
+            }
+        };
+        let malformed = json!(["and", ["=", "name", "x"], ["not", ["=", "name", "x"], 1]]);
+        assert_eq!(evaluate(&malformed, &mut whole), Err("malformed"));
         let mut refuse = |_: &Value| -> Result<Option<bool>, &'static str> { Err("no") };
         assert_eq!(
             evaluate(&json!(["and", ["=", "name", "x"]]), &mut refuse),
