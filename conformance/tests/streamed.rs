@@ -513,3 +513,154 @@ fn a_client_leaving_mid_body_drops_the_merge_and_the_backends_bodies() {
         .count();
     assert!(dropped >= 1, "{transcript}");
 }
+
+/// Facts per node of the [`facts_estate`]: as with [`PER_NODE`] resources, enough that the two
+/// backends' answers hold more than [`pdbmux_core::STREAM_ABOVE_BYTES`] together.
+const FACTS_PER_NODE: usize = 6_000;
+
+/// The [`estate`]'s nodes with [`FACTS_PER_NODE`] facts each, every value naming the backend
+/// it came from.
+fn facts_estate() -> (PuppetDb, PuppetDb) {
+    let fact = |db: PuppetDb, certname: &str, backend: &str, index: usize| {
+        let value = format!("{backend}:{}", "x".repeat(600));
+        db.fact(certname, &format!("fact-{index:05}"), value, "production")
+    };
+    let mut a = PuppetDb::new().node("only-a", T09).node("shared", T10);
+    let mut b = PuppetDb::new().node("shared", T11).node("only-b", T09);
+    for index in 0..FACTS_PER_NODE {
+        a = fact(fact(a, "only-a", "pdb-a", index), "shared", "pdb-a", index);
+        b = fact(fact(b, "shared", "pdb-b", index), "only-b", "pdb-b", index);
+    }
+    (a, b)
+}
+
+/// An answer's facts by (certname, the backend their values name), and its provenance records
+/// as (certname, value) in order.
+fn facts_and_sources(response: &ClientResponse) -> FactsAndSources {
+    let records: Vec<Value> = serde_json::from_slice(&response.body)
+        .unwrap_or_else(|e| panic!("{e}: {} bytes", response.body.len()));
+    let mut facts = BTreeMap::new();
+    let mut sources = Vec::new();
+    for record in &records {
+        let certname = record["certname"].as_str().unwrap_or("?").to_owned();
+        let value = record["value"].as_str().unwrap_or("?");
+        match record["name"].as_str() {
+            Some("pdbmux_source") => sources.push((certname, value.to_owned())),
+            _ => {
+                let backend = value.split(':').next().unwrap_or("?").to_owned();
+                *facts.entry((certname, backend)).or_insert(0) += 1;
+            }
+        }
+    }
+    (facts, sources)
+}
+
+type FactsAndSources = (BTreeMap<(String, String), usize>, Vec<(String, String)>);
+
+/// A query admitting the provenance fact and nearly every other fact is two parts joined
+/// (docs/merging.md, "Provenance"): the other facts' records stream as they would alone, and
+/// the provenance records, merged first, are written after them.
+#[test]
+fn a_large_answer_joined_with_the_provenance_fact_streams_it_after_the_records() {
+    let (a, b) = facts_estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ]);
+    let query: String =
+        form_urlencoded::byte_serialize(br#"["not",["=","name","fact-00000"]]"#).collect();
+    let response = answer_to(&mut h, &format!("/pdb/query/v4/facts?query={query}"));
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    let (facts, sources) = facts_and_sources(&response);
+    let each = FACTS_PER_NODE - 1;
+    let owned = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(c, b)| (((*c).to_owned(), (*b).to_owned()), each))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        facts,
+        owned(&[
+            ("only-a", "pdb-a"),
+            ("only-b", "pdb-b"),
+            ("shared", "pdb-b")
+        ]),
+        "each node's facts from its owner, fact-00000 left out"
+    );
+    let mut sorted = sources.clone();
+    sorted.sort();
+    assert_eq!(
+        sorted,
+        [
+            ("only-a", "pdb-a"),
+            ("only-b", "pdb-b"),
+            ("shared", "pdb-b")
+        ]
+        .map(|(c, b)| (c.to_owned(), b.to_owned())),
+        "one provenance record a node, naming its facts owner"
+    );
+    let body = String::from_utf8_lossy(&response.body);
+    let last_fact = body.rfind("\"fact-").expect("facts");
+    let first_source = body.find("\"pdbmux_source\"").expect("provenance records");
+    assert!(
+        first_source > last_fact,
+        "the provenance records come after the facts"
+    );
+}
+
+/// The provenance part failing on one backend while the other facts' records stream: the
+/// answer streams, says it is partial, and names the nodes the other backend owns.
+#[test]
+fn a_streamed_join_whose_provenance_part_fails_on_a_backend_is_partial() {
+    let (a, b) = facts_estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::by_request("pdb-b", URL_B, move |asked: &Asked<'_>| {
+            let reply = b.answer(asked).after(ms(3));
+            // The provenance part asks each backend its nodes: an extract.
+            let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
+            match asked.path_and_query.starts_with(nodes) {
+                true => Reply::text(StatusCode::SERVICE_UNAVAILABLE, "busy").after(ms(3)),
+                false => reply,
+            }
+        }),
+    ]);
+    let query: String =
+        form_urlencoded::byte_serialize(br#"["not",["=","name","fact-00000"]]"#).collect();
+    let response = answer_to(&mut h, &format!("/pdb/query/v4/facts?query={query}"));
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.header("x-backends"), Some("1/2"), "partial");
+    let (facts, sources) = facts_and_sources(&response);
+    assert_eq!(
+        facts.len(),
+        3,
+        "every node's facts from its owner: {facts:?}"
+    );
+    assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
+}
+
+/// Cached, a streamed join is one flight for its clients, and the whole answer, the provenance
+/// records with it, enters the cache.
+#[test]
+fn a_cached_streamed_join_is_stored_whole_with_the_provenance_records() {
+    let (a, b) = facts_estate();
+    let backends = vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ];
+    let mut h = cached_harness(backends, std::time::Duration::from_secs(30), |_| {});
+    let query: String =
+        form_urlencoded::byte_serialize(br#"["not",["=","name","fact-00000"]]"#).collect();
+    let target = format!("/pdb/query/v4/facts?query={query}");
+    let first = answer_to(&mut h, &target);
+    assert_eq!(first.merged, Some(None), "streamed, and whole");
+    assert_eq!(first.header("x-cache"), Some("miss"));
+    let (_, sources) = facts_and_sources(&first);
+    assert_eq!(sources.len(), 3, "a provenance record a node");
+    let again = answer_to(&mut h, &target);
+    assert_eq!(again.header("x-cache"), Some("hit"), "stored once whole");
+    assert_eq!(again.body, first.body);
+}

@@ -6,14 +6,16 @@
 //! "Provenance").
 //!
 //! The two plans' calls share the exchange: plan `which`'s part `p` is the exchange's part
-//! `p * 2 + which`, and each plan sees only its own calls, numbered as it made them. Both are
-//! buffered (their records are joined here), and the answer counts a backend only where both
-//! plans could use it.
+//! `p * 2 + which`, and each plan sees only its own calls, numbered as it made them. The answer
+//! counts a backend only where both plans could use it. The second is buffered; the first
+//! streams where it would alone (a large answer, docs/merging.md "Streamed merges"), once the
+//! second's answer is merged: the second's records are written after the first's. Otherwise
+//! both are buffered and their records joined here.
 
 use bytes::{Bytes, BytesMut};
 
 use crate::corrections::Learned;
-use crate::fanout::{Call, Calls, Context, Outbound, Plan, Step, Verdict};
+use crate::fanout::{Call, Calls, Context, Outbound, Plan, Step, StreamStart, Verdict};
 use crate::ids::BackendId;
 use crate::message::{Response, ResponseBody};
 
@@ -112,15 +114,18 @@ fn renumbered(verdict: Verdict, which: usize) -> Verdict {
     }
 }
 
+/// The elements of a JSON array as pdbmux writes it, separated by commas as they are inside it
+/// (empty for `[]`); `None` when it is not an array.
+fn array_inner(body: &Bytes) -> Option<Bytes> {
+    let text = body.trim_ascii();
+    let inner = text.strip_prefix(b"[")?.strip_suffix(b"]")?;
+    Some(body.slice_ref(inner.trim_ascii()))
+}
+
 /// Two JSON arrays (as pdbmux writes them) as one: `a`'s elements, then `b`'s. `None` when either
 /// is not an array.
 fn join_arrays(a: &Bytes, b: &Bytes) -> Option<Bytes> {
-    let inner = |body: &Bytes| {
-        let text = body.trim_ascii();
-        let inner = text.strip_prefix(b"[")?.strip_suffix(b"]")?;
-        Some(body.slice_ref(inner.trim_ascii()))
-    };
-    let (a_inner, b_inner) = (inner(a)?, inner(b)?);
+    let (a_inner, b_inner) = (array_inner(a)?, array_inner(b)?);
     if b_inner.is_empty() {
         return Some(a.clone());
     }
@@ -144,6 +149,15 @@ fn buffered(context: &Context) -> Context {
     }
 }
 
+/// The context plan `which` is driven with: the first may stream as the request may, the
+/// second is buffered.
+fn context_of(which: usize, context: &Context) -> Context {
+    match which {
+        0 => context.clone(),
+        _ => buffered(context),
+    }
+}
+
 impl Plan for Concat {
     fn needs_ownership(&self) -> bool {
         self.plans.iter().any(|plan| plan.needs_ownership())
@@ -153,32 +167,68 @@ impl Plan for Concat {
         self.plans.iter().any(|plan| plan.counts_rounds())
     }
 
+    fn streams(&self) -> bool {
+        self.plans[0].streams()
+    }
+
+    /// The first plan's streamed merge, the second's records written after its own, once the
+    /// second merged; `None` until then.
+    fn stream_start(&self, context: &Context) -> Option<StreamStart> {
+        let Some(Verdict::Merged {
+            response,
+            contributed,
+            unusable,
+        }) = &self.verdicts[1]
+        else {
+            return None;
+        };
+        let records = array_inner(response.full_body()?)?;
+        let mut start = self.plans[0].stream_start(context)?;
+        start.inputs = start
+            .inputs
+            .into_iter()
+            .map(|(backend, part)| (backend, outer(0, part)))
+            .collect();
+        start.merge.then_write(records);
+        start.at_most = Some(
+            start
+                .at_most
+                .map_or(*contributed, |most| most.min(*contributed)),
+        );
+        for (backend, why) in unusable {
+            if !start.unusable.iter().any(|(b, _)| b == backend) {
+                start.unusable.push((*backend, why.clone()));
+            }
+        }
+        Some(start)
+    }
+
     fn again(&self) -> Box<dyn Plan> {
         Box::new(Concat::new(self.plans[0].again(), self.plans[1].again()))
     }
 
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
-        let context = buffered(context);
         let mut calls = Vec::new();
         for (which, plan) in self.plans.iter_mut().enumerate() {
-            let first = plan.start(&context);
+            let first = plan.start(&context_of(which, context));
             calls.extend(first.into_iter().map(|(b, part)| (b, outer(which, part))));
         }
         calls
     }
 
     fn request(&self, backend: BackendId, part: usize, context: &Context) -> Outbound {
-        self.plans[part % PLANS].request(backend, part / PLANS, &buffered(context))
+        let which = part % PLANS;
+        self.plans[which].request(backend, part / PLANS, &context_of(which, context))
     }
 
     fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
-        let context = buffered(context);
         let mut more = Vec::new();
         for (which, (plan, verdict)) in self.plans.iter_mut().zip(&mut self.verdicts).enumerate() {
             if verdict.is_some() {
                 continue;
             }
-            match plan.progress(&Concat::own_calls(calls, which), &context) {
+            let own = Concat::own_calls(calls, which);
+            match plan.progress(&own, &context_of(which, context)) {
                 Step::Wait => {}
                 Step::Call(next) => {
                     more.extend(next.into_iter().map(|(b, part)| (b, outer(which, part))));
@@ -191,6 +241,13 @@ impl Plan for Concat {
         }
         match std::mem::take(&mut self.verdicts) {
             [Some(first), Some(second)] => Step::Done(Concat::joined([first, second])),
+            // The second did not merge while the first streams (its bodies held, not read to
+            // their end): the answer is the second's, now.
+            [None, Some(second)]
+                if self.plans[0].streams() && !matches!(second, Verdict::Merged { .. }) =>
+            {
+                Step::Done(renumbered(second, 1))
+            }
             pending => {
                 self.verdicts = pending;
                 Step::Wait

@@ -376,7 +376,11 @@ impl Exchange {
             return;
         }
         match self.plan.progress(&self.calls, &self.context) {
-            Step::Wait => {}
+            // A plan whose stream waited on its own progress (a join whose other parts were
+            // merged just now, `core/src/concat.rs`) streams now.
+            Step::Wait => {
+                self.read_on();
+            }
             Step::Call(more) => {
                 for (backend, part) in more {
                     self.send(now, backend, part);
@@ -506,6 +510,8 @@ impl Exchange {
                 mut merge,
                 inputs,
                 excused,
+                at_most,
+                unusable,
             }) = self.plan.stream_start(&self.context)
             else {
                 return false;
@@ -581,8 +587,8 @@ impl Exchange {
             response.body = ResponseBody::Merged;
             self.finish(Verdict::Merged {
                 response,
-                contributed,
-                unusable: Vec::new(),
+                contributed: at_most.map_or(contributed, |most| contributed.min(most)),
+                unusable,
             });
             return true;
         }

@@ -285,6 +285,11 @@ pub(crate) struct StreamStart {
     pub(crate) inputs: Vec<(BackendId, usize)>,
     /// Backends the answer counts without asking them.
     pub(crate) excused: usize,
+    /// The most backends the answer counts, when it is joined with answers already merged
+    /// (`core/src/concat.rs`): a backend counts only where every part could use it.
+    pub(crate) at_most: Option<usize>,
+    /// Backends whose answers to the parts already merged could not be used.
+    pub(crate) unusable: Vec<(BackendId, Unusable)>,
 }
 
 /// Every backend in the roster, part 0: the first round of a plan that asks everyone once.

@@ -256,8 +256,13 @@ struct Waiting {
 
 impl Decisions {
     fn write(&mut self, record: &str) {
+        self.write_raw(record.as_bytes());
+    }
+
+    /// Writes `records`, one record or several separated by commas, as the next.
+    fn write_raw(&mut self, records: &[u8]) {
         self.out.push(if self.written == 0 { b'[' } else { b',' });
-        self.out.extend_from_slice(record.as_bytes());
+        self.out.extend_from_slice(records);
         self.written += 1;
     }
 
@@ -421,6 +426,8 @@ pub(crate) struct OwnedStream {
     /// fields.
     picked: Vec<String>,
     decisions: Decisions,
+    /// Records written after the merged ones ([`OwnedStream::then_write`]).
+    then: Vec<Bytes>,
     finished: bool,
 }
 
@@ -468,6 +475,7 @@ impl OwnedStream {
                 out: Vec::new(),
                 written: 0,
             },
+            then: Vec::new(),
             finished: false,
         }
     }
@@ -549,11 +557,23 @@ impl OwnedStream {
         Ok(())
     }
 
+    /// Writes `records` (JSON objects separated by commas, as inside an array, or nothing) after
+    /// the merged records, once every answer ended: the records of the answers a streamed
+    /// answer is joined with (`core/src/concat.rs`).
+    pub(crate) fn then_write(&mut self, records: Bytes) {
+        if !records.is_empty() {
+            self.then.push(records);
+        }
+    }
+
     /// Decides what waited for the inputs that ended, and closes the array once all have.
     fn finish_if_ended(&mut self) {
         self.decide_waiting();
         self.write_ordered();
         if !self.finished && self.inputs.iter().all(|i| i.ended && i.queue.is_empty()) {
+            for records in std::mem::take(&mut self.then) {
+                self.decisions.write_raw(&records);
+            }
             if self.decisions.written == 0 {
                 self.decisions.out.push(b'[');
             }

@@ -771,6 +771,8 @@ impl Plan for RecordPlan {
                 ),
             ),
             excused: self.excused,
+            at_most: None,
+            unusable: Vec::new(),
         })
     }
 
