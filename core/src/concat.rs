@@ -240,14 +240,10 @@ impl Plan for Concat {
             return Step::Call(more);
         }
         match std::mem::take(&mut self.verdicts) {
+            // Both, even where the second did not merge while the first streams: answering
+            // then would leave the first's calls in flight, which a fail-over over the backends
+            // the prober kept out would take for its own (docs/merging.md, "Known limits").
             [Some(first), Some(second)] => Step::Done(Concat::joined([first, second])),
-            // The second did not merge while the first streams (its bodies held, not read to
-            // their end): the answer is the second's, now.
-            [None, Some(second)]
-                if self.plans[0].streams() && !matches!(second, Verdict::Merged { .. }) =>
-            {
-                Step::Done(renumbered(second, 1))
-            }
             pending => {
                 self.verdicts = pending;
                 Step::Wait
