@@ -65,6 +65,24 @@ pub(crate) enum Work {
 }
 
 impl Planned {
+    /// `request`'s plan of `class`: answered by `work`, cached under `cache` when given.
+    fn answered(
+        (request, class): (&Arc<ParsedRequest>, RouteClass),
+        config: &Arc<Config>,
+        cache: Option<Cacheable>,
+        work: Work,
+    ) -> Planned {
+        Planned {
+            config: Arc::clone(config),
+            class,
+            request: Arc::clone(request),
+            cache,
+            work,
+            waited_out: Vec::new(),
+            map_waits: 0,
+        }
+    }
+
     /// The route class it was planned as (`query`, `root`, `per-certname`, …, or `refused`): a
     /// bounded label for metrics and logs.
     pub fn class(&self) -> RouteClass {
@@ -115,15 +133,7 @@ pub fn plan(request: &ClientRequest, config: &Arc<Config>) -> Planned {
 /// again after a reload.
 fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
     let class = request.route().map_or(RouteClass::Refused, Route::class);
-    let planned = |cache, work| Planned {
-        config: Arc::clone(config),
-        class,
-        request: Arc::clone(request),
-        cache,
-        work,
-        waited_out: Vec::new(),
-        map_waits: 0,
-    };
+    let planned = |cache, work| Planned::answered((request, class), config, cache, work);
     let route = match request.route() {
         Ok(route) => route,
         Err(refusal) => {
@@ -177,17 +187,9 @@ fn plan_parsed(request: &Arc<ParsedRequest>, config: &Arc<Config>) -> Planned {
             // (docs/caching.md); the backends' own JVM figures are live and stay uncached.
             let ttl = config.cache_ttl(CacheClass::Aggregates);
             // Not with a parameter given twice: the key would not tell which one counts.
-            let cache =
-                (plan.reads_population() && !ttl.is_zero() && repeated_param(params).is_none())
-                    .then(|| {
-                        cache::cache_key(
-                            route,
-                            (request.path(), request.query(), params),
-                            &config.source_fact,
-                            ttl,
-                        )
-                    })
-                    .flatten();
+            let cache = (plan.reads_population() && repeated_param(params).is_none())
+                .then(|| client_cache((request, route), ttl, config))
+                .flatten();
             return planned(cache, Work::Fanout(Box::new(plan)));
         }
         Route::Query(_) | Route::FactsByName { .. } | Route::ResourcesByType => {
@@ -260,15 +262,8 @@ fn plan_within(
         QueryText::Ast(ast) => crate::query::add_clause(Some(ast), clause),
         QueryText::Pql(_) | QueryText::Malformed(_) => {
             let target = request.target().to_owned();
-            return Planned {
-                config: Arc::clone(config),
-                class: RouteClass::PassThrough,
-                request: Arc::clone(request),
-                cache: None,
-                work: Work::Fanout(Box::new(Sequence::first_success(target))),
-                waited_out: Vec::new(),
-                map_waits: 0,
-            };
+            let work = Work::Fanout(Box::new(Sequence::first_success(target)));
+            return Planned::answered((request, RouteClass::PassThrough), config, None, work);
         }
     };
     let mut mapped = Params::default();
@@ -327,15 +322,7 @@ fn plan_joined(
     parts: Vec<SourcePart>,
     config: &Arc<Config>,
 ) -> Planned {
-    let answered = |work, cache| Planned {
-        config: Arc::clone(config),
-        class: route.class(),
-        request: Arc::clone(request),
-        cache,
-        work,
-        waited_out: Vec::new(),
-        map_waits: 0,
-    };
+    let answered = |work, cache| Planned::answered((request, route.class()), config, cache, work);
     let mut works = Vec::with_capacity(parts.len() + 1);
     if records {
         // The client's request as the backends answer it, planned as records: it is not read
@@ -349,39 +336,28 @@ fn plan_joined(
             .into_iter()
             .map(|part| source_part_work(&part.request, part.values, config)),
     );
-    let mut plans: Vec<Box<dyn Plan>> = Vec::with_capacity(works.len());
+    let mut joined: Option<Box<dyn Plan>> = None;
     for work in works {
-        match work {
-            Work::Fanout(plan) => plans.push(plan),
-            // A part answered without asking: nothing to join when it is empty, else (its
-            // parameters refused) the request's answer.
-            Work::Local(response)
-                if response.status == StatusCode::OK
-                    && response
-                        .full_body()
-                        .is_some_and(|body| body.trim_ascii() == b"[]") => {}
-            work => return answered(work, None),
-        }
+        let Work::Fanout(plan) = work else {
+            // A part answered without asking (its parameters refused): the request's answer.
+            return answered(work, None);
+        };
+        joined = Some(match joined {
+            Some(first) => Box::new(Concat::new(first, plan)),
+            None => plan,
+        });
     }
-    let Some(plan) = plans
-        .into_iter()
-        .reduce(|first, second| Box::new(Concat::new(first, second)))
-    else {
+    // A join has at least one part (`source_ask::read`).
+    let Some(plan) = joined else {
         return answered(Work::Local(Response::json(StatusCode::OK, "[]")), None);
     };
     let ttl = route.entity().map_or(Duration::ZERO, |entity| {
         config.cache_ttl(entity.cache_class())
     });
-    let cache = match ttl.is_zero() {
-        false => cache::cache_key(
-            route,
-            (request.path(), request.query(), request.params()),
-            &config.source_fact,
-            ttl,
-        ),
-        true => None,
-    };
-    answered(Work::Fanout(plan), cache)
+    answered(
+        Work::Fanout(plan),
+        client_cache((request, route), ttl, config),
+    )
 }
 
 /// Plans a `/facts` query for the provenance records of several backends: with the cache, it
@@ -467,32 +443,18 @@ pub(crate) fn plan_translated(
     let ast: serde_json::Value = serde_json::from_slice(translation).ok()?;
     Some(match root::mapped_request(&ast, &pql.params) {
         Some(mapped) => plan_mapped(mapped, original, config),
-        None => Planned {
-            config: Arc::clone(config),
-            class: Route::Root.class(),
-            request: Arc::clone(original),
-            cache: None,
-            work: Work::Fanout(Box::new(Sequence::first_success(
-                original.target().to_owned(),
-            ))),
-            waited_out: Vec::new(),
-            map_waits: 0,
-        },
+        None => {
+            let target = original.target().to_owned();
+            let work = Work::Fanout(Box::new(Sequence::first_success(target)));
+            Planned::answered((original, Route::Root.class()), config, None, work)
+        }
     })
 }
 
 /// The plan of a query on a merged entity: an aggregate when it combines, else a record merge;
 /// cached for its class's TTL (record sets, history, combined answers: docs/caching.md).
 fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>) -> Planned {
-    let uncached = |work| Planned {
-        config: Arc::clone(config),
-        class: route.class(),
-        request: Arc::clone(request),
-        cache: None,
-        work,
-        waited_out: Vec::new(),
-        map_waits: 0,
-    };
+    let uncached = |work| Planned::answered((request, route.class()), config, None, work);
     match source_ask::read(request, route, config) {
         Some(SourceAsk::Part(part)) => return plan_source_part((request, route), part, config),
         Some(SourceAsk::Nothing) => {
@@ -513,15 +475,7 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
 /// [`plan_query`] once the provenance fact's own shapes are read.
 fn plan_records(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>) -> Planned {
     let params = request.params().clone();
-    let uncached = |work| Planned {
-        config: Arc::clone(config),
-        class: route.class(),
-        request: Arc::clone(request),
-        cache: None,
-        work,
-        waited_out: Vec::new(),
-        map_waits: 0,
-    };
+    let uncached = |work| Planned::answered((request, route.class()), config, None, work);
     let Some(entity) = route.entity() else {
         let target = request.target().to_owned();
         return uncached(Work::Fanout(Box::new(Sequence::first_success(target))));
@@ -535,15 +489,7 @@ fn plan_records(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config
         false => entity.cache_class(),
     };
     let ttl = config.cache_ttl(class);
-    let cacheable = match ttl.is_zero() {
-        false => cache::cache_key(
-            route,
-            (path, request.query(), &params),
-            &config.source_fact,
-            ttl,
-        ),
-        true => None,
-    };
+    let cacheable = client_cache((request, route), ttl, config);
     let work = match aggregate {
         Some(Ok(aggregate)) => Work::Fanout(Box::new(aggregate)),
         Some(Err(refusal)) => Work::Local(refusal),
@@ -569,15 +515,19 @@ fn plan_records(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config
             }
         }
     };
-    Planned {
-        config: Arc::clone(config),
-        class: route.class(),
-        request: Arc::clone(request),
-        cache: cacheable,
-        work,
-        waited_out: Vec::new(),
-        map_waits: 0,
-    }
+    Planned::answered((request, route.class()), config, cacheable, work)
+}
+
+/// The key `request` of `route` is cached under for `ttl`; `None` when `ttl` is zero (not cached).
+fn client_cache(
+    (request, route): (&ParsedRequest, &Route),
+    ttl: Duration,
+    config: &Config,
+) -> Option<Cacheable> {
+    let parts = (request.path(), request.query(), request.params());
+    (!ttl.is_zero())
+        .then(|| cache::cache_key(route, parts, &config.source_fact, ttl))
+        .flatten()
 }
 
 #[cfg(test)]

@@ -109,31 +109,27 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
     }
     let source = config.source_fact.as_str();
     let decode = |segment: &str| percent_decode_str(segment).decode_utf8_lossy().into_owned();
-    let backends: Vec<&str> = config.backends.iter().map(|b| b.name.as_str()).collect();
-    // The backends whose records may answer it; on the path, the backend it names, if any.
-    let (asked, on_path): (Vec<&str>, Option<Option<String>>) = match route {
-        Route::Query(_) => {
-            let analysis = request.parsed_query().analysis()?;
-            if !analysis.outer_name_constraint || analysis.extract_outside_subquery {
-                return None;
-            }
-            (backends.clone(), None)
-        }
+    // On the path, the backend it names, if any.
+    let on_path: Option<Option<String>> = match route {
+        Route::Query(_) => None,
         Route::FactsByName { name, value } if decode(name) == source => {
-            let value = value.as_deref().map(decode);
-            let asked = backends
-                .iter()
-                .copied()
-                .filter(|b| value.as_deref().is_none_or(|value| value == *b))
-                .collect();
-            (asked, Some(value))
+            Some(value.as_deref().map(decode))
         }
         _ => return None,
     };
-    let query = request.parsed_query().ast()?;
-    if on_path.is_some() && request.parsed_query().analysis()?.extract_outside_subquery {
+    let (query, analysis) = (
+        request.parsed_query().ast()?,
+        request.parsed_query().analysis()?,
+    );
+    if analysis.extract_outside_subquery || (on_path.is_none() && !analysis.outer_name_constraint) {
         return None;
     }
+    let backends: Vec<&str> = config.backends.iter().map(|b| b.name.as_str()).collect();
+    // The backends whose records may answer it.
+    let asked: Vec<&str> = match &on_path {
+        Some(Some(named)) => backends.iter().copied().filter(|b| b == named).collect(),
+        _ => backends.clone(),
+    };
     // Whether the query admits facts other than the provenance fact, which the backends hold.
     let records = on_path.is_none()
         && query::evaluate(query, &mut |atom| {
@@ -189,15 +185,12 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
             values,
         }
     };
-    let ordered_or_paged = ["order_by", "limit", "offset", "include_total"]
-        .iter()
-        .any(|key| params.get(key).is_some());
     match (records, groups.len()) {
         (false, 0) => Some(SourceAsk::Nothing),
         (true, 0) => None,
         (false, 1) => groups.pop().map(|group| SourceAsk::Part(part(group))),
         // Joined answers are not merged: the order or window would hold for each part alone.
-        _ if ordered_or_paged => None,
+        _ if params.shapes_window() => None,
         _ => Some(SourceAsk::Joined {
             records,
             parts: groups.into_iter().map(part).collect(),

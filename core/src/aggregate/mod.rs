@@ -323,7 +323,7 @@ impl CombinePlan {
                     params.set("query", query);
                 }
                 if plan.fold.is_some() {
-                    for key in ["limit", "offset", "order_by", "include_total"] {
+                    for key in crate::query::WINDOW_PARAMS {
                         params.remove(key);
                     }
                 } else {

@@ -429,8 +429,13 @@ fn provenance_gates() {
 #[test]
 fn the_source_fact_path_is_synthesised() {
     let config = config();
-    let facts_a = r#"[{"certname":"n1","name":"k","value":1,"environment":"e"}]"#;
-    let facts_b = r#"[{"certname":"n2","name":"k","value":1,"environment":"f"}]"#;
+    // What a plan asks the first backend, decoded.
+    let asked = |plan: &TestPlan| {
+        let target = plan.upstream(0).path_and_query;
+        percent_encoding::percent_decode_str(&target)
+            .decode_utf8_lossy()
+            .into_owned()
+    };
     let mut all = plan(
         &config,
         "/pdb/query/v4/facts/pdbmux_source?order_by=[{\"field\":\"certname\",\"order\":\"desc\"}]",
@@ -439,10 +444,8 @@ fn the_source_fact_path_is_synthesised() {
     .expect("plan");
     // Each backend is asked its nodes, one row each, not every fact of them; the order is
     // applied here.
-    let asked = all.upstream(0).path_and_query;
-    let asked = percent_encoding::percent_decode_str(&asked).decode_utf8_lossy();
     assert_eq!(
-        asked,
+        asked(&all),
         r#"/pdb/query/v4/facts?query=["extract",["certname","environment"],["group_by","certname","environment"]]"#
     );
     let nodes_a = r#"[{"certname":"n1","environment":"e"}]"#;
@@ -458,10 +461,8 @@ fn the_source_fact_path_is_synthesised() {
         None,
     )
     .expect("plan");
-    let asked = filtered.upstream(0).path_and_query;
-    let asked = percent_encoding::percent_decode_str(&asked).decode_utf8_lossy();
     assert_eq!(
-        asked,
+        asked(&filtered),
         r#"/pdb/query/v4/facts?query=["extract",["certname","environment"],["=","environment","e"],["group_by","certname","environment"]]"#
     );
     let (body, _) = merge(&mut filtered, &[(nodes_a, None), ("[]", None)]);
@@ -470,7 +471,7 @@ fn the_source_fact_path_is_synthesised() {
         r#"[{"certname":"n1","name":"pdbmux_source","value":"pdb-a","environment":"e"}]"#
     );
     let mut one = plan(&config, "/pdb/query/v4/facts/pdbmux_source/pdb-b", None).expect("plan");
-    let (body, _) = merge(&mut one, &[(facts_a, None), (facts_b, None)]);
+    let (body, _) = merge(&mut one, &[(nodes_a, None), (nodes_b, None)]);
     assert_eq!(
         body,
         r#"[{"certname":"n2","name":"pdbmux_source","value":"pdb-b","environment":"f"}]"#

@@ -33,7 +33,7 @@ mod rewrite;
 pub use ast::{analyze, Analysis, FunctionColumn, GroupByItem};
 pub(crate) use ast::{names_node_state, outer_filter};
 pub use foldable::{check_combinable, CombineRefusal, COMBINABLE_FUNCTIONS};
-pub use params::{JsonBodyError, Param, Params};
+pub use params::{JsonBodyError, Param, Params, WINDOW_PARAMS};
 pub(crate) use parsed::ParsedQuery;
 pub(crate) use partial::{evaluate, Residual};
 pub use rewrite::{

@@ -20,6 +20,10 @@ const BOOLEAN_PARAMS: [&str; 7] = [
 /// Parameters that must be real JSON in a POST body (a GET sends them as JSON text).
 const JSON_PARAMS: [&str; 2] = ["order_by", "counts_filter"];
 
+/// The parameters that order or window an answer: an answer they shape is not the same records
+/// in any order (so two such answers cannot be joined, and a fold drops them upstream).
+pub const WINDOW_PARAMS: [&str; 4] = ["order_by", "limit", "offset", "include_total"];
+
 /// Parameters PuppetDB reads as integers.
 const INTEGER_PARAMS: [&str; 2] = ["limit", "offset"];
 
@@ -155,6 +159,11 @@ impl Params {
     /// The decoded value of the first parameter whose decoded key is `key`.
     pub fn get(&self, key: &str) -> Option<&str> {
         self.iter().find(|param| param.key == key).map(Param::value)
+    }
+
+    /// Whether any of [`WINDOW_PARAMS`] is given: the answer is ordered or windowed.
+    pub fn shapes_window(&self) -> bool {
+        WINDOW_PARAMS.iter().any(|key| self.get(key).is_some())
     }
 
     /// The decoded values of every parameter named `key`, in order (to spot a repeated param).
