@@ -664,3 +664,77 @@ fn a_cached_streamed_join_is_stored_whole_with_the_provenance_records() {
     assert_eq!(again.header("x-cache"), Some("hit"), "stored once whole");
     assert_eq!(again.body, first.body);
 }
+
+/// A backend answering as `db` does, its answer to `/environments/production` (the parent check)
+/// replaced by `parent`, which comes after the large bodies' heads.
+fn with_parent(name: &str, url: &str, db: PuppetDb, parent: Option<Reply>) -> FakeBackend {
+    FakeBackend::by_request(name, url, move |asked: &Asked<'_>| {
+        match (&parent, asked.path_and_query) {
+            (Some(reply), "/pdb/query/v4/environments/production") => reply.clone().after(ms(40)),
+            (None, "/pdb/query/v4/environments/production") => db.answer(asked).after(ms(40)),
+            _ => db.answer(asked).after(ms(3)),
+        }
+    })
+}
+
+/// A sub-route below an environment is its entity's route with the environment's constraint
+/// (docs/merging.md, "Streamed merges"): large, it streams as `/facts` does, once the parent
+/// check, answered after the bodies' heads, found the environment.
+#[test]
+fn a_large_answer_below_an_environment_streams_once_the_environment_is_known() {
+    let (a, b) = facts_estate();
+    let mut h = harness(vec![
+        with_parent("pdb-a", URL_A, a, None),
+        with_parent("pdb-b", URL_B, b, None),
+    ]);
+    let response = answer_to(&mut h, "/pdb/query/v4/environments/production/facts");
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    let (facts, mut sources) = facts_and_sources(&response);
+    let owned: BTreeMap<_, _> = [
+        ("only-a", "pdb-a"),
+        ("only-b", "pdb-b"),
+        ("shared", "pdb-b"),
+    ]
+    .map(|(c, b)| ((c.to_owned(), b.to_owned()), FACTS_PER_NODE))
+    .into_iter()
+    .collect();
+    assert_eq!(facts, owned, "each node's facts from its owner");
+    sources.sort();
+    assert_eq!(
+        sources,
+        [
+            ("only-a", "pdb-a"),
+            ("only-b", "pdb-b"),
+            ("shared", "pdb-b")
+        ]
+        .map(|(c, b)| (c.to_owned(), b.to_owned())),
+        "the provenance fact, as on /facts"
+    );
+}
+
+/// Every backend saying it does not know the environment makes the answer PuppetDB's 404, even
+/// where they answered the merge's large bodies first: the bodies are let go, no record is
+/// written before the 404.
+#[test]
+fn a_large_answer_below_an_environment_no_backend_knows_is_the_404_and_never_streams() {
+    let (a, b) = facts_estate();
+    let unknown = || {
+        Some(Reply::json(
+            StatusCode::NOT_FOUND,
+            r#"{"error":"No information is known about environment production"}"#,
+        ))
+    };
+    let mut h = harness(vec![
+        with_parent("pdb-a", URL_A, a, unknown()),
+        with_parent("pdb-b", URL_B, b, unknown()),
+    ]);
+    let response = answer_to(&mut h, "/pdb/query/v4/environments/production/facts");
+    assert_eq!(response.merged, None, "not streamed");
+    assert_eq!(response.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        String::from_utf8_lossy(&response.body),
+        r#"{"error":"No information is known about environment production"}"#
+    );
+}

@@ -5,11 +5,13 @@
 //!
 //! The merge is planned as the entity's own route with the constraint added; this plan asks every
 //! backend for the parent (`/environments/<env>`, one small record) at the same time, so the
-//! check costs no round trip.
+//! check costs no round trip. A large merge streams as on the entity's own route, once the parent
+//! is known to exist (its small answers come long before a large body's end): the 404 can then no
+//! longer follow the first records.
 
 use http::StatusCode;
 
-use crate::fanout::{CallState, Calls, Context, Outbound, Plan, Step, Verdict};
+use crate::fanout::{CallState, Calls, Context, Outbound, Plan, Step, StreamStart, Verdict};
 use crate::ids::BackendId;
 use crate::status::{replay, Outcome, Rejection};
 
@@ -27,6 +29,9 @@ pub(crate) struct ParentChecked {
     parent_path: String,
     /// The merge's verdict, once it has one, until every parent call is over.
     verdict: Option<Verdict>,
+    /// Whether every parent call is over and some backend may know the parent: the merge may
+    /// stream from then on.
+    parent_known: bool,
 }
 
 impl ParentChecked {
@@ -36,7 +41,43 @@ impl ParentChecked {
             merge,
             parent_path,
             verdict: None,
+            parent_known: false,
         }
+    }
+
+    /// The parent's verdict once every parent call is over: `Some(Some(404))` when no backend
+    /// knows it, `Some(None)` when one may; `None` while a parent call is in flight.
+    fn parent_verdict(&self, calls: &Calls, context: &Context) -> Option<Option<Verdict>> {
+        let parent: Vec<&CallState> = calls
+            .0
+            .iter()
+            .filter(|call| call.part == PARENT)
+            .map(|call| &call.state)
+            .collect();
+        if parent
+            .iter()
+            .any(|state| matches!(state, CallState::Pending { .. }))
+        {
+            return None;
+        }
+        // Unknown only when every configured backend was asked and each said it does not know
+        // the name; one that could not answer, or was not asked, may know it.
+        let not_found: Option<Vec<&Rejection>> = parent
+            .iter()
+            .map(|state| match state {
+                CallState::Done(Outcome::Rejected(r)) if r.status == StatusCode::NOT_FOUND => {
+                    Some(r)
+                }
+                _ => None,
+            })
+            .collect();
+        let everyone_asked = context.roster.len() == context.config.backends.len();
+        Some(match not_found.as_deref() {
+            Some([first, ..]) if everyone_asked => {
+                Some(Verdict::Verbatim(replay(first, &context.config.backends)))
+            }
+            _ => None,
+        })
     }
 }
 
@@ -56,14 +97,20 @@ impl Plan for ParentChecked {
         ))
     }
 
+    fn streams(&self) -> bool {
+        self.merge.streams()
+    }
+
+    /// The merge's stream, once the parent is known (`None` until then).
+    fn stream_start(&self, context: &Context) -> Option<StreamStart> {
+        if !self.parent_known {
+            return None;
+        }
+        self.merge.stream_start(context)
+    }
+
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
-        // The parent's verdict can turn the answer into a 404 after the merge's first records:
-        // the merge is buffered.
-        let buffered = Context {
-            may_stream: false,
-            ..context.clone()
-        };
-        let mut calls = self.merge.start(&buffered);
+        let mut calls = self.merge.start(context);
         calls.extend(context.roster.iter().map(|backend| (*backend, PARENT)));
         calls
     }
@@ -77,41 +124,22 @@ impl Plan for ParentChecked {
     }
 
     fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
+        let parent = self.parent_verdict(calls, context);
+        match parent {
+            // The 404 at once: a merge's bodies are not read (or held) for an answer no one gets.
+            Some(Some(not_found)) => return Step::Done(not_found),
+            Some(None) => self.parent_known = true,
+            None => {}
+        }
         if self.verdict.is_none() {
             match self.merge.progress(calls, context) {
                 Step::Done(verdict) => self.verdict = Some(verdict),
                 step => return step,
             }
         }
-        let parent: Vec<&CallState> = calls
-            .0
-            .iter()
-            .filter(|call| call.part == PARENT)
-            .map(|call| &call.state)
-            .collect();
-        if parent
-            .iter()
-            .any(|state| matches!(state, CallState::Pending { .. }))
-        {
-            return Step::Wait;
-        }
-        // Unknown only when every configured backend was asked and each said it does not know
-        // the name; one that could not answer, or was not asked, may know it.
-        let not_found: Option<Vec<&Rejection>> = parent
-            .iter()
-            .map(|state| match state {
-                CallState::Done(Outcome::Rejected(r)) if r.status == StatusCode::NOT_FOUND => {
-                    Some(r)
-                }
-                _ => None,
-            })
-            .collect();
-        let everyone_asked = context.roster.len() == context.config.backends.len();
-        match not_found.as_deref() {
-            Some([first, ..]) if everyone_asked => {
-                Step::Done(Verdict::Verbatim(replay(first, &context.config.backends)))
-            }
-            _ => self.verdict.take().map_or(Step::Wait, Step::Done),
+        match parent {
+            None => Step::Wait,
+            Some(_) => self.verdict.take().map_or(Step::Wait, Step::Done),
         }
     }
 
