@@ -8,6 +8,8 @@
 //!   and held in memory);
 //! - `/pdb/query/v4/factsets` and `/pdb/query/v4/catalogs` (any query): the membership
 //!   refresh's producer times (certname, producer_timestamp: each node's report time);
+//! - `/pdb/query/v4/environments/<name>`: the environment's record, `{"name":"<name>"}` (the
+//!   parent check of a sub-route), for any name;
 //! - `/pdb/meta/v1/version` and `/status/v1/services`: small canned answers;
 //! - `/fakepdb/requests`: how many `/facts` and `/nodes` requests it has answered, as
 //!   `{"facts":N,"nodes":N}` (for benchmarks that count fan-outs);
@@ -27,6 +29,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use pdbmux_bench::SyntheticEstate;
+
+/// The path below which an environment's record is asked: `/pdb/query/v4/environments/<name>`.
+const ENVIRONMENT: &str = "/pdb/query/v4/environments/";
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -163,6 +168,7 @@ fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
         }
         let path = target.split('?').next().unwrap_or("/");
         let counts;
+        let environment;
         let answer = match path {
             "/pdb/query/v4/nodes" => {
                 canned.nodes_asked.fetch_add(1, Ordering::Relaxed);
@@ -183,6 +189,17 @@ fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
                 &counts
             }
             "/pdb/meta/v1/version" => &canned.version,
+            other
+                if other.starts_with(ENVIRONMENT) && !other[ENVIRONMENT.len()..].contains('/') =>
+            {
+                let name = serde_json::to_string(&other[ENVIRONMENT.len()..])?;
+                environment = response(
+                    "200 OK",
+                    "application/json",
+                    format!(r#"{{"name":{name}}}"#).as_bytes(),
+                );
+                &environment
+            }
             "/status/v1/services" => &canned.status,
             other => canned
                 .entities

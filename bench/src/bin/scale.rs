@@ -4,7 +4,9 @@
 //!
 //! For each size: two fakepdb (a fifth of the nodes in both, `--facts` facts per node); then for
 //! each binary a fresh process (cache off unless `--cache default`, health probes off, membership
-//! map warmed by one request that asks for nothing else): each `--entities` entity unpaged, `/facts` ordered, and `--concurrent` of the first
+//! map warmed by one request that asks for nothing else): each `--entities` entity unpaged, `/facts` ordered and below an environment
+//! (`/environments/production/facts`: fakepdb ignores the constraint, so it is the whole `/facts`
+//! merge with the parent check beside it), and `--concurrent` of the first
 //! entity's question at once, each in a fresh process so its peak (`VmHWM`) is its own. The memory budgets are set
 //! as `--budget` says: `off` (so large enough that the merge itself is measured) or `default`
 //! (pdbmux's own, so the refusals show how the budget bounds memory). `--concurrent 0` skips the
@@ -28,6 +30,9 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 /// The ordered question: every fact in certname, then name order.
 const ORDERED: &str =
     "/pdb/query/v4/facts?order_by=%5B%7B%22field%22%3A%22certname%22%7D%2C%7B%22field%22%3A%22name%22%7D%5D";
+
+/// The sub-route question: `/facts` below an environment, with its parent check.
+const BELOW_AN_ENVIRONMENT: &str = "/pdb/query/v4/environments/production/facts";
 
 struct Args {
     sizes: Vec<usize>,
@@ -220,7 +225,7 @@ fn main() -> Result<()> {
         };
         let (_a, a) = start_fakepdb(fakepdb(), 0, &spec)?;
         let (_b, b) = start_fakepdb(fakepdb(), 1, &spec)?;
-        // Each question: the entity's unpaged answer, and facts ordered.
+        // Each question: the entity's unpaged answer, and facts ordered and below an environment.
         let mut questions: Vec<(String, String)> = args
             .entities
             .iter()
@@ -233,10 +238,20 @@ fn main() -> Result<()> {
             .collect();
         if args.entities.iter().any(|e| e == "facts") {
             questions.push(("facts ordered".into(), ORDERED.into()));
+            questions.push((
+                "facts below an environment".into(),
+                BELOW_AN_ENVIRONMENT.into(),
+            ));
         }
         // The backends alone, each asked twice (the first warms their sockets); the slower counts.
         let mut baselines = Vec::new();
         for (_, target) in &questions {
+            // The backends serve no sub-route: asked directly, the entity's own route.
+            let target = if target == BELOW_AN_ENVIRONMENT {
+                "/pdb/query/v4/facts"
+            } else {
+                target
+            };
             let direct: Vec<Answer> = [a, b]
                 .iter()
                 .map(|&addr| {
