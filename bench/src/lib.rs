@@ -305,6 +305,46 @@ impl SyntheticEstate {
             .map_or(0, |last| last + 1);
         nodes * (self.facts_per_node + 1)
     }
+
+    /// `/events` as `backend` stores them: `facts_per_node / 4` events of each node's last run,
+    /// the same in every backend holding the node (an agent that reported to both) but for the
+    /// `report_receive_time` each backend stamps, so that a merge serves each once.
+    pub fn events_body(&self, backend: usize) -> Vec<u8> {
+        let per_node = self.facts_per_node / 4;
+        let mut out = Records::with_capacity(self.nodes_per_backend * per_node * 700);
+        for node in self.nodes(backend) {
+            let certname = Self::certname(node);
+            let environment = ENVIRONMENTS[node % ENVIRONMENTS.len()];
+            let mut rng = Rng::new((node as u64) << 8 | 1 << 41);
+            let report = rng.hex(40);
+            for index in 0..per_node {
+                let title = format!("/etc/app/conf.d/{index:03}.conf");
+                out.push(&json!({
+                    "certname": certname,
+                    "report": report,
+                    "status": "success",
+                    "timestamp": "2026-12-01T10:00:05.000Z",
+                    "run_start_time": "2026-12-01T10:00:00.000Z",
+                    "run_end_time": "2026-12-01T10:00:30.000Z",
+                    "report_receive_time": format!("2026-12-01T10:00:3{backend}.000Z"),
+                    "resource_type": "File",
+                    "resource_title": title,
+                    "property": "content",
+                    "new_value": format!("{{sha256}}{}", rng.hex(64)),
+                    "old_value": format!("{{sha256}}{}", rng.hex(64)),
+                    "message": "content changed",
+                    "file": format!("/etc/puppetlabs/code/environments/{environment}/modules/app/manifests/config.pp"),
+                    "line": 10 + index,
+                    "containment_path": ["Stage[main]", "App::Config", format!("File[{title}]")],
+                    "containing_class": "App::Config",
+                    "corrective_change": false,
+                    "configuration_version": "1764583200",
+                    "environment": environment,
+                }));
+            }
+        }
+        out.finish()
+    }
 }
 
 /// A JSON array written record by record.

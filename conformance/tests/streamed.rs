@@ -738,3 +738,112 @@ fn a_large_answer_below_an_environment_no_backend_knows_is_the_404_and_never_str
         r#"{"error":"No information is known about environment production"}"#
     );
 }
+
+/// Reports per backend in [`history_estate`]: with their logs, enough that the two answers hold
+/// more than [`pdbmux_core::STREAM_ABOVE_BYTES`] together.
+const REPORTS: usize = 4_000;
+
+/// Report `index` of `certname` as `backend` stores it (its own `receive_time`).
+fn stored_report(certname: &str, backend: &str, index: usize) -> Value {
+    json!({"certname": certname, "hash": format!("{certname}-{index:05}"),
+        "end_time": format!("2024-05-01T09:{:02}:{:02}.000Z", index / 60 % 60, index % 60),
+        "receive_time": if backend == "pdb-a" { "2024-05-01T12:00:00.000Z" } else { "2024-05-01T12:00:01.000Z" },
+        "status": "changed", "backend": backend,
+        "logs": {"href": "/logs", "data": [{"message": "x".repeat(2_000)}]}})
+}
+
+/// pdb-a holding `old`'s reports, pdb-b `new`'s, and both the `moved` node's reports of its
+/// move (the same reports stored twice: a node sending to both during a migration).
+fn history_estate() -> (PuppetDb, PuppetDb) {
+    let mut a = PuppetDb::new().node("old", T09).node("moved", T10);
+    let mut b = PuppetDb::new().node("new", T09).node("moved", T11);
+    for index in 0..REPORTS {
+        a = a
+            .record("reports", stored_report("old", "pdb-a", index))
+            .record("reports", stored_report("moved", "pdb-a", index));
+        b = b
+            .record("reports", stored_report("moved", "pdb-b", index))
+            .record("reports", stored_report("new", "pdb-b", index));
+    }
+    (a, b)
+}
+
+/// The hashes of an answer's reports, each with how many times it was served.
+fn served(response: &ClientResponse) -> BTreeMap<String, usize> {
+    let records: Vec<Value> = serde_json::from_slice(&response.body)
+        .unwrap_or_else(|e| panic!("{e}: {} bytes", response.body.len()));
+    let mut served = BTreeMap::new();
+    for record in records {
+        *served
+            .entry(record["hash"].as_str().unwrap_or("?").to_owned())
+            .or_insert(0) += 1;
+    }
+    served
+}
+
+/// Large history streams as node-owned records do (docs/merging.md, "Streamed merges"): every
+/// backend's reports, a report stored in both served once.
+#[test]
+fn a_large_history_answer_streams_each_stored_report_once() {
+    let (a, b) = history_estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ]);
+    let response = answer_to(&mut h, "/pdb/query/v4/reports");
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    let served = served(&response);
+    assert_eq!(served.len(), 3 * REPORTS, "every node's reports");
+    assert!(
+        served.values().all(|copies| *copies == 1),
+        "each stored report once"
+    );
+}
+
+/// Ordered, large history is merged k-way: the backends' sorted answers, each report once, in
+/// the requested order.
+#[test]
+fn a_large_ordered_history_answer_streams_in_order_each_report_once() {
+    let (a, b) = history_estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+    ]);
+    let order: String =
+        form_urlencoded::byte_serialize(br#"[{"field":"hash","order":"desc"}]"#).collect();
+    let response = answer_to(&mut h, &format!("/pdb/query/v4/reports?order_by={order}"));
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
+    let hashes: Vec<&str> = records.iter().filter_map(|r| r["hash"].as_str()).collect();
+    let mut expected = hashes.clone();
+    expected.sort_unstable_by(|x, y| y.cmp(x));
+    expected.dedup();
+    let first_difference = hashes.iter().zip(&expected).position(|(x, y)| x != y);
+    assert_eq!(
+        (hashes.len(), first_difference),
+        (3 * REPORTS, None),
+        "in order, each once: {:?}",
+        first_difference.map(|at| &hashes[at.saturating_sub(2)..(at + 3).min(hashes.len())])
+    );
+}
+
+/// A projection of history is not merged by its projected content (each stored report's row
+/// once, D22): it stays buffered, as do paged answers.
+#[test]
+fn a_projection_or_a_page_of_history_stays_buffered() {
+    for target in [
+        "/pdb/query/v4/reports?query=%5B%22extract%22%2C%5B%22certname%22%2C%22logs%22%5D%5D",
+        "/pdb/query/v4/reports?limit=2000",
+    ] {
+        let (a, b) = history_estate();
+        let mut h = harness(vec![
+            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+        ]);
+        let response = answer_to(&mut h, target);
+        assert_eq!(response.status, StatusCode::OK, "{target}");
+        assert_eq!(response.merged, None, "{target}: buffered");
+    }
+}

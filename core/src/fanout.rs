@@ -280,7 +280,7 @@ pub(crate) trait Plan: fmt::Debug + Send {
 #[derive(Debug)]
 pub(crate) struct StreamStart {
     /// The merge, one input per backend in `inputs`.
-    pub(crate) merge: crate::streamed::OwnedStream,
+    pub(crate) merge: crate::streamed::RecordStream,
     /// The record calls that feed it, `(backend, part)`, in input order.
     pub(crate) inputs: Vec<(BackendId, usize)>,
     /// Backends the answer counts without asking them.

@@ -1,12 +1,19 @@
-//! A node-owned merge fed its backends' answers in pieces (docs/merging.md, "Streamed merges"):
+//! A merge of records fed its backends' answers in pieces (docs/merging.md, "Streamed merges"):
 //! each answer is read record by record as its bytes arrive, each record kept or dropped as soon
-//! as it is read (its node's owner in the membership snapshot), and the kept records are written
-//! out at once, so that neither a whole answer nor the whole merged body is ever held.
+//! as it is read (its node's owner in the membership snapshot; for history, whether a copy of it
+//! was written already), and the kept records are written out at once, so that neither a whole
+//! answer nor the whole merged body is ever held.
 //!
-//! Sans-IO: bytes in ([`OwnedStream::push`], [`OwnedStream::end`]), bytes out
-//! ([`OwnedStream::take`]). The records kept are the buffered merge's (`merge/owned.rs`): a node's
+//! Sans-IO: bytes in ([`RecordStream::push`], [`RecordStream::end`]), bytes out
+//! ([`RecordStream::take`]). The records kept are the buffered merge's (`merge/owned.rs`): a node's
 //! records from its owner; a node the map does not place from the first backend in configured
 //! order that returned it, so such a record waits until every backend before its own has ended.
+//!
+//! History (`/reports`, `/events`) is every backend's records, each stored copy once
+//! ([`StreamRule::History`]; `merge/union.rs` buffered): the first copy read is written, and a
+//! digest of its identity kept (16 bytes a record, not the record) to drop the copies read
+//! after it. Which backend's copy is written can differ from the buffered merge's; copies differ
+//! only in each backend's own receive time.
 //!
 //! An ordered answer (`order_by`, no `limit`) is merged k-way: each backend's answer comes
 //! sorted, so a kept record is written once every other backend still answering has read a
@@ -15,12 +22,14 @@
 //! synthetic provenance record (an order by certname first) is queued in its place among its
 //! node's records, after those it ties with, as the buffered merge puts it.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::entity::Identity;
 use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
@@ -183,6 +192,24 @@ impl ArrayReader {
     }
 }
 
+/// What a streamed merge keeps: use [`StreamRule::Owned`] for node-owned entities,
+/// [`StreamRule::History`] for reports and events.
+#[derive(Debug)]
+pub(crate) enum StreamRule {
+    /// A node's records from its owner in `ownership`, as `scope` places it (`merge/owned.rs`).
+    Owned(Arc<Ownership>, NodeScope),
+    /// Every backend's records, each copy `identity` tells apart once; with `owned`
+    /// (`latest_report?`), the copies of a node another backend owns dropped.
+    History {
+        identity: Identity,
+        owned: Option<(Arc<Ownership>, NodeScope)>,
+    },
+}
+
+/// The bytes of a history record's identity digest kept to drop its later copies: 128 bits of
+/// SHA-256, so that no two records a merge reads share one.
+const DIGEST_BYTES: usize = 16;
+
 /// Whether a node's records from one backend are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Keep {
@@ -208,7 +235,7 @@ struct Input {
 }
 
 /// How many bytes of records an ordered merge queues from one backend before it waits for the
-/// others ([`OwnedStream::wants`]): a few hundred records, small beside the 8 MiB read before a
+/// others ([`RecordStream::wants`]): a few hundred records, small beside the 8 MiB read before a
 /// merge streams.
 const ORDERED_AHEAD_BYTES: usize = 1024 * 1024;
 
@@ -227,9 +254,12 @@ struct Queued {
 /// The decisions and the output, apart from the readers that feed them.
 #[derive(Debug)]
 struct Decisions {
-    ownership: Arc<Ownership>,
-    scope: NodeScope,
+    rule: StreamRule,
     asked: Vec<BackendId>,
+    /// History: the digests of the identities written, and where the identity's field (when it
+    /// is one) is among the fields each record is read for.
+    seen: HashSet<[u8; DIGEST_BYTES]>,
+    identity_at: Option<usize>,
     /// Nodes the map does not place: the first input in configured order that returned each, of
     /// those read so far. It keeps the node once every input before it has ended.
     claimed: HashMap<String, usize>,
@@ -320,12 +350,12 @@ impl Decisions {
                 (keep, true)
             }
         };
+        if keep == Keep::No || !self.first_copy(text, fields) {
+            return 0;
+        }
         let Some(order) = &self.order else {
             return 0;
         };
-        if keep == Keep::No {
-            return 0;
-        }
         let mut bytes = text.len();
         let unplaced = (keep == Keep::Later)
             .then(|| certname.as_deref().map(str::to_owned))
@@ -385,6 +415,31 @@ impl Decisions {
         bytes
     }
 
+    /// Whether the record `text` (read for `fields`) is the first copy of its history record to
+    /// be written: its identity's digest is kept to tell later copies. Always for node-owned
+    /// records.
+    fn first_copy(&mut self, text: &str, fields: &[Option<&RawValue>]) -> bool {
+        let StreamRule::History { identity, .. } = &self.rule else {
+            return true;
+        };
+        let key = match self.identity_at {
+            Some(at) => fields
+                .get(at)
+                .copied()
+                .flatten()
+                .and_then(raw_str)
+                .map(Cow::into_owned),
+            None => identity.key(text, Fields::of(text).as_ref()),
+        };
+        let Some(key) = key else {
+            return true;
+        };
+        let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+        let mut kept = [0; DIGEST_BYTES];
+        kept.copy_from_slice(&digest.as_ref()[..DIGEST_BYTES]);
+        self.seen.insert(kept)
+    }
+
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
     fn is_provenance(&self, name: Option<&serde_json::value::RawValue>) -> bool {
         match (&self.provenance, name) {
@@ -396,14 +451,25 @@ impl Decisions {
     /// Whether `input`'s records of `certname` are kept; `before_ended`: every input before it
     /// has ended.
     fn keep(&mut self, input: usize, certname: &str, before_ended: bool) -> Keep {
+        let (ownership, scope, history) = match &self.rule {
+            StreamRule::Owned(ownership, scope) => (ownership, *scope, false),
+            StreamRule::History {
+                owned: Some((ownership, scope)),
+                ..
+            } => (ownership, *scope, true),
+            StreamRule::History { owned: None, .. } => return Keep::Yes,
+        };
         let owning = Owning {
-            ownership: &self.ownership,
-            scope: self.scope,
+            ownership,
+            scope,
             asked: &self.asked,
         };
         match owning.holding(self.asked[input], certname) {
             Holding::Own => Keep::Yes,
             Holding::Other => Keep::No,
+            // History keeps every backend's copy of a node the map does not place (each copy
+            // once, by identity), as the buffered union does.
+            Holding::Unknown if history => Keep::Yes,
             Holding::Unknown => {
                 let first = self.claimed.entry(certname.to_owned()).or_insert(input);
                 *first = (*first).min(input);
@@ -420,29 +486,51 @@ impl Decisions {
 /// A node-owned merge of the answers of `asked` backends, fed as they arrive (see the module
 /// doc). Use it for an unpaged, unordered answer of records that name their node.
 #[derive(Debug)]
-pub(crate) struct OwnedStream {
+pub(crate) struct RecordStream {
     inputs: Vec<Input>,
     /// The fields each record is read for: [`PICKED`], then an ordered merge's `order_by`
     /// fields.
     picked: Vec<String>,
     decisions: Decisions,
-    /// Records written after the merged ones ([`OwnedStream::then_write`]).
+    /// Records written after the merged ones ([`RecordStream::then_write`]).
     then: Vec<Bytes>,
     finished: bool,
 }
 
-impl OwnedStream {
-    /// A merge of the answers of `asked` (configured order), whose nodes `scope` places in
-    /// `ownership`; `provenance` for `/facts`; `order` for an answer each backend sorts (with
-    /// synthetic provenance records only when it orders by certname first, so that each node's
-    /// records come together).
+impl RecordStream {
+    /// A merge of the answers of `asked` (configured order) keeping what `rule` keeps;
+    /// `provenance` for `/facts`; `order` for an answer each backend sorts (with synthetic
+    /// provenance records only when it orders by certname first, so that each node's records
+    /// come together).
     pub(crate) fn new(
-        ownership: Arc<Ownership>,
-        scope: NodeScope,
+        rule: StreamRule,
         asked: Vec<BackendId>,
         (provenance, order): (Option<StreamedProvenance>, Option<OrderBy>),
-    ) -> OwnedStream {
-        OwnedStream {
+    ) -> RecordStream {
+        let mut picked: Vec<String> = PICKED
+            .iter()
+            .map(|name| name.to_string())
+            .chain(
+                order
+                    .iter()
+                    .flat_map(|order| order.fields.iter())
+                    .map(|f| f.field.clone()),
+            )
+            .collect();
+        let identity_at = match &rule {
+            // A field is read once: one the order reads already is found there.
+            StreamRule::History { identity, .. } => identity.field().map(|field| {
+                picked
+                    .iter()
+                    .position(|name| name == field)
+                    .unwrap_or_else(|| {
+                        picked.push(field.to_owned());
+                        picked.len() - 1
+                    })
+            }),
+            StreamRule::Owned(..) => None,
+        };
+        RecordStream {
             inputs: asked
                 .iter()
                 .map(|_| Input {
@@ -453,20 +541,12 @@ impl OwnedStream {
                     queued_bytes: 0,
                 })
                 .collect(),
-            picked: PICKED
-                .iter()
-                .map(|name| name.to_string())
-                .chain(
-                    order
-                        .iter()
-                        .flat_map(|order| order.fields.iter())
-                        .map(|f| f.field.clone()),
-                )
-                .collect(),
+            picked,
             decisions: Decisions {
-                ownership,
-                scope,
+                rule,
                 asked,
+                seen: HashSet::new(),
+                identity_at,
                 claimed: HashMap::new(),
                 waiting: Vec::new(),
                 provenance,
@@ -506,8 +586,10 @@ impl OwnedStream {
                 return;
             }
             let Some(certname) = certname.and_then(raw_str) else {
-                // No node to own it: kept as it is.
-                decisions.write(text);
+                // No node to own it: kept as it is (history: its first copy).
+                if decisions.first_copy(text, fields) {
+                    decisions.write(text);
+                }
                 return;
             };
             let (keep, node_changed) = match last.as_ref() {
@@ -520,6 +602,7 @@ impl OwnedStream {
             };
             let environment = environment.map(serde_json::value::RawValue::get);
             match keep {
+                Keep::Yes if !decisions.first_copy(text, fields) => {}
                 Keep::Yes => {
                     let node = (certname.as_ref(), environment);
                     decisions.write_kept(input, node, (text, node_changed));
@@ -699,7 +782,7 @@ impl OwnedStream {
 /// that it does not parse (docs/merging.md, "Streamed merges").
 #[derive(Debug)]
 pub struct MergeStream {
-    merge: OwnedStream,
+    merge: RecordStream,
     bodies: Vec<(usize, UpstreamId)>,
     /// Pieces read before the merge streamed, each with its input, in the order they came.
     read_ahead: VecDeque<(usize, Bytes)>,
@@ -707,7 +790,7 @@ pub struct MergeStream {
 
 impl MergeStream {
     pub(crate) fn new(
-        merge: OwnedStream,
+        merge: RecordStream,
         bodies: Vec<(usize, UpstreamId)>,
         read_ahead: Vec<(usize, Bytes)>,
     ) -> MergeStream {

@@ -3,8 +3,8 @@
 //!
 //! - `/pdb/query/v4/nodes` (any query): the membership extract (certname, report_timestamp);
 //! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend;
-//! - `/pdb/query/v4/fact-contents`, `/pdb/query/v4/inventory`, `/pdb/query/v4/resources` (any
-//!   query), when `--entities` names them (`facts` only by default: each is rendered at start
+//! - `/pdb/query/v4/fact-contents`, `/pdb/query/v4/inventory`, `/pdb/query/v4/resources`,
+//!   `/pdb/query/v4/events` (any query), when `--entities` names them (`facts` only by default: each is rendered at start
 //!   and held in memory);
 //! - `/pdb/query/v4/factsets` and `/pdb/query/v4/catalogs` (any query): the membership
 //!   refresh's producer times (certname, producer_timestamp: each node's report time);
@@ -98,6 +98,7 @@ fn main() -> Result<()> {
             ),
             "inventory" => ("/pdb/query/v4/inventory", spec.inventory_body(backend)),
             "resources" => ("/pdb/query/v4/resources", spec.resources_body(backend)),
+            "events" => ("/pdb/query/v4/events", spec.events_body(backend)),
             other => return Err(format!("fakepdb serves no entity {other:?}").into()),
         };
         rendered.push((path, response("200 OK", json, &body)));

@@ -8,6 +8,7 @@ mod orderable;
 
 use crate::config::CacheClass;
 use crate::membership::{Kind, Scope};
+use crate::records::Fields;
 
 pub use self::columns::{Column, ColumnKind, ColumnSet, OrderColumns, SummarizeBy};
 
@@ -126,6 +127,31 @@ pub enum Identity {
     Verbatim,
     /// The `name` field (environments, producers).
     Name,
+}
+
+impl Identity {
+    /// The one field whose value tells copies apart (`hash`, `name`); `None` for
+    /// [`Identity::Verbatim`], read from the whole record.
+    pub(crate) fn field(self) -> Option<&'static str> {
+        match self {
+            Identity::Hash => Some("hash"),
+            Identity::Name => Some("name"),
+            Identity::Verbatim => None,
+        }
+    }
+
+    /// What tells the record `text`, whose top-level fields are `fields`, from another copy of
+    /// it: the merges, buffered (`merge/union.rs`) and streamed (`streamed.rs`), serve each once.
+    /// `None`: the record has no identity (a report without its hash) and is never a copy.
+    pub(crate) fn key(self, text: &str, fields: Option<&Fields<'_>>) -> Option<String> {
+        match self.field() {
+            Some(name) => fields?.str(name).map(std::borrow::Cow::into_owned),
+            None => Some(fields.map_or_else(
+                || text.to_owned(),
+                |fields| fields.identity_without("report_receive_time"),
+            )),
+        }
+    }
 }
 
 /// Every entity, in the order of the v4 API's documentation (and of the entity table).

@@ -30,7 +30,7 @@ use serde_json::Value;
 
 use crate::config::Config;
 use crate::corrections::Learned;
-use crate::entity::{ColumnSet, Entity, MergeRule};
+use crate::entity::{ColumnSet, Entity, Identity, MergeRule};
 use crate::fanout::{Calls, Context, CorrectionCall, Outbound, Plan, Step, StreamStart, Verdict};
 use crate::ids::BackendId;
 use crate::membership::Scope;
@@ -41,7 +41,7 @@ use crate::query::{self, Params, ParsedQuery, QueryText};
 use crate::route::Route;
 use crate::sort::{self, OrderBy};
 use crate::status::Unusable;
-use crate::streamed::{OwnedStream, StreamedProvenance};
+use crate::streamed::{RecordStream, StreamRule, StreamedProvenance};
 
 pub(crate) use facts::filter_source_records;
 pub(crate) use rows::{Unfilled, Window};
@@ -367,26 +367,51 @@ impl RecordPlan {
         })
     }
 
-    /// Whether this merge can stream in `context` (docs/merging.md, "Streamed merges"): the
-    /// records of a node-owned entity that name their node, unpaged, without a total, each kept
-    /// or dropped by the membership snapshot alone (the provenance fact's synthetic records
-    /// written with each node's; an ordered answer merged k-way, `/facts` with its synthetic
-    /// records only when ordered by certname first), for a request whose answer no other client
-    /// shares.
+    /// Whether this merge can stream in `context` (docs/merging.md, "Streamed merges"): unpaged,
+    /// without a total, for a request whose answer no other client shares, the records of a
+    /// node-owned entity that name their node, each kept or dropped by the membership snapshot
+    /// alone (the provenance fact's synthetic records written with each node's; an ordered
+    /// answer merged k-way, `/facts` with its synthetic records only when ordered by certname
+    /// first), or whole history records, each copy once.
     fn can_stream(&self, context: &Context) -> bool {
         context.may_stream
-            && context.ownership.is_some()
-            && self.entity.merge_rule() == MergeRule::Owned
-            && !matches!(self.provenance, Provenance::SyntheticOnly { .. })
-            && matches!(self.owned, Some((_, Technique::Drop)))
             && !self.window.is_paged()
+            && !self.include_total
+            && self.stream_rule(context).is_some()
             && self.stream_order().is_none_or(|order| {
                 // A node's synthetic provenance record sorts inside its node's records only
                 // when the order keeps each node's records together.
                 !matches!(self.provenance, Provenance::Inject)
                     || order.fields.first().is_some_and(|f| f.field == "certname")
             })
-            && !self.include_total
+    }
+
+    /// What a streamed merge of this plan keeps, when it can decide each record as it reads
+    /// it: a node-owned entity's records dropped by ownership (its query not pushed down), or
+    /// history's whole records (no projection) by identity, with `latest_report?` by ownership
+    /// too.
+    fn stream_rule(&self, context: &Context) -> Option<StreamRule> {
+        let ownership = context.ownership.as_ref();
+        let dropped = |(scope, technique)| match technique {
+            Technique::Drop => Some((Arc::clone(ownership?), scope)),
+            Technique::OverFetch | Technique::Pushdown => None,
+        };
+        match self.entity.merge_rule() {
+            MergeRule::Owned if !matches!(self.provenance, Provenance::SyntheticOnly { .. }) => {
+                let (ownership, scope) = dropped(self.owned?)?;
+                Some(StreamRule::Owned(ownership, scope))
+            }
+            MergeRule::Union(identity @ (Identity::Hash | Identity::Verbatim))
+                if self.entity.is_history() && !self.is_projection() =>
+            {
+                let owned = match self.owned {
+                    Some(owned) => Some(dropped(owned)?),
+                    None => None,
+                };
+                Some(StreamRule::History { identity, owned })
+            }
+            _ => None,
+        }
     }
 
     /// The order a streamed merge keeps: the request's `order_by`, when it names a field.
@@ -756,14 +781,15 @@ impl Plan for RecordPlan {
     }
 
     fn stream_start(&self, context: &Context) -> Option<StreamStart> {
-        let (scope, _) = self.owned.filter(|_| self.streamed)?;
-        let ownership = Arc::clone(context.ownership.as_ref()?);
+        if !self.streamed {
+            return None;
+        }
+        let rule = self.stream_rule(context)?;
         let asked = self.asked_ids();
         Some(StreamStart {
             inputs: asked.iter().map(|backend| (*backend, RECORDS)).collect(),
-            merge: OwnedStream::new(
-                ownership,
-                scope,
+            merge: RecordStream::new(
+                rule,
                 asked.clone(),
                 (
                     self.streamed_provenance(&asked),
@@ -976,3 +1002,5 @@ impl RecordPlan {
 mod tests;
 #[cfg(test)]
 mod tests_stream;
+#[cfg(test)]
+mod tests_stream_history;

@@ -8,7 +8,7 @@ use super::tests::{config, merge, ownership, plan};
 use crate::entity::Entity;
 use crate::ids::BackendId;
 use crate::ownership::NodeScope;
-use crate::streamed::{MergeStream, OwnedStream};
+use crate::streamed::{MergeStream, RecordStream, StreamRule};
 
 /// The certnames the generated estates draw from.
 const NODES: [&str; 6] = ["n0", "n1", "n2", "n3", "n4", "n5"];
@@ -41,12 +41,17 @@ fn streamed_with(
     (ownership, scope): (std::sync::Arc<crate::membership::Ownership>, NodeScope),
 ) -> String {
     let asked: Vec<BackendId> = (0..answers.len()).map(BackendId).collect();
-    let mut stream = OwnedStream::new(ownership, scope, asked, (None, None));
+    let mut stream = RecordStream::new(StreamRule::Owned(ownership, scope), asked, (None, None));
     feed(&mut stream, answers, pieces, turns)
 }
 
 /// Feeds `answers` to `stream` in `pieces`, taking turns by `turns` (see [`streamed`]).
-fn feed(stream: &mut OwnedStream, answers: &[String], pieces: &[usize], turns: &[usize]) -> String {
+pub(super) fn feed(
+    stream: &mut RecordStream,
+    answers: &[String],
+    pieces: &[usize],
+    turns: &[usize],
+) -> String {
     let mut at = vec![0; answers.len()];
     let mut cut = 0;
     let mut out = Vec::new();
@@ -71,7 +76,7 @@ fn feed(stream: &mut OwnedStream, answers: &[String], pieces: &[usize], turns: &
 
 /// The membership map of two backends holding `a` and `b` (node index, timestamp index; a
 /// node's first entry counts).
-fn map_of(
+pub(super) fn map_of(
     a: &[(usize, usize)],
     b: &[(usize, usize)],
 ) -> std::sync::Arc<crate::membership::Ownership> {
@@ -99,7 +104,12 @@ fn sorted(body: &str) -> Vec<String> {
 }
 
 fn scope() -> NodeScope {
-    NodeScope::of(Entity::Resources, config().merge, false)
+    scope_of(Entity::Resources)
+}
+
+/// How `entity`'s records are owned under the test configuration.
+pub(super) fn scope_of(entity: Entity) -> NodeScope {
+    NodeScope::of(entity, config().merge, false)
 }
 
 #[test]
@@ -149,7 +159,11 @@ fn a_body_that_is_not_an_array_of_objects_is_broken() {
         ("[{\"certname\":\"n0\",", false),
     ] {
         let map = ownership(&[], &[]);
-        let mut stream = OwnedStream::new(map, scope(), vec![BackendId(0)], (None, None));
+        let mut stream = RecordStream::new(
+            StreamRule::Owned(map, scope()),
+            vec![BackendId(0)],
+            (None, None),
+        );
         let pushed = stream.push(0, body.as_bytes());
         let ended = pushed.clone().and_then(|()| stream.end(0));
         assert!(ended.is_err(), "{body}: {ended:?}");
@@ -244,7 +258,11 @@ fn streamed_facts(
     ),
 ) -> String {
     let asked: Vec<BackendId> = (0..answers.len()).map(BackendId).collect();
-    let mut stream = OwnedStream::new(ownership, scope, asked, (Some(provenance), None));
+    let mut stream = RecordStream::new(
+        StreamRule::Owned(ownership, scope),
+        asked,
+        (Some(provenance), None),
+    );
     feed(&mut stream, answers, pieces, turns)
 }
 
@@ -292,7 +310,7 @@ proptest! {
         let (buffered, order_by) =
             buffered_ordered("resources", ORDERS[order], map.clone(), &answers);
         let asked = vec![BackendId(0), BackendId(1)];
-        let mut stream = OwnedStream::new(map, scope(), asked, (None, Some(order_by)));
+        let mut stream = RecordStream::new(StreamRule::Owned(map, scope()), asked, (None, Some(order_by)));
         let streamed = feed(&mut stream, &answers, &pieces, &turns);
         prop_assert_eq!(streamed, buffered);
     }
@@ -356,7 +374,7 @@ proptest! {
         let scope = NodeScope::of(Entity::Facts, config.merge, false);
         let asked = vec![BackendId(0), BackendId(1)];
         let mut stream =
-            OwnedStream::new(map, scope, asked, (Some(provenance), Some(order_by)));
+            RecordStream::new(StreamRule::Owned(map, scope), asked, (Some(provenance), Some(order_by)));
         let streamed = feed(&mut stream, &answers, &pieces, &turns);
         prop_assert_eq!(streamed, buffered);
     }
@@ -394,7 +412,7 @@ fn an_ordered_merge_stops_wanting_a_backend_that_read_far_ahead_of_another() {
     let order = order_of("resources", r#"[{"field":"certname"}]"#);
     let map = ownership(&[], &[]);
     let asked = vec![BackendId(0), BackendId(1)];
-    let mut stream = OwnedStream::new(map, scope(), asked, (None, Some(order)));
+    let mut stream = RecordStream::new(StreamRule::Owned(map, scope()), asked, (None, Some(order)));
     // Backend 1's nodes all sort after backend 0's: its records wait for backend 0's.
     let ahead = answer(1, &vec![(5, 0); 20_000]);
     let behind = answer(0, &[(0, 0), (1, 1)]);
@@ -441,7 +459,11 @@ fn a_backend_holding_only_a_synthetic_provenance_record_is_read_before_one_far_a
     let scope = NodeScope::of(Entity::Facts, config.merge, false);
     let asked = vec![BackendId(0), BackendId(1)];
     let map = map_of(&[(0, 0)], &[(5, 0)]);
-    let mut stream = OwnedStream::new(map, scope, asked, (Some(provenance), Some(order)));
+    let mut stream = RecordStream::new(
+        StreamRule::Owned(map, scope),
+        asked,
+        (Some(provenance), Some(order)),
+    );
     let behind = sorted_facts_answer(0, vec![(0, 1, 0), (0, 2, 0)], 0);
     let comma = behind.find("},{").expect("two records") + 2;
     stream
@@ -485,7 +507,11 @@ fn pieces_read_ahead_of_a_backend_past_its_share_wait_for_the_backend_an_ordered
     // would be queued before backend 0's first record could be written.
     let order = order_of("resources", r#"[{"field":"certname"}]"#);
     let asked = vec![BackendId(0), BackendId(1)];
-    let owned = OwnedStream::new(ownership(&[], &[]), scope(), asked, (None, Some(order)));
+    let owned = RecordStream::new(
+        StreamRule::Owned(ownership(&[], &[]), scope()),
+        asked,
+        (None, Some(order)),
+    );
     let ahead = answer(1, &vec![(5, 0); 40_000]);
     let behind = answer(0, &[(0, 0), (1, 1)]);
     // Backend 0's answer without its `]`: its body is still being read.

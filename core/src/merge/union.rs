@@ -59,20 +59,7 @@ pub(crate) fn merge(
                     return RecordFate::Dropped;
                 }
             }
-            let key = match identity {
-                Identity::Verbatim => Some(match fields {
-                    Some(fields) => fields.identity_without("report_receive_time"),
-                    None => record.get().to_owned(),
-                }),
-                Identity::Hash => fields
-                    .as_ref()
-                    .and_then(|f| f.str("hash"))
-                    .map(|h| h.into_owned()),
-                Identity::Name => fields
-                    .as_ref()
-                    .and_then(|f| f.str("name"))
-                    .map(|n| n.into_owned()),
-            };
+            let key = identity.key(record.get(), fields.as_ref());
             if let Some(key) = key {
                 if !seen.insert(key) {
                     // Still one the page filled: its copy is kept and sorts where it does.
