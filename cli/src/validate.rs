@@ -1264,6 +1264,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
         MIN_BODY_BYTES,
         u64::MAX,
     );
+    let stream_above_bytes = c.integer(ConfigKey::stream_above_bytes.name(), 0, u64::MAX);
     let client_header_timeout =
         c.duration_at_least(ConfigKey::client_header_timeout.name(), MIN_CLIENT_TIMEOUT);
     let client_send_timeout =
@@ -1352,6 +1353,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 Some((latency_objective, _)),
                 Some(merge_request_bytes),
                 Some(merge_memory_bytes),
+                Some(stream_above_bytes),
             ) = (
                 cache_backend,
                 cache_key_prefix,
@@ -1362,6 +1364,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                 latency_objective,
                 merge_request_bytes,
                 merge_memory_bytes,
+                stream_above_bytes,
             )
             else {
                 return Checked {
@@ -1402,6 +1405,7 @@ pub(crate) fn check(loaded: &Loaded) -> Checked {
                     max_body_bytes,
                     merge_request_bytes,
                     merge_memory_bytes,
+                    stream_above_bytes,
                     client_header_timeout,
                     client_send_timeout,
                     latency_objective,

@@ -725,12 +725,17 @@ fn booleans_and_integers_from_env_and_file() {
         jail.set_env("PDBMUX_MAX_BODY_BYTES", "1048576");
         jail.set_env("PDBMUX_MERGE_REQUEST_BYTES", "2097152");
         jail.set_env("PDBMUX_MERGE_MEMORY_BYTES", "4194304");
+        jail.set_env("PDBMUX_STREAM_ABOVE_BYTES", "0");
         let c = settings(jail, &[])?.config;
         assert_eq!((c.health_probe_failures, c.health_probe_successes), (7, 1));
         assert_eq!(c.max_body_bytes, 1_048_576);
         assert_eq!(
             (c.merge_request_bytes, c.merge_memory_bytes),
             (2 << 20, 4 << 20)
+        );
+        assert_eq!(
+            c.stream_above_bytes, 0,
+            "every answer that can stream streams"
         );
         Ok(())
     });

@@ -847,3 +847,37 @@ fn a_projection_or_a_page_of_history_stays_buffered() {
         assert_eq!(response.merged, None, "{target}: buffered");
     }
 }
+
+/// `stream_above_bytes` sets where merges stream: at 0 a small answer streams (its records the
+/// buffered merge's), and a threshold above a large answer keeps it buffered.
+#[test]
+fn the_threshold_is_the_configured_stream_above_bytes() {
+    let small = || {
+        let a = PuppetDb::new()
+            .node("shared", T10)
+            .record("resources", resource("shared", "pdb-a", 0));
+        let b = PuppetDb::new()
+            .node("shared", T11)
+            .record("resources", resource("shared", "pdb-b", 0));
+        vec![
+            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
+        ]
+    };
+    let mut h = Harness::with_config(small(), |config| config.stream_above_bytes = 0)
+        .expect("valid test backends");
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(
+        counted(&response).into_iter().collect::<Vec<_>>(),
+        vec![(("shared".to_owned(), "pdb-b".to_owned()), 1)]
+    );
+
+    let mut h = Harness::with_config(estate_backends(), |config| {
+        config.stream_above_bytes = 64 << 20;
+    })
+    .expect("valid test backends");
+    let response = resources_of(&mut h);
+    assert_eq!(response.merged, None, "buffered: under 64 MiB");
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+}

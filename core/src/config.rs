@@ -188,6 +188,10 @@ pub struct Config {
     /// The most bytes of backend answers every merge in flight together may hold in memory; a
     /// request that would go over it is refused with a 503 ([`crate::budget`]).
     pub merge_memory_bytes: u64,
+    /// A merge that can stream reads its backends' answers whole while they hold at most this
+    /// many bytes together, and streams past it (docs/merging.md, "Streamed merges"; default
+    /// [`crate::STREAM_ABOVE_BYTES`]). 0 streams every answer that can stream.
+    pub stream_above_bytes: u64,
     /// How long a client may take to send a request head, and how long an idle kept-alive
     /// connection stays open (nginx's `client_header_timeout`; docs/reliability.md). A new
     /// connection takes the value current when it is accepted.
@@ -320,6 +324,7 @@ config_keys!(
     max_body_bytes => [Answers],
     merge_request_bytes => [Nothing],
     merge_memory_bytes => [Nothing],
+    stream_above_bytes => [Nothing],
     client_header_timeout => [Nothing],
     client_send_timeout => [Nothing],
     latency_objective => [Nothing],
@@ -414,6 +419,7 @@ impl Config {
             max_body_bytes: 512 * 1024 * 1024,
             merge_request_bytes: 512 * 1024 * 1024,
             merge_memory_bytes: 1024 * 1024 * 1024,
+            stream_above_bytes: crate::STREAM_ABOVE_BYTES,
             client_header_timeout: Duration::from_secs(30),
             client_send_timeout: Duration::from_secs(60),
             latency_objective: Duration::from_secs(2),

@@ -17,7 +17,7 @@ use crate::healthz::Round;
 use crate::ids::{BackendId, Counter, UpstreamId};
 use crate::message::{
     Purpose, Response, ResponseBody, UpstreamBody, UpstreamFailure, UpstreamRequest,
-    UpstreamResponse, STREAM_ABOVE_BYTES, X_BACKENDS,
+    UpstreamResponse, X_BACKENDS,
 };
 use crate::route::RouteClass;
 use crate::stats::CallOutcome;
@@ -446,7 +446,7 @@ impl Exchange {
     }
 
     /// Reads the held bodies of a merge that can stream: each is asked piece by piece while
-    /// they hold at most [`STREAM_ABOVE_BYTES`] together. Past it, once every call has its head,
+    /// they hold at most `stream_above_bytes` together. Past it, once every call has its head,
     /// each body its first [`CHECKED_BEFORE_STREAMING`] bytes and no read is outstanding, the
     /// merge streams (and the exchange responds): `true` then.
     fn read_on(&mut self) -> bool {
@@ -467,7 +467,7 @@ impl Exchange {
                 _ => {}
             }
         }
-        let over = read > STREAM_ABOVE_BYTES;
+        let over = u64::try_from(read).unwrap_or(u64::MAX) > self.context.config.stream_above_bytes;
         let mut unread = false;
         for call in &mut self.calls.0 {
             if let CallState::Reading {
@@ -486,8 +486,10 @@ impl Exchange {
             }
         }
         // Bodies all whole already (none held, or every one read to its end): nothing is gained
-        // by streaming them, and the buffered answer can be cached and shared.
-        if !over || unread || outstanding || !reading {
+        // by streaming them, and the buffered answer can be cached and shared; unless
+        // `stream_above_bytes` is 0, which streams every answer that can stream.
+        let stream_whole = self.context.config.stream_above_bytes == 0;
+        if !over || unread || outstanding || !(reading || stream_whole) {
             return false;
         }
         let heads_known = !self

@@ -242,7 +242,7 @@ pub(crate) trait Plan: fmt::Debug + Send {
     }
 
     /// Whether its record calls are asked with held bodies, read whole up to
-    /// [`crate::STREAM_ABOVE_BYTES`] and streamed past it (docs/merging.md, "Streamed merges");
+    /// `stream_above_bytes` and streamed past it (docs/merging.md, "Streamed merges");
     /// known once [`Plan::start`] ran.
     fn streams(&self) -> bool {
         false

@@ -72,12 +72,13 @@ pub enum BodyMode {
 /// once its first bytes went out (docs/reliability.md).
 pub const HELD_ABOVE_BYTES: u64 = 256 * 1024;
 
-/// A merge that can stream reads its backends' held bodies whole while they hold at most this
-/// many bytes together, and merges them as a buffered answer; past it, the merge streams
-/// (docs/merging.md, "Streamed merges"). Below it a backend failing mid-body still leaves a
-/// partial answer, and the answer is cached and shared like any other; 8 MiB is a few thousand
-/// nodes' facts, a small part of the per-request budget, and reads in tens of milliseconds.
-pub const STREAM_ABOVE_BYTES: usize = 8 * 1024 * 1024;
+/// The default of `stream_above_bytes` (`Config::stream_above_bytes`): a merge that can stream
+/// reads its backends' held bodies whole while they hold at most this many bytes together, and
+/// merges them as a buffered answer; past it, the merge streams (docs/merging.md, "Streamed
+/// merges"). Below it a backend failing mid-body still leaves a partial answer, and the answer
+/// is cached and shared like any other; 8 MiB is a few thousand nodes' facts, a small part of
+/// the per-request budget, and reads in tens of milliseconds.
+pub const STREAM_ABOVE_BYTES: u64 = 8 * 1024 * 1024;
 
 impl BodyMode {
     /// Whether the runtime holds an answer with this status and declared `Content-Length`

@@ -10,10 +10,11 @@
 //! order that returned it, so such a record waits until every backend before its own has ended.
 //!
 //! History (`/reports`, `/events`) is every backend's records, each stored copy once
-//! ([`StreamRule::History`]; `merge/union.rs` buffered): the first copy read is written, and a
-//! digest of its identity kept (16 bytes a record, not the record) to drop the copies read
-//! after it. Which backend's copy is written can differ from the buffered merge's; copies differ
-//! only in each backend's own receive time.
+//! ([`StreamRule::History`]; `merge/union.rs` buffered): the first copy written is kept, and a
+//! digest of its identity (16 bytes a record, not the record) drops the copies after it. An
+//! unordered answer writes the first copy read, which can be another backend's than the buffered
+//! merge's (copies differ only in each backend's own receive time); an ordered one tells copies
+//! as they are written, so copies tying on the order are the buffered merge's choice.
 //!
 //! An ordered answer (`order_by`, no `limit`) is merged k-way: each backend's answer comes
 //! sorted, so a kept record is written once every other backend still answering has read a
@@ -210,6 +211,10 @@ pub(crate) enum StreamRule {
 /// SHA-256, so that no two records a merge reads share one.
 const DIGEST_BYTES: usize = 16;
 
+/// The bytes one digest the set holds room for takes: its own, a control byte, and its share of
+/// the buckets a hash table keeps free (at most 7 in 8 are used).
+const SEEN_SLOT_BYTES: usize = (DIGEST_BYTES + 1) * 8 / 7 + 1;
+
 /// Whether a node's records from one backend are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Keep {
@@ -249,6 +254,8 @@ struct Queued {
     /// A node's synthetic provenance record: it follows the node's records that sort with it,
     /// so it waits until its input has read a record sorting after it, or ended.
     synthetic: bool,
+    /// A history record's identity digest: it is written only if no copy was.
+    digest: Option<[u8; DIGEST_BYTES]>,
 }
 
 /// The decisions and the output, apart from the readers that feed them.
@@ -350,9 +357,13 @@ impl Decisions {
                 (keep, true)
             }
         };
-        if keep == Keep::No || !self.first_copy(text, fields) {
+        if keep == Keep::No {
             return 0;
         }
+        // A copy of a history record is told when it is written, in the merged order: the
+        // first in that order is kept, where ties go to configured order as in the buffered
+        // merge.
+        let digest = self.digest(text, fields);
         let Some(order) = &self.order else {
             return 0;
         };
@@ -391,6 +402,7 @@ impl Decisions {
                 unplaced: unplaced.clone(),
                 text: text.to_owned(),
                 synthetic: false,
+                digest,
             },
         );
         if let Some(record) = synthetic {
@@ -409,6 +421,7 @@ impl Decisions {
                     unplaced,
                     text: record.get().to_owned(),
                     synthetic: true,
+                    digest: None,
                 },
             );
         }
@@ -419,8 +432,17 @@ impl Decisions {
     /// be written: its identity's digest is kept to tell later copies. Always for node-owned
     /// records.
     fn first_copy(&mut self, text: &str, fields: &[Option<&RawValue>]) -> bool {
+        match self.digest(text, fields) {
+            Some(digest) => self.seen.insert(digest),
+            None => true,
+        }
+    }
+
+    /// The digest of a history record's identity; `None` for node-owned records and for a
+    /// record without one (never a copy).
+    fn digest(&self, text: &str, fields: &[Option<&RawValue>]) -> Option<[u8; DIGEST_BYTES]> {
         let StreamRule::History { identity, .. } = &self.rule else {
-            return true;
+            return None;
         };
         let key = match self.identity_at {
             Some(at) => fields
@@ -431,13 +453,10 @@ impl Decisions {
                 .map(Cow::into_owned),
             None => identity.key(text, Fields::of(text).as_ref()),
         };
-        let Some(key) = key else {
-            return true;
-        };
-        let digest = ring::digest::digest(&ring::digest::SHA256, key.as_bytes());
+        let digest = ring::digest::digest(&ring::digest::SHA256, key?.as_bytes());
         let mut kept = [0; DIGEST_BYTES];
         kept.copy_from_slice(&digest.as_ref()[..DIGEST_BYTES]);
-        self.seen.insert(kept)
+        Some(kept)
     }
 
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
@@ -701,6 +720,11 @@ impl RecordStream {
         self.finished
     }
 
+    /// The bytes that grow with the answer: the set of history digests.
+    fn held_bytes(&self) -> usize {
+        self.decisions.seen.capacity() * SEEN_SLOT_BYTES
+    }
+
     /// Writes an ordered merge's queued records while the first in order is known.
     fn write_ordered(&mut self) {
         while let Some((index, keep)) = self.next_ordered() {
@@ -709,7 +733,12 @@ impl RecordStream {
                 return;
             };
             input.queued_bytes -= record.text.len();
-            if keep {
+            // A history record is written when no copy of it was.
+            if keep
+                && record
+                    .digest
+                    .is_none_or(|digest| self.decisions.seen.insert(digest))
+            {
                 self.decisions.write(&record.text);
             }
         }
@@ -846,6 +875,13 @@ impl MergeStream {
     /// Whether the answer is whole: every body ended and the array closed.
     pub fn is_finished(&self) -> bool {
         self.merge.is_finished()
+    }
+
+    /// The bytes the merge holds that grow with the answer rather than with a piece: the
+    /// digests that tell a history record's copies (about 20 bytes a record written). Count
+    /// them in the request's memory budget as they grow; past it the answer cannot be completed.
+    pub fn held_bytes(&self) -> usize {
+        self.merge.held_bytes()
     }
 }
 

@@ -82,6 +82,20 @@ impl BodyBudget {
 }
 
 impl BodyBudget {
+    /// A new share of the same process budget, under the same limits, holding nothing yet: for
+    /// what a streamed merge holds as it grows once its exchange answered (and gave its own
+    /// share back).
+    pub fn fresh(&self) -> BodyBudget {
+        BodyBudget(self.0.as_ref().map(|share| {
+            Arc::new(Share {
+                process: Arc::clone(&share.process),
+                used: AtomicU64::new(0),
+                request_limit: share.request_limit,
+                process_limit: share.process_limit,
+            })
+        }))
+    }
+
     /// Gives back `bytes` taken earlier and no longer held (a cached flight's copy let go).
     pub fn give(&self, bytes: usize) {
         let Some(share) = &self.0 else {

@@ -1128,6 +1128,15 @@ impl<R: Runtime> Bound<'_, R> {
         }
     }
 
+    /// A share of the memory budget for what a streamed merge holds as it grows, once this
+    /// exchange answered ([`BodyBudget::fresh`]).
+    pub(crate) fn stream_budget(&self) -> BodyBudget {
+        self.budget
+            .as_ref()
+            .map(BodyBudget::fresh)
+            .unwrap_or_default()
+    }
+
     /// Gives back `bytes` taken with [`Bound::take_budget`] and no longer held.
     pub(crate) fn give_budget(&self, bytes: usize) {
         if let Ok(budget) = &self.budget {

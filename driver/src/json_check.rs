@@ -187,6 +187,10 @@ pub enum StreamFailure {
     /// The deadline passed before the body's end.
     #[error("upstream body not complete before the deadline")]
     DeadlinePassed,
+    /// A streamed merge's own memory (the digests that tell a history record's copies) went over
+    /// a memory budget.
+    #[error("the merge's record digests went {0}")]
+    OverBudget(pdbmux_core::UpstreamFailure),
 }
 
 /// What both binaries' streamed-body wrappers decide, whatever their body type: each chunk

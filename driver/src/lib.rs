@@ -146,7 +146,8 @@ pub(crate) async fn drive<R: Runtime>(
                                 })
                                 .collect();
                             let deadline = deadline.unwrap_or_else(|| bound.now());
-                            Streamed::Merged(MergedBody::new(stream, bodies), deadline)
+                            let budget = bound.stream_budget();
+                            Streamed::Merged(MergedBody::new(stream, bodies, budget), deadline)
                         }),
                         ResponseBody::Full(_) => None,
                     };

@@ -14,6 +14,7 @@ use futures_util::StreamExt;
 use pdbmux_core::MergeStream;
 
 use crate::access::BodyWatch;
+use crate::budget::BodyBudget;
 use crate::metrics::StreamedMerges;
 use crate::{Runtime, StreamFailure};
 
@@ -45,6 +46,8 @@ enum Source<R: Runtime> {
         bodies: Vec<(usize, Option<R::Held>)>,
         /// The input polled first next time: the bodies take turns.
         next: usize,
+        /// What the merge's own memory is counted in, and how much of it is taken.
+        budget: (BodyBudget, usize),
     },
     /// A cached flight's merge, as its task writes it to each of its clients.
     Shared(mpsc::Receiver<SharedPiece>),
@@ -63,8 +66,13 @@ pub(crate) enum SharedPiece {
 
 impl<R: Runtime> MergedBody<R> {
     /// The merge `stream` fed by `bodies` (each with its input, as [`MergeStream::bodies`]
-    /// names them).
-    pub fn new(stream: MergeStream, bodies: Vec<(usize, R::Held)>) -> MergedBody<R> {
+    /// names them), the memory it holds as it grows ([`MergeStream::held_bytes`]) counted in
+    /// `budget`.
+    pub fn new(
+        stream: MergeStream,
+        bodies: Vec<(usize, R::Held)>,
+        budget: BodyBudget,
+    ) -> MergedBody<R> {
         MergedBody::of(Source::Merge {
             stream: Box::new(stream),
             bodies: bodies
@@ -72,6 +80,7 @@ impl<R: Runtime> MergedBody<R> {
                 .map(|(input, body)| (input, Some(body)))
                 .collect(),
             next: 0,
+            budget: (budget, 0),
         })
     }
 
@@ -117,7 +126,8 @@ impl<R: Runtime> MergedBody<R> {
                 stream,
                 bodies,
                 next,
-            } => poll_merge::<R>(stream, bodies, next, cx),
+                budget,
+            } => poll_merge::<R>(stream, bodies, next, budget, cx),
             Source::Shared(pieces) => match pieces.poll_next_unpin(cx) {
                 Poll::Pending => Poll::Pending,
                 Poll::Ready(Some(SharedPiece::Bytes(bytes))) => Poll::Ready(Some(Ok(bytes))),
@@ -172,14 +182,22 @@ impl<R: Runtime> MergedBody<R> {
 }
 
 /// The next bytes a merge writes: fed from the held bodies until it writes some, `Ready(None)`
-/// once it is whole.
+/// once it is whole; what the merge holds as it grows taken from `budget` after each piece.
 fn poll_merge<R: Runtime>(
     stream: &mut MergeStream,
     bodies: &mut [(usize, Option<R::Held>)],
     next: &mut usize,
+    (budget, taken): &mut (BodyBudget, usize),
     cx: &mut Context<'_>,
 ) -> Poll<Option<Result<Bytes, StreamFailure>>> {
     loop {
+        let held = stream.held_bytes();
+        if held > *taken {
+            if let Err(over) = budget.take(held - *taken) {
+                return Poll::Ready(Some(Err(StreamFailure::OverBudget(over))));
+            }
+            *taken = held;
+        }
         let out = stream.take();
         if !out.is_empty() {
             return Poll::Ready(Some(Ok(out)));

@@ -90,6 +90,13 @@ fn cache_on() -> bool {
     std::env::var("E2E_HISTORY_CACHE").as_deref() == Ok("1")
 }
 
+/// Whether every answer that can stream does (`E2E_HISTORY_STREAM=1`: `stream_above_bytes` 0),
+/// so that the streamed merges, which only answers past 8 MiB take by default, are held to the
+/// union on every question too.
+fn stream_all() -> bool {
+    std::env::var("E2E_HISTORY_STREAM").as_deref() == Ok("1")
+}
+
 fn pdbmux(history: &History) -> Pdbmux {
     let bin = std::env::var_os("E2E_BIN").expect("E2E_BIN names the binary");
     let state = std::env::var_os("E2E_STATE").map(PathBuf::from);
@@ -112,6 +119,9 @@ fn pdbmux(history: &History) -> Pdbmux {
         ] {
             builder = builder.env(key, "0");
         }
+    }
+    if stream_all() {
+        builder = builder.env("PDBMUX_STREAM_ABOVE_BYTES", "0");
     }
     for backend in &history.backends {
         builder = builder.backend(&backend.name, &backend.url);

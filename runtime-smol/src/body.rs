@@ -299,7 +299,7 @@ impl AsyncRead for MergedReader {
 fn io_error(failure: &StreamFailure) -> io::Error {
     let kind = match failure {
         StreamFailure::NotJson(_) => io::ErrorKind::InvalidData,
-        StreamFailure::Upstream(_) => io::ErrorKind::Other,
+        StreamFailure::Upstream(_) | StreamFailure::OverBudget(_) => io::ErrorKind::Other,
         StreamFailure::DeadlinePassed => io::ErrorKind::TimedOut,
     };
     io::Error::new(kind, failure.clone())

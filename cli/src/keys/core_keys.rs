@@ -168,6 +168,12 @@ pub(super) fn entry(key: ConfigKey) -> Key {
             Some("1073741824"),
             "most backend answer bytes all merges in flight hold (1 GiB); more answers 503",
         ),
+        K::stream_above_bytes => Key::new(
+            key.name(),
+            None,
+            Some("8388608"),
+            "answers a merge reads whole before it streams (8 MiB); 0 streams all that can",
+        ),
         K::client_header_timeout => Key::new(
             key.name(),
             None,

@@ -179,7 +179,7 @@ pub(crate) struct RecordPlan {
     excused: usize,
     /// The corrections the total needs; set by [`Plan::start`].
     corrections: Vec<CorrectionCall>,
-    /// Whether its records are streamed past [`crate::STREAM_ABOVE_BYTES`]; set by
+    /// Whether its records are streamed past `stream_above_bytes`; set by
     /// [`Plan::start`] ([`RecordPlan::can_stream`]).
     streamed: bool,
 }

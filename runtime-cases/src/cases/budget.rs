@@ -2,12 +2,15 @@
 //! counted while they are read, so a merge over `merge_request_bytes` is refused with a 503 and
 //! `Retry-After`, counted in the metrics, and its bytes are given back. (That reading stops at the
 //! refusal is the runtimes' code, not asserted here: the backend cannot see how much was read.)
+//! A streamed history merge counts the digests that tell copies apart as they grow: past the
+//! budget its body is cut off.
 
 use std::path::Path;
 
 use super::metrics::{metrics_addr, scrape_until};
-use super::{chunked, End};
-use crate::support::{FakeBackend, Pdbmux};
+use super::verbatim::dechunk;
+use super::{chunked, ends_a_chunked_body, End};
+use crate::support::{access_line, FakeBackend, Pdbmux};
 
 /// `count` distinct reports from `backend`, about 100 bytes each.
 fn reports(backend: &str, count: usize) -> String {
@@ -86,4 +89,64 @@ pub fn a_merge_over_its_memory_budget_is_refused_while_it_reads_and_gives_its_by
     let records: Vec<serde_json::Value> =
         serde_json::from_str(response.body()).expect("a JSON array");
     assert_eq!(records.len(), 10);
+}
+
+pub fn a_streamed_history_merge_past_its_memory_budget_is_cut_off_and_gives_its_bytes_back(
+    bin: &Path,
+) {
+    // Every answer that can stream streams; each backend answers 20,000 distinct reports (about
+    // 2 MB). The reads before the merge streams (each body's first 64 KiB) fit in the 600 KB one
+    // request may hold; the digests of 40,000 reports (about 20 bytes each) do not.
+    let answer = |backend: &'static str| {
+        move |_request: &str| chunked(&reports(backend, 20_000), End::Terminated)
+    };
+    let backend_a = FakeBackend::start(answer("a"));
+    let backend_b = FakeBackend::start(answer("b"));
+    let metrics = metrics_addr();
+    let start = |request_bytes: &str, metrics: Option<std::net::SocketAddr>| {
+        let mut env = vec![
+            (
+                "PDBMUX_BACKENDS",
+                format!("a={},b={}", backend_a.url(), backend_b.url()),
+            ),
+            ("PDBMUX_MERGE_REQUEST_BYTES", request_bytes.to_owned()),
+            ("PDBMUX_STREAM_ABOVE_BYTES", "0".into()),
+            ("PDBMUX_HISTORY_TTL", "0".into()),
+        ];
+        if let Some(metrics) = metrics {
+            env.push(("PDBMUX_METRICS_LISTEN", metrics.to_string()));
+        }
+        Pdbmux::start(bin, &env)
+    };
+    let mut pdbmux = start("600000", Some(metrics));
+    let response = pdbmux.get("/pdb/query/v4/reports");
+    assert_eq!(response.status(), 200, "streamed: its head left first");
+    assert!(
+        !ends_a_chunked_body(&response.text),
+        "the client must not see a complete body"
+    );
+    let scrape = scrape_until(metrics, |s| {
+        s.value("pdbmux_streamed_merges_total", "outcome=cut_off") == 1.0
+    });
+    assert_eq!(
+        scrape.value("pdbmux_merge_memory_bytes", ""),
+        0.0,
+        "the cut-off merge gave its bytes back:\n{}",
+        scrape.text
+    );
+    // Its one access line says why (read once pdbmux stopped).
+    let log = pdbmux.stderr();
+    let line = access_line(&log, "/pdb/query/v4/reports");
+    for field in [" body=cut_off ", "merge_request_bytes (600000 bytes)"] {
+        assert!(line.contains(field), "{field} in {line}");
+    }
+
+    // With room for its digests the same question is whole: every report once.
+    let pdbmux = start("8000000", None);
+    let response = pdbmux.get("/pdb/query/v4/reports");
+    assert_eq!(response.status(), 200, "{}", response.text);
+    let (body, whole) = dechunk(response.body());
+    assert!(whole, "a whole chunked body");
+    let records: Vec<serde_json::Value> = serde_json::from_str(&body).expect("a JSON array");
+    assert_eq!(records.len(), 40_000);
 }

@@ -396,7 +396,7 @@ pub fn a_backend_closing_mid_body_aborts_the_connection(bin: &Path) {
 
 /// Whether a raw response's body (after its head: the head itself may end in a `0`, a request
 /// id's last digit) ends with the last chunk of a chunked body.
-fn ends_a_chunked_body(text: &str) -> bool {
+pub(crate) fn ends_a_chunked_body(text: &str) -> bool {
     text.split_once("\r\n\r\n")
         .is_some_and(|(_, body)| body.ends_with("0\r\n\r\n"))
 }
@@ -714,6 +714,7 @@ macro_rules! runtime_cases {
             an_owner_whose_answer_is_not_json_is_logged,
             the_metrics_listener_refuses_ambiguous_framing,
             a_merge_over_its_memory_budget_is_refused_while_it_reads_and_gives_its_bytes_back,
+            a_streamed_history_merge_past_its_memory_budget_is_cut_off_and_gives_its_bytes_back,
         );
     };
     (@each $binary:expr; $($case:ident),* $(,)?) => {

@@ -39,7 +39,7 @@ fn large_body(records: usize) -> String {
 }
 
 /// The body of a chunked response, and whether its terminating chunk arrived.
-fn dechunk(mut raw: &str) -> (String, bool) {
+pub(crate) fn dechunk(mut raw: &str) -> (String, bool) {
     let mut body = String::new();
     loop {
         let Some((size, rest)) = raw.split_once("\r\n") else {
