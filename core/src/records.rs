@@ -123,21 +123,6 @@ impl<'a> Fields<'a> {
             .map(|(_, value)| *value)
     }
 
-    /// The record's fields as one string, in their order, leaving out `skip`: an identity for
-    /// records that are equal but for that field.
-    pub fn identity_without(&self, skip: &str) -> String {
-        let mut identity = String::new();
-        for (key, value) in &self.0 {
-            if key != skip {
-                identity.push_str(key);
-                identity.push('\u{0}');
-                identity.push_str(value.get());
-                identity.push('\u{0}');
-            }
-        }
-        identity
-    }
-
     /// The string value of `name`; `None` when absent, null or not a string.
     pub fn str(&self, name: &str) -> Option<Cow<'a, str>> {
         self.raw(name).and_then(raw_str)

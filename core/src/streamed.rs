@@ -23,14 +23,13 @@
 //! synthetic provenance record (an order by certname first) is queued in its place among its
 //! node's records, after those it ties with, as the buffered merge puts it.
 
-use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use bytes::Bytes;
 
-use crate::entity::Identity;
+use crate::entity::{Digest, Identity};
 use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
@@ -207,13 +206,9 @@ pub(crate) enum StreamRule {
     },
 }
 
-/// The bytes of a history record's identity digest kept to drop its later copies: 128 bits of
-/// SHA-256, so that no two records a merge reads share one.
-const DIGEST_BYTES: usize = 16;
-
 /// The bytes one digest the set holds room for takes: its own, a control byte, and its share of
 /// the buckets a hash table keeps free (at most 7 in 8 are used).
-const SEEN_SLOT_BYTES: usize = (DIGEST_BYTES + 1) * 8 / 7 + 1;
+const SEEN_SLOT_BYTES: usize = (std::mem::size_of::<Digest>() + 1) * 8 / 7 + 1;
 
 /// Whether a node's records from one backend are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -255,7 +250,7 @@ struct Queued {
     /// so it waits until its input has read a record sorting after it, or ended.
     synthetic: bool,
     /// A history record's identity digest: it is written only if no copy was.
-    digest: Option<[u8; DIGEST_BYTES]>,
+    digest: Option<Digest>,
 }
 
 /// The decisions and the output, apart from the readers that feed them.
@@ -263,9 +258,9 @@ struct Queued {
 struct Decisions {
     rule: StreamRule,
     asked: Vec<BackendId>,
-    /// History: the digests of the identities written, and where the identity's field (when it
-    /// is one) is among the fields each record is read for.
-    seen: HashSet<[u8; DIGEST_BYTES]>,
+    /// History: the digests of the identities written, and where the identity's field is among
+    /// the fields each record is read for.
+    seen: HashSet<Digest>,
     identity_at: Option<usize>,
     /// Nodes the map does not place: the first input in configured order that returned each, of
     /// those read so far. It keeps the node once every input before it has ended.
@@ -440,23 +435,14 @@ impl Decisions {
 
     /// The digest of a history record's identity; `None` for node-owned records and for a
     /// record without one (never a copy).
-    fn digest(&self, text: &str, fields: &[Option<&RawValue>]) -> Option<[u8; DIGEST_BYTES]> {
+    fn digest(&self, text: &str, fields: &[Option<&RawValue>]) -> Option<Digest> {
         let StreamRule::History { identity, .. } = &self.rule else {
             return None;
         };
-        let key = match self.identity_at {
-            Some(at) => fields
-                .get(at)
-                .copied()
-                .flatten()
-                .and_then(raw_str)
-                .map(Cow::into_owned),
-            None => identity.key(text, Fields::of(text).as_ref()),
-        };
-        let digest = ring::digest::digest(&ring::digest::SHA256, key?.as_bytes());
-        let mut kept = [0; DIGEST_BYTES];
-        kept.copy_from_slice(&digest.as_ref()[..DIGEST_BYTES]);
-        Some(kept)
+        let field = self
+            .identity_at
+            .and_then(|at| fields.get(at).copied().flatten());
+        identity.digest(text, field)
     }
 
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
@@ -538,15 +524,18 @@ impl RecordStream {
             .collect();
         let identity_at = match &rule {
             // A field is read once: one the order reads already is found there.
-            StreamRule::History { identity, .. } => identity.field().map(|field| {
-                picked
-                    .iter()
-                    .position(|name| name == field)
-                    .unwrap_or_else(|| {
-                        picked.push(field.to_owned());
-                        picked.len() - 1
-                    })
-            }),
+            StreamRule::History { identity, .. } => {
+                let field = identity.field();
+                Some(
+                    picked
+                        .iter()
+                        .position(|name| name == field)
+                        .unwrap_or_else(|| {
+                            picked.push(field.to_owned());
+                            picked.len() - 1
+                        }),
+                )
+            }
             StreamRule::Owned(..) => None,
         };
         RecordStream {

@@ -8,7 +8,8 @@ mod orderable;
 
 use crate::config::CacheClass;
 use crate::membership::{Kind, Scope};
-use crate::records::Fields;
+use crate::records::raw_str;
+use serde_json::value::RawValue;
 
 pub use self::columns::{Column, ColumnKind, ColumnSet, OrderColumns, SummarizeBy};
 
@@ -129,29 +130,59 @@ pub enum Identity {
     Name,
 }
 
+/// What a merge keeps of a record's identity to tell its copies: 128 bits of SHA-256, so that
+/// no two records a merge reads share one (the buffered union, `merge/union.rs`, and the
+/// streamed one, `streamed.rs`, keep these rather than the identities).
+pub(crate) type Digest = [u8; 16];
+
+/// The field each backend stamps itself on an event (when it received its report): left out of
+/// the event's identity.
+const RECEIPT_FIELD: &str = "report_receive_time";
+
 impl Identity {
-    /// The one field whose value tells copies apart (`hash`, `name`); `None` for
-    /// [`Identity::Verbatim`], read from the whole record.
-    pub(crate) fn field(self) -> Option<&'static str> {
+    /// The field a record is read for to tell its copies apart: `hash` or `name`, whose value
+    /// is the identity, or for [`Identity::Verbatim`] the receipt time, the one part of the
+    /// record left out of it.
+    pub(crate) fn field(self) -> &'static str {
         match self {
-            Identity::Hash => Some("hash"),
-            Identity::Name => Some("name"),
-            Identity::Verbatim => None,
+            Identity::Hash => "hash",
+            Identity::Name => "name",
+            Identity::Verbatim => RECEIPT_FIELD,
         }
     }
 
-    /// What tells the record `text`, whose top-level fields are `fields`, from another copy of
-    /// it: the merges, buffered (`merge/union.rs`) and streamed (`streamed.rs`), serve each once.
-    /// `None`: the record has no identity (a report without its hash) and is never a copy.
-    pub(crate) fn key(self, text: &str, fields: Option<&Fields<'_>>) -> Option<String> {
-        match self.field() {
-            Some(name) => fields?.str(name).map(std::borrow::Cow::into_owned),
-            None => Some(fields.map_or_else(
-                || text.to_owned(),
-                |fields| fields.identity_without("report_receive_time"),
-            )),
+    /// The digest that tells the record `text` from other copies of it, given the raw value of
+    /// [`Identity::field`] in it, borrowed from `text` (`None`: absent). `None` when the record
+    /// has no identity (a report without its hash): it is never a copy.
+    pub(crate) fn digest(self, text: &str, field: Option<&RawValue>) -> Option<Digest> {
+        let mut context = ring::digest::Context::new(&ring::digest::SHA256);
+        match self {
+            Identity::Hash | Identity::Name => {
+                context.update(raw_str(field?)?.as_bytes());
+            }
+            // The record's text but its receipt time's value: copies differ in nothing else
+            // (each backend writes a record's fields alike).
+            Identity::Verbatim => match field.and_then(|value| span_in(text, value.get())) {
+                Some((start, end)) => {
+                    context.update(&text.as_bytes()[..start]);
+                    context.update(b"\0");
+                    context.update(&text.as_bytes()[end..]);
+                }
+                None => context.update(text.as_bytes()),
+            },
         }
+        let mut digest = Digest::default();
+        let length = digest.len();
+        digest.copy_from_slice(&context.finish().as_ref()[..length]);
+        Some(digest)
     }
+}
+
+/// Where `part`, a slice borrowed from `text`, lies in it; `None` when it is not one.
+fn span_in(text: &str, part: &str) -> Option<(usize, usize)> {
+    let start = (part.as_ptr() as usize).checked_sub(text.as_ptr() as usize)?;
+    let end = start.checked_add(part.len())?;
+    (end <= text.len()).then_some((start, end))
 }
 
 /// Every entity, in the order of the v4 API's documentation (and of the entity table).
@@ -775,6 +806,57 @@ impl Entity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `identity`'s digest of `text`, its field read as a merge reads it (borrowed from `text`).
+    fn digest_of(identity: Identity, text: &str) -> Option<Digest> {
+        let fields = crate::records::Fields::of(text);
+        identity.digest(text, fields.as_ref().and_then(|f| f.raw(identity.field())))
+    }
+
+    #[test]
+    fn copies_share_a_digest_that_other_records_do_not() {
+        let event = |receipt: &str, status: &str| {
+            format!(r#"{{"certname":"a","report_receive_time":"{receipt}","status":"{status}"}}"#)
+        };
+        let copy = digest_of(Identity::Verbatim, &event("10:00:01", "success"));
+        assert!(copy.is_some());
+        assert_eq!(
+            copy,
+            digest_of(Identity::Verbatim, &event("10:00:02", "success")),
+            "equal but for the receipt time"
+        );
+        assert_ne!(
+            copy,
+            digest_of(Identity::Verbatim, &event("10:00:01", "failure"))
+        );
+        // Without the receipt field, the whole record.
+        assert_ne!(
+            digest_of(Identity::Verbatim, r#"{"path":["a"]}"#),
+            digest_of(Identity::Verbatim, r#"{"path":["b"]}"#)
+        );
+        let report =
+            |hash: &str, receipt: &str| format!(r#"{{"hash":{hash},"receive_time":"{receipt}"}}"#);
+        assert_eq!(
+            digest_of(Identity::Hash, &report(r#""h1""#, "1")),
+            digest_of(Identity::Hash, &report(r#""h1""#, "2"))
+        );
+        assert_ne!(
+            digest_of(Identity::Hash, &report(r#""h1""#, "1")),
+            digest_of(Identity::Hash, &report(r#""h2""#, "1"))
+        );
+        assert_eq!(
+            digest_of(Identity::Hash, &report("null", "1")),
+            None,
+            "no hash: never a copy"
+        );
+        // A value not borrowed from the text is not cut from it.
+        let text = event("10:00:01", "success");
+        let elsewhere = RawValue::from_string(r#""10:00:01""#.to_owned()).expect("json");
+        assert_eq!(
+            Identity::Verbatim.digest(&text, Some(&elsewhere)),
+            Identity::Verbatim.digest(&text, None)
+        );
+    }
 
     #[test]
     fn the_table_has_one_row_per_entity_in_order() {

@@ -11,7 +11,7 @@ use serde_json::value::RawValue;
 use super::collect::{collect_pages, RecordFate};
 use super::rows::{Raw, Row};
 use super::{BackendPage, Merged, RecordPlan};
-use crate::entity::{ColumnKind, Identity};
+use crate::entity::{ColumnKind, Digest, Identity};
 use crate::ownership::{Holding, Owning};
 use crate::records::{parse_records, Fields};
 use crate::sort::{Direction, OrderBy, OrderField};
@@ -36,7 +36,7 @@ pub(crate) fn merge(
     };
     let depth_ordered = plan.entity.depth_from_path()
         && order.is_some_and(|o| o.fields.iter().any(|f| f.field == "depth"));
-    let mut seen: HashSet<String> = HashSet::new();
+    let mut seen: HashSet<Digest> = HashSet::new();
     collect_pages(
         plan,
         order,
@@ -59,7 +59,10 @@ pub(crate) fn merge(
                     return RecordFate::Dropped;
                 }
             }
-            let key = identity.key(record.get(), fields.as_ref());
+            let key = identity.digest(
+                record.get(),
+                fields.as_ref().and_then(|f| f.raw(identity.field())),
+            );
             if let Some(key) = key {
                 if !seen.insert(key) {
                     // Still one the page filled: its copy is kept and sorts where it does.
