@@ -438,6 +438,63 @@ fn every_route_class_asks_the_backends_kept_out_when_every_one_in_service_fails(
     }
 }
 
+/// A join's part failing on every backend in service answers at once, and fails open: the
+/// other part's call still under way (pdb-b's records, slow) is cancelled, not waited for, and
+/// the backend the prober kept out answers.
+#[test]
+fn a_join_failing_over_gives_up_the_calls_still_under_way() {
+    let mut h = harness(vec![
+        FakeBackend::probed(
+            "pdb-a",
+            URL_A,
+            vec![probe_running()],
+            probe_status(503),
+            |asked: &Asked<'_>| {
+                let body = if asked.path_and_query.contains("extract") {
+                    r#"[{"certname":"web1","environment":"production"}]"#
+                } else if asked.path_and_query.starts_with("/pdb/query/v4/facts") {
+                    r#"[{"certname":"web1","name":"os","value":"Linux","environment":"production"}]"#
+                } else {
+                    r#"[{"certname":"web1","report_timestamp":"2024-05-01T10:00:00.000Z"}]"#
+                };
+                Reply::ok(body).after(ms(1))
+            },
+        ),
+        FakeBackend::probed(
+            "pdb-b",
+            URL_B,
+            Vec::new(),
+            probe_running(),
+            |asked: &Asked<'_>| {
+                if asked.path_and_query.contains("extract") {
+                    Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "boom").after(ms(1))
+                } else if asked.path_and_query.starts_with("/pdb/query/v4/facts") {
+                    Reply::ok("[]").after(ms(5_000))
+                } else {
+                    Reply::ok("[]").after(ms(1))
+                }
+            },
+        ),
+    ]);
+    run_to(&mut h, 3_500);
+    let query: String = form_urlencoded::byte_serialize(
+        br#"["or",["=","name","os"],["=","name","pdbmux_source"]]"#,
+    )
+    .collect();
+    let client = h.get(&format!("/pdb/query/v4/facts?query={query}"));
+    run_to(&mut h, 3_560);
+    let response = h
+        .response(client)
+        .unwrap_or_else(|e| panic!("{e}: not answered within 60 ms\n{}", h.transcript()));
+    assert_eq!(response.status, StatusCode::OK, "{}", h.transcript());
+    let body = response.body_str();
+    assert!(
+        body.contains("Linux") && body.contains("pdbmux_source"),
+        "pdb-a's records and its provenance record: {body}"
+    );
+    end(&mut h, 3_700);
+}
+
 #[test]
 fn all_down_fails_open() {
     let mut h = harness(vec![

@@ -881,3 +881,32 @@ fn the_threshold_is_the_configured_stream_above_bytes() {
     assert_eq!(response.merged, None, "buffered: under 64 MiB");
     assert_eq!(response.header("x-backends"), Some("2/2"));
 }
+
+/// Every backend failing the provenance part while the other facts' records are large: the
+/// answer is the provenance part's failure, as a buffered join's, at once, not at the deadline
+/// with the records' bodies held unread.
+#[test]
+fn a_join_whose_provenance_part_every_backend_fails_answers_at_once() {
+    let (a, b) = facts_estate();
+    let failing = |name: &str, url: &str, db: PuppetDb| {
+        FakeBackend::by_request(name, url, move |asked: &Asked<'_>| {
+            // The provenance part asks each backend its nodes: an extract.
+            let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
+            match asked.path_and_query.starts_with(nodes) {
+                true => Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "boom").after(ms(5)),
+                false => db.answer(asked).after(ms(3)),
+            }
+        })
+    };
+    let mut h = harness(vec![failing("pdb-a", URL_A, a), failing("pdb-b", URL_B, b)]);
+    let query: String =
+        form_urlencoded::byte_serialize(br#"["not",["=","name","fact-00000"]]"#).collect();
+    let response = answer_to(&mut h, &format!("/pdb/query/v4/facts?query={query}"));
+    assert!(response.status.is_server_error(), "{}", response.status);
+    assert_eq!(response.merged, None, "no stream");
+    assert!(
+        response.at < std::time::Duration::from_secs(1),
+        "answered at {:?}, not at the deadline",
+        response.at
+    );
+}

@@ -239,10 +239,20 @@ impl Plan for Concat {
         if !more.is_empty() {
             return Step::Call(more);
         }
+        // A plan that did not merge is the answer, as the join would make it, without waiting
+        // for the other: the exchange cancels the other's calls when it answers, or when it
+        // fails over (and the first's bodies, held unread while it waits to stream, would
+        // otherwise keep it waiting until the deadline).
+        let failed = self
+            .verdicts
+            .iter()
+            .position(|verdict| matches!(verdict, Some(v) if !matches!(v, Verdict::Merged { .. })));
+        if let Some(which) = failed {
+            if let Some(verdict) = self.verdicts[which].take() {
+                return Step::Done(renumbered(verdict, which));
+            }
+        }
         match std::mem::take(&mut self.verdicts) {
-            // Both, even where the second did not merge while the first streams: answering
-            // then would leave the first's calls in flight, which a fail-over over the backends
-            // the prober kept out would take for its own (docs/merging.md, "Known limits").
             [Some(first), Some(second)] => Step::Done(Concat::joined([first, second])),
             pending => {
                 self.verdicts = pending;

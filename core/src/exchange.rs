@@ -57,7 +57,8 @@ impl ExchangeReport {
         self.class
     }
 
-    /// Each upstream call it made, what for and how it ended, in the order they were made.
+    /// Each upstream call it made, what for and how it ended, in the order they were made (those
+    /// a fail-over gave up, cancelled, last).
     pub fn calls(&self) -> &[(BackendId, Purpose, CallOutcome)] {
         &self.calls
     }
@@ -92,6 +93,9 @@ pub struct Exchange {
     spare: Option<Box<dyn Plan>>,
     /// The streamed merge the response names ([`ResponseBody::Merged`]), until taken.
     stream: Option<Box<MergeStream>>,
+    /// Calls still under way when the request failed over, cancelled then (their answers would
+    /// be taken for the fail-over's own): reported as cancelled.
+    abandoned: Vec<(BackendId, Purpose)>,
     report: ExchangeReport,
 }
 
@@ -111,6 +115,7 @@ impl Exchange {
             plan,
             spare,
             stream: None,
+            abandoned: Vec::new(),
             calls: Calls::default(),
             ids: Counter::default(),
             outputs: VecDeque::new(),
@@ -431,6 +436,7 @@ impl Exchange {
             target = %self.target,
             "every backend in service failed; asking the ones the prober took out"
         );
+        self.abandon_unfinished();
         self.plan = plan;
         self.context.roster = self.kept_out();
         let first = self.plan.start(&self.context);
@@ -443,6 +449,25 @@ impl Exchange {
         for (backend, part) in first {
             self.send(now, backend, part);
         }
+    }
+
+    /// Cancels the calls still under way (asked, or a held body) and takes them out of the
+    /// calls the plan sees: a plan can answer before all its calls are over (a join whose one
+    /// part failed), and a fail-over's plan must not wait on, or take, the first attempt's.
+    fn abandon_unfinished(&mut self) {
+        let (over, unfinished): (Vec<Call>, Vec<Call>) = std::mem::take(&mut self.calls.0)
+            .into_iter()
+            .partition(|call| matches!(call.state, CallState::Done(_)));
+        for call in unfinished {
+            if let CallState::Pending { id, .. }
+            | CallState::Held { id, .. }
+            | CallState::Reading { id, .. } = call.state
+            {
+                self.outputs.push_back(ExchangeOutput::Cancel(id));
+            }
+            self.abandoned.push((call.backend, call.purpose));
+        }
+        self.calls.0 = over;
     }
 
     /// Reads the held bodies of a merge that can stream: each is asked piece by piece while
@@ -700,6 +725,11 @@ impl Exchange {
                     CallOutcome::of_call(&call.state),
                 )
             })
+            .chain(
+                self.abandoned
+                    .iter()
+                    .map(|(backend, purpose)| (*backend, *purpose, CallOutcome::Cancelled)),
+            )
             .collect();
         for call in &self.calls.0 {
             match call.state {
