@@ -103,13 +103,18 @@ fn answer_to(h: &mut Harness, target: &str) -> ClientResponse {
     h.response(client).expect("one response").clone()
 }
 
-/// Both fake PuppetDBs answering the [`estate`] whole.
-fn estate_backends() -> Vec<FakeBackend> {
-    let (a, b) = estate();
+/// pdb-a answering as `a` does and pdb-b as `b` does, whole.
+fn both(a: PuppetDb, b: PuppetDb) -> Vec<FakeBackend> {
     vec![
         FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
         FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
     ]
+}
+
+/// Both fake PuppetDBs answering the [`estate`] whole.
+fn estate_backends() -> Vec<FakeBackend> {
+    let (a, b) = estate();
+    both(a, b)
 }
 
 /// A harness over the [`estate_backends`].
@@ -179,10 +184,7 @@ fn a_small_answer_is_merged_whole_as_before() {
     let b = PuppetDb::new()
         .node("shared", T11)
         .record("resources", resource("shared", "pdb-b", 0));
-    let mut h = harness(vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ]);
+    let mut h = harness(both(a, b));
     let response = resources_of(&mut h);
     assert_eq!(response.merged, None, "a buffered answer");
     assert_eq!(
@@ -563,10 +565,7 @@ type FactsAndSources = (BTreeMap<(String, String), usize>, Vec<(String, String)>
 #[test]
 fn a_large_answer_joined_with_the_provenance_fact_streams_it_after_the_records() {
     let (a, b) = facts_estate();
-    let mut h = harness(vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ]);
+    let mut h = harness(both(a, b));
     let query: String =
         form_urlencoded::byte_serialize(br#"["not",["=","name","fact-00000"]]"#).collect();
     let response = answer_to(&mut h, &format!("/pdb/query/v4/facts?query={query}"));
@@ -647,10 +646,7 @@ fn a_streamed_join_whose_provenance_part_fails_on_a_backend_is_partial() {
 #[test]
 fn a_cached_streamed_join_is_stored_whole_with_the_provenance_records() {
     let (a, b) = facts_estate();
-    let backends = vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ];
+    let backends = both(a, b);
     let mut h = cached_harness(backends, std::time::Duration::from_secs(30), |_| {});
     let query: String =
         form_urlencoded::byte_serialize(br#"["not",["=","name","fact-00000"]]"#).collect();
@@ -786,10 +782,7 @@ fn served(response: &ClientResponse) -> BTreeMap<String, usize> {
 #[test]
 fn a_large_history_answer_streams_each_stored_report_once() {
     let (a, b) = history_estate();
-    let mut h = harness(vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ]);
+    let mut h = harness(both(a, b));
     let response = answer_to(&mut h, "/pdb/query/v4/reports");
     assert_eq!(response.merged, Some(None), "streamed, and whole");
     assert_eq!(response.status, StatusCode::OK);
@@ -807,10 +800,7 @@ fn a_large_history_answer_streams_each_stored_report_once() {
 #[test]
 fn a_large_ordered_history_answer_streams_in_order_each_report_once() {
     let (a, b) = history_estate();
-    let mut h = harness(vec![
-        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-    ]);
+    let mut h = harness(both(a, b));
     let order: String =
         form_urlencoded::byte_serialize(br#"[{"field":"hash","order":"desc"}]"#).collect();
     let response = answer_to(&mut h, &format!("/pdb/query/v4/reports?order_by={order}"));
@@ -838,10 +828,7 @@ fn a_projection_or_a_page_of_history_stays_buffered() {
         "/pdb/query/v4/reports?limit=2000",
     ] {
         let (a, b) = history_estate();
-        let mut h = harness(vec![
-            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-        ]);
+        let mut h = harness(both(a, b));
         let response = answer_to(&mut h, target);
         assert_eq!(response.status, StatusCode::OK, "{target}");
         assert_eq!(response.merged, None, "{target}: buffered");
@@ -859,10 +846,7 @@ fn the_threshold_is_the_configured_stream_above_bytes() {
         let b = PuppetDb::new()
             .node("shared", T11)
             .record("resources", resource("shared", "pdb-b", 0));
-        vec![
-            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-            FakeBackend::puppetdb("pdb-b", URL_B, b, ms(3)),
-        ]
+        both(a, b)
     };
     let mut h = Harness::with_config(small(), |config| config.stream_above_bytes = 0)
         .expect("valid test backends");
