@@ -58,23 +58,30 @@ impl Concat {
         )
     }
 
-    /// The answer once both plans reached theirs: both merged, their records joined; else the
-    /// first that did not merge, its part as the exchange numbers it.
-    fn joined(verdicts: [Verdict; PLANS]) -> Verdict {
-        let [first, second] = verdicts;
-        match (first, second) {
-            (
-                Verdict::Merged {
-                    response,
-                    contributed,
-                    mut unusable,
-                },
-                Verdict::Merged {
-                    response: other,
-                    contributed: other_contributed,
-                    unusable: other_unusable,
-                },
-            ) => {
+    /// The answer, once it is known (`verdicts` keeps what is not yet): the first plan that did
+    /// not merge, its part as the exchange numbers it, as soon as one has not (the exchange
+    /// cancels the other's calls with the answer, or gives them up when it fails over: the
+    /// first's bodies, held unread while it waits to stream, would otherwise keep it until the
+    /// deadline); else, both merged, their records joined.
+    fn decided(verdicts: &mut [Option<Verdict>; PLANS]) -> Option<Verdict> {
+        let failed = verdicts
+            .iter()
+            .position(|verdict| matches!(verdict, Some(v) if !matches!(v, Verdict::Merged { .. })));
+        if let Some(which) = failed {
+            return verdicts[which]
+                .take()
+                .map(|verdict| renumbered(verdict, which));
+        }
+        match std::mem::take(verdicts) {
+            [Some(Verdict::Merged {
+                response,
+                contributed,
+                mut unusable,
+            }), Some(Verdict::Merged {
+                response: other,
+                contributed: other_contributed,
+                unusable: other_unusable,
+            })] => {
                 for (backend, why) in other_unusable {
                     if !unusable.iter().any(|(b, _)| *b == backend) {
                         unusable.push((backend, why));
@@ -85,7 +92,7 @@ impl Concat {
                     // Neither plan streams (`buffered`): unreachable, and answered as the first.
                     _ => None,
                 };
-                Verdict::Merged {
+                Some(Verdict::Merged {
                     response: match body {
                         Some(body) => Response {
                             body: ResponseBody::Full(body),
@@ -95,10 +102,13 @@ impl Concat {
                     },
                     contributed: contributed.min(other_contributed),
                     unusable,
-                }
+                })
             }
-            (Verdict::Merged { .. }, other) => renumbered(other, 1),
-            (first, _) => renumbered(first, 0),
+            // A plan still under way.
+            pending => {
+                *verdicts = pending;
+                None
+            }
         }
     }
 }
@@ -239,26 +249,7 @@ impl Plan for Concat {
         if !more.is_empty() {
             return Step::Call(more);
         }
-        // A plan that did not merge is the answer, as the join would make it, without waiting
-        // for the other: the exchange cancels the other's calls when it answers, or when it
-        // fails over (and the first's bodies, held unread while it waits to stream, would
-        // otherwise keep it waiting until the deadline).
-        let failed = self
-            .verdicts
-            .iter()
-            .position(|verdict| matches!(verdict, Some(v) if !matches!(v, Verdict::Merged { .. })));
-        if let Some(which) = failed {
-            if let Some(verdict) = self.verdicts[which].take() {
-                return Step::Done(renumbered(verdict, which));
-            }
-        }
-        match std::mem::take(&mut self.verdicts) {
-            [Some(first), Some(second)] => Step::Done(Concat::joined([first, second])),
-            pending => {
-                self.verdicts = pending;
-                Step::Wait
-            }
-        }
+        Concat::decided(&mut self.verdicts).map_or(Step::Wait, Step::Done)
     }
 
     fn learned(&self, calls: &Calls) -> Vec<Learned> {
@@ -305,9 +296,25 @@ mod tests {
             Verdict::Unanswered { part, .. } => Some(part),
             _ => None,
         };
-        assert_eq!(part(Concat::joined([merged(), unanswered(0)])), Some(1));
-        assert_eq!(part(Concat::joined([unanswered(2), merged()])), Some(4));
-        match Concat::joined([merged(), merged()]) {
+        let decided = |verdicts: [Option<Verdict>; PLANS]| {
+            let mut verdicts = verdicts;
+            Concat::decided(&mut verdicts)
+        };
+        assert_eq!(
+            decided([Some(merged()), Some(unanswered(0))]).and_then(part),
+            Some(1)
+        );
+        assert_eq!(
+            decided([Some(unanswered(2)), Some(merged())]).and_then(part),
+            Some(4)
+        );
+        assert_eq!(
+            decided([None, Some(unanswered(0))]).and_then(part),
+            Some(1),
+            "a part that did not merge answers while the other is under way"
+        );
+        assert!(decided([Some(merged()), None]).is_none(), "waits for both");
+        match decided([Some(merged()), Some(merged())]).expect("joined") {
             Verdict::Merged {
                 response,
                 contributed,

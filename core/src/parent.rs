@@ -19,6 +19,16 @@ use crate::status::{replay, Outcome, Rejection};
 /// with, so the two never meet.
 const PARENT: usize = usize::MAX;
 
+/// Where the parent check stands.
+enum ParentCheck {
+    /// A parent call is in flight.
+    Pending,
+    /// Some backend may know the parent: the merge's answer is the answer.
+    Found,
+    /// Every configured backend was asked and said it does not know it: PuppetDB's 404.
+    Unknown(Verdict),
+}
+
 /// A merge below a parent, with the parent asked for alongside: use it for every sub-route whose
 /// answer is merged.
 #[derive(Debug)]
@@ -45,9 +55,8 @@ impl ParentChecked {
         }
     }
 
-    /// The parent's verdict once every parent call is over: `Some(Some(404))` when no backend
-    /// knows it, `Some(None)` when one may; `None` while a parent call is in flight.
-    fn parent_verdict(&self, calls: &Calls, context: &Context) -> Option<Option<Verdict>> {
+    /// Where the parent check stands in `calls`.
+    fn parent_check(calls: &Calls, context: &Context) -> ParentCheck {
         let parent: Vec<&CallState> = calls
             .0
             .iter()
@@ -58,7 +67,7 @@ impl ParentChecked {
             .iter()
             .any(|state| matches!(state, CallState::Pending { .. }))
         {
-            return None;
+            return ParentCheck::Pending;
         }
         // Unknown only when every configured backend was asked and each said it does not know
         // the name; one that could not answer, or was not asked, may know it.
@@ -72,12 +81,12 @@ impl ParentChecked {
             })
             .collect();
         let everyone_asked = context.roster.len() == context.config.backends.len();
-        Some(match not_found.as_deref() {
+        match not_found.as_deref() {
             Some([first, ..]) if everyone_asked => {
-                Some(Verdict::Verbatim(replay(first, &context.config.backends)))
+                ParentCheck::Unknown(Verdict::Verbatim(replay(first, &context.config.backends)))
             }
-            _ => None,
-        })
+            _ => ParentCheck::Found,
+        }
     }
 }
 
@@ -124,12 +133,11 @@ impl Plan for ParentChecked {
     }
 
     fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
-        let parent = self.parent_verdict(calls, context);
-        match parent {
+        match ParentChecked::parent_check(calls, context) {
             // The 404 at once: a merge's bodies are not read (or held) for an answer no one gets.
-            Some(Some(not_found)) => return Step::Done(not_found),
-            Some(None) => self.parent_known = true,
-            None => {}
+            ParentCheck::Unknown(not_found) => return Step::Done(not_found),
+            ParentCheck::Found => self.parent_known = true,
+            ParentCheck::Pending => {}
         }
         if self.verdict.is_none() {
             match self.merge.progress(calls, context) {
@@ -137,9 +145,9 @@ impl Plan for ParentChecked {
                 step => return step,
             }
         }
-        match parent {
-            None => Step::Wait,
-            Some(_) => self.verdict.take().map_or(Step::Wait, Step::Done),
+        match self.parent_known {
+            false => Step::Wait,
+            true => self.verdict.take().map_or(Step::Wait, Step::Done),
         }
     }
 

@@ -258,10 +258,10 @@ struct Queued {
 struct Decisions {
     rule: StreamRule,
     asked: Vec<BackendId>,
-    /// History: the digests of the identities written, and where the identity's field is among
-    /// the fields each record is read for.
+    /// History: what tells a record's copies apart, and where its field is among the fields
+    /// each record is read for; the digests of the identities written.
+    identity: Option<(Identity, usize)>,
     seen: HashSet<Digest>,
-    identity_at: Option<usize>,
     /// Nodes the map does not place: the first input in configured order that returned each, of
     /// those read so far. It keeps the node once every input before it has ended.
     claimed: HashMap<String, usize>,
@@ -436,13 +436,8 @@ impl Decisions {
     /// The digest of a history record's identity; `None` for node-owned records and for a
     /// record without one (never a copy).
     fn digest(&self, text: &str, fields: &[Option<&RawValue>]) -> Option<Digest> {
-        let StreamRule::History { identity, .. } = &self.rule else {
-            return None;
-        };
-        let field = self
-            .identity_at
-            .and_then(|at| fields.get(at).copied().flatten());
-        identity.digest(text, field)
+        let (identity, at) = self.identity?;
+        identity.digest(text, fields.get(at).copied().flatten())
     }
 
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
@@ -488,8 +483,9 @@ impl Decisions {
     }
 }
 
-/// A node-owned merge of the answers of `asked` backends, fed as they arrive (see the module
-/// doc). Use it for an unpaged, unordered answer of records that name their node.
+/// A merge of the answers of `asked` backends, fed as they arrive (see the module doc). Use it
+/// for an unpaged answer of records that name their node, or of history records; ordered,
+/// it merges k-way.
 #[derive(Debug)]
 pub(crate) struct RecordStream {
     inputs: Vec<Input>,
@@ -522,19 +518,18 @@ impl RecordStream {
                     .map(|f| f.field.clone()),
             )
             .collect();
-        let identity_at = match &rule {
+        let identity = match &rule {
             // A field is read once: one the order reads already is found there.
             StreamRule::History { identity, .. } => {
                 let field = identity.field();
-                Some(
-                    picked
-                        .iter()
-                        .position(|name| name == field)
-                        .unwrap_or_else(|| {
-                            picked.push(field.to_owned());
-                            picked.len() - 1
-                        }),
-                )
+                let at = picked
+                    .iter()
+                    .position(|name| name == field)
+                    .unwrap_or_else(|| {
+                        picked.push(field.to_owned());
+                        picked.len() - 1
+                    });
+                Some((*identity, at))
             }
             StreamRule::Owned(..) => None,
         };
@@ -553,8 +548,8 @@ impl RecordStream {
             decisions: Decisions {
                 rule,
                 asked,
+                identity,
                 seen: HashSet::new(),
-                identity_at,
                 claimed: HashMap::new(),
                 waiting: Vec::new(),
                 provenance,
@@ -867,7 +862,7 @@ impl MergeStream {
     }
 
     /// The bytes the merge holds that grow with the answer rather than with a piece: the
-    /// digests that tell a history record's copies (about 20 bytes a record written). Count
+    /// digests that tell a history record's copies (20–40 bytes a record written, as the set doubles). Count
     /// them in the request's memory budget as they grow; past it the answer cannot be completed.
     pub fn held_bytes(&self) -> usize {
         self.merge.held_bytes()
