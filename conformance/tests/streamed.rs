@@ -33,15 +33,29 @@ fn resource(certname: &str, backend: &str, index: usize) -> Value {
 /// pdb-a holding `only-a` and an older `shared`, pdb-b a newer `shared` and `only-b`, each node
 /// with [`PER_NODE`] resources: about 5 MB per backend.
 fn estate() -> (PuppetDb, PuppetDb) {
-    let mut a = PuppetDb::new().node("only-a", T09).node("shared", T10);
-    let mut b = PuppetDb::new().node("shared", T11).node("only-b", T09);
-    for index in 0..PER_NODE {
+    moved_estate(
+        ["only-a", "shared", "only-b"],
+        ("resources", PER_NODE),
+        resource,
+    )
+}
+
+/// pdb-a holding `only_a` and `moved` (its report older), pdb-b `moved` (newer) and `only_b`,
+/// each node with `count` records of `entity` made by `record(certname, backend, index)`.
+fn moved_estate(
+    [only_a, moved, only_b]: [&str; 3],
+    (entity, count): (&str, usize),
+    record: fn(&str, &str, usize) -> Value,
+) -> (PuppetDb, PuppetDb) {
+    let mut a = PuppetDb::new().node(only_a, T09).node(moved, T10);
+    let mut b = PuppetDb::new().node(moved, T11).node(only_b, T09);
+    for index in 0..count {
         a = a
-            .record("resources", resource("only-a", "pdb-a", index))
-            .record("resources", resource("shared", "pdb-a", index));
+            .record(entity, record(only_a, "pdb-a", index))
+            .record(entity, record(moved, "pdb-a", index));
         b = b
-            .record("resources", resource("shared", "pdb-b", index))
-            .record("resources", resource("only-b", "pdb-b", index));
+            .record(entity, record(moved, "pdb-b", index))
+            .record(entity, record(only_b, "pdb-b", index));
     }
     (a, b)
 }
@@ -751,17 +765,7 @@ fn stored_report(certname: &str, backend: &str, index: usize) -> Value {
 /// pdb-a holding `old`'s reports, pdb-b `new`'s, and both the `moved` node's reports of its
 /// move (the same reports stored twice: a node sending to both during a migration).
 fn history_estate() -> (PuppetDb, PuppetDb) {
-    let mut a = PuppetDb::new().node("old", T09).node("moved", T10);
-    let mut b = PuppetDb::new().node("new", T09).node("moved", T11);
-    for index in 0..REPORTS {
-        a = a
-            .record("reports", stored_report("old", "pdb-a", index))
-            .record("reports", stored_report("moved", "pdb-a", index));
-        b = b
-            .record("reports", stored_report("moved", "pdb-b", index))
-            .record("reports", stored_report("new", "pdb-b", index));
-    }
-    (a, b)
+    moved_estate(["old", "moved", "new"], ("reports", REPORTS), stored_report)
 }
 
 /// The hashes of an answer's reports, each with how many times it was served.

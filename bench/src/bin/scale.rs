@@ -34,6 +34,24 @@ const ORDERED: &str =
 /// The sub-route question: `/facts` below an environment, with its parent check.
 const BELOW_AN_ENVIRONMENT: &str = "/pdb/query/v4/environments/production/facts";
 
+/// One question asked of each binary: its name in the table, its target, and the target the
+/// backends are asked directly for the baseline (the same but for a sub-route).
+struct Question {
+    name: String,
+    target: String,
+    direct: String,
+}
+
+impl Question {
+    fn new(name: String, target: &str, direct: &str) -> Question {
+        Question {
+            name,
+            target: target.to_owned(),
+            direct: direct.to_owned(),
+        }
+    }
+}
+
 struct Args {
     sizes: Vec<usize>,
     entities: Vec<String>,
@@ -226,32 +244,26 @@ fn main() -> Result<()> {
         let (_a, a) = start_fakepdb(fakepdb(), 0, &spec)?;
         let (_b, b) = start_fakepdb(fakepdb(), 1, &spec)?;
         // Each question: the entity's unpaged answer, and facts ordered and below an environment.
-        let mut questions: Vec<(String, String)> = args
+        let mut questions: Vec<Question> = args
             .entities
             .iter()
             .map(|entity| {
-                (
-                    format!("{entity} unpaged"),
-                    format!("/pdb/query/v4/{entity}"),
-                )
+                let target = format!("/pdb/query/v4/{entity}");
+                Question::new(format!("{entity} unpaged"), &target, &target)
             })
             .collect();
         if args.entities.iter().any(|e| e == "facts") {
-            questions.push(("facts ordered".into(), ORDERED.into()));
-            questions.push((
+            questions.push(Question::new("facts ordered".into(), ORDERED, ORDERED));
+            // The backends serve no sub-route: asked directly, the entity's own route.
+            questions.push(Question::new(
                 "facts below an environment".into(),
-                BELOW_AN_ENVIRONMENT.into(),
+                BELOW_AN_ENVIRONMENT,
+                "/pdb/query/v4/facts",
             ));
         }
         // The backends alone, each asked twice (the first warms their sockets); the slower counts.
         let mut baselines = Vec::new();
-        for (_, target) in &questions {
-            // The backends serve no sub-route: asked directly, the entity's own route.
-            let target = if target == BELOW_AN_ENVIRONMENT {
-                "/pdb/query/v4/facts"
-            } else {
-                target
-            };
+        for Question { direct: target, .. } in &questions {
             let direct: Vec<Answer> = [a, b]
                 .iter()
                 .map(|&addr| {
@@ -270,7 +282,15 @@ fn main() -> Result<()> {
             let name = binary
                 .file_name()
                 .map_or("?".into(), |n| n.to_string_lossy().into_owned());
-            for ((question, target), (bodies, slower)) in questions.iter().zip(&baselines) {
+            for (
+                Question {
+                    name: question,
+                    target,
+                    ..
+                },
+                (bodies, slower),
+            ) in questions.iter().zip(&baselines)
+            {
                 let (proc, addr) = start_pdbmux(binary, &[a, b], (&args.budget, &args.cache))?;
                 let answer = timed_get(addr, target)?;
                 let peak = peak_rss_mib(proc.pid())?;
@@ -293,7 +313,7 @@ fn main() -> Result<()> {
             let answers: Vec<Result<Answer>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = (0..args.concurrent)
                     .map(|_| {
-                        let target = &questions[0].1;
+                        let target = &questions[0].target;
                         scope.spawn(move || timed_get(addr, target).map_err(|e| e.to_string()))
                     })
                     .collect();
@@ -322,7 +342,7 @@ fn main() -> Result<()> {
             println!(
                 "| {nodes} | {bodies} | {name} | {} × {} at once ({statuses}) | — | {:.0} ms | {:.0} / {:.0} ms | — | {peak:.0} MiB | — |",
                 args.concurrent,
-                questions[0].0,
+                questions[0].name,
                 ms(took),
                 ms(slower.first_byte),
                 ms(slower.total),

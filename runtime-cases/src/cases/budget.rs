@@ -5,9 +5,10 @@
 //! A streamed history merge counts the digests that tell copies apart as they grow: past the
 //! budget its body is cut off.
 
+use std::net::SocketAddr;
 use std::path::Path;
 
-use super::metrics::{metrics_addr, scrape_until};
+use super::metrics::{metrics_addr, scrape_until, Scrape};
 use super::verbatim::dechunk;
 use super::{chunked, ends_a_chunked_body, End};
 use crate::support::{access_line, FakeBackend, Pdbmux};
@@ -22,6 +23,19 @@ fn reports(backend: &str, count: usize) -> String {
         })
         .collect();
     format!("[{}]", records.join(","))
+}
+
+/// The metrics once `counted` (a metric and its labels) is 1, asserting that the merge it
+/// counts gave its bytes back to the process budget.
+fn given_back_once_counted(metrics: SocketAddr, (name, labels): (&str, &str)) -> Scrape {
+    let scrape = scrape_until(metrics, |s| s.value(name, labels) == 1.0);
+    assert_eq!(
+        scrape.value("pdbmux_merge_memory_bytes", ""),
+        0.0,
+        "the merge {name}{{{labels}}} counts gave its bytes back:\n{}",
+        scrape.text
+    );
+    scrape
 }
 
 pub fn a_merge_over_its_memory_budget_is_refused_while_it_reads_and_gives_its_bytes_back(
@@ -60,14 +74,9 @@ pub fn a_merge_over_its_memory_budget_is_refused_while_it_reads_and_gives_its_by
         "{}",
         response.body()
     );
-    let scrape = scrape_until(metrics, |s| {
-        s.value("pdbmux_merge_budget_refusals_total", "scope=request") == 1.0
-    });
-    assert_eq!(
-        scrape.value("pdbmux_merge_memory_bytes", ""),
-        0.0,
-        "the refused merge gave its bytes back:\n{}",
-        scrape.text
+    let scrape = given_back_once_counted(
+        metrics,
+        ("pdbmux_merge_budget_refusals_total", "scope=request"),
     );
     assert_eq!(
         scrape.value(
@@ -103,7 +112,7 @@ pub fn a_streamed_history_merge_past_its_memory_budget_is_cut_off_and_gives_its_
     let backend_a = FakeBackend::start(answer("a"));
     let backend_b = FakeBackend::start(answer("b"));
     let metrics = metrics_addr();
-    let start = |request_bytes: &str, metrics: Option<std::net::SocketAddr>| {
+    let start = |request_bytes: &str, metrics: Option<SocketAddr>| {
         let mut env = vec![
             (
                 "PDBMUX_BACKENDS",
@@ -125,15 +134,7 @@ pub fn a_streamed_history_merge_past_its_memory_budget_is_cut_off_and_gives_its_
         !ends_a_chunked_body(&response.text),
         "the client must not see a complete body"
     );
-    let scrape = scrape_until(metrics, |s| {
-        s.value("pdbmux_streamed_merges_total", "outcome=cut_off") == 1.0
-    });
-    assert_eq!(
-        scrape.value("pdbmux_merge_memory_bytes", ""),
-        0.0,
-        "the cut-off merge gave its bytes back:\n{}",
-        scrape.text
-    );
+    given_back_once_counted(metrics, ("pdbmux_streamed_merges_total", "outcome=cut_off"));
     // Its one access line says why (read once pdbmux stopped).
     let log = pdbmux.stderr();
     let line = access_line(&log, "/pdb/query/v4/reports");
