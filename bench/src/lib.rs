@@ -153,6 +153,38 @@ impl SyntheticEstate {
         serde_json::to_vec(&rows).unwrap_or_default()
     }
 
+    /// `backend`'s answer to an unpaged `/pdb/query/v4/nodes`: every node it holds as PuppetDB
+    /// 7 writes a node record (about 600 bytes), its report timestamp as in
+    /// [`SyntheticEstate::membership_body`], so that one body also answers the refresh.
+    pub fn nodes_body(&self, backend: usize) -> Vec<u8> {
+        let mut out = Records::with_capacity(self.nodes_per_backend * 640);
+        for node in self.nodes(backend) {
+            let stamp = self.report_timestamp(node, backend);
+            let environment = ENVIRONMENTS[node % ENVIRONMENTS.len()];
+            let mut rng = Rng::new((node as u64) << 8 | backend as u64);
+            let status = ["changed", "unchanged", "failed"][node % 3];
+            out.push(&json!({
+                "certname": Self::certname(node),
+                "deactivated": null,
+                "expired": null,
+                "facts_timestamp": stamp,
+                "catalog_timestamp": stamp,
+                "report_timestamp": stamp,
+                "facts_environment": environment,
+                "catalog_environment": environment,
+                "report_environment": environment,
+                "latest_report_status": status,
+                "latest_report_hash": rng.hex(40),
+                "latest_report_noop": false,
+                "latest_report_noop_pending": false,
+                "latest_report_corrective_change": null,
+                "latest_report_job_id": null,
+                "cached_catalog_status": "not_used",
+            }));
+        }
+        out.finish()
+    }
+
     /// `backend`'s answer to the membership refresh's producer-time queries
     /// (`["extract",["certname","producer_timestamp"]]` on `/factsets` and on `/catalogs`, for
     /// every node or named ones): each node's facts and catalog produced in the run of its

@@ -898,3 +898,84 @@ fn a_join_whose_provenance_part_every_backend_fails_answers_at_once() {
         response.at
     );
 }
+
+/// Nodes per backend in [`nodes_estate`]: with [`node_row`]'s padding, the two answers hold more
+/// than [`pdbmux_core::STREAM_ABOVE_BYTES`] together.
+const NODES_PER_BACKEND: usize = 6_000;
+
+/// `certname`'s `/nodes` record in `backend`, its report at `report`, its facts' environment
+/// naming the backend, padded as a record with every field PuppetDB gives is long.
+fn node_row(certname: &str, backend: &str, report: Option<&str>) -> Value {
+    json!({"certname": certname, "deactivated": null, "expired": null,
+        "report_timestamp": report, "facts_timestamp": report, "catalog_timestamp": report,
+        "facts_environment": format!("env-{backend}"), "catalog_environment": "production",
+        "latest_report_status": "unchanged", "latest_report_hash": "0".repeat(40),
+        "cached_catalog_status": "not_used", "backend": backend, "padding": "x".repeat(500)})
+}
+
+/// pdb-a holding `a-<n>` and `s-<n>`, pdb-b `s-<n>` and `b-<n>`: `s-<n>` newer in pdb-b for
+/// even n, in pdb-a for odd n; and `split`, whose report is newest in pdb-a and its facts in
+/// pdb-b.
+fn nodes_estate() -> (PuppetDb, PuppetDb) {
+    let mut a = PuppetDb::new();
+    let mut b = PuppetDb::new();
+    let per_kind = NODES_PER_BACKEND / 2;
+    for n in 0..per_kind {
+        let (in_a, in_b) = if n % 2 == 0 { (T09, T10) } else { (T10, T09) };
+        let shared = format!("s-{n:05}");
+        a.nodes.push(node_row(&format!("a-{n:05}"), "pdb-a", T09));
+        a.nodes.push(node_row(&shared, "pdb-a", in_a));
+        b.nodes.push(node_row(&shared, "pdb-b", in_b));
+        b.nodes.push(node_row(&format!("b-{n:05}"), "pdb-b", T09));
+    }
+    a.nodes.push(node_row("split", "pdb-a", T11));
+    b.nodes.push(node_row("split", "pdb-b", T10));
+    let b = b.produced(
+        "factsets",
+        "split",
+        T11.map(|t| t.replace("11:", "12:")).as_deref(),
+    );
+    (a, b)
+}
+
+/// A large `/nodes` answer streams: each node once, from its owner, named by `pdbmux_source`;
+/// a node whose facts are newest in the other backend takes its facts' fields from there.
+#[test]
+fn a_large_nodes_answer_streams_each_node_once_from_its_owner() {
+    let (a, b) = nodes_estate();
+    let mut h = harness(both(a, b));
+    let response = answer_to(&mut h, "/pdb/query/v4/nodes");
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("a JSON array");
+    let mut sources = BTreeMap::new();
+    for record in &records {
+        let certname = record["certname"].as_str().expect("certname").to_owned();
+        let source = record["pdbmux_source"].as_str().expect("pdbmux_source");
+        assert_eq!(
+            record["backend"], source,
+            "{certname}: stamped with its own backend"
+        );
+        assert!(
+            sources.insert(certname, record.clone()).is_none(),
+            "each node once"
+        );
+    }
+    let per_kind = NODES_PER_BACKEND / 2;
+    assert_eq!(sources.len(), 3 * per_kind + 1);
+    for n in 0..per_kind {
+        let owner = if n % 2 == 0 { "pdb-b" } else { "pdb-a" };
+        assert_eq!(sources[&format!("s-{n:05}")]["pdbmux_source"], owner);
+    }
+    let split = &sources["split"];
+    assert_eq!(
+        split["pdbmux_source"], "pdb-a",
+        "its report is newest in pdb-a"
+    );
+    assert_eq!(
+        split["facts_environment"], "env-pdb-b",
+        "its facts are newest in pdb-b"
+    );
+    assert_eq!(split["report_timestamp"], json!(T11));
+}

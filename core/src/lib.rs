@@ -57,6 +57,7 @@ pub mod membership;
 mod merge;
 mod message;
 mod meta;
+mod node_record;
 mod outbound;
 mod ownership;
 mod parent;

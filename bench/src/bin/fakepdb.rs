@@ -1,7 +1,9 @@
 //! `fakepdb`: a fake PuppetDB for the load benchmarks. It serves one backend of a
 //! [`SyntheticEstate`] from bytes rendered once at start:
 //!
-//! - `/pdb/query/v4/nodes` (any query): the membership extract (certname, report_timestamp);
+//! - `/pdb/query/v4/nodes`: the membership extract (certname, report_timestamp) for any query,
+//!   but whole node records (PuppetDB's fields, the same report times) for a query that is not
+//!   an `extract` when `--entities` names `nodes`;
 //! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend;
 //! - `/pdb/query/v4/fact-contents`, `/pdb/query/v4/inventory`, `/pdb/query/v4/resources`,
 //!   `/pdb/query/v4/events` (any query), when `--entities` names them (`facts` only by default: each is rendered at start
@@ -36,7 +38,11 @@ const ENVIRONMENT: &str = "/pdb/query/v4/environments/";
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
 struct Canned {
+    /// The membership extract.
     nodes: Vec<u8>,
+    /// Whole node records, when `--entities` names `nodes`: the answer to a `/nodes` question
+    /// that is not an extract.
+    node_records: Option<Vec<u8>>,
     produced: Vec<u8>,
     facts: Vec<u8>,
     /// The other entities' answers, by path, as `--entities` asked.
@@ -78,7 +84,7 @@ fn main() -> Result<()> {
             "--overlap" => spec.overlap = value.parse()?,
             "--facts" => spec.facts_per_node = value.parse()?,
             "--entities" => entities = value.split(',').map(str::to_owned).collect(),
-            _ => return Err(format!("unknown flag {flag}; flags: --listen ADDR --backend N --nodes N --overlap N --facts N --entities facts,fact-contents,inventory,resources").into()),
+            _ => return Err(format!("unknown flag {flag}; flags: --listen ADDR --backend N --nodes N --overlap N --facts N --entities facts,nodes,fact-contents,inventory,resources,events").into()),
         }
     }
     if !listen.starts_with("127.")
@@ -89,9 +95,14 @@ fn main() -> Result<()> {
     }
     let json = "application/json;charset=utf-8";
     let mut rendered = Vec::new();
+    let mut node_records = None;
     for entity in &entities {
         let (path, body) = match entity.as_str() {
             "facts" => continue,
+            "nodes" => {
+                node_records = Some(response("200 OK", json, &spec.nodes_body(backend)));
+                continue;
+            }
             "fact-contents" => (
                 "/pdb/query/v4/fact-contents",
                 spec.fact_contents_body(backend),
@@ -105,6 +116,7 @@ fn main() -> Result<()> {
     }
     let canned = Arc::new(Canned {
         nodes: response("200 OK", json, &spec.membership_body(backend)),
+        node_records,
         produced: response("200 OK", json, &spec.produced_body(backend)),
         facts: response("200 OK", json, &spec.facts_body(backend)),
         entities: rendered,
@@ -173,7 +185,10 @@ fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
         let answer = match path {
             "/pdb/query/v4/nodes" => {
                 canned.nodes_asked.fetch_add(1, Ordering::Relaxed);
-                &canned.nodes
+                match &canned.node_records {
+                    Some(records) if !target.contains("extract") => records,
+                    _ => &canned.nodes,
+                }
             }
             "/pdb/query/v4/facts" => {
                 canned.facts_asked.fetch_add(1, Ordering::Relaxed);

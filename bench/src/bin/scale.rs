@@ -71,9 +71,16 @@ fn parse_args() -> Result<Args> {
         .to_path_buf();
     let mut args = Args {
         sizes: vec![5_000, 20_000, 50_000],
-        entities: ["facts", "fact-contents", "inventory", "resources", "events"]
-            .map(String::from)
-            .to_vec(),
+        entities: [
+            "facts",
+            "nodes",
+            "fact-contents",
+            "inventory",
+            "resources",
+            "events",
+        ]
+        .map(String::from)
+        .to_vec(),
         facts: 40,
         concurrent: 8,
         budget: "off".into(),
@@ -98,7 +105,7 @@ fn parse_args() -> Result<Args> {
             "--cache" if value == "off" || value == "default" => args.cache = value,
             "--binaries" => args.binaries = value.split(',').map(PathBuf::from).collect(),
             "--fakepdb" => args.fakepdb = PathBuf::from(value),
-            _ => return Err(format!("unknown flag {flag}; flags: --sizes 5000,20000,50000 --entities facts,fact-contents,inventory,resources,events --facts 40 --concurrent 8 --budget off|default --cache off|default --binaries PATH,PATH --fakepdb PATH").into()),
+            _ => return Err(format!("unknown flag {flag}; flags: --sizes 5000,20000,50000 --entities facts,nodes,fact-contents,inventory,resources,events --facts 40 --concurrent 8 --budget off|default --cache off|default --binaries PATH,PATH --fakepdb PATH").into()),
         }
     }
     Ok(args)

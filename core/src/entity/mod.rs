@@ -132,7 +132,7 @@ pub enum Identity {
 
 /// What a merge keeps of a record's identity to tell its copies: 128 bits of SHA-256, so that
 /// no two records a merge reads share one (the buffered union, `merge/union.rs`, and the
-/// streamed one, `streamed.rs`, keep these rather than the identities).
+/// streamed one, `streamed/mod.rs`, keep these rather than the identities).
 pub(crate) type Digest = [u8; 16];
 
 /// The field each backend stamps itself on an event (when it received its report): left out of

@@ -41,7 +41,7 @@ use crate::query::{self, Params, ParsedQuery, QueryText};
 use crate::route::Route;
 use crate::sort::{self, OrderBy};
 use crate::status::Unusable;
-use crate::streamed::{RecordStream, StreamRule, StreamedProvenance};
+use crate::streamed::{NodeRecords, RecordStream, StreamRule, StreamedProvenance};
 
 pub(crate) use facts::filter_source_records;
 pub(crate) use rows::{Unfilled, Window};
@@ -400,6 +400,16 @@ impl RecordPlan {
             MergeRule::Owned if !matches!(self.provenance, Provenance::SyntheticOnly { .. }) => {
                 let (ownership, scope) = dropped(self.owned?)?;
                 Some(StreamRule::Owned(ownership, scope))
+            }
+            MergeRule::Node if !self.is_projection() && self.stream_order().is_none() => {
+                let (ownership, scope) = dropped(self.owned?)?;
+                let names = self
+                    .config
+                    .backends
+                    .iter()
+                    .map(|b| b.name.clone())
+                    .collect();
+                Some(StreamRule::Node(NodeRecords::new(ownership, scope, names)))
             }
             MergeRule::Union(identity @ (Identity::Hash | Identity::Verbatim))
                 if self.entity.is_history() && !self.is_projection() =>
@@ -1004,3 +1014,5 @@ mod tests;
 mod tests_stream;
 #[cfg(test)]
 mod tests_stream_history;
+#[cfg(test)]
+mod tests_stream_nodes;

@@ -10,14 +10,11 @@ use serde_json::value::RawValue;
 
 use super::rows::{check_filled, sort_rows, Page, Raw, Row};
 use super::{parse_answers, BackendPage, Merged, RecordPlan};
-use crate::membership::compare_timestamps;
 use crate::membership::Kind;
+use crate::node_record::{compare_reports, stamped, COMPOSED};
 use crate::ownership::{Holding, Owning};
-use crate::records::{parse_records, with_key, with_values, write_array, Fields};
+use crate::records::{parse_records, with_values, write_array, Fields};
 use crate::sort::{sort_key, OrderBy};
-
-/// The key naming the winning backend on each merged node record.
-pub(crate) const SOURCE_KEY: &str = "pdbmux_source";
 
 /// A kept node record: its row, its report timestamp (raw JSON) for deduping a node the map
 /// does not know, and the page it came from.
@@ -135,7 +132,7 @@ pub(crate) fn merge(
         .map(|row| match stamp {
             true => {
                 let name = backends.get(row.backend).map_or("", |b| b.name.as_str());
-                with_key(row.raw.get(), SOURCE_KEY, name)
+                stamped(row.raw.get(), name)
             }
             false => row.raw.get().to_owned(),
         })
@@ -148,13 +145,6 @@ pub(crate) fn merge(
         unusable,
     }
 }
-
-/// The fields of a node record that come from another kind of data than its latest report:
-/// its facts' and its catalog's.
-const COMPOSED: [(Kind, [&str; 2]); 2] = [
-    (Kind::Facts, ["facts_timestamp", "facts_environment"]),
-    (Kind::Catalog, ["catalog_timestamp", "catalog_environment"]),
-];
 
 /// Per certname whose facts or catalog are newest in another backend than its node record
 /// (a split node): those fields' values in that backend's record, when the answers hold it.
@@ -213,10 +203,5 @@ fn composed_row<'a>(
 /// Whether a node record with this raw report timestamp is fresher than the one kept; a tie
 /// keeps the earlier backend's.
 fn is_fresher(report: Option<&str>, kept_report: Option<&str>) -> bool {
-    compare_timestamps(json_str(report), json_str(kept_report)).is_gt()
-}
-
-/// A raw JSON timestamp (`"…"` or `null`) as text; `None` for null or anything else.
-fn json_str(raw: Option<&str>) -> Option<&str> {
-    raw.and_then(|raw| raw.strip_prefix('"')?.strip_suffix('"'))
+    compare_reports(report, kept_report).is_gt()
 }

@@ -51,7 +51,7 @@ pub(super) fn plan(
         })?;
     let context = Context {
         config: Arc::clone(config),
-        roster: vec![BackendId(0), BackendId(1)],
+        roster: (0..config.backends.len()).map(BackendId).collect(),
         corrections: Arc::new(Corrections::new(
             ownership.as_ref().map_or(0, |o| o.generation()),
         )),

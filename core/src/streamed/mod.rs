@@ -37,6 +37,11 @@ use crate::records::{is_str, provenance_record, raw_str, read_object, Fields};
 use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
 
+mod nodes;
+
+pub(crate) use nodes::NodeRecords;
+use nodes::{NodeFields, NODE_FIELDS};
+
 /// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the answer of backend {backend} is not a JSON array of objects: {reason}")]
@@ -193,11 +198,14 @@ impl ArrayReader {
 }
 
 /// What a streamed merge keeps: use [`StreamRule::Owned`] for node-owned entities,
-/// [`StreamRule::History`] for reports and events.
+/// [`StreamRule::Node`] for `/nodes`, [`StreamRule::History`] for reports and events.
 #[derive(Debug)]
 pub(crate) enum StreamRule {
     /// A node's records from its owner in `ownership`, as `scope` places it (`merge/owned.rs`).
     Owned(Arc<Ownership>, NodeScope),
+    /// `/nodes`' whole records, unordered: each node's from its owner, composed and stamped
+    /// ([`nodes`]).
+    Node(NodeRecords),
     /// Every backend's records, each copy `identity` tells apart once; with `owned`
     /// (`latest_report?`), the copies of a node another backend owns dropped.
     History {
@@ -261,6 +269,9 @@ struct Decisions {
     /// History: what tells a record's copies apart, and where its field is among the fields
     /// each record is read for; the digests of the identities written.
     identity: Option<(Identity, usize)>,
+    /// `/nodes`: where its own fields ([`NODE_FIELDS`]) start among those each record is read
+    /// for.
+    node_fields: usize,
     seen: HashSet<Digest>,
     /// Nodes the map does not place: the first input in configured order that returned each, of
     /// those read so far. It keeps the node once every input before it has ended.
@@ -272,8 +283,38 @@ struct Decisions {
     injected: HashSet<String>,
     /// An ordered merge's `order_by`.
     order: Option<OrderBy>,
-    out: Vec<u8>,
+    out: Writer,
+}
+
+/// The merged answer's bytes as they are written: the array's `[`, its records separated by
+/// commas; the `]` once every input ended.
+#[derive(Debug, Default)]
+pub(super) struct Writer {
+    bytes: Vec<u8>,
+    /// The records (or runs of records) written.
     written: usize,
+}
+
+impl Writer {
+    /// Writes `record` as the next.
+    pub(super) fn write(&mut self, record: &str) {
+        self.write_raw(record.as_bytes());
+    }
+
+    /// Writes `records`, one record or several separated by commas, as the next.
+    fn write_raw(&mut self, records: &[u8]) {
+        self.bytes.push(if self.written == 0 { b'[' } else { b',' });
+        self.bytes.extend_from_slice(records);
+        self.written += 1;
+    }
+
+    /// Closes the array.
+    fn close(&mut self) {
+        if self.written == 0 {
+            self.bytes.push(b'[');
+        }
+        self.bytes.push(b']');
+    }
 }
 
 /// A record of an unplaced node, until every input before its own has ended.
@@ -288,14 +329,7 @@ struct Waiting {
 
 impl Decisions {
     fn write(&mut self, record: &str) {
-        self.write_raw(record.as_bytes());
-    }
-
-    /// Writes `records`, one record or several separated by commas, as the next.
-    fn write_raw(&mut self, records: &[u8]) {
-        self.out.push(if self.written == 0 { b'[' } else { b',' });
-        self.out.extend_from_slice(records);
-        self.written += 1;
+        self.out.write(record);
     }
 
     /// Writes a kept record of `certname` from `input`, and the node's synthetic provenance
@@ -458,6 +492,8 @@ impl Decisions {
                 ..
             } => (ownership, *scope, true),
             StreamRule::History { owned: None, .. } => return Keep::Yes,
+            // Node records are decided by `NodeRecords` alone.
+            StreamRule::Node(_) => return Keep::Yes,
         };
         let owning = Owning {
             ownership,
@@ -531,8 +567,13 @@ impl RecordStream {
                     });
                 Some((*identity, at))
             }
-            StreamRule::Owned(..) => None,
+            StreamRule::Owned(..) | StreamRule::Node(_) => None,
         };
+        // A node record's own fields follow the others.
+        let node_fields = picked.len();
+        if let StreamRule::Node(_) = &rule {
+            picked.extend(NODE_FIELDS.map(str::to_owned));
+        }
         RecordStream {
             inputs: asked
                 .iter()
@@ -549,14 +590,14 @@ impl RecordStream {
                 rule,
                 asked,
                 identity,
+                node_fields,
                 seen: HashSet::new(),
                 claimed: HashMap::new(),
                 waiting: Vec::new(),
                 provenance,
                 injected: HashSet::new(),
                 order,
-                out: Vec::new(),
-                written: 0,
+                out: Writer::default(),
             },
             then: Vec::new(),
             finished: false,
@@ -566,6 +607,7 @@ impl RecordStream {
     /// The next piece of the answer of `asked[input]`.
     pub(crate) fn push(&mut self, input: usize, piece: &[u8]) -> Result<(), MergeBroken> {
         let before_ended = self.inputs[..input].iter().all(|i| i.ended);
+        let ended: Vec<bool> = self.inputs.iter().map(|i| i.ended).collect();
         let Some(state) = self.inputs.get_mut(input).filter(|i| !i.ended) else {
             return Ok(());
         };
@@ -579,6 +621,12 @@ impl RecordStream {
             ..
         } = state;
         let pushed = reader.push(piece, &names, |text, fields| {
+            if let StreamRule::Node(nodes) = &mut decisions.rule {
+                let fields = NodeFields::of(fields, 0, decisions.node_fields);
+                let from = (input, &decisions.asked[..], &ended[..]);
+                nodes.read(from, text, fields, &mut decisions.out);
+                return;
+            }
             let [certname, name, environment] = picked(fields);
             if decisions.is_provenance(name) {
                 return;
@@ -639,6 +687,7 @@ impl RecordStream {
             });
         }
         state.ended = true;
+        self.node_ended(input);
         self.finish_if_ended();
         Ok(())
     }
@@ -652,18 +701,24 @@ impl RecordStream {
         }
     }
 
+    /// `/nodes`: writes the records that waited for `input`'s answer to end.
+    fn node_ended(&mut self, input: usize) {
+        let all_ended = self.inputs.iter().all(|i| i.ended);
+        let decisions = &mut self.decisions;
+        if let StreamRule::Node(nodes) = &mut decisions.rule {
+            nodes.ended((input, &decisions.asked), all_ended, &mut decisions.out);
+        }
+    }
+
     /// Decides what waited for the inputs that ended, and closes the array once all have.
     fn finish_if_ended(&mut self) {
         self.decide_waiting();
         self.write_ordered();
         if !self.finished && self.inputs.iter().all(|i| i.ended && i.queue.is_empty()) {
             for records in std::mem::take(&mut self.then) {
-                self.decisions.write_raw(&records);
+                self.decisions.out.write_raw(&records);
             }
-            if self.decisions.written == 0 {
-                self.decisions.out.push(b'[');
-            }
-            self.decisions.out.push(b']');
+            self.decisions.out.close();
             self.finished = true;
         }
     }
@@ -673,6 +728,7 @@ impl RecordStream {
     pub(crate) fn skip(&mut self, input: usize) {
         if let Some(state) = self.inputs.get_mut(input).filter(|i| !i.ended) {
             state.ended = true;
+            self.node_ended(input);
             self.finish_if_ended();
         }
     }
@@ -696,7 +752,7 @@ impl RecordStream {
 
     /// The bytes of the merged answer written since the last call.
     pub(crate) fn take(&mut self) -> Vec<u8> {
-        std::mem::take(&mut self.decisions.out)
+        std::mem::take(&mut self.decisions.out.bytes)
     }
 
     /// Whether every answer ended and the merged answer is whole.
@@ -704,9 +760,14 @@ impl RecordStream {
         self.finished
     }
 
-    /// The bytes that grow with the answer: the set of history digests.
+    /// The bytes that grow with the answer: the set of history digests, `/nodes`' records
+    /// held.
     fn held_bytes(&self) -> usize {
-        self.decisions.seen.capacity() * SEEN_SLOT_BYTES
+        let nodes = match &self.decisions.rule {
+            StreamRule::Node(nodes) => nodes.held_bytes(),
+            _ => 0,
+        };
+        self.decisions.seen.capacity() * SEEN_SLOT_BYTES + nodes
     }
 
     /// Writes an ordered merge's queued records while the first in order is known.

@@ -1,0 +1,199 @@
+//! The streamed `/nodes` merge keeps the records the buffered merge keeps, composed and stamped
+//! the same, however the answers' bytes arrive: split nodes (facts or catalog newest elsewhere),
+//! nodes the map does not place, deactivated copies, nodes the map places but an answer lacks.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use serde_json::{json, Value};
+
+use super::tests::{merge, plan};
+use super::tests_stream::{feed, scope_of};
+use crate::entity::Entity;
+use crate::ids::BackendId;
+use crate::membership::{BackendNodes, Member, Ownership};
+use crate::streamed::{NodeRecords, RecordStream, StreamRule};
+
+/// The producer times the estates draw from (ties included).
+const STAMPS: [&str; 3] = [
+    "2026-12-01T08:00:00.000Z",
+    "2026-12-01T09:00:00.000Z",
+    "2026-12-01T10:00:00.000Z",
+];
+
+/// One backend's copy of one node: its report, facts and catalog times (`None`: none), whether
+/// it is active, whether the map knows it, whether its answer holds it.
+#[derive(Debug, Clone)]
+struct Held {
+    times: [Option<usize>; 3],
+    active: bool,
+    mapped: bool,
+    answered: bool,
+}
+
+fn held() -> impl Strategy<Value = Option<Held>> {
+    let time = prop::option::weighted(0.85, 0..STAMPS.len());
+    prop::option::weighted(
+        0.75,
+        (
+            [time.clone(), time.clone(), time],
+            prop::bool::weighted(0.9),
+            prop::bool::weighted(0.85),
+            prop::bool::weighted(0.95),
+        )
+            .prop_map(|(times, active, mapped, answered)| Held {
+                times,
+                active,
+                mapped,
+                answered,
+            }),
+    )
+}
+
+/// An estate: per node, each backend's copy.
+fn estate(backends: usize) -> impl Strategy<Value = Vec<Vec<Option<Held>>>> {
+    prop::collection::vec(prop::collection::vec(held(), backends), 1..8)
+}
+
+/// The membership map of `estate` as its backends' refreshes would build it.
+fn map_of(estate: &[Vec<Option<Held>>], backends: usize) -> Arc<Ownership> {
+    let parts: Vec<Option<BackendNodes>> = (0..backends)
+        .map(|backend| {
+            Some(
+                estate
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(node, copies)| {
+                        let copy = copies[backend].as_ref().filter(|c| c.mapped)?;
+                        let at = |kind: usize| copy.times[kind].map(|t| STAMPS[t]);
+                        let mut member = Member::active(at(0))
+                            .with_facts_produced(at(1))
+                            .with_catalog_produced(at(2));
+                        member.active = copy.active;
+                        Some((format!("n{node}").into(), member))
+                    })
+                    .collect(),
+            )
+        })
+        .collect();
+    Arc::new(Ownership::build(&parts, 1))
+}
+
+/// Each backend's `/nodes` answer: whole node records, each backend's fields its own.
+fn answers(estate: &[Vec<Option<Held>>], backends: usize) -> Vec<String> {
+    (0..backends)
+        .map(|backend| {
+            let records: Vec<Value> = estate
+                .iter()
+                .enumerate()
+                .filter_map(|(node, copies)| {
+                    let copy = copies[backend]
+                        .as_ref()
+                        .filter(|c| c.answered && c.active)?;
+                    let at = |kind: usize| copy.times[kind].map(|t| STAMPS[t]);
+                    Some(json!({
+                        "certname": format!("n{node}"),
+                        "deactivated": null,
+                        "report_timestamp": at(0),
+                        "facts_timestamp": at(1),
+                        "facts_environment": format!("env-{backend}"),
+                        "catalog_timestamp": at(2),
+                        "catalog_environment": format!("cat-{backend}"),
+                        "latest_report_status": if backend == 0 { "changed" } else { "unchanged" },
+                    }))
+                })
+                .collect();
+            serde_json::to_string_pretty(&records).expect("json")
+        })
+        .collect()
+}
+
+/// The records of a JSON array as a sorted list of texts.
+fn as_set(body: &str) -> Vec<String> {
+    let records: Vec<Value> = serde_json::from_str(body).expect("a JSON array");
+    let mut texts: Vec<String> = records.iter().map(Value::to_string).collect();
+    texts.sort();
+    texts
+}
+
+/// `/nodes` over `estate` buffered, and streamed in `pieces` taking turns by `turns`.
+fn both_merges(
+    estate: &[Vec<Option<Held>>],
+    backends: usize,
+    (pieces, turns): (&[usize], &[usize]),
+) -> (String, String) {
+    let config = Arc::new(crate::config::Config::on_loopback(
+        &[("pdb-a", 1), ("pdb-b", 2), ("pdb-c", 3)][..backends],
+    ));
+    let map = map_of(estate, backends);
+    let answers = answers(estate, backends);
+    let mut planned = plan(&config, "/pdb/query/v4/nodes", Some(Arc::clone(&map))).expect("plan");
+    let bodies: Vec<(&str, Option<u64>)> = answers.iter().map(|a| (a.as_str(), None)).collect();
+    let (buffered, _) = merge(&mut planned, &bodies);
+    let names = config.backends.iter().map(|b| b.name.clone()).collect();
+    let rule = StreamRule::Node(NodeRecords::new(map, scope_of(Entity::Nodes), names));
+    let asked = (0..backends).map(BackendId).collect();
+    let mut stream = RecordStream::new(rule, asked, (None, None));
+    (buffered, feed(&mut stream, &answers, pieces, turns))
+}
+
+#[test]
+fn a_split_node_is_composed_and_an_unplaced_one_is_the_newest_held() {
+    let at = |t: usize| Some(t);
+    let split = vec![
+        // Report newest in a, facts in b, catalog in a.
+        Some(Held {
+            times: [at(2), at(0), at(1)],
+            active: true,
+            mapped: true,
+            answered: true,
+        }),
+        Some(Held {
+            times: [at(1), at(1), at(0)],
+            active: true,
+            mapped: true,
+            answered: true,
+        }),
+    ];
+    let unplaced = vec![
+        Some(Held {
+            times: [at(0), at(0), at(0)],
+            active: true,
+            mapped: false,
+            answered: true,
+        }),
+        Some(Held {
+            times: [at(1), at(0), at(0)],
+            active: true,
+            mapped: false,
+            answered: true,
+        }),
+    ];
+    let estate = vec![split, unplaced];
+    // b's answer first, a record at a time: a's record of n0 waits for b's facts fields.
+    let (buffered, streamed) = both_merges(&estate, 2, (&[40], &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1]));
+    assert_eq!(as_set(&streamed), as_set(&buffered));
+    let records: Vec<Value> = serde_json::from_str(&streamed).expect("json");
+    let n0 = records.iter().find(|r| r["certname"] == "n0").expect("n0");
+    assert_eq!(n0["pdbmux_source"], "pdb-a");
+    assert_eq!(n0["facts_environment"], "env-1");
+    assert_eq!(n0["facts_timestamp"], STAMPS[1]);
+    assert_eq!(n0["catalog_environment"], "cat-0");
+    let n1 = records.iter().find(|r| r["certname"] == "n1").expect("n1");
+    assert_eq!(n1["pdbmux_source"], "pdb-b");
+    assert_eq!(records.len(), 2);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn streamed_nodes_are_the_buffered_merge(
+        (backends, estate) in (2usize..4).prop_flat_map(|backends| (Just(backends), estate(backends))),
+        pieces in prop::collection::vec(1usize..300, 1..6),
+        turns in prop::collection::vec(0usize..3, 0..40),
+    ) {
+        let (buffered, streamed) = both_merges(&estate, backends, (&pieces, &turns));
+        prop_assert_eq!(as_set(&streamed), as_set(&buffered));
+    }
+}

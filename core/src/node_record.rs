@@ -1,0 +1,36 @@
+//! What a merged `/nodes` record is made of, for the buffered merge (`merge/nodes.rs`) and the
+//! streamed one (`streamed/nodes.rs`) alike (docs/merging.md, "Who owns a node"): the key naming
+//! the backend it came from, the fields a split node takes from its facts' and catalog's owners,
+//! and how two copies of a node the map does not place compare.
+
+use std::cmp::Ordering;
+
+use crate::membership::{compare_timestamps, Kind};
+use crate::records::with_key;
+
+/// The key naming the winning backend on each merged node record.
+pub(crate) const SOURCE_KEY: &str = "pdbmux_source";
+
+/// The fields of a node record that come from another kind of data than its latest report:
+/// its facts' and its catalog's.
+pub(crate) const COMPOSED: [(Kind, [&str; 2]); 2] = [
+    (Kind::Facts, ["facts_timestamp", "facts_environment"]),
+    (Kind::Catalog, ["catalog_timestamp", "catalog_environment"]),
+];
+
+/// `record` with [`SOURCE_KEY`] naming `backend` (its configured name).
+pub(crate) fn stamped(record: &str, backend: &str) -> String {
+    with_key(record, SOURCE_KEY, backend)
+}
+
+/// How two node records of a node the map does not place compare by their raw
+/// `report_timestamp` (JSON text: a string or `null`): the greater is kept, a tie goes to the
+/// earlier backend in configured order.
+pub(crate) fn compare_reports(report: Option<&str>, other: Option<&str>) -> Ordering {
+    compare_timestamps(json_str(report), json_str(other))
+}
+
+/// A raw JSON timestamp (`"…"` or `null`) as text; `None` for null or anything else.
+fn json_str(raw: Option<&str>) -> Option<&str> {
+    raw.and_then(|raw| raw.strip_prefix('"')?.strip_suffix('"'))
+}
