@@ -4,7 +4,7 @@
 //!
 //! For each size: two fakepdb (a fifth of the nodes in both, `--facts` facts per node); then for
 //! each binary a fresh process (cache off unless `--cache default`, health probes off, membership
-//! map warmed by one request that asks for nothing else): each `--entities` entity unpaged, `/facts` ordered and below an environment
+//! map warmed by one request that asks for nothing else): each `--entities` entity unpaged, `/facts` ordered and below an environment, `/events` projected
 //! (`/environments/production/facts`: fakepdb ignores the constraint, so it is the whole `/facts`
 //! merge with the parent check beside it), and `--concurrent` of the first
 //! entity's question at once, each in a fresh process so its peak (`VmHWM`) is its own. The memory budgets are set
@@ -30,6 +30,13 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 /// The ordered question: every fact in certname, then name order.
 const ORDERED: &str =
     "/pdb/query/v4/facts?order_by=%5B%7B%22field%22%3A%22certname%22%7D%2C%7B%22field%22%3A%22name%22%7D%5D";
+
+/// A projection of history: each event's certname and time. fakepdb ignores the extract and
+/// sends whole events, so the rows served are whole events less the fields a projection is
+/// asked for beside its columns to tell copies apart: the merge does a projection's work on
+/// each row, over longer rows.
+const EVENTS_PROJECTED: &str =
+    "/pdb/query/v4/events?query=%5B%22extract%22%2C%5B%22certname%22%2C%22timestamp%22%5D%5D";
 
 /// The sub-route question: `/facts` below an environment, with its parent check.
 const BELOW_AN_ENVIRONMENT: &str = "/pdb/query/v4/environments/production/facts";
@@ -259,6 +266,13 @@ fn main() -> Result<()> {
                 Question::new(format!("{entity} unpaged"), &target, &target)
             })
             .collect();
+        if args.entities.iter().any(|e| e == "events") {
+            questions.push(Question::new(
+                "events projected".into(),
+                EVENTS_PROJECTED,
+                EVENTS_PROJECTED,
+            ));
+        }
         if args.entities.iter().any(|e| e == "facts") {
             questions.push(Question::new("facts ordered".into(), ORDERED, ORDERED));
             // The backends serve no sub-route: asked directly, the entity's own route.

@@ -372,7 +372,8 @@ impl RecordPlan {
     /// node-owned entity that name their node, each kept or dropped by the membership snapshot
     /// alone (the provenance fact's synthetic records written with each node's; an ordered
     /// answer merged k-way, `/facts` with its synthetic records only when ordered by certname
-    /// first), or whole history records, each copy once.
+    /// first), `/nodes`' whole records unordered, or history records (whole, or projected
+    /// without functions), each copy once.
     fn can_stream(&self, context: &Context) -> bool {
         context.may_stream
             && !self.window.is_paged()
@@ -387,9 +388,10 @@ impl RecordPlan {
     }
 
     /// What a streamed merge of this plan keeps, when it can decide each record as it reads
-    /// it: a node-owned entity's records dropped by ownership (its query not pushed down), or
-    /// history's whole records (no projection) by identity, with `latest_report?` by ownership
-    /// too.
+    /// it: a node-owned entity's records dropped by ownership (its query not pushed down),
+    /// `/nodes`' whole records unordered, or history's records (whole, or projected without
+    /// functions, the fields added to tell copies apart dropped) by identity, with
+    /// `latest_report?` by ownership too.
     fn stream_rule(&self, context: &Context) -> Option<StreamRule> {
         let ownership = context.ownership.as_ref();
         let dropped = |(scope, technique)| match technique {
@@ -412,13 +414,22 @@ impl RecordPlan {
                 Some(StreamRule::Node(NodeRecords::new(ownership, scope, names)))
             }
             MergeRule::Union(identity @ (Identity::Hash | Identity::Verbatim))
-                if self.entity.is_history() && !self.is_projection() =>
+                if self.entity.is_history()
+                    && !self
+                        .query
+                        .analysis()
+                        .is_some_and(|a| a.has_function_column()) =>
             {
                 let owned = match self.owned {
                     Some(owned) => Some(dropped(owned)?),
                     None => None,
                 };
-                Some(StreamRule::History { identity, owned })
+                let helpers = self.history_helpers.clone();
+                Some(StreamRule::History {
+                    identity,
+                    owned,
+                    helpers,
+                })
             }
             _ => None,
         }

@@ -36,6 +36,17 @@ pub(super) fn plan(
     target: &str,
     ownership: Option<Arc<Ownership>>,
 ) -> Result<TestPlan, String> {
+    let roster = (0..config.backends.len()).map(BackendId).collect();
+    plan_over(config, target, ownership, roster)
+}
+
+/// [`plan`], asking only the backends of `roster` (the others out of service).
+pub(super) fn plan_over(
+    config: &Arc<Config>,
+    target: &str,
+    ownership: Option<Arc<Ownership>>,
+    roster: Vec<BackendId>,
+) -> Result<TestPlan, String> {
     let request = ClientRequest::get(target);
     let route: Route = classify(&request).map_err(|e| e.to_string())?;
     let entity = route.entity().ok_or("not a query route")?;
@@ -51,7 +62,7 @@ pub(super) fn plan(
         })?;
     let context = Context {
         config: Arc::clone(config),
-        roster: (0..config.backends.len()).map(BackendId).collect(),
+        roster,
         corrections: Arc::new(Corrections::new(
             ownership.as_ref().map_or(0, |o| o.generation()),
         )),
@@ -75,6 +86,14 @@ pub(super) struct TestPlan {
 }
 
 impl TestPlan {
+    /// The streamed merge the plan starts when its answer may stream (`None`: it merges
+    /// buffered whatever the size).
+    pub(super) fn streamed(&mut self) -> Option<crate::streamed::RecordStream> {
+        self.context.may_stream = true;
+        self.plan.start(&self.context);
+        Some(self.plan.stream_start(&self.context)?.merge)
+    }
+
     /// The request of a first-round call.
     fn upstream(&self, backend: usize) -> crate::fanout::Outbound {
         self.plan
@@ -86,7 +105,8 @@ impl TestPlan {
 type Answered = (String, Option<String>);
 
 /// Merges bodies (with optional X-Records) given as the first round's answers; returns (body,
-/// X-Records), or the calls the plan asks for next.
+/// X-Records), or the calls the plan asks for next; the bodies are the roster's backends', in
+/// its order.
 fn progress(
     planned: &mut TestPlan,
     bodies: &[(&str, Option<u64>)],
@@ -101,7 +121,7 @@ fn progress(
                     headers.insert("x-records", HeaderValue::from(*total));
                 }
                 Call {
-                    backend: BackendId(i),
+                    backend: planned.context.roster[i],
                     part: RECORDS,
                     purpose: crate::message::Purpose::Query,
                     state: CallState::Done(Outcome::Success {

@@ -1,17 +1,19 @@
 //! The streamed `/nodes` merge keeps the records the buffered merge keeps, composed and stamped
 //! the same, however the answers' bytes arrive: split nodes (facts or catalog newest elsewhere),
-//! nodes the map does not place, deactivated copies, nodes the map places but an answer lacks.
+//! nodes the map does not place, deactivated copies (every node state, or active only), nodes
+//! the map places but an answer lacks, owners not asked, a backend failing before its head.
 
 use std::sync::Arc;
 
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-use super::tests::{merge, plan};
-use super::tests_stream::{feed, scope_of};
+use super::tests::{merge, plan_over};
+use super::tests_stream::feed;
 use crate::entity::Entity;
 use crate::ids::BackendId;
 use crate::membership::{BackendNodes, Member, Ownership};
+use crate::ownership::NodeScope;
 use crate::streamed::{NodeRecords, RecordStream, StreamRule};
 
 /// The producer times the estates draw from (ties included).
@@ -80,7 +82,7 @@ fn map_of(estate: &[Vec<Option<Held>>], backends: usize) -> Arc<Ownership> {
 }
 
 /// Each backend's `/nodes` answer: whole node records, each backend's fields its own.
-fn answers(estate: &[Vec<Option<Held>>], backends: usize) -> Vec<String> {
+fn answers(estate: &[Vec<Option<Held>>], backends: usize, any_state: bool) -> Vec<String> {
     (0..backends)
         .map(|backend| {
             let records: Vec<Value> = estate
@@ -89,11 +91,11 @@ fn answers(estate: &[Vec<Option<Held>>], backends: usize) -> Vec<String> {
                 .filter_map(|(node, copies)| {
                     let copy = copies[backend]
                         .as_ref()
-                        .filter(|c| c.answered && c.active)?;
+                        .filter(|c| c.answered && (c.active || any_state))?;
                     let at = |kind: usize| copy.times[kind].map(|t| STAMPS[t]);
                     Some(json!({
                         "certname": format!("n{node}"),
-                        "deactivated": null,
+                        "deactivated": (!copy.active).then_some(STAMPS[0]),
                         "report_timestamp": at(0),
                         "facts_timestamp": at(1),
                         "facts_environment": format!("env-{backend}"),
@@ -116,25 +118,82 @@ fn as_set(body: &str) -> Vec<String> {
     texts
 }
 
+/// Which `/nodes` question is asked of which backends.
+#[derive(Debug, Clone)]
+struct Question {
+    /// Every node state (`["=","node_state","any"]`), deactivated copies answered too.
+    any_state: bool,
+    /// The backends asked (the others out of service), in configured order.
+    roster: Vec<usize>,
+    /// An asked backend (its index among them) failing before its answer's head.
+    failed: Option<usize>,
+}
+
+impl Question {
+    /// Every backend asked of `backends`, active nodes only.
+    fn all(backends: usize) -> Question {
+        Question {
+            any_state: false,
+            roster: (0..backends).collect(),
+            failed: None,
+        }
+    }
+}
+
+fn question(backends: usize) -> impl Strategy<Value = Question> {
+    (
+        any::<bool>(),
+        prop::sample::subsequence((0..backends).collect::<Vec<_>>(), 1..=backends),
+        prop::option::weighted(0.2, 0..backends),
+    )
+        .prop_map(|(any_state, roster, failed)| Question {
+            failed: failed.filter(|f| *f < roster.len()),
+            any_state,
+            roster,
+        })
+}
+
 /// `/nodes` over `estate` buffered, and streamed in `pieces` taking turns by `turns`.
 fn both_merges(
     estate: &[Vec<Option<Held>>],
     backends: usize,
+    question: &Question,
     (pieces, turns): (&[usize], &[usize]),
 ) -> (String, String) {
     let config = Arc::new(crate::config::Config::on_loopback(
         &[("pdb-a", 1), ("pdb-b", 2), ("pdb-c", 3)][..backends],
     ));
     let map = map_of(estate, backends);
-    let answers = answers(estate, backends);
-    let mut planned = plan(&config, "/pdb/query/v4/nodes", Some(Arc::clone(&map))).expect("plan");
+    let every = answers(estate, backends, question.any_state);
+    // A backend failing before its head adds no records, as an empty answer would.
+    let answers: Vec<String> = (question.roster.iter().enumerate())
+        .map(|(input, backend)| match question.failed == Some(input) {
+            true => "[]".to_owned(),
+            false => every[*backend].clone(),
+        })
+        .collect();
+    let target = match question.any_state {
+        true => "/pdb/query/v4/nodes?query=%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D",
+        false => "/pdb/query/v4/nodes",
+    };
+    let asked: Vec<BackendId> = question.roster.iter().copied().map(BackendId).collect();
+    let ownership = Some(Arc::clone(&map));
+    let mut planned = plan_over(&config, target, ownership, asked.clone()).expect("plan");
     let bodies: Vec<(&str, Option<u64>)> = answers.iter().map(|a| (a.as_str(), None)).collect();
     let (buffered, _) = merge(&mut planned, &bodies);
     let names = config.backends.iter().map(|b| b.name.clone()).collect();
-    let rule = StreamRule::Node(NodeRecords::new(map, scope_of(Entity::Nodes), names));
-    let asked = (0..backends).map(BackendId).collect();
+    let scope = NodeScope::of(Entity::Nodes, config.merge, question.any_state);
+    let rule = StreamRule::Node(NodeRecords::new(map, scope, names));
     let mut stream = RecordStream::new(rule, asked, (None, None));
-    (buffered, feed(&mut stream, &answers, pieces, turns))
+    if let Some(failed) = question.failed {
+        stream.skip(failed);
+    }
+    // What the skip wrote (the whole answer when no other backend was asked).
+    let written = String::from_utf8(stream.take()).expect("utf-8");
+    (
+        buffered,
+        written + &feed(&mut stream, &answers, pieces, turns),
+    )
 }
 
 #[test]
@@ -171,7 +230,8 @@ fn a_split_node_is_composed_and_an_unplaced_one_is_the_newest_held() {
     ];
     let estate = vec![split, unplaced];
     // b's answer first, a record at a time: a's record of n0 waits for b's facts fields.
-    let (buffered, streamed) = both_merges(&estate, 2, (&[40], &[1, 1, 1, 1, 1, 1, 1, 1, 1, 1]));
+    let turns = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1];
+    let (buffered, streamed) = both_merges(&estate, 2, &Question::all(2), (&[40], &turns));
     assert_eq!(as_set(&streamed), as_set(&buffered));
     let records: Vec<Value> = serde_json::from_str(&streamed).expect("json");
     let n0 = records.iter().find(|r| r["certname"] == "n0").expect("n0");
@@ -189,11 +249,12 @@ proptest! {
 
     #[test]
     fn streamed_nodes_are_the_buffered_merge(
-        (backends, estate) in (2usize..4).prop_flat_map(|backends| (Just(backends), estate(backends))),
+        (backends, estate, question) in (2usize..4)
+            .prop_flat_map(|backends| (Just(backends), estate(backends), question(backends))),
         pieces in prop::collection::vec(1usize..300, 1..6),
         turns in prop::collection::vec(0usize..3, 0..40),
     ) {
-        let (buffered, streamed) = both_merges(&estate, backends, (&pieces, &turns));
+        let (buffered, streamed) = both_merges(&estate, backends, &question, (&pieces, &turns));
         prop_assert_eq!(as_set(&streamed), as_set(&buffered));
     }
 }

@@ -23,6 +23,7 @@
 //! synthetic provenance record (an order by certname first) is queued in its place among its
 //! node's records, after those it ties with, as the buffered merge puts it.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -33,7 +34,7 @@ use crate::entity::{Digest, Identity};
 use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
-use crate::records::{is_str, provenance_record, raw_str, read_object, Fields};
+use crate::records::{is_str, provenance_record, raw_str, read_object, without_keys, Fields};
 use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
 
@@ -207,10 +208,12 @@ pub(crate) enum StreamRule {
     /// ([`nodes`]).
     Node(NodeRecords),
     /// Every backend's records, each copy `identity` tells apart once; with `owned`
-    /// (`latest_report?`), the copies of a node another backend owns dropped.
+    /// (`latest_report?`), the copies of a node another backend owns dropped. A projection's
+    /// `helpers` (fields asked for only to tell copies apart) leave each record as it is written.
     History {
         identity: Identity,
         owned: Option<(Arc<Ownership>, NodeScope)>,
+        helpers: Vec<&'static str>,
     },
 }
 
@@ -340,7 +343,8 @@ impl Decisions {
         (certname, environment): (&str, Option<&str>),
         (text, node_changed): (&str, bool),
     ) {
-        self.write(text);
+        let served = self.served(text);
+        self.write(&served);
         // Records come grouped by node: only a record whose node differs from the one before
         // can be its node's first.
         if !node_changed {
@@ -396,6 +400,7 @@ impl Decisions {
         let Some(order) = &self.order else {
             return 0;
         };
+        let text = self.served(text).into_owned();
         let mut bytes = text.len();
         let unplaced = (keep == Keep::Later)
             .then(|| certname.as_deref().map(str::to_owned))
@@ -429,7 +434,7 @@ impl Decisions {
             Queued {
                 key,
                 unplaced: unplaced.clone(),
-                text: text.to_owned(),
+                text,
                 synthetic: false,
                 digest,
             },
@@ -472,6 +477,17 @@ impl Decisions {
     fn digest(&self, text: &str, fields: &[Option<&RawValue>]) -> Option<Digest> {
         let (identity, at) = self.identity?;
         identity.digest(text, fields.get(at).copied().flatten())
+    }
+
+    /// `text` as it is served: without the fields a history projection was asked for only to
+    /// tell copies apart (`merge/union.rs` drops them the same way).
+    fn served<'t>(&self, text: &'t str) -> Cow<'t, str> {
+        match &self.rule {
+            StreamRule::History { helpers, .. } if !helpers.is_empty() => {
+                without_keys(text, helpers).map_or(Cow::Borrowed(text), Cow::Owned)
+            }
+            _ => Cow::Borrowed(text),
+        }
     }
 
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
@@ -639,7 +655,8 @@ impl RecordStream {
             let Some(certname) = certname.and_then(raw_str) else {
                 // No node to own it: kept as it is (history: its first copy).
                 if decisions.first_copy(text, fields) {
-                    decisions.write(text);
+                    let served = decisions.served(text);
+                    decisions.write(&served);
                 }
                 return;
             };

@@ -9,6 +9,8 @@
 //! - a node the map does not place (it appeared since the last refresh, or its owner is not
 //!   asked): every backend's copy may be the one kept (the newest `report_timestamp`, then
 //!   configured order), so the best so far waits until every answer has ended.
+//!
+//! Each backend's answer holds a certname once, as PuppetDB's nodes table does.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -137,25 +139,33 @@ impl NodeRecords {
                     }
                     return;
                 }
-                let composing = self
-                    .composing
-                    .entry(certname.into_owned())
-                    .or_insert_with(|| {
-                        let mut awaited: Vec<usize> = std::iter::once(owner)
-                            .chain(sources)
-                            .flatten()
-                            .filter_map(|backend| asked.iter().position(|b| *b == backend))
-                            .filter(|awaited| !ended.get(*awaited).copied().unwrap_or(true))
-                            .collect();
-                        awaited.dedup();
-                        Composing {
-                            awaited,
-                            ..Composing::default()
-                        }
-                    });
+                // Another owner's copy that gives the node no field is not needed.
+                if holding == Holding::Other && !sources.contains(&Some(asked[input])) {
+                    return;
+                }
+                let certname = certname.into_owned();
+                if !self.composing.contains_key(&certname) {
+                    self.held += certname.len();
+                }
+                let composing = self.composing.entry(certname.clone()).or_insert_with(|| {
+                    let mut awaited: Vec<usize> = std::iter::once(owner)
+                        .chain(sources)
+                        .flatten()
+                        .filter_map(|backend| asked.iter().position(|b| *b == backend))
+                        .filter(|awaited| !ended.get(*awaited).copied().unwrap_or(true))
+                        .collect();
+                    awaited.dedup();
+                    Composing {
+                        awaited,
+                        ..Composing::default()
+                    }
+                });
                 if holding == Holding::Own {
                     self.held += text.len();
-                    composing.record = Some((input, text.to_owned()));
+                    if let Some((_, replaced)) = composing.record.replace((input, text.to_owned()))
+                    {
+                        self.held -= replaced.len();
+                    }
                 }
                 for (((_, names), source), values) in
                     COMPOSED.iter().zip(sources).zip(fields.composed)
@@ -165,12 +175,13 @@ impl NodeRecords {
                     }
                     for (name, value) in names.iter().zip(values) {
                         if let Some(value) = value {
+                            self.held += value.get().len();
                             composing.patch.push((name, value.to_owned()));
                         }
                     }
                 }
                 composing.awaited.retain(|awaited| *awaited != input);
-                self.write_composed(asked, out);
+                self.write_if_composed(&certname, asked, out);
             }
         }
     }
@@ -184,51 +195,65 @@ impl NodeRecords {
         all_ended: bool,
         out: &mut Writer,
     ) {
-        for composing in self.composing.values_mut() {
-            composing.awaited.retain(|awaited| *awaited != input);
+        let composed: Vec<String> = self
+            .composing
+            .iter_mut()
+            .filter_map(|(certname, composing)| {
+                composing.awaited.retain(|awaited| *awaited != input);
+                composing.awaited.is_empty().then(|| certname.clone())
+            })
+            .collect();
+        for certname in composed {
+            self.write_if_composed(&certname, asked, out);
         }
-        self.write_composed(asked, out);
         if all_ended {
-            let mut unplaced: Vec<Unplaced> =
-                std::mem::take(&mut self.unplaced).into_values().collect();
+            let mut unplaced: Vec<(String, Unplaced)> =
+                std::mem::take(&mut self.unplaced).into_iter().collect();
             // In configured order, as the buffered merge lists them.
-            unplaced.sort_by_key(|kept| kept.input);
-            for kept in unplaced {
-                self.held -= kept.text.len();
+            unplaced.sort_by_key(|(_, kept)| kept.input);
+            for (certname, kept) in unplaced {
+                self.held -= certname.len() + kept.text.len();
                 out.write(&self.stamped(asked[kept.input], &kept.text));
             }
         }
     }
 
-    /// The bytes of the records held (split nodes' and unplaced nodes').
+    /// The bytes held: split nodes' records, certnames and fields taken, and unplaced nodes'
+    /// records.
     pub(super) fn held_bytes(&self) -> usize {
         self.held
     }
 
-    /// Writes the split nodes that await no backend any more: the owner's record with the other
-    /// kinds' fields (nothing when the owner's answer held no record of the node).
-    fn write_composed(&mut self, asked: &[BackendId], out: &mut Writer) {
-        let done: Vec<String> = self
+    /// Writes split node `certname` once it awaits no backend any more: the owner's record
+    /// with the other kinds' fields (nothing when the owner's answer held no record of it).
+    fn write_if_composed(&mut self, certname: &str, asked: &[BackendId], out: &mut Writer) {
+        if !self
             .composing
-            .iter()
-            .filter(|(_, composing)| composing.awaited.is_empty())
-            .map(|(certname, _)| certname.clone())
-            .collect();
-        for certname in done {
-            let Some(Composing { record, patch, .. }) = self.composing.remove(&certname) else {
-                continue;
-            };
-            let Some((input, text)) = record else {
-                continue;
-            };
-            self.held -= text.len();
-            let patch: Vec<(&str, &RawValue)> = patch
-                .iter()
-                .map(|(name, value)| (*name, &**value))
-                .collect();
-            let composed = with_values(&text, &patch).unwrap_or(text);
-            out.write(&self.stamped(asked[input], &composed));
+            .get(certname)
+            .is_some_and(|composing| composing.awaited.is_empty())
+        {
+            return;
         }
+        let Some(Composing { record, patch, .. }) = self.composing.remove(certname) else {
+            return;
+        };
+        let record_bytes = record.as_ref().map_or(0, |(_, text)| text.len());
+        let patch_bytes: usize = patch.iter().map(|(_, value)| value.get().len()).sum();
+        self.held -= certname.len() + record_bytes + patch_bytes;
+        let Some((input, text)) = record else {
+            return;
+        };
+        let composed = match patch.is_empty() {
+            true => text,
+            false => {
+                let patch: Vec<(&str, &RawValue)> = patch
+                    .iter()
+                    .map(|(name, value)| (*name, &**value))
+                    .collect();
+                with_values(&text, &patch).unwrap_or(text)
+            }
+        };
+        out.write(&self.stamped(asked[input], &composed));
     }
 
     /// Keeps `input`'s copy of `certname`, a node the map does not place, if it is the newest
@@ -244,9 +269,9 @@ impl NodeRecords {
             if !newer {
                 return;
             }
-            self.held -= kept.text.len();
+            self.held -= certname.len() + kept.text.len();
         }
-        self.held += text.len();
+        self.held += certname.len() + text.len();
         self.unplaced.insert(
             certname.to_owned(),
             Unplaced {
