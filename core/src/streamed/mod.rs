@@ -204,8 +204,8 @@ impl ArrayReader {
 pub(crate) enum StreamRule {
     /// A node's records from its owner in `ownership`, as `scope` places it (`merge/owned.rs`).
     Owned(Arc<Ownership>, NodeScope),
-    /// `/nodes`' whole records, unordered: each node's from its owner, composed and stamped
-    /// ([`nodes`]).
+    /// `/nodes`' whole records, unordered or ordered by certname first: each node's from its
+    /// owner, composed and stamped ([`nodes`]).
     Node(NodeRecords),
     /// Every backend's records, each copy `identity` tells apart once; with `owned`
     /// (`latest_report?`), the copies of a node another backend owns dropped. A projection's
@@ -262,6 +262,9 @@ struct Queued {
     synthetic: bool,
     /// A history record's identity digest: it is written only if no copy was.
     digest: Option<Digest>,
+    /// `/nodes`: the record's certname; the node's copies are decided together when the first
+    /// is written ([`NodeRecords::decided`]).
+    node: Option<String>,
 }
 
 /// The decisions and the output, apart from the readers that feed them.
@@ -400,7 +403,15 @@ impl Decisions {
         let Some(order) = &self.order else {
             return 0;
         };
-        let text = self.served(text).into_owned();
+        let node = match (&self.rule, &certname) {
+            (StreamRule::Node(_), Some(certname)) => Some(certname.to_string()),
+            _ => None,
+        };
+        let text = match (&self.rule, &certname) {
+            // No node to own it: kept as it is, as the buffered merge keeps it.
+            (StreamRule::Node(nodes), None) => nodes.stamped(self.asked[input], text),
+            _ => self.served(text).into_owned(),
+        };
         let mut bytes = text.len();
         let unplaced = (keep == Keep::Later)
             .then(|| certname.as_deref().map(str::to_owned))
@@ -437,6 +448,7 @@ impl Decisions {
                 text,
                 synthetic: false,
                 digest,
+                node,
             },
         );
         if let Some(record) = synthetic {
@@ -456,6 +468,7 @@ impl Decisions {
                     text: record.get().to_owned(),
                     synthetic: true,
                     digest: None,
+                    node: None,
                 },
             );
         }
@@ -508,8 +521,13 @@ impl Decisions {
                 ..
             } => (ownership, *scope, true),
             StreamRule::History { owned: None, .. } => return Keep::Yes,
-            // Node records are decided by `NodeRecords` alone.
-            StreamRule::Node(_) => return Keep::Yes,
+            // An ordered `/nodes` queues the copies its node's record may come from.
+            StreamRule::Node(nodes) => {
+                return match nodes.needed((input, &self.asked), certname) {
+                    true => Keep::Yes,
+                    false => Keep::No,
+                }
+            }
         };
         let owning = Owning {
             ownership,
@@ -637,7 +655,7 @@ impl RecordStream {
             ..
         } = state;
         let pushed = reader.push(piece, &names, |text, fields| {
-            if let StreamRule::Node(nodes) = &mut decisions.rule {
+            if let (StreamRule::Node(nodes), None) = (&mut decisions.rule, &decisions.order) {
                 let fields = NodeFields::of(fields, 0, decisions.node_fields);
                 let from = (input, &decisions.asked[..], &ended[..]);
                 nodes.read(from, text, fields, &mut decisions.out);
@@ -790,6 +808,14 @@ impl RecordStream {
     /// Writes an ordered merge's queued records while the first in order is known.
     fn write_ordered(&mut self) {
         while let Some((index, keep)) = self.next_ordered() {
+            if let Some(certname) = self.inputs[index]
+                .queue
+                .front()
+                .and_then(|q| q.node.clone())
+            {
+                self.write_node(&certname);
+                continue;
+            }
             let input = &mut self.inputs[index];
             let Some(record) = input.queue.pop_front() else {
                 return;
@@ -802,6 +828,28 @@ impl RecordStream {
                     .is_none_or(|digest| self.decisions.seen.insert(digest))
             {
                 self.decisions.write(&record.text);
+            }
+        }
+    }
+
+    /// Writes the record of `certname`, a node of an ordered `/nodes` whose first copy is
+    /// next: the order is by certname first, so every input's copy of it is at the head of its
+    /// queue (a backend holds a certname once), and they are decided together.
+    fn write_node(&mut self, certname: &str) {
+        let mut copies = Vec::new();
+        for (index, input) in self.inputs.iter_mut().enumerate() {
+            if input.queue.front().and_then(|q| q.node.as_deref()) != Some(certname) {
+                continue;
+            }
+            if let Some(record) = input.queue.pop_front() {
+                input.queued_bytes -= record.text.len();
+                copies.push((index, record.text));
+            }
+        }
+        let decisions = &mut self.decisions;
+        if let StreamRule::Node(nodes) = &decisions.rule {
+            if let Some(record) = nodes.decided(certname, &copies, &decisions.asked) {
+                decisions.out.write(&record);
             }
         }
     }
