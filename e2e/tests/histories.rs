@@ -232,6 +232,14 @@ fn questions(history: &History) -> Vec<Question> {
 fn nodes_questions(moved: &[&str], split: &[&str]) -> Vec<Question> {
     let nodes = format!("{V4}/nodes");
     let mut out = vec![
+        // Whole and ordered by certname: composed exactly, merged k-way when it streams.
+        Question::new(
+            &nodes,
+            &[(
+                "order_by",
+                q(json!([{"field": "certname", "order": "desc"}])),
+            )],
+        ),
         with_query(
             &nodes,
             json!(["extract", ["certname", "latest_report_hash"]]),
