@@ -1002,32 +1002,3 @@ fn a_large_nodes_answer_streams_each_node_once_from_its_owner() {
     );
     assert_eq!(split["report_timestamp"], json!(T11));
 }
-
-/// Ordered by certname, a large `/nodes` answer streams merged k-way: each node once, in order,
-/// its copies decided together (the split node composed as unordered).
-#[test]
-fn a_large_nodes_answer_ordered_by_certname_streams_in_order() {
-    let (a, b) = nodes_estate();
-    let mut h = harness(both(a, b));
-    let order: String =
-        form_urlencoded::byte_serialize(br#"[{"field":"certname","order":"desc"}]"#).collect();
-    let response = answer_to(&mut h, &format!("/pdb/query/v4/nodes?order_by={order}"));
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.header("x-backends"), Some("2/2"));
-    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("a JSON array");
-    let certnames: Vec<&str> = records
-        .iter()
-        .filter_map(|r| r["certname"].as_str())
-        .collect();
-    let mut expected = certnames.clone();
-    expected.sort_unstable_by(|x, y| y.cmp(x));
-    expected.dedup();
-    assert_eq!(certnames, expected, "in order, each node once");
-    assert_eq!(certnames.len(), 3 * (NODES_PER_BACKEND / 2) + 1);
-    let split = records
-        .iter()
-        .find(|r| r["certname"] == "split")
-        .expect("split");
-    assert_eq!(split["pdbmux_source"], "pdb-a");
-    assert_eq!(split["facts_environment"], "env-pdb-b");
-}

@@ -298,8 +298,8 @@ impl RecordPlan {
         let history_total =
             entity.is_history() && include_total && window.is_paged() && pushable && !node_owned;
         let history_node_state = entity.is_history() && !node_owned && pushable && names_node_state;
-        // BackendAsked whether or not `latest_report?` makes the history node-owned: one backend's own
-        // rows are not merged by their projected content either (D22).
+        // Whether or not `latest_report?` makes the history node-owned: one backend's own rows
+        // are not merged by their projected content either (D22).
         let history_helpers = match (analysis, pushable) {
             (Some(a), true) if !a.plain_columns.is_empty() && !a.has_function_column() => {
                 // The fields that tell one stored report (or event) from another, so that the
@@ -372,8 +372,8 @@ impl RecordPlan {
     /// node-owned entity that name their node, each kept or dropped by the membership snapshot
     /// alone (the provenance fact's synthetic records written with each node's; an ordered
     /// answer merged k-way, `/facts` with its synthetic records only when ordered by certname
-    /// first), `/nodes`' whole records unordered or by certname first, or history records
-    /// (whole, or projected without functions), each copy once.
+    /// first), `/nodes`' whole records unordered, or history records (whole, or projected
+    /// without functions), each copy once.
     fn can_stream(&self, context: &Context) -> bool {
         context.may_stream
             && !self.window.is_paged()
@@ -389,7 +389,7 @@ impl RecordPlan {
 
     /// What a streamed merge of this plan keeps, when it can decide each record as it reads
     /// it: a node-owned entity's records dropped by ownership (its query not pushed down),
-    /// `/nodes`' whole records unordered or by certname first, or history's records (whole, or projected without
+    /// `/nodes`' whole records unordered, or history's records (whole, or projected without
     /// functions, the fields added to tell copies apart dropped) by identity, with
     /// `latest_report?` by ownership too.
     fn stream_rule(&self, context: &Context) -> Option<StreamRule> {
@@ -403,14 +403,7 @@ impl RecordPlan {
                 let (ownership, scope) = dropped(self.owned?)?;
                 Some(StreamRule::Owned(ownership, scope))
             }
-            // Ordered by certname first, a node's copies meet at the heads of the backends'
-            // answers, and its record (composed or not) sorts where each copy does.
-            MergeRule::Node
-                if !self.is_projection()
-                    && self.stream_order().is_none_or(|order| {
-                        order.fields.first().is_some_and(|f| f.field == "certname")
-                    }) =>
-            {
+            MergeRule::Node if !self.is_projection() && self.stream_order().is_none() => {
                 let (ownership, scope) = dropped(self.owned?)?;
                 let names = self
                     .config

@@ -564,3 +564,66 @@ fn pieces_read_ahead_of_a_backend_past_its_share_wait_for_the_backend_an_ordered
         (&json!("n0"), &json!("n5"))
     );
 }
+
+/// A node the map does not place, first returned by backend 1, waits until backend 0 (before it
+/// in configured order) has ended: both backends are read on, what sorts after the node queued
+/// meanwhile, and the queues count as held (so the memory budget bounds the wait).
+#[test]
+fn an_unplaced_node_of_a_later_backend_holds_what_sorts_after_it_counted_as_held() {
+    let order = order_of("resources", r#"[{"field":"certname"}]"#);
+    let map = ownership(&[], &[]);
+    let asked = vec![BackendId(0), BackendId(1)];
+    let mut stream = RecordStream::new(StreamRule::Owned(map, scope()), asked, (None, Some(order)));
+    // n0 is backend 1's alone and unplaced: it sorts first and waits for backend 0's end. Both
+    // backends hold far more than ORDERED_AHEAD_BYTES of records sorting after it.
+    let first = answer(1, &[(0, 0)]);
+    let first = first.trim_end().trim_end_matches(']').to_owned();
+    stream.push(1, first.as_bytes()).expect("records");
+    let later = answer(1, &vec![(5, 1); 20_000]);
+    let later = format!(",{}", &later.trim_start()[1..]);
+    let earlier = answer(0, &vec![(4, 0); 20_000]);
+    let (mut read0, mut read1) = (0, 0);
+    let mut most_held = 0;
+    for _ in 0..10_000 {
+        let mut progressed = false;
+        if stream.wants(0) && read0 < earlier.len() {
+            let end = (read0 + 64 * 1024).min(earlier.len());
+            stream
+                .push(0, &earlier.as_bytes()[read0..end])
+                .expect("records");
+            read0 = end;
+            if read0 == earlier.len() {
+                stream.end(0).expect("whole");
+            }
+            progressed = true;
+        }
+        if stream.wants(1) && read1 < later.len() {
+            let end = (read1 + 64 * 1024).min(later.len());
+            stream
+                .push(1, &later.as_bytes()[read1..end])
+                .expect("records");
+            read1 = end;
+            if read1 == later.len() {
+                stream.end(1).expect("whole");
+            }
+            progressed = true;
+        }
+        most_held = most_held.max(stream.held_bytes());
+        stream.take();
+        if !progressed {
+            break;
+        }
+    }
+    assert!(
+        stream.is_finished(),
+        "stalled: backend 0 read {read0} of {} bytes, backend 1 {read1} of {}",
+        earlier.len(),
+        later.len()
+    );
+    // Backend 0's whole answer waited for its end, with backend 1's read meanwhile.
+    assert!(
+        most_held >= earlier.len() - 1024,
+        "held at most {most_held} bytes"
+    );
+    assert_eq!(stream.held_bytes(), 0, "given back once written");
+}

@@ -8,6 +8,7 @@
 //! ([`RecordStream::take`]). The records kept are the buffered merge's (`merge/owned.rs`): a node's
 //! records from its owner; a node the map does not place from the first backend in configured
 //! order that returned it, so such a record waits until every backend before its own has ended.
+//! `/nodes` (unordered) is the buffered `merge/nodes.rs`'s record per node ([`nodes`]).
 //!
 //! History (`/reports`, `/events`) is every backend's records, each stored copy once
 //! ([`StreamRule::History`]; `merge/union.rs` buffered): the first copy written is kept, and a
@@ -204,8 +205,8 @@ impl ArrayReader {
 pub(crate) enum StreamRule {
     /// A node's records from its owner in `ownership`, as `scope` places it (`merge/owned.rs`).
     Owned(Arc<Ownership>, NodeScope),
-    /// `/nodes`' whole records, unordered or ordered by certname first: each node's from its
-    /// owner, composed and stamped ([`nodes`]).
+    /// `/nodes`' whole records, unordered: each node's from its owner, composed and stamped
+    /// ([`nodes`]).
     Node(NodeRecords),
     /// Every backend's records, each copy `identity` tells apart once; with `owned`
     /// (`latest_report?`), the copies of a node another backend owns dropped. A projection's
@@ -262,9 +263,6 @@ struct Queued {
     synthetic: bool,
     /// A history record's identity digest: it is written only if no copy was.
     digest: Option<Digest>,
-    /// `/nodes`: the record's certname; the node's copies are decided together when the first
-    /// is written ([`NodeRecords::decided`]).
-    node: Option<String>,
 }
 
 /// The decisions and the output, apart from the readers that feed them.
@@ -403,15 +401,7 @@ impl Decisions {
         let Some(order) = &self.order else {
             return 0;
         };
-        let node = match (&self.rule, &certname) {
-            (StreamRule::Node(_), Some(certname)) => Some(certname.to_string()),
-            _ => None,
-        };
-        let text = match (&self.rule, &certname) {
-            // No node to own it: kept as it is, as the buffered merge keeps it.
-            (StreamRule::Node(nodes), None) => nodes.stamped(self.asked[input], text),
-            _ => self.served(text).into_owned(),
-        };
+        let text = self.served(text).into_owned();
         let mut bytes = text.len();
         let unplaced = (keep == Keep::Later)
             .then(|| certname.as_deref().map(str::to_owned))
@@ -448,7 +438,6 @@ impl Decisions {
                 text,
                 synthetic: false,
                 digest,
-                node,
             },
         );
         if let Some(record) = synthetic {
@@ -468,7 +457,6 @@ impl Decisions {
                     text: record.get().to_owned(),
                     synthetic: true,
                     digest: None,
-                    node: None,
                 },
             );
         }
@@ -521,13 +509,8 @@ impl Decisions {
                 ..
             } => (ownership, *scope, true),
             StreamRule::History { owned: None, .. } => return Keep::Yes,
-            // An ordered `/nodes` queues the copies its node's record may come from.
-            StreamRule::Node(nodes) => {
-                return match nodes.needed((input, &self.asked), certname) {
-                    true => Keep::Yes,
-                    false => Keep::No,
-                }
-            }
+            // Node records are decided by `NodeRecords` alone.
+            StreamRule::Node(_) => return Keep::Yes,
         };
         let owning = Owning {
             ownership,
@@ -655,7 +638,7 @@ impl RecordStream {
             ..
         } = state;
         let pushed = reader.push(piece, &names, |text, fields| {
-            if let (StreamRule::Node(nodes), None) = (&mut decisions.rule, &decisions.order) {
+            if let StreamRule::Node(nodes) = &mut decisions.rule {
                 let fields = NodeFields::of(fields, 0, decisions.node_fields);
                 let from = (input, &decisions.asked[..], &ended[..]);
                 nodes.read(from, text, fields, &mut decisions.out);
@@ -796,26 +779,20 @@ impl RecordStream {
     }
 
     /// The bytes that grow with the answer: the set of history digests, `/nodes`' records
-    /// held.
-    fn held_bytes(&self) -> usize {
+    /// held, and an ordered merge's queues (about [`ORDERED_AHEAD_BYTES`] a backend, but a node
+    /// the map does not place holds what sorts after it until the backends before its own end).
+    pub(crate) fn held_bytes(&self) -> usize {
         let nodes = match &self.decisions.rule {
             StreamRule::Node(nodes) => nodes.held_bytes(),
             _ => 0,
         };
-        self.decisions.seen.capacity() * SEEN_SLOT_BYTES + nodes
+        let queued: usize = self.inputs.iter().map(|input| input.queued_bytes).sum();
+        self.decisions.seen.capacity() * SEEN_SLOT_BYTES + nodes + queued
     }
 
     /// Writes an ordered merge's queued records while the first in order is known.
     fn write_ordered(&mut self) {
         while let Some((index, keep)) = self.next_ordered() {
-            if let Some(certname) = self.inputs[index]
-                .queue
-                .front()
-                .and_then(|q| q.node.clone())
-            {
-                self.write_node(&certname);
-                continue;
-            }
             let input = &mut self.inputs[index];
             let Some(record) = input.queue.pop_front() else {
                 return;
@@ -828,28 +805,6 @@ impl RecordStream {
                     .is_none_or(|digest| self.decisions.seen.insert(digest))
             {
                 self.decisions.write(&record.text);
-            }
-        }
-    }
-
-    /// Writes the record of `certname`, a node of an ordered `/nodes` whose first copy is
-    /// next: the order is by certname first, so every input's copy of it is at the head of its
-    /// queue (a backend holds a certname once), and they are decided together.
-    fn write_node(&mut self, certname: &str) {
-        let mut copies = Vec::new();
-        for (index, input) in self.inputs.iter_mut().enumerate() {
-            if input.queue.front().and_then(|q| q.node.as_deref()) != Some(certname) {
-                continue;
-            }
-            if let Some(record) = input.queue.pop_front() {
-                input.queued_bytes -= record.text.len();
-                copies.push((index, record.text));
-            }
-        }
-        let decisions = &mut self.decisions;
-        if let StreamRule::Node(nodes) = &decisions.rule {
-            if let Some(record) = nodes.decided(certname, &copies, &decisions.asked) {
-                decisions.out.write(&record);
             }
         }
     }
@@ -988,8 +943,9 @@ impl MergeStream {
     }
 
     /// The bytes the merge holds that grow with the answer rather than with a piece: the
-    /// digests that tell a history record's copies (20–40 bytes a record written, as the set doubles). Count
-    /// them in the request's memory budget as they grow; past it the answer cannot be completed.
+    /// digests that tell a history record's copies (20–40 bytes a record written, as the set
+    /// doubles), `/nodes`' records that wait, an ordered merge's queued records. Count them in
+    /// the request's memory budget as they grow; past it the answer cannot be completed.
     pub fn held_bytes(&self) -> usize {
         self.merge.held_bytes()
     }

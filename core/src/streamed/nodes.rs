@@ -10,9 +10,7 @@
 //!   asked): every backend's copy may be the one kept (the newest `report_timestamp`, then
 //!   configured order), so the best so far waits until every answer has ended.
 //!
-//! Ordered by certname first ([`NodeRecords::decided`]), nothing waits here: every copy of a
-//! node is at the head of its backend's answer when the node is next, and they are decided
-//! together. Each backend's answer holds a certname once, as PuppetDB's nodes table does.
+//! Each backend's answer holds a certname once, as PuppetDB's nodes table does.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -25,7 +23,7 @@ use crate::ids::BackendId;
 use crate::membership::{Kind, Ownership};
 use crate::node_record::{compare_reports, stamped, COMPOSED};
 use crate::ownership::{Holding, NodeScope, Owning};
-use crate::records::{raw_str, with_values, Fields};
+use crate::records::{raw_str, with_values};
 
 /// The fields a node record is read for, beyond its certname: its report's time (to keep the
 /// newest copy of a node the map does not place), then [`COMPOSED`]'s fields, in their order.
@@ -50,18 +48,6 @@ pub(crate) struct NodeRecords {
     unplaced: HashMap<String, Unplaced>,
     /// The bytes of the records held in `composing` and `unplaced`.
     held: usize,
-}
-
-/// The asked backend owning `certname`'s node record, and those (other than it) owning its
-/// facts and its catalog, in [`COMPOSED`]'s order: a split node has one of these.
-fn owners(owning: &Owning<'_>, certname: &str) -> (Option<BackendId>, [Option<BackendId>; 2]) {
-    let owner = owning.kind_owner(certname, Kind::Node);
-    let sources = COMPOSED.map(|(kind, _)| {
-        owning
-            .kind_owner(certname, kind)
-            .filter(|source| Some(*source) != owner)
-    });
-    (owner, sources)
 }
 
 /// A split node's record until every backend it takes fields from has answered.
@@ -141,7 +127,12 @@ impl NodeRecords {
         match owning.holding(asked[input], &certname) {
             Holding::Unknown => self.keep_newest(input, &certname, text, fields.report),
             holding => {
-                let (owner, sources) = owners(&owning, &certname);
+                let owner = owning.kind_owner(&certname, Kind::Node);
+                let sources = COMPOSED.map(|(kind, _)| {
+                    owning
+                        .kind_owner(&certname, kind)
+                        .filter(|source| Some(*source) != owner)
+                });
                 if sources.iter().all(Option::is_none) {
                     if holding == Holding::Own {
                         out.write(&self.stamped(asked[input], text));
@@ -291,82 +282,8 @@ impl NodeRecords {
         );
     }
 
-    /// Whether `asked[input]`'s record of `certname` can be part of the node's answer: the
-    /// node's owner's, a backend whose fields a split node takes, or a copy of a node the map
-    /// does not place (an ordered merge queues only these).
-    pub(super) fn needed(&self, (input, asked): (usize, &[BackendId]), certname: &str) -> bool {
-        let owning = Owning {
-            ownership: &self.ownership,
-            scope: self.scope,
-            asked,
-        };
-        match owning.holding(asked[input], certname) {
-            Holding::Own | Holding::Unknown => true,
-            Holding::Other => owners(&owning, certname).1.contains(&Some(asked[input])),
-        }
-    }
-
-    /// The record written for `certname` from `copies`, every asked backend's record of it
-    /// (each with its input), read together: an ordered merge by certname first decides a
-    /// node once every backend has read up to it. The buffered merge's rules: the owner's
-    /// record, with its facts' and catalog's owners' fields where they are other backends
-    /// (nothing when the owner's answer lacks the node); a node the map does not place from
-    /// the copy with the newest `report_timestamp`, then the earliest in configured order.
-    pub(super) fn decided(
-        &self,
-        certname: &str,
-        copies: &[(usize, String)],
-        asked: &[BackendId],
-    ) -> Option<String> {
-        let owning = Owning {
-            ownership: &self.ownership,
-            scope: self.scope,
-            asked,
-        };
-        let (first, _) = copies.first()?;
-        if owning.holding(asked[*first], certname) == Holding::Unknown {
-            let report = |text: &str| {
-                Fields::of(text).and_then(|f| f.raw("report_timestamp").map(|r| r.get().to_owned()))
-            };
-            let (input, text) = copies.iter().max_by(|(a, x), (b, y)| {
-                compare_reports(report(x).as_deref(), report(y).as_deref()).then(b.cmp(a))
-            })?;
-            return Some(self.stamped(asked[*input], text));
-        }
-        let (owner, sources) = owners(&owning, certname);
-        let (input, text) = copies
-            .iter()
-            .find(|(input, _)| Some(asked[*input]) == owner)?;
-        let mut patch: Vec<(&str, Box<RawValue>)> = Vec::new();
-        for ((_, names), source) in COMPOSED.iter().zip(sources) {
-            let Some(fields) = copies
-                .iter()
-                .find(|(input, _)| Some(asked[*input]) == source)
-                .and_then(|(_, text)| Fields::of(text))
-            else {
-                continue;
-            };
-            for name in names {
-                if let Some(value) = fields.raw(name) {
-                    patch.push((name, value.to_owned()));
-                }
-            }
-        }
-        let composed = match patch.is_empty() {
-            true => None,
-            false => {
-                let patch: Vec<(&str, &RawValue)> = patch
-                    .iter()
-                    .map(|(name, value)| (*name, &**value))
-                    .collect();
-                with_values(text, &patch)
-            }
-        };
-        Some(self.stamped(asked[*input], composed.as_deref().unwrap_or(text)))
-    }
-
     /// `text` with `pdbmux_source` naming `backend`.
-    pub(super) fn stamped(&self, backend: BackendId, text: &str) -> String {
+    fn stamped(&self, backend: BackendId, text: &str) -> String {
         let name = self.names.get(backend.0).map_or("", String::as_str);
         stamped(text, name)
     }
