@@ -46,7 +46,7 @@ pub(crate) struct NodeRecords {
     composing: HashMap<String, Composing>,
     /// Nodes the map does not place: the copy kept so far.
     unplaced: HashMap<String, Unplaced>,
-    /// The bytes of the records held in `composing` and `unplaced`.
+    /// The bytes held in `composing` and `unplaced`: records, certnames, fields taken.
     held: usize,
 }
 
