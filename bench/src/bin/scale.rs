@@ -1,5 +1,5 @@
 //! `scale`: one large merge through each pdbmux binary against two `fakepdb` backends, at growing
-//! estate sizes: time to the first byte, total time, throughput and peak resident memory, beside
+//! estate sizes: time to the first byte, total time, throughput, pdbmux's CPU time and peak resident memory, beside
 //! the slower backend asked directly in the same run (bench/README.md, "Scale").
 //!
 //! For each size: two fakepdb (a fifth of the nodes in both, `--facts` facts per node); then for
@@ -179,6 +179,21 @@ fn peak_rss_mib(pid: u32) -> Result<f64> {
     Ok(kib / 1024.0)
 }
 
+/// The CPU time `pid`'s threads have run so far (the sum of each thread's
+/// `/proc/<pid>/task/<tid>/schedstat`, in nanoseconds).
+fn cpu_time(pid: u32) -> Result<Duration> {
+    let mut nanos: u64 = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let schedstat = std::fs::read_to_string(task?.path().join("schedstat"))?;
+        nanos += schedstat
+            .split_whitespace()
+            .next()
+            .and_then(|ran| ran.parse::<u64>().ok())
+            .ok_or("no schedstat")?;
+    }
+    Ok(Duration::from_nanos(nanos))
+}
+
 /// Starts `binary` over `backends`, probes off, budgets and cache as `budget` and `cache` say, and
 /// warms its membership map.
 fn start_pdbmux(
@@ -243,9 +258,9 @@ fn ms(d: Duration) -> f64 {
 fn main() -> Result<()> {
     let args = parse_args()?;
     println!(
-        "| nodes per backend | backend bodies | binary | question | first byte | total | slower backend first byte / total | throughput | peak RSS | merged answer |"
+        "| nodes per backend | backend bodies | binary | question | first byte | total | slower backend first byte / total | throughput | pdbmux CPU | merged MB per CPU-second | peak RSS | merged answer |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &nodes in &args.sizes {
         let spec = SyntheticEstate {
             backends: 2,
@@ -323,16 +338,20 @@ fn main() -> Result<()> {
             ) in questions.iter().zip(&baselines)
             {
                 let (proc, addr) = start_pdbmux(binary, &[a, b], (&args.budget, &args.cache))?;
+                let cpu_before = cpu_time(proc.pid())?;
                 let answer = timed_get(addr, target)?;
+                let cpu = cpu_time(proc.pid())?.saturating_sub(cpu_before);
                 let peak = peak_rss_mib(proc.pid())?;
                 println!(
-                    "| {nodes} | {bodies} | {name} | {question} ({}) | {:.0} ms | {:.0} ms | {:.0} / {:.0} ms | {:.0} MB/s | {peak:.0} MiB | {:.0} MB |",
+                    "| {nodes} | {bodies} | {name} | {question} ({}) | {:.0} ms | {:.0} ms | {:.0} / {:.0} ms | {:.0} MB/s | {:.0} ms | {:.0} | {peak:.0} MiB | {:.0} MB |",
                     answer.status,
                     ms(answer.first_byte),
                     ms(answer.total),
                     ms(slower.first_byte),
                     ms(slower.total),
                     mb(answer.bytes) / answer.total.as_secs_f64(),
+                    ms(cpu),
+                    mb(answer.bytes) / cpu.as_secs_f64().max(1e-9),
                     mb(answer.bytes),
                 );
             }
@@ -371,7 +390,7 @@ fn main() -> Result<()> {
                 .join(", ");
             let (bodies, slower) = &baselines[0];
             println!(
-                "| {nodes} | {bodies} | {name} | {} × {} at once ({statuses}) | — | {:.0} ms | {:.0} / {:.0} ms | — | {peak:.0} MiB | — |",
+                "| {nodes} | {bodies} | {name} | {} × {} at once ({statuses}) | — | {:.0} ms | {:.0} / {:.0} ms | — | — | — | {peak:.0} MiB | — |",
                 args.concurrent,
                 questions[0].name,
                 ms(took),
