@@ -582,29 +582,23 @@ fn an_unplaced_node_of_a_later_backend_holds_what_sorts_after_it_counted_as_held
     let later = answer(1, &vec![(5, 1); 20_000]);
     let later = format!(",{}", &later.trim_start()[1..]);
     let earlier = answer(0, &vec![(4, 0); 20_000]);
-    let (mut read0, mut read1) = (0, 0);
+    let bodies = [earlier.as_bytes(), later.as_bytes()];
+    let mut read = [0, 0];
     let mut most_held = 0;
     for _ in 0..10_000 {
         let mut progressed = false;
-        if stream.wants(0) && read0 < earlier.len() {
-            let end = (read0 + 64 * 1024).min(earlier.len());
-            stream
-                .push(0, &earlier.as_bytes()[read0..end])
-                .expect("records");
-            read0 = end;
-            if read0 == earlier.len() {
-                stream.end(0).expect("whole");
+        // Each backend's next 64 KiB while the merge wants it, as the driver reads them.
+        for (input, body) in bodies.iter().enumerate() {
+            if !stream.wants(input) || read[input] == body.len() {
+                continue;
             }
-            progressed = true;
-        }
-        if stream.wants(1) && read1 < later.len() {
-            let end = (read1 + 64 * 1024).min(later.len());
+            let end = (read[input] + 64 * 1024).min(body.len());
             stream
-                .push(1, &later.as_bytes()[read1..end])
+                .push(input, &body[read[input]..end])
                 .expect("records");
-            read1 = end;
-            if read1 == later.len() {
-                stream.end(1).expect("whole");
+            read[input] = end;
+            if end == body.len() {
+                stream.end(input).expect("whole");
             }
             progressed = true;
         }
@@ -616,7 +610,7 @@ fn an_unplaced_node_of_a_later_backend_holds_what_sorts_after_it_counted_as_held
     }
     assert!(
         stream.is_finished(),
-        "stalled: backend 0 read {read0} of {} bytes, backend 1 {read1} of {}",
+        "stalled: read {read:?} of {} and {} bytes",
         earlier.len(),
         later.len()
     );
