@@ -5,8 +5,12 @@
 
 use std::cmp::Ordering;
 
+use crate::config::BackendConfig;
+use crate::ids::BackendId;
 use crate::membership::{compare_timestamps, Kind};
+use crate::ownership::Owning;
 use crate::records::with_key;
+use crate::status::backend_name;
 
 /// The key naming the winning backend on each merged node record.
 pub(crate) const SOURCE_KEY: &str = "pdbmux_source";
@@ -18,9 +22,25 @@ pub(crate) const COMPOSED: [(Kind, [&str; 2]); 2] = [
     (Kind::Catalog, ["catalog_timestamp", "catalog_environment"]),
 ];
 
-/// `record` with [`SOURCE_KEY`] naming `backend` (its configured name).
-pub(crate) fn stamped(record: &str, backend: &str) -> String {
-    with_key(record, SOURCE_KEY, backend)
+/// `record` with [`SOURCE_KEY`] naming `backend` by its name among `backends`.
+pub(crate) fn stamped(record: &str, backends: &[BackendConfig], backend: BackendId) -> String {
+    with_key(record, SOURCE_KEY, backend_name(backends, backend))
+}
+
+/// The asked backend owning `certname`'s record (its node owner), and the other asked backends,
+/// in [`COMPOSED`]'s order, owning its facts and its catalog: a split node has one of these,
+/// whose fields its record takes.
+pub(crate) fn composed_sources(
+    owning: &Owning<'_>,
+    certname: &str,
+) -> (Option<BackendId>, [Option<BackendId>; 2]) {
+    let owner = owning.kind_owner(certname, Kind::Node);
+    let sources = COMPOSED.map(|(kind, _)| {
+        owning
+            .kind_owner(certname, kind)
+            .filter(|source| Some(*source) != owner)
+    });
+    (owner, sources)
 }
 
 /// How two node records of a node the map does not place compare by their raw

@@ -405,13 +405,8 @@ impl RecordPlan {
             }
             MergeRule::Node if !self.is_projection() && self.stream_order().is_none() => {
                 let (ownership, scope) = dropped(self.owned?)?;
-                let names = self
-                    .config
-                    .backends
-                    .iter()
-                    .map(|b| b.name.clone())
-                    .collect();
-                Some(StreamRule::Node(NodeRecords::new(ownership, scope, names)))
+                let config = Arc::clone(&self.config);
+                Some(StreamRule::Node(NodeRecords::new(ownership, scope, config)))
             }
             MergeRule::Union(identity @ (Identity::Hash | Identity::Verbatim))
                 if self.entity.is_history()

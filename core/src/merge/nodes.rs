@@ -10,8 +10,8 @@ use serde_json::value::RawValue;
 
 use super::rows::{check_filled, sort_rows, Page, Raw, Row};
 use super::{parse_answers, BackendPage, Merged, RecordPlan};
-use crate::membership::Kind;
-use crate::node_record::{compare_reports, stamped, COMPOSED};
+use crate::ids::BackendId;
+use crate::node_record::{compare_reports, composed_sources, stamped, COMPOSED};
 use crate::ownership::{Holding, Owning};
 use crate::records::{parse_records, with_values, write_array, Fields};
 use crate::sort::{sort_key, OrderBy};
@@ -130,10 +130,7 @@ pub(crate) fn merge(
     let records: Vec<String> = rows
         .iter()
         .map(|row| match stamp {
-            true => {
-                let name = backends.get(row.backend).map_or("", |b| b.name.as_str());
-                stamped(row.raw.get(), name)
-            }
+            true => stamped(row.raw.get(), backends, BackendId(row.backend)),
             false => row.raw.get().to_owned(),
         })
         .collect();
@@ -161,10 +158,9 @@ fn composed_fields<'r>(
             let Some(certname) = fields.str("certname") else {
                 continue;
             };
-            let node_owner = owning.kind_owner(&certname, Kind::Node);
-            for (kind, names) in COMPOSED {
-                let owner = owning.kind_owner(&certname, kind);
-                if owner != Some(answer.backend) || owner == node_owner {
+            let (_, sources) = composed_sources(&owning, &certname);
+            for ((_, names), source) in COMPOSED.iter().zip(sources) {
+                if source != Some(answer.backend) {
                     continue;
                 }
                 for name in names {

@@ -181,9 +181,8 @@ fn both_merges(
     let mut planned = plan_over(&config, target, ownership, asked.clone()).expect("plan");
     let bodies: Vec<(&str, Option<u64>)> = answers.iter().map(|a| (a.as_str(), None)).collect();
     let (buffered, _) = merge(&mut planned, &bodies);
-    let names = config.backends.iter().map(|b| b.name.clone()).collect();
     let scope = NodeScope::of(Entity::Nodes, config.merge, question.any_state);
-    let rule = StreamRule::Node(NodeRecords::new(map, scope, names));
+    let rule = StreamRule::Node(NodeRecords::new(map, scope, Arc::clone(&config)));
     let mut stream = RecordStream::new(rule, asked, (None, None));
     if let Some(failed) = question.failed {
         stream.skip(failed);
@@ -196,38 +195,22 @@ fn both_merges(
     )
 }
 
+/// A copy answered and active, its report, facts and catalog produced at those [`STAMPS`],
+/// which the map knows (`mapped`) or not.
+fn copy_at(times: [usize; 3], mapped: bool) -> Option<Held> {
+    Some(Held {
+        times: times.map(Some),
+        active: true,
+        mapped,
+        answered: true,
+    })
+}
+
 #[test]
-fn a_split_node_is_composed_and_an_unplaced_one_is_the_newest_held() {
-    let at = |t: usize| Some(t);
-    let split = vec![
-        // Report newest in a, facts in b, catalog in a.
-        Some(Held {
-            times: [at(2), at(0), at(1)],
-            active: true,
-            mapped: true,
-            answered: true,
-        }),
-        Some(Held {
-            times: [at(1), at(1), at(0)],
-            active: true,
-            mapped: true,
-            answered: true,
-        }),
-    ];
-    let unplaced = vec![
-        Some(Held {
-            times: [at(0), at(0), at(0)],
-            active: true,
-            mapped: false,
-            answered: true,
-        }),
-        Some(Held {
-            times: [at(1), at(0), at(0)],
-            active: true,
-            mapped: false,
-            answered: true,
-        }),
-    ];
+fn a_split_node_is_composed_and_an_unplaced_one_is_the_newest_copy() {
+    // Report newest in a, facts in b, catalog in a.
+    let split = vec![copy_at([2, 0, 1], true), copy_at([1, 1, 0], true)];
+    let unplaced = vec![copy_at([0, 0, 0], false), copy_at([1, 0, 0], false)];
     let estate = vec![split, unplaced];
     // b's answer first, a record at a time: a's record of n0 waits for b's facts fields.
     let turns = [1, 1, 1, 1, 1, 1, 1, 1, 1, 1];

@@ -273,9 +273,6 @@ struct Decisions {
     /// History: what tells a record's copies apart, and where its field is among the fields
     /// each record is read for; the digests of the identities written.
     identity: Option<(Identity, usize)>,
-    /// `/nodes`: where its own fields ([`NODE_FIELDS`]) start among those each record is read
-    /// for.
-    node_fields: usize,
     seen: HashSet<Digest>,
     /// Nodes the map does not place: the first input in configured order that returned each, of
     /// those read so far. It keeps the node once every input before it has ended.
@@ -586,8 +583,7 @@ impl RecordStream {
             }
             StreamRule::Owned(..) | StreamRule::Node(_) => None,
         };
-        // A node record's own fields follow the others.
-        let node_fields = picked.len();
+        // A node record's own fields come last.
         if let StreamRule::Node(_) = &rule {
             picked.extend(NODE_FIELDS.map(str::to_owned));
         }
@@ -607,7 +603,6 @@ impl RecordStream {
                 rule,
                 asked,
                 identity,
-                node_fields,
                 seen: HashSet::new(),
                 claimed: HashMap::new(),
                 waiting: Vec::new(),
@@ -624,7 +619,11 @@ impl RecordStream {
     /// The next piece of the answer of `asked[input]`.
     pub(crate) fn push(&mut self, input: usize, piece: &[u8]) -> Result<(), MergeBroken> {
         let before_ended = self.inputs[..input].iter().all(|i| i.ended);
-        let ended: Vec<bool> = self.inputs.iter().map(|i| i.ended).collect();
+        // `/nodes` decides which answers a split node waits for by which have ended.
+        let ended: Vec<bool> = match self.decisions.rule {
+            StreamRule::Node(_) => self.inputs.iter().map(|i| i.ended).collect(),
+            _ => Vec::new(),
+        };
         let Some(state) = self.inputs.get_mut(input).filter(|i| !i.ended) else {
             return Ok(());
         };
@@ -639,7 +638,7 @@ impl RecordStream {
         } = state;
         let pushed = reader.push(piece, &names, |text, fields| {
             if let StreamRule::Node(nodes) = &mut decisions.rule {
-                let fields = NodeFields::of(fields, 0, decisions.node_fields);
+                let fields = NodeFields::of(fields);
                 let from = (input, &decisions.asked[..], &ended[..]);
                 nodes.read(from, text, fields, &mut decisions.out);
                 return;

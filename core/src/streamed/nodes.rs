@@ -19,9 +19,10 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use super::Writer;
+use crate::config::Config;
 use crate::ids::BackendId;
-use crate::membership::{Kind, Ownership};
-use crate::node_record::{compare_reports, stamped, COMPOSED};
+use crate::membership::Ownership;
+use crate::node_record::{compare_reports, composed_sources, stamped, COMPOSED};
 use crate::ownership::{Holding, NodeScope, Owning};
 use crate::records::{raw_str, with_values};
 
@@ -40,8 +41,8 @@ pub(super) const NODE_FIELDS: [&str; 5] = [
 pub(crate) struct NodeRecords {
     ownership: Arc<Ownership>,
     scope: NodeScope,
-    /// Each configured backend's name, by [`BackendId`]: the value of `pdbmux_source`.
-    names: Vec<String>,
+    /// The configuration, whose backends' names `pdbmux_source` gives.
+    config: Arc<Config>,
     /// Split nodes whose record is not written yet.
     composing: HashMap<String, Composing>,
     /// Nodes the map does not place: the copy kept so far.
@@ -79,12 +80,13 @@ pub(super) struct NodeFields<'a> {
 }
 
 impl<'a> NodeFields<'a> {
-    /// The fields of a record read for `names` ([`NODE_FIELDS`] from `first` on, `certname`
-    /// at `certname`).
-    pub(super) fn of(fields: &[Option<&'a RawValue>], certname: usize, first: usize) -> Self {
+    /// The fields of a record read for [`super::PICKED`] (`certname` first), then
+    /// [`NODE_FIELDS`] last.
+    pub(super) fn of(fields: &[Option<&'a RawValue>]) -> Self {
+        let first = fields.len().saturating_sub(NODE_FIELDS.len());
         let at = |index: usize| fields.get(first + index).copied().flatten();
         NodeFields {
-            certname: fields.get(certname).copied().flatten(),
+            certname: fields.first().copied().flatten(),
             report: at(0),
             composed: [[at(1), at(2)], [at(3), at(4)]],
         }
@@ -92,13 +94,12 @@ impl<'a> NodeFields<'a> {
 }
 
 impl NodeRecords {
-    /// The decisions for a streamed `/nodes` over `ownership` as `scope` places nodes; `names`
-    /// holds every configured backend's name.
-    pub(crate) fn new(ownership: Arc<Ownership>, scope: NodeScope, names: Vec<String>) -> Self {
+    /// The decisions for a streamed `/nodes` over `ownership` as `scope` places nodes.
+    pub(crate) fn new(ownership: Arc<Ownership>, scope: NodeScope, config: Arc<Config>) -> Self {
         NodeRecords {
             ownership,
             scope,
-            names,
+            config,
             composing: HashMap::new(),
             unplaced: HashMap::new(),
             held: 0,
@@ -127,12 +128,7 @@ impl NodeRecords {
         match owning.holding(asked[input], &certname) {
             Holding::Unknown => self.keep_newest(input, &certname, text, fields.report),
             holding => {
-                let owner = owning.kind_owner(&certname, Kind::Node);
-                let sources = COMPOSED.map(|(kind, _)| {
-                    owning
-                        .kind_owner(&certname, kind)
-                        .filter(|source| Some(*source) != owner)
-                });
+                let (owner, sources) = composed_sources(&owning, &certname);
                 if sources.iter().all(Option::is_none) {
                     if holding == Holding::Own {
                         out.write(&self.stamped(asked[input], text));
@@ -284,7 +280,6 @@ impl NodeRecords {
 
     /// `text` with `pdbmux_source` naming `backend`.
     fn stamped(&self, backend: BackendId, text: &str) -> String {
-        let name = self.names.get(backend.0).map_or("", String::as_str);
-        stamped(text, name)
+        stamped(text, &self.config.backends, backend)
     }
 }
