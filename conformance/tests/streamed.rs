@@ -136,11 +136,16 @@ fn estate_harness() -> Harness {
     harness(estate_backends())
 }
 
-/// A streamed, whole 200 from both backends holding each node's records from its owner.
-fn assert_streamed_from_owners(response: &ClientResponse) {
+/// A streamed answer that completed: 200, from both backends.
+fn assert_streamed_whole(response: &ClientResponse) {
     assert_eq!(response.merged, Some(None), "streamed, and whole");
     assert_eq!(response.status, StatusCode::OK);
     assert_eq!(response.header("x-backends"), Some("2/2"));
+}
+
+/// A streamed, whole 200 from both backends holding each node's records from its owner.
+fn assert_streamed_from_owners(response: &ClientResponse) {
+    assert_streamed_whole(response);
     assert_eq!(
         counted(response),
         count(&[
@@ -583,9 +588,7 @@ fn a_large_answer_joined_with_the_provenance_fact_streams_it_after_the_records()
     let query: String =
         form_urlencoded::byte_serialize(br#"["not",["=","name","fact-00000"]]"#).collect();
     let response = answer_to(&mut h, &format!("/pdb/query/v4/facts?query={query}"));
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert_streamed_whole(&response);
     let (facts, sources) = facts_and_sources(&response);
     let each = FACTS_PER_NODE - 1;
     let owned = |pairs: &[(&str, &str)]| {
@@ -698,9 +701,7 @@ fn a_large_answer_below_an_environment_streams_once_the_environment_is_known() {
         with_parent("pdb-b", URL_B, b, None),
     ]);
     let response = answer_to(&mut h, "/pdb/query/v4/environments/production/facts");
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert_streamed_whole(&response);
     let (facts, mut sources) = facts_and_sources(&response);
     let owned: BTreeMap<_, _> = [
         ("only-a", "pdb-a"),
@@ -788,9 +789,7 @@ fn a_large_history_answer_streams_each_stored_report_once() {
     let (a, b) = history_estate();
     let mut h = harness(both(a, b));
     let response = answer_to(&mut h, "/pdb/query/v4/reports");
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert_streamed_whole(&response);
     let served = served(&response);
     assert_eq!(served.len(), 3 * REPORTS, "every node's reports");
     assert!(
@@ -834,8 +833,7 @@ fn a_large_projection_of_history_streams_each_stored_report_s_row_once() {
         &mut h,
         "/pdb/query/v4/reports?query=%5B%22extract%22%2C%5B%22certname%22%2C%22logs%22%5D%5D",
     );
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert_streamed_whole(&response);
     let rows: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
     assert_eq!(rows.len(), 3 * REPORTS, "each stored report's row once");
     let mut per_node: BTreeMap<&str, usize> = BTreeMap::new();
@@ -968,9 +966,7 @@ fn a_large_nodes_answer_streams_each_node_once_from_its_owner() {
     let (a, b) = nodes_estate();
     let mut h = harness(both(a, b));
     let response = answer_to(&mut h, "/pdb/query/v4/nodes");
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.status, StatusCode::OK);
-    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert_streamed_whole(&response);
     let records: Vec<Value> = serde_json::from_slice(&response.body).expect("a JSON array");
     let mut sources = BTreeMap::new();
     for record in &records {
