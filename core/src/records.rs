@@ -516,10 +516,107 @@ pub fn write_array<'r>(records: impl IntoIterator<Item = &'r str>, capacity: usi
     out
 }
 
-/// A record object without the keys in `skip`, every other entry's bytes untouched; `None` for
-/// something that is not an object.
-pub fn without_keys(record: &str, skip: &[&str]) -> Option<String> {
-    rebuilt(record, |name| (!skip.contains(&name)).then_some(None))
+/// A record object without the entries whose values are `values` (borrowed from `record` by the
+/// parse that read it, as [`read_object`] and [`Fields`] give them), every other byte untouched:
+/// no second parse, since each entry is found from its value's position. Use it to drop fields
+/// asked for only to tell records apart. `None` when a value is not part of `record`.
+pub fn without_entries<'r>(record: &'r str, values: &[&RawValue]) -> Option<Cow<'r, str>> {
+    if values.is_empty() {
+        return Some(Cow::Borrowed(record));
+    }
+    let bytes = record.as_bytes();
+    let mut entries: Vec<EntrySpan> = values
+        .iter()
+        .map(|value| EntrySpan::of(bytes, value))
+        .collect::<Option<_>>()?;
+    entries.sort_unstable_by_key(|entry| entry.key);
+    entries.dedup_by_key(|entry| entry.key);
+    // Each entry leaves with the comma after it; the last of the object, which has none, with
+    // the comma before the run of cut entries it ends (none when every entry is cut).
+    let mut cuts: Vec<(usize, usize)> = Vec::with_capacity(entries.len());
+    for (index, entry) in entries.iter().enumerate() {
+        let cut: (usize, usize) = match entry.comma_after {
+            Some(comma) => (entry.key, comma + 1),
+            None => {
+                let mut first = index;
+                while first > 0
+                    && entries[first - 1].comma_after.is_some()
+                    && entries[first - 1].comma_after == entries[first].comma_before
+                {
+                    first -= 1;
+                }
+                let start = entries[first].comma_before.unwrap_or(entries[first].key);
+                (start, entry.end)
+            }
+        };
+        cuts.push(cut);
+    }
+    cuts.sort_unstable();
+    let mut out = String::with_capacity(record.len());
+    let mut at = 0;
+    for (start, end) in cuts {
+        // A cut inside one already made (the last entry's reaches back over its run).
+        if start > at {
+            out.push_str(record.get(at..start)?);
+        }
+        at = at.max(end);
+    }
+    out.push_str(record.get(at..)?);
+    Some(Cow::Owned(out))
+}
+
+/// Where one entry of an object is, found from its value's position: its key's opening quote,
+/// the end of its value, and the commas that separate it from its neighbours.
+struct EntrySpan {
+    key: usize,
+    end: usize,
+    comma_before: Option<usize>,
+    comma_after: Option<usize>,
+}
+
+impl EntrySpan {
+    /// The entry of `value`, borrowed from the object `record`; `None` when it is not one of its
+    /// top-level values.
+    fn of(record: &[u8], value: &RawValue) -> Option<EntrySpan> {
+        let start = (value.get().as_ptr() as usize).checked_sub(record.as_ptr() as usize)?;
+        let end = start + value.get().len();
+        if end > record.len() {
+            return None;
+        }
+        let before = |at: usize| record[..at].iter().rposition(|b| !is_json_space(*b));
+        let colon = before(start).filter(|at| record[*at] == b':')?;
+        let quote = before(colon).filter(|at| record[*at] == b'"')?;
+        // The key's opening quote: the first quote before its closing one that no backslash
+        // escapes (an escaped quote follows an odd run of backslashes).
+        let key = (0..quote).rev().find(|at| {
+            record[*at] == b'"'
+                && record[..*at]
+                    .iter()
+                    .rev()
+                    .take_while(|b| **b == b'\\')
+                    .count()
+                    % 2
+                    == 0
+        })?;
+        let opener = before(key)?;
+        let closer = end + record[end..].iter().position(|b| !is_json_space(*b))?;
+        let comma_before = match record[opener] {
+            b',' => Some(opener),
+            b'{' => None,
+            _ => return None,
+        };
+        let comma_after = match record[closer] {
+            b',' => Some(closer),
+            b'}' => None,
+            _ => return None,
+        };
+        Some(EntrySpan {
+            key,
+            end,
+            comma_before,
+            comma_after,
+        })
+    }
 }
 
 /// A record object with the values of the keys in `replace` replaced (raw JSON), every other
@@ -813,6 +910,51 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// An object less any of its entries, cut at their values' positions, is the object
+        /// without those keys (whitespace anywhere, escaped keys, nested values).
+        #[test]
+        fn entries_cut_by_position_leave_the_object_without_them(
+            keys in proptest::strategy::Strategy::prop_shuffle(proptest::sample::subsequence(
+                vec!["hash", "re\\\"port", "k\\u0065y", "x\\\\", "", "certname"], 0..=6
+            )),
+            values in proptest::collection::vec(json_text(), 6),
+            spaces in proptest::collection::vec(
+                proptest::sample::select(vec!["", " ", "\n\t"]), 6
+            ),
+            cut in proptest::collection::vec(proptest::bool::ANY, 6),
+            outer in proptest::sample::select(vec!["", " "]),
+        ) {
+            let entries: Vec<String> = keys
+                .iter()
+                .zip(&values)
+                .zip(&spaces)
+                .map(|((key, value), s)| format!("{s}\"{key}\"{s}:{s}{value}{s}"))
+                .collect();
+            let record = format!("{{{outer}{}{outer}}}", entries.join(","));
+            let fields = Fields::of(&record).expect("an object");
+            let cut_values: Vec<&RawValue> = fields
+                .entries()
+                .iter()
+                .zip(&cut)
+                .filter(|(_, cut)| **cut)
+                .map(|((_, value), _)| *value)
+                .collect();
+            let mut expected: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&record).expect("valid");
+            for ((key, _), cut) in fields.entries().iter().zip(&cut) {
+                if *cut {
+                    expected.remove(key.as_ref());
+                }
+            }
+            let served = without_entries(&record, &cut_values).expect("its own values");
+            let served_value: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&served).expect("still an object");
+            proptest::prop_assert_eq!(served_value, expected, "{} from {}", served, record);
+            if cut_values.is_empty() {
+                proptest::prop_assert!(matches!(served, Cow::Borrowed(text) if text == record));
+            }
+        }
+
         /// The one-pass parse agrees with parsing the array and then each record: same records,
         /// same text, same fields, on any body (arrays of anything, whitespace anywhere).
         #[test]

@@ -4,6 +4,7 @@
 //! otherwise). History asked with `latest_report?` is a node's own: other owners' copies are
 //! dropped as in the node-owned merges.
 
+use std::borrow::Cow;
 use std::collections::HashSet;
 
 use serde_json::value::RawValue;
@@ -70,11 +71,16 @@ pub(crate) fn merge(
                 }
             }
             // Fields asked for only to tell copies apart leave before the record is served.
-            let raw = match plan.history_helpers().is_empty() {
-                true => Raw::Borrowed(record.get()),
-                false => crate::records::without_keys(record.get(), plan.history_helpers())
-                    .and_then(|text| RawValue::from_string(text).ok())
-                    .map_or(Raw::Borrowed(record.get()), Raw::Owned),
+            let helpers: Vec<&RawValue> = plan
+                .history_helpers()
+                .iter()
+                .filter_map(|helper| fields.as_ref()?.raw(helper))
+                .collect();
+            let raw = match crate::records::without_entries(record.get(), &helpers) {
+                Some(Cow::Owned(text)) => {
+                    RawValue::from_string(text).map_or(Raw::Borrowed(record.get()), Raw::Owned)
+                }
+                _ => Raw::Borrowed(record.get()),
             };
             RecordFate::Served(Row::new(backend.0, raw, order, |name| {
                 union_record.field(name)

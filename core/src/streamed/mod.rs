@@ -35,7 +35,7 @@ use crate::entity::{Digest, Identity};
 use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
-use crate::records::{is_str, provenance_record, raw_str, read_object, without_keys, Fields};
+use crate::records::{is_str, provenance_record, raw_str, read_object, without_entries, Fields};
 use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
 
@@ -273,6 +273,9 @@ struct Decisions {
     /// History: what tells a record's copies apart, and where its field is among the fields
     /// each record is read for; the digests of the identities written.
     identity: Option<(Identity, usize)>,
+    /// A history projection's helper fields (`StreamRule::History`'s `helpers`): where each is
+    /// among the fields each record is read for.
+    helpers_at: Vec<usize>,
     seen: HashSet<Digest>,
     /// Nodes the map does not place: the first input in configured order that returned each, of
     /// those read so far. It keeps the node once every input before it has ended.
@@ -325,6 +328,7 @@ struct Waiting {
     certname: String,
     /// Its `environment`, as JSON text.
     environment: Option<String>,
+    /// Its text as it is served.
     text: String,
 }
 
@@ -333,16 +337,15 @@ impl Decisions {
         self.out.write(record);
     }
 
-    /// Writes a kept record of `certname` from `input`, and the node's synthetic provenance
-    /// record after its first.
+    /// Writes a kept record of `certname` from `input` (`served`: as it is served), and the
+    /// node's synthetic provenance record after its first.
     fn write_kept(
         &mut self,
         input: usize,
         (certname, environment): (&str, Option<&str>),
-        (text, node_changed): (&str, bool),
+        (served, node_changed): (&str, bool),
     ) {
-        let served = self.served(text);
-        self.write(&served);
+        self.write(served);
         // Records come grouped by node: only a record whose node differs from the one before
         // can be its node's first.
         if !node_changed {
@@ -398,7 +401,7 @@ impl Decisions {
         let Some(order) = &self.order else {
             return 0;
         };
-        let text = self.served(text).into_owned();
+        let text = self.served(text, fields).into_owned();
         let mut bytes = text.len();
         let unplaced = (keep == Keep::Later)
             .then(|| certname.as_deref().map(str::to_owned))
@@ -477,15 +480,19 @@ impl Decisions {
         identity.digest(text, fields.get(at).copied().flatten())
     }
 
-    /// `text` as it is served: without the fields a history projection was asked for only to
-    /// tell copies apart (`merge/union.rs` drops them the same way).
-    fn served<'t>(&self, text: &'t str) -> Cow<'t, str> {
-        match &self.rule {
-            StreamRule::History { helpers, .. } if !helpers.is_empty() => {
-                without_keys(text, helpers).map_or(Cow::Borrowed(text), Cow::Owned)
-            }
-            _ => Cow::Borrowed(text),
+    /// `text` (read for `fields`) as it is served: without the fields a history projection was
+    /// asked for only to tell copies apart, cut at the positions its parse found them
+    /// (`merge/union.rs` drops them the same way).
+    fn served<'t>(&self, text: &'t str, fields: &[Option<&RawValue>]) -> Cow<'t, str> {
+        if self.helpers_at.is_empty() {
+            return Cow::Borrowed(text);
         }
+        let values: Vec<&RawValue> = self
+            .helpers_at
+            .iter()
+            .filter_map(|at| fields.get(*at).copied().flatten())
+            .collect();
+        without_entries(text, &values).unwrap_or(Cow::Borrowed(text))
     }
 
     /// Whether a record named `name` is the provenance fact's, which the backends do not hold.
@@ -568,20 +575,24 @@ impl RecordStream {
                     .map(|f| f.field.clone()),
             )
             .collect();
-        let identity = match &rule {
-            // A field is read once: one the order reads already is found there.
-            StreamRule::History { identity, .. } => {
-                let field = identity.field();
-                let at = picked
-                    .iter()
-                    .position(|name| name == field)
-                    .unwrap_or_else(|| {
-                        picked.push(field.to_owned());
-                        picked.len() - 1
-                    });
-                Some((*identity, at))
-            }
-            StreamRule::Owned(..) | StreamRule::Node(_) => None,
+        // A field is read once: one the order reads already is found there.
+        let mut read_at = |field: &str| {
+            picked
+                .iter()
+                .position(|name| name == field)
+                .unwrap_or_else(|| {
+                    picked.push(field.to_owned());
+                    picked.len() - 1
+                })
+        };
+        let (identity, helpers_at) = match &rule {
+            StreamRule::History {
+                identity, helpers, ..
+            } => (
+                Some((*identity, read_at(identity.field()))),
+                helpers.iter().map(|helper| read_at(helper)).collect(),
+            ),
+            StreamRule::Owned(..) | StreamRule::Node(_) => (None, Vec::new()),
         };
         // A node record's own fields come last.
         if let StreamRule::Node(_) = &rule {
@@ -603,6 +614,7 @@ impl RecordStream {
                 rule,
                 asked,
                 identity,
+                helpers_at,
                 seen: HashSet::new(),
                 claimed: HashMap::new(),
                 waiting: Vec::new(),
@@ -655,7 +667,7 @@ impl RecordStream {
             let Some(certname) = certname.and_then(raw_str) else {
                 // No node to own it: kept as it is (history: its first copy).
                 if decisions.first_copy(text, fields) {
-                    let served = decisions.served(text);
+                    let served = decisions.served(text, fields);
                     decisions.write(&served);
                 }
                 return;
@@ -673,14 +685,15 @@ impl RecordStream {
                 Keep::Yes if !decisions.first_copy(text, fields) => {}
                 Keep::Yes => {
                     let node = (certname.as_ref(), environment);
-                    decisions.write_kept(input, node, (text, node_changed));
+                    let served = decisions.served(text, fields);
+                    decisions.write_kept(input, node, (&served, node_changed));
                 }
                 Keep::No => {}
                 Keep::Later => decisions.waiting.push(Waiting {
                     input,
                     certname: certname.into_owned(),
                     environment: environment.map(str::to_owned),
-                    text: text.to_owned(),
+                    text: decisions.served(text, fields).into_owned(),
                 }),
             }
         });
