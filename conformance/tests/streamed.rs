@@ -959,6 +959,46 @@ fn nodes_estate() -> (PuppetDb, PuppetDb) {
     (a, b)
 }
 
+/// A large `/nodes` answer ordered by certname streams too, merged k-way: in order, each node
+/// once from its owner, the split node composed in its place.
+#[test]
+fn a_large_nodes_answer_ordered_by_certname_streams_in_order_each_node_once() {
+    let (a, b) = nodes_estate();
+    let mut h = harness(both(a, b));
+    let order: String =
+        form_urlencoded::byte_serialize(br#"[{"field":"certname","order":"desc"}]"#).collect();
+    let response = answer_to(&mut h, &format!("/pdb/query/v4/nodes?order_by={order}"));
+    assert_streamed_whole(&response);
+    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("a JSON array");
+    let certnames: Vec<&str> = records
+        .iter()
+        .map(|record| record["certname"].as_str().expect("certname"))
+        .collect();
+    let mut expected = certnames.clone();
+    expected.sort_unstable_by(|x, y| y.cmp(x));
+    expected.dedup();
+    assert_eq!(certnames, expected, "in order, each node once");
+    assert_eq!(certnames.len(), 3 * (NODES_PER_BACKEND / 2) + 1);
+    for record in &records {
+        let source = record["pdbmux_source"].as_str().expect("pdbmux_source");
+        assert_eq!(record["backend"], source, "stamped with its own backend");
+    }
+    let split = records
+        .iter()
+        .find(|record| record["certname"] == "split")
+        .expect("split");
+    assert_eq!(split["pdbmux_source"], "pdb-a");
+    assert_eq!(split["facts_environment"], "env-pdb-b");
+    assert_eq!(
+        records
+            .iter()
+            .find(|record| record["certname"] == "s-00000")
+            .map(|record| &record["pdbmux_source"]),
+        Some(&json!("pdb-b")),
+        "newer in pdb-b"
+    );
+}
+
 /// A large `/nodes` answer streams: each node once, from its owner, named by `pdbmux_source`;
 /// a node whose facts are newest in the other backend takes its facts' fields from there.
 #[test]

@@ -372,8 +372,8 @@ impl RecordPlan {
     /// node-owned entity that name their node, each kept or dropped by the membership snapshot
     /// alone (the provenance fact's synthetic records written with each node's; an ordered
     /// answer merged k-way, `/facts` with its synthetic records only when ordered by certname
-    /// first), `/nodes`' whole records unordered, or history records (whole, or projected
-    /// without functions), each copy once.
+    /// first), `/nodes`' whole records unordered or ordered by certname first, or history
+    /// records (whole, or projected without functions), each copy once.
     fn can_stream(&self, context: &Context) -> bool {
         context.may_stream
             && !self.window.is_paged()
@@ -389,7 +389,7 @@ impl RecordPlan {
 
     /// What a streamed merge of this plan keeps, when it can decide each record as it reads
     /// it: a node-owned entity's records dropped by ownership (its query not pushed down),
-    /// `/nodes`' whole records unordered, or history's records (whole, or projected without
+    /// `/nodes`' whole records unordered or ordered by certname first, or history's records (whole, or projected without
     /// functions, the fields added to tell copies apart dropped) by identity, with
     /// `latest_report?` by ownership too.
     fn stream_rule(&self, context: &Context) -> Option<StreamRule> {
@@ -403,7 +403,14 @@ impl RecordPlan {
                 let (ownership, scope) = dropped(self.owned?)?;
                 Some(StreamRule::Owned(ownership, scope))
             }
-            MergeRule::Node if !self.is_projection() && self.stream_order().is_none() => {
+            // Ordered, by certname first: each node's copies meet at the answers' heads
+            // (another order would wait for a split node's copies anywhere in the answers).
+            MergeRule::Node
+                if !self.is_projection()
+                    && self.stream_order().is_none_or(|order| {
+                        order.fields.first().is_some_and(|f| f.field == "certname")
+                    }) =>
+            {
                 let (ownership, scope) = dropped(self.owned?)?;
                 let config = Arc::clone(&self.config);
                 Some(StreamRule::Node(NodeRecords::new(ownership, scope, config)))

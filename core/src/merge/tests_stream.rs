@@ -380,10 +380,11 @@ proptest! {
     }
 }
 
-/// `order_by` (JSON) parsed for `entity` (`resources` or `facts`).
-fn order_of(entity: &str, order: &str) -> crate::sort::OrderBy {
+/// `order_by` (JSON) parsed for `entity` (`resources`, `facts` or `nodes`).
+pub(super) fn order_of(entity: &str, order: &str) -> crate::sort::OrderBy {
     let entity = match entity {
         "facts" => crate::entity::Entity::Facts,
+        "nodes" => crate::entity::Entity::Nodes,
         _ => crate::entity::Entity::Resources,
     };
     let columns = entity.order_columns(crate::entity::ColumnSet::Base);

@@ -1,7 +1,9 @@
 //! The streamed `/nodes` merge keeps the records the buffered merge keeps, composed and stamped
 //! the same, however the answers' bytes arrive: split nodes (facts or catalog newest elsewhere),
 //! nodes the map does not place, deactivated copies (every node state, or active only), nodes
-//! the map places but an answer lacks, owners not asked, a backend failing before its head.
+//! the map places but an answer lacks, owners not asked, a backend failing before its head;
+//! unordered, and ordered by certname (k-way), also where a backend sorts certnames otherwise
+//! (another collation: the same records, in another order).
 
 use std::sync::Arc;
 
@@ -9,7 +11,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::tests::{merge, plan_over};
-use super::tests_stream::feed;
+use super::tests_stream::{feed, order_of};
 use crate::entity::Entity;
 use crate::ids::BackendId;
 use crate::membership::{BackendNodes, Member, Ownership};
@@ -81,13 +83,34 @@ fn map_of(estate: &[Vec<Option<Held>>], backends: usize) -> Arc<Ownership> {
     Arc::new(Ownership::build(&parts, 1))
 }
 
-/// Each backend's `/nodes` answer: whole node records, each backend's fields its own.
-fn answers(estate: &[Vec<Option<Held>>], backends: usize, any_state: bool) -> Vec<String> {
+/// Each backend's `/nodes` answer: whole node records, each backend's fields its own, in the
+/// order `order` sorts them.
+fn answers(
+    estate: &[Vec<Option<Held>>],
+    backends: usize,
+    (any_state, order): (bool, Option<&Order>),
+) -> Vec<String> {
     (0..backends)
         .map(|backend| {
-            let records: Vec<Value> = estate
-                .iter()
-                .enumerate()
+            let mut nodes: Vec<usize> = (0..estate.len()).collect();
+            match order {
+                Some(Order {
+                    collation: Some(keys),
+                    ..
+                }) => nodes.sort_by_key(|node| keys[(node + backend * 3) % keys.len()]),
+                Some(Order { descending, .. }) => nodes.sort_by(|a, b| {
+                    let (a, b) = (format!("n{a}"), format!("n{b}"));
+                    if *descending {
+                        b.cmp(&a)
+                    } else {
+                        a.cmp(&b)
+                    }
+                }),
+                None => {}
+            }
+            let records: Vec<Value> = nodes
+                .into_iter()
+                .map(|node| (node, &estate[node]))
                 .filter_map(|(node, copies)| {
                     let copy = copies[backend]
                         .as_ref()
@@ -118,11 +141,22 @@ fn as_set(body: &str) -> Vec<String> {
     texts
 }
 
+/// An order by certname, and how each backend sorts.
+#[derive(Debug, Clone)]
+struct Order {
+    descending: bool,
+    /// A collation other than pdbmux's: each backend's answer in its own order (node `n` by the
+    /// key at `n + 3 × backend`, wrapping), rather than byte-wise.
+    collation: Option<Vec<u8>>,
+}
+
 /// Which `/nodes` question is asked of which backends.
 #[derive(Debug, Clone)]
 struct Question {
     /// Every node state (`["=","node_state","any"]`), deactivated copies answered too.
     any_state: bool,
+    /// `order_by` certname (merged k-way).
+    order: Option<Order>,
     /// The backends asked (the others out of service), in configured order.
     roster: Vec<usize>,
     /// An asked backend (its index among them) failing before its answer's head.
@@ -134,6 +168,7 @@ impl Question {
     fn all(backends: usize) -> Question {
         Question {
             any_state: false,
+            order: None,
             roster: (0..backends).collect(),
             failed: None,
         }
@@ -141,16 +176,32 @@ impl Question {
 }
 
 fn question(backends: usize) -> impl Strategy<Value = Question> {
+    let order = (
+        any::<bool>(),
+        prop::option::weighted(0.3, prop::collection::vec(any::<u8>(), 1..9)),
+    )
+        .prop_map(|(descending, collation)| Order {
+            descending,
+            collation,
+        });
     (
         any::<bool>(),
+        prop::option::weighted(0.5, order),
         prop::sample::subsequence((0..backends).collect::<Vec<_>>(), 1..=backends),
         prop::option::weighted(0.2, 0..backends),
     )
-        .prop_map(|(any_state, roster, failed)| Question {
+        .prop_map(|(any_state, order, roster, failed)| Question {
             failed: failed.filter(|f| *f < roster.len()),
             any_state,
+            order,
             roster,
         })
+}
+
+/// The records of a JSON array as texts, in their order.
+fn as_list(body: &str) -> Vec<String> {
+    let records: Vec<Value> = serde_json::from_str(body).expect("a JSON array");
+    records.iter().map(Value::to_string).collect()
 }
 
 /// `/nodes` over `estate` buffered, and streamed in `pieces` taking turns by `turns`.
@@ -164,7 +215,11 @@ fn both_merges(
         &[("pdb-a", 1), ("pdb-b", 2), ("pdb-c", 3)][..backends],
     ));
     let map = map_of(estate, backends);
-    let every = answers(estate, backends, question.any_state);
+    let every = answers(
+        estate,
+        backends,
+        (question.any_state, question.order.as_ref()),
+    );
     // A backend failing before its head adds no records, as an empty answer would.
     let answers: Vec<String> = (question.roster.iter().enumerate())
         .map(|(input, backend)| match question.failed == Some(input) {
@@ -172,18 +227,28 @@ fn both_merges(
             false => every[*backend].clone(),
         })
         .collect();
-    let target = match question.any_state {
+    let order_by = question.order.as_ref().map(|order| match order.descending {
+        true => r#"[{"field":"certname","order":"desc"}]"#,
+        false => r#"[{"field":"certname"}]"#,
+    });
+    let mut target = match question.any_state {
         true => "/pdb/query/v4/nodes?query=%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D",
-        false => "/pdb/query/v4/nodes",
-    };
+        false => "/pdb/query/v4/nodes?",
+    }
+    .to_owned();
+    if let Some(order_by) = order_by {
+        let encoded: String = form_urlencoded::byte_serialize(order_by.as_bytes()).collect();
+        target.push_str(&format!("&order_by={encoded}"));
+    }
     let asked: Vec<BackendId> = question.roster.iter().copied().map(BackendId).collect();
     let ownership = Some(Arc::clone(&map));
-    let mut planned = plan_over(&config, target, ownership, asked.clone()).expect("plan");
+    let mut planned = plan_over(&config, &target, ownership, asked.clone()).expect("plan");
     let bodies: Vec<(&str, Option<u64>)> = answers.iter().map(|a| (a.as_str(), None)).collect();
     let (buffered, _) = merge(&mut planned, &bodies);
     let scope = NodeScope::of(Entity::Nodes, config.merge, question.any_state);
     let rule = StreamRule::Node(NodeRecords::new(map, scope, Arc::clone(&config)));
-    let mut stream = RecordStream::new(rule, asked, (None, None));
+    let order = order_by.map(|order_by| order_of("nodes", order_by));
+    let mut stream = RecordStream::new(rule, asked, (None, order));
     if let Some(failed) = question.failed {
         stream.skip(failed);
     }
@@ -238,6 +303,13 @@ proptest! {
         turns in prop::collection::vec(0usize..3, 0..40),
     ) {
         let (buffered, streamed) = both_merges(&estate, backends, &question, (&pieces, &turns));
-        prop_assert_eq!(as_set(&streamed), as_set(&buffered));
+        match &question.order {
+            // Sorted as pdbmux sorts: the same records in the same order.
+            Some(Order { collation: None, .. }) => {
+                prop_assert_eq!(as_list(&streamed), as_list(&buffered))
+            }
+            // Sorted otherwise: in another order, but each node once and composed alike.
+            _ => prop_assert_eq!(as_set(&streamed), as_set(&buffered)),
+        }
     }
 }

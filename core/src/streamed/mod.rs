@@ -42,7 +42,7 @@ use serde_json::value::RawValue;
 mod nodes;
 
 pub(crate) use nodes::NodeRecords;
-use nodes::{NodeFields, NODE_FIELDS};
+use nodes::{NodeFields, Queue, NODE_FIELDS};
 
 /// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -73,6 +73,14 @@ pub(crate) struct StreamedProvenance {
 /// A record's [`PICKED`] fields, from the fields it was read for.
 fn picked<'a>(fields: &[Option<&'a RawValue>]) -> [Option<&'a RawValue>; 3] {
     [0, 1, 2].map(|index| fields.get(index).copied().flatten())
+}
+
+/// The sort key of a record read for the fields `names`.
+fn sort_key(order: &OrderBy, names: &[&str], fields: &[Option<&RawValue>]) -> SortKey {
+    sort::sort_key(order, |name| {
+        let index = names.iter().position(|picked| *picked == name)?;
+        fields.get(index).copied().flatten()
+    })
 }
 
 /// Where a reader is in its array.
@@ -255,7 +263,8 @@ const ORDERED_AHEAD_BYTES: usize = 1024 * 1024;
 #[derive(Debug)]
 struct Queued {
     key: SortKey,
-    /// Its node, when the map does not place it (decided once every earlier input ended).
+    /// Its node, when the map does not place it (decided once every earlier input ended), and
+    /// for `/nodes` when its record waits for other answers ([`nodes::Queue::Pending`]).
     unplaced: Option<String>,
     text: String,
     /// A node's synthetic provenance record: it follows the node's records that sort with it,
@@ -263,6 +272,14 @@ struct Queued {
     synthetic: bool,
     /// A history record's identity digest: it is written only if no copy was.
     digest: Option<Digest>,
+}
+
+/// What an ordered merge does with the record that sorts first.
+enum HeadFate {
+    Write,
+    Drop,
+    /// Writes this text in its place (a `/nodes` record composed and stamped).
+    WriteAs(String),
 }
 
 /// The decisions and the output, apart from the readers that feed them.
@@ -407,10 +424,7 @@ impl Decisions {
             .then(|| certname.as_deref().map(str::to_owned))
             .flatten();
         // Before the synthetic records queued last that sort after it or with it.
-        let key = sort::sort_key(order, |name| {
-            let index = names.iter().position(|picked| *picked == name)?;
-            fields.get(index).copied().flatten()
-        });
+        let key = sort_key(order, names, fields);
         let mut at = queue.len();
         while at > 0
             && queue[at - 1].synthetic
@@ -650,9 +664,24 @@ impl RecordStream {
         } = state;
         let pushed = reader.push(piece, &names, |text, fields| {
             if let StreamRule::Node(nodes) = &mut decisions.rule {
-                let fields = NodeFields::of(fields);
                 let from = (input, &decisions.asked[..], &ended[..]);
-                nodes.read(from, text, fields, &mut decisions.out);
+                let Some(order) = &decisions.order else {
+                    nodes.read(from, text, NodeFields::of(fields), &mut decisions.out);
+                    return;
+                };
+                let (text, pending) = match nodes.read_ordered(from, text, NodeFields::of(fields)) {
+                    Queue::Dropped => return,
+                    Queue::Decided(text) => (text, None),
+                    Queue::Pending(certname) => (text.to_owned(), Some(certname)),
+                };
+                *queued_bytes += text.len();
+                queue.push_back(Queued {
+                    key: sort_key(order, &names, fields),
+                    unplaced: pending,
+                    text,
+                    synthetic: false,
+                    digest: None,
+                });
                 return;
             }
             let [certname, name, environment] = picked(fields);
@@ -731,12 +760,17 @@ impl RecordStream {
         }
     }
 
-    /// `/nodes`: writes the records that waited for `input`'s answer to end.
+    /// `/nodes`: writes the records that waited for `input`'s answer to end (ordered: they are
+    /// decided as they sort first).
     fn node_ended(&mut self, input: usize) {
         let all_ended = self.inputs.iter().all(|i| i.ended);
         let decisions = &mut self.decisions;
-        if let StreamRule::Node(nodes) = &mut decisions.rule {
-            nodes.ended((input, &decisions.asked), all_ended, &mut decisions.out);
+        match (&mut decisions.rule, &decisions.order) {
+            (StreamRule::Node(nodes), Some(_)) => nodes.ended_ordered(input),
+            (StreamRule::Node(nodes), None) => {
+                nodes.ended((input, &decisions.asked), all_ended, &mut decisions.out)
+            }
+            _ => {}
         }
     }
 
@@ -802,29 +836,60 @@ impl RecordStream {
         self.decisions.seen.capacity() * SEEN_SLOT_BYTES + nodes + queued
     }
 
-    /// Writes an ordered merge's queued records while the first in order is known.
+    /// Writes an ordered merge's queued records while the first in order is known and decided.
     fn write_ordered(&mut self) {
-        while let Some((index, keep)) = self.next_ordered() {
+        while let Some(index) = self.next_ordered() {
+            let Some(verdict) = self.verdict(index) else {
+                return;
+            };
             let input = &mut self.inputs[index];
             let Some(record) = input.queue.pop_front() else {
                 return;
             };
             input.queued_bytes -= record.text.len();
+            let text = match verdict {
+                HeadFate::Drop => continue,
+                HeadFate::Write => record.text,
+                HeadFate::WriteAs(text) => text,
+            };
             // A history record is written when no copy of it was.
-            if keep
-                && record
-                    .digest
-                    .is_none_or(|digest| self.decisions.seen.insert(digest))
+            if record
+                .digest
+                .is_none_or(|digest| self.decisions.seen.insert(digest))
             {
-                self.decisions.write(&record.text);
+                self.decisions.write(&text);
             }
         }
     }
 
-    /// The input whose queued record is written (or dropped: `false`) next, when it is known:
-    /// every input still answering has one queued, and the least (ties to the earlier input) is
-    /// decided.
-    fn next_ordered(&self) -> Option<(usize, bool)> {
+    /// What becomes of `input`'s first queued record, which sorts first: `None` while a node
+    /// the map does not place (or, for `/nodes`, a split node) waits for other answers.
+    fn verdict(&mut self, index: usize) -> Option<HeadFate> {
+        let head = self.inputs[index].queue.front()?;
+        let Some(certname) = &head.unplaced else {
+            return Some(HeadFate::Write);
+        };
+        if let StreamRule::Node(nodes) = &mut self.decisions.rule {
+            let ended: Vec<bool> = self.inputs.iter().map(|i| i.ended).collect();
+            let from = (index, &self.decisions.asked[..], &ended[..]);
+            return Some(match nodes.decide(certname, from, &head.text)? {
+                Some(text) => HeadFate::WriteAs(text),
+                None => HeadFate::Drop,
+            });
+        }
+        // Decided once no earlier input can still return the node.
+        if !self.inputs[..index].iter().all(|i| i.ended) {
+            return None;
+        }
+        Some(match self.decisions.claimed.get(certname) == Some(&index) {
+            true => HeadFate::Write,
+            false => HeadFate::Drop,
+        })
+    }
+
+    /// The input whose queued record sorts first, when it is known: every input still answering
+    /// has one queued (ties to the earlier input).
+    fn next_ordered(&self) -> Option<usize> {
         let order = self.decisions.order.as_ref()?;
         let mut least: Option<(usize, &Queued)> = None;
         for (index, input) in self.inputs.iter().enumerate() {
@@ -847,12 +912,7 @@ impl RecordStream {
             // A record of its node still to be read may sort with it, and goes first.
             return None;
         }
-        match &head.unplaced {
-            None => Some((index, true)),
-            // Decided once no earlier input can still return the node.
-            Some(_) if !self.inputs[..index].iter().all(|i| i.ended) => None,
-            Some(certname) => Some((index, self.decisions.claimed.get(certname) == Some(&index))),
-        }
+        Some(index)
     }
 
     /// Decides the waiting records of each input every input before which has ended, in

@@ -11,6 +11,13 @@
 //!   configured order), so the best so far waits until every answer has ended.
 //!
 //! Each backend's answer holds a certname once, as PuppetDB's nodes table does.
+//!
+//! Ordered by certname first, the merge is k-way (`super`'s ordered merge) and a record waits in
+//! its place instead: a split node's record until the backends it takes fields from have
+//! returned the node or ended, an unplaced node's copies until every backend has. No decision
+//! trusts the backends to sort certnames alike (a database collating with `en_US` puts `web-2`
+//! after `web1`): where they do not, a node's copies meet later and what sorts after it waits
+//! longer, counted in the budget, but no node is served twice or without its owners' fields.
 
 use std::cmp::Ordering;
 use std::collections::HashMap;
@@ -45,10 +52,32 @@ pub(crate) struct NodeRecords {
     config: Arc<Config>,
     /// Split nodes whose record is not written yet.
     composing: HashMap<String, Composing>,
-    /// Nodes the map does not place: the copy kept so far.
+    /// Nodes the map does not place: the copy kept so far (unordered).
     unplaced: HashMap<String, Unplaced>,
-    /// The bytes held in `composing` and `unplaced`: records, certnames, fields taken.
+    /// Nodes the map does not place: which answers returned them, and the newest (ordered).
+    copies: HashMap<String, Copies>,
+    /// The bytes held in `composing`, `unplaced` and `copies`: records, certnames, fields taken.
     held: usize,
+}
+
+/// What an ordered merge queues for a node record read ([`NodeRecords::read_ordered`]).
+pub(super) enum Queue {
+    /// Nothing: another backend's copy (its fields taken where the node is split).
+    Dropped,
+    /// This record, decided: written in its place.
+    Decided(String),
+    /// The record as read, of this node: [`NodeRecords::decide`] says what is written once the
+    /// copies it waits for are read.
+    Pending(String),
+}
+
+/// An unplaced node's copies in an ordered merge.
+#[derive(Debug)]
+struct Copies {
+    /// The answers (by input) that returned it.
+    returned: Vec<bool>,
+    /// The newest copy's input and `report_timestamp` (JSON text).
+    newest: (usize, Option<String>),
 }
 
 /// A split node's record until every backend it takes fields from has answered.
@@ -102,8 +131,157 @@ impl NodeRecords {
             config,
             composing: HashMap::new(),
             unplaced: HashMap::new(),
+            copies: HashMap::new(),
             held: 0,
         }
+    }
+
+    /// An ordered merge's record `text` of `asked[input]`: what it queues (see [`Queue`]);
+    /// `ended[i]`: the answer of `asked[i]` has ended.
+    pub(super) fn read_ordered(
+        &mut self,
+        (input, asked, ended): (usize, &[BackendId], &[bool]),
+        text: &str,
+        fields: NodeFields<'_>,
+    ) -> Queue {
+        let Some(certname) = fields.certname.and_then(raw_str) else {
+            return Queue::Decided(self.stamped(asked[input], text));
+        };
+        let owning = Owning {
+            ownership: &self.ownership,
+            scope: self.scope,
+            asked,
+        };
+        match owning.holding(asked[input], &certname) {
+            Holding::Unknown => {
+                let report = fields.report.map(|report| report.get().to_owned());
+                let copies = match self.copies.get_mut(certname.as_ref()) {
+                    Some(copies) => copies,
+                    None => {
+                        self.held += certname.len() + asked.len();
+                        let copies = Copies {
+                            returned: vec![false; asked.len()],
+                            newest: (input, None),
+                        };
+                        self.copies.entry(certname.to_string()).or_insert(copies)
+                    }
+                };
+                let first = !copies.returned.iter().any(|returned| *returned);
+                if let Some(returned) = copies.returned.get_mut(input) {
+                    *returned = true;
+                }
+                let newer = match compare_reports(report.as_deref(), copies.newest.1.as_deref()) {
+                    Ordering::Greater => true,
+                    Ordering::Equal => input < copies.newest.0,
+                    Ordering::Less => false,
+                };
+                if first || newer {
+                    let was = copies.newest.1.as_ref().map_or(0, String::len);
+                    self.held = self.held + report.as_ref().map_or(0, String::len) - was;
+                    copies.newest = (input, report);
+                }
+                Queue::Pending(certname.into_owned())
+            }
+            holding => {
+                let (owner, sources) = composed_sources(&owning, &certname);
+                if sources.iter().all(Option::is_none) {
+                    return match holding {
+                        Holding::Own => Queue::Decided(self.stamped(asked[input], text)),
+                        _ => Queue::Dropped,
+                    };
+                }
+                if holding == Holding::Other && !sources.contains(&Some(asked[input])) {
+                    return Queue::Dropped;
+                }
+                let certname = certname.into_owned();
+                self.take_fields(&certname, (input, asked, ended), (owner, sources), &fields);
+                match holding {
+                    Holding::Own => Queue::Pending(certname),
+                    _ => Queue::Dropped,
+                }
+            }
+        }
+    }
+
+    /// What an ordered merge writes of `asked[input]`'s queued record `text` of `certname`
+    /// ([`Queue::Pending`]) once it sorts first: `None` while copies it waits for may still
+    /// come; then the record composed and stamped, or nothing (another copy is kept).
+    pub(super) fn decide(
+        &mut self,
+        certname: &str,
+        (input, asked, ended): (usize, &[BackendId], &[bool]),
+        text: &str,
+    ) -> Option<Option<String>> {
+        if let Some(composing) = self.composing.get(certname) {
+            if !composing.awaited.is_empty() {
+                return None;
+            }
+            let patch = self.composing.remove(certname).map(|c| c.patch);
+            let patch = patch.unwrap_or_default();
+            let patch_bytes: usize = patch.iter().map(|(_, value)| value.get().len()).sum();
+            self.held -= certname.len() + patch_bytes;
+            return Some(Some(self.composed(asked[input], text.to_owned(), &patch)));
+        }
+        let Some(copies) = self.copies.get(certname) else {
+            return Some(Some(self.stamped(asked[input], text)));
+        };
+        let all_read =
+            (copies.returned.iter().zip(ended)).all(|(returned, ended)| *returned || *ended);
+        if !all_read {
+            return None;
+        }
+        Some((copies.newest.0 == input).then(|| self.stamped(asked[input], text)))
+    }
+
+    /// An ordered merge's answer of `asked[input]` ended (or failed before its head): the split
+    /// nodes waiting for its record are composed without it when they sort first.
+    pub(super) fn ended_ordered(&mut self, input: usize) {
+        for composing in self.composing.values_mut() {
+            composing.awaited.retain(|awaited| *awaited != input);
+        }
+    }
+
+    /// Takes the fields `asked[input]`'s record of split node `certname` gives it (its
+    /// `owner`'s and `sources`', [`composed_sources`]), and stops awaiting that answer.
+    fn take_fields(
+        &mut self,
+        certname: &str,
+        (input, asked, ended): (usize, &[BackendId], &[bool]),
+        (owner, sources): (Option<BackendId>, [Option<BackendId>; 2]),
+        fields: &NodeFields<'_>,
+    ) -> &mut Composing {
+        if !self.composing.contains_key(certname) {
+            self.held += certname.len();
+        }
+        let composing = self
+            .composing
+            .entry(certname.to_owned())
+            .or_insert_with(|| {
+                let mut awaited: Vec<usize> = std::iter::once(owner)
+                    .chain(sources)
+                    .flatten()
+                    .filter_map(|backend| asked.iter().position(|b| *b == backend))
+                    .filter(|awaited| !ended.get(*awaited).copied().unwrap_or(true))
+                    .collect();
+                awaited.dedup();
+                Composing {
+                    awaited,
+                    ..Composing::default()
+                }
+            });
+        for (((_, names), source), values) in COMPOSED.iter().zip(sources).zip(fields.composed) {
+            if source != Some(asked[input]) {
+                continue;
+            }
+            for (name, value) in names.iter().zip(values) {
+                if let Some(value) = value {
+                    self.held += value.get().len();
+                    composing.patch.push((name, value.to_owned()));
+                }
+            }
+        }
+        composing.awaited.retain(|awaited| *awaited != input);
+        composing
     }
 
     /// The record `text` of `asked[input]`: written to `out` at once, held, or dropped;
@@ -140,43 +318,18 @@ impl NodeRecords {
                     return;
                 }
                 let certname = certname.into_owned();
-                if !self.composing.contains_key(&certname) {
-                    self.held += certname.len();
-                }
-                let composing = self.composing.entry(certname.clone()).or_insert_with(|| {
-                    let mut awaited: Vec<usize> = std::iter::once(owner)
-                        .chain(sources)
-                        .flatten()
-                        .filter_map(|backend| asked.iter().position(|b| *b == backend))
-                        .filter(|awaited| !ended.get(*awaited).copied().unwrap_or(true))
-                        .collect();
-                    awaited.dedup();
-                    Composing {
-                        awaited,
-                        ..Composing::default()
-                    }
-                });
+                let from = (input, asked, ended);
+                let composing = self.take_fields(&certname, from, (owner, sources), &fields);
+                let replaced = match holding {
+                    Holding::Own => composing.record.replace((input, text.to_owned())),
+                    _ => None,
+                };
                 if holding == Holding::Own {
                     self.held += text.len();
-                    if let Some((_, replaced)) = composing.record.replace((input, text.to_owned()))
-                    {
-                        self.held -= replaced.len();
-                    }
                 }
-                for (((_, names), source), values) in
-                    COMPOSED.iter().zip(sources).zip(fields.composed)
-                {
-                    if source != Some(asked[input]) {
-                        continue;
-                    }
-                    for (name, value) in names.iter().zip(values) {
-                        if let Some(value) = value {
-                            self.held += value.get().len();
-                            composing.patch.push((name, value.to_owned()));
-                        }
-                    }
+                if let Some((_, replaced)) = replaced {
+                    self.held -= replaced.len();
                 }
-                composing.awaited.retain(|awaited| *awaited != input);
                 self.write_if_composed(&certname, asked, out);
             }
         }
@@ -239,6 +392,17 @@ impl NodeRecords {
         let Some((input, text)) = record else {
             return;
         };
+        out.write(&self.composed(asked[input], text, &patch));
+    }
+
+    /// A split node's record `text` from `backend` with the fields `patch` taken from other
+    /// backends' records, stamped.
+    fn composed(
+        &self,
+        backend: BackendId,
+        text: String,
+        patch: &[(&'static str, Box<RawValue>)],
+    ) -> String {
         let composed = match patch.is_empty() {
             true => text,
             false => {
@@ -249,7 +413,7 @@ impl NodeRecords {
                 with_values(&text, &patch).unwrap_or(text)
             }
         };
-        out.write(&self.stamped(asked[input], &composed));
+        self.stamped(backend, &composed)
     }
 
     /// Keeps `input`'s copy of `certname`, a node the map does not place, if it is the newest
