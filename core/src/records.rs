@@ -516,10 +516,12 @@ pub fn write_array<'r>(records: impl IntoIterator<Item = &'r str>, capacity: usi
     out
 }
 
-/// A record object without the entries whose values are `values` (borrowed from `record` by the
-/// parse that read it, as [`read_object`] and [`Fields`] give them), every other byte untouched:
-/// no second parse, since each entry is found from its value's position. Use it to drop fields
-/// asked for only to tell records apart. `None` when a value is not part of `record`.
+/// A record object without the entries whose values are `values`, every other byte untouched:
+/// no second parse, since each entry is found from its value's position. Each value must be
+/// one of `record`'s top-level values, borrowed from it by the parse that read it (as
+/// [`read_object`] and [`Fields`] give them; a key repeated in the object is one entry per
+/// value passed, where PuppetDB never repeats one). Use it to drop fields asked for only to
+/// tell records apart. `None` when a value is not part of `record`.
 pub fn without_entries<'r>(record: &'r str, values: &[&RawValue]) -> Option<Cow<'r, str>> {
     if values.is_empty() {
         return Some(Cow::Borrowed(record));

@@ -145,6 +145,8 @@ fn as_set(body: &str) -> Vec<String> {
 #[derive(Debug, Clone)]
 struct Order {
     descending: bool,
+    /// A second field (a node record's own, which the merge also reads for its decisions).
+    then: Option<&'static str>,
     /// A collation other than pdbmux's: each backend's answer in its own order (node `n` by the
     /// key at `n + 3 × backend`, wrapping), rather than byte-wise.
     collation: Option<Vec<u8>>,
@@ -176,12 +178,20 @@ impl Question {
 }
 
 fn question(backends: usize) -> impl Strategy<Value = Question> {
+    let then = prop::sample::select(vec![
+        "report_timestamp",
+        "facts_timestamp",
+        "catalog_environment",
+        "latest_report_status",
+    ]);
     let order = (
         any::<bool>(),
+        prop::option::weighted(0.5, then),
         prop::option::weighted(0.3, prop::collection::vec(any::<u8>(), 1..9)),
     )
-        .prop_map(|(descending, collation)| Order {
+        .prop_map(|(descending, then, collation)| Order {
             descending,
+            then,
             collation,
         });
     (
@@ -227,16 +237,20 @@ fn both_merges(
             false => every[*backend].clone(),
         })
         .collect();
-    let order_by = question.order.as_ref().map(|order| match order.descending {
-        true => r#"[{"field":"certname","order":"desc"}]"#,
-        false => r#"[{"field":"certname"}]"#,
+    let order_by = question.order.as_ref().map(|order| {
+        let direction = if order.descending { "desc" } else { "asc" };
+        let then = order.then.map(|field| format!(r#",{{"field":"{field}"}}"#));
+        format!(
+            r#"[{{"field":"certname","order":"{direction}"}}{}]"#,
+            then.unwrap_or_default()
+        )
     });
     let mut target = match question.any_state {
         true => "/pdb/query/v4/nodes?query=%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D",
         false => "/pdb/query/v4/nodes?",
     }
     .to_owned();
-    if let Some(order_by) = order_by {
+    if let Some(order_by) = &order_by {
         let encoded: String = form_urlencoded::byte_serialize(order_by.as_bytes()).collect();
         target.push_str(&format!("&order_by={encoded}"));
     }
@@ -247,17 +261,21 @@ fn both_merges(
     let (buffered, _) = merge(&mut planned, &bodies);
     let scope = NodeScope::of(Entity::Nodes, config.merge, question.any_state);
     let rule = StreamRule::Node(NodeRecords::new(map, scope, Arc::clone(&config)));
-    let order = order_by.map(|order_by| order_of("nodes", order_by));
+    let order = order_by.map(|order_by| order_of("nodes", &order_by));
     let mut stream = RecordStream::new(rule, asked, (None, order));
     if let Some(failed) = question.failed {
         stream.skip(failed);
     }
     // What the skip wrote (the whole answer when no other backend was asked).
     let written = String::from_utf8(stream.take()).expect("utf-8");
-    (
-        buffered,
-        written + &feed(&mut stream, &answers, pieces, turns),
-    )
+    let streamed = written + &feed(&mut stream, &answers, pieces, turns);
+    // Whatever waited was let go once written or known not to be.
+    assert_eq!(
+        stream.held_bytes(),
+        0,
+        "nothing held once the answer is whole"
+    );
+    (buffered, streamed)
 }
 
 /// A copy answered and active, its report, facts and catalog produced at those [`STAMPS`],

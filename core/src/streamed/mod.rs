@@ -561,8 +561,10 @@ impl Decisions {
 pub(crate) struct RecordStream {
     inputs: Vec<Input>,
     /// The fields each record is read for: [`PICKED`], then an ordered merge's `order_by`
-    /// fields.
+    /// fields, then those history or `/nodes` decide by that are not among them already.
     picked: Vec<String>,
+    /// `/nodes`: where each of [`NODE_FIELDS`] is among `picked`.
+    node_at: [usize; NODE_FIELDS.len()],
     decisions: Decisions,
     /// Records written after the merged ones ([`RecordStream::then_write`]).
     then: Vec<Bytes>,
@@ -608,10 +610,11 @@ impl RecordStream {
             ),
             StreamRule::Owned(..) | StreamRule::Node(_) => (None, Vec::new()),
         };
-        // A node record's own fields come last.
-        if let StreamRule::Node(_) = &rule {
-            picked.extend(NODE_FIELDS.map(str::to_owned));
-        }
+        // A node record's own fields, for `/nodes` alone.
+        let node_at = match &rule {
+            StreamRule::Node(_) => NODE_FIELDS.map(&mut read_at),
+            _ => [0; NODE_FIELDS.len()],
+        };
         RecordStream {
             inputs: asked
                 .iter()
@@ -624,6 +627,7 @@ impl RecordStream {
                 })
                 .collect(),
             picked,
+            node_at,
             decisions: Decisions {
                 rule,
                 asked,
@@ -654,6 +658,7 @@ impl RecordStream {
             return Ok(());
         };
         let decisions = &mut self.decisions;
+        let node_at = &self.node_at;
         let names: Vec<&str> = self.picked.iter().map(String::as_str).collect();
         let Input {
             reader,
@@ -666,10 +671,16 @@ impl RecordStream {
             if let StreamRule::Node(nodes) = &mut decisions.rule {
                 let from = (input, &decisions.asked[..], &ended[..]);
                 let Some(order) = &decisions.order else {
-                    nodes.read(from, text, NodeFields::of(fields), &mut decisions.out);
+                    nodes.read(
+                        from,
+                        text,
+                        NodeFields::of(fields, node_at),
+                        &mut decisions.out,
+                    );
                     return;
                 };
-                let (text, pending) = match nodes.read_ordered(from, text, NodeFields::of(fields)) {
+                let node_fields = NodeFields::of(fields, node_at);
+                let (text, pending) = match nodes.read_ordered(from, text, node_fields) {
                     Queue::Dropped => return,
                     Queue::Decided(text) => (text, None),
                     Queue::Pending(certname) => (text.to_owned(), Some(certname)),

@@ -78,13 +78,17 @@ struct Copies {
     returned: Vec<bool>,
     /// The newest copy's input and `report_timestamp` (JSON text).
     newest: (usize, Option<String>),
+    /// The copies queued and not yet decided.
+    queued: usize,
 }
 
 /// A split node's record until every backend it takes fields from has answered.
 #[derive(Debug, Default)]
 struct Composing {
-    /// The owner's record, once read.
+    /// The owner's record, once read (unordered).
     record: Option<(usize, String)>,
+    /// Whether the owner's record was read and queued in its place (ordered).
+    queued: bool,
     /// The fields taken from the other kinds' owners' records, as JSON text.
     patch: Vec<(&'static str, Box<RawValue>)>,
     /// The inputs (the owner's among them) whose record or end is awaited.
@@ -109,11 +113,13 @@ pub(super) struct NodeFields<'a> {
 }
 
 impl<'a> NodeFields<'a> {
-    /// The fields of a record read for [`super::PICKED`] (`certname` first), then
-    /// [`NODE_FIELDS`] last.
-    pub(super) fn of(fields: &[Option<&'a RawValue>]) -> Self {
-        let first = fields.len().saturating_sub(NODE_FIELDS.len());
-        let at = |index: usize| fields.get(first + index).copied().flatten();
+    /// The fields of a record read for [`super::PICKED`] (`certname` first) and the others,
+    /// [`NODE_FIELDS`] at `node_at`.
+    pub(super) fn of(
+        fields: &[Option<&'a RawValue>],
+        node_at: &[usize; NODE_FIELDS.len()],
+    ) -> Self {
+        let at = |index: usize| fields.get(node_at[index]).copied().flatten();
         NodeFields {
             certname: fields.first().copied().flatten(),
             report: at(0),
@@ -162,11 +168,13 @@ impl NodeRecords {
                         let copies = Copies {
                             returned: vec![false; asked.len()],
                             newest: (input, None),
+                            queued: 0,
                         };
                         self.copies.entry(certname.to_string()).or_insert(copies)
                     }
                 };
-                let first = !copies.returned.iter().any(|returned| *returned);
+                let first = copies.queued == 0 && !copies.returned.iter().any(|r| *r);
+                copies.queued += 1;
                 if let Some(returned) = copies.returned.get_mut(input) {
                     *returned = true;
                 }
@@ -194,7 +202,10 @@ impl NodeRecords {
                     return Queue::Dropped;
                 }
                 let certname = certname.into_owned();
-                self.take_fields(&certname, (input, asked, ended), (owner, sources), &fields);
+                let from = (input, asked, ended);
+                let composing = self.take_fields(&certname, from, (owner, sources), &fields);
+                composing.queued |= holding == Holding::Own;
+                self.forget_orphan(&certname);
                 match holding {
                     Holding::Own => Queue::Pending(certname),
                     _ => Queue::Dropped,
@@ -222,7 +233,7 @@ impl NodeRecords {
             self.held -= certname.len() + patch_bytes;
             return Some(Some(self.composed(asked[input], text.to_owned(), &patch)));
         }
-        let Some(copies) = self.copies.get(certname) else {
+        let Some(copies) = self.copies.get_mut(certname) else {
             return Some(Some(self.stamped(asked[input], text)));
         };
         let all_read =
@@ -230,14 +241,45 @@ impl NodeRecords {
         if !all_read {
             return None;
         }
-        Some((copies.newest.0 == input).then(|| self.stamped(asked[input], text)))
+        let kept = copies.newest.0 == input;
+        copies.queued -= 1;
+        // Every copy was read and this is the last decided: no answer can return the node again.
+        if copies.queued == 0 {
+            if let Some(copies) = self.copies.remove(certname) {
+                let report = copies.newest.1.as_ref().map_or(0, String::len);
+                self.held -= certname.len() + copies.returned.len() + report;
+            }
+        }
+        Some(kept.then(|| self.stamped(asked[input], text)))
     }
 
     /// An ordered merge's answer of `asked[input]` ended (or failed before its head): the split
-    /// nodes waiting for its record are composed without it when they sort first.
+    /// nodes waiting for its record are composed without it when they sort first, and those
+    /// whose owner's answer ended without the node are let go (nothing is written for them).
     pub(super) fn ended_ordered(&mut self, input: usize) {
-        for composing in self.composing.values_mut() {
+        let mut orphans = Vec::new();
+        for (certname, composing) in self.composing.iter_mut() {
             composing.awaited.retain(|awaited| *awaited != input);
+            if composing.awaited.is_empty() && !composing.queued {
+                orphans.push(certname.clone());
+            }
+        }
+        for certname in orphans {
+            self.forget_orphan(&certname);
+        }
+    }
+
+    /// Lets go of split node `certname` in an ordered merge when it awaits no answer and its
+    /// owner's record was not read: the owner's answer ended without it, so nothing is written,
+    /// as the buffered merge writes nothing.
+    fn forget_orphan(&mut self, certname: &str) {
+        let orphan = self
+            .composing
+            .get(certname)
+            .is_some_and(|composing| composing.awaited.is_empty() && !composing.queued);
+        if let Some(composing) = orphan.then(|| self.composing.remove(certname)).flatten() {
+            let patch_bytes: usize = composing.patch.iter().map(|(_, v)| v.get().len()).sum();
+            self.held -= certname.len() + patch_bytes;
         }
     }
 
