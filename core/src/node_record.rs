@@ -9,7 +9,7 @@ use crate::config::BackendConfig;
 use crate::ids::BackendId;
 use crate::membership::{compare_timestamps, Kind};
 use crate::ownership::Owning;
-use crate::records::with_key;
+use crate::records::{entry_text, with_key};
 use crate::status::backend_name;
 
 /// The key naming the winning backend on each merged node record.
@@ -25,6 +25,12 @@ pub(crate) const COMPOSED: [(Kind, [&str; 2]); 2] = [
 /// `record` with [`SOURCE_KEY`] naming `backend` by its name among `backends`.
 pub(crate) fn stamped(record: &str, backends: &[BackendConfig], backend: BackendId) -> String {
     with_key(record, SOURCE_KEY, backend_name(backends, backend))
+}
+
+/// The entry [`stamped`] appends for `backend`, as text: for a merge that appends it to many
+/// records as it writes them.
+pub(crate) fn source_entry(backends: &[BackendConfig], backend: BackendId) -> String {
+    entry_text(SOURCE_KEY, backend_name(backends, backend))
 }
 
 /// The asked backend owning `certname`'s record (its node owner), and the other asked backends,

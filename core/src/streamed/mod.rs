@@ -35,7 +35,9 @@ use crate::entity::{Digest, Identity};
 use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
-use crate::records::{is_str, provenance_record, raw_str, read_object, without_entries, Fields};
+use crate::records::{
+    is_str, opened, provenance_record, raw_str, read_object, without_entries, Fields,
+};
 use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
 
@@ -320,6 +322,16 @@ impl Writer {
     /// Writes `record` as the next.
     pub(super) fn write(&mut self, record: &str) {
         self.write_raw(record.as_bytes());
+    }
+
+    /// Writes `record` with the object entry `entry` (its text, `"key":value`) appended.
+    pub(super) fn write_with_entry(&mut self, record: &str, entry: &str) {
+        let (body, separator) = opened(record);
+        self.bytes.push(if self.written == 0 { b'[' } else { b',' });
+        for part in [body, separator, entry, "}"] {
+            self.bytes.extend_from_slice(part.as_bytes());
+        }
+        self.written += 1;
     }
 
     /// Writes `records`, one record or several separated by commas, as the next.
@@ -1036,7 +1048,26 @@ impl MergeStream {
 
 #[cfg(test)]
 mod tests {
-    use super::ArrayReader;
+    use super::{ArrayReader, Writer};
+    use crate::records::{entry_text, with_key};
+
+    #[test]
+    fn an_entry_appended_as_it_is_written_is_the_record_with_the_key() {
+        let entry = entry_text("pdbmux_source", "pdb-\"a");
+        let records = [r#"{"certname":"a"}"#, "{}", " { \"n\" : [1,{}] } \n", "{ }"];
+        let mut appended = Writer::default();
+        let mut built = Writer::default();
+        for record in records {
+            appended.write_with_entry(record, &entry);
+            built.write(&with_key(record, "pdbmux_source", "pdb-\"a"));
+        }
+        appended.close();
+        built.close();
+        assert_eq!(
+            String::from_utf8(appended.bytes).expect("utf-8"),
+            String::from_utf8(built.bytes).expect("utf-8")
+        );
+    }
 
     /// Each record's text and certname as `reader` hands them on from `pieces`.
     fn read(reader: &mut ArrayReader, pieces: &[&[u8]]) -> Result<Vec<(String, String)>, String> {

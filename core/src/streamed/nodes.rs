@@ -29,7 +29,7 @@ use super::Writer;
 use crate::config::Config;
 use crate::ids::BackendId;
 use crate::membership::Ownership;
-use crate::node_record::{compare_reports, composed_sources, stamped, COMPOSED};
+use crate::node_record::{compare_reports, composed_sources, source_entry, stamped, COMPOSED};
 use crate::ownership::{Holding, NodeScope, Owning};
 use crate::records::{raw_str, with_values};
 
@@ -50,6 +50,8 @@ pub(crate) struct NodeRecords {
     scope: NodeScope,
     /// The configuration, whose backends' names `pdbmux_source` gives.
     config: Arc<Config>,
+    /// Each configured backend's `pdbmux_source` entry, as it is appended to its records.
+    stamps: Vec<String>,
     /// Split nodes whose record is not written yet.
     composing: HashMap<String, Composing>,
     /// Nodes the map does not place: the copy kept so far (unordered).
@@ -131,10 +133,14 @@ impl<'a> NodeFields<'a> {
 impl NodeRecords {
     /// The decisions for a streamed `/nodes` over `ownership` as `scope` places nodes.
     pub(crate) fn new(ownership: Arc<Ownership>, scope: NodeScope, config: Arc<Config>) -> Self {
+        let stamps = (0..config.backends.len())
+            .map(|backend| source_entry(&config.backends, BackendId(backend)))
+            .collect();
         NodeRecords {
             ownership,
             scope,
             config,
+            stamps,
             composing: HashMap::new(),
             unplaced: HashMap::new(),
             copies: HashMap::new(),
@@ -337,7 +343,7 @@ impl NodeRecords {
     ) {
         let Some(certname) = fields.certname.and_then(raw_str) else {
             // No node to own it: kept as it is, as the buffered merge keeps it.
-            out.write(&self.stamped(asked[input], text));
+            self.write_stamped(out, asked[input], text);
             return;
         };
         let owning = Owning {
@@ -351,7 +357,7 @@ impl NodeRecords {
                 let (owner, sources) = composed_sources(&owning, &certname);
                 if sources.iter().all(Option::is_none) {
                     if holding == Holding::Own {
-                        out.write(&self.stamped(asked[input], text));
+                        self.write_stamped(out, asked[input], text);
                     }
                     return;
                 }
@@ -404,7 +410,7 @@ impl NodeRecords {
             unplaced.sort_by_key(|(_, kept)| kept.input);
             for (certname, kept) in unplaced {
                 self.held -= certname.len() + kept.text.len();
-                out.write(&self.stamped(asked[kept.input], &kept.text));
+                self.write_stamped(out, asked[kept.input], &kept.text);
             }
         }
     }
@@ -487,5 +493,14 @@ impl NodeRecords {
     /// `text` with `pdbmux_source` naming `backend`.
     fn stamped(&self, backend: BackendId, text: &str) -> String {
         stamped(text, &self.config.backends, backend)
+    }
+
+    /// Writes `text` to `out` with `pdbmux_source` naming `backend`, appended as it is written
+    /// (no record built anew: `/nodes` writes one per node).
+    fn write_stamped(&self, out: &mut Writer, backend: BackendId, text: &str) {
+        match self.stamps.get(backend.0) {
+            Some(entry) => out.write_with_entry(text, entry),
+            None => out.write(&self.stamped(backend, text)),
+        }
     }
 }
