@@ -42,9 +42,11 @@ use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
 
 mod nodes;
+mod queue;
 
 pub(crate) use nodes::NodeRecords;
 use nodes::{NodeFields, Queue, NODE_FIELDS};
+use queue::{Queued, RecordQueue};
 
 /// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -251,30 +253,13 @@ struct Input {
     /// by node, so the map is asked once per node.
     last: Option<(String, Keep)>,
     /// An ordered merge's records read and not yet written (kept, or to be decided), in order.
-    queue: VecDeque<Queued>,
-    /// The bytes of the records in `queue`.
-    queued_bytes: usize,
+    queue: RecordQueue,
 }
 
 /// How many bytes of records an ordered merge queues from one backend before it waits for the
 /// others ([`RecordStream::wants`]): a few hundred records, small beside the 8 MiB read before a
 /// merge streams.
 const ORDERED_AHEAD_BYTES: usize = 1024 * 1024;
-
-/// A record of an ordered merge, until every other input has read past it.
-#[derive(Debug)]
-struct Queued {
-    key: SortKey,
-    /// Its node, when the map does not place it (decided once every earlier input ended), and
-    /// for `/nodes` when its record waits for other answers ([`nodes::Queue::Pending`]).
-    unplaced: Option<String>,
-    text: String,
-    /// A node's synthetic provenance record: it follows the node's records that sort with it,
-    /// so it waits until its input has read a record sorting after it, or ended.
-    synthetic: bool,
-    /// A history record's identity digest: it is written only if no copy was.
-    digest: Option<Digest>,
-}
 
 /// What an ordered merge does with the record that sorts first.
 enum HeadFate {
@@ -401,13 +386,13 @@ impl Decisions {
     /// An ordered merge's record read from `input`, with its fields `names` (read in the same
     /// pass as its text): dropped when another backend owns its node, else queued with its sort
     /// key (a node the map does not place, to be decided), and with a node's first its
-    /// synthetic provenance record where `/facts` has one. Returns the bytes queued.
+    /// synthetic provenance record where `/facts` has one.
     fn queue_ordered(
         &mut self,
         input: usize,
-        (queue, last): (&mut VecDeque<Queued>, &mut Option<(String, Keep)>),
+        (queue, last): (&mut RecordQueue, &mut Option<(String, Keep)>),
         (text, names, fields): (&str, &[&str], &[Option<&RawValue>]),
-    ) -> usize {
+    ) {
         let [certname, _, environment] = picked(fields);
         let certname = certname.and_then(raw_str);
         let (keep, node_changed) = match (&certname, last.as_ref()) {
@@ -421,27 +406,26 @@ impl Decisions {
             }
         };
         if keep == Keep::No {
-            return 0;
+            return;
         }
         // A copy of a history record is told when it is written, in the merged order: the
         // first in that order is kept, where ties go to configured order as in the buffered
         // merge.
         let digest = self.digest(text, fields);
         let Some(order) = &self.order else {
-            return 0;
+            return;
         };
-        let text = self.served(text, fields).into_owned();
-        let mut bytes = text.len();
+        let text = self.served(text, fields);
         let unplaced = (keep == Keep::Later)
             .then(|| certname.as_deref().map(str::to_owned))
             .flatten();
         // Before the synthetic records queued last that sort after it or with it.
         let key = sort_key(order, names, fields);
         let mut at = queue.len();
-        while at > 0
-            && queue[at - 1].synthetic
-            && sort::compare(&queue[at - 1].key, &key, order) != Ordering::Less
-        {
+        while let Some(before) = at.checked_sub(1).and_then(|i| queue.get(i)) {
+            if !before.synthetic || sort::compare(&before.key, &key, order) == Ordering::Less {
+                break;
+            }
             at -= 1;
         }
         let synthetic = node_changed
@@ -456,37 +440,20 @@ impl Decisions {
                 )
             })
             .flatten();
-        queue.insert(
-            at,
-            Queued {
-                key,
-                unplaced: unplaced.clone(),
-                text,
-                synthetic: false,
-                digest,
-            },
-        );
+        queue.insert(at, &text, (key, unplaced.clone(), false, digest));
         if let Some(record) = synthetic {
-            bytes += record.get().len();
             // After every queued record sorting before it or with it (one per node: read again).
             let fields = Fields::of(record.get());
             let key = sort::sort_key(order, |name| fields.as_ref().and_then(|f| f.raw(name)));
             let mut at = queue.len();
-            while at > 0 && sort::compare(&queue[at - 1].key, &key, order) == Ordering::Greater {
+            while let Some(before) = at.checked_sub(1).and_then(|i| queue.get(i)) {
+                if sort::compare(&before.key, &key, order) != Ordering::Greater {
+                    break;
+                }
                 at -= 1;
             }
-            queue.insert(
-                at,
-                Queued {
-                    key,
-                    unplaced,
-                    text: record.get().to_owned(),
-                    synthetic: true,
-                    digest: None,
-                },
-            );
+            queue.insert(at, record.get(), (key, unplaced, true, None));
         }
-        bytes
     }
 
     /// Whether the record `text` (read for `fields`) is the first copy of its history record to
@@ -634,8 +601,7 @@ impl RecordStream {
                     reader: ArrayReader::new(),
                     ended: false,
                     last: None,
-                    queue: VecDeque::new(),
-                    queued_bytes: 0,
+                    queue: RecordQueue::default(),
                 })
                 .collect(),
             picked,
@@ -676,7 +642,6 @@ impl RecordStream {
             reader,
             last,
             queue,
-            queued_bytes,
             ..
         } = state;
         let pushed = reader.push(piece, &names, |text, fields| {
@@ -692,19 +657,14 @@ impl RecordStream {
                     return;
                 };
                 let node_fields = NodeFields::of(fields, node_at);
-                let (text, pending) = match nodes.read_ordered(from, text, node_fields) {
-                    Queue::Dropped => return,
-                    Queue::Decided(text) => (text, None),
-                    Queue::Pending(certname) => (text.to_owned(), Some(certname)),
-                };
-                *queued_bytes += text.len();
-                queue.push_back(Queued {
-                    key: sort_key(order, &names, fields),
-                    unplaced: pending,
-                    text,
-                    synthetic: false,
-                    digest: None,
-                });
+                let key = sort_key(order, &names, fields);
+                match nodes.read_ordered(from, text, node_fields) {
+                    Queue::Dropped => {}
+                    Queue::Decided(text) => queue.push_back(&text, (key, None, false, None)),
+                    Queue::Pending(certname) => {
+                        queue.push_back(text, (key, Some(certname), false, None))
+                    }
+                }
                 return;
             }
             let [certname, name, environment] = picked(fields);
@@ -712,8 +672,7 @@ impl RecordStream {
                 return;
             }
             if decisions.order.is_some() {
-                *queued_bytes +=
-                    decisions.queue_ordered(input, (queue, last), (text, &names, fields));
+                decisions.queue_ordered(input, (queue, last), (text, &names, fields));
                 return;
             }
             let Some(certname) = certname.and_then(raw_str) else {
@@ -831,7 +790,7 @@ impl RecordStream {
             return false;
         };
         self.decisions.order.is_none()
-            || this.queued_bytes < ORDERED_AHEAD_BYTES
+            || this.queue.queued_bytes() < ORDERED_AHEAD_BYTES
             || !self.inputs.iter().enumerate().any(|(other, i)| {
                 other != input && !i.ended && i.queue.iter().all(|queued| queued.synthetic)
             })
@@ -855,7 +814,11 @@ impl RecordStream {
             StreamRule::Node(nodes) => nodes.held_bytes(),
             _ => 0,
         };
-        let queued: usize = self.inputs.iter().map(|input| input.queued_bytes).sum();
+        let queued: usize = self
+            .inputs
+            .iter()
+            .map(|input| input.queue.held_bytes())
+            .sum();
         self.decisions.seen.capacity() * SEEN_SLOT_BYTES + nodes + queued
     }
 
@@ -865,22 +828,22 @@ impl RecordStream {
             let Some(verdict) = self.verdict(index) else {
                 return;
             };
-            let input = &mut self.inputs[index];
-            let Some(record) = input.queue.pop_front() else {
+            let queue = &mut self.inputs[index].queue;
+            let Some(record) = queue.pop_front() else {
                 return;
             };
-            input.queued_bytes -= record.text.len();
-            let text = match verdict {
-                HeadFate::Drop => continue,
-                HeadFate::Write => record.text,
-                HeadFate::WriteAs(text) => text,
-            };
             // A history record is written when no copy of it was.
-            if record
-                .digest
-                .is_none_or(|digest| self.decisions.seen.insert(digest))
-            {
-                self.decisions.write(&text);
+            let first_copy =
+                |seen: &mut HashSet<Digest>| record.digest.is_none_or(|d| seen.insert(d));
+            match verdict {
+                HeadFate::Drop => {}
+                HeadFate::Write if first_copy(&mut self.decisions.seen) => {
+                    self.decisions.out.write(queue.text(&record))
+                }
+                HeadFate::WriteAs(text) if first_copy(&mut self.decisions.seen) => {
+                    self.decisions.out.write(&text)
+                }
+                HeadFate::Write | HeadFate::WriteAs(_) => {}
             }
         }
     }
@@ -895,7 +858,8 @@ impl RecordStream {
         if let StreamRule::Node(nodes) = &mut self.decisions.rule {
             let ended: Vec<bool> = self.inputs.iter().map(|i| i.ended).collect();
             let from = (index, &self.decisions.asked[..], &ended[..]);
-            return Some(match nodes.decide(certname, from, &head.text)? {
+            let text = self.inputs[index].queue.text(head);
+            return Some(match nodes.decide(certname, from, text)? {
                 Some(text) => HeadFate::WriteAs(text),
                 None => HeadFate::Drop,
             });
