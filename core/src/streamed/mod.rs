@@ -46,7 +46,7 @@ mod queue;
 
 pub(crate) use nodes::NodeRecords;
 use nodes::{NodeFields, Queue, NODE_FIELDS};
-use queue::{Queued, RecordQueue};
+use queue::{Queued, RecordQueue, Span};
 
 /// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -440,7 +440,14 @@ impl Decisions {
                 )
             })
             .flatten();
-        queue.insert(at, &text, (key, unplaced.clone(), false, digest));
+        let record = Queued {
+            key,
+            unplaced: unplaced.clone(),
+            synthetic: false,
+            digest,
+            span: Span::default(),
+        };
+        queue.insert(at, &text, record);
         if let Some(record) = synthetic {
             // After every queued record sorting before it or with it (one per node: read again).
             let fields = Fields::of(record.get());
@@ -452,7 +459,14 @@ impl Decisions {
                 }
                 at -= 1;
             }
-            queue.insert(at, record.get(), (key, unplaced, true, None));
+            let queued = Queued {
+                key,
+                unplaced,
+                synthetic: true,
+                digest: None,
+                span: Span::default(),
+            };
+            queue.insert(at, record.get(), queued);
         }
     }
 
@@ -657,14 +671,19 @@ impl RecordStream {
                     return;
                 };
                 let node_fields = NodeFields::of(fields, node_at);
-                let key = sort_key(order, &names, fields);
-                match nodes.read_ordered(from, text, node_fields) {
-                    Queue::Dropped => {}
-                    Queue::Decided(text) => queue.push_back(&text, (key, None, false, None)),
-                    Queue::Pending(certname) => {
-                        queue.push_back(text, (key, Some(certname), false, None))
-                    }
-                }
+                let (text, unplaced) = match nodes.read_ordered(from, text, node_fields) {
+                    Queue::Dropped => return,
+                    Queue::Decided(text) => (Cow::Owned(text), None),
+                    Queue::Pending(certname) => (Cow::Borrowed(text), Some(certname)),
+                };
+                let record = Queued {
+                    key: sort_key(order, &names, fields),
+                    unplaced,
+                    synthetic: false,
+                    digest: None,
+                    span: Span::default(),
+                };
+                queue.push_back(&text, record);
                 return;
             }
             let [certname, name, environment] = picked(fields);

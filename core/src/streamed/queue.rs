@@ -23,8 +23,16 @@ pub(super) struct Queued {
     pub(super) synthetic: bool,
     /// A history record's identity digest: it is written only if no copy was.
     pub(super) digest: Option<Digest>,
-    /// Where its text is in the queue's buffer.
-    span: (usize, usize),
+    /// Where its text is in the queue's buffer: set by [`RecordQueue::insert`] (give it
+    /// `Span::default()`).
+    pub(super) span: Span,
+}
+
+/// Where a queued record's text is in its queue's buffer.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Span {
+    start: usize,
+    end: usize,
 }
 
 /// Use [`RecordQueue::insert`] to queue a record in its place, [`RecordQueue::front`] and
@@ -38,13 +46,8 @@ pub(super) struct RecordQueue {
 }
 
 impl RecordQueue {
-    /// Queues `text` at position `at` (0 is next to be written) with what is known of it.
-    pub(super) fn insert(
-        &mut self,
-        at: usize,
-        text: &str,
-        (key, unplaced, synthetic, digest): (SortKey, Option<String>, bool, Option<Digest>),
-    ) {
+    /// Queues `record`, whose text is `text`, at position `at` (0 is next to be written).
+    pub(super) fn insert(&mut self, at: usize, text: &str, mut record: Queued) {
         if self.records.is_empty() {
             self.texts.clear();
         } else if self.texts.len() - self.queued > self.queued.max(COMPACT_ABOVE_BYTES) {
@@ -53,23 +56,16 @@ impl RecordQueue {
         let start = self.texts.len();
         self.texts.push_str(text);
         self.queued += text.len();
-        let queued = Queued {
-            key,
-            unplaced,
-            synthetic,
-            digest,
-            span: (start, self.texts.len()),
+        record.span = Span {
+            start,
+            end: self.texts.len(),
         };
-        self.records.insert(at.min(self.records.len()), queued);
+        self.records.insert(at.min(self.records.len()), record);
     }
 
-    /// Queues `text` last.
-    pub(super) fn push_back(
-        &mut self,
-        text: &str,
-        known: (SortKey, Option<String>, bool, Option<Digest>),
-    ) {
-        self.insert(self.records.len(), text, known);
+    /// Queues `record`, whose text is `text`, last.
+    pub(super) fn push_back(&mut self, text: &str, record: Queued) {
+        self.insert(self.records.len(), text, record);
     }
 
     /// The record to be written next.
@@ -100,16 +96,15 @@ impl RecordQueue {
     /// The text of `record`, one of this queue's, also just after it was taken: the buffer
     /// changes only when a record is queued.
     pub(super) fn text(&self, record: &Queued) -> &str {
-        self.texts
-            .get(record.span.0..record.span.1)
-            .unwrap_or_default()
+        let Span { start, end } = record.span;
+        self.texts.get(start..end).unwrap_or_default()
     }
 
     /// Takes the record to be written next; read its text with [`RecordQueue::text`] before
     /// queuing another.
     pub(super) fn pop_front(&mut self) -> Option<Queued> {
         let record = self.records.pop_front()?;
-        self.queued -= record.span.1 - record.span.0;
+        self.queued -= record.span.end - record.span.start;
         Some(record)
     }
 
@@ -132,9 +127,13 @@ impl RecordQueue {
     fn compact(&mut self) {
         let mut texts = String::with_capacity(self.queued.max(COMPACT_ABOVE_BYTES));
         for record in self.records.iter_mut() {
-            let start = texts.len();
-            texts.push_str(&self.texts[record.span.0..record.span.1]);
-            record.span = (start, texts.len());
+            let Span { start, end } = record.span;
+            let begin = texts.len();
+            texts.push_str(self.texts.get(start..end).unwrap_or_default());
+            record.span = Span {
+                start: begin,
+                end: texts.len(),
+            };
         }
         self.texts = texts;
     }
@@ -142,13 +141,19 @@ impl RecordQueue {
 
 #[cfg(test)]
 mod tests {
-    use super::{RecordQueue, COMPACT_ABOVE_BYTES};
+    use super::{Queued, RecordQueue, Span, COMPACT_ABOVE_BYTES};
     use crate::sort::{sort_key, OrderBy};
 
     #[test]
     fn texts_survive_compaction_and_what_was_written_is_let_go() {
         let order = OrderBy { fields: Vec::new() };
-        let known = || (sort_key(&order, |_| None), None, false, None);
+        let known = || Queued {
+            key: sort_key(&order, |_| None),
+            unplaced: None,
+            synthetic: false,
+            digest: None,
+            span: Span::default(),
+        };
         let mut queue = RecordQueue::default();
         let record = |n: usize| format!("{{\"n\":{n},\"pad\":\"{}\"}}", "x".repeat(1000));
         let mut next = 0;
