@@ -447,7 +447,7 @@ impl Decisions {
             digest,
             span: Span::default(),
         };
-        queue.insert(at, &text, record);
+        queue.insert(at, &[&text], record);
         if let Some(record) = synthetic {
             // After every queued record sorting before it or with it (one per node: read again).
             let fields = Fields::of(record.get());
@@ -466,7 +466,7 @@ impl Decisions {
                 digest: None,
                 span: Span::default(),
             };
-            queue.insert(at, record.get(), queued);
+            queue.insert(at, &[record.get()], queued);
         }
     }
 
@@ -671,19 +671,23 @@ impl RecordStream {
                     return;
                 };
                 let node_fields = NodeFields::of(fields, node_at);
-                let (text, unplaced) = match nodes.read_ordered(from, text, node_fields) {
-                    Queue::Dropped => return,
-                    Queue::Decided(text) => (Cow::Owned(text), None),
-                    Queue::Pending(certname) => (Cow::Borrowed(text), Some(certname)),
-                };
-                let record = Queued {
-                    key: sort_key(order, &names, fields),
+                let key = sort_key(order, &names, fields);
+                let record = |unplaced| Queued {
+                    key,
                     unplaced,
                     synthetic: false,
                     digest: None,
                     span: Span::default(),
                 };
-                queue.push_back(&text, record);
+                match nodes.read_ordered(from, text, node_fields) {
+                    Queue::Dropped => {}
+                    Queue::Decided(text) => queue.push_back(&[&text], record(None)),
+                    Queue::Stamped(entry) => {
+                        let (body, separator) = opened(text);
+                        queue.push_back(&[body, separator, entry, "}"], record(None))
+                    }
+                    Queue::Pending(certname) => queue.push_back(&[text], record(Some(certname))),
+                }
                 return;
             }
             let [certname, name, environment] = picked(fields);

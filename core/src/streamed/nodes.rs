@@ -63,11 +63,13 @@ pub(crate) struct NodeRecords {
 }
 
 /// What an ordered merge queues for a node record read ([`NodeRecords::read_ordered`]).
-pub(super) enum Queue {
+pub(super) enum Queue<'s> {
     /// Nothing: another backend's copy (its fields taken where the node is split).
     Dropped,
     /// This record, decided: written in its place.
     Decided(String),
+    /// The record as read with this entry (`pdbmux_source`'s) appended, decided.
+    Stamped(&'s str),
     /// The record as read, of this node: [`NodeRecords::decide`] says what is written once the
     /// copies it waits for are read.
     Pending(String),
@@ -155,9 +157,9 @@ impl NodeRecords {
         (input, asked, ended): (usize, &[BackendId], &[bool]),
         text: &str,
         fields: NodeFields<'_>,
-    ) -> Queue {
+    ) -> Queue<'_> {
         let Some(certname) = fields.certname.and_then(raw_str) else {
-            return Queue::Decided(self.stamped(asked[input], text));
+            return self.queue_stamped(asked[input], text);
         };
         let owning = Owning {
             ownership: &self.ownership,
@@ -200,7 +202,7 @@ impl NodeRecords {
                 let (owner, sources) = composed_sources(&owning, &certname);
                 if sources.iter().all(Option::is_none) {
                     return match holding {
-                        Holding::Own => Queue::Decided(self.stamped(asked[input], text)),
+                        Holding::Own => self.queue_stamped(asked[input], text),
                         _ => Queue::Dropped,
                     };
                 }
@@ -493,6 +495,15 @@ impl NodeRecords {
     /// `text` with `pdbmux_source` naming `backend`.
     fn stamped(&self, backend: BackendId, text: &str) -> String {
         stamped(text, &self.config.backends, backend)
+    }
+
+    /// What an ordered merge queues for `backend`'s own record `text`, decided: stamped as it
+    /// is queued.
+    fn queue_stamped(&self, backend: BackendId, text: &str) -> Queue<'_> {
+        match self.stamps.get(backend.0) {
+            Some(entry) => Queue::Stamped(entry),
+            None => Queue::Decided(self.stamped(backend, text)),
+        }
     }
 
     /// Writes `text` to `out` with `pdbmux_source` naming `backend`, appended as it is written

@@ -46,16 +46,19 @@ pub(super) struct RecordQueue {
 }
 
 impl RecordQueue {
-    /// Queues `record`, whose text is `text`, at position `at` (0 is next to be written).
-    pub(super) fn insert(&mut self, at: usize, text: &str, mut record: Queued) {
+    /// Queues `record`, whose text is `text` (its parts, end to end), at position `at` (0 is
+    /// next to be written).
+    pub(super) fn insert(&mut self, at: usize, text: &[&str], mut record: Queued) {
         if self.records.is_empty() {
             self.texts.clear();
         } else if self.texts.len() - self.queued > self.queued.max(COMPACT_ABOVE_BYTES) {
             self.compact();
         }
         let start = self.texts.len();
-        self.texts.push_str(text);
-        self.queued += text.len();
+        for part in text {
+            self.texts.push_str(part);
+        }
+        self.queued += self.texts.len() - start;
         record.span = Span {
             start,
             end: self.texts.len(),
@@ -63,8 +66,8 @@ impl RecordQueue {
         self.records.insert(at.min(self.records.len()), record);
     }
 
-    /// Queues `record`, whose text is `text`, last.
-    pub(super) fn push_back(&mut self, text: &str, record: Queued) {
+    /// Queues `record`, whose text is `text` (its parts, end to end), last.
+    pub(super) fn push_back(&mut self, text: &[&str], record: Queued) {
         self.insert(self.records.len(), text, record);
     }
 
@@ -160,7 +163,7 @@ mod tests {
         // Two queued at any time, each written once another is queued: the buffer is compacted
         // as the texts written pile up, and every text read is the one queued.
         for n in 0..1000 {
-            queue.push_back(&record(n), known());
+            queue.push_back(&[&record(n)], known());
             if n > 0 {
                 let taken = queue.pop_front().expect("queued");
                 assert_eq!(queue.text(&taken), record(next));
@@ -169,7 +172,7 @@ mod tests {
             assert!(queue.held_bytes() <= 2 * queue.queued_bytes() + COMPACT_ABOVE_BYTES + 1100);
         }
         // In its place: first.
-        queue.insert(0, "{\"first\":true}", known());
+        queue.insert(0, &["{\"first\"", ":true}"], known());
         let first = queue.pop_front().expect("queued");
         assert_eq!(queue.text(&first), "{\"first\":true}");
         let last = queue.pop_front().expect("queued");
