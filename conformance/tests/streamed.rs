@@ -117,6 +117,12 @@ fn answer_to(h: &mut Harness, target: &str) -> ClientResponse {
     h.response(client).expect("one response").clone()
 }
 
+/// The answer to `path` with `order_by` (JSON).
+fn ordered_answer_to(h: &mut Harness, path: &str, order_by: &str) -> ClientResponse {
+    let encoded: String = form_urlencoded::byte_serialize(order_by.as_bytes()).collect();
+    answer_to(h, &format!("{path}?order_by={encoded}"))
+}
+
 /// pdb-a answering as `a` does and pdb-b as `b` does, whole.
 fn both(a: PuppetDb, b: PuppetDb) -> Vec<FakeBackend> {
     vec![
@@ -167,11 +173,7 @@ fn a_large_answer_streams_the_records_the_buffered_merge_keeps() {
 fn a_large_ordered_answer_streams_merged_in_order() {
     let mut h = estate_harness();
     let order = r#"[{"field":"title","order":"desc"},{"field":"certname"}]"#;
-    let encoded: String = form_urlencoded::byte_serialize(order.as_bytes()).collect();
-    let response = answer_to(
-        &mut h,
-        &format!("/pdb/query/v4/resources?order_by={encoded}"),
-    );
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/resources", order);
     assert_streamed_from_owners(&response);
     let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
     let keys: Vec<(String, String)> = records
@@ -804,9 +806,8 @@ fn a_large_history_answer_streams_each_stored_report_once() {
 fn a_large_ordered_history_answer_streams_in_order_each_report_once() {
     let (a, b) = history_estate();
     let mut h = harness(both(a, b));
-    let order: String =
-        form_urlencoded::byte_serialize(br#"[{"field":"hash","order":"desc"}]"#).collect();
-    let response = answer_to(&mut h, &format!("/pdb/query/v4/reports?order_by={order}"));
+    let order = r#"[{"field":"hash","order":"desc"}]"#;
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/reports", order);
     assert_eq!(response.merged, Some(None), "streamed, and whole");
     let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
     let hashes: Vec<&str> = records.iter().filter_map(|r| r["hash"].as_str()).collect();
@@ -965,9 +966,8 @@ fn nodes_estate() -> (PuppetDb, PuppetDb) {
 fn a_large_nodes_answer_ordered_by_certname_streams_in_order_each_node_once() {
     let (a, b) = nodes_estate();
     let mut h = harness(both(a, b));
-    let order: String =
-        form_urlencoded::byte_serialize(br#"[{"field":"certname","order":"desc"}]"#).collect();
-    let response = answer_to(&mut h, &format!("/pdb/query/v4/nodes?order_by={order}"));
+    let order = r#"[{"field":"certname","order":"desc"}]"#;
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/nodes", order);
     assert_streamed_whole(&response);
     let records: Vec<Value> = serde_json::from_slice(&response.body).expect("a JSON array");
     let certnames: Vec<&str> = records
