@@ -656,25 +656,25 @@ fn rebuilt<'v>(record: &str, entry: impl Fn(&str) -> Option<Option<&'v str>>) ->
 
 /// A record object with one more key appended, the original bytes untouched before it.
 pub fn with_key(record: &str, key: &str, value: &str) -> String {
-    let (body, separator) = opened(record);
-    let entry = entry_text(key, value);
-    format!("{body}{separator}{entry}}}")
+    with_entry(record, &entry_text(key, value)).concat()
 }
 
-/// The text of one object entry, `"key":"value"`, for [`opened`]'s record to take.
+/// The text of one object entry, `"key":"value"`, for [`with_entry`].
 pub fn entry_text(key: &str, value: &str) -> String {
     let key = serde_json::to_string(key).unwrap_or_default();
     let value = serde_json::to_string(value).unwrap_or_default();
     format!("{key}:{value}")
 }
 
-/// A record object opened to take one more entry: its text up to its closing `}`, and the
-/// separator the entry needs after it (none in an empty object). Write the two, the entry and a
-/// `}` to append it without building the record anew ([`with_key`] does it into a `String`).
-pub fn opened(record: &str) -> (&str, &'static str) {
+/// A record object with the entry `entry` (its text, [`entry_text`]) appended, as the parts to
+/// write end to end: the record up to its closing `}`, the separator (none in an empty object),
+/// the entry and a `}`. Write them to append an entry without building the record anew
+/// ([`with_key`] joins them into a `String`).
+pub fn with_entry<'r>(record: &'r str, entry: &'r str) -> [&'r str; 4] {
     let text = record.trim_end();
     let body = text.strip_suffix('}').unwrap_or(text).trim_end();
-    (body, if body.ends_with('{') { "" } else { "," })
+    let separator = if body.ends_with('{') { "" } else { "," };
+    [body, separator, entry, "}"]
 }
 
 #[cfg(test)]

@@ -265,7 +265,7 @@ fn provenance_row(
     });
     Some(Row {
         backend,
-        raw: Raw::Owned(raw),
+        raw: Raw::Owned(Box::<str>::from(raw).into_string()),
         key,
     })
 }

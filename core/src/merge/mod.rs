@@ -389,9 +389,9 @@ impl RecordPlan {
 
     /// What a streamed merge of this plan keeps, when it can decide each record as it reads
     /// it: a node-owned entity's records dropped by ownership (its query not pushed down),
-    /// `/nodes`' whole records unordered or ordered by certname first, or history's records (whole, or projected without
-    /// functions, the fields added to tell copies apart dropped) by identity, with
-    /// `latest_report?` by ownership too.
+    /// `/nodes`' whole records unordered or ordered by certname first, or history's records
+    /// (whole, or projected without functions, the fields added to tell copies apart dropped)
+    /// by identity, with `latest_report?` by ownership too.
     fn stream_rule(&self, context: &Context) -> Option<StreamRule> {
         let ownership = context.ownership.as_ref();
         let dropped = |(scope, technique)| match technique {
@@ -403,8 +403,9 @@ impl RecordPlan {
                 let (ownership, scope) = dropped(self.owned?)?;
                 Some(StreamRule::Owned(ownership, scope))
             }
-            // Ordered, by certname first: each node's copies meet at the answers' heads
-            // (another order would wait for a split node's copies anywhere in the answers).
+            // Ordered, by certname first: a node's copies sort together, so its record waits
+            // for them briefly (in another order they could be anywhere in the answers, and a
+            // composed field in the order could move the record).
             MergeRule::Node
                 if !self.is_projection()
                     && self.stream_order().is_none_or(|order| {
@@ -412,8 +413,10 @@ impl RecordPlan {
                     }) =>
             {
                 let (ownership, scope) = dropped(self.owned?)?;
-                let config = Arc::clone(&self.config);
-                Some(StreamRule::Node(NodeRecords::new(ownership, scope, config)))
+                let backends = &self.config.backends;
+                Some(StreamRule::Node(NodeRecords::new(
+                    ownership, scope, backends,
+                )))
             }
             MergeRule::Union(identity @ (Identity::Hash | Identity::Verbatim))
                 if self.entity.is_history()

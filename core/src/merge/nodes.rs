@@ -184,9 +184,9 @@ fn composed_row<'a>(
     patch: &[(&str, &RawValue)],
     order: Option<&OrderBy>,
 ) -> Option<Row<'a>> {
-    let raw = RawValue::from_string(with_values(record.get(), patch)?).ok()?;
+    let raw = with_values(record.get(), patch)?;
     let key = {
-        let fields = Fields::of(raw.get())?;
+        let fields = Fields::of(&raw)?;
         order.map(|order| sort_key(order, |name| fields.raw(name)))
     };
     Some(Row {

@@ -260,7 +260,7 @@ fn both_merges(
     let bodies: Vec<(&str, Option<u64>)> = answers.iter().map(|a| (a.as_str(), None)).collect();
     let (buffered, _) = merge(&mut planned, &bodies);
     let scope = NodeScope::of(Entity::Nodes, config.merge, question.any_state);
-    let rule = StreamRule::Node(NodeRecords::new(map, scope, Arc::clone(&config)));
+    let rule = StreamRule::Node(NodeRecords::new(map, scope, &config.backends));
     let order = order_by.map(|order_by| order_of("nodes", &order_by));
     let mut stream = RecordStream::new(rule, asked, (None, order));
     if let Some(failed) = question.failed {

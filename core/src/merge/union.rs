@@ -77,9 +77,7 @@ pub(crate) fn merge(
                 .filter_map(|helper| fields.as_ref()?.raw(helper))
                 .collect();
             let raw = match crate::records::without_entries(record.get(), &helpers) {
-                Some(Cow::Owned(text)) => {
-                    RawValue::from_string(text).map_or(Raw::Borrowed(record.get()), Raw::Owned)
-                }
+                Some(Cow::Owned(text)) => Raw::Owned(text),
                 _ => Raw::Borrowed(record.get()),
             };
             RecordFate::Served(Row::new(backend.0, raw, order, |name| {

@@ -36,16 +36,17 @@ use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
 use crate::records::{
-    is_str, opened, provenance_record, raw_str, read_object, without_entries, Fields,
+    is_str, provenance_record, raw_str, read_object, with_entry, without_entries, Fields,
 };
 use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
 mod nodes;
 mod queue;
 
 pub(crate) use nodes::NodeRecords;
-use nodes::{NodeFields, Queue, NODE_FIELDS};
+use nodes::{Queue, NODE_FIELDS};
 use queue::{Queued, RecordQueue, Span};
 
 /// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
@@ -309,11 +310,11 @@ impl Writer {
         self.write_raw(record.as_bytes());
     }
 
-    /// Writes `record` with the object entry `entry` (its text, `"key":value`) appended.
-    pub(super) fn write_with_entry(&mut self, record: &str, entry: &str) {
-        let (body, separator) = opened(record);
+    /// Writes the record whose text is `parts` end to end as the next (a record with an entry
+    /// appended, [`crate::records::with_entry`]).
+    pub(super) fn write_parts(&mut self, parts: &[&str]) {
         self.bytes.push(if self.written == 0 { b'[' } else { b',' });
-        for part in [body, separator, entry, "}"] {
+        for part in parts {
             self.bytes.extend_from_slice(part.as_bytes());
         }
         self.written += 1;
@@ -494,7 +495,7 @@ impl Decisions {
         if self.helpers_at.is_empty() {
             return Cow::Borrowed(text);
         }
-        let values: Vec<&RawValue> = self
+        let values: SmallVec<[&RawValue; 4]> = self
             .helpers_at
             .iter()
             .filter_map(|at| fields.get(*at).copied().flatten())
@@ -556,8 +557,6 @@ pub(crate) struct RecordStream {
     /// The fields each record is read for: [`PICKED`], then an ordered merge's `order_by`
     /// fields, then those history or `/nodes` decide by that are not among them already.
     picked: Vec<String>,
-    /// `/nodes`: where each of [`NODE_FIELDS`] is among `picked`.
-    node_at: [usize; NODE_FIELDS.len()],
     decisions: Decisions,
     /// Records written after the merged ones ([`RecordStream::then_write`]).
     then: Vec<Bytes>,
@@ -570,7 +569,7 @@ impl RecordStream {
     /// provenance records only when it orders by certname first, so that each node's records
     /// come together).
     pub(crate) fn new(
-        rule: StreamRule,
+        mut rule: StreamRule,
         asked: Vec<BackendId>,
         (provenance, order): (Option<StreamedProvenance>, Option<OrderBy>),
     ) -> RecordStream {
@@ -603,11 +602,9 @@ impl RecordStream {
             ),
             StreamRule::Owned(..) | StreamRule::Node(_) => (None, Vec::new()),
         };
-        // A node record's own fields, for `/nodes` alone.
-        let node_at = match &rule {
-            StreamRule::Node(_) => NODE_FIELDS.map(&mut read_at),
-            _ => [0; NODE_FIELDS.len()],
-        };
+        if let StreamRule::Node(nodes) = &mut rule {
+            nodes.read_fields_at(NODE_FIELDS.map(&mut read_at));
+        }
         RecordStream {
             inputs: asked
                 .iter()
@@ -619,7 +616,6 @@ impl RecordStream {
                 })
                 .collect(),
             picked,
-            node_at,
             decisions: Decisions {
                 rule,
                 asked,
@@ -650,7 +646,6 @@ impl RecordStream {
             return Ok(());
         };
         let decisions = &mut self.decisions;
-        let node_at = &self.node_at;
         let names: Vec<&str> = self.picked.iter().map(String::as_str).collect();
         let Input {
             reader,
@@ -662,15 +657,9 @@ impl RecordStream {
             if let StreamRule::Node(nodes) = &mut decisions.rule {
                 let from = (input, &decisions.asked[..], &ended[..]);
                 let Some(order) = &decisions.order else {
-                    nodes.read(
-                        from,
-                        text,
-                        NodeFields::of(fields, node_at),
-                        &mut decisions.out,
-                    );
+                    nodes.read(from, text, fields, &mut decisions.out);
                     return;
                 };
-                let node_fields = NodeFields::of(fields, node_at);
                 let key = sort_key(order, &names, fields);
                 let record = |unplaced| Queued {
                     key,
@@ -679,12 +668,10 @@ impl RecordStream {
                     digest: None,
                     span: Span::default(),
                 };
-                match nodes.read_ordered(from, text, node_fields) {
+                match nodes.read_ordered(from, fields) {
                     Queue::Dropped => {}
-                    Queue::Decided(text) => queue.push_back(&[&text], record(None)),
                     Queue::Stamped(entry) => {
-                        let (body, separator) = opened(text);
-                        queue.push_back(&[body, separator, entry, "}"], record(None))
+                        queue.push_back(&with_entry(text, &entry), record(None))
                     }
                     Queue::Pending(certname) => queue.push_back(&[text], record(Some(certname))),
                 }
@@ -855,18 +842,15 @@ impl RecordStream {
             let Some(record) = queue.pop_front() else {
                 return;
             };
+            let rewritten = match verdict {
+                HeadFate::Drop => continue,
+                HeadFate::Write => None,
+                HeadFate::WriteAs(text) => Some(text),
+            };
             // A history record is written when no copy of it was.
-            let first_copy =
-                |seen: &mut HashSet<Digest>| record.digest.is_none_or(|d| seen.insert(d));
-            match verdict {
-                HeadFate::Drop => {}
-                HeadFate::Write if first_copy(&mut self.decisions.seen) => {
-                    self.decisions.out.write(queue.text(&record))
-                }
-                HeadFate::WriteAs(text) if first_copy(&mut self.decisions.seen) => {
-                    self.decisions.out.write(&text)
-                }
-                HeadFate::Write | HeadFate::WriteAs(_) => {}
+            if record.digest.is_none_or(|d| self.decisions.seen.insert(d)) {
+                let text = rewritten.as_deref().unwrap_or_else(|| queue.text(&record));
+                self.decisions.out.write(text);
             }
         }
     }
@@ -1036,7 +1020,7 @@ impl MergeStream {
 #[cfg(test)]
 mod tests {
     use super::{ArrayReader, Writer};
-    use crate::records::{entry_text, with_key};
+    use crate::records::{entry_text, with_entry, with_key};
 
     #[test]
     fn an_entry_appended_as_it_is_written_is_the_record_with_the_key() {
@@ -1045,7 +1029,7 @@ mod tests {
         let mut appended = Writer::default();
         let mut built = Writer::default();
         for record in records {
-            appended.write_with_entry(record, &entry);
+            appended.write_parts(&with_entry(record, &entry));
             built.write(&with_key(record, "pdbmux_source", "pdb-\"a"));
         }
         appended.close();

@@ -19,6 +19,7 @@
 //! after `web1`): where they do not, a node's copies meet later and what sorts after it waits
 //! longer, counted in the budget, but no node is served twice or without its owners' fields.
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,12 +27,12 @@ use std::sync::Arc;
 use serde_json::value::RawValue;
 
 use super::Writer;
-use crate::config::Config;
+use crate::config::BackendConfig;
 use crate::ids::BackendId;
 use crate::membership::Ownership;
-use crate::node_record::{compare_reports, composed_sources, source_entry, stamped, COMPOSED};
+use crate::node_record::{compare_reports, composed_sources, source_entry, COMPOSED};
 use crate::ownership::{Holding, NodeScope, Owning};
-use crate::records::{raw_str, with_values};
+use crate::records::{raw_str, with_entry, with_values};
 
 /// The fields a node record is read for, beyond its certname: its report's time (to keep the
 /// newest copy of a node the map does not place), then [`COMPOSED`]'s fields, in their order.
@@ -48,10 +49,11 @@ pub(super) const NODE_FIELDS: [&str; 5] = [
 pub(crate) struct NodeRecords {
     ownership: Arc<Ownership>,
     scope: NodeScope,
-    /// The configuration, whose backends' names `pdbmux_source` gives.
-    config: Arc<Config>,
     /// Each configured backend's `pdbmux_source` entry, as it is appended to its records.
     stamps: Vec<String>,
+    /// Where each of [`NODE_FIELDS`] is among the fields each record is read for
+    /// ([`NodeRecords::read_fields_at`]; `certname` is the first).
+    fields_at: [usize; NODE_FIELDS.len()],
     /// Split nodes whose record is not written yet.
     composing: HashMap<String, Composing>,
     /// Nodes the map does not place: the copy kept so far (unordered).
@@ -66,10 +68,8 @@ pub(crate) struct NodeRecords {
 pub(super) enum Queue<'s> {
     /// Nothing: another backend's copy (its fields taken where the node is split).
     Dropped,
-    /// This record, decided: written in its place.
-    Decided(String),
     /// The record as read with this entry (`pdbmux_source`'s) appended, decided.
-    Stamped(&'s str),
+    Stamped(Cow<'s, str>),
     /// The record as read, of this node: [`NodeRecords::decide`] says what is written once the
     /// copies it waits for are read.
     Pending(String),
@@ -109,21 +109,18 @@ struct Unplaced {
 }
 
 /// One node record's fields, as read.
-pub(super) struct NodeFields<'a> {
-    pub(super) certname: Option<&'a RawValue>,
-    pub(super) report: Option<&'a RawValue>,
+struct NodeFields<'a> {
+    certname: Option<&'a RawValue>,
+    report: Option<&'a RawValue>,
     /// [`COMPOSED`]'s fields, in its order.
-    pub(super) composed: [[Option<&'a RawValue>; 2]; 2],
+    composed: [[Option<&'a RawValue>; 2]; 2],
 }
 
 impl<'a> NodeFields<'a> {
-    /// The fields of a record read for [`super::PICKED`] (`certname` first) and the others,
-    /// [`NODE_FIELDS`] at `node_at`.
-    pub(super) fn of(
-        fields: &[Option<&'a RawValue>],
-        node_at: &[usize; NODE_FIELDS.len()],
-    ) -> Self {
-        let at = |index: usize| fields.get(node_at[index]).copied().flatten();
+    /// The fields of a record read for `certname` first and the others, [`NODE_FIELDS`] at
+    /// `fields_at`.
+    fn of(fields: &[Option<&'a RawValue>], fields_at: &[usize; NODE_FIELDS.len()]) -> Self {
+        let at = |index: usize| fields.get(fields_at[index]).copied().flatten();
         NodeFields {
             certname: fields.first().copied().flatten(),
             report: at(0),
@@ -133,16 +130,21 @@ impl<'a> NodeFields<'a> {
 }
 
 impl NodeRecords {
-    /// The decisions for a streamed `/nodes` over `ownership` as `scope` places nodes.
-    pub(crate) fn new(ownership: Arc<Ownership>, scope: NodeScope, config: Arc<Config>) -> Self {
-        let stamps = (0..config.backends.len())
-            .map(|backend| source_entry(&config.backends, BackendId(backend)))
+    /// The decisions for a streamed `/nodes` over `ownership` as `scope` places nodes, each
+    /// record stamped with its backend's name among `backends`.
+    pub(crate) fn new(
+        ownership: Arc<Ownership>,
+        scope: NodeScope,
+        backends: &[BackendConfig],
+    ) -> Self {
+        let stamps = (0..backends.len())
+            .map(|backend| source_entry(backends, BackendId(backend)))
             .collect();
         NodeRecords {
             ownership,
             scope,
-            config,
             stamps,
+            fields_at: [0; NODE_FIELDS.len()],
             composing: HashMap::new(),
             unplaced: HashMap::new(),
             copies: HashMap::new(),
@@ -150,16 +152,22 @@ impl NodeRecords {
         }
     }
 
-    /// An ordered merge's record `text` of `asked[input]`: what it queues (see [`Queue`]);
-    /// `ended[i]`: the answer of `asked[i]` has ended.
+    /// Where the merge reads each of [`NODE_FIELDS`] among each record's fields (after
+    /// `certname`, which is first): set once, before the first record.
+    pub(super) fn read_fields_at(&mut self, at: [usize; NODE_FIELDS.len()]) {
+        self.fields_at = at;
+    }
+
+    /// What an ordered merge queues for a record of `asked[input]` read for `fields` (see
+    /// [`Queue`]); `ended[i]`: the answer of `asked[i]` has ended.
     pub(super) fn read_ordered(
         &mut self,
         (input, asked, ended): (usize, &[BackendId], &[bool]),
-        text: &str,
-        fields: NodeFields<'_>,
+        fields: &[Option<&RawValue>],
     ) -> Queue<'_> {
+        let fields = NodeFields::of(fields, &self.fields_at);
         let Some(certname) = fields.certname.and_then(raw_str) else {
-            return self.queue_stamped(asked[input], text);
+            return Queue::Stamped(self.stamp(asked[input]));
         };
         let owning = Owning {
             ownership: &self.ownership,
@@ -169,32 +177,29 @@ impl NodeRecords {
         match owning.holding(asked[input], &certname) {
             Holding::Unknown => {
                 let report = fields.report.map(|report| report.get().to_owned());
-                let copies = match self.copies.get_mut(certname.as_ref()) {
-                    Some(copies) => copies,
-                    None => {
-                        self.held += certname.len() + asked.len();
-                        let copies = Copies {
-                            returned: vec![false; asked.len()],
-                            newest: (input, None),
-                            queued: 0,
-                        };
-                        self.copies.entry(certname.to_string()).or_insert(copies)
+                let report_bytes = report.as_ref().map_or(0, String::len);
+                match self.copies.get_mut(certname.as_ref()) {
+                    Some(copies) => {
+                        if let Some(returned) = copies.returned.get_mut(input) {
+                            *returned = true;
+                        }
+                        copies.queued += 1;
+                        let (kept, kept_report) = &copies.newest;
+                        if is_newer((input, report.as_deref()), (*kept, kept_report.as_deref())) {
+                            let was = kept_report.as_ref().map_or(0, String::len);
+                            self.held = self.held + report_bytes - was;
+                            copies.newest = (input, report);
+                        }
                     }
-                };
-                let first = copies.queued == 0 && !copies.returned.iter().any(|r| *r);
-                copies.queued += 1;
-                if let Some(returned) = copies.returned.get_mut(input) {
-                    *returned = true;
-                }
-                let newer = match compare_reports(report.as_deref(), copies.newest.1.as_deref()) {
-                    Ordering::Greater => true,
-                    Ordering::Equal => input < copies.newest.0,
-                    Ordering::Less => false,
-                };
-                if first || newer {
-                    let was = copies.newest.1.as_ref().map_or(0, String::len);
-                    self.held = self.held + report.as_ref().map_or(0, String::len) - was;
-                    copies.newest = (input, report);
+                    None => {
+                        self.held += certname.len() + asked.len() + report_bytes;
+                        let copies = Copies {
+                            returned: (0..asked.len()).map(|i| i == input).collect(),
+                            newest: (input, report),
+                            queued: 1,
+                        };
+                        self.copies.insert(certname.to_string(), copies);
+                    }
                 }
                 Queue::Pending(certname.into_owned())
             }
@@ -202,7 +207,7 @@ impl NodeRecords {
                 let (owner, sources) = composed_sources(&owning, &certname);
                 if sources.iter().all(Option::is_none) {
                     return match holding {
-                        Holding::Own => self.queue_stamped(asked[input], text),
+                        Holding::Own => Queue::Stamped(self.stamp(asked[input])),
                         _ => Queue::Dropped,
                     };
                 }
@@ -340,9 +345,10 @@ impl NodeRecords {
         &mut self,
         (input, asked, ended): (usize, &[BackendId], &[bool]),
         text: &str,
-        fields: NodeFields<'_>,
+        fields: &[Option<&RawValue>],
         out: &mut Writer,
     ) {
+        let fields = NodeFields::of(fields, &self.fields_at);
         let Some(certname) = fields.certname.and_then(raw_str) else {
             // No node to own it: kept as it is, as the buffered merge keeps it.
             self.write_stamped(out, asked[input], text);
@@ -471,12 +477,7 @@ impl NodeRecords {
     fn keep_newest(&mut self, input: usize, certname: &str, text: &str, report: Option<&RawValue>) {
         let report = report.map(RawValue::get);
         if let Some(kept) = self.unplaced.get(certname) {
-            let newer = match compare_reports(report, kept.report.as_deref()) {
-                Ordering::Greater => true,
-                Ordering::Equal => input < kept.input,
-                Ordering::Less => false,
-            };
-            if !newer {
+            if !is_newer((input, report), (kept.input, kept.report.as_deref())) {
                 return;
             }
             self.held -= certname.len() + kept.text.len();
@@ -492,26 +493,36 @@ impl NodeRecords {
         );
     }
 
-    /// `text` with `pdbmux_source` naming `backend`.
-    fn stamped(&self, backend: BackendId, text: &str) -> String {
-        stamped(text, &self.config.backends, backend)
+    /// The `pdbmux_source` entry naming `backend` (built once per backend).
+    fn stamp(&self, backend: BackendId) -> Cow<'_, str> {
+        match self.stamps.get(backend.0) {
+            Some(entry) => Cow::Borrowed(entry),
+            None => Cow::Owned(source_entry(&[], backend)),
+        }
     }
 
-    /// What an ordered merge queues for `backend`'s own record `text`, decided: stamped as it
-    /// is queued.
-    fn queue_stamped(&self, backend: BackendId, text: &str) -> Queue<'_> {
-        match self.stamps.get(backend.0) {
-            Some(entry) => Queue::Stamped(entry),
-            None => Queue::Decided(self.stamped(backend, text)),
-        }
+    /// `text` with `pdbmux_source` naming `backend`.
+    fn stamped(&self, backend: BackendId, text: &str) -> String {
+        with_entry(text, &self.stamp(backend)).concat()
     }
 
     /// Writes `text` to `out` with `pdbmux_source` naming `backend`, appended as it is written
     /// (no record built anew: `/nodes` writes one per node).
     fn write_stamped(&self, out: &mut Writer, backend: BackendId, text: &str) {
-        match self.stamps.get(backend.0) {
-            Some(entry) => out.write_with_entry(text, entry),
-            None => out.write(&self.stamped(backend, text)),
-        }
+        out.write_parts(&with_entry(text, &self.stamp(backend)));
+    }
+}
+
+/// Whether `input`'s copy of a node the map does not place, with this `report_timestamp` (JSON
+/// text), is newer than the copy kept from `kept`: the newer report, then the earlier backend in
+/// configured order.
+fn is_newer(
+    (input, report): (usize, Option<&str>),
+    (kept, kept_report): (usize, Option<&str>),
+) -> bool {
+    match compare_reports(report, kept_report) {
+        Ordering::Greater => true,
+        Ordering::Equal => input < kept,
+        Ordering::Less => false,
     }
 }
