@@ -5,7 +5,9 @@ Each binary is started in turn (rounds interleaved, so a drift in the machine's 
 both alike) with a short `freshness_ttl`; a request that needs the membership map is sent once
 the map is older than that, and the refresh it starts is read from pdbmux's own metric,
 `pdbmux_membership_last_refresh_duration`. Prints the median and 90th percentile of each binary
-and their ratio.
+and their ratio, and the CPU the machine's PuppetDBs and PostgreSQL spent from each refresh's
+trigger to its end (every `java` and `postgres` process, so keep the machine otherwise quiet):
+where the PuppetDBs share the cores, the refresh's time follows that CPU.
 
 With `--churn N`, N nodes both backends hold receive new facts (produced now, in turn from one
 backend and the other) before each refresh, as a migrating estate's agent runs do between two
@@ -53,6 +55,21 @@ def scrape(metrics: str) -> dict:
             name, _, value = line.rpartition(" ")
             out[name] = float(value)
     return out
+
+
+def backend_cpu_seconds() -> float:
+    """CPU time (user and system) of every PuppetDB (`java`) and PostgreSQL process so far."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        comm, rest = text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:]
+        if comm in ("java", "postgres"):
+            fields = rest.split()
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def wait_listening(url: str, deadline: float) -> None:
@@ -108,8 +125,10 @@ class Churn:
             load.wait_queue_empty(url)
 
 
-def sample(binary: str, backends: str, port: int, refreshes: int, churn: Churn) -> list[float]:
-    """`refreshes` refresh durations (seconds) of one pdbmux process."""
+def sample(binary: str, backends: str, port: int, refreshes: int,
+           churn: Churn) -> tuple[list[float], list[float]]:
+    """`refreshes` refresh durations of one pdbmux process, and the backends' CPU during each
+    (seconds)."""
     env = {
         "PATH": os.environ["PATH"],
         "PDBMUX_BACKENDS": backends,
@@ -125,9 +144,10 @@ def sample(binary: str, backends: str, port: int, refreshes: int, churn: Churn) 
     base, metrics = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{port + 1}/metrics"
     try:
         wait_listening(metrics, time.monotonic() + 30)
-        took = []
+        took, cpu = [], []
         seen = 0.0
         while len(took) < refreshes:
+            cpu_before = backend_cpu_seconds()
             urllib.request.urlopen(base + QUESTION, timeout=60).read()
             deadline = time.monotonic() + 60
             while True:
@@ -136,6 +156,7 @@ def sample(binary: str, backends: str, port: int, refreshes: int, churn: Churn) 
                 if done > seen:
                     seen = done
                     took.append(m["pdbmux_membership_last_refresh_duration_seconds"])
+                    cpu.append(backend_cpu_seconds() - cpu_before)
                     break
                 if time.monotonic() > deadline:
                     sys.exit(f"{binary}: no membership refresh within 60 s")
@@ -143,7 +164,7 @@ def sample(binary: str, backends: str, port: int, refreshes: int, churn: Churn) 
             before = time.monotonic()
             churn.run()
             time.sleep(max(0.0, TTL_SECONDS + 0.2 - (time.monotonic() - before)))
-        return took
+        return took, cpu
     finally:
         proc.terminate()
         proc.wait(timeout=10)
@@ -163,24 +184,30 @@ def main() -> int:
     churn = Churn(args.backends, args.churn)
     binaries = [b.split("=", 1) for b in args.binary]
     took = {label: [] for label, _ in binaries}
+    cpu = {label: [] for label, _ in binaries}
     for _ in range(args.rounds):
         for label, path in binaries:
             # The first refresh of a process also opens its connections: left out.
-            took[label] += sample(path, args.backends, args.port, args.per_round + 1,
-                                  churn)[1:]
+            durations, spent = sample(path, args.backends, args.port, args.per_round + 1, churn)
+            took[label] += durations[1:]
+            cpu[label] += spent[1:]
     print(f"membership refresh over {args.backends.count('=')} backends "
           f"({args.rounds} rounds x {args.per_round} refreshes per binary, "
           f"{args.churn} shared nodes with new facts before each)")
-    print(f"{'binary':<12} {'median ms':>10} {'p90 ms':>10} {'n':>4}")
-    medians = {}
+    # CPU is counted in clock ticks per process (10 ms each): a mean over many refreshes.
+    print(f"{'binary':<12} {'median ms':>10} {'p90 ms':>10} {'n':>4} {'backend CPU ms (mean)':>22}")
+    medians, cpu_means = {}, {}
     for label, _ in binaries:
         values = sorted(took[label])
         medians[label] = statistics.median(values)
+        cpu_means[label] = statistics.mean(cpu[label])
         p90 = values[min(len(values) - 1, int(len(values) * 0.9))]
-        print(f"{label:<12} {medians[label] * 1000:>10.1f} {p90 * 1000:>10.1f} {len(values):>4}")
+        print(f"{label:<12} {medians[label] * 1000:>10.1f} {p90 * 1000:>10.1f} {len(values):>4} "
+              f"{cpu_means[label] * 1000:>22.1f}")
     base = binaries[0][0]
     for label, _ in binaries[1:]:
-        print(f"{label} / {base}: {medians[label] / medians[base]:.2f}x (median)")
+        print(f"{label} / {base}: {medians[label] / medians[base]:.2f}x (median), "
+              f"backend CPU {cpu_means[label] / cpu_means[base]:.2f}x")
     return 0
 
 

@@ -17,6 +17,7 @@ pub mod procs;
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
+use pdbmux_core::membership::TIME_KEY;
 use serde_json::{json, Value};
 
 /// A synthetic estate: `nodes_per_backend` nodes on each of `backends` backends, neighbouring
@@ -138,15 +139,24 @@ impl SyntheticEstate {
         )
     }
 
-    /// `backend`'s answer to the membership query (an extract of `/nodes`; the receive times it
-    /// also asks for are absent, as null).
+    /// `backend`'s report time for `node` as the membership refresh asks PuppetDB to write it
+    /// (`membership::TIME_FORMAT`, in a UTC session): microseconds and the offset.
+    fn report_time_written(&self, node: usize, backend: usize) -> String {
+        let stamp = self.report_timestamp(node, backend);
+        format!("{}000+00", stamp.trim_end_matches('Z'))
+    }
+
+    /// `backend`'s answer to the membership query (an extract of `/nodes`: certname, report
+    /// time, deactivated, expired).
     pub fn membership_body(&self, backend: usize) -> Vec<u8> {
         let rows: Vec<Value> = self
             .nodes(backend)
             .map(|node| {
                 json!({
                     "certname": Self::certname(node),
-                    "report_timestamp": self.report_timestamp(node, backend),
+                    (TIME_KEY): self.report_time_written(node, backend),
+                    "deactivated": null,
+                    "expired": null,
                 })
             })
             .collect();
@@ -154,8 +164,8 @@ impl SyntheticEstate {
     }
 
     /// `backend`'s answer to an unpaged `/pdb/query/v4/nodes`: every node it holds as PuppetDB
-    /// 7 writes a node record (about 600 bytes), its report timestamp as in
-    /// [`SyntheticEstate::membership_body`], so that one body also answers the refresh.
+    /// 7 writes a node record (about 600 bytes), its report timestamp the one
+    /// [`SyntheticEstate::membership_body`] gives.
     pub fn nodes_body(&self, backend: usize) -> Vec<u8> {
         let mut out = Records::with_capacity(self.nodes_per_backend * 640);
         for node in self.nodes(backend) {
@@ -185,17 +195,16 @@ impl SyntheticEstate {
         out.finish()
     }
 
-    /// `backend`'s answer to the membership refresh's producer-time queries
-    /// (`["extract",["certname","producer_timestamp"]]` on `/factsets` and on `/catalogs`, for
-    /// every node or named ones): each node's facts and catalog produced in the run of its
-    /// report. A refresh takes the rows of the nodes it asked about.
+    /// `backend`'s answer to the membership refresh's producer-time queries (certname and
+    /// `producer_timestamp` as `TIME_FORMAT` writes it, on `/factsets` and on `/catalogs`):
+    /// each node's facts and catalog produced in the run of its report.
     pub fn produced_body(&self, backend: usize) -> Vec<u8> {
         let rows: Vec<Value> = self
             .nodes(backend)
             .map(|node| {
                 json!({
                     "certname": Self::certname(node),
-                    "producer_timestamp": self.report_timestamp(node, backend),
+                    (TIME_KEY): self.report_time_written(node, backend),
                 })
             })
             .collect();

@@ -44,9 +44,9 @@ pub use harness::Harness;
 pub use probe::{probe_degraded, probe_running, probe_status, PROBE_PATH};
 pub use puppetdb::{
     aggregate, compare_column, compare_jsonb, compare_records, decode_component,
-    excluded_certnames, fact_record, matches, node_record, parse_instant, produced_at_report_time,
-    produced_in_runs, produced_query_entity, read_asking, resource_record, sort_records, window,
-    Asking, Column, Dir, PuppetDb,
+    excluded_certnames, fact_record, matches, membership_rows, node_record, parse_instant,
+    produced_at_report_time, produced_in_runs, produced_query_entity, read_asking, resource_record,
+    sort_records, window, written_by_postgresql, Asking, Column, Dir, PuppetDb,
 };
 pub use record::{ClientId, ClientResponse, Machine, SentRequest};
 pub use script::{ms, Asked, FakeBackend, Reply, ReplyOutcome, Script, ScriptedAnswer};

@@ -6,7 +6,8 @@
 //! PuppetDB 7 does, for the subset of the query language pdbmux itself writes or the tests use:
 //! `and`, `or`, `not`, `=`, `<`, `<=`, `>`, `>=`, `in` over an `array`, `null?`, a top-level
 //! `["from", entity, query?, paging…]` with in-query `limit`, `offset` and `order_by`, and a
-//! top-level `extract` of plain columns, `jsonb_typeof`, or aggregates (see [`aggregate`]): the
+//! top-level `extract` of plain columns, `jsonb_typeof`, `to_string` of a time (the membership
+//! refresh's [`TIME_FORMAT`] alone), or aggregates (see [`aggregate`]): the
 //! functions `count` (of rows, or of a column's non-null values), `sum`, `avg`, `min` and `max`
 //! with an optional filter and `["group_by", field, …]`. It reads the `query`, `order_by`,
 //! `limit`, `offset` and `include_total` parameters from a GET's query string or a POST's JSON
@@ -24,7 +25,9 @@ use std::time::Duration;
 use http::{Method, StatusCode};
 use serde_json::{Map, Value};
 
-use pdbmux_core::membership::{CATALOGS_PRODUCED_QUERY, FACTS_PRODUCED_QUERY};
+use pdbmux_core::membership::{
+    CATALOGS_PRODUCED_QUERY, FACTS_PRODUCED_QUERY, TIME_FORMAT, TIME_KEY,
+};
 
 use crate::script::{Asked, FakeBackend, Reply, ReplyOutcome};
 
@@ -333,7 +336,10 @@ impl PuppetDb {
             }
             list.retain(|row| row["certname"] != certname.as_str());
             if let Some(at) = at {
-                list.push(serde_json::json!({ "certname": certname, "producer_timestamp": at }));
+                list.push(serde_json::json!({
+                    "certname": certname,
+                    (TIME_KEY): written_by_postgresql(at),
+                }));
             }
         }
         rows
@@ -410,20 +416,58 @@ pub fn produced_query_entity(path_and_query: &str) -> Option<&'static str> {
 }
 
 /// The answer to a producer-time query of the membership refresh (`/factsets` or `/catalogs`,
-/// `["extract",["certname","producer_timestamp"]]`) from a backend whose nodes each produced
-/// their facts and catalog in the run of their latest report: one row per node record (objects
-/// with `certname` and `report_timestamp`), produced at its report time; none for a node
-/// without a report. A test that needs the kinds apart answers these queries itself.
+/// each node's `producer_timestamp` as [`TIME_FORMAT`] writes it) from a backend whose nodes
+/// each produced their facts and catalog in the run of their latest report: one row per node
+/// record (objects with `certname` and `report_timestamp`, or the membership query's rows,
+/// whose time is under [`TIME_KEY`]), produced at its report time; none for a node without a
+/// report. A test that needs the kinds apart answers these queries itself.
 pub fn produced_at_report_time(nodes: &[Value]) -> Value {
     let rows = nodes
         .iter()
         .filter_map(|node| {
             let certname = node.get("certname")?;
-            let at = node.get("report_timestamp").filter(|t| !t.is_null())?;
-            Some(serde_json::json!({ "certname": certname, "producer_timestamp": at }))
+            let at = [TIME_KEY, "report_timestamp"]
+                .iter()
+                .find_map(|key| node.get(*key)?.as_str())?;
+            Some(serde_json::json!({ "certname": certname, (TIME_KEY): written_by_postgresql(at) }))
         })
         .collect();
     Value::Array(rows)
+}
+
+/// The answer to the membership refresh's `/nodes` query (`MEMBERSHIP_QUERY`) of a backend
+/// holding these node records (objects with PuppetDB's fields): each node's certname, report
+/// time as [`TIME_FORMAT`] writes it, and whether it is deactivated or expired.
+pub fn membership_rows(nodes: &[Value]) -> Value {
+    let field = |node: &Value, key: &str| node.get(key).cloned().unwrap_or(Value::Null);
+    let rows = nodes
+        .iter()
+        .map(|node| {
+            let report = node.get("report_timestamp").and_then(Value::as_str);
+            serde_json::json!({
+                "certname": field(node, "certname"),
+                (TIME_KEY): report.map(written_by_postgresql),
+                "deactivated": field(node, "deactivated"),
+                "expired": field(node, "expired"),
+            })
+        })
+        .collect();
+    Value::Array(rows)
+}
+
+/// A timestamp as PuppetDB answers it in a `to_string` column with [`TIME_FORMAT`]: PostgreSQL's
+/// `to_char` in a UTC session, so `2024-05-01T10:00:00.000Z` is
+/// `2024-05-01T10:00:00.000000+00`. Text that is not an RFC 3339 time is given back as it is
+/// (PostgreSQL holds none, but a test may script one).
+pub fn written_by_postgresql(timestamp: &str) -> String {
+    use time::format_description::well_known::Rfc3339;
+    let written = time::macros::format_description!(
+        "[year]-[month]-[day]T[hour]:[minute]:[second].[subsecond digits:6]+00"
+    );
+    time::OffsetDateTime::parse(timestamp, &Rfc3339)
+        .ok()
+        .and_then(|at| at.to_offset(time::UtcOffset::UTC).format(&written).ok())
+        .unwrap_or_else(|| timestamp.to_owned())
 }
 
 /// The producer-time reply of a scripted backend whose membership reply is `membership`, under
@@ -985,7 +1029,8 @@ pub fn excluded_certnames(query: Option<&Value>) -> Vec<String> {
     out
 }
 
-/// One record projected onto plain columns and `jsonb_typeof`.
+/// One record projected onto plain columns, `jsonb_typeof` and `to_string` of a time with
+/// [`TIME_FORMAT`].
 fn project(record: &Value, columns: &[Column]) -> Result<Value, String> {
     let mut out = Map::new();
     for column in columns {
@@ -1010,6 +1055,21 @@ fn project(record: &Value, columns: &[Column]) -> Result<Value, String> {
                     Some(Value::Object(_)) => Value::from("object"),
                 };
                 out.insert(name.clone(), kind);
+            }
+            Column::Function { name, args } if name == "to_string" => {
+                let [Value::String(field), Value::String(format)] = args.as_slice() else {
+                    return Err(format!("to_string with arguments {args:?}"));
+                };
+                if format != TIME_FORMAT {
+                    return Err(format!(
+                        "to_string format {format} is not served by the fake"
+                    ));
+                }
+                let written = match record.get(field) {
+                    Some(Value::String(at)) => Value::from(written_by_postgresql(at)),
+                    _ => Value::Null,
+                };
+                out.insert(name.clone(), written);
             }
             Column::Function { name, .. } => {
                 return Err(format!("function {name} is not served by the fake"))

@@ -1059,16 +1059,14 @@ fn web_nodes_failing_membership(failures: [usize; 2]) -> Harness {
             if membership && (1..=failures).contains(&memberships) {
                 return Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "busy").after(ms(3));
             }
-            if produced {
-                let rows: Vec<Value> = serde_json::from_str::<Vec<Value>>(&nodes)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|n| {
-                        serde_json::json!({"certname": n["certname"],
-                        "producer_timestamp": n["report_timestamp"]})
-                    })
-                    .collect();
-                return Reply::ok(Value::Array(rows).to_string()).after(ms(3));
+            if membership {
+                let records: Vec<Value> = serde_json::from_str(&nodes).unwrap_or_default();
+                let rows = if produced {
+                    pdbmux_conformance::produced_at_report_time(&records)
+                } else {
+                    pdbmux_conformance::membership_rows(&records)
+                };
+                return Reply::ok(rows.to_string()).after(ms(3));
             }
             Reply::ok(nodes.clone()).after(ms(3))
         }

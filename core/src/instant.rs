@@ -7,3 +7,46 @@ pub(crate) fn parse_instant(s: &str) -> Option<(i64, u32)> {
         time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
     Some((instant.unix_timestamp(), instant.nanosecond()))
 }
+
+/// A time as PostgreSQL's `to_char` writes it with the `OF` pattern (the membership refresh's
+/// `TIME_FORMAT`): RFC 3339 but for an offset of whole hours, written without its minutes
+/// (`…+00`, `…-05`); any RFC 3339 timestamp too.
+pub(crate) fn parse_written_instant(s: &str) -> Option<(i64, u32)> {
+    parse_instant(s).or_else(|| {
+        let hours = s.get(s.len().checked_sub(3)?..)?.as_bytes();
+        let whole_hours = matches!(hours, [b'+' | b'-', tens, ones]
+            if tens.is_ascii_digit() && ones.is_ascii_digit());
+        whole_hours
+            .then(|| parse_instant(&format!("{s}:00")))
+            .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_whole_hour_offset_without_minutes_is_read_as_postgresql_writes_it() {
+        let utc = parse_instant("2026-11-30T08:00:00.5Z");
+        assert!(utc.is_some());
+        for written in [
+            "2026-11-30T08:00:00.500000+00",
+            "2026-11-30T03:00:00.500000-05",
+            "2026-11-30T13:30:00.500000+05:30",
+            "2026-11-30T13:45:00.500000+05:45",
+            "2026-11-30T08:00:00.5Z",
+        ] {
+            assert_eq!(parse_written_instant(written), utc, "{written}");
+        }
+        for not_a_time in [
+            "2026-11-30T08:00:00+0",
+            "2026-11-30T08:00:00+ab",
+            "+00",
+            "",
+            "x+00",
+        ] {
+            assert_eq!(parse_written_instant(not_a_time), None, "{not_a_time}");
+        }
+    }
+}

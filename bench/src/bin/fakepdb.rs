@@ -1,7 +1,7 @@
 //! `fakepdb`: a fake PuppetDB for the load benchmarks. It serves one backend of a
 //! [`SyntheticEstate`] from bytes rendered once at start:
 //!
-//! - `/pdb/query/v4/nodes`: the membership extract (certname, report_timestamp) for any query,
+//! - `/pdb/query/v4/nodes`: the membership extract (certname, report time) for any query,
 //!   but whole node records (PuppetDB's fields, the same report times) for a query that is not
 //!   an `extract` when `--entities` names `nodes`;
 //! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend;
@@ -9,7 +9,7 @@
 //!   `/pdb/query/v4/events` (any query), when `--entities` names them (`facts` only by default: each is rendered at start
 //!   and held in memory);
 //! - `/pdb/query/v4/factsets` and `/pdb/query/v4/catalogs` (any query): the membership
-//!   refresh's producer times (certname, producer_timestamp: each node's report time);
+//!   refresh's producer times (certname and each node's report time);
 //! - `/pdb/query/v4/environments/<name>`: the environment's record, `{"name":"<name>"}` (the
 //!   parent check of a sub-route), for any name;
 //! - `/pdb/meta/v1/version` and `/status/v1/services`: small canned answers;

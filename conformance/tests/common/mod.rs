@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use http::StatusCode;
-use pdbmux_conformance::{FakeBackend, Harness, Reply};
+use pdbmux_conformance::{written_by_postgresql, FakeBackend, Harness, Reply};
+use pdbmux_core::membership::TIME_KEY;
 
 /// Step budget for one scenario; far above what any scenario needs.
 pub const STEPS: usize = 1_000;
@@ -54,22 +55,31 @@ pub fn node_404(certname: &str) -> Reply {
     )
 }
 
-/// A membership answer (`["extract",["certname","report_timestamp"]]` on `/nodes`): these
-/// certnames with these report timestamps.
+/// A membership answer (`MEMBERSHIP_QUERY` on `/nodes`): these active certnames with these
+/// report timestamps, written as PuppetDB writes them there.
 pub fn members(rows: &[(&str, Option<&str>)]) -> Reply {
     let rows: Vec<serde_json::Value> = rows
         .iter()
-        .map(|(certname, timestamp)| serde_json::json!({ "certname": certname, "report_timestamp": timestamp }))
+        .map(|(certname, timestamp)| {
+            serde_json::json!({
+                "certname": certname,
+                (TIME_KEY): timestamp.map(written_by_postgresql),
+                "deactivated": null,
+                "expired": null,
+            })
+        })
         .collect();
     Reply::ok(serde_json::Value::Array(rows).to_string())
 }
 
-/// A producer-time answer (`["extract",["certname","producer_timestamp"]]` on `/factsets` or
-/// `/catalogs`): these certnames produced at these times.
+/// A producer-time answer (`FACTS_PRODUCED_QUERY` or `CATALOGS_PRODUCED_QUERY`): these
+/// certnames produced at these times, written as PuppetDB writes them there.
 pub fn produced(rows: &[(&str, &str)]) -> Reply {
     let rows: Vec<serde_json::Value> = rows
         .iter()
-        .map(|(certname, at)| serde_json::json!({ "certname": certname, "producer_timestamp": at }))
+        .map(|(certname, at)| {
+            serde_json::json!({ "certname": certname, (TIME_KEY): written_by_postgresql(at) })
+        })
         .collect();
     Reply::ok(serde_json::Value::Array(rows).to_string())
 }

@@ -537,7 +537,7 @@ mod tests {
             .collect()
     }
 
-    pub(super) const MEMBERSHIP: &str = r#"[{"certname":"n1","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}]"#;
+    pub(super) const MEMBERSHIP: &str = r#"[{"certname":"n1","to_string":"2024-05-01T10:00:00.000000+00","deactivated":null,"expired":null}]"#;
 
     /// The exchange's contract (`Exchange`'s doc): an answer for a cancelled or unknown id is
     /// ignored, and a held body among them is cancelled again. The driver never delivers one

@@ -5,7 +5,7 @@
 //! Built by the membership map's machine (`refresh.rs`): each refresh asks every backend, at
 //! once, its `/nodes` (certname, `report_timestamp`, `deactivated`, `expired`, every node state)
 //! and when each node's facts and catalog were produced (`/factsets` and `/catalogs`, certname
-//! and `producer_timestamp`). Reused for `freshness_ttl`. A backend that fails any of its
+//! and `producer_timestamp`), every time written by PostgreSQL ([`TIME_FORMAT`]). Reused for `freshness_ttl`. A backend that fails any of its
 //! queries keeps the entries of its last good refresh.
 //!
 //! Ownership has two scopes. Queries that see active nodes only (the default of `/nodes`,
@@ -33,26 +33,40 @@ use serde::Deserialize;
 
 use crate::config::MergeStrategy;
 use crate::ids::BackendId;
-use crate::instant::parse_instant;
+use crate::instant::parse_written_instant;
 
 mod refresh;
 
 pub use refresh::MembershipStats;
 pub(crate) use refresh::{MembershipMap, MembershipOutput, Sending};
 
+/// How the refresh asks PuppetDB to write every time it reads: as `["function","to_string",
+/// <field>,TIME_FORMAT]`, a PostgreSQL `to_char` pattern giving the time with microseconds and
+/// its offset in whatever time zone the database runs (`2026-11-30T08:00:00.000000+00`,
+/// `…T13:30:00.000000+05:30`: RFC 3339 but for a whole-hour offset's missing minutes, which
+/// [`crate::instant::parse_written_instant`] reads; `OF` is in every PostgreSQL PuppetDB 7
+/// runs on). PostgreSQL writes it: a timestamp column PuppetDB formats itself costs it about
+/// 15 µs a row, most of a refresh's time (docs/merging.md, "Who owns a node").
+pub const TIME_FORMAT: &str = r#"YYYY-MM-DD"T"HH24:MI:SS.USOF"#;
+
+/// The key under which PuppetDB writes a `to_string` column, so each membership row's time.
+pub const TIME_KEY: &str = "to_string";
+
 /// The upstream path and query that fetches one backend's nodes:
-/// `["extract",["certname","report_timestamp","deactivated","expired"],["=","node_state","any"]]`
-/// (no receive times: each costs PuppetDB a join, and none says anything of newness).
-pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%22report_timestamp%22%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+/// `["extract",["certname",["function","to_string","report_timestamp",TIME_FORMAT],
+/// "deactivated","expired"],["=","node_state","any"]]` (no receive times: each costs PuppetDB a
+/// join, and none says anything of newness).
+pub const MEMBERSHIP_QUERY: &str = "/pdb/query/v4/nodes?query=%5B%22extract%22%2C%5B%22certname%22%2C%5B%22function%22%2C%22to_string%22%2C%22report_timestamp%22%2C%22YYYY-MM-DD%5C%22T%5C%22HH24%3AMI%3ASS.USOF%22%5D%2C%22deactivated%22%2C%22expired%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
 
 /// The upstream path and query that fetches when every factset of one backend was produced:
-/// `["extract",["certname","producer_timestamp"],["=","node_state","any"]]` (`/factsets` sees
-/// active nodes only unless told otherwise).
-pub const FACTS_PRODUCED_QUERY: &str = "/pdb/query/v4/factsets?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
+/// `["extract",["certname",["function","to_string","producer_timestamp",TIME_FORMAT]],
+/// ["=","node_state","any"]]` (`/factsets` sees active nodes only unless told otherwise).
+pub const FACTS_PRODUCED_QUERY: &str = "/pdb/query/v4/factsets?query=%5B%22extract%22%2C%5B%22certname%22%2C%5B%22function%22%2C%22to_string%22%2C%22producer_timestamp%22%2C%22YYYY-MM-DD%5C%22T%5C%22HH24%3AMI%3ASS.USOF%22%5D%5D%2C%5B%22%3D%22%2C%22node_state%22%2C%22any%22%5D%5D";
 
 /// The upstream path and query that fetches when every catalog of one backend was produced:
-/// `["extract",["certname","producer_timestamp"]]` (`/catalogs` sees every node state).
-pub const CATALOGS_PRODUCED_QUERY: &str = "/pdb/query/v4/catalogs?query=%5B%22extract%22%2C%5B%22certname%22%2C%22producer_timestamp%22%5D%5D";
+/// `["extract",["certname",["function","to_string","producer_timestamp",TIME_FORMAT]]]`
+/// (`/catalogs` sees every node state).
+pub const CATALOGS_PRODUCED_QUERY: &str = "/pdb/query/v4/catalogs?query=%5B%22extract%22%2C%5B%22certname%22%2C%5B%22function%22%2C%22to_string%22%2C%22producer_timestamp%22%2C%22YYYY-MM-DD%5C%22T%5C%22HH24%3AMI%3ASS.USOF%22%5D%5D%5D";
 
 /// A refresh's queries of one backend, asked at once, in the order [`parse_membership`] takes
 /// their answers: its nodes, and every node's producer times.
@@ -87,9 +101,10 @@ impl Kind {
     }
 }
 
-/// A producer time as ownership compares it: an instant when it is RFC 3339, as PuppetDB writes
-/// it (offsets apart: `10:00+02:00` is `08:00Z`), else its text, older than any instant. Kept
-/// parsed, not as text: the map holds three per node per backend.
+/// A producer time as ownership compares it: an instant when it reads as one, as PostgreSQL
+/// writes it for the refresh ([`TIME_FORMAT`]; offsets apart: `10:00+02` is `08:00Z`), else its
+/// text, older than any instant. Kept parsed, not as text: the map holds three per node per
+/// backend.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 enum Stamp {
     Text(Box<str>),
@@ -98,7 +113,7 @@ enum Stamp {
 
 impl Stamp {
     fn of(text: &str) -> Stamp {
-        match parse_instant(text) {
+        match parse_written_instant(text) {
             Some((seconds, nanos)) => Stamp::Instant(seconds, nanos),
             None => Stamp::Text(text.into()),
         }
@@ -206,11 +221,12 @@ impl FromIterator<(Arc<str>, Member)> for BackendNodes {
     }
 }
 
+/// A row of [`MEMBERSHIP_QUERY`]'s answer; its time is under [`TIME_KEY`].
 #[derive(Deserialize)]
 struct MembershipRow<'a> {
     #[serde(borrow)]
     certname: Cow<'a, str>,
-    #[serde(borrow)]
+    #[serde(borrow, rename = "to_string")]
     report_timestamp: Option<Cow<'a, str>>,
     /// Only whether it is set matters.
     #[serde(default)]
@@ -219,11 +235,13 @@ struct MembershipRow<'a> {
     expired: Option<serde::de::IgnoredAny>,
 }
 
+/// A row of [`FACTS_PRODUCED_QUERY`]'s or [`CATALOGS_PRODUCED_QUERY`]'s answer; its time is
+/// under [`TIME_KEY`].
 #[derive(Deserialize)]
 struct ProducedRow<'a> {
     #[serde(borrow)]
     certname: Cow<'a, str>,
-    #[serde(borrow)]
+    #[serde(borrow, rename = "to_string")]
     producer_timestamp: Option<Cow<'a, str>>,
 }
 
@@ -909,8 +927,8 @@ mod tests {
     fn membership_bodies_in_any_order_with_escapes_and_repeats() {
         // PuppetDB sorts nothing here; a certname escaped in JSON is the same certname; a
         // certname listed twice keeps its last row, as a map would.
-        let nodes = br#"[{"certname":"z","report_timestamp":null},{"certname":"a\u002eb","report_timestamp":"2026-11-30T08:00:00.000Z"},{"certname":"m","report_timestamp":null},{"certname":"z","report_timestamp":null,"expired":"2026-11-30T09:00:00.000Z"}]"#;
-        let factsets = br#"[{"certname":"m","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"a.b","producer_timestamp":null},{"certname":"m","producer_timestamp":"2026-11-30T07:05:00.000Z"}]"#;
+        let nodes = br#"[{"certname":"z","to_string":null},{"certname":"a\u002eb","to_string":"2026-11-30T08:00:00.000Z"},{"certname":"m","to_string":null},{"certname":"z","to_string":null,"expired":"2026-11-30T09:00:00.000Z"}]"#;
+        let factsets = br#"[{"certname":"m","to_string":"2026-11-30T07:00:00.000Z"},{"certname":"a.b","to_string":null},{"certname":"m","to_string":"2026-11-30T07:05:00.000Z"}]"#;
         let parsed = parse_membership(nodes, factsets, b"[]").expect("parses");
         let certnames: Vec<&str> = parsed.0.iter().map(|(c, _)| &**c).collect();
         assert_eq!(certnames, ["a.b", "m", "z"]);
@@ -1009,10 +1027,71 @@ mod tests {
     }
 
     #[test]
+    fn each_query_asks_postgresql_to_write_its_times() {
+        let asked = |path_and_query: &str| -> (String, serde_json::Value) {
+            let (path, query) = path_and_query.split_once('?').expect("a query string");
+            let (key, value) = form_urlencoded::parse(query.as_bytes())
+                .next()
+                .expect("one parameter");
+            assert_eq!(key, "query");
+            (path.to_owned(), serde_json::from_str(&value).expect("JSON"))
+        };
+        let time = |field: &str| serde_json::json!(["function", TIME_KEY, field, TIME_FORMAT]);
+        let every_state = serde_json::json!(["=", "node_state", "any"]);
+        assert_eq!(
+            asked(MEMBERSHIP_QUERY),
+            (
+                "/pdb/query/v4/nodes".to_owned(),
+                serde_json::json!([
+                    "extract",
+                    [
+                        "certname",
+                        time("report_timestamp"),
+                        "deactivated",
+                        "expired"
+                    ],
+                    every_state
+                ])
+            )
+        );
+        assert_eq!(
+            asked(FACTS_PRODUCED_QUERY),
+            (
+                "/pdb/query/v4/factsets".to_owned(),
+                serde_json::json!([
+                    "extract",
+                    ["certname", time("producer_timestamp")],
+                    every_state
+                ])
+            )
+        );
+        assert_eq!(
+            asked(CATALOGS_PRODUCED_QUERY),
+            (
+                "/pdb/query/v4/catalogs".to_owned(),
+                serde_json::json!(["extract", ["certname", time("producer_timestamp")]])
+            )
+        );
+    }
+
+    #[test]
+    fn times_as_postgresql_writes_them_compare_as_instants() {
+        // `to_char` with TIME_FORMAT in a server whose time zone is not UTC: the same instant as
+        // PuppetDB's own `…Z` form, and a microsecond later is newer.
+        let nodes = br#"[{"certname":"a","to_string":"2026-11-30T10:00:00.000000+02","deactivated":null,"expired":null}]"#;
+        let factsets = br#"[{"certname":"a","to_string":"2026-11-30T02:30:00.000001-05:30"}]"#;
+        let parsed = parse_membership(nodes, factsets, b"[]").expect("parses");
+        let a = parsed.get("a").expect("a");
+        assert_eq!(a.report, Some(Stamp::of("2026-11-30T08:00:00.000Z")));
+        assert!(a.facts > Some(Stamp::of("2026-11-30T08:00:00.000Z")));
+        assert!(a.facts < Some(Stamp::of("2026-11-30T08:00:00.001Z")));
+    }
+
+    #[test]
     fn membership_bodies() {
-        let nodes = br#"[{"certname":"a","report_timestamp":null,"deactivated":null,"expired":null},{"certname":"b","report_timestamp":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#;
-        let factsets = br#"[{"certname":"a","producer_timestamp":"2026-11-30T07:00:00.000Z"},{"certname":"gone","producer_timestamp":"2026-11-30T07:00:00.000Z"}]"#;
-        let catalogs = br#"[{"certname":"b","producer_timestamp":"2026-11-30T07:30:00.000Z"}]"#;
+        let nodes = br#"[{"certname":"a","to_string":null,"deactivated":null,"expired":null},{"certname":"b","to_string":"2026-11-30T08:00:00.000Z","deactivated":"2026-11-30T09:00:00.000Z"}]"#;
+        let factsets = br#"[{"certname":"a","to_string":"2026-11-30T07:00:00.000Z"},{"certname":"gone","to_string":"2026-11-30T07:00:00.000Z"}]"#;
+        let catalogs = br#"[{"certname":"b","to_string":"2026-11-30T07:30:00.000Z"}]"#;
         let parsed = parse_membership(nodes, factsets, catalogs).expect("parses");
         assert_eq!(parsed.get("a").map(|m| m.active), Some(true));
         assert_eq!(parsed.get("b").map(|m| m.active), Some(false));

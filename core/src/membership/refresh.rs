@@ -421,7 +421,7 @@ fn not_a_membership_answer() -> Failure {
 #[allow(clippy::disallowed_methods)] // tests need one real instant to start from
 mod tests {
     use super::*;
-    use crate::membership::{Kind, Scope, MEMBERSHIP_QUERY};
+    use crate::membership::{Kind, Scope, MEMBERSHIP_QUERY, TIME_KEY};
 
     const A: BackendId = BackendId(0);
     const B: BackendId = BackendId(1);
@@ -433,14 +433,14 @@ mod tests {
     /// A node row of the membership query: active, its latest report at `at`.
     fn node(certname: &str, at: &str) -> serde_json::Value {
         serde_json::json!({
-            "certname": certname, "report_timestamp": at, "deactivated": null, "expired": null,
+            "certname": certname, TIME_KEY: at, "deactivated": null, "expired": null,
         })
     }
 
     fn produced(rows: &[(&str, &str)]) -> String {
         let rows: Vec<serde_json::Value> = rows
             .iter()
-            .map(|(c, at)| serde_json::json!({"certname": c, "producer_timestamp": at}))
+            .map(|(c, at)| serde_json::json!({"certname": c, TIME_KEY: at}))
             .collect();
         serde_json::Value::Array(rows).to_string()
     }

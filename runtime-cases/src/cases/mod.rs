@@ -578,7 +578,7 @@ pub fn a_large_cached_body_is_served_identical_on_a_hit(bin: &Path) {
         .collect();
     let facts = format!("[{}]", facts.join(","));
     let membership = format!(
-        r#"[{{"certname":"{certname}","report_timestamp":"2024-05-01T10:00:00.000Z","deactivated":null,"expired":null}}]"#
+        r#"[{{"certname":"{certname}","to_string":"2024-05-01T10:00:00.000000+00","deactivated":null,"expired":null}}]"#
     );
     let backend = FakeBackend::start(move |line| {
         if line.contains("/pdb/query/v4/nodes") {
