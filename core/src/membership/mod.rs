@@ -5,8 +5,9 @@
 //! Built by the membership map's machine (`refresh.rs`): each refresh asks every backend, at
 //! once, its `/nodes` (certname, `report_timestamp`, `deactivated`, `expired`, every node state)
 //! and when each node's facts and catalog were produced (`/factsets` and `/catalogs`, certname
-//! and `producer_timestamp`), every time written by PostgreSQL ([`TIME_FORMAT`]). Reused for `freshness_ttl`. A backend that fails any of its
-//! queries keeps the entries of its last good refresh.
+//! and `producer_timestamp`), every time written by PostgreSQL ([`TIME_FORMAT`]). Reused for
+//! `freshness_ttl`. A backend that fails any of its queries keeps the entries of its last good
+//! refresh.
 //!
 //! Ownership has two scopes. Queries that see active nodes only (the default of `/nodes`,
 //! `/facts`, `/resources` and the other node-owned entities) weigh only the backends where the
@@ -44,8 +45,7 @@ pub(crate) use refresh::{MembershipMap, MembershipOutput, Sending};
 /// <field>,TIME_FORMAT]`, a PostgreSQL `to_char` pattern giving the time with microseconds and
 /// its offset in whatever time zone the database runs (`2026-11-30T08:00:00.000000+00`,
 /// `…T13:30:00.000000+05:30`: RFC 3339 but for a whole-hour offset's missing minutes, which
-/// [`crate::instant::parse_written_instant`] reads; `OF` is in every PostgreSQL PuppetDB 7
-/// runs on). PostgreSQL writes it: a timestamp column PuppetDB formats itself costs it about
+/// the map reads as `+00:00`; `OF` is in every PostgreSQL PuppetDB 7 runs on). PostgreSQL writes it: a timestamp column PuppetDB formats itself costs it about
 /// 15 µs a row, most of a refresh's time (docs/merging.md, "Who owns a node").
 pub const TIME_FORMAT: &str = r#"YYYY-MM-DD"T"HH24:MI:SS.USOF"#;
 
