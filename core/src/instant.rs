@@ -10,16 +10,29 @@ pub(crate) fn parse_instant(s: &str) -> Option<(i64, u32)> {
 
 /// A time as PostgreSQL's `to_char` writes it with the `OF` pattern (the membership refresh's
 /// `TIME_FORMAT`): RFC 3339 but for an offset of whole hours, written without its minutes
-/// (`…+00`, `…-05`); any RFC 3339 timestamp too.
+/// (`…+00`, `…-05`); any RFC 3339 timestamp too. The refresh reads one per node and kind, most
+/// of them `+00`: that form is completed on the stack and parsed once, never tried as RFC 3339
+/// first.
 pub(crate) fn parse_written_instant(s: &str) -> Option<(i64, u32)> {
-    parse_instant(s).or_else(|| {
-        let hours = s.get(s.len().checked_sub(3)?..)?.as_bytes();
-        let whole_hours = matches!(hours, [b'+' | b'-', tens, ones]
-            if tens.is_ascii_digit() && ones.is_ascii_digit());
-        whole_hours
-            .then(|| parse_instant(&format!("{s}:00")))
-            .flatten()
-    })
+    /// Longer than any time `to_char` writes (`YYYY-MM-DDTHH:MI:SS.US+HH:MM`, 32 bytes).
+    const LONGEST: usize = 48;
+    let whole_hours = s
+        .len()
+        .checked_sub(3)
+        .and_then(|at| s.get(at..))
+        .is_some_and(|end| {
+            matches!(end.as_bytes(), [b'+' | b'-', tens, ones]
+            if tens.is_ascii_digit() && ones.is_ascii_digit())
+        });
+    if !whole_hours {
+        return parse_instant(s);
+    }
+    let mut completed = [0u8; LONGEST];
+    let written = completed.get_mut(..s.len() + 3)?;
+    let (time, minutes) = written.split_at_mut(s.len());
+    time.copy_from_slice(s.as_bytes());
+    minutes.copy_from_slice(b":00");
+    parse_instant(std::str::from_utf8(written).ok()?)
 }
 
 #[cfg(test)]

@@ -3,7 +3,9 @@
 #![allow(dead_code)]
 
 use http::StatusCode;
-use pdbmux_conformance::{written_by_postgresql, FakeBackend, Harness, Reply};
+use pdbmux_conformance::{
+    membership_rows, node_record, written_by_postgresql, FakeBackend, Harness, Reply,
+};
 use pdbmux_core::membership::TIME_KEY;
 
 /// Step budget for one scenario; far above what any scenario needs.
@@ -58,18 +60,11 @@ pub fn node_404(certname: &str) -> Reply {
 /// A membership answer (`MEMBERSHIP_QUERY` on `/nodes`): these active certnames with these
 /// report timestamps, written as PuppetDB writes them there.
 pub fn members(rows: &[(&str, Option<&str>)]) -> Reply {
-    let rows: Vec<serde_json::Value> = rows
+    let nodes: Vec<serde_json::Value> = rows
         .iter()
-        .map(|(certname, timestamp)| {
-            serde_json::json!({
-                "certname": certname,
-                (TIME_KEY): timestamp.map(written_by_postgresql),
-                "deactivated": null,
-                "expired": null,
-            })
-        })
+        .map(|(certname, timestamp)| node_record(certname, *timestamp))
         .collect();
-    Reply::ok(serde_json::Value::Array(rows).to_string())
+    Reply::ok(membership_rows(&nodes).to_string())
 }
 
 /// A producer-time answer (`FACTS_PRODUCED_QUERY` or `CATALOGS_PRODUCED_QUERY`): these
