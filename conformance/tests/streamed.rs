@@ -629,6 +629,57 @@ fn a_large_answer_joined_with_the_provenance_fact_streams_it_after_the_records()
     );
 }
 
+/// A `/facts` question ordered by another field than certname first is the other facts and
+/// the provenance records asked apart (docs/merging.md, "Streamed merges"): the other facts
+/// stream merged k-way, and each provenance record takes its place among them in the order,
+/// here first (`pdbmux_source` sorts after every `fact-…` name, and the order is descending).
+#[test]
+fn a_large_answer_ordered_by_name_streams_its_provenance_records_in_their_place() {
+    let (a, b) = facts_estate();
+    let mut h = harness(both(a, b));
+    let order = r#"[{"field":"name","order":"desc"},{"field":"certname"}]"#;
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
+    assert_streamed_whole(&response);
+    let (facts, sources) = facts_and_sources(&response);
+    let owned = |pairs: &[(&str, &str)]| {
+        pairs
+            .iter()
+            .map(|(c, b)| (((*c).to_owned(), (*b).to_owned()), FACTS_PER_NODE))
+            .collect::<BTreeMap<_, _>>()
+    };
+    assert_eq!(
+        facts,
+        owned(&[
+            ("only-a", "pdb-a"),
+            ("only-b", "pdb-b"),
+            ("shared", "pdb-b")
+        ]),
+        "each node's facts from its owner"
+    );
+    assert_eq!(
+        sources,
+        [
+            ("only-a", "pdb-a"),
+            ("only-b", "pdb-b"),
+            ("shared", "pdb-b")
+        ]
+        .map(|(c, b)| (c.to_owned(), b.to_owned())),
+        "one provenance record a node, naming its facts owner, by certname"
+    );
+    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
+    let keys: Vec<(String, String)> = records
+        .iter()
+        .map(|r| (r["name"].to_string(), r["certname"].to_string()))
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort_by(|x, y| y.0.cmp(&x.0).then_with(|| x.1.cmp(&y.1)));
+    assert!(keys == sorted, "in the requested order");
+    assert_eq!(
+        records[0]["name"], "pdbmux_source",
+        "the provenance records in their place, not after the facts"
+    );
+}
+
 /// The provenance part failing on one backend while the other facts' records stream: the
 /// answer streams, says it is partial, and names the nodes the other backend owns.
 #[test]

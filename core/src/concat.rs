@@ -11,6 +11,12 @@
 //! streams where it would alone (a large answer, docs/merging.md "Streamed merges"), once the
 //! second's answer is merged: the second's records are written after the first's. Otherwise
 //! both are buffered and their records joined here.
+//!
+//! An ordered request's answers are merged rather than joined: each plan's answer comes sorted
+//! by the request's `order_by`, and each record of the second takes its place among the
+//! first's, after those it ties with (streamed: [`crate::streamed::RecordStream::then_merge`]).
+
+use std::cmp::Ordering;
 
 use bytes::{Bytes, BytesMut};
 
@@ -18,6 +24,8 @@ use crate::corrections::Learned;
 use crate::fanout::{Call, Calls, Context, Outbound, Plan, Step, StreamStart, Verdict};
 use crate::ids::BackendId;
 use crate::message::{Response, ResponseBody};
+use crate::records::{parse_records, write_array, Fields};
+use crate::sort::{self, OrderBy};
 
 /// How many plans answer together.
 const PLANS: usize = 2;
@@ -32,14 +40,22 @@ fn outer(which: usize, part: usize) -> usize {
 pub(crate) struct Concat {
     plans: [Box<dyn Plan>; PLANS],
     verdicts: [Option<Verdict>; PLANS],
+    /// The request's order, which both answers come sorted by: merged in it, not joined.
+    order: Option<OrderBy>,
 }
 
 impl Concat {
-    /// Answers with `first`'s records, then `second`'s.
-    pub(crate) fn new(first: Box<dyn Plan>, second: Box<dyn Plan>) -> Concat {
+    /// Answers with `first`'s records, then `second`'s; with `order` (both answers sorted by
+    /// it), with their records merged in that order, `first`'s before `second`'s where they tie.
+    pub(crate) fn new(
+        first: Box<dyn Plan>,
+        second: Box<dyn Plan>,
+        order: Option<OrderBy>,
+    ) -> Concat {
         Concat {
             plans: [first, second],
             verdicts: [None, None],
+            order,
         }
     }
 
@@ -63,7 +79,10 @@ impl Concat {
     /// cancels the other's calls with the answer, or gives them up when it fails over: the
     /// first's bodies, held unread while it waits to stream, would otherwise keep it until the
     /// deadline); else, both merged, their records joined.
-    fn decided(verdicts: &mut [Option<Verdict>; PLANS]) -> Option<Verdict> {
+    fn decided(
+        verdicts: &mut [Option<Verdict>; PLANS],
+        order: Option<&OrderBy>,
+    ) -> Option<Verdict> {
         let failed = verdicts
             .iter()
             .position(|verdict| matches!(verdict, Some(v) if !matches!(v, Verdict::Merged { .. })));
@@ -87,8 +106,11 @@ impl Concat {
                         unusable.push((backend, why));
                     }
                 }
-                let body = match (&response.body, &other.body) {
-                    (ResponseBody::Full(a), ResponseBody::Full(b)) => join_arrays(a, b),
+                let body = match (&response.body, &other.body, order) {
+                    (ResponseBody::Full(a), ResponseBody::Full(b), Some(order)) => {
+                        merge_arrays(a, b, order)
+                    }
+                    (ResponseBody::Full(a), ResponseBody::Full(b), None) => join_arrays(a, b),
                     // Neither plan streams (`buffered`): unreachable, and answered as the first.
                     _ => None,
                 };
@@ -151,6 +173,41 @@ fn join_arrays(a: &Bytes, b: &Bytes) -> Option<Bytes> {
     Some(joined.freeze())
 }
 
+/// Two JSON arrays of records, each sorted by `order`, as one sorted array: each of `b`'s records
+/// after `a`'s that sort before it or with it. `None` when either is not an array of records.
+fn merge_arrays(a: &Bytes, b: &Bytes, order: &OrderBy) -> Option<Bytes> {
+    let (a, b) = (keyed(a, order)?, keyed(b, order)?);
+    let mut merged = Vec::with_capacity(a.len() + b.len());
+    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
+    loop {
+        let from_b = match (a.peek(), b.peek()) {
+            (Some((a_key, _)), Some((b_key, _))) => {
+                sort::compare(b_key, a_key, order) == Ordering::Less
+            }
+            (Some(_), None) => false,
+            (None, Some(_)) => true,
+            (None, None) => break,
+        };
+        let next = if from_b { b.next() } else { a.next() };
+        merged.extend(next.map(|(_, text)| text));
+    }
+    let bytes: usize = merged.iter().map(|text| text.len() + 1).sum();
+    Some(Bytes::from(write_array(merged, bytes)))
+}
+
+/// The records of a JSON array, each with its sort key under `order`; `None` when it is not an
+/// array of records.
+fn keyed<'b>(body: &'b Bytes, order: &OrderBy) -> Option<Vec<(sort::SortKey, &'b str)>> {
+    parse_records(body)
+        .ok()?
+        .into_iter()
+        .map(|record| {
+            let fields = Fields::of(record.get())?;
+            Some((sort::sort_key(order, |name| fields.raw(name)), record.get()))
+        })
+        .collect()
+}
+
 /// `context` for a plan whose answer is joined: never streamed.
 fn buffered(context: &Context) -> Context {
     Context {
@@ -199,7 +256,10 @@ impl Plan for Concat {
             .into_iter()
             .map(|(backend, part)| (backend, outer(0, part)))
             .collect();
-        start.merge.then_write(records);
+        match self.order {
+            Some(_) => start.merge.then_merge(records)?,
+            None => start.merge.then_write(records),
+        }
         start.at_most = Some(
             start
                 .at_most
@@ -214,7 +274,11 @@ impl Plan for Concat {
     }
 
     fn again(&self) -> Box<dyn Plan> {
-        Box::new(Concat::new(self.plans[0].again(), self.plans[1].again()))
+        Box::new(Concat::new(
+            self.plans[0].again(),
+            self.plans[1].again(),
+            self.order.clone(),
+        ))
     }
 
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
@@ -249,7 +313,7 @@ impl Plan for Concat {
         if !more.is_empty() {
             return Step::Call(more);
         }
-        Concat::decided(&mut self.verdicts).map_or(Step::Wait, Step::Done)
+        Concat::decided(&mut self.verdicts, self.order.as_ref()).map_or(Step::Wait, Step::Done)
     }
 
     fn learned(&self, calls: &Calls) -> Vec<Learned> {
@@ -282,6 +346,37 @@ mod tests {
     }
 
     #[test]
+    fn ordered_arrays_merge_in_order_the_first_before_the_second_where_they_tie() {
+        let order = OrderBy {
+            fields: vec![sort::OrderField {
+                field: "name".to_owned(),
+                direction: sort::Direction::Descending,
+                kind: crate::entity::ColumnKind::Text,
+            }],
+        };
+        let merge = |a: &'static str, b: &'static str| {
+            merge_arrays(
+                &Bytes::from_static(a.as_bytes()),
+                &Bytes::from_static(b.as_bytes()),
+                &order,
+            )
+            .map(|merged| String::from_utf8(merged.to_vec()).expect("utf-8"))
+        };
+        let a = r#"[{"name":"z","n":1},{"name":"p","n":1},{"name":"a","n":1}]"#;
+        let b = r#"[{"name":"q","n":2},{"name":"p","n":2},{"name":"b","n":2}]"#;
+        assert_eq!(
+            merge(a, b).as_deref(),
+            Some(
+                r#"[{"name":"z","n":1},{"name":"q","n":2},{"name":"p","n":1},{"name":"p","n":2},{"name":"b","n":2},{"name":"a","n":1}]"#
+            )
+        );
+        assert_eq!(merge("[]", b).as_deref(), Some(&b.replace(' ', "")[..]));
+        assert_eq!(merge(a, "[]").as_deref(), Some(a));
+        assert_eq!(merge("[1]", b), None, "not records");
+        assert_eq!(merge(a, "{}"), None, "not an array");
+    }
+
+    #[test]
     fn a_plan_that_did_not_merge_answers_with_its_part_as_the_exchange_numbers_it() {
         let unanswered = |part| Verdict::Unanswered {
             part,
@@ -298,7 +393,7 @@ mod tests {
         };
         let decided = |verdicts: [Option<Verdict>; PLANS]| {
             let mut verdicts = verdicts;
-            Concat::decided(&mut verdicts)
+            Concat::decided(&mut verdicts, None)
         };
         assert_eq!(
             decided([Some(merged()), Some(unanswered(0))]).and_then(part),

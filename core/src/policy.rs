@@ -314,20 +314,23 @@ fn plan_source_part(
 
 /// Plans a `/facts` query answered by several record sets joined ([`SourceAsk::Joined`]): the
 /// other facts' records, when the query admits them, then each part's provenance records; the
-/// plans answer it together (`core/src/concat.rs`), cached under the client's request as a
-/// `/facts` answer is.
+/// plans answer it together (`core/src/concat.rs`; ordered, merged in the request's order),
+/// cached under the client's request as a `/facts` answer is.
 fn plan_joined(
     (request, route): (&Arc<ParsedRequest>, &Route),
-    records: bool,
+    records: Option<ParsedRequest>,
     parts: Vec<SourcePart>,
     config: &Arc<Config>,
 ) -> Planned {
     let answered = |work, cache| Planned::answered((request, route.class()), config, cache, work);
+    let order = route
+        .entity()
+        .and_then(|entity| source_ask::request_order(request, entity));
     let mut works = Vec::with_capacity(parts.len() + 1);
-    if records {
-        // The client's request as the backends answer it, planned as records: it is not read
-        // for the provenance fact again.
-        works.push(plan_records(request, route, config).work);
+    if let Some(records) = records {
+        // The other facts as the backends answer them, planned as records: not read for the
+        // provenance fact again.
+        works.push(plan_records(&Arc::new(records), route, config).work);
     }
     // Each part's own merge, uncached: a cached plan of a value's path fetches the whole record
     // set and leaves the value to the cache, which a joined answer does not pass through.
@@ -343,7 +346,7 @@ fn plan_joined(
             return answered(work, None);
         };
         joined = Some(match joined {
-            Some(first) => Box::new(Concat::new(first, plan)),
+            Some(first) => Box::new(Concat::new(first, plan, order.clone())),
             None => plan,
         });
     }
@@ -688,7 +691,7 @@ mod tests {
                 };
                 // Each part asked once: one join fewer than the requests, none nested deeper.
                 let joined = format!("{work:?}").matches("Concat").count();
-                proptest::prop_assert_eq!(joined, parts.len() + usize::from(records) - 1, "{}", target);
+                proptest::prop_assert_eq!(joined, parts.len() + usize::from(records.is_some()) - 1, "{}", target);
             }
         }
     }

@@ -8,13 +8,14 @@ use std::collections::HashMap;
 
 use percent_encoding::percent_decode_str;
 use regex::{Regex, RegexBuilder};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::config::Config;
-use crate::entity::Entity;
+use crate::entity::{ColumnSet, Entity};
 use crate::parsed::ParsedRequest;
-use crate::query::{self, Params, Residual};
+use crate::query::{self, Params, QueryText, Residual};
 use crate::route::Route;
+use crate::sort::{self, OrderBy};
 
 /// What a path segment keeps unencoded: the unreserved characters.
 pub(crate) const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
@@ -44,12 +45,13 @@ pub(crate) enum SourceAsk {
     Nothing,
     /// A pattern on the provenance fact's value that pdbmux cannot read: the 400's message.
     Refused(String),
-    /// Several answers joined (`core/src/concat.rs`): first, when `records`, the other facts'
-    /// records as the backends answer the client's request; then each part's provenance records
-    /// (one per residual query: a query such as `["or",["=","value","pdb-a"],["=","environment",
-    /// "test"]]` leaves each backend a different one).
+    /// Several answers joined (`core/src/concat.rs`; an ordered request's merged in its order):
+    /// first, when `records`, the other facts' records as the backends answer that request (the
+    /// client's, or its query with the provenance fact excluded); then each part's provenance
+    /// records (one per residual query: a query such as `["or",["=","value","pdb-a"],
+    /// ["=","environment","test"]]` leaves each backend a different one).
     Joined {
-        records: bool,
+        records: Option<ParsedRequest>,
         parts: Vec<SourcePart>,
     },
 }
@@ -117,6 +119,11 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
         }
         _ => return None,
     };
+    if on_path.is_none() {
+        if let Some(apart) = ordered_apart(request, entity, config) {
+            return Some(apart);
+        }
+    }
     let (query, analysis) = (
         request.parsed_query().ast()?,
         request.parsed_query().analysis()?,
@@ -189,13 +196,87 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
         (false, 0) => Some(SourceAsk::Nothing),
         (true, 0) => None,
         (false, 1) => groups.pop().map(|group| SourceAsk::Part(part(group))),
-        // Joined answers are not merged: the order or window would hold for each part alone.
-        _ if params.shapes_window() => None,
+        // A window would hold for each part alone (an order holds for the parts merged).
+        _ if is_windowed(params) => None,
         _ => Some(SourceAsk::Joined {
-            records,
+            records: records.then(|| request.clone()),
             parts: groups.into_iter().map(part).collect(),
         }),
     }
+}
+
+/// A `/facts` question whose every node's provenance record comes with its facts (its query, if
+/// any, has no clause on a fact's name or value and projects nothing), ordered by a field other
+/// than certname first, not windowed: asked as two answers merged in its order, the other facts
+/// (its query with the provenance fact excluded) and the provenance records (the fact's own path
+/// under its query). Written beside each node's own records, as an order by certname first
+/// allows, a node's synthetic record could sort before records already written, so the merge
+/// would have to hold the whole answer (docs/merging.md, "Streamed merges"). `None` for any
+/// other question.
+fn ordered_apart(request: &ParsedRequest, entity: Entity, config: &Config) -> Option<SourceAsk> {
+    let params = request.params();
+    let order = request_order(request, entity)?;
+    if is_windowed(params) || order.fields.first()?.field == "certname" {
+        return None;
+    }
+    let source = config.source_fact.as_str();
+    let query = match request.parsed_query().text() {
+        QueryText::Absent => None,
+        QueryText::Ast(query) => Some(query),
+        QueryText::Pql(_) | QueryText::Malformed(_) => return None,
+    };
+    if let Some(query) = query {
+        let analysis = request.parsed_query().analysis()?;
+        if analysis.extract_outside_subquery
+            || analysis.outer_name_constraint
+            || analysis.in_query_paging
+        {
+            return None;
+        }
+        // No clause the provenance fact would be read for (its value): the backends decide
+        // every clause, for the provenance records as for the others.
+        let backend = config.backends.first()?.name.as_str();
+        let mut patterns = Patterns::default();
+        let left_whole = query::evaluate(query, &mut |atom| match source_atom(
+            atom,
+            (source, backend),
+            &mut patterns,
+        ) {
+            Ok(None) => Ok(None),
+            _ => Err(()),
+        });
+        if left_whole != Ok(Residual::Left(query.clone())) {
+            return None;
+        }
+    }
+    let others = query::add_clause(query, json!(["not", ["=", "name", source]]));
+    Some(SourceAsk::Joined {
+        records: Some(with_query(request.path().to_owned(), params, Some(others))),
+        parts: vec![SourcePart {
+            request: with_query(source_path(entity, config), params, query.cloned()),
+            values: None,
+        }],
+    })
+}
+
+/// The order `request` asks for, when it names a field and reads (a malformed one is the record
+/// merge's 400).
+pub(crate) fn request_order(request: &ParsedRequest, entity: Entity) -> Option<OrderBy> {
+    let params = request.params();
+    let columns = entity.order_columns(ColumnSet::facts_expiration(
+        params.get("include_facts_expiration"),
+    ));
+    sort::parse_paging(params.get("order_by"), None, None, columns)
+        .ok()
+        .map(|paging| paging.order_by)
+        .filter(|order| !order.is_empty())
+}
+
+/// Whether `params` cut a window or ask a total: answers joined would each be cut alone.
+fn is_windowed(params: &Params) -> bool {
+    ["limit", "offset", "include_total"]
+        .iter()
+        .any(|key| params.get(key).is_some())
 }
 
 /// The truth of `atom` for the provenance record whose value is `backend`: decided for a clause
@@ -340,7 +421,7 @@ pub(crate) mod tests {
     fn joined(ask: Option<SourceAsk>) -> (bool, Vec<Asked>) {
         match ask {
             Some(SourceAsk::Joined { records, parts }) => {
-                (records, parts.iter().map(part).collect())
+                (records.is_some(), parts.iter().map(part).collect())
             }
             Some(SourceAsk::Part(one)) => (false, vec![part(&one)]),
             other => panic!("records and parts, not {other:?}"),
@@ -363,15 +444,16 @@ pub(crate) mod tests {
                 vec![("pdbmux_source".into(), Some(env.clone()), None)]
             )
         );
-        // Joined answers are not merged: an ordered or paged request is not several.
+        // A window would hold for each part alone: a paged request is not several; an ordered
+        // one is, its parts merged in its order.
         assert_eq!(ask("facts", inventory.clone(), "&limit=5"), None);
+        assert_eq!(ask("facts", inventory.clone(), "&include_total=true"), None);
         assert_eq!(
-            ask(
-                "facts",
-                inventory,
-                "&order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D"
-            ),
-            None
+            joined(ask("facts", inventory, &format!("&order_by={BY_NAME}"))),
+            (
+                true,
+                vec![("pdbmux_source".into(), Some(env.clone()), None)]
+            )
         );
         for admits_it in [
             json!(["~", "name", "^(pdbmux|kern)"]),
@@ -401,6 +483,110 @@ pub(crate) mod tests {
         // No fact is named both: nothing, at once.
         let both = json!(["and", ["=", "name", "pdbmux_source"], ["=", "name", "os"]]);
         assert_eq!(ask("facts", both, ""), Some(SourceAsk::Nothing));
+    }
+
+    /// `order_by=[{"field":"name"}]`, form-encoded.
+    const BY_NAME: &str = "%5B%7B%22field%22%3A%22name%22%7D%5D";
+
+    /// The request the other facts' records are asked with, as (its path, its query).
+    fn records_asked(ask: Option<SourceAsk>) -> Option<(String, Option<Value>)> {
+        match ask {
+            Some(SourceAsk::Joined {
+                records: Some(records),
+                ..
+            }) => Some((
+                records.path().to_owned(),
+                records.parsed_query().ast().cloned(),
+            )),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn every_nodes_records_ordered_by_another_field_than_certname_are_two_answers_merged() {
+        let target = |query: Option<&Value>, extra: &str| {
+            let query = query.map_or(String::new(), |query| {
+                let text = query.to_string();
+                format!(
+                    "query={}",
+                    percent_encoding::utf8_percent_encode(&text, SEGMENT)
+                )
+            });
+            format!("/pdb/query/v4/facts?{query}{extra}")
+        };
+        let read_target = |target: String| {
+            let request = ParsedRequest::parse(&ClientRequest::get(target));
+            let route = request.route().expect("a route").clone();
+            read(&request, &route, &config())
+        };
+        let excluded = json!(["not", ["=", "name", "pdbmux_source"]]);
+        // No query: every fact but the provenance fact, then every node's provenance record.
+        let whole = read_target(target(None, &format!("&order_by={BY_NAME}")));
+        assert_eq!(
+            records_asked(whole),
+            Some(("/pdb/query/v4/facts".into(), Some(excluded.clone())))
+        );
+        let whole = read_target(target(None, &format!("&order_by={BY_NAME}")));
+        assert_eq!(
+            joined(whole),
+            (true, vec![("pdbmux_source".into(), None, None)])
+        );
+        // A query the backends decide whole: both answers asked it.
+        let env = json!(["=", "environment", "production"]);
+        let subquery = json!([
+            "in",
+            "certname",
+            [
+                "extract",
+                "certname",
+                ["select_nodes", ["=", "report_environment", "production"]]
+            ]
+        ]);
+        for query in [env, subquery] {
+            let read = || read_target(target(Some(&query), &format!("&order_by={BY_NAME}")));
+            assert_eq!(
+                records_asked(read()).and_then(|(_, query)| query),
+                Some(json!(["and", query, excluded])),
+                "{query}"
+            );
+            assert_eq!(
+                joined(read()),
+                (
+                    true,
+                    vec![("pdbmux_source".into(), Some(query.clone()), None)]
+                )
+            );
+        }
+        // Not read so: ordered by certname first (each node's records together: the synthetic
+        // record streams beside them), unordered, windowed, projected, or a clause on the value.
+        let by_certname =
+            "%5B%7B%22field%22%3A%22certname%22%7D%2C%7B%22field%22%3A%22name%22%7D%5D";
+        for extra in [
+            format!("&order_by={by_certname}"),
+            String::new(),
+            format!("&order_by={BY_NAME}&limit=10"),
+            format!("&order_by={BY_NAME}&offset=10"),
+            format!("&order_by={BY_NAME}&include_total=true"),
+            "&order_by=%5B%5D".to_owned(),
+            "&order_by=not-json".to_owned(),
+        ] {
+            assert_eq!(read_target(target(None, &extra)), None, "{extra}");
+        }
+        for query in [
+            json!(["=", "value", "pdb-a"]),
+            json!(["extract", ["certname"], ["=", "environment", "production"]]),
+            json!(["or", ["=", "environment", "test"], [">", "value", 3]]),
+        ] {
+            let read = read_target(target(Some(&query), &format!("&order_by={BY_NAME}")));
+            assert_eq!(read, None, "{query}");
+        }
+        // PQL is the backends' to read whole.
+        assert_eq!(
+            read_target(format!(
+                "/pdb/query/v4/facts?query=facts%20%7B%7D&order_by={BY_NAME}"
+            )),
+            None
+        );
     }
 
     #[test]
@@ -646,7 +832,7 @@ pub(crate) mod tests {
             let path = if on_path { "facts/pdbmux_source" } else { "facts" };
             let read = ask(path, query.clone(), "");
             let (records, parts) = match read {
-                Some(SourceAsk::Joined { records, parts }) => (records, parts),
+                Some(SourceAsk::Joined { records, parts }) => (records.is_some(), parts),
                 Some(SourceAsk::Part(one)) => (false, vec![one]),
                 Some(SourceAsk::Nothing) => (false, Vec::new()),
                 // Read as before: a pattern neither can read, or not a question about the fact.

@@ -536,10 +536,14 @@ impl RecordPlan {
             rewritten = true;
         }
         // The provenance fact's own path writes one record per node: ask each backend its nodes
-        // (certname and environment), not every fact of them. The order is applied here, to the
-        // synthetic records (a backend could not order rows by a field the extract leaves out).
+        // (certname and environment), not every fact of them, each with a fact other than one
+        // named like the provenance fact (such a record is dropped, so it alone is no node's
+        // facts). The order is applied here, to the synthetic records (a backend could not
+        // order rows by a field the extract leaves out).
         if matches!(self.provenance, Provenance::SyntheticOnly { .. }) && self.pushable() {
-            query = Some(query::fact_nodes(query.as_ref()));
+            let clause = serde_json::json!(["not", ["=", "name", self.config.source_fact]]);
+            let facts = query::add_clause(query.as_ref(), clause);
+            query = Some(query::fact_nodes(Some(&facts)));
             params.remove("order_by");
             rewritten = true;
         }

@@ -622,3 +622,58 @@ fn an_unplaced_node_of_a_later_backend_holds_what_sorts_after_it_counted_as_held
     );
     assert_eq!(stream.held_bytes(), 0, "given back once written");
 }
+
+#[test]
+fn records_merged_into_an_ordered_stream_take_their_place_after_those_they_tie_with() {
+    let order = order_of("resources", r#"[{"field":"title","order":"desc"}]"#);
+    let map = ownership(&[], &[]);
+    let asked = vec![BackendId(0), BackendId(1)];
+    let mut stream = RecordStream::new(StreamRule::Owned(map, scope()), asked, (None, Some(order)));
+    let joined = |title: &str| format!(r#"{{"certname":"n9","title":"{title}"}}"#);
+    let records = [joined("/b1/9"), joined("/b0/3"), joined("/a")].join(",");
+    stream
+        .then_merge(bytes::Bytes::from(records))
+        .expect("records");
+    let answers = [answer(0, &[(0, 5), (0, 3)]), answer(1, &[(1, 4), (1, 2)])];
+    let merged: Vec<serde_json::Value> =
+        serde_json::from_str(&feed(&mut stream, &answers, &[7], &[0, 1])).expect("an array");
+    let titles: Vec<&str> = merged.iter().filter_map(|r| r["title"].as_str()).collect();
+    assert_eq!(
+        titles,
+        ["/b1/9", "/b1/4", "/b1/2", "/b0/5", "/b0/3", "/b0/3", "/a"]
+    );
+    assert_eq!(
+        merged[5]["certname"], "n9",
+        "after the streamed record it ties with"
+    );
+    assert_eq!(
+        stream.held_bytes(),
+        0,
+        "nothing held once the answer is whole"
+    );
+    let mut unordered = RecordStream::new(
+        StreamRule::Owned(ownership(&[], &[]), scope()),
+        vec![BackendId(0), BackendId(1)],
+        (None, None),
+    );
+    unordered
+        .then_merge(bytes::Bytes::from(joined("/a")))
+        .expect("records");
+    let merged: Vec<serde_json::Value> =
+        serde_json::from_str(&feed(&mut unordered, &answers, &[7], &[0, 1])).expect("an array");
+    assert_eq!(
+        merged.last().and_then(|r| r["title"].as_str()),
+        Some("/a"),
+        "unordered: written after the merged records"
+    );
+    let mut refused = RecordStream::new(
+        StreamRule::Owned(ownership(&[], &[]), scope()),
+        vec![BackendId(0)],
+        (None, Some(order_of("resources", r#"[{"field":"title"}]"#))),
+    );
+    assert_eq!(
+        refused.then_merge(bytes::Bytes::from_static(b"1,2")),
+        None,
+        "not records"
+    );
+}

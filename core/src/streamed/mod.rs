@@ -36,7 +36,8 @@ use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
 use crate::records::{
-    is_str, provenance_record, raw_str, read_object, with_entry, without_entries, Fields,
+    is_str, parse_records, provenance_record, raw_str, read_object, with_entry, without_entries,
+    Fields,
 };
 use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
@@ -750,6 +751,43 @@ impl RecordStream {
         if !records.is_empty() {
             self.then.push(records);
         }
+    }
+
+    /// Merges `records` (JSON objects separated by commas, as inside an array, sorted by this
+    /// merge's `order_by`) into an ordered answer, each in its place, after the merged records
+    /// it ties with: the records of the answers an ordered streamed answer is joined with
+    /// (`core/src/concat.rs`). They are held as one more input that has ended. An unordered
+    /// merge writes them after its own ([`RecordStream::then_write`]). `None` when they are not
+    /// records.
+    pub(crate) fn then_merge(&mut self, records: Bytes) -> Option<()> {
+        let Some(order) = &self.decisions.order else {
+            self.then_write(records);
+            return Some(());
+        };
+        let mut array = Vec::with_capacity(records.len() + 2);
+        array.push(b'[');
+        array.extend_from_slice(&records);
+        array.push(b']');
+        let mut queue = RecordQueue::default();
+        for record in parse_records(&array).ok()? {
+            let fields = Fields::of(record.get())?;
+            let key = sort::sort_key(order, |name| fields.raw(name));
+            let queued = Queued {
+                key,
+                unplaced: None,
+                synthetic: false,
+                digest: None,
+                span: Span::default(),
+            };
+            queue.push_back(&[record.get()], queued);
+        }
+        self.inputs.push(Input {
+            reader: ArrayReader::new(),
+            ended: true,
+            last: None,
+            queue,
+        });
+        Some(())
     }
 
     /// `/nodes`: writes the records that waited for `input`'s answer to end (ordered: they are
