@@ -252,6 +252,50 @@ impl SyntheticEstate {
         out.finish()
     }
 
+    /// `backend`'s answer to `/pdb/query/v4/facts` ordered by name, then certname, as PuppetDB
+    /// sorts it: [`SyntheticEstate::facts_body`]'s records, name first (byte-wise).
+    pub fn facts_by_name_body(&self, backend: usize) -> Vec<u8> {
+        let mut records: Vec<(String, String, Vec<u8>)> = Vec::new();
+        self.each_fact(backend, |_, certname, environment, name, value| {
+            let record = json!({
+                "certname": certname,
+                "environment": environment,
+                "name": name,
+                "value": value,
+            });
+            let text = serde_json::to_vec(&record).unwrap_or_default();
+            records.push((name, certname.to_owned(), text));
+        });
+        records.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        let bytes: usize = records.iter().map(|(_, _, text)| text.len() + 1).sum();
+        let mut out = Vec::with_capacity(bytes + 2);
+        out.push(b'[');
+        for (index, (_, _, text)) in records.iter().enumerate() {
+            if index > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(text);
+        }
+        out.push(b']');
+        out
+    }
+
+    /// `backend`'s answer to the provenance records' ask (`["extract",["certname","environment"],
+    /// <query>,["group_by","certname","environment"]]` on `/pdb/query/v4/facts`): one row per
+    /// node it holds.
+    pub fn fact_nodes_body(&self, backend: usize) -> Vec<u8> {
+        let rows: Vec<Value> = self
+            .nodes(backend)
+            .map(|node| {
+                json!({
+                    "certname": Self::certname(node),
+                    "environment": ENVIRONMENTS[node % ENVIRONMENTS.len()],
+                })
+            })
+            .collect();
+        serde_json::to_vec(&rows).unwrap_or_default()
+    }
+
     /// `backend`'s answer to an unpaged `/pdb/query/v4/fact-contents`: every leaf of every fact,
     /// as `{certname, environment, name, path, value}` records.
     pub fn fact_contents_body(&self, backend: usize) -> Vec<u8> {

@@ -585,6 +585,71 @@ fn a_name_constraint_admitting_the_provenance_fact_drops_the_impostor_and_writes
 }
 
 #[test]
+fn an_ordered_question_admitting_the_provenance_fact_merges_its_records_in_their_place() {
+    // The name constraint's two answers (the other facts, the provenance records), each sorted
+    // by name descending, merged in that order: the provenance records before `os`.
+    let mut h = shared_facts_harness(|_| {});
+    let c = h.get(&form_target(
+        "/pdb/query/v4/facts",
+        &[
+            ("query", r#"["not",["=","name","kernel"]]"#),
+            (
+                "order_by",
+                r#"[{"field":"name","order":"desc"},{"field":"certname"}]"#,
+            ),
+        ],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            source("web1", "pdb-b", "staging"),
+            source("web2", "pdb-a", "production"),
+            source("web3", "pdb-b", "production"),
+            fact("web1", "os", "Ubuntu", "staging"),
+            fact("web2", "os", "Debian", "production"),
+            fact("web3", "os", "Alpine", "production"),
+        ])
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
+fn every_fact_ordered_by_name_is_asked_apart_from_the_provenance_records_and_merged() {
+    // No name constraint, an order not by certname first: the other facts (asked without the
+    // provenance fact's name) and each node's provenance record (asked as the fact's own path)
+    // merged in the order, each node's record in its place.
+    let mut h = shared_facts_harness(|_| {});
+    let c = h.get(&form_target(
+        "/pdb/query/v4/facts",
+        &[("order_by", r#"[{"field":"name"},{"field":"certname"}]"#)],
+    ));
+    let transcript = run(&mut h);
+    assert_eq!(
+        body_json(&h, c),
+        json!([
+            fact("web1", "kernel", "Linux", "staging"),
+            fact("web1", "os", "Ubuntu", "staging"),
+            fact("web2", "os", "Debian", "production"),
+            fact("web3", "os", "Alpine", "production"),
+            source("web1", "pdb-b", "staging"),
+            source("web2", "pdb-a", "production"),
+            source("web3", "pdb-b", "production"),
+        ])
+    );
+    let asked: Vec<String> = exchange_sends(&h)
+        .iter()
+        .map(|sent| sent.request.path_and_query.clone())
+        .collect();
+    assert_eq!(
+        asked.len(),
+        4,
+        "each backend asked both questions once: {asked:?}"
+    );
+    insta::assert_snapshot!(transcript);
+}
+
+#[test]
 fn facts_gate_extract() {
     let (_, body, transcript) = gated(&form_target(
         "/pdb/query/v4/facts",

@@ -97,12 +97,13 @@ impl Patterns {
 
 /// Reads `request` for the provenance fact: `None` when it is not a question about it, or one
 /// pdbmux answers without this reading (no query, a projection, the path under a query the
-/// backends decide whole, a clause it cannot decide, an ordered or paged request whose
-/// answer would join other facts' records or several parts).
+/// backends decide whole, a clause it cannot decide, a windowed request whose answer would
+/// join other facts' records or several parts).
 ///
 /// Read on `/facts` when the query constrains the fact's name (without such a constraint every
-/// node's provenance record comes with its facts, docs/merging.md "Provenance"), and on the
-/// fact's own path `/facts/<source_fact>[/<backend>]`, whose query is read as beside
+/// node's provenance record comes with its facts, docs/merging.md "Provenance", but for an
+/// order that is not by certname first: [`ordered_apart`]), and on the fact's own path
+/// `/facts/<source_fact>[/<backend>]`, whose query is read as beside
 /// `["=","name",<source_fact>]` (and the backend's name as its value).
 pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> Option<SourceAsk> {
     let entity = route.entity()?;

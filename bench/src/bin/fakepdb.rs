@@ -4,7 +4,9 @@
 //! - `/pdb/query/v4/nodes`: the membership extract (certname, report time) for any query,
 //!   but whole node records (PuppetDB's fields, the same report times) for a query that is not
 //!   an `extract` when `--entities` names `nodes`;
-//! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend;
+//! - `/pdb/query/v4/facts` (any query, GET or POST): every fact record of the backend, by
+//!   certname then name, or by name then certname when `order_by` orders by name first; for a
+//!   query with an `extract`, each node and its environment (the provenance records' ask);
 //! - `/pdb/query/v4/fact-contents`, `/pdb/query/v4/inventory`, `/pdb/query/v4/resources`,
 //!   `/pdb/query/v4/events` (any query), when `--entities` names them (`facts` only by default: each is rendered at start
 //!   and held in memory);
@@ -45,6 +47,10 @@ struct Canned {
     node_records: Option<Vec<u8>>,
     produced: Vec<u8>,
     facts: Vec<u8>,
+    /// `/facts` ordered by name first.
+    facts_by_name: Vec<u8>,
+    /// `/facts` asked as an extract: each node and its environment (the provenance records' ask).
+    fact_nodes: Vec<u8>,
     /// The other entities' answers, by path, as `--entities` asked.
     entities: Vec<(&'static str, Vec<u8>)>,
     version: Vec<u8>,
@@ -119,6 +125,8 @@ fn main() -> Result<()> {
         node_records,
         produced: response("200 OK", json, &spec.produced_body(backend)),
         facts: response("200 OK", json, &spec.facts_body(backend)),
+        facts_by_name: response("200 OK", json, &spec.facts_by_name_body(backend)),
+        fact_nodes: response("200 OK", json, &spec.fact_nodes_body(backend)),
         entities: rendered,
         version: response("200 OK", json, br#"{"version":"7.12.1"}"#),
         status: response(
@@ -141,6 +149,15 @@ fn main() -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Whether `target`'s `order_by` orders by name first.
+fn ordered_by_name(target: &str) -> bool {
+    let query = target.split_once('?').map_or("", |(_, query)| query);
+    form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == "order_by")
+        .and_then(|(_, order)| serde_json::from_str::<serde_json::Value>(&order).ok())
+        .is_some_and(|order| order[0]["field"] == "name")
 }
 
 /// Answers requests on one connection until the peer closes it.
@@ -192,7 +209,13 @@ fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
             }
             "/pdb/query/v4/facts" => {
                 canned.facts_asked.fetch_add(1, Ordering::Relaxed);
-                &canned.facts
+                if target.contains("extract") {
+                    &canned.fact_nodes
+                } else if ordered_by_name(&target) {
+                    &canned.facts_by_name
+                } else {
+                    &canned.facts
+                }
             }
             "/pdb/query/v4/factsets" | "/pdb/query/v4/catalogs" => &canned.produced,
             "/fakepdb/requests" => {

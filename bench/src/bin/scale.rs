@@ -4,7 +4,7 @@
 //!
 //! For each size: two fakepdb (a fifth of the nodes in both, `--facts` facts per node); then for
 //! each binary a fresh process (cache off unless `--cache default`, health probes off, membership
-//! map warmed by one request that asks for nothing else): each `--entities` entity unpaged, `/facts` ordered and below an environment, `/nodes` ordered, `/events` projected
+//! map warmed by one request that asks for nothing else): each `--entities` entity unpaged, `/facts` ordered (certname first, and name first) and below an environment, `/nodes` ordered, `/events` projected
 //! (`/environments/production/facts`: fakepdb ignores the constraint, so it is the whole `/facts`
 //! merge with the parent check beside it), and `--concurrent` of the first
 //! entity's question at once, each in a fresh process so its peak (`VmHWM`) is its own. The memory budgets are set
@@ -30,6 +30,11 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 /// The ordered question: every fact in certname, then name order.
 const ORDERED: &str =
     "/pdb/query/v4/facts?order_by=%5B%7B%22field%22%3A%22certname%22%7D%2C%7B%22field%22%3A%22name%22%7D%5D";
+
+/// Every fact in name, then certname order: asked apart from the provenance records, which
+/// are merged into it in their place (fakepdb sorts its answer so for this order).
+const ORDERED_BY_NAME: &str =
+    "/pdb/query/v4/facts?order_by=%5B%7B%22field%22%3A%22name%22%7D%2C%7B%22field%22%3A%22certname%22%7D%5D";
 
 /// Every node by certname (fakepdb's node records come in certname order).
 const NODES_ORDERED: &str = "/pdb/query/v4/nodes?order_by=%5B%7B%22field%22%3A%22certname%22%7D%5D";
@@ -300,6 +305,11 @@ fn main() -> Result<()> {
         }
         if args.entities.iter().any(|e| e == "facts") {
             questions.push(Question::new("facts ordered".into(), ORDERED, ORDERED));
+            questions.push(Question::new(
+                "facts ordered by name".into(),
+                ORDERED_BY_NAME,
+                ORDERED_BY_NAME,
+            ));
             // The backends serve no sub-route: asked directly, the entity's own route.
             questions.push(Question::new(
                 "facts below an environment".into(),
