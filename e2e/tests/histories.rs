@@ -387,6 +387,36 @@ fn facts_questions(split: &[&str]) -> Vec<Question> {
             json!(["=", "facts.hist_env", "production"]),
         ),
     ];
+    // Ordered by another field than certname first: the other facts and the provenance
+    // records are asked apart and merged in the order (a name constraint admitting the
+    // provenance fact too).
+    out.push(Question::new(
+        &facts,
+        &[
+            ("query", q(json!(["=", "environment", "production"]))),
+            (
+                "order_by",
+                q(json!([{"field": "name"}, {"field": "certname"}])),
+            ),
+        ],
+    ));
+    out.push(Question::new(
+        &facts,
+        &[
+            (
+                "query",
+                q(json!([
+                    "or",
+                    ["=", "name", "hist_env"],
+                    ["=", "name", "pdbmux_source"]
+                ])),
+            ),
+            (
+                "order_by",
+                q(json!([{"field": "value", "order": "desc"}, {"field": "certname"}])),
+            ),
+        ],
+    ));
     for offset in [0, 20] {
         out.push(Question::new(
             &facts,
