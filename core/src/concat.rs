@@ -78,7 +78,7 @@ impl Concat {
     /// not merge, its part as the exchange numbers it, as soon as one has not (the exchange
     /// cancels the other's calls with the answer, or gives them up when it fails over: the
     /// first's bodies, held unread while it waits to stream, would otherwise keep it until the
-    /// deadline); else, both merged, their records joined.
+    /// deadline); else, both merged, their records joined (merged in `order`, when given).
     fn decided(
         verdicts: &mut [Option<Verdict>; PLANS],
         order: Option<&OrderBy>,
