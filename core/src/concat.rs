@@ -249,7 +249,7 @@ impl Plan for Concat {
         else {
             return None;
         };
-        let records = array_inner(response.full_body()?)?;
+        let body = response.full_body()?;
         let mut start = self.plans[0].stream_start(context)?;
         start.inputs = start
             .inputs
@@ -257,8 +257,8 @@ impl Plan for Concat {
             .map(|(backend, part)| (backend, outer(0, part)))
             .collect();
         match self.order {
-            Some(_) => start.merge.then_merge(records)?,
-            None => start.merge.then_write(records),
+            Some(_) => start.merge.then_merge(body)?,
+            None => start.merge.then_write(array_inner(body)?),
         }
         start.at_most = Some(
             start

@@ -166,14 +166,19 @@ pub(crate) fn merge(
         Provenance::Inject => (true, Some(None)),
         Provenance::SyntheticOnly { values } => (false, Some(values.as_deref())),
     };
+    // Room for every upstream record kept and a synthetic record a node; answering only
+    // provenance records, for those alone (a node's rows from each backend are not kept).
+    let upstream_rows = match upstream {
+        true => parsed
+            .iter()
+            .map(|(_, records)| records.len())
+            .sum::<usize>(),
+        false => 0,
+    };
     let mut rows = Collected::new(
         order,
         plan.window,
-        parsed
-            .iter()
-            .map(|(_, records)| records.len())
-            .sum::<usize>()
-            + nodes.list.len(),
+        upstream_rows + nodes.list.len(),
         answers.iter().map(|answer| answer.body.len()).sum(),
     );
     let mut pages = Vec::with_capacity(parsed.len());

@@ -753,23 +753,15 @@ impl RecordStream {
         }
     }
 
-    /// Merges `records` (JSON objects separated by commas, as inside an array, sorted by this
-    /// merge's `order_by`) into an ordered answer, each in its place, after the merged records
-    /// it ties with: the records of the answers an ordered streamed answer is joined with
-    /// (`core/src/concat.rs`). They are held as one more input that has ended. An unordered
-    /// merge writes them after its own ([`RecordStream::then_write`]). `None` when they are not
-    /// records.
-    pub(crate) fn then_merge(&mut self, records: Bytes) -> Option<()> {
-        let Some(order) = &self.decisions.order else {
-            self.then_write(records);
-            return Some(());
-        };
-        let mut array = Vec::with_capacity(records.len() + 2);
-        array.push(b'[');
-        array.extend_from_slice(&records);
-        array.push(b']');
+    /// Merges `records` (a JSON array sorted by this ordered merge's `order_by`) into the answer,
+    /// each in its place, after the merged records it ties with: the records of the answers an
+    /// ordered streamed answer is joined with (`core/src/concat.rs`). They are held as one more
+    /// input that has ended. `None` when they are not an array of records or the merge is not
+    /// ordered.
+    pub(crate) fn then_merge(&mut self, records: &[u8]) -> Option<()> {
+        let order = self.decisions.order.as_ref()?;
         let mut queue = RecordQueue::default();
-        for record in parse_records(&array).ok()? {
+        for record in parse_records(records).ok()? {
             let fields = Fields::of(record.get())?;
             let key = sort::sort_key(order, |name| fields.raw(name));
             let queued = Queued {
