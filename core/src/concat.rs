@@ -175,22 +175,22 @@ fn join_arrays(a: &Bytes, b: &Bytes) -> Option<Bytes> {
 
 /// Two JSON arrays of records, each sorted by `order`, as one sorted array: each of `b`'s records
 /// after `a`'s that sort before it or with it. `None` when either is not an array of records.
+/// `b` (the provenance records, one a node) is keyed whole; `a`'s records one at a time.
 fn merge_arrays(a: &Bytes, b: &Bytes, order: &OrderBy) -> Option<Bytes> {
-    let (a, b) = (keyed(a, order)?, keyed(b, order)?);
-    let mut merged = Vec::with_capacity(a.len() + b.len());
-    let (mut a, mut b) = (a.into_iter().peekable(), b.into_iter().peekable());
-    loop {
-        let from_b = match (a.peek(), b.peek()) {
-            (Some((a_key, _)), Some((b_key, _))) => {
-                sort::compare(b_key, a_key, order) == Ordering::Less
-            }
-            (Some(_), None) => false,
-            (None, Some(_)) => true,
-            (None, None) => break,
-        };
-        let next = if from_b { b.next() } else { a.next() };
-        merged.extend(next.map(|(_, text)| text));
+    let records = parse_records(a).ok()?;
+    let mut others = keyed(b, order)?.into_iter().peekable();
+    let mut merged = Vec::with_capacity(records.len() + others.len());
+    for record in records {
+        let fields = Fields::of(record.get())?;
+        let key = sort::sort_key(order, |name| fields.raw(name));
+        while let Some((_, text)) =
+            others.next_if(|(other, _)| sort::compare(other, &key, order) == Ordering::Less)
+        {
+            merged.push(text);
+        }
+        merged.push(record.get());
     }
+    merged.extend(others.map(|(_, text)| text));
     let bytes: usize = merged.iter().map(|text| text.len() + 1).sum();
     Some(Bytes::from(write_array(merged, bytes)))
 }

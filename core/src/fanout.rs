@@ -279,7 +279,8 @@ pub(crate) trait Plan: fmt::Debug + Send {
 /// The start of a streamed merge ([`Plan::stream_start`]).
 #[derive(Debug)]
 pub(crate) struct StreamStart {
-    /// The merge, one input per backend in `inputs`.
+    /// The merge, one input per backend in `inputs` (then, for an ordered join, inputs that
+    /// have ended, holding the joined answers' records: `RecordStream::then_merge`).
     pub(crate) merge: crate::streamed::RecordStream,
     /// The record calls that feed it, `(backend, part)`, in input order.
     pub(crate) inputs: Vec<(BackendId, usize)>,

@@ -96,7 +96,8 @@ impl Patterns {
 }
 
 /// Reads `request` for the provenance fact: `None` when it is not a question about it, or one
-/// pdbmux answers without this reading (no query, a projection, the path under a query the
+/// pdbmux answers without this reading (no query but in an order [`ordered_apart`] reads, a
+/// projection, the path under a query the
 /// backends decide whole, a clause it cannot decide, a windowed request whose answer would
 /// join other facts' records or several parts).
 ///

@@ -166,7 +166,7 @@ pub(crate) fn merge(
         Provenance::Inject => (true, Some(None)),
         Provenance::SyntheticOnly { values } => (false, Some(values.as_deref())),
     };
-    // Room for every upstream record kept and a synthetic record a node; answering only
+    // Room for every upstream record read and a synthetic record a node; answering only
     // provenance records, for those alone (a node's rows from each backend are not kept).
     let upstream_rows = match upstream {
         true => parsed

@@ -246,7 +246,8 @@ enum Keep {
     Later,
 }
 
-/// One backend's answer as it is read.
+/// One backend's answer as it is read; after the backends', the records of an answer an
+/// ordered answer is joined with, read whole ([`RecordStream::then_merge`]).
 #[derive(Debug)]
 struct Input {
     reader: ArrayReader,
@@ -757,8 +758,13 @@ impl RecordStream {
     /// each in its place, after the merged records it ties with: the records of the answers an
     /// ordered streamed answer is joined with (`core/src/concat.rs`). They are held as one more
     /// input that has ended. `None` when they are not an array of records or the merge is not
-    /// ordered.
+    /// ordered (or merges `/nodes`).
     pub(crate) fn then_merge(&mut self, records: &[u8]) -> Option<()> {
+        // `/nodes` decides by which backends' answers have ended, one input each: nothing is
+        // joined with it.
+        if matches!(self.decisions.rule, StreamRule::Node(_)) {
+            return None;
+        }
         let order = self.decisions.order.as_ref()?;
         let mut queue = RecordQueue::default();
         for record in parse_records(records).ok()? {
@@ -848,7 +854,8 @@ impl RecordStream {
 
     /// The bytes that grow with the answer: the set of history digests, `/nodes`' records
     /// held, and an ordered merge's queues (about [`ORDERED_AHEAD_BYTES`] a backend, but a node
-    /// the map does not place holds what sorts after it until the backends before its own end).
+    /// the map does not place holds what sorts after it until the backends before its own end;
+    /// and the records of an answer joined in order, until written).
     pub(crate) fn held_bytes(&self) -> usize {
         let nodes = match &self.decisions.rule {
             StreamRule::Node(nodes) => nodes.held_bytes(),
