@@ -580,6 +580,28 @@ fn facts_and_sources(response: &ClientResponse) -> FactsAndSources {
 
 type FactsAndSources = (BTreeMap<(String, String), usize>, Vec<(String, String)>);
 
+/// Each node of the [`facts_estate`] and the backend that owns its facts.
+const FACTS_OWNERS: [(&str, &str); 3] = [
+    ("only-a", "pdb-a"),
+    ("only-b", "pdb-b"),
+    ("shared", "pdb-b"),
+];
+
+/// [`facts_and_sources`]'s facts when each node's `each` facts come from its owner.
+fn from_owners(each: usize) -> BTreeMap<(String, String), usize> {
+    FACTS_OWNERS
+        .iter()
+        .map(|(c, b)| (((*c).to_owned(), (*b).to_owned()), each))
+        .collect()
+}
+
+/// [`facts_and_sources`]'s provenance records when each names its node's owner, by certname.
+fn owners_named() -> Vec<(String, String)> {
+    FACTS_OWNERS
+        .map(|(c, b)| (c.to_owned(), b.to_owned()))
+        .to_vec()
+}
+
 /// A query admitting the provenance fact and nearly every other fact is two parts joined
 /// (docs/merging.md, "Provenance"): the other facts' records stream as they would alone, and
 /// the provenance records, merged first, are written after them.
@@ -592,32 +614,16 @@ fn a_large_answer_joined_with_the_provenance_fact_streams_it_after_the_records()
     let response = answer_to(&mut h, &format!("/pdb/query/v4/facts?query={query}"));
     assert_streamed_whole(&response);
     let (facts, sources) = facts_and_sources(&response);
-    let each = FACTS_PER_NODE - 1;
-    let owned = |pairs: &[(&str, &str)]| {
-        pairs
-            .iter()
-            .map(|(c, b)| (((*c).to_owned(), (*b).to_owned()), each))
-            .collect::<BTreeMap<_, _>>()
-    };
     assert_eq!(
         facts,
-        owned(&[
-            ("only-a", "pdb-a"),
-            ("only-b", "pdb-b"),
-            ("shared", "pdb-b")
-        ]),
+        from_owners(FACTS_PER_NODE - 1),
         "each node's facts from its owner, fact-00000 left out"
     );
     let mut sorted = sources.clone();
     sorted.sort();
     assert_eq!(
         sorted,
-        [
-            ("only-a", "pdb-a"),
-            ("only-b", "pdb-b"),
-            ("shared", "pdb-b")
-        ]
-        .map(|(c, b)| (c.to_owned(), b.to_owned())),
+        owners_named(),
         "one provenance record a node, naming its facts owner"
     );
     let body = String::from_utf8_lossy(&response.body);
@@ -641,29 +647,14 @@ fn a_large_answer_ordered_by_name_streams_its_provenance_records_in_their_place(
     let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
     assert_streamed_whole(&response);
     let (facts, sources) = facts_and_sources(&response);
-    let owned = |pairs: &[(&str, &str)]| {
-        pairs
-            .iter()
-            .map(|(c, b)| (((*c).to_owned(), (*b).to_owned()), FACTS_PER_NODE))
-            .collect::<BTreeMap<_, _>>()
-    };
     assert_eq!(
         facts,
-        owned(&[
-            ("only-a", "pdb-a"),
-            ("only-b", "pdb-b"),
-            ("shared", "pdb-b")
-        ]),
+        from_owners(FACTS_PER_NODE),
         "each node's facts from its owner"
     );
     assert_eq!(
         sources,
-        [
-            ("only-a", "pdb-a"),
-            ("only-b", "pdb-b"),
-            ("shared", "pdb-b")
-        ]
-        .map(|(c, b)| (c.to_owned(), b.to_owned())),
+        owners_named(),
         "one provenance record a node, naming its facts owner, by certname"
     );
     let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
@@ -756,26 +747,13 @@ fn a_large_answer_below_an_environment_streams_once_the_environment_is_known() {
     let response = answer_to(&mut h, "/pdb/query/v4/environments/production/facts");
     assert_streamed_whole(&response);
     let (facts, mut sources) = facts_and_sources(&response);
-    let owned: BTreeMap<_, _> = [
-        ("only-a", "pdb-a"),
-        ("only-b", "pdb-b"),
-        ("shared", "pdb-b"),
-    ]
-    .map(|(c, b)| ((c.to_owned(), b.to_owned()), FACTS_PER_NODE))
-    .into_iter()
-    .collect();
-    assert_eq!(facts, owned, "each node's facts from its owner");
-    sources.sort();
     assert_eq!(
-        sources,
-        [
-            ("only-a", "pdb-a"),
-            ("only-b", "pdb-b"),
-            ("shared", "pdb-b")
-        ]
-        .map(|(c, b)| (c.to_owned(), b.to_owned())),
-        "the provenance fact, as on /facts"
+        facts,
+        from_owners(FACTS_PER_NODE),
+        "each node's facts from its owner"
     );
+    sources.sort();
+    assert_eq!(sources, owners_named(), "the provenance fact, as on /facts");
 }
 
 /// Every backend saying it does not know the environment makes the answer PuppetDB's 404, even
