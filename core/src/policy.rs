@@ -318,14 +318,14 @@ fn plan_source_part(
 /// cached under the client's request as a `/facts` answer is.
 fn plan_joined(
     (request, route): (&Arc<ParsedRequest>, &Route),
-    records: Option<ParsedRequest>,
-    parts: Vec<SourcePart>,
+    (records, parts, order): (
+        Option<ParsedRequest>,
+        Vec<SourcePart>,
+        Option<crate::sort::OrderBy>,
+    ),
     config: &Arc<Config>,
 ) -> Planned {
     let answered = |work, cache| Planned::answered((request, route.class()), config, cache, work);
-    let order = route
-        .entity()
-        .and_then(|entity| source_ask::request_order(request, entity));
     let mut works = Vec::with_capacity(parts.len() + 1);
     if let Some(records) = records {
         // The other facts as the backends answer them, planned as records: not read for the
@@ -466,9 +466,11 @@ fn plan_query(request: &Arc<ParsedRequest>, route: &Route, config: &Arc<Config>)
         Some(SourceAsk::Refused(message)) => {
             return uncached(Work::Local(Response::refusal(message)))
         }
-        Some(SourceAsk::Joined { records, parts }) => {
-            return plan_joined((request, route), records, parts, config)
-        }
+        Some(SourceAsk::Joined {
+            records,
+            parts,
+            order,
+        }) => return plan_joined((request, route), (records, parts, order), config),
         None => {}
     }
     plan_records(request, route, config)
@@ -683,7 +685,7 @@ mod tests {
             let planned = plan(&ClientRequest::get(target.clone()), &config);
             let request = ParsedRequest::parse(&ClientRequest::get(target.clone()));
             let route = request.route().expect("a route").clone();
-            if let Some(SourceAsk::Joined { records, parts }) = source_ask::read(&request, &route, &config) {
+            if let Some(SourceAsk::Joined { records, parts, .. }) = source_ask::read(&request, &route, &config) {
                 let Work::Fanout(work) = &planned.work else {
                     return Err(proptest::test_runner::TestCaseError::fail(format!(
                         "{target}: several requests, not asked"

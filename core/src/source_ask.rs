@@ -53,6 +53,8 @@ pub(crate) enum SourceAsk {
     Joined {
         records: Option<ParsedRequest>,
         parts: Vec<SourcePart>,
+        /// The request's order, which each answer comes sorted by: the answers are merged in it.
+        order: Option<OrderBy>,
     },
 }
 
@@ -199,10 +201,11 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
         (true, 0) => None,
         (false, 1) => groups.pop().map(|group| SourceAsk::Part(part(group))),
         // A window would hold for each part alone (an order holds for the parts merged).
-        _ if is_windowed(params) => None,
+        _ if params.cuts_window() => None,
         _ => Some(SourceAsk::Joined {
             records: records.then(|| request.clone()),
             parts: groups.into_iter().map(part).collect(),
+            order: request_order(request, entity),
         }),
     }
 }
@@ -218,7 +221,7 @@ pub(crate) fn read(request: &ParsedRequest, route: &Route, config: &Config) -> O
 fn ordered_apart(request: &ParsedRequest, entity: Entity, config: &Config) -> Option<SourceAsk> {
     let params = request.params();
     let order = request_order(request, entity)?;
-    if is_windowed(params) || order.fields.first()?.field == "certname" {
+    if params.cuts_window() || order.fields.first()?.field == "certname" {
         return None;
     }
     let source = config.source_fact.as_str();
@@ -247,7 +250,7 @@ fn ordered_apart(request: &ParsedRequest, entity: Entity, config: &Config) -> Op
             Ok(None) => Ok(None),
             _ => Err(()),
         });
-        if left_whole != Ok(Residual::Left(query.clone())) {
+        if left_whole.is_err() {
             return None;
         }
     }
@@ -258,12 +261,13 @@ fn ordered_apart(request: &ParsedRequest, entity: Entity, config: &Config) -> Op
             request: with_query(source_path(entity, config), params, query.cloned()),
             values: None,
         }],
+        order: Some(order),
     })
 }
 
 /// The order `request` asks for, when it names a field and reads (a malformed one is the record
 /// merge's 400).
-pub(crate) fn request_order(request: &ParsedRequest, entity: Entity) -> Option<OrderBy> {
+fn request_order(request: &ParsedRequest, entity: Entity) -> Option<OrderBy> {
     let params = request.params();
     let columns = entity.order_columns(ColumnSet::facts_expiration(
         params.get("include_facts_expiration"),
@@ -272,13 +276,6 @@ pub(crate) fn request_order(request: &ParsedRequest, entity: Entity) -> Option<O
         .ok()
         .map(|paging| paging.order_by)
         .filter(|order| !order.is_empty())
-}
-
-/// Whether `params` cut a window or ask a total: answers joined would each be cut alone.
-fn is_windowed(params: &Params) -> bool {
-    ["limit", "offset", "include_total"]
-        .iter()
-        .any(|key| params.get(key).is_some())
 }
 
 /// The truth of `atom` for the provenance record whose value is `backend`: decided for a clause
@@ -422,7 +419,7 @@ pub(crate) mod tests {
 
     fn joined(ask: Option<SourceAsk>) -> (bool, Vec<Asked>) {
         match ask {
-            Some(SourceAsk::Joined { records, parts }) => {
+            Some(SourceAsk::Joined { records, parts, .. }) => {
                 (records.is_some(), parts.iter().map(part).collect())
             }
             Some(SourceAsk::Part(one)) => (false, vec![part(&one)]),
@@ -834,7 +831,7 @@ pub(crate) mod tests {
             let path = if on_path { "facts/pdbmux_source" } else { "facts" };
             let read = ask(path, query.clone(), "");
             let (records, parts) = match read {
-                Some(SourceAsk::Joined { records, parts }) => (records.is_some(), parts),
+                Some(SourceAsk::Joined { records, parts, .. }) => (records.is_some(), parts),
                 Some(SourceAsk::Part(one)) => (false, vec![one]),
                 Some(SourceAsk::Nothing) => (false, Vec::new()),
                 // Read as before: a pattern neither can read, or not a question about the fact.

@@ -21,8 +21,12 @@ const BOOLEAN_PARAMS: [&str; 7] = [
 const JSON_PARAMS: [&str; 2] = ["order_by", "counts_filter"];
 
 /// The parameters that order or window an answer: an answer they shape is not the same records
-/// in any order (so two such answers cannot be joined, and a fold drops them upstream).
+/// in any order (a fold drops them upstream).
 pub const WINDOW_PARAMS: [&str; 4] = ["order_by", "limit", "offset", "include_total"];
+
+/// The parameters that cut a window of an answer or count it: answers joined would each be cut
+/// or counted alone.
+const CUTTING_PARAMS: [&str; 3] = ["limit", "offset", "include_total"];
 
 /// Parameters PuppetDB reads as integers.
 const INTEGER_PARAMS: [&str; 2] = ["limit", "offset"];
@@ -161,9 +165,10 @@ impl Params {
         self.iter().find(|param| param.key == key).map(Param::value)
     }
 
-    /// Whether any of [`WINDOW_PARAMS`] is given: the answer is ordered or windowed.
-    pub fn shapes_window(&self) -> bool {
-        WINDOW_PARAMS.iter().any(|key| self.get(key).is_some())
+    /// Whether `limit`, `offset` or `include_total` is given: the answer is a window of the
+    /// records, or counts them (an order alone is neither).
+    pub fn cuts_window(&self) -> bool {
+        CUTTING_PARAMS.iter().any(|key| self.get(key).is_some())
     }
 
     /// The decoded values of every parameter named `key`, in order (to spot a repeated param).

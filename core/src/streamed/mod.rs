@@ -36,8 +36,7 @@ use crate::ids::{BackendId, UpstreamId};
 use crate::membership::Ownership;
 use crate::ownership::{Holding, NodeScope, Owning};
 use crate::records::{
-    is_str, parse_records, provenance_record, raw_str, read_object, with_entry, without_entries,
-    Fields,
+    is_str, provenance_record, raw_str, read_object, with_entry, without_entries, Fields,
 };
 use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
@@ -766,21 +765,25 @@ impl RecordStream {
             return None;
         }
         let order = self.decisions.order.as_ref()?;
+        // Read as a backend's answer is, each record once for its order's fields.
+        let names: Vec<&str> = order.fields.iter().map(|f| f.field.as_str()).collect();
+        let mut reader = ArrayReader::new();
         let mut queue = RecordQueue::default();
-        for record in parse_records(records).ok()? {
-            let fields = Fields::of(record.get())?;
-            let key = sort::sort_key(order, |name| fields.raw(name));
+        let read = reader.push(records, &names, |text, fields| {
             let queued = Queued {
-                key,
+                key: sort_key(order, &names, fields),
                 unplaced: None,
                 synthetic: false,
                 digest: None,
                 span: Span::default(),
             };
-            queue.push_back(&[record.get()], queued);
+            queue.push_back(&[text], queued);
+        });
+        if read.is_err() || !reader.is_closed() {
+            return None;
         }
         self.inputs.push(Input {
-            reader: ArrayReader::new(),
+            reader,
             ended: true,
             last: None,
             queue,
