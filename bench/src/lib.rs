@@ -268,16 +268,11 @@ impl SyntheticEstate {
         });
         records.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         let bytes: usize = records.iter().map(|(_, _, text)| text.len() + 1).sum();
-        let mut out = Vec::with_capacity(bytes + 2);
-        out.push(b'[');
-        for (index, (_, _, text)) in records.iter().enumerate() {
-            if index > 0 {
-                out.push(b',');
-            }
-            out.extend_from_slice(text);
+        let mut out = Records::with_capacity(bytes);
+        for (_, _, text) in &records {
+            out.push_text(text);
         }
-        out.push(b']');
-        out
+        out.finish()
     }
 
     /// `backend`'s answer to the provenance records' ask (`["extract",["certname","environment"],
@@ -450,6 +445,14 @@ impl Records {
         }
         // Writing a Value to a Vec cannot fail.
         let _ = serde_json::to_writer(&mut self.out, record);
+    }
+
+    /// Appends a record already written as JSON.
+    fn push_text(&mut self, record: &[u8]) {
+        if self.out.len() > 1 {
+            self.out.push(b',');
+        }
+        self.out.extend_from_slice(record);
     }
 
     fn finish(mut self) -> Vec<u8> {

@@ -163,6 +163,26 @@ fn assert_streamed_from_owners(response: &ClientResponse) {
     );
 }
 
+/// Each record's `(first, second)` fields (as JSON text) in the answer's order, checked to be
+/// `first` descending, then `second` ascending.
+fn descending_then_ascending(
+    response: &ClientResponse,
+    (first, second): (&str, &str),
+) -> Vec<(String, String)> {
+    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
+    let keys: Vec<(String, String)> = records
+        .iter()
+        .map(|r| (r[first].to_string(), r[second].to_string()))
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort_by(|x, y| y.0.cmp(&x.0).then_with(|| x.1.cmp(&y.1)));
+    assert!(
+        keys == sorted,
+        "in the requested order across both backends"
+    );
+    keys
+}
+
 #[test]
 fn a_large_answer_streams_the_records_the_buffered_merge_keeps() {
     let mut h = estate_harness();
@@ -175,17 +195,7 @@ fn a_large_ordered_answer_streams_merged_in_order() {
     let order = r#"[{"field":"title","order":"desc"},{"field":"certname"}]"#;
     let response = ordered_answer_to(&mut h, "/pdb/query/v4/resources", order);
     assert_streamed_from_owners(&response);
-    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
-    let keys: Vec<(String, String)> = records
-        .iter()
-        .map(|r| (r["title"].to_string(), r["certname"].to_string()))
-        .collect();
-    let mut sorted = keys.clone();
-    sorted.sort_by(|x, y| y.0.cmp(&x.0).then_with(|| x.1.cmp(&y.1)));
-    assert!(
-        keys == sorted,
-        "in the requested order across both backends"
-    );
+    let keys = descending_then_ascending(&response, ("title", "certname"));
     assert_eq!(
         keys[..3],
         [
@@ -657,16 +667,9 @@ fn a_large_answer_ordered_by_name_streams_its_provenance_records_in_their_place(
         owners_named(),
         "one provenance record a node, naming its facts owner, by certname"
     );
-    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
-    let keys: Vec<(String, String)> = records
-        .iter()
-        .map(|r| (r["name"].to_string(), r["certname"].to_string()))
-        .collect();
-    let mut sorted = keys.clone();
-    sorted.sort_by(|x, y| y.0.cmp(&x.0).then_with(|| x.1.cmp(&y.1)));
-    assert!(keys == sorted, "in the requested order");
+    let keys = descending_then_ascending(&response, ("name", "certname"));
     assert_eq!(
-        records[0]["name"], "pdbmux_source",
+        keys[0].0, r#""pdbmux_source""#,
         "the provenance records in their place, not after the facts"
     );
 }

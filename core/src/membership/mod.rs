@@ -439,9 +439,9 @@ impl Tally {
 /// current. Every certname is one entry of a sorted list, with its owners in both scopes; its
 /// holders are a run of one shared list: a snapshot of 100,000 certnames is a few MiB beside
 /// the certnames themselves. A certname is looked up through a hash index of positions (10–20
-/// bytes an entry, its buckets up to 7/8 full): a binary search compared it with some 17 certnames, each behind a
-/// pointer, which an ordered merge whose records do not come grouped by node (`/facts` by
-/// name) paid on every record, a third of its CPU.
+/// bytes an entry, its buckets up to 7/8 full): a binary search compared it with some 17
+/// certnames, each behind a pointer, which an ordered merge whose records do not come grouped
+/// by node (`/facts` by name) paid on every record (bench/README.md, figure 8).
 #[derive(Debug, Default)]
 pub struct Ownership {
     generation: u64,
