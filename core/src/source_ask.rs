@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use percent_encoding::percent_decode_str;
 use regex::{Regex, RegexBuilder};
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::config::Config;
 use crate::entity::{ColumnSet, Entity};
@@ -254,7 +254,7 @@ fn ordered_apart(request: &ParsedRequest, entity: Entity, config: &Config) -> Op
             return None;
         }
     }
-    let others = query::add_clause(query, json!(["not", ["=", "name", source]]));
+    let others = query::without_fact(query, source);
     Some(SourceAsk::Joined {
         records: Some(with_query(request.path().to_owned(), params, Some(others))),
         parts: vec![SourcePart {

@@ -531,8 +531,10 @@ impl RecordPlan {
             && self.window.is_paged()
             && self.pushable()
         {
-            let clause = serde_json::json!(["not", ["=", "name", self.config.source_fact]]);
-            query = Some(query::add_clause(query.as_ref(), clause));
+            query = Some(query::without_fact(
+                query.as_ref(),
+                &self.config.source_fact,
+            ));
             rewritten = true;
         }
         // The provenance fact's own path writes one record per node: ask each backend its nodes
@@ -541,8 +543,7 @@ impl RecordPlan {
         // facts). The order is applied here, to the synthetic records (a backend could not
         // order rows by a field the extract leaves out).
         if matches!(self.provenance, Provenance::SyntheticOnly { .. }) && self.pushable() {
-            let clause = serde_json::json!(["not", ["=", "name", self.config.source_fact]]);
-            let facts = query::add_clause(query.as_ref(), clause);
+            let facts = query::without_fact(query.as_ref(), &self.config.source_fact);
             query = Some(query::fact_nodes(Some(&facts)));
             params.remove("order_by");
             rewritten = true;

@@ -39,6 +39,7 @@ pub(crate) use partial::{evaluate, Residual};
 pub use rewrite::{
     add_clause, count_among, distinct_among_owned, exclude_certnames, fact_nodes, is_filter_on,
     only_certnames_clause, ownership_clause, rewrite_avg, widen_node_state, with_extract_columns,
+    without_fact,
 };
 
 use serde_json::Value;

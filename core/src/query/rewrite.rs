@@ -157,6 +157,13 @@ pub fn add_clause(query: Option<&Value>, clause: Value) -> Value {
     }
 }
 
+/// `query` with `["not",["=","name",<name>]]` added ([`add_clause`]): the facts of every name but
+/// `name`. Use it to keep the backends' records named like the provenance fact out of an answer
+/// pdbmux writes that fact into (docs/merging.md, "Provenance").
+pub fn without_fact(query: Option<&Value>, name: &str) -> Value {
+    add_clause(query, json!(["not", ["=", "name", name]]))
+}
+
 /// PuppetDB's own `add-criteria` (`http/query.clj`), minus its paging passthrough.
 fn add_criteria(query: &Value, clause: Value) -> Value {
     let Some((op, items)) = form(query) else {
