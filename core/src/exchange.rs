@@ -610,6 +610,7 @@ impl Exchange {
                 }
             }
             self.stream = Some(Box::new(MergeStream::new(merge, bodies, read_ahead)));
+            self.plan.streaming();
             let mut response = Response::json(StatusCode::OK, "");
             response.body = ResponseBody::Merged;
             self.finish(Verdict::Merged {

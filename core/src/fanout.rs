@@ -255,6 +255,10 @@ pub(crate) trait Plan: fmt::Debug + Send {
         None
     }
 
+    /// Its merge streams (the exchange took [`Plan::stream_start`]'s): what it kept only for a
+    /// buffered answer can go, such as a join's other answers, now held in the stream.
+    fn streaming(&mut self) {}
+
     /// A copy of this plan as it was planned, to ask the backends the prober kept out when every
     /// backend in service failed (fail open). The exchange takes it before [`Plan::start`], and
     /// only when some backend is kept out, so the request is never planned again from its target.

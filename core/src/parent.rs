@@ -118,6 +118,10 @@ impl Plan for ParentChecked {
         self.merge.stream_start(context)
     }
 
+    fn streaming(&mut self) {
+        self.merge.streaming();
+    }
+
     fn start(&mut self, context: &Context) -> Vec<(BackendId, usize)> {
         let mut calls = self.merge.start(context);
         calls.extend(context.roster.iter().map(|backend| (*backend, PARENT)));

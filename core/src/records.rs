@@ -490,17 +490,51 @@ pub fn provenance_record(
     name: &str,
     value: &str,
     environment: Option<&RawValue>,
-) -> Option<Box<RawValue>> {
-    let environment = environment.map_or("null", RawValue::get);
-    let text = format!(
-        "{{\"certname\":{},\"name\":{},\"value\":{},\"environment\":{}}}",
-        serde_json::to_string(certname).ok()?,
-        serde_json::to_string(name).ok()?,
-        serde_json::to_string(value).ok()?,
-        environment
-    );
-    RawValue::from_string(text).ok()
+) -> Option<String> {
+    let mut text = Vec::new();
+    write_provenance_record(&mut text, certname, (name, value), environment)?;
+    String::from_utf8(text).ok()
 }
+
+/// Writes [`provenance_record`]'s text at the end of `out`, each string escaped as JSON: a merge
+/// writes one per node, straight into its answer.
+pub(crate) fn write_provenance_record(
+    out: &mut Vec<u8>,
+    certname: &str,
+    (name, value): (&str, &str),
+    environment: Option<&RawValue>,
+) -> Option<()> {
+    let environment = environment.map_or("null", RawValue::get);
+    out.reserve(provenance_record_bytes(
+        certname,
+        (name, value),
+        environment,
+    ));
+    out.extend_from_slice(b"{\"certname\":");
+    serde_json::to_writer(&mut *out, certname).ok()?;
+    out.extend_from_slice(b",\"name\":");
+    serde_json::to_writer(&mut *out, name).ok()?;
+    out.extend_from_slice(b",\"value\":");
+    serde_json::to_writer(&mut *out, value).ok()?;
+    out.extend_from_slice(b",\"environment\":");
+    out.extend_from_slice(environment.as_bytes());
+    out.push(b'}');
+    Some(())
+}
+
+/// About how many bytes [`write_provenance_record`] writes (exactly, when no string has a
+/// character to escape).
+pub(crate) fn provenance_record_bytes(
+    certname: &str,
+    (name, value): (&str, &str),
+    environment: &str,
+) -> usize {
+    certname.len() + name.len() + value.len() + environment.len() + PROVENANCE_FRAME_BYTES
+}
+
+/// The bytes of a provenance record besides its four values: the keys, the strings' quotes and
+/// the punctuation.
+const PROVENANCE_FRAME_BYTES: usize = 51;
 
 /// Writes `records` as one JSON array, each record byte for byte.
 pub fn write_array<'r>(records: impl IntoIterator<Item = &'r str>, capacity: usize) -> Vec<u8> {
@@ -680,6 +714,34 @@ pub fn with_entry<'r>(record: &'r str, entry: &'r str) -> [&'r str; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_provenance_record_is_written_as_json_and_sized_exactly_when_nothing_is_escaped() {
+        let environment = RawValue::from_string("\"production\"".to_owned()).expect("json");
+        let record = provenance_record(
+            "web1.example.com",
+            "pdbmux_source",
+            "pdb-a",
+            Some(&environment),
+        )
+        .expect("written");
+        assert_eq!(
+            record,
+            r#"{"certname":"web1.example.com","name":"pdbmux_source","value":"pdb-a","environment":"production"}"#
+        );
+        let size = provenance_record_bytes(
+            "web1.example.com",
+            ("pdbmux_source", "pdb-a"),
+            environment.get(),
+        );
+        assert_eq!(size, record.len());
+        let odd = provenance_record("a\"b\\c\u{e9}\n", "f", "b", None).expect("written");
+        let parsed: serde_json::Value = serde_json::from_str(&odd).expect("valid JSON");
+        assert_eq!(
+            parsed,
+            serde_json::json!({"certname": "a\"b\\c\u{e9}\n", "name": "f", "value": "b", "environment": null})
+        );
+    }
 
     #[test]
     fn an_object_cut_anywhere_is_incomplete_and_whole_it_is_read() {

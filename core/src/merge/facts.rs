@@ -11,15 +11,17 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 
 use serde_json::value::RawValue;
+use smallvec::SmallVec;
 
-use super::rows::{Collected, Page, Raw, Row};
-use super::{parse_answers, BackendPage, Merged, Provenance, RecordPlan};
+use super::rows::{compare_keys, Collected, Page, Raw, Row};
+use super::{parse_answers, BackendPage, Merged, Parsed, Provenance, RecordPlan};
 use crate::ids::BackendId;
 use crate::ownership::{Holding, Owning};
 use crate::records::{
-    is_str, parse_array, parse_picked, provenance_record, raw_str, same_text, write_array, Fields,
+    is_str, parse_array, parse_picked, provenance_record, provenance_record_bytes, raw_str,
+    same_text, write_array, write_provenance_record, Fields, Picked,
 };
-use crate::sort::OrderBy;
+use crate::sort::{OrderBy, SortKey};
 
 /// Where pass 1 put an upstream record.
 #[derive(Clone, Copy)]
@@ -37,7 +39,7 @@ enum Place {
 /// environment of its first kept record.
 struct FactNode<'a> {
     certname: Cow<'a, str>,
-    holders: Vec<(usize, Holding)>,
+    holders: SmallVec<[(usize, Holding); 2]>,
     owner: Option<usize>,
     last: Option<(usize, usize)>,
     environment: Option<Option<&'a RawValue>>,
@@ -64,7 +66,7 @@ impl<'a> FactNodes<'a> {
         if node == next {
             self.list.push(FactNode {
                 certname,
-                holders: Vec::with_capacity(2),
+                holders: SmallVec::new(),
                 owner: None,
                 last: None,
                 environment: None,
@@ -99,8 +101,21 @@ pub(crate) fn merge(
     let source_fact = config.source_fact.as_str();
     let drop_source = plan.provenance != Provenance::Off;
 
+    let (upstream, synthetic) = match &plan.provenance {
+        Provenance::Off | Provenance::DropOnly => (true, None),
+        Provenance::Inject => (true, Some(None)),
+        Provenance::SyntheticOnly { values } => (false, Some(values.as_deref())),
+    };
+
     // Pass 1: place each record; note which backends returned each node.
     let mut nodes = FactNodes::default();
+    if !upstream {
+        // Answering only provenance records, the backends are asked for a row a node: room for
+        // the largest answer's nodes (else the list and the index grow by copying them all).
+        let most = parsed.iter().map(|(_, records)| records.len()).max();
+        nodes.list.reserve(most.unwrap_or_default());
+        nodes.index.reserve(most.unwrap_or_default());
+    }
     let mut dropped = 0usize;
     let mut places: Vec<Vec<Place>> = Vec::with_capacity(parsed.len());
     for (answer, records) in &parsed {
@@ -146,6 +161,22 @@ pub(crate) fn merge(
             None => node.holders.first().map(|(b, _)| *b),
         };
     }
+    let values = ProvenanceValues::new(source_fact, &config.backends);
+    let order = plan.order.as_ref();
+    if let (false, Some(only)) = (upstream, synthetic) {
+        // Never paged (the fact's own path answers a paged question with `[]`): no window to cut.
+        debug_assert!(!plan.window.is_paged());
+        let contributed = parsed.len();
+        let picks = provenance_picks(&mut nodes, (&parsed, &places), (&values, only), order);
+        // What the picks were read from goes before the answer is written.
+        drop((parsed, places));
+        nodes.index = HashMap::new();
+        return Merged {
+            body: Ok(provenance_body(picks, &nodes, &values, order)),
+            contributed,
+            unusable,
+        };
+    }
     for (answer, ((this, _), backend_places)) in parsed.iter().zip(&places).enumerate() {
         let backend = this.backend;
         for (index, place) in backend_places.iter().enumerate() {
@@ -159,22 +190,12 @@ pub(crate) fn merge(
     }
 
     // Pass 2: keep each node's records from its owner only, with the provenance record after
-    // the node's last one (or, answering only provenance records, in place of its first).
-    let order = plan.order.as_ref();
-    let (upstream, synthetic) = match &plan.provenance {
-        Provenance::Off | Provenance::DropOnly => (true, None),
-        Provenance::Inject => (true, Some(None)),
-        Provenance::SyntheticOnly { values } => (false, Some(values.as_deref())),
-    };
-    // Room for every upstream record read and a synthetic record a node; answering only
-    // provenance records, for those alone (a node's rows from each backend are not kept).
-    let upstream_rows = match upstream {
-        true => parsed
-            .iter()
-            .map(|(_, records)| records.len())
-            .sum::<usize>(),
-        false => 0,
-    };
+    // the node's last one.
+    // Room for every upstream record read and a synthetic record a node.
+    let upstream_rows = parsed
+        .iter()
+        .map(|(_, records)| records.len())
+        .sum::<usize>();
     let mut rows = Collected::new(
         order,
         plan.window,
@@ -202,46 +223,33 @@ pub(crate) fn merge(
                     if node.owner != Some(backend.0) {
                         continue;
                     }
-                    let first = node.environment.is_none();
                     let environment = *node.environment.get_or_insert(record.fields[2]);
-                    let due = if upstream {
-                        node.last == Some((answer, index))
-                    } else {
-                        first
-                    };
-                    if due {
+                    if node.last == Some((answer, index)) {
                         provenance_due = Some((node_index, environment));
                     }
                 }
             }
-            if upstream {
-                page.kept += 1;
-                rows.push(Row::new(
-                    backend.0,
-                    Raw::Borrowed(record.text),
-                    order,
-                    |field| {
-                        let index = PICKED.iter().position(|picked| *picked == field)?;
-                        record.fields[index]
-                    },
-                ));
-            }
-            if let (Some(only), Some((node_index, environment))) = (synthetic, provenance_due) {
+            page.kept += 1;
+            rows.push(Row::new(
+                backend.0,
+                Raw::Borrowed(record.text),
+                order,
+                |field| {
+                    let index = PICKED.iter().position(|picked| *picked == field)?;
+                    record.fields[index]
+                },
+            ));
+            if let (Some(_), Some((node_index, environment))) = (synthetic, provenance_due) {
                 let certname = &nodes.list[node_index].certname;
-                let name = config.backends.get(backend.0).map(|b| b.name.as_str());
-                if let Some(name) =
-                    name.filter(|name| only.is_none_or(|only| only.iter().any(|v| v == name)))
-                {
-                    let row = provenance_row(
-                        certname,
-                        source_fact,
-                        (backend.0, name),
-                        environment,
-                        order,
-                    );
-                    if let Some(row) = row {
-                        rows.push(row);
-                    }
+                let row = provenance_row(
+                    (certname, record.fields[0]),
+                    &values,
+                    backend.0,
+                    environment,
+                    order,
+                );
+                if let Some(row) = row {
+                    rows.push(row);
                 }
             }
         }
@@ -255,24 +263,162 @@ pub(crate) fn merge(
 }
 
 /// The provenance row of one node: its synthetic record naming the backend, with its sort key
-/// when the request orders.
+/// when the request orders ([`provenance_key`]).
 fn provenance_row(
-    certname: &str,
-    source_fact: &str,
-    (backend, name): (usize, &str),
+    (certname, raw_certname): (&str, Option<&RawValue>),
+    values: &ProvenanceValues<'_>,
+    backend: usize,
     environment: Option<&RawValue>,
     order: Option<&OrderBy>,
 ) -> Option<Row<'static>> {
-    let raw = provenance_record(certname, source_fact, name, environment)?;
-    let key = order.map(|order| {
-        let fields = Fields::of(raw.get());
-        crate::sort::sort_key(order, |field| fields.as_ref()?.raw(field))
-    });
+    let (name, value) = values.texts(backend)?;
+    let raw = provenance_record(certname, name, value, environment)?;
+    let key =
+        order.map(|order| provenance_key(order, values, (raw_certname, backend), environment));
     Some(Row {
         backend,
-        raw: Raw::Owned(Box::<str>::from(raw).into_string()),
+        raw: Raw::Owned(raw),
         key,
     })
+}
+
+/// The sort key of a node's synthetic record, read from the values it is written from
+/// (`raw_certname` is the node's own field as a backend wrote it), not from its text again.
+fn provenance_key(
+    order: &OrderBy,
+    values: &ProvenanceValues<'_>,
+    (raw_certname, backend): (Option<&RawValue>, usize),
+    environment: Option<&RawValue>,
+) -> SortKey {
+    let (name, value) = values.json(backend);
+    crate::sort::sort_key(order, |field| match field {
+        "certname" => raw_certname,
+        "name" => name,
+        "value" => value,
+        "environment" => environment,
+        _ => None,
+    })
+}
+
+/// Answering only provenance records (the fact's own path), the synthetic record due for one
+/// node: the node (an index into [`FactNodes::list`]), its owner, and the record's sort key.
+struct Pick {
+    node: usize,
+    backend: usize,
+    key: Option<SortKey>,
+}
+
+/// Answering only provenance records: one pick a node, from its owner's first row, for a
+/// backend in `only` when given, in merged order (configured backend order, then each
+/// backend's). Notes each picked node's environment.
+fn provenance_picks<'a>(
+    nodes: &mut FactNodes<'a>,
+    (parsed, places): (&Parsed<'a, Vec<Picked<'a, 4>>>, &[Vec<Place>]),
+    (values, only): (&ProvenanceValues<'_>, Option<&[String]>),
+    order: Option<&OrderBy>,
+) -> Vec<Pick> {
+    let mut picks = Vec::with_capacity(nodes.list.len());
+    for ((this, records), backend_places) in parsed.iter().zip(places) {
+        let backend = this.backend.0;
+        let named = values.texts(backend).map(|(_, name)| name);
+        if !named.is_some_and(|name| only.is_none_or(|only| only.iter().any(|v| v == name))) {
+            continue;
+        }
+        for (record, place) in records.iter().zip(backend_places) {
+            let Place::FactNode(node_index) = *place else {
+                continue;
+            };
+            let node = &mut nodes.list[node_index];
+            if node.owner != Some(backend) || node.environment.is_some() {
+                continue;
+            }
+            let environment = *node.environment.insert(record.fields[2]);
+            picks.push(Pick {
+                node: node_index,
+                backend,
+                key: order.map(|order| {
+                    provenance_key(order, values, (record.fields[0], backend), environment)
+                }),
+            });
+        }
+    }
+    picks
+}
+
+/// The answer of only provenance records: each pick's synthetic record, sorted by `order` when
+/// given (stable: ties keep the merged order), written straight into the body; and how many.
+fn provenance_body(
+    mut picks: Vec<Pick>,
+    nodes: &FactNodes<'_>,
+    values: &ProvenanceValues<'_>,
+    order: Option<&OrderBy>,
+) -> (Vec<u8>, usize) {
+    if let Some(order) = order {
+        picks.sort_by(|a, b| compare_keys(a.key.as_ref(), b.key.as_ref(), order));
+    }
+    let written = |pick: &Pick| {
+        let node = &nodes.list[pick.node];
+        let texts = values.texts(pick.backend)?;
+        Some((&*node.certname, texts, node.environment.flatten()))
+    };
+    let bytes: usize = picks
+        .iter()
+        .filter_map(written)
+        .map(|(certname, texts, environment)| {
+            let environment = environment.map_or("null", RawValue::get);
+            provenance_record_bytes(certname, texts, environment) + 1
+        })
+        .sum();
+    let mut body = Vec::with_capacity(bytes + 2);
+    body.push(b'[');
+    let mut count = 0;
+    for (certname, texts, environment) in picks.iter().filter_map(written) {
+        let before = body.len();
+        if count > 0 {
+            body.push(b',');
+        }
+        if write_provenance_record(&mut body, certname, texts, environment).is_none() {
+            body.truncate(before);
+            continue;
+        }
+        count += 1;
+    }
+    body.push(b']');
+    (body, count)
+}
+
+/// The provenance fact's name and each backend's (configured order), as the configuration has
+/// them and as JSON: one merge writes a synthetic record per node from them, and reads its sort
+/// key from them.
+struct ProvenanceValues<'c> {
+    source_fact: &'c str,
+    backends: &'c [crate::config::BackendConfig],
+    name_json: Option<Box<RawValue>>,
+    backends_json: Vec<Option<Box<RawValue>>>,
+}
+
+impl<'c> ProvenanceValues<'c> {
+    fn new(source_fact: &'c str, backends: &'c [crate::config::BackendConfig]) -> Self {
+        let json = |text: &str| RawValue::from_string(serde_json::to_string(text).ok()?).ok();
+        ProvenanceValues {
+            source_fact,
+            backends,
+            name_json: json(source_fact),
+            backends_json: backends.iter().map(|backend| json(&backend.name)).collect(),
+        }
+    }
+
+    /// The provenance fact's name and backend `backend`'s, as text.
+    fn texts(&self, backend: usize) -> Option<(&'c str, &'c str)> {
+        let value = self.backends.get(backend)?;
+        Some((self.source_fact, value.name.as_str()))
+    }
+
+    /// The provenance fact's name and backend `backend`'s, as JSON.
+    fn json(&self, backend: usize) -> (Option<&RawValue>, Option<&RawValue>) {
+        let value = self.backends_json.get(backend).and_then(Option::as_deref);
+        (self.name_json.as_deref(), value)
+    }
 }
 
 /// The provenance drilldown's filter on a shared `/facts/<source_fact>` record set: the records

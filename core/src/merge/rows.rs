@@ -162,7 +162,12 @@ pub(crate) fn sort_rows(rows: &mut [Row<'_>], order: Option<&OrderBy>) {
 }
 
 fn compare_rows(a: &Row<'_>, b: &Row<'_>, order: &OrderBy) -> Ordering {
-    match (&a.key, &b.key) {
+    compare_keys(a.key.as_ref(), b.key.as_ref(), order)
+}
+
+/// How two merged records' sort keys compare under `order`; a record without one ties.
+pub(crate) fn compare_keys(a: Option<&SortKey>, b: Option<&SortKey>, order: &OrderBy) -> Ordering {
+    match (a, b) {
         (Some(x), Some(y)) => sort::compare(x, y, order),
         _ => Ordering::Equal,
     }

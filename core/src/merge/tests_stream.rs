@@ -74,6 +74,24 @@ pub(super) fn feed(
     String::from_utf8(out).expect("utf-8")
 }
 
+/// What `stream` writes once every answer has ended: each [`RecordStream::take`] until it gives
+/// nothing (an ordered merge writes a few hundred KiB at a time), then the answer is whole.
+fn taken_whole(stream: &mut RecordStream) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let piece = stream.take();
+        if piece.is_empty() {
+            break;
+        }
+        out.extend(piece);
+    }
+    assert!(
+        stream.is_finished(),
+        "every answer ended, the merge did not"
+    );
+    out
+}
+
 /// The membership map of two backends holding `a` and `b` (node index, timestamp index; a
 /// node's first entry counts).
 pub(super) fn map_of(
@@ -439,7 +457,7 @@ fn an_ordered_merge_stops_wanting_a_backend_that_read_far_ahead_of_another() {
     );
     stream.push(1, &ahead.as_bytes()[read..]).expect("records");
     stream.end(1).expect("whole");
-    let out = String::from_utf8(stream.take()).expect("utf-8");
+    let out = String::from_utf8(taken_whole(&mut stream)).expect("utf-8");
     let records: Vec<Value> = serde_json::from_str(&out).expect("one array");
     assert_eq!(records.len(), 20_002);
     assert_eq!(records[0]["certname"], "n0");
@@ -491,7 +509,7 @@ fn a_backend_holding_only_a_synthetic_provenance_record_is_read_before_one_far_a
     stream.end(0).expect("whole");
     stream.push(1, &ahead.as_bytes()[read..]).expect("records");
     stream.end(1).expect("whole");
-    let out = String::from_utf8(stream.take()).expect("utf-8");
+    let out = String::from_utf8(taken_whole(&mut stream)).expect("utf-8");
     let records: Vec<Value> = serde_json::from_str(&out).expect("one array");
     let names: Vec<&str> = records[..4]
         .iter()
@@ -604,7 +622,8 @@ fn an_unplaced_node_of_a_later_backend_holds_what_sorts_after_it_counted_as_held
             progressed = true;
         }
         most_held = most_held.max(stream.held_bytes());
-        stream.take();
+        // Taken as the driver takes it: until nothing more is written, before reading on.
+        while !stream.take().is_empty() {}
         if !progressed {
             break;
         }
@@ -621,6 +640,66 @@ fn an_unplaced_node_of_a_later_backend_holds_what_sorts_after_it_counted_as_held
         "held at most {most_held} bytes"
     );
     assert_eq!(stream.held_bytes(), 0, "given back once written");
+}
+
+/// A joined answer whose records all sort together (every provenance record of an order by
+/// name) is written a bounded piece at a time, not whole in one take, and its queue is let go
+/// once written.
+#[test]
+fn a_large_joined_answer_is_written_a_piece_at_a_time_and_let_go() {
+    let order = order_of("resources", r#"[{"field":"title"}]"#);
+    let map = ownership(&[], &[]);
+    let asked = vec![BackendId(0), BackendId(1)];
+    let mut stream = RecordStream::new(StreamRule::Owned(map, scope()), asked, (None, Some(order)));
+    let joined: Vec<String> = (0..20_000)
+        .map(|n| {
+            format!(
+                r#"{{"certname":"j{n:05}","title":"/m","pad":"{}"}}"#,
+                "x".repeat(40)
+            )
+        })
+        .collect();
+    let records = format!("[{}]", joined.join(","));
+    stream.then_merge(records.as_bytes()).expect("records");
+    let held = stream.held_bytes();
+    assert!(held >= records.len(), "the joined records are held: {held}");
+    // Both backends' records sort before the joined ones ("/b0/…", "/b1/…" < "/m").
+    stream
+        .push(0, answer(0, &[(0, 1)]).as_bytes())
+        .expect("records");
+    stream.end(0).expect("whole");
+    stream
+        .push(1, answer(1, &[(1, 2)]).as_bytes())
+        .expect("records");
+    stream.end(1).expect("whole");
+    let mut out = Vec::new();
+    let mut largest = 0;
+    loop {
+        let piece = stream.take();
+        if piece.is_empty() {
+            break;
+        }
+        largest = largest.max(piece.len());
+        out.extend(piece);
+    }
+    assert!(stream.is_finished());
+    assert!(
+        largest < 512 * 1024,
+        "{largest} bytes written at once of {}",
+        out.len()
+    );
+    let merged: Vec<serde_json::Value> = serde_json::from_slice(&out).expect("one array");
+    assert_eq!(merged.len(), 20_002);
+    assert_eq!(
+        (&merged[0]["title"], &merged[2]["certname"]),
+        (&json!("/b0/1"), &json!("j00000"))
+    );
+    assert_eq!(merged[20_001]["certname"], "j19999");
+    assert_eq!(
+        stream.held_bytes(),
+        0,
+        "the joined records' queue is let go"
+    );
 }
 
 #[test]

@@ -263,6 +263,14 @@ struct Input {
 /// merge streams.
 const ORDERED_AHEAD_BYTES: usize = 1024 * 1024;
 
+/// How much of an answer joined in order [`RecordStream::then_merge`] reads at once.
+const JOINED_PIECE_BYTES: usize = 64 * 1024;
+
+/// How many bytes an ordered merge writes before they are taken ([`RecordStream::take`] writes
+/// on): what sorts next can be every record of an answer joined in order (the provenance
+/// records, one a node: megabytes at once), which would otherwise be written, and held, whole.
+const WRITTEN_AT_ONCE_BYTES: usize = 256 * 1024;
+
 /// What an ordered merge does with the record that sorts first.
 enum HeadFate {
     Write,
@@ -380,7 +388,7 @@ impl Decisions {
             provenance_record(certname, &p.source_fact, name, environment.as_deref())
         });
         if let Some(record) = synthetic {
-            self.write(record.get());
+            self.write(&record);
             self.injected.insert(certname.to_owned());
         }
     }
@@ -452,7 +460,7 @@ impl Decisions {
         queue.insert(at, &[&text], record);
         if let Some(record) = synthetic {
             // After every queued record sorting before it or with it (one per node: read again).
-            let fields = Fields::of(record.get());
+            let fields = Fields::of(&record);
             let key = sort::sort_key(order, |name| fields.as_ref().and_then(|f| f.raw(name)));
             let mut at = queue.len();
             while let Some(before) = at.checked_sub(1).and_then(|i| queue.get(i)) {
@@ -468,7 +476,7 @@ impl Decisions {
                 digest: None,
                 span: Span::default(),
             };
-            queue.insert(at, &[record.get()], queued);
+            queue.insert(at, &[&record], queued);
         }
     }
 
@@ -769,19 +777,35 @@ impl RecordStream {
         let names: Vec<&str> = order.fields.iter().map(|f| f.field.as_str()).collect();
         let mut reader = ArrayReader::new();
         let mut queue = RecordQueue::default();
-        let read = reader.push(records, &names, |text, fields| {
-            let queued = Queued {
-                key: sort_key(order, &names, fields),
-                unplaced: None,
-                synthetic: false,
-                digest: None,
-                span: Span::default(),
-            };
-            queue.push_back(&[text], queued);
-        });
-        if read.is_err() || !reader.is_closed() {
+        // In pieces, so that the reader holds a piece, not a copy of the whole answer; and the
+        // queue sized once, by the first piece's records, rather than by doubling (which holds
+        // the old and the new room at once, megabytes at 100,000 nodes).
+        for (index, piece) in records.chunks(JOINED_PIECE_BYTES).enumerate() {
+            let read = reader.push(piece, &names, |text, fields| {
+                let queued = Queued {
+                    key: sort_key(order, &names, fields),
+                    unplaced: None,
+                    synthetic: false,
+                    digest: None,
+                    span: Span::default(),
+                };
+                queue.push_back(&[text], queued);
+            });
+            read.ok()?;
+            // The records of a joined answer (a provenance part's) are alike in size; were the
+            // first piece's much smaller than the rest, the room reserved and not used is given
+            // back below, never written.
+            if index == 0 && !queue.is_empty() {
+                let each = queue.queued_bytes() / queue.len() + 1;
+                let estimate = records.len() / each;
+                queue.reserve_exact(estimate + estimate / 8, records.len());
+            }
+        }
+        if !reader.is_closed() {
             return None;
         }
+        // Held until written, and nothing more is queued: no room to grow into.
+        queue.shrink_to_fit();
         self.inputs.push(Input {
             reader,
             ended: true,
@@ -845,8 +869,15 @@ impl RecordStream {
             })
     }
 
-    /// The bytes of the merged answer written since the last call.
+    /// The bytes of the merged answer written since the last call. An ordered merge writes at
+    /// most about [`WRITTEN_AT_ONCE_BYTES`] between calls: when nothing was written since the
+    /// last, this writes on first, so call it until it gives nothing before reading more. (An
+    /// unordered merge writes all it can as it reads, and closes when its last answer ends.)
     pub(crate) fn take(&mut self) -> Vec<u8> {
+        let ordered = self.decisions.order.is_some();
+        if ordered && self.decisions.out.bytes.is_empty() && !self.finished {
+            self.finish_if_ended();
+        }
         std::mem::take(&mut self.decisions.out.bytes)
     }
 
@@ -872,25 +903,34 @@ impl RecordStream {
         self.decisions.seen.capacity() * SEEN_SLOT_BYTES + nodes + queued
     }
 
-    /// Writes an ordered merge's queued records while the first in order is known and decided.
+    /// Writes an ordered merge's queued records while the first in order is known and decided,
+    /// until about [`WRITTEN_AT_ONCE_BYTES`] wait to be taken.
     fn write_ordered(&mut self) {
-        while let Some(index) = self.next_ordered() {
+        while self.decisions.out.bytes.len() < WRITTEN_AT_ONCE_BYTES {
+            let Some(index) = self.next_ordered() else {
+                return;
+            };
             let Some(verdict) = self.verdict(index) else {
                 return;
             };
-            let queue = &mut self.inputs[index].queue;
-            let Some(record) = queue.pop_front() else {
+            let input = &mut self.inputs[index];
+            let Some(record) = input.queue.pop_front() else {
                 return;
             };
-            let rewritten = match verdict {
-                HeadFate::Drop => continue,
-                HeadFate::Write => None,
-                HeadFate::WriteAs(text) => Some(text),
+            let text = match verdict {
+                HeadFate::Drop => None,
+                HeadFate::Write => Some(input.queue.text(&record)),
+                HeadFate::WriteAs(ref text) => Some(text.as_str()),
             };
             // A history record is written when no copy of it was.
-            if record.digest.is_none_or(|d| self.decisions.seen.insert(d)) {
-                let text = rewritten.as_deref().unwrap_or_else(|| queue.text(&record));
+            if let Some(text) =
+                text.filter(|_| record.digest.is_none_or(|d| self.decisions.seen.insert(d)))
+            {
                 self.decisions.out.write(text);
+            }
+            if input.ended && input.queue.is_empty() {
+                // Nothing more comes: what its queue grew to goes (a joined answer's, megabytes).
+                input.queue = RecordQueue::default();
             }
         }
     }
@@ -1038,7 +1078,9 @@ impl MergeStream {
         self.merge.end(input)
     }
 
-    /// The bytes of the answer written since the last call (empty when none).
+    /// The bytes of the answer written since the last call, or (when none were) what it can
+    /// write now, a bounded piece of an ordered answer at a time; empty when nothing can be
+    /// written until more is read.
     pub fn take(&mut self) -> Bytes {
         Bytes::from(self.merge.take())
     }
