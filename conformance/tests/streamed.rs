@@ -705,6 +705,54 @@ fn a_streamed_join_whose_provenance_part_fails_on_a_backend_is_partial() {
     assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
 }
 
+/// Ordered by name ascending, the provenance records (`pdbmux_source`) sort after every
+/// `fact-…` record: the facts stream first, and the provenance part is merged only when the
+/// stream reaches its records (docs/merging.md, "Streamed merges"). A provenance answer that
+/// is not an array of records is still found before the first byte: that backend is left out
+/// of the provenance records and the answer says it is partial, as when its merge came first.
+#[test]
+fn a_streamed_join_ordered_by_name_merges_its_provenance_part_when_it_gets_there() {
+    let (a, b) = facts_estate();
+    let mut h = harness(both(a, b));
+    let order = r#"[{"field":"name"},{"field":"certname"}]"#;
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
+    assert_streamed_whole(&response);
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    let (facts, sources) = facts_and_sources(&response);
+    assert_eq!(facts, from_owners(FACTS_PER_NODE));
+    assert_eq!(sources, owners_named(), "by certname, after every fact");
+    let records: Vec<Value> = serde_json::from_slice(&response.body).expect("an array");
+    let keys: Vec<(String, String)> = records
+        .iter()
+        .map(|r| (r["name"].to_string(), r["certname"].to_string()))
+        .collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert!(
+        keys == sorted,
+        "in the requested order across both backends"
+    );
+
+    let (a, b) = facts_estate();
+    let mut h = harness(vec![
+        FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+        FakeBackend::by_request("pdb-b", URL_B, move |asked: &Asked<'_>| {
+            // The provenance part asks each backend its nodes: an extract.
+            let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
+            match asked.path_and_query.starts_with(nodes) {
+                true => Reply::json(StatusCode::OK, r#"[{"certname":"shared","#).after(ms(3)),
+                false => b.answer(asked).after(ms(3)),
+            }
+        }),
+    ]);
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.header("x-backends"), Some("1/2"), "partial");
+    let (facts, sources) = facts_and_sources(&response);
+    assert_eq!(facts, from_owners(FACTS_PER_NODE), "the facts of both");
+    assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
+}
+
 /// Cached, a streamed join is one flight for its clients, and the whole answer, the provenance
 /// records with it, enters the cache.
 #[test]

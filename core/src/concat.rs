@@ -15,6 +15,9 @@
 //! An ordered request's answers are merged rather than joined: each plan's answer comes sorted
 //! by the request's `order_by`, and each record of the second takes its place among the
 //! first's, after those it ties with (streamed: [`crate::streamed::RecordStream::then_merge`]).
+//! When every record of the second sorts with one prefix (the provenance records under an order
+//! by name, [`Plan::merge_later`]), the first streams once the second's calls are answered, and
+//! the second is merged when the stream reaches that prefix, not before the first byte.
 
 use std::cmp::Ordering;
 
@@ -26,6 +29,7 @@ use crate::ids::BackendId;
 use crate::message::{Response, ResponseBody};
 use crate::records::{parse_records, write_array, Fields};
 use crate::sort::{self, OrderBy};
+use crate::streamed::JoinedLater;
 
 /// How many plans answer together.
 const PLANS: usize = 2;
@@ -42,6 +46,12 @@ pub(crate) struct Concat {
     verdicts: [Option<Verdict>; PLANS],
     /// The request's order, which both answers come sorted by: merged in it, not joined.
     order: Option<OrderBy>,
+    /// The second plan's calls, all answered, when its merge waits for the first's stream to
+    /// reach its records ([`Plan::merge_later`]); merged at once if the first's answer is
+    /// buffered after all.
+    later: Option<Calls>,
+    /// The second plan's merge that waits, until the first's stream takes it.
+    joined: Option<JoinedLater>,
 }
 
 impl Concat {
@@ -56,6 +66,8 @@ impl Concat {
             plans: [first, second],
             verdicts: [None, None],
             order,
+            later: None,
+            joined: None,
         }
     }
 
@@ -133,6 +145,17 @@ impl Concat {
             }
         }
     }
+}
+
+/// The first plan's streamed merge, its inputs numbered as the exchange numbers them.
+fn first_stream_start(first: &mut dyn Plan, context: &Context) -> Option<StreamStart> {
+    let mut start = first.stream_start(context)?;
+    start.inputs = start
+        .inputs
+        .into_iter()
+        .map(|(backend, part)| (backend, outer(0, part)))
+        .collect();
+    Some(start)
 }
 
 /// Plan `which`'s verdict with its part numbered as the exchange numbers it.
@@ -239,8 +262,19 @@ impl Plan for Concat {
     }
 
     /// The first plan's streamed merge, the second's records written after its own, once the
-    /// second merged; `None` until then.
-    fn stream_start(&self, context: &Context) -> Option<StreamStart> {
+    /// second merged; `None` until then. Ordered, the second's merge can wait for the stream to
+    /// reach its records ([`Plan::merge_later`]): the first byte does not wait for it.
+    fn stream_start(&mut self, context: &Context) -> Option<StreamStart> {
+        if let (Some(calls), Some(order)) = (&self.later, &self.order) {
+            // Taken by an earlier start that a backend's broken first bytes undid: made again.
+            let later = match self.joined.take() {
+                Some(later) => later,
+                None => self.plans[1].merge_later(calls, &buffered(context), order)?,
+            };
+            let mut start = first_stream_start(&mut *self.plans[0], context)?;
+            start.merge.then_merge_later(later)?;
+            return Some(start);
+        }
         let Some(Verdict::Merged {
             response,
             contributed,
@@ -250,12 +284,7 @@ impl Plan for Concat {
             return None;
         };
         let body = response.full_body()?;
-        let mut start = self.plans[0].stream_start(context)?;
-        start.inputs = start
-            .inputs
-            .into_iter()
-            .map(|(backend, part)| (backend, outer(0, part)))
-            .collect();
+        let mut start = first_stream_start(&mut *self.plans[0], context)?;
         match self.order {
             Some(_) => start.merge.then_merge(body)?,
             None => start.merge.then_write(array_inner(body)?),
@@ -278,6 +307,7 @@ impl Plan for Concat {
     /// that is (an unordered join writes the answer's own bytes after the first's, so they stay).
     fn streaming(&mut self) {
         self.verdicts = [None, None];
+        (self.later, self.joined) = (None, None);
         self.plans[0].streaming();
     }
 
@@ -304,12 +334,22 @@ impl Plan for Concat {
     }
 
     fn progress(&mut self, calls: &Calls, context: &Context) -> Step {
+        let first_streams = self.plans[0].streams();
         let mut more = Vec::new();
         for (which, (plan, verdict)) in self.plans.iter_mut().zip(&mut self.verdicts).enumerate() {
             if verdict.is_some() {
                 continue;
             }
+            if which == 1 && self.later.is_some() {
+                continue;
+            }
             let own = Concat::own_calls(calls, which);
+            if let (1, Some(order), true) = (which, &self.order, first_streams) {
+                if let Some(joined) = plan.merge_later(&own, &buffered(context), order) {
+                    (self.later, self.joined) = (Some(own), Some(joined));
+                    continue;
+                }
+            }
             match plan.progress(&own, &context_of(which, context)) {
                 Step::Wait => {}
                 Step::Call(next) => {
@@ -320,6 +360,24 @@ impl Plan for Concat {
         }
         if !more.is_empty() {
             return Step::Call(more);
+        }
+        // The first's answer buffered after all (under the streaming threshold): the second's
+        // merge that waited for its stream is merged now.
+        if let Some(later) = self.later.take_if(|_| self.verdicts[0].is_some()) {
+            self.joined = None;
+            match self.plans[1].progress(&later, &buffered(context)) {
+                Step::Done(done) => self.verdicts[1] = Some(done),
+                // A merge that waits asks nothing more (`Plan::merge_later`); were it to, it is
+                // asked, and progresses as any other.
+                Step::Call(next) => {
+                    return Step::Call(
+                        next.into_iter()
+                            .map(|(b, part)| (b, outer(1, part)))
+                            .collect(),
+                    )
+                }
+                Step::Wait => {}
+            }
         }
         Concat::decided(&mut self.verdicts, self.order.as_ref()).map_or(Step::Wait, Step::Done)
     }

@@ -251,13 +251,28 @@ pub(crate) trait Plan: fmt::Debug + Send {
     /// The streamed merge of its record calls, when [`Plan::streams`]: the merge over the
     /// backends asked (its inputs, in order) and how many backends the answer counts beyond
     /// those that answered (those it did not need to ask).
-    fn stream_start(&self, _context: &Context) -> Option<StreamStart> {
+    fn stream_start(&mut self, _context: &Context) -> Option<StreamStart> {
         None
     }
 
     /// Its merge streams (the exchange took [`Plan::stream_start`]'s): what it kept only for a
     /// buffered answer can go, such as a join's other answers, now held in the stream.
     fn streaming(&mut self) {}
+
+    /// Its answer's merge, to run later, when `calls` answered everything it asks and every
+    /// record of its answer sorts with one key prefix under `order` (the provenance records'
+    /// `name`): an ordered stream it is joined with writes the records before that prefix
+    /// first, and merges it when it gets there (`core/src/concat.rs`). `None` when it cannot
+    /// wait: a call under way or failed, a body that is not an array of records (that backend
+    /// failing is decided before the first byte), more calls to come, or no such prefix.
+    fn merge_later(
+        &self,
+        _calls: &Calls,
+        _context: &Context,
+        _order: &crate::sort::OrderBy,
+    ) -> Option<crate::streamed::JoinedLater> {
+        None
+    }
 
     /// A copy of this plan as it was planned, to ask the backends the prober kept out when every
     /// backend in service failed (fail open). The exchange takes it before [`Plan::start`], and

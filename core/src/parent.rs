@@ -111,7 +111,7 @@ impl Plan for ParentChecked {
     }
 
     /// The merge's stream, once the parent is known (`None` until then).
-    fn stream_start(&self, context: &Context) -> Option<StreamStart> {
+    fn stream_start(&mut self, context: &Context) -> Option<StreamStart> {
         if !self.parent_known {
             return None;
         }

@@ -198,7 +198,12 @@ fn poll_merge<R: Runtime>(
             }
             *taken = held;
         }
-        let out = stream.take();
+        let out = match stream.take() {
+            Ok(out) => out,
+            Err(broken) => {
+                return Poll::Ready(Some(Err(StreamFailure::Upstream(broken.to_string()))))
+            }
+        };
         if !out.is_empty() {
             return Poll::Ready(Some(Ok(out)));
         }

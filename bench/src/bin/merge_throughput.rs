@@ -278,7 +278,7 @@ fn merge_streamed_once(
         // else the next piece of each body it wants.
         if let Some(merged) = stream.merge_read_ahead() {
             merged.map_err(broken)?;
-            sink(&stream.take());
+            sink(&stream.take().map_err(broken)?);
             continue;
         }
         for &(input, id) in &inputs {
@@ -297,10 +297,10 @@ fn merge_streamed_once(
                 }
                 None => {}
             }
-            sink(&stream.take());
+            sink(&stream.take().map_err(broken)?);
         }
     }
-    sink(&stream.take());
+    sink(&stream.take().map_err(broken)?);
     Ok(())
 }
 

@@ -34,14 +34,16 @@ use crate::entity::{ColumnSet, Entity, Identity, MergeRule};
 use crate::fanout::{Calls, Context, CorrectionCall, Outbound, Plan, Step, StreamStart, Verdict};
 use crate::ids::BackendId;
 use crate::membership::Scope;
-use crate::message::{BodyMode, Response};
+use crate::message::{BodyMode, Response, ResponseBody};
 use crate::outbound;
 use crate::ownership::{narrow, NodeScope, Owning};
 use crate::query::{self, Params, ParsedQuery, QueryText};
 use crate::route::Route;
 use crate::sort::{self, OrderBy};
 use crate::status::Unusable;
-use crate::streamed::{NodeRecords, RecordStream, StreamRule, StreamedProvenance};
+use crate::streamed::{
+    JoinedLater, MergeBroken, NodeRecords, RecordStream, StreamRule, StreamedProvenance,
+};
 
 pub(crate) use facts::filter_source_records;
 pub(crate) use rows::{Unfilled, Window};
@@ -811,7 +813,7 @@ impl Plan for RecordPlan {
         self.streamed
     }
 
-    fn stream_start(&self, context: &Context) -> Option<StreamStart> {
+    fn stream_start(&mut self, context: &Context) -> Option<StreamStart> {
         if !self.streamed {
             return None;
         }
@@ -1006,6 +1008,56 @@ impl Plan for RecordPlan {
 
     fn learned(&self, calls: &Calls) -> Vec<Learned> {
         CorrectionCall::learned(&self.corrections, calls, CORRECTION)
+    }
+
+    /// The provenance records alone (a join's provenance part), unpaged and without a total,
+    /// under an order by `name` first: each record's name is the provenance fact's.
+    fn merge_later(
+        &self,
+        calls: &Calls,
+        context: &Context,
+        order: &OrderBy,
+    ) -> Option<JoinedLater> {
+        let only_provenance = matches!(self.provenance, Provenance::SyntheticOnly { .. });
+        let by_name = order.fields.first().is_some_and(|f| f.field == "name");
+        if !only_provenance || !by_name || self.window.is_paged() || self.include_total {
+            return None;
+        }
+        // One call a backend asked, each answered with an array of records: what the merge finds
+        // unusable is found now, before the first byte.
+        if self.asked.is_empty() || calls.0.len() != self.asked.len() {
+            return None;
+        }
+        for asked in &self.asked {
+            let (_, body) = calls.success(asked.backend, RECORDS)?;
+            crate::records::parse_records(body).ok()?;
+        }
+        let name = serde_json::value::RawValue::from_string(
+            serde_json::to_string(&self.config.source_fact).ok()?,
+        )
+        .ok()?;
+        let prefix = sort::sort_key(order, |field| (field == "name").then_some(&*name)).leading(1);
+        let (mut plan, calls, context) = (self.clone(), Calls(calls.0.clone()), context.clone());
+        Some(JoinedLater::new(prefix, move || {
+            match plan.progress(&calls, &context) {
+                Step::Done(Verdict::Merged {
+                    response, unusable, ..
+                }) if unusable.is_empty() => match response.body {
+                    ResponseBody::Full(body) => Ok(body),
+                    _ => Err(MergeBroken::Joined("its merge gave no body".to_owned())),
+                },
+                Step::Done(
+                    Verdict::Merged { unusable, .. } | Verdict::Unanswered { unusable, .. },
+                ) => {
+                    let why: Vec<String> = unusable
+                        .iter()
+                        .map(|(backend, why)| format!("backend {}: {why}", backend.0))
+                        .collect();
+                    Err(MergeBroken::Joined(why.join("; ")))
+                }
+                _ => Err(MergeBroken::Joined("its merge asked for more".to_owned())),
+            }
+        }))
     }
 }
 

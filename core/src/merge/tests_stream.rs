@@ -8,7 +8,7 @@ use super::tests::{config, merge, ownership, plan};
 use crate::entity::Entity;
 use crate::ids::BackendId;
 use crate::ownership::NodeScope;
-use crate::streamed::{MergeStream, RecordStream, StreamRule};
+use crate::streamed::{JoinedLater, MergeBroken, MergeStream, RecordStream, StreamRule};
 
 /// The certnames the generated estates draw from.
 const NODES: [&str; 6] = ["n0", "n1", "n2", "n3", "n4", "n5"];
@@ -69,7 +69,7 @@ pub(super) fn feed(
             stream.push(input, &body[at[input]..end]).expect("records");
             at[input] = end;
         }
-        out.extend(stream.take());
+        out.extend(stream.take().expect("merged"));
     }
     String::from_utf8(out).expect("utf-8")
 }
@@ -79,7 +79,7 @@ pub(super) fn feed(
 fn taken_whole(stream: &mut RecordStream) -> Vec<u8> {
     let mut out = Vec::new();
     loop {
-        let piece = stream.take();
+        let piece = stream.take().expect("merged");
         if piece.is_empty() {
             break;
         }
@@ -446,7 +446,7 @@ fn an_ordered_merge_stops_wanting_a_backend_that_read_far_ahead_of_another() {
     assert!(read < ahead.len(), "stopped before backend 1's end");
     assert!(stream.wants(0), "the backend with nothing queued is read");
     assert!(
-        stream.take().is_empty(),
+        stream.take().expect("merged").is_empty(),
         "nothing is known to come first yet"
     );
     stream.push(0, behind.as_bytes()).expect("records");
@@ -555,7 +555,7 @@ fn pieces_read_ahead_of_a_backend_past_its_share_wait_for_the_backend_an_ordered
             .expect("backend 0's piece is still to merge")
             .expect("records");
         merged += 1;
-        out.push_str(std::str::from_utf8(&stream.take()).expect("utf-8"));
+        out.push_str(std::str::from_utf8(&stream.take().expect("merged")).expect("utf-8"));
     }
     // Backend 1's pieces go first until it holds its share (1 MiB, 16 pieces), then backend
     // 0's: not after all of backend 1's.
@@ -571,11 +571,11 @@ fn pieces_read_ahead_of_a_backend_past_its_share_wait_for_the_backend_an_ordered
     stream.end(0).expect("whole");
     while let Some(merged) = stream.merge_read_ahead() {
         merged.expect("records");
-        out.push_str(std::str::from_utf8(&stream.take()).expect("utf-8"));
+        out.push_str(std::str::from_utf8(&stream.take().expect("merged")).expect("utf-8"));
     }
     stream.end(1).expect("whole");
     assert!(stream.is_finished());
-    out.push_str(std::str::from_utf8(&stream.take()).expect("utf-8"));
+    out.push_str(std::str::from_utf8(&stream.take().expect("merged")).expect("utf-8"));
     let records: Vec<Value> = serde_json::from_str(&out).expect("one array");
     assert_eq!(records.len(), 40_002);
     assert_eq!(
@@ -623,7 +623,7 @@ fn an_unplaced_node_of_a_later_backend_holds_what_sorts_after_it_counted_as_held
         }
         most_held = most_held.max(stream.held_bytes());
         // Taken as the driver takes it: until nothing more is written, before reading on.
-        while !stream.take().is_empty() {}
+        while !stream.take().expect("merged").is_empty() {}
         if !progressed {
             break;
         }
@@ -675,7 +675,7 @@ fn a_large_joined_answer_is_written_a_piece_at_a_time_and_let_go() {
     let mut out = Vec::new();
     let mut largest = 0;
     loop {
-        let piece = stream.take();
+        let piece = stream.take().expect("merged");
         if piece.is_empty() {
             break;
         }
@@ -743,4 +743,161 @@ fn records_merged_into_an_ordered_stream_take_their_place_after_those_they_tie_w
         (None, None),
     );
     assert_eq!(unordered.then_merge(b"[]"), None, "not ordered");
+}
+
+/// A stream over two backends ordered by title then certname, joined with `later`, and the
+/// joined records every one of which has the title `/m`.
+fn joined_later_stream(
+    later: impl FnOnce() -> Result<bytes::Bytes, MergeBroken> + Send + Sync + 'static,
+) -> RecordStream {
+    let order = order_of("resources", r#"[{"field":"title"},{"field":"certname"}]"#);
+    let title = serde_json::value::RawValue::from_string(r#""/m""#.to_owned()).expect("JSON");
+    let prefix = crate::sort::sort_key(&order, |field| (field == "title").then_some(&*title));
+    let asked = vec![BackendId(0), BackendId(1)];
+    let map = ownership(&[], &[]);
+    let mut stream = RecordStream::new(StreamRule::Owned(map, scope()), asked, (None, Some(order)));
+    stream
+        .then_merge_later(JoinedLater::new(prefix.leading(1), later))
+        .expect("ordered");
+    stream
+}
+
+/// The joined records of [`joined_later_stream`].
+const JOINED_LATER: &str = r#"[{"certname":"j0","title":"/m"},{"certname":"j1","title":"/m"}]"#;
+
+/// The titles and certnames of a merged answer, in order.
+fn titled(merged: &[u8]) -> Vec<(String, String)> {
+    let records: Vec<Value> = serde_json::from_slice(merged).expect("one array");
+    records
+        .iter()
+        .map(|r| {
+            (
+                r["title"].as_str().unwrap_or("").to_owned(),
+                r["certname"].as_str().unwrap_or("").to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// A joined answer whose records all sort with one prefix (the provenance records of an order
+/// by name) is merged only when the stream reaches that prefix: what sorts before it is written
+/// first, while it is not merged (the first byte does not wait for it), and the answer is the
+/// one merged whole beforehand gives.
+#[test]
+fn a_joined_answer_merged_later_waits_until_the_stream_reaches_its_records() {
+    let merged = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let told = merged.clone();
+    let mut stream = joined_later_stream(move || {
+        told.store(true, std::sync::atomic::Ordering::SeqCst);
+        Ok(bytes::Bytes::from_static(JOINED_LATER.as_bytes()))
+    });
+    let is_merged = || merged.load(std::sync::atomic::Ordering::SeqCst);
+    let mut out = Vec::new();
+    stream
+        .push(0, br#"[{"certname":"n0","title":"/a"},"#)
+        .expect("records");
+    stream
+        .push(
+            1,
+            br#"[{"certname":"n1","title":"/b"},{"certname":"n1","title":"/c"},"#,
+        )
+        .expect("records");
+    out.extend(stream.take().expect("merged"));
+    stream
+        .push(0, br#"{"certname":"n0","title":"/z"}]"#)
+        .expect("records");
+    stream.end(0).expect("whole");
+    out.extend(stream.take().expect("merged"));
+    assert_eq!(
+        (titled(&[&out[..], b"]"].concat()).len(), is_merged()),
+        (3, false),
+        "/a, /b and /c written before the joined answer is merged"
+    );
+    // What ties with the prefix may sort either side of the joined records: merged now.
+    stream
+        .push(
+            1,
+            br#"{"certname":"n1","title":"/m"},{"certname":"n1","title":"/y"}]"#,
+        )
+        .expect("records");
+    stream.end(1).expect("whole");
+    out.extend(taken_whole(&mut stream));
+    assert!(is_merged());
+    let pairs = |list: &[(&str, &str)]| -> Vec<(String, String)> {
+        list.iter()
+            .map(|(t, c)| (t.to_string(), c.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        titled(&out),
+        pairs(&[
+            ("/a", "n0"),
+            ("/b", "n1"),
+            ("/c", "n1"),
+            ("/m", "j0"),
+            ("/m", "j1"),
+            ("/m", "n1"),
+            ("/y", "n1"),
+            ("/z", "n0")
+        ])
+    );
+    assert_eq!(
+        stream.held_bytes(),
+        0,
+        "nothing held once the answer is whole"
+    );
+
+    // The same answers with the joined records merged beforehand: the same answer.
+    let order = order_of("resources", r#"[{"field":"title"},{"field":"certname"}]"#);
+    let asked = vec![BackendId(0), BackendId(1)];
+    let mut before = RecordStream::new(
+        StreamRule::Owned(ownership(&[], &[]), scope()),
+        asked,
+        (None, Some(order)),
+    );
+    before.then_merge(JOINED_LATER.as_bytes()).expect("records");
+    let answers = [
+        r#"[{"certname":"n0","title":"/a"},{"certname":"n0","title":"/z"}]"#.to_owned(),
+        r#"[{"certname":"n1","title":"/b"},{"certname":"n1","title":"/c"},{"certname":"n1","title":"/m"},{"certname":"n1","title":"/y"}]"#.to_owned(),
+    ];
+    assert_eq!(
+        titled(feed(&mut before, &answers, &[9], &[0, 1]).as_bytes()),
+        titled(&out)
+    );
+}
+
+/// A joined answer that cannot be merged when the stream reaches it breaks the answer: what was
+/// written stays, nothing more is, and the answer never completes (the driver ends the body so
+/// that it does not parse).
+#[test]
+fn a_joined_answer_that_cannot_be_merged_later_breaks_the_stream() {
+    let mut stream = joined_later_stream(|| {
+        Err(MergeBroken::Joined(
+            "backend 1: unparseable body".to_owned(),
+        ))
+    });
+    let first = br#"[{"certname":"n0","title":"/a"},{"certname":"n0","title":"/z"}]"#;
+    stream.push(0, first).expect("records");
+    stream.end(0).expect("whole");
+    stream
+        .push(1, br#"[{"certname":"n1","title":"/b"},"#)
+        .expect("records");
+    let written = stream.take().expect("what sorts before the joined records");
+    assert_eq!(
+        titled(&[&written[..], b"]"].concat()),
+        vec![
+            ("/a".to_owned(), "n0".to_owned()),
+            ("/b".to_owned(), "n1".to_owned())
+        ]
+    );
+    stream
+        .push(1, br#"{"certname":"n1","title":"/y"}]"#)
+        .expect("records");
+    stream.end(1).expect("whole");
+    let broken = stream
+        .take()
+        .expect_err("the joined answer could not be merged");
+    assert!(broken.to_string().contains("unparseable body"), "{broken}");
+    assert!(!stream.is_finished());
+    assert!(stream.take().is_err(), "and stays broken");
 }

@@ -267,7 +267,7 @@ fn both_merges(
         stream.skip(failed);
     }
     // What the skip wrote (the whole answer when no other backend was asked).
-    let written = String::from_utf8(stream.take()).expect("utf-8");
+    let written = String::from_utf8(stream.take().expect("merged")).expect("utf-8");
     let streamed = written + &feed(&mut stream, &answers, pieces, turns);
     // Whatever waited was let go once written or known not to be.
     assert_eq!(

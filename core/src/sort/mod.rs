@@ -515,6 +515,16 @@ impl KeyPart {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SortKey(SmallVec<[KeyPart; 2]>);
 
+impl SortKey {
+    /// This key's first `fields` parts alone: it compares with whole keys on those fields only
+    /// ([`compare`] stops at the shorter key), the prefix every record of a set sorts with when
+    /// those fields hold the same values in each.
+    pub(crate) fn leading(mut self, fields: usize) -> SortKey {
+        self.0.truncate(fields);
+        self
+    }
+}
+
 /// A text key part's bytes, held inline up to 24 bytes (most certnames, fact names and resource
 /// types; longer ones spill to the heap): an ordered merge builds a key per record, and a key
 /// that allocates nothing costs it no allocator round trip.

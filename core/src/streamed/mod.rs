@@ -42,21 +42,32 @@ use crate::sort::{self, OrderBy, SortKey};
 use serde_json::value::RawValue;
 use smallvec::SmallVec;
 
+mod joined;
 mod nodes;
 mod queue;
+
+pub(crate) use joined::JoinedLater;
 
 pub(crate) use nodes::NodeRecords;
 use nodes::{Queue, NODE_FIELDS};
 use queue::{Queued, RecordQueue, Span};
 
-/// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects.
+/// Why a streamed answer cannot be merged: a backend's body is not a JSON array of objects, or
+/// an answer joined with it could not be merged when the stream reached it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the answer of backend {backend} is not a JSON array of objects: {reason}")]
-pub struct MergeBroken {
-    /// The backend whose body broke (its index in the configuration).
-    pub(crate) backend: usize,
-    /// What was wrong.
-    pub(crate) reason: String,
+pub enum MergeBroken {
+    /// A backend's body broke.
+    #[error("the answer of backend {backend} is not a JSON array of objects: {reason}")]
+    Body {
+        /// The backend (its index in the configuration).
+        backend: usize,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A joined answer merged only when the stream reached it
+    /// (`RecordStream::then_merge_later`) could not be: why.
+    #[error("the joined answer could not be merged: {0}")]
+    Joined(String),
 }
 
 /// The fields every record is read for: whose node it is, and for `/facts` its name (the
@@ -256,15 +267,15 @@ struct Input {
     last: Option<(String, Keep)>,
     /// An ordered merge's records read and not yet written (kept, or to be decided), in order.
     queue: RecordQueue,
+    /// A joined answer merged only once the merge reaches it ([`RecordStream::then_merge_later`]):
+    /// until then it has no records and has not ended.
+    later: Option<JoinedLater>,
 }
 
 /// How many bytes of records an ordered merge queues from one backend before it waits for the
 /// others ([`RecordStream::wants`]): a few hundred records, small beside the 8 MiB read before a
 /// merge streams.
 const ORDERED_AHEAD_BYTES: usize = 1024 * 1024;
-
-/// How much of an answer joined in order [`RecordStream::then_merge`] reads at once.
-const JOINED_PIECE_BYTES: usize = 64 * 1024;
 
 /// How many bytes an ordered merge writes before they are taken ([`RecordStream::take`] writes
 /// on): what sorts next can be every record of an answer joined in order (the provenance
@@ -570,6 +581,8 @@ pub(crate) struct RecordStream {
     /// Records written after the merged ones ([`RecordStream::then_write`]).
     then: Vec<Bytes>,
     finished: bool,
+    /// Why a joined answer merged later could not be ([`RecordStream::take`] says so).
+    broken: Option<MergeBroken>,
 }
 
 impl RecordStream {
@@ -622,6 +635,7 @@ impl RecordStream {
                     ended: false,
                     last: None,
                     queue: RecordQueue::default(),
+                    later: None,
                 })
                 .collect(),
             picked,
@@ -640,6 +654,7 @@ impl RecordStream {
             },
             then: Vec::new(),
             finished: false,
+            broken: None,
         }
     }
 
@@ -727,7 +742,7 @@ impl RecordStream {
                 }),
             }
         });
-        pushed.map_err(|reason| MergeBroken {
+        pushed.map_err(|reason| MergeBroken::Body {
             backend: self.decisions.asked[input].0,
             reason,
         })?;
@@ -741,7 +756,7 @@ impl RecordStream {
             return Ok(());
         };
         if !state.reader.is_closed() {
-            return Err(MergeBroken {
+            return Err(MergeBroken::Body {
                 backend: self.decisions.asked[input].0,
                 reason: "the body ended inside the array".to_owned(),
             });
@@ -767,52 +782,64 @@ impl RecordStream {
     /// input that has ended. `None` when they are not an array of records or the merge is not
     /// ordered (or merges `/nodes`).
     pub(crate) fn then_merge(&mut self, records: &[u8]) -> Option<()> {
-        // `/nodes` decides by which backends' answers have ended, one input each: nothing is
-        // joined with it.
-        if matches!(self.decisions.rule, StreamRule::Node(_)) {
-            return None;
-        }
-        let order = self.decisions.order.as_ref()?;
-        // Read as a backend's answer is, each record once for its order's fields.
-        let names: Vec<&str> = order.fields.iter().map(|f| f.field.as_str()).collect();
-        let mut reader = ArrayReader::new();
-        let mut queue = RecordQueue::default();
-        // In pieces, so that the reader holds a piece, not a copy of the whole answer; and the
-        // queue sized once, by the first piece's records, rather than by doubling (which holds
-        // the old and the new room at once, megabytes at 100,000 nodes).
-        for (index, piece) in records.chunks(JOINED_PIECE_BYTES).enumerate() {
-            let read = reader.push(piece, &names, |text, fields| {
-                let queued = Queued {
-                    key: sort_key(order, &names, fields),
-                    unplaced: None,
-                    synthetic: false,
-                    digest: None,
-                    span: Span::default(),
-                };
-                queue.push_back(&[text], queued);
-            });
-            read.ok()?;
-            // The records of a joined answer (a provenance part's) are alike in size; were the
-            // first piece's much smaller than the rest, the room reserved and not used is given
-            // back below, never written.
-            if index == 0 && !queue.is_empty() {
-                let each = queue.queued_bytes() / queue.len() + 1;
-                let estimate = records.len() / each;
-                queue.reserve_exact(estimate + estimate / 8, records.len());
-            }
-        }
-        if !reader.is_closed() {
-            return None;
-        }
-        // Held until written, and nothing more is queued: no room to grow into.
-        queue.shrink_to_fit();
+        let order = self.joinable_order()?;
+        let queue = joined::read_sorted(records, order)?;
         self.inputs.push(Input {
-            reader,
+            reader: ArrayReader::new(),
             ended: true,
             last: None,
             queue,
+            later: None,
         });
         Some(())
+    }
+
+    /// [`RecordStream::then_merge`] for an answer merged only when this merge reaches the
+    /// records it holds: every record of it sorts with `later`'s prefix, so the records that
+    /// sort before that are written first, while it is not merged yet (docs/merging.md,
+    /// "Streamed merges"). `None` when the merge is not ordered (or merges `/nodes`).
+    pub(crate) fn then_merge_later(&mut self, later: JoinedLater) -> Option<()> {
+        self.joinable_order()?;
+        self.inputs.push(Input {
+            reader: ArrayReader::new(),
+            ended: false,
+            last: None,
+            queue: RecordQueue::default(),
+            later: Some(later),
+        });
+        Some(())
+    }
+
+    /// The order an answer joined with this merge is merged in: `None` when it is not ordered,
+    /// or merges `/nodes`, which decides by which backends' answers have ended, one input each.
+    fn joinable_order(&self) -> Option<&OrderBy> {
+        if matches!(self.decisions.rule, StreamRule::Node(_)) {
+            return None;
+        }
+        self.decisions.order.as_ref()
+    }
+
+    /// Merges the joined answer of `index` ([`RecordStream::then_merge_later`]) now: its
+    /// records are queued, and it has ended. One that cannot be merged breaks the answer.
+    fn merge_later(&mut self, index: usize) {
+        let Some(later) = self.inputs[index].later.take() else {
+            return;
+        };
+        let queued = match later.merge() {
+            Ok(records) => self
+                .joinable_order()
+                .and_then(|order| joined::read_sorted(&records, order))
+                .ok_or_else(|| {
+                    MergeBroken::Joined("its merged records are not an array of records".to_owned())
+                }),
+            Err(broken) => Err(broken),
+        };
+        let input = &mut self.inputs[index];
+        input.ended = true;
+        match queued {
+            Ok(queue) => input.queue = queue,
+            Err(broken) => self.broken = Some(broken),
+        }
     }
 
     /// `/nodes`: writes the records that waited for `input`'s answer to end (ordered: they are
@@ -865,7 +892,10 @@ impl RecordStream {
         self.decisions.order.is_none()
             || this.queue.queued_bytes() < ORDERED_AHEAD_BYTES
             || !self.inputs.iter().enumerate().any(|(other, i)| {
-                other != input && !i.ended && i.queue.iter().all(|queued| queued.synthetic)
+                other != input
+                    && !i.ended
+                    && i.later.is_none()
+                    && i.queue.iter().all(|queued| queued.synthetic)
             })
     }
 
@@ -873,12 +903,17 @@ impl RecordStream {
     /// most about [`WRITTEN_AT_ONCE_BYTES`] between calls: when nothing was written since the
     /// last, this writes on first, so call it until it gives nothing before reading more. (An
     /// unordered merge writes all it can as it reads, and closes when its last answer ends.)
-    pub(crate) fn take(&mut self) -> Vec<u8> {
+    /// An error once a joined answer merged later could not be
+    /// ([`RecordStream::then_merge_later`]): the answer cannot be completed.
+    pub(crate) fn take(&mut self) -> Result<Vec<u8>, MergeBroken> {
         let ordered = self.decisions.order.is_some();
         if ordered && self.decisions.out.bytes.is_empty() && !self.finished {
             self.finish_if_ended();
         }
-        std::mem::take(&mut self.decisions.out.bytes)
+        match self.broken.clone() {
+            Some(broken) => Err(broken),
+            None => Ok(std::mem::take(&mut self.decisions.out.bytes)),
+        }
     }
 
     /// Whether every answer ended and the merged answer is whole.
@@ -906,7 +941,11 @@ impl RecordStream {
     /// Writes an ordered merge's queued records while the first in order is known and decided,
     /// until about [`WRITTEN_AT_ONCE_BYTES`] wait to be taken.
     fn write_ordered(&mut self) {
-        while self.decisions.out.bytes.len() < WRITTEN_AT_ONCE_BYTES {
+        while self.decisions.out.bytes.len() < WRITTEN_AT_ONCE_BYTES && self.broken.is_none() {
+            if let Some(later) = self.later_due() {
+                self.merge_later(later);
+                continue;
+            }
             let Some(index) = self.next_ordered() else {
                 return;
             };
@@ -962,11 +1001,29 @@ impl RecordStream {
     }
 
     /// The input whose queued record sorts first, when it is known: every input still answering
-    /// has one queued (ties to the earlier input).
+    /// has one queued (ties to the earlier input). A joined answer merged later
+    /// ([`RecordStream::then_merge_later`]) is not among them: it is merged first when due
+    /// ([`RecordStream::later_due`]).
     fn next_ordered(&self) -> Option<usize> {
+        let (index, head) = self.least_head()??;
+        let input = &self.inputs[index];
+        if head.synthetic && !input.ended && input.queue.iter().skip(1).all(|q| q.synthetic) {
+            // A record of its node still to be read may sort with it, and goes first.
+            return None;
+        }
+        Some(index)
+    }
+
+    /// The queued record that sorts first, and its input, of the inputs that are not joined
+    /// answers merged later: `None` while an input still answering has none queued (what it
+    /// reads next may sort first), `Some(None)` when every one has ended and is written.
+    fn least_head(&self) -> Option<Option<(usize, &Queued)>> {
         let order = self.decisions.order.as_ref()?;
         let mut least: Option<(usize, &Queued)> = None;
         for (index, input) in self.inputs.iter().enumerate() {
+            if input.later.is_some() {
+                continue;
+            }
             let Some(head) = input.queue.front() else {
                 if input.ended {
                     continue;
@@ -980,13 +1037,22 @@ impl RecordStream {
                 least = Some((index, head));
             }
         }
-        let (index, head) = least?;
-        let input = &self.inputs[index];
-        if head.synthetic && !input.ended && input.queue.iter().skip(1).all(|q| q.synthetic) {
-            // A record of its node still to be read may sort with it, and goes first.
+        Some(least)
+    }
+
+    /// The joined answer merged later that is due now: nothing left to write sorts before the
+    /// records it holds (they sort after whatever ties with their prefix only once merged).
+    fn later_due(&self) -> Option<usize> {
+        let order = self.decisions.order.as_ref()?;
+        if self.inputs.iter().all(|input| input.later.is_none()) {
             return None;
         }
-        Some(index)
+        let least = self.least_head()?;
+        self.inputs.iter().position(|input| {
+            input.later.as_ref().is_some_and(|later| {
+                !least.is_some_and(|(_, head)| later.sorts_after(&head.key, order))
+            })
+        })
     }
 
     /// Decides the waiting records of each input every input before which has ended, in
@@ -1080,9 +1146,10 @@ impl MergeStream {
 
     /// The bytes of the answer written since the last call, or (when none were) what it can
     /// write now, a bounded piece of an ordered answer at a time; empty when nothing can be
-    /// written until more is read.
-    pub fn take(&mut self) -> Bytes {
-        Bytes::from(self.merge.take())
+    /// written until more is read. An error when an answer joined with it could not be merged
+    /// as the stream reached it: the answer cannot be completed.
+    pub fn take(&mut self) -> Result<Bytes, MergeBroken> {
+        self.merge.take().map(Bytes::from)
     }
 
     /// Whether the answer is whole: every body ended and the array closed.
