@@ -17,7 +17,8 @@
 //! first's, after those it ties with (streamed: [`crate::streamed::RecordStream::then_merge`]).
 //! When every record of the second sorts with one prefix (the provenance records under an order
 //! by name, [`Plan::merge_later`]), the first streams once the second's calls are answered, and
-//! the second is merged when the stream reaches that prefix, not before the first byte.
+//! the second is merged once the first records have left (or the stream reaches that prefix),
+//! not before the first byte.
 
 use std::cmp::Ordering;
 

@@ -261,8 +261,9 @@ pub(crate) trait Plan: fmt::Debug + Send {
 
     /// Its answer's merge, to run later, when `calls` answered everything it asks and every
     /// record of its answer sorts with one key prefix under `order` (the provenance records'
-    /// `name`): an ordered stream it is joined with writes the records before that prefix
-    /// first, and merges it when it gets there (`core/src/concat.rs`). `None` when it cannot
+    /// `name`): an ordered stream it is joined with starts without it, and merges it once its
+    /// first records have left, or when it reaches that prefix (`core/src/concat.rs`). `None`
+    /// when it cannot
     /// wait: a call under way or failed, a body that is not an array of records (that backend
     /// failing is decided before the first byte), more calls to come, or no such prefix.
     fn merge_later(

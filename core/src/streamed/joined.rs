@@ -18,10 +18,11 @@ const JOINED_PIECE_BYTES: usize = 64 * 1024;
 /// could not be merged.
 type MergeJoined = Box<dyn FnOnce() -> Result<Bytes, MergeBroken> + Send + Sync>;
 
-/// An answer an ordered stream is joined with whose merge waits until the stream reaches its
-/// records: every record of it sorts with one key prefix (its leading `order_by` fields hold
-/// the same values in each: the provenance records' `name`), so the stream's records that sort
-/// before that prefix are written while it is not merged (docs/merging.md, "Streamed merges").
+/// An answer an ordered stream is joined with whose merge waits until the stream's first records
+/// were taken, or the stream reaches its records: every record of it sorts with one key prefix
+/// (its leading `order_by` fields hold the same values in each: the provenance records'
+/// `name`), so the stream's records that sort before that prefix can be written while it is not
+/// merged (docs/merging.md, "Streamed merges").
 pub(crate) struct JoinedLater {
     prefix: SortKey,
     merge: MergeJoined,

@@ -267,8 +267,8 @@ struct Input {
     last: Option<(String, Keep)>,
     /// An ordered merge's records read and not yet written (kept, or to be decided), in order.
     queue: RecordQueue,
-    /// A joined answer merged only once the merge reaches it ([`RecordStream::then_merge_later`]):
-    /// until then it has no records and has not ended.
+    /// A joined answer merged later ([`RecordStream::then_merge_later`]): until then it has no
+    /// records and has not ended.
     later: Option<JoinedLater>,
 }
 
@@ -794,10 +794,11 @@ impl RecordStream {
         Some(())
     }
 
-    /// [`RecordStream::then_merge`] for an answer merged only when this merge reaches the
-    /// records it holds: every record of it sorts with `later`'s prefix, so the records that
-    /// sort before that are written first, while it is not merged yet (docs/merging.md,
-    /// "Streamed merges"). `None` when the merge is not ordered (or merges `/nodes`).
+    /// [`RecordStream::then_merge`] for an answer merged only once this merge's first records
+    /// were taken, or it reaches the records it holds: every record of it sorts with `later`'s
+    /// prefix, so the records that sort before that prefix can be written first, while it is
+    /// not merged (docs/merging.md, "Streamed merges"). `None` when the merge is not ordered (or
+    /// merges `/nodes`).
     pub(crate) fn then_merge_later(&mut self, later: JoinedLater) -> Option<()> {
         self.joinable_order()?;
         self.inputs.push(Input {
@@ -1040,12 +1041,16 @@ impl RecordStream {
         Some(least)
     }
 
-    /// The joined answer merged later that is due now: nothing left to write sorts before the
-    /// records it holds (they sort after whatever ties with their prefix only once merged).
+    /// The joined answer merged later that is due now: the first records written have been
+    /// taken (the first byte has left: what the merge needs is let go of as soon as it can be,
+    /// rather than held while half the answer streams), or nothing left to write sorts before
+    /// the records it holds (they sort after whatever ties with their prefix only once merged).
     fn later_due(&self) -> Option<usize> {
         let order = self.decisions.order.as_ref()?;
-        if self.inputs.iter().all(|input| input.later.is_none()) {
-            return None;
+        let first = self.inputs.iter().position(|input| input.later.is_some())?;
+        let out = &self.decisions.out;
+        if out.written > 0 && out.bytes.is_empty() {
+            return Some(first);
         }
         let least = self.least_head()?;
         self.inputs.iter().position(|input| {
