@@ -68,7 +68,24 @@ pub(crate) struct Owning<'a> {
 impl<'a> Owning<'a> {
     /// Whose copy `backend`'s records of `certname` are.
     pub(crate) fn holding(&self, backend: BackendId, certname: &str) -> Holding {
-        match self.ownership.owners(certname, self.scope.scope) {
+        self.holding_of(backend, self.ownership.owners(certname, self.scope.scope))
+    }
+
+    /// [`Owning::holding`] for the certnames of one backend's records as they come, ascending
+    /// (`near`: where the last was found, [`Ownership::owners_near`]).
+    pub(crate) fn holding_near(
+        &self,
+        backend: BackendId,
+        certname: &str,
+        near: &mut usize,
+    ) -> Holding {
+        let owners = self.ownership.owners_near(certname, self.scope.scope, near);
+        self.holding_of(backend, owners)
+    }
+
+    /// Whose copy `backend`'s records of a node with `owners` are.
+    fn holding_of(&self, backend: BackendId, owners: Option<crate::membership::Owners>) -> Holding {
+        match owners {
             None => Holding::Unknown,
             Some(owners) => {
                 let owner = owners.under(self.scope.strategy, self.scope.kind);

@@ -305,6 +305,9 @@ struct Decisions {
     /// Nodes the map does not place: the first input in configured order that returned each, of
     /// those read so far. It keeps the node once every input before it has ended.
     claimed: HashMap<String, usize>,
+    /// Each input's place in the membership map after the last node it asked for
+    /// ([`crate::membership::Ownership::owners_near`]): its nodes come ascending.
+    near: Vec<usize>,
     /// Records of unplaced nodes waiting for an earlier input to end.
     waiting: Vec<Waiting>,
     provenance: Option<StreamedProvenance>,
@@ -549,7 +552,12 @@ impl Decisions {
             scope,
             asked: &self.asked,
         };
-        match owning.holding(self.asked[input], certname) {
+        let backend = self.asked[input];
+        let holding = match self.near.get_mut(input) {
+            Some(near) => owning.holding_near(backend, certname, near),
+            None => owning.holding(backend, certname),
+        };
+        match holding {
             Holding::Own => Keep::Yes,
             Holding::Other => Keep::No,
             // History keeps every backend's copy of a node the map does not place (each copy
@@ -627,6 +635,7 @@ impl RecordStream {
         if let StreamRule::Node(nodes) = &mut rule {
             nodes.read_fields_at(NODE_FIELDS.map(&mut read_at));
         }
+        let inputs = asked.len();
         RecordStream {
             inputs: asked
                 .iter()
@@ -646,6 +655,7 @@ impl RecordStream {
                 helpers_at,
                 seen: HashSet::new(),
                 claimed: HashMap::new(),
+                near: vec![0; inputs],
                 waiting: Vec::new(),
                 provenance,
                 injected: HashSet::new(),
