@@ -6,8 +6,8 @@
 //! each binary a fresh process (cache off unless `--cache default`, health probes off, membership
 //! map warmed by one request that asks for nothing else): each `--entities` entity unpaged, `/facts` ordered (certname first, and name first) and below an environment, `/nodes` ordered, `/events` projected
 //! (`/environments/production/facts`: fakepdb ignores the constraint, so it is the whole `/facts`
-//! merge with the parent check beside it), and `--concurrent` of the first
-//! entity's question at once, each in a fresh process so its peak (`VmHWM`) is its own. The memory budgets are set
+//! merge with the parent check beside it), and `--concurrent` of the first entity's question
+//! (or of the question `--concurrent-question` names, such as `facts ordered by name`) at once, each in a fresh process so its peak (`VmHWM`) is its own. The memory budgets are set
 //! as `--budget` says: `off` (so large enough that the merge itself is measured) or `default`
 //! (pdbmux's own, so the refusals show how the budget bounds memory). `--concurrent 0` skips the
 //! concurrent run (with the budget off, eight merges of 100,000 nodes per backend need about
@@ -72,6 +72,9 @@ struct Args {
     entities: Vec<String>,
     facts: usize,
     concurrent: usize,
+    /// The question asked `concurrent` times at once (its name in the table): the first when
+    /// not given.
+    concurrent_question: Option<String>,
     budget: String,
     /// `off`, or `default`: pdbmux's own TTLs, so each merge is a cached flight's.
     cache: String,
@@ -98,6 +101,7 @@ fn parse_args() -> Result<Args> {
         .to_vec(),
         facts: 40,
         concurrent: 8,
+        concurrent_question: None,
         budget: "off".into(),
         cache: "off".into(),
         binaries: vec![dir.join("pdbmux"), dir.join("pdbmux-smol")],
@@ -116,11 +120,12 @@ fn parse_args() -> Result<Args> {
             "--facts" => args.facts = value.parse()?,
             "--entities" => args.entities = value.split(',').map(String::from).collect(),
             "--concurrent" => args.concurrent = value.parse()?,
+            "--concurrent-question" => args.concurrent_question = Some(value),
             "--budget" if value == "off" || value == "default" => args.budget = value,
             "--cache" if value == "off" || value == "default" => args.cache = value,
             "--binaries" => args.binaries = value.split(',').map(PathBuf::from).collect(),
             "--fakepdb" => args.fakepdb = PathBuf::from(value),
-            _ => return Err(format!("unknown flag {flag}; flags: --sizes 5000,20000,50000 --entities facts,nodes,fact-contents,inventory,resources,events --facts 40 --concurrent 8 --budget off|default --cache off|default --binaries PATH,PATH --fakepdb PATH").into()),
+            _ => return Err(format!("unknown flag {flag}; flags: --sizes 5000,20000,50000 --entities facts,nodes,fact-contents,inventory,resources,events --facts 40 --concurrent 8 --concurrent-question NAME --budget off|default --cache off|default --binaries PATH,PATH --fakepdb PATH").into()),
         }
     }
     Ok(args)
@@ -368,12 +373,19 @@ fn main() -> Result<()> {
             if args.concurrent == 0 {
                 continue;
             }
+            let asked = match &args.concurrent_question {
+                Some(wanted) => questions
+                    .iter()
+                    .position(|q| q.name == *wanted)
+                    .ok_or_else(|| format!("no question named {wanted:?} at these entities"))?,
+                None => 0,
+            };
             let (proc, addr) = start_pdbmux(binary, &[a, b], (&args.budget, &args.cache))?;
             let started = Instant::now();
             let answers: Vec<Result<Answer>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = (0..args.concurrent)
                     .map(|_| {
-                        let target = &questions[0].target;
+                        let target = &questions[asked].target;
                         scope.spawn(move || timed_get(addr, target).map_err(|e| e.to_string()))
                     })
                     .collect();
@@ -398,11 +410,11 @@ fn main() -> Result<()> {
                 .map(|(status, count)| format!("{count} × {status}"))
                 .collect::<Vec<_>>()
                 .join(", ");
-            let (bodies, slower) = &baselines[0];
+            let (bodies, slower) = &baselines[asked];
             println!(
                 "| {nodes} | {bodies} | {name} | {} × {} at once ({statuses}) | — | {:.0} ms | {:.0} / {:.0} ms | — | — | — | {peak:.0} MiB | — |",
                 args.concurrent,
-                questions[0].name,
+                questions[asked].name,
                 ms(took),
                 ms(slower.first_byte),
                 ms(slower.total),
