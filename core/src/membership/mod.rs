@@ -566,7 +566,7 @@ impl Ownership {
     /// [`Ownership::owners`] for certnames asked in ascending order, as one backend's records
     /// come (by certname, or by certname within each value of an order's first field): `near`
     /// is where the last one asked was found, and the next is looked for in the
-    /// [`PLACEMENTS_AHEAD`] places from there before the index is asked. A merge ordered by
+    /// `PLACEMENTS_AHEAD` places from there before the index is asked. A merge ordered by
     /// another field first asks once a record (its consecutive records are different nodes):
     /// the index's hash and probe were a fifth of its CPU (bench/README.md, figure 8).
     pub fn owners_near(&self, certname: &str, scope: Scope, near: &mut usize) -> Option<Owners> {
