@@ -287,7 +287,7 @@ impl Plan for Concat {
         let body = response.full_body()?;
         let mut start = first_stream_start(&mut *self.plans[0], context)?;
         match self.order {
-            Some(_) => start.merge.then_merge(body)?,
+            Some(_) => start.merge.then_merge(body.clone())?,
             None => start.merge.then_write(array_inner(body)?),
         }
         start.at_most = Some(

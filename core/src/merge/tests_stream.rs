@@ -643,8 +643,8 @@ fn an_unplaced_node_of_a_later_backend_holds_what_sorts_after_it_counted_as_held
 }
 
 /// A joined answer whose records all sort together (every provenance record of an order by
-/// name) is written a bounded piece at a time, not whole in one take, and its queue is let go
-/// once written.
+/// name) is read and written a bounded piece at a time, not whole in one take, and let go once
+/// written.
 #[test]
 fn a_large_joined_answer_is_written_a_piece_at_a_time_and_let_go() {
     let order = order_of("resources", r#"[{"field":"title"}]"#);
@@ -660,9 +660,18 @@ fn a_large_joined_answer_is_written_a_piece_at_a_time_and_let_go() {
         })
         .collect();
     let records = format!("[{}]", joined.join(","));
-    stream.then_merge(records.as_bytes()).expect("records");
+    stream
+        .then_merge(bytes::Bytes::from(records.clone()))
+        .expect("records");
     let held = stream.held_bytes();
     assert!(held >= records.len(), "the joined records are held: {held}");
+    // Queued a piece at a time: the answer and one piece's records with their keys, not every
+    // record's key at once (about three times the answer).
+    assert!(
+        held < records.len() + 256 * 1024,
+        "{held} bytes held for {} of records",
+        records.len()
+    );
     // Both backends' records sort before the joined ones ("/b0/…", "/b1/…" < "/m").
     stream
         .push(0, answer(0, &[(0, 1)]).as_bytes())
@@ -713,7 +722,9 @@ fn records_merged_into_an_ordered_stream_take_their_place_after_those_they_tie_w
         "[{}]",
         [joined("/b1/9"), joined("/b0/3"), joined("/a")].join(",")
     );
-    stream.then_merge(records.as_bytes()).expect("records");
+    stream
+        .then_merge(bytes::Bytes::from(records.clone()))
+        .expect("records");
     let answers = [answer(0, &[(0, 5), (0, 3)]), answer(1, &[(1, 4), (1, 2)])];
     let merged: Vec<serde_json::Value> =
         serde_json::from_str(&feed(&mut stream, &answers, &[7], &[0, 1])).expect("an array");
@@ -736,13 +747,21 @@ fn records_merged_into_an_ordered_stream_take_their_place_after_those_they_tie_w
         vec![BackendId(0)],
         (None, Some(order_of("resources", r#"[{"field":"title"}]"#))),
     );
-    assert_eq!(refused.then_merge(b"[1,2]"), None, "not records");
+    assert_eq!(
+        refused.then_merge(bytes::Bytes::from_static(b"[1,2]")),
+        None,
+        "not records"
+    );
     let mut unordered = RecordStream::new(
         StreamRule::Owned(ownership(&[], &[]), scope()),
         vec![BackendId(0)],
         (None, None),
     );
-    assert_eq!(unordered.then_merge(b"[]"), None, "not ordered");
+    assert_eq!(
+        unordered.then_merge(bytes::Bytes::from_static(b"[]")),
+        None,
+        "not ordered"
+    );
 }
 
 /// A stream over two backends ordered by title then certname, joined with `later`, and the
@@ -855,7 +874,9 @@ fn a_joined_answer_merged_later_waits_until_the_first_records_are_taken() {
         asked,
         (None, Some(order)),
     );
-    before.then_merge(JOINED_LATER.as_bytes()).expect("records");
+    before
+        .then_merge(bytes::Bytes::from_static(JOINED_LATER.as_bytes()))
+        .expect("records");
     let answers = [
         r#"[{"certname":"n0","title":"/a"},{"certname":"n0","title":"/z"}]"#.to_owned(),
         r#"[{"certname":"n1","title":"/b"},{"certname":"n1","title":"/c"},{"certname":"n1","title":"/m"},{"certname":"n1","title":"/y"}]"#.to_owned(),

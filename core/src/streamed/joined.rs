@@ -1,6 +1,7 @@
 //! The records of an answer an ordered stream is joined with (`core/src/concat.rs`): merged
-//! already and read whole ([`super::RecordStream::then_merge`]), or merged only when the stream
-//! reaches the records it holds ([`JoinedLater`]).
+//! already ([`super::RecordStream::then_merge`]), or merged once the stream's first records
+//! have left ([`JoinedLater`]); either read a piece at a time as the stream writes them
+//! ([`JoinedRecords`]).
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -11,7 +12,7 @@ use super::queue::{Queued, RecordQueue, Span};
 use super::{sort_key, ArrayReader, MergeBroken};
 use crate::sort::{self, OrderBy, SortKey};
 
-/// How much of a joined answer [`read_sorted`] reads at once.
+/// How much of a joined answer [`JoinedRecords::read_on`] reads at once.
 const JOINED_PIECE_BYTES: usize = 64 * 1024;
 
 /// Merges a joined answer: its records, a JSON array sorted by the stream's order, or why it
@@ -61,18 +62,44 @@ impl fmt::Debug for JoinedLater {
     }
 }
 
-/// The records of `records` (a JSON array sorted by `order`) queued with their sort keys, read
-/// as a backend's answer is (each record once, for its order's fields); `None` when it is not
-/// an array of records.
-pub(super) fn read_sorted(records: &[u8], order: &OrderBy) -> Option<RecordQueue> {
-    let names: Vec<&str> = order.fields.iter().map(|f| f.field.as_str()).collect();
-    let mut reader = ArrayReader::new();
-    let mut queue = RecordQueue::default();
-    // In pieces, so that the reader holds a piece, not a copy of the whole answer; and the queue
-    // sized once, by the first piece's records, rather than by doubling (which holds the old and
-    // the new room at once, megabytes at 100,000 nodes).
-    for (index, piece) in records.chunks(JOINED_PIECE_BYTES).enumerate() {
-        let read = reader.push(piece, &names, |text, fields| {
+/// The records of an answer joined in order, read a piece at a time as the merge writes them:
+/// the answer is held (pdbmux wrote it, one record a node), and its records are queued with their
+/// sort keys a piece at a time rather than all at once (a queued record holds its key beside its
+/// text).
+#[derive(Debug)]
+pub(super) struct JoinedRecords {
+    body: Bytes,
+    /// How much of `body` has been read.
+    read: usize,
+}
+
+impl JoinedRecords {
+    /// `body`, a JSON array sorted by the merge's order, none of it read yet.
+    pub(super) fn new(body: Bytes) -> JoinedRecords {
+        JoinedRecords { body, read: 0 }
+    }
+
+    /// Reads its next piece with `reader` into `queue`, each record with its sort key under
+    /// `order`: `Ok(false)` once the whole body was read (its reader closed), an error when it
+    /// is not an array of records.
+    pub(super) fn read_on(
+        &mut self,
+        reader: &mut ArrayReader,
+        queue: &mut RecordQueue,
+        order: &OrderBy,
+    ) -> Result<bool, String> {
+        let Some(piece) = self.body.get(self.read..) else {
+            return Ok(false);
+        };
+        if piece.is_empty() {
+            return match reader.is_closed() {
+                true => Ok(false),
+                false => Err("the body ended inside the array".to_owned()),
+            };
+        }
+        let piece = &piece[..piece.len().min(JOINED_PIECE_BYTES)];
+        let names: Vec<&str> = order.fields.iter().map(|f| f.field.as_str()).collect();
+        reader.push(piece, &names, |text, fields| {
             let queued = Queued {
                 key: sort_key(order, &names, fields),
                 unplaced: None,
@@ -81,21 +108,13 @@ pub(super) fn read_sorted(records: &[u8], order: &OrderBy) -> Option<RecordQueue
                 span: Span::default(),
             };
             queue.push_back(&[text], queued);
-        });
-        read.ok()?;
-        // The records of a joined answer (a provenance part's) are alike in size; were the first
-        // piece's much smaller than the rest, the room reserved and not used is given back
-        // below, never written.
-        if index == 0 && !queue.is_empty() {
-            let each = queue.queued_bytes() / queue.len() + 1;
-            let estimate = records.len() / each;
-            queue.reserve_exact(estimate + estimate / 8, records.len());
-        }
+        })?;
+        self.read += piece.len();
+        Ok(true)
     }
-    if !reader.is_closed() {
-        return None;
+
+    /// The bytes it holds: the whole answer, until it is read whole and let go.
+    pub(super) fn held_bytes(&self) -> usize {
+        self.body.len()
     }
-    // Held until written, and nothing more is queued: no room to grow into.
-    queue.shrink_to_fit();
-    Some(queue)
 }

@@ -47,6 +47,7 @@ mod nodes;
 mod queue;
 
 pub(crate) use joined::JoinedLater;
+use joined::JoinedRecords;
 
 pub(crate) use nodes::NodeRecords;
 use nodes::{Queue, NODE_FIELDS};
@@ -270,6 +271,27 @@ struct Input {
     /// A joined answer merged later ([`RecordStream::then_merge_later`]): until then it has no
     /// records and has not ended.
     later: Option<JoinedLater>,
+    /// A joined answer's records not read yet ([`RecordStream::then_merge`]): read as its queue
+    /// empties; it has ended once they are all read.
+    joined: Option<JoinedRecords>,
+}
+
+impl Input {
+    /// Reads a joined answer's next pieces until a record is queued, or it ends (and is let
+    /// go); an error when it is not an array of records.
+    fn read_joined(&mut self, order: &OrderBy) -> Result<(), String> {
+        let Some(joined) = self.joined.as_mut() else {
+            return Ok(());
+        };
+        while self.queue.is_empty() {
+            if !joined.read_on(&mut self.reader, &mut self.queue, order)? {
+                self.joined = None;
+                self.ended = true;
+                break;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// How many bytes of records an ordered merge queues from one backend before it waits for the
@@ -645,6 +667,7 @@ impl RecordStream {
                     last: None,
                     queue: RecordQueue::default(),
                     later: None,
+                    joined: None,
                 })
                 .collect(),
             picked,
@@ -788,20 +811,31 @@ impl RecordStream {
 
     /// Merges `records` (a JSON array sorted by this ordered merge's `order_by`) into the answer,
     /// each in its place, after the merged records it ties with: the records of the answers an
-    /// ordered streamed answer is joined with (`core/src/concat.rs`). They are held as one more
-    /// input that has ended. `None` when they are not an array of records or the merge is not
-    /// ordered (or merges `/nodes`).
-    pub(crate) fn then_merge(&mut self, records: &[u8]) -> Option<()> {
-        let order = self.joinable_order()?;
-        let queue = joined::read_sorted(records, order)?;
-        self.inputs.push(Input {
-            reader: ArrayReader::new(),
-            ended: true,
-            last: None,
-            queue,
-            later: None,
-        });
+    /// ordered streamed answer is joined with (`core/src/concat.rs`). They are one more input,
+    /// held whole and read a piece at a time as they are written. `None` when their first piece
+    /// is not an array of records, or the merge is not ordered (or merges `/nodes`).
+    pub(crate) fn then_merge(&mut self, records: Bytes) -> Option<()> {
+        let input = self.joined_input(records).ok()?;
+        self.inputs.push(input);
         Some(())
+    }
+
+    /// The input of a joined answer, its first piece read (an error when that is not an array
+    /// of records).
+    fn joined_input(&self, records: Bytes) -> Result<Input, String> {
+        let order = self
+            .joinable_order()
+            .ok_or("the merge is not ordered, or merges /nodes")?;
+        let mut input = Input {
+            reader: ArrayReader::new(),
+            ended: false,
+            last: None,
+            queue: RecordQueue::default(),
+            later: None,
+            joined: Some(JoinedRecords::new(records)),
+        };
+        input.read_joined(order)?;
+        Ok(input)
     }
 
     /// [`RecordStream::then_merge`] for an answer merged only once this merge's first records
@@ -817,6 +851,7 @@ impl RecordStream {
             last: None,
             queue: RecordQueue::default(),
             later: Some(later),
+            joined: None,
         });
         Some(())
     }
@@ -836,20 +871,33 @@ impl RecordStream {
         let Some(later) = self.inputs[index].later.take() else {
             return;
         };
-        let queued = match later.merge() {
-            Ok(records) => self
-                .joinable_order()
-                .and_then(|order| joined::read_sorted(&records, order))
-                .ok_or_else(|| {
-                    MergeBroken::Joined("its merged records are not an array of records".to_owned())
-                }),
-            Err(broken) => Err(broken),
+        let joined = later.merge().and_then(|records| {
+            self.joined_input(records)
+                .map_err(|why| MergeBroken::Joined(format!("its merged records: {why}")))
+        });
+        match joined {
+            Ok(input) => self.inputs[index] = input,
+            Err(broken) => {
+                self.inputs[index].ended = true;
+                self.broken = Some(broken);
+            }
+        }
+    }
+
+    /// Reads on the joined answers whose queued records were all written.
+    fn read_joined(&mut self) {
+        let Some(order) = self.decisions.order.as_ref() else {
+            return;
         };
-        let input = &mut self.inputs[index];
-        input.ended = true;
-        match queued {
-            Ok(queue) => input.queue = queue,
-            Err(broken) => self.broken = Some(broken),
+        for input in &mut self.inputs {
+            if input.joined.is_none() || !input.queue.is_empty() {
+                continue;
+            }
+            if let Err(why) = input.read_joined(order) {
+                input.ended = true;
+                self.broken = Some(MergeBroken::Joined(format!("its merged records: {why}")));
+                return;
+            }
         }
     }
 
@@ -906,6 +954,7 @@ impl RecordStream {
                 other != input
                     && !i.ended
                     && i.later.is_none()
+                    && i.joined.is_none()
                     && i.queue.iter().all(|queued| queued.synthetic)
             })
     }
@@ -944,7 +993,10 @@ impl RecordStream {
         let queued: usize = self
             .inputs
             .iter()
-            .map(|input| input.queue.held_bytes())
+            .map(|input| {
+                let joined = input.joined.as_ref().map_or(0, JoinedRecords::held_bytes);
+                input.queue.held_bytes() + joined
+            })
             .sum();
         self.decisions.seen.capacity() * SEEN_SLOT_BYTES + nodes + queued
     }
@@ -953,6 +1005,7 @@ impl RecordStream {
     /// until about [`WRITTEN_AT_ONCE_BYTES`] wait to be taken.
     fn write_ordered(&mut self) {
         while self.decisions.out.bytes.len() < WRITTEN_AT_ONCE_BYTES && self.broken.is_none() {
+            self.read_joined();
             if let Some(later) = self.later_due() {
                 self.merge_later(later);
                 continue;

@@ -117,21 +117,6 @@ impl RecordQueue {
         self.queued
     }
 
-    /// Room for about `records` records of `bytes` of text in all (those queued included), made
-    /// at once: a queue filled whole, as an answer joined in order is, does not grow by doubling.
-    pub(super) fn reserve_exact(&mut self, records: usize, bytes: usize) {
-        self.records
-            .reserve_exact(records.saturating_sub(self.records.len()));
-        self.texts
-            .reserve_exact(bytes.saturating_sub(self.texts.len()));
-    }
-
-    /// Lets go of the room the queue grew into beyond what it holds: a queue that only drains.
-    pub(super) fn shrink_to_fit(&mut self) {
-        self.records.shrink_to_fit();
-        self.texts.shrink_to_fit();
-    }
-
     /// The bytes the queue holds: its buffer, the texts of records no longer queued among them
     /// (no more than those still queued, or [`COMPACT_ABOVE_BYTES`]), and what it knows of each
     /// record queued (its sort key inline: a key's text past its inline room is not counted);
