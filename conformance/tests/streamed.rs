@@ -753,6 +753,42 @@ fn a_streamed_join_ordered_by_name_merges_its_provenance_part_when_it_gets_there
     assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
 }
 
+/// A streamed join whose other facts' bodies all break in their first bytes, tried once the
+/// provenance part's answers came (last): every backend failed before the first byte, and the
+/// answer says so at once rather than when the request's deadline passes.
+#[test]
+fn a_streamed_join_whose_every_body_breaks_before_the_first_byte_answers_at_once() {
+    let (a, b) = facts_estate();
+    let broken = |name: &'static str, url: &'static str, db: PuppetDb| {
+        FakeBackend::by_request(name, url, move |asked: &Asked<'_>| {
+            // The provenance part asks each backend its nodes: an extract.
+            let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
+            match asked.path_and_query.starts_with(nodes) {
+                true => db.answer(asked).after(ms(20)),
+                // Larger than what is read before the merge may stream: still being read.
+                false => {
+                    let body = format!("[{{\"certname\" 1}}{}]", " ".repeat(300_000));
+                    Reply::json(StatusCode::OK, body).after(ms(2))
+                }
+            }
+        })
+    };
+    let mut h = Harness::with_config(
+        vec![broken("pdb-a", URL_A, a), broken("pdb-b", URL_B, b)],
+        |config| config.stream_above_bytes = 0,
+    )
+    .expect("valid test backends");
+    let order = r#"[{"field":"name"},{"field":"certname"}]"#;
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
+    assert_eq!(response.status, StatusCode::BAD_GATEWAY, "{response:?}");
+    assert_eq!(response.merged, None, "never streamed");
+    assert!(
+        response.at < std::time::Duration::from_secs(1),
+        "answered at {:?}, once the provenance answers came",
+        response.at
+    );
+}
+
 /// Cached, a streamed join is one flight for its clients, and the whole answer, the provenance
 /// records with it, enters the cache.
 #[test]

@@ -9,8 +9,8 @@
 //! `p * 2 + which`, and each plan sees only its own calls, numbered as it made them. The answer
 //! counts a backend only where both plans could use it. The second is buffered; the first
 //! streams where it would alone (a large answer, docs/merging.md "Streamed merges"), once the
-//! second's answer is merged: the second's records are written after the first's. Otherwise
-//! both are buffered and their records joined here.
+//! second's answer is merged (or, below, once its calls are answered): the second's records are
+//! written after the first's. Otherwise both are buffered and their records joined here.
 //!
 //! An ordered request's answers are merged rather than joined: each plan's answer comes sorted
 //! by the request's `order_by`, and each record of the second takes its place among the

@@ -382,9 +382,14 @@ impl Exchange {
         }
         match self.plan.progress(&self.calls, &self.context) {
             // A plan whose stream waited on its own progress (a join whose other parts were
-            // merged just now, `core/src/concat.rs`) streams now.
+            // merged just now, `core/src/concat.rs`) streams now. Should every body it would
+            // stream break in its first bytes as it starts, those calls have failed: the plan
+            // is asked again (each time with fewer calls under way, so this ends).
             Step::Wait => {
-                self.read_on();
+                let under_way = self.calls_under_way();
+                if !self.read_on() && self.calls_under_way() < under_way {
+                    self.progress(now);
+                }
             }
             Step::Call(more) => {
                 for (backend, part) in more {
@@ -394,6 +399,15 @@ impl Exchange {
             Step::Done(verdict) if self.fails_over(&verdict) => self.fail_over(now),
             Step::Done(verdict) => self.finish(verdict),
         }
+    }
+
+    /// How many calls have not ended (asked, or a body held or being read).
+    fn calls_under_way(&self) -> usize {
+        self.calls
+            .0
+            .iter()
+            .filter(|call| !matches!(call.state, CallState::Done(_)))
+            .count()
     }
 
     /// Whether this verdict means no backend this request asked could answer while the prober
@@ -603,6 +617,11 @@ impl Exchange {
                     return false;
                 }
                 continue;
+            }
+            // No backend's answer is left to stream (each failed before its first byte): not
+            // an answer of none, but every backend failing, which the plan's verdict says.
+            if contributed == excused {
+                return false;
             }
             for call in &mut self.calls.0 {
                 if let CallState::Reading { pieces, .. } = &mut call.state {

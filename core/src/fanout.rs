@@ -299,8 +299,9 @@ pub(crate) trait Plan: fmt::Debug + Send {
 /// The start of a streamed merge ([`Plan::stream_start`]).
 #[derive(Debug)]
 pub(crate) struct StreamStart {
-    /// The merge, one input per backend in `inputs` (then, for an ordered join, inputs that
-    /// have ended, holding the joined answers' records: `RecordStream::then_merge`).
+    /// The merge, one input per backend in `inputs` (then, for an ordered join, an input for
+    /// each joined answer: merged already and read as it is written, `RecordStream::then_merge`,
+    /// or merged later, `RecordStream::then_merge_later`).
     pub(crate) merge: crate::streamed::RecordStream,
     /// The record calls that feed it, `(backend, part)`, in input order.
     pub(crate) inputs: Vec<(BackendId, usize)>,

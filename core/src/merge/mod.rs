@@ -1023,14 +1023,22 @@ impl Plan for RecordPlan {
         if !only_provenance || !by_name || self.window.is_paged() || self.include_total {
             return None;
         }
-        // One call a backend asked, each answered with an array of records: what the merge finds
-        // unusable is found now, before the first byte.
+        // One call a backend asked, each answered, and each with an array of records: what the
+        // merge finds unusable is found now, before the first byte. Parsed only once every call
+        // has answered (asked on every event until then).
         if self.asked.is_empty() || calls.0.len() != self.asked.len() {
             return None;
         }
-        for asked in &self.asked {
-            let (_, body) = calls.success(asked.backend, RECORDS)?;
-            crate::records::parse_records(body).ok()?;
+        let bodies: Vec<&Bytes> = self
+            .asked
+            .iter()
+            .map(|asked| calls.success(asked.backend, RECORDS).map(|(_, body)| body))
+            .collect::<Option<_>>()?;
+        if !bodies
+            .iter()
+            .all(|body| crate::records::parse_records(body).is_ok())
+        {
+            return None;
         }
         let name = serde_json::value::RawValue::from_string(
             serde_json::to_string(&self.config.source_fact).ok()?,

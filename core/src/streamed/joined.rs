@@ -31,7 +31,8 @@ pub(crate) struct JoinedLater {
 
 impl JoinedLater {
     /// An answer whose records all sort with `prefix` (a key of the order's leading fields
-    /// alone, [`SortKey::leading`]), merged by `merge` when the stream reaches them.
+    /// alone, [`SortKey::leading`]), merged by `merge` once the stream's first records were
+    /// taken, or when it reaches them.
     pub(crate) fn new(
         prefix: SortKey,
         merge: impl FnOnce() -> Result<Bytes, MergeBroken> + Send + Sync + 'static,

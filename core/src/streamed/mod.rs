@@ -258,7 +258,8 @@ enum Keep {
 }
 
 /// One backend's answer as it is read; after the backends', the records of an answer an
-/// ordered answer is joined with, read whole ([`RecordStream::then_merge`]).
+/// ordered answer is joined with, read a piece at a time as they are written
+/// ([`RecordStream::then_merge`]) or merged later ([`RecordStream::then_merge_later`]).
 #[derive(Debug)]
 struct Input {
     reader: ArrayReader,
@@ -984,7 +985,7 @@ impl RecordStream {
     /// The bytes that grow with the answer: the set of history digests, `/nodes`' records
     /// held, and an ordered merge's queues (about [`ORDERED_AHEAD_BYTES`] a backend, but a node
     /// the map does not place holds what sorts after it until the backends before its own end;
-    /// and the records of an answer joined in order, until written).
+    /// and an answer joined in order, held whole until it is read whole).
     pub(crate) fn held_bytes(&self) -> usize {
         let nodes = match &self.decisions.rule {
             StreamRule::Node(nodes) => nodes.held_bytes(),
