@@ -706,10 +706,11 @@ fn a_streamed_join_whose_provenance_part_fails_on_a_backend_is_partial() {
 }
 
 /// Ordered by name ascending, the provenance records (`pdbmux_source`) sort after every
-/// `fact-…` record: the facts stream first, and the provenance part is merged only when the
-/// stream reaches its records (docs/merging.md, "Streamed merges"). A provenance answer that
-/// is not an array of records is still found before the first byte: that backend is left out
-/// of the provenance records and the answer says it is partial, as when its merge came first.
+/// `fact-…` record: the facts stream first, and the provenance part is merged once the first
+/// records have left, not before the first byte (docs/merging.md, "Streamed merges"). A
+/// provenance answer that is not an array of records is still found before the first byte:
+/// that backend is left out of the provenance records and the answer says it is partial, as
+/// when its merge came first.
 #[test]
 fn a_streamed_join_ordered_by_name_merges_its_provenance_part_when_it_gets_there() {
     let (a, b) = facts_estate();
