@@ -568,7 +568,7 @@ impl Ownership {
     /// is where the last one asked was found, and the next is looked for in the
     /// `PLACEMENTS_AHEAD` places from there before the index is asked. A merge ordered by
     /// another field first asks once a record (its consecutive records are different nodes):
-    /// the index's hash and probe were a fifth of its CPU (bench/README.md, figure 8).
+    /// [`Ownership::owners`] was a fifth of its perf samples (bench/README.md, figure 8).
     pub fn owners_near(&self, certname: &str, scope: Scope, near: &mut usize) -> Option<Owners> {
         let ahead = self.placements.get(*near..).unwrap_or_default();
         let found = ahead

@@ -278,8 +278,9 @@ struct Input {
 }
 
 impl Input {
-    /// Reads a joined answer's next pieces until a record is queued, or it ends (and is let
-    /// go); an error when it is not an array of records.
+    /// Reads a joined answer's next pieces, once its queued records are all written, until a
+    /// record is queued or it ends (and is let go); an error when it is not an array of
+    /// records.
     fn read_joined(&mut self, order: &OrderBy) -> Result<(), String> {
         let Some(joined) = self.joined.as_mut() else {
             return Ok(());
@@ -885,23 +886,6 @@ impl RecordStream {
         }
     }
 
-    /// Reads on the joined answers whose queued records were all written.
-    fn read_joined(&mut self) {
-        let Some(order) = self.decisions.order.as_ref() else {
-            return;
-        };
-        for input in &mut self.inputs {
-            if input.joined.is_none() || !input.queue.is_empty() {
-                continue;
-            }
-            if let Err(why) = input.read_joined(order) {
-                input.ended = true;
-                self.broken = Some(MergeBroken::Joined(format!("its merged records: {why}")));
-                return;
-            }
-        }
-    }
-
     /// `/nodes`: writes the records that waited for `input`'s answer to end (ordered: they are
     /// decided as they sort first).
     fn node_ended(&mut self, input: usize) {
@@ -1006,7 +990,6 @@ impl RecordStream {
     /// until about [`WRITTEN_AT_ONCE_BYTES`] wait to be taken.
     fn write_ordered(&mut self) {
         while self.decisions.out.bytes.len() < WRITTEN_AT_ONCE_BYTES && self.broken.is_none() {
-            self.read_joined();
             if let Some(later) = self.later_due() {
                 self.merge_later(later);
                 continue;
@@ -1031,6 +1014,13 @@ impl RecordStream {
                 text.filter(|_| record.digest.is_none_or(|d| self.decisions.seen.insert(d)))
             {
                 self.decisions.out.write(text);
+            }
+            // A joined answer's next records are read once the last read are written.
+            let order = self.decisions.order.as_ref();
+            if let Some(Err(why)) = order.map(|order| input.read_joined(order)) {
+                input.ended = true;
+                self.broken = Some(MergeBroken::Joined(format!("its merged records: {why}")));
+                return;
             }
             if input.ended && input.queue.is_empty() {
                 // Nothing more comes: what its queue grew to goes (a joined answer's, megabytes).
