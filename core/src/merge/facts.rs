@@ -8,18 +8,18 @@
 //! records named like the provenance fact are dropped on every shape while it is enabled.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde_json::value::RawValue;
 use smallvec::SmallVec;
 
-use super::rows::{compare_keys, Collected, Page, Raw, Row};
-use super::{parse_answers, BackendPage, Merged, Parsed, Provenance, RecordPlan};
+use super::rows::{Collected, Page, Raw, Row};
+use super::{parse_answers, BackendPage, Merged, Provenance, RecordPlan};
 use crate::ids::BackendId;
 use crate::ownership::{Holding, Owning};
 use crate::records::{
     is_str, parse_array, parse_picked, provenance_record, provenance_record_bytes, raw_str,
-    same_text, write_array, write_provenance_record, Fields, Picked,
+    same_text, write_array, write_provenance_record, Fields,
 };
 use crate::sort::{OrderBy, SortKey};
 
@@ -93,6 +93,9 @@ pub(crate) fn merge(
     answers: &[BackendPage<'_>],
     owning: Option<Owning<'_>>,
 ) -> Merged {
+    if let Provenance::SyntheticOnly { values } = &plan.provenance {
+        return provenance_merge(plan, answers, owning, values.as_deref());
+    }
     let (parsed, unusable) = match parse_answers(answers, |body| parse_picked(body, PICKED)) {
         Ok(parsed) => parsed,
         Err(unusable) => return Merged::nothing(unusable),
@@ -100,22 +103,10 @@ pub(crate) fn merge(
     let config = plan.config();
     let source_fact = config.source_fact.as_str();
     let drop_source = plan.provenance != Provenance::Off;
-
-    let (upstream, synthetic) = match &plan.provenance {
-        Provenance::Off | Provenance::DropOnly => (true, None),
-        Provenance::Inject => (true, Some(None)),
-        Provenance::SyntheticOnly { values } => (false, Some(values.as_deref())),
-    };
+    let inject = plan.provenance == Provenance::Inject;
 
     // Pass 1: place each record; note which backends returned each node.
     let mut nodes = FactNodes::default();
-    if !upstream {
-        // Answering only provenance records, the backends are asked for a row a node: room for
-        // the largest answer's nodes (else the list and the index grow by copying them all).
-        let most = parsed.iter().map(|(_, records)| records.len()).max();
-        nodes.list.reserve(most.unwrap_or_default());
-        nodes.index.reserve(most.unwrap_or_default());
-    }
     let mut dropped = 0usize;
     let mut places: Vec<Vec<Place>> = Vec::with_capacity(parsed.len());
     for (answer, records) in &parsed {
@@ -148,9 +139,7 @@ pub(crate) fn merge(
         }
         places.push(backend_places);
     }
-    if dropped > 0 {
-        tracing::info!("dropped {dropped} upstream fact records named {source_fact} (the synthetic provenance fact)");
-    }
+    log_dropped(dropped, source_fact);
 
     // Each node's kept copy: its owner's; none when an asked owner did not return it; else the
     // first backend's that did. And the owner's last record of it.
@@ -163,20 +152,6 @@ pub(crate) fn merge(
     }
     let values = ProvenanceValues::new(source_fact, &config.backends);
     let order = plan.order.as_ref();
-    if let (false, Some(only)) = (upstream, synthetic) {
-        // Never paged (the fact's own path answers a paged question with `[]`): no window to cut.
-        debug_assert!(!plan.window.is_paged());
-        let contributed = parsed.len();
-        let picks = provenance_picks(&mut nodes, (&parsed, &places), (&values, only), order);
-        // What the picks were read from goes before the answer is written.
-        drop((parsed, places));
-        nodes.index = HashMap::new();
-        return Merged {
-            body: Ok(provenance_body(picks, &nodes, &values, order)),
-            contributed,
-            unusable,
-        };
-    }
     for (answer, ((this, _), backend_places)) in parsed.iter().zip(&places).enumerate() {
         let backend = this.backend;
         for (index, place) in backend_places.iter().enumerate() {
@@ -239,7 +214,7 @@ pub(crate) fn merge(
                     record.fields[index]
                 },
             ));
-            if let (Some(_), Some((node_index, environment))) = (synthetic, provenance_due) {
+            if let (true, Some((node_index, environment))) = (inject, provenance_due) {
                 let certname = &nodes.list[node_index].certname;
                 let row = provenance_row(
                     (certname, record.fields[0]),
@@ -300,84 +275,151 @@ fn provenance_key(
     })
 }
 
-/// Answering only provenance records (the fact's own path), the synthetic record due for one
-/// node: the node (an index into [`FactNodes::list`]), its owner, and the record's sort key.
-struct Pick {
-    node: usize,
-    backend: usize,
-    key: Option<SortKey>,
+/// Notes upstream records dropped for being named like the provenance fact.
+fn log_dropped(dropped: usize, source_fact: &str) {
+    if dropped > 0 {
+        tracing::info!("dropped {dropped} upstream fact records named {source_fact} (the synthetic provenance fact)");
+    }
 }
 
-/// Answering only provenance records: one pick a node, from its owner's first row, for a
-/// backend in `only` when given, in merged order (configured backend order, then each
-/// backend's). Notes each picked node's environment.
-fn provenance_picks<'a>(
-    nodes: &mut FactNodes<'a>,
-    (parsed, places): (&Parsed<'a, Vec<Picked<'a, 4>>>, &[Vec<Place>]),
-    (values, only): (&ProvenanceValues<'_>, Option<&[String]>),
-    order: Option<&OrderBy>,
-) -> Vec<Pick> {
-    let mut picks = Vec::with_capacity(nodes.list.len());
-    for ((this, records), backend_places) in parsed.iter().zip(places) {
-        let backend = this.backend.0;
-        let named = values.texts(backend).map(|(_, name)| name);
-        if !named.is_some_and(|name| only.is_none_or(|only| only.iter().any(|v| v == name))) {
-            continue;
+/// The fields a provenance-only merge reads from each row: the node, its environment, and the
+/// name (a record named like the provenance fact is no node's facts).
+const NODE_PICKED: [&str; 3] = ["certname", "environment", "name"];
+
+/// The synthetic record due for one node, held as the fields it is written from (borrowed from
+/// its owner's answer): its certname and environment as that backend wrote them, and the
+/// backend.
+struct Pick<'a> {
+    certname: &'a RawValue,
+    environment: Option<&'a RawValue>,
+    backend: usize,
+}
+
+impl<'a> Pick<'a> {
+    /// The synthetic record's field named `field` (the lookup of [`crate::sort::sort_key`]).
+    fn field<'v>(&self, values: &'v ProvenanceValues<'_>) -> impl Fn(&str) -> Option<&'v RawValue>
+    where
+        'a: 'v,
+    {
+        let (name, value) = values.json(self.backend);
+        let (certname, environment) = (self.certname, self.environment);
+        move |field: &str| match field {
+            "certname" => Some(certname),
+            "name" => name,
+            "value" => value,
+            "environment" => environment,
+            _ => None,
         }
-        for (record, place) in records.iter().zip(backend_places) {
-            let Place::FactNode(node_index) = *place else {
-                continue;
-            };
-            let node = &mut nodes.list[node_index];
-            if node.owner != Some(backend) || node.environment.is_some() {
+    }
+
+    /// About how many bytes its synthetic record takes ([`provenance_record_bytes`]); `None`
+    /// when it is not written.
+    fn record_bytes(&self, values: &ProvenanceValues<'_>) -> Option<usize> {
+        let certname = raw_str(self.certname)?;
+        let environment = self.environment.map_or("null", RawValue::get);
+        let bytes = provenance_record_bytes(&certname, values.texts(self.backend)?, environment);
+        Some(bytes)
+    }
+
+    /// Writes its synthetic record at the end of `out`; `None` (and nothing or part of it
+    /// written) when it cannot be.
+    fn write(&self, out: &mut Vec<u8>, values: &ProvenanceValues<'_>) -> Option<()> {
+        let certname = raw_str(self.certname)?;
+        let texts = values.texts(self.backend)?;
+        write_provenance_record(out, &certname, texts, self.environment)
+    }
+}
+
+/// Answering only provenance records (the fact's own path; each backend asked a row a node):
+/// one synthetic record a node, named for the backend that owns its facts (the membership
+/// map's, or when it has none among those asked, the first backend in configured order that
+/// returned the node), from that backend's first row of it, kept when `only` names that
+/// backend (or is `None`). In merged order (configured backend order, then each backend's),
+/// sorted by the request's order when it has one (stable: ties keep merged order).
+///
+/// It holds, beside the answers, the rows' fields, one [`Pick`] a node and the set of nodes
+/// decided: an order by name merges it after the first byte, while every other record streams
+/// (docs/decisions.md, D26), so its working set is most of the request's peak.
+fn provenance_merge(
+    plan: &RecordPlan,
+    answers: &[BackendPage<'_>],
+    owning: Option<Owning<'_>>,
+    only: Option<&[String]>,
+) -> Merged {
+    // Never paged (the fact's own path answers a paged question with `[]`): no window to cut.
+    debug_assert!(!plan.window.is_paged());
+    let (parsed, unusable) = match parse_answers(answers, |body| parse_picked(body, NODE_PICKED)) {
+        Ok(parsed) => parsed,
+        Err(unusable) => return Merged::nothing(unusable),
+    };
+    let config = plan.config();
+    let source_fact = config.source_fact.as_str();
+    let values = ProvenanceValues::new(source_fact, &config.backends);
+    let rows: usize = parsed.iter().map(|(_, rows)| rows.len()).sum();
+    // Whose a node is follows from the map alone (one backend owns it, or none asked does):
+    // the first backend to claim a node is its owner, or when none of those asked owns it, the
+    // first in configured order that returned it.
+    let mut claimed: HashSet<Cow<'_, str>> = HashSet::with_capacity(rows);
+    let mut picks = Vec::with_capacity(rows);
+    let mut dropped = 0usize;
+    for (answer, rows) in &parsed {
+        let backend = answer.backend;
+        let named = values.texts(backend.0).map(|(_, name)| name);
+        let kept = named.is_some_and(|name| only.is_none_or(|only| only.iter().any(|v| v == name)));
+        for row in rows {
+            let [certname, environment, name] = row.fields;
+            if name.is_some_and(|name| is_str(name, source_fact)) {
+                dropped += 1;
                 continue;
             }
-            let environment = *node.environment.insert(record.fields[2]);
-            picks.push(Pick {
-                node: node_index,
-                backend,
-                key: order.map(|order| {
-                    provenance_key(order, values, (record.fields[0], backend), environment)
-                }),
-            });
+            let Some((raw, node)) = certname.and_then(|raw| Some((raw, raw_str(raw)?))) else {
+                continue;
+            };
+            let holding = owning.map_or(Holding::Unknown, |o| o.holding(backend, &node));
+            if holding == Holding::Other || !claimed.insert(node) {
+                continue;
+            }
+            if kept {
+                picks.push(Pick {
+                    certname: raw,
+                    environment,
+                    backend: backend.0,
+                });
+            }
         }
     }
-    picks
+    log_dropped(dropped, source_fact);
+    let contributed = parsed.len();
+    // What the picks were read from goes before the answer is written.
+    drop((parsed, claimed));
+    if let Some(order) = plan.order.as_ref() {
+        picks
+            .sort_by(|a, b| crate::sort::compare_fields(order, a.field(&values), b.field(&values)));
+    }
+    Merged {
+        body: Ok(provenance_body(&picks, &values)),
+        contributed,
+        unusable,
+    }
 }
 
-/// The answer of only provenance records: each pick's synthetic record, sorted by `order` when
-/// given (stable: ties keep the merged order), written straight into the body; and how many.
-fn provenance_body(
-    mut picks: Vec<Pick>,
-    nodes: &FactNodes<'_>,
-    values: &ProvenanceValues<'_>,
-    order: Option<&OrderBy>,
-) -> (Vec<u8>, usize) {
-    if let Some(order) = order {
-        picks.sort_by(|a, b| compare_keys(a.key.as_ref(), b.key.as_ref(), order));
-    }
-    let written = |pick: &Pick| {
-        let node = &nodes.list[pick.node];
-        let texts = values.texts(pick.backend)?;
-        Some((&*node.certname, texts, node.environment.flatten()))
-    };
+/// The answer of only provenance records: each pick's synthetic record, in the picks' order,
+/// written straight into the body; and how many.
+fn provenance_body(picks: &[Pick<'_>], values: &ProvenanceValues<'_>) -> (Vec<u8>, usize) {
     let bytes: usize = picks
         .iter()
-        .filter_map(written)
-        .map(|(certname, texts, environment)| {
-            let environment = environment.map_or("null", RawValue::get);
-            provenance_record_bytes(certname, texts, environment) + 1
-        })
+        .filter_map(|pick| pick.record_bytes(values))
+        .map(|bytes| bytes + 1)
         .sum();
     let mut body = Vec::with_capacity(bytes + 2);
     body.push(b'[');
     let mut count = 0;
-    for (certname, texts, environment) in picks.iter().filter_map(written) {
+    for pick in picks {
         let before = body.len();
         if count > 0 {
             body.push(b',');
         }
-        if write_provenance_record(&mut body, certname, texts, environment).is_none() {
+        if pick.write(&mut body, values).is_none() {
             body.truncate(before);
             continue;
         }

@@ -512,6 +512,45 @@ fn the_source_fact_path_is_synthesised() {
 }
 
 #[test]
+fn the_source_fact_path_names_each_node_once_for_the_backend_owning_its_facts() {
+    let config = config();
+    // b holds the newer facts of `moved` and of `gone`; the map does not know `new`.
+    let own = ownership(
+        &[
+            ("gone", "2026-11-30T08:00:00.000Z"),
+            ("moved", "2026-11-30T08:00:00.000Z"),
+        ],
+        &[
+            ("gone", "2026-11-30T09:00:00.000Z"),
+            ("moved", "2026-11-30T09:00:00.000Z"),
+        ],
+    );
+    // `new` twice in a (its first row is the one written), a row with no node, and one named
+    // like the provenance fact (no node's facts: dropped); b no longer returns `gone` (its facts
+    // no longer match), so a's copy of it is not written either.
+    let a = r#"[{"certname":"new","environment":"e1"},{"certname":"moved","environment":"e1"},{"certname":"gone","environment":"e1"},{"certname":"new","environment":"e3"},{"environment":"e1"},{"certname":"x","environment":"e1","name":"pdbmux_source"}]"#;
+    let b = r#"[{"certname":"new","environment":"e2"},{"certname":"moved","environment":"e2"}]"#;
+    let path = "/pdb/query/v4/facts/pdbmux_source?order_by=[{\"field\":\"certname\"}]";
+    let mut all = plan(&config, path, Some(Arc::clone(&own))).expect("plan");
+    let (body, _) = merge(&mut all, &[(a, None), (b, None)]);
+    assert_eq!(
+        body,
+        concat!(
+            r#"[{"certname":"moved","name":"pdbmux_source","value":"pdb-b","environment":"e2"},"#,
+            r#"{"certname":"new","name":"pdbmux_source","value":"pdb-a","environment":"e1"}]"#
+        )
+    );
+    // Pinned to b: `new` is a's (the first to return it), so only `moved` is b's.
+    let pinned = "/pdb/query/v4/facts/pdbmux_source/pdb-b";
+    let mut one = plan(&config, pinned, Some(own)).expect("plan");
+    let (body, _) = merge(&mut one, &[(a, None), (b, None)]);
+    assert_eq!(
+        body,
+        r#"[{"certname":"moved","name":"pdbmux_source","value":"pdb-b","environment":"e2"}]"#
+    );
+}
+
+#[test]
 fn fact_names_union_sorted_and_paged_here() {
     let config = config();
     let mut plan = plan(

@@ -640,6 +640,46 @@ pub fn compare(a: &SortKey, b: &SortKey, order: &OrderBy) -> Ordering {
     Ordering::Equal
 }
 
+/// Compares two records under `order` from their fields (`a` and `b` give a record's raw JSON
+/// for a field name, as [`sort_key`]'s lookup), exactly as [`compare`] compares their keys, but
+/// without building either: use it to sort many records held by the fields they are written
+/// from (a merge's provenance records, one per node), whose keys would outweigh them. A string
+/// with nothing escaped in a column compared as text is compared as it stands; anything else
+/// is keyed for the comparison.
+pub fn compare_fields<'x, 'y>(
+    order: &OrderBy,
+    a: impl Fn(&str) -> Option<&'x RawValue>,
+    b: impl Fn(&str) -> Option<&'y RawValue>,
+) -> Ordering {
+    fn plain_text(raw: Option<&RawValue>, kind: ColumnKind) -> Option<&str> {
+        let compared_as_text = !matches!(
+            kind,
+            ColumnKind::Jsonb | ColumnKind::JsonText | ColumnKind::Timestamp
+        );
+        raw.and_then(|raw| unescaped_str(raw.get()))
+            .filter(|_| compared_as_text)
+    }
+    let part = |raw: Option<&RawValue>, kind: ColumnKind| match raw {
+        None => KeyPart::Null,
+        Some(raw) => key_part(raw.get(), kind),
+    };
+    for field in &order.fields {
+        let (x, y) = (a(&field.field), b(&field.field));
+        let ord = match (plain_text(x, field.kind), plain_text(y, field.kind)) {
+            (Some(x), Some(y)) => x.as_bytes().cmp(y.as_bytes()),
+            _ => part(x, field.kind).compare(&part(y, field.kind)),
+        };
+        let ord = match field.direction {
+            Direction::Ascending => ord,
+            Direction::Descending => ord.reverse(),
+        };
+        if ord != Ordering::Equal {
+            return ord;
+        }
+    }
+    Ordering::Equal
+}
+
 /// Sorts `items` by `order`, computing each item's key once with `key`; a stable sort, so ties
 /// keep their input order. Use it to re-sort a merged record set before cutting the window.
 pub fn sort_stable<T>(

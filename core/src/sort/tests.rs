@@ -719,6 +719,40 @@ proptest! {
     }
 
     #[test]
+    fn records_compared_by_their_fields_compare_as_their_keys(
+        (a, b) in (arb_record(), arb_record()),
+        escaped in (prop::option::of("[a\"\\\\é_]{0,3}"), prop::option::of("[a\"\\\\é_]{0,3}")),
+        spec in prop::collection::vec((0usize..5, any::<bool>()), 1..4),
+    ) {
+        // `value` is a jsonb column; `certname` sometimes holds escaped strings.
+        let names = ["certname", "failures", "noop", "end_time", "value"];
+        let spec: Vec<(&str, Direction)> = spec.iter().map(|&(i, d)| (names[i], if d { Desc } else { Asc })).collect();
+        let mut o = order(base(Entity::Reports), &spec);
+        for f in &mut o.fields {
+            f.kind = match f.field.as_str() {
+                "failures" => ColumnKind::Number,
+                "value" => ColumnKind::Jsonb,
+                _ => f.kind,
+            };
+        }
+        let with = |mut record: Value, certname: Option<String>| {
+            if let (Some(certname), Some(map)) = (certname, record.as_object_mut()) {
+                map.insert("certname".into(), json!(certname));
+                map.insert("value".into(), json!({ "c": certname }));
+            }
+            record
+        };
+        let (a, b) = (with(a, escaped.0), with(b, escaped.1));
+        let fields = |r: &Value| -> std::collections::BTreeMap<String, Box<RawValue>> {
+            r.as_object().map(|m| m.iter().map(|(k, v)| (k.clone(), raw(v))).collect()).unwrap_or_default()
+        };
+        let (fa, fb) = (fields(&a), fields(&b));
+        let (la, lb) = (|field: &str| fa.get(field).map(|raw| &**raw), |field: &str| fb.get(field).map(|raw| &**raw));
+        let by_keys = compare(&sort_key(&o, la), &sort_key(&o, lb), &o);
+        prop_assert_eq!(compare_fields(&o, la, lb), by_keys, "{} against {}", a, b);
+    }
+
+    #[test]
     fn instants_round_trip_across_offsets(ms in 0i64..4_000_000_000_000, off in -14i64..15, style in 0usize..4) {
         let s = render_instant(ms, off * 3600, style);
         let parsed = parse_instant(&s);
