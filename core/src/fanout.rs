@@ -263,11 +263,12 @@ pub(crate) trait Plan: fmt::Debug + Send {
     /// record of its answer sorts with one key prefix under `order` (the provenance records'
     /// `name`): an ordered stream it is joined with starts without it, and merges it once its
     /// first records have left, or when it reaches that prefix (`core/src/concat.rs`). `None`
-    /// when it cannot
-    /// wait: a call under way or failed, a body that is not an array of records (that backend
-    /// failing is decided before the first byte), more calls to come, or no such prefix.
+    /// when it cannot wait: a call under way or failed, a body that is not an array of records
+    /// (that backend failing is decided before the first byte), more calls to come, or no such
+    /// prefix. Asked on every event until then: it may check each answer as it comes and keep
+    /// what it found, so that the first byte waits for the last answer's check alone.
     fn merge_later(
-        &self,
+        &mut self,
         _calls: &Calls,
         _context: &Context,
         _order: &crate::sort::OrderBy,

@@ -184,6 +184,10 @@ pub(crate) struct RecordPlan {
     /// Whether its records are streamed past `stream_above_bytes`; set by
     /// [`Plan::start`] ([`RecordPlan::can_stream`]).
     streamed: bool,
+    /// A provenance part merged later ([`Plan::merge_later`]): each backend whose answer was
+    /// checked as it came, and whether it is an array of records. The first byte waits for the
+    /// last answer's check alone.
+    checked: Vec<(BackendId, bool)>,
 }
 
 /// A 400 in PuppetDB's words.
@@ -346,6 +350,7 @@ impl RecordPlan {
             excused: 0,
             corrections: Vec::new(),
             streamed: false,
+            checked: Vec::new(),
         })
     }
 
@@ -1013,7 +1018,7 @@ impl Plan for RecordPlan {
     /// The provenance records alone (a join's provenance part), unpaged and without a total,
     /// under an order by `name` first: each record's name is the provenance fact's.
     fn merge_later(
-        &self,
+        &mut self,
         calls: &Calls,
         context: &Context,
         order: &OrderBy,
@@ -1024,20 +1029,30 @@ impl Plan for RecordPlan {
             return None;
         }
         // One call a backend asked, each answered, and each with an array of records: what the
-        // merge finds unusable is found now, before the first byte. Parsed only once every call
-        // has answered (asked on every event until then).
+        // merge finds unusable is found now, before the first byte. Each answer is checked once,
+        // as it comes (asked on every event until every one has).
+        for asked in &self.asked {
+            let Some((_, body)) = calls.success(asked.backend, RECORDS) else {
+                continue;
+            };
+            if !self
+                .checked
+                .iter()
+                .any(|(backend, _)| *backend == asked.backend)
+            {
+                let records = crate::records::parse_records(body).is_ok();
+                self.checked.push((asked.backend, records));
+            }
+        }
+        let checked = |backend: BackendId| {
+            let found = self.checked.iter().find(|(checked, _)| *checked == backend);
+            found.map(|(_, records)| *records)
+        };
+        let records: Option<Vec<bool>> = self.asked.iter().map(|a| checked(a.backend)).collect();
         if self.asked.is_empty() || calls.0.len() != self.asked.len() {
             return None;
         }
-        let bodies: Vec<&Bytes> = self
-            .asked
-            .iter()
-            .map(|asked| calls.success(asked.backend, RECORDS).map(|(_, body)| body))
-            .collect::<Option<_>>()?;
-        if !bodies
-            .iter()
-            .all(|body| crate::records::parse_records(body).is_ok())
-        {
+        if !records?.into_iter().all(|records| records) {
             return None;
         }
         let name = serde_json::value::RawValue::from_string(

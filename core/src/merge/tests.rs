@@ -551,6 +551,49 @@ fn the_source_fact_path_names_each_node_once_for_the_backend_owning_its_facts() 
 }
 
 #[test]
+fn a_provenance_part_merged_later_is_checked_as_each_answer_comes() {
+    let config = config();
+    let columns = crate::entity::Entity::Facts.order_columns(crate::entity::ColumnSet::Base);
+    let order = crate::sort::parse_order_by(r#"[{"field":"name"}]"#, columns).expect("order");
+    let call = |backend: usize, body: &str| Call {
+        backend: BackendId(backend),
+        part: RECORDS,
+        purpose: crate::message::Purpose::Query,
+        state: CallState::Done(Outcome::Success {
+            status: http::StatusCode::OK,
+            headers: HeaderMap::new(),
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        }),
+    };
+    let nodes = r#"[{"certname":"n1","environment":"e"}]"#;
+    let path = "/pdb/query/v4/facts/pdbmux_source";
+    // The answers come in; `None`: not yet.
+    let later = |answers: &[Option<&str>], part: &mut TestPlan| {
+        let calls = answers.iter().enumerate();
+        let calls = Calls(calls.filter_map(|(i, b)| Some(call(i, (*b)?))).collect());
+        part.plan
+            .merge_later(&calls, &part.context, &order)
+            .is_some()
+    };
+    // Not until every answer came; then merged later.
+    let mut good = plan(&config, path, None).expect("plan");
+    assert!(!later(&[Some(nodes), None], &mut good));
+    assert!(later(&[Some(nodes), Some("[]")], &mut good));
+    // pdb-a's answer, checked when it came, is not an array of records: once pdb-b's came too,
+    // the part is merged at once (the buffered merge leaves pdb-a out before the first byte).
+    let mut broken = plan(&config, path, None).expect("plan");
+    assert!(!later(&[Some(r#"{"not":"records"}"#), None], &mut broken));
+    assert!(!later(
+        &[Some(r#"{"not":"records"}"#), Some(nodes)],
+        &mut broken
+    ));
+    // Nor when it is pdb-b's, checked last.
+    let mut last = plan(&config, path, None).expect("plan");
+    assert!(!later(&[Some(nodes), None], &mut last));
+    assert!(!later(&[Some(nodes), Some("[1]")], &mut last));
+}
+
+#[test]
 fn fact_names_union_sorted_and_paged_here() {
     let config = config();
     let mut plan = plan(
