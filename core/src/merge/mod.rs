@@ -1107,6 +1107,8 @@ impl RecordPlan {
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod tests_provenance;
+#[cfg(test)]
 mod tests_stream;
 #[cfg(test)]
 mod tests_stream_history;
