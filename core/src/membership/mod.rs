@@ -104,47 +104,61 @@ impl Kind {
     }
 }
 
-/// A producer time as ownership compares it: an instant when it reads as one, as PostgreSQL
-/// writes it for the refresh ([`TIME_FORMAT`]; offsets apart: `10:00+02` is `08:00Z`), else its
-/// text, older than any instant. Kept parsed, not as text: the map holds three per node per
-/// backend.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-enum Stamp {
-    Text(Box<str>),
+/// A producer time as ownership compares it: none (older than any time); its text when it does
+/// not read as an instant (PuppetDB always writes RFC 3339), older than any instant; or an
+/// instant, as PostgreSQL writes it for the refresh ([`TIME_FORMAT`]; offsets apart: `10:00+02`
+/// is `08:00Z`). The derived order is that order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Stamp<'a> {
+    None,
+    Text(&'a str),
     Instant(i64, u32),
 }
 
-impl Stamp {
-    fn of(text: &str) -> Stamp {
-        match parse_written_instant(text) {
-            Some((seconds, nanos)) => Stamp::Instant(seconds, nanos),
-            None => Stamp::Text(text.into()),
+impl Stamp<'_> {
+    fn of(text: Option<&str>) -> Stamp<'_> {
+        match text {
+            None => Stamp::None,
+            Some(text) => match parse_written_instant(text) {
+                Some((seconds, nanos)) => Stamp::Instant(seconds, nanos),
+                None => Stamp::Text(text),
+            },
         }
     }
 }
 
-/// One node as one backend holds it.
+/// [`Member::nanos`] of a kind of data it has no time for.
+const NO_TIME: u32 = u32::MAX;
+/// [`Member::nanos`] of a time that does not read as an instant: its text is in
+/// [`Member::texts`].
+const TEXT_TIME: u32 = u32::MAX - 1;
+
+/// One node as one backend holds it: when its latest report ended (as the agent wrote it), when
+/// its factset and its catalog were produced, each per [`Kind`] (by its index), and whether it
+/// is active. Held as instants, 48 bytes (the map holds one a node a backend; as three optional
+/// parsed times it took 80).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Member {
-    /// Its latest report's end time, as the agent wrote it (`None`: no report).
-    report: Option<Stamp>,
-    /// When its factset was produced (`None`: no facts).
-    facts: Option<Stamp>,
-    /// When its catalog was produced (`None`: no catalog).
-    catalog: Option<Stamp>,
+    seconds: [i64; 3],
+    /// The nanoseconds of each time, or [`NO_TIME`], or [`TEXT_TIME`].
+    nanos: [u32; 3],
     /// Neither deactivated nor expired there.
     pub active: bool,
+    /// The times that are texts (none in practice).
+    texts: Option<Box<[Option<Box<str>>; 3]>>,
 }
 
 impl Member {
     /// An active node with this report timestamp and neither facts nor a catalog.
     pub fn active(report_timestamp: Option<&str>) -> Member {
-        Member {
-            report: report_timestamp.map(Stamp::of),
-            facts: None,
-            catalog: None,
+        let mut member = Member {
+            seconds: [0; 3],
+            nanos: [NO_TIME; 3],
             active: true,
-        }
+            texts: None,
+        };
+        member.set(Kind::Node, report_timestamp);
+        member
     }
 
     /// An active node whose last run produced its report, facts and catalog at `at` (one
@@ -158,27 +172,63 @@ impl Member {
     /// The same node with facts produced at this time.
     #[must_use]
     pub fn with_facts_produced(mut self, produced: Option<&str>) -> Member {
-        self.facts = produced.map(Stamp::of);
+        self.set(Kind::Facts, produced);
         self
     }
 
     /// The same node with a catalog produced at this time.
     #[must_use]
     pub fn with_catalog_produced(mut self, produced: Option<&str>) -> Member {
-        self.catalog = produced.map(Stamp::of);
+        self.set(Kind::Catalog, produced);
         self
+    }
+
+    /// Its time for `kind`: the report's end for [`Kind::Node`].
+    fn stamp(&self, kind: Kind) -> Stamp<'_> {
+        let at = kind.index();
+        match self.nanos[at] {
+            NO_TIME => Stamp::None,
+            TEXT_TIME => {
+                let text = self.texts.as_ref().and_then(|texts| texts[at].as_deref());
+                text.map_or(Stamp::None, Stamp::Text)
+            }
+            nanos => Stamp::Instant(self.seconds[at], nanos),
+        }
+    }
+
+    fn set(&mut self, kind: Kind, text: Option<&str>) {
+        let at = kind.index();
+        if let Some(texts) = self.texts.as_mut() {
+            texts[at] = None;
+        }
+        (self.seconds[at], self.nanos[at]) = match Stamp::of(text) {
+            Stamp::None => (0, NO_TIME),
+            Stamp::Instant(seconds, nanos) => (seconds, nanos),
+            Stamp::Text(text) => {
+                let texts = self.texts.get_or_insert_with(Box::default);
+                texts[at] = Some(text.into());
+                (0, TEXT_TIME)
+            }
+        };
+        // No text left: none held (two members with the same times are equal).
+        if self
+            .texts
+            .as_ref()
+            .is_some_and(|texts| texts.iter().all(Option::is_none))
+        {
+            self.texts = None;
+        }
     }
 
     /// Whether this holding's `kind` is newer than `other`'s (D14); `false` on a tie
     /// (configured order decides). No time is older than any time.
     fn is_newer_than(&self, other: &Member, kind: Kind) -> bool {
-        let by = |field: fn(&Member) -> &Option<Stamp>| field(self).cmp(field(other));
+        let by = |kind: Kind| self.stamp(kind).cmp(&other.stamp(kind));
         let order = match kind {
-            Kind::Node => by(|m| &m.report)
-                .then_with(|| by(|m| &m.facts))
-                .then_with(|| by(|m| &m.catalog)),
-            Kind::Facts => by(|m| &m.facts),
-            Kind::Catalog => by(|m| &m.catalog),
+            Kind::Node => by(Kind::Node)
+                .then_with(|| by(Kind::Facts))
+                .then_with(|| by(Kind::Catalog)),
+            Kind::Facts | Kind::Catalog => by(kind),
         };
         order == Ordering::Greater
     }
@@ -255,23 +305,19 @@ struct ProducedRow<'a> {
 pub fn parse_membership(nodes: &[u8], factsets: &[u8], catalogs: &[u8]) -> Option<BackendNodes> {
     let mut held = Vec::new();
     for_each_row(nodes, |row: MembershipRow<'_>| {
-        let member = Member {
-            report: row.report_timestamp.as_deref().map(Stamp::of),
-            facts: None,
-            catalog: None,
-            active: row.deactivated.is_none() && row.expired.is_none(),
-        };
+        let mut member = Member::active(row.report_timestamp.as_deref());
+        member.active = row.deactivated.is_none() && row.expired.is_none();
         held.push((Arc::from(row.certname), member));
     })?;
     let mut held: BackendNodes = held.into_iter().collect();
     for_each_row(factsets, |row: ProducedRow<'_>| {
         if let (Some(member), Some(at)) = (held.get_mut(&row.certname), row.producer_timestamp) {
-            member.facts = Some(Stamp::of(&at));
+            member.set(Kind::Facts, Some(&at));
         }
     })?;
     for_each_row(catalogs, |row: ProducedRow<'_>| {
         if let (Some(member), Some(at)) = (held.get_mut(&row.certname), row.producer_timestamp) {
-            member.catalog = Some(Stamp::of(&at));
+            member.set(Kind::Catalog, Some(&at));
         }
     })?;
     Some(held)
@@ -353,35 +399,65 @@ impl Owners {
     }
 }
 
-/// One certname in the snapshot: where it is held, and its owners within each scope.
+/// [`Owners`] as a [`Placement`] holds them: each backend's index in four bytes (the snapshot
+/// holds two a certname).
+#[derive(Debug, Clone, Copy)]
+struct PlacedOwners {
+    newest: [u32; 3],
+    first: u32,
+}
+
+impl PlacedOwners {
+    /// `owners`, `None` past four billion backends.
+    fn of(owners: Owners) -> Option<PlacedOwners> {
+        let index = |backend: BackendId| u32::try_from(backend.0).ok();
+        let [node, facts, catalog] = owners.newest;
+        Some(PlacedOwners {
+            newest: [index(node)?, index(facts)?, index(catalog)?],
+            first: index(owners.first)?,
+        })
+    }
+
+    fn owners(self) -> Owners {
+        let backend = |index: u32| BackendId(index as usize);
+        Owners {
+            newest: self.newest.map(backend),
+            first: backend(self.first),
+        }
+    }
+}
+
+/// One certname in the snapshot: where it is held, and its owners within each scope; 44 bytes
+/// (88 with each index a `usize`: some 4 MB more at 100,000 certnames, every replica).
 #[derive(Debug, Clone, Copy)]
 struct Placement {
     /// Where its holders start in [`Ownership::holders`]: every backend holding it, then those
     /// holding it active (each in configured order).
-    start: usize,
+    start: u32,
     /// How many backends hold it at all, and how many hold it active.
-    held: usize,
-    held_active: usize,
-    owners: Owners,
+    held: u32,
+    held_active: u32,
+    owners: PlacedOwners,
     /// Meaningful only when some backend holds it active.
-    owners_active: Owners,
+    owners_active: PlacedOwners,
 }
 
 impl Placement {
     /// Its owners within `scope`, if any backend holds it there.
     fn owners(&self, scope: Scope) -> Option<Owners> {
         match scope {
-            Scope::Any => Some(self.owners),
-            Scope::Active => (self.held_active > 0).then_some(self.owners_active),
+            Scope::Any => Some(self.owners.owners()),
+            Scope::Active => (self.held_active > 0).then(|| self.owners_active.owners()),
         }
     }
 
     /// Where its holders within `scope` are in [`Ownership::holders`].
     fn holders(&self, scope: Scope) -> std::ops::Range<usize> {
-        let all = self.start + self.held;
+        let start = self.start as usize;
+        let all = start + self.held as usize;
         match scope {
-            Scope::Any => self.start..all,
-            Scope::Active => all..all + self.held_active,
+            Scope::Any => start..all,
+            Scope::Active => all..all + self.held_active as usize,
         }
     }
 }
@@ -469,7 +545,9 @@ impl Ownership {
             .map(|part| part.as_ref().map_or(&[][..], |nodes| &nodes.0[..]))
             .collect();
         let mut cursors = vec![0; parts.len()];
-        let mut placements = Vec::new();
+        // Room for every certname at once (the parts' sum: each at most once a part): the list
+        // does not grow by copying itself, and is cut to its length once built.
+        let mut placements = Vec::with_capacity(parts.iter().map(|part| part.len()).sum());
         let mut holders = Vec::new();
         let (mut active, mut any) = (Tally::new(parts.len()), Tally::new(parts.len()));
         let mut held: Vec<(BackendId, &Member)> = Vec::new();
@@ -493,25 +571,36 @@ impl Ownership {
             let Some(owners) = Owners::of(&held) else {
                 continue;
             };
+            let owners_active = Owners::of(&held_active);
             let start = holders.len();
+            let placement = (
+                u32::try_from(start).ok(),
+                u32::try_from(held.len()).ok(),
+                u32::try_from(held_active.len()).ok(),
+                PlacedOwners::of(owners),
+                PlacedOwners::of(owners_active.unwrap_or(owners)),
+            );
+            // Past four billion holders or backends (no memory holds that many) a certname is
+            // left out: its records are then those of a node the map does not know.
+            let (Some(at), Some(count), Some(count_active), Some(placed), Some(placed_active)) =
+                placement
+            else {
+                continue;
+            };
             holders.extend(held.iter().map(|(backend, _)| *backend));
             let any_holders = start..holders.len();
             holders.extend(held_active.iter().map(|(backend, _)| *backend));
             let position = placements.len();
             any.count(position, &holders[any_holders.clone()], owners);
-            let owners_active = match Owners::of(&held_active) {
-                Some(owners_active) => {
-                    active.count(position, &holders[any_holders.end..], owners_active);
-                    owners_active
-                }
-                None => owners,
-            };
+            if let Some(owners_active) = owners_active {
+                active.count(position, &holders[any_holders.end..], owners_active);
+            }
             let placement = Placement {
-                start,
-                held: held.len(),
-                held_active: held_active.len(),
-                owners,
-                owners_active,
+                start: at,
+                held: count,
+                held_active: count_active,
+                owners: placed,
+                owners_active: placed_active,
             };
             placements.push((Arc::clone(certname), placement));
         }
@@ -699,7 +788,7 @@ impl Ownership {
 /// Orders two timestamps as ownership does: null is older than any timestamp; instants compare
 /// as instants; anything else (PuppetDB always writes RFC 3339) as text, older than any instant.
 pub(crate) fn compare_timestamps(a: Option<&str>, b: Option<&str>) -> Ordering {
-    a.map(Stamp::of).cmp(&b.map(Stamp::of))
+    Stamp::of(a).cmp(&Stamp::of(b))
 }
 
 #[cfg(test)]
@@ -991,13 +1080,16 @@ mod tests {
             "the last row"
         );
         assert_eq!(
-            parsed.get("a.b").and_then(|m| m.report.clone()),
-            Some(Stamp::of("2026-11-30T08:00:00.000Z"))
+            parsed.get("a.b").map(|m| m.stamp(Kind::Node)),
+            Some(Stamp::of(Some("2026-11-30T08:00:00.000Z")))
         );
-        assert_eq!(parsed.get("a.b").and_then(|m| m.facts.clone()), None);
         assert_eq!(
-            parsed.get("m").and_then(|m| m.facts.clone()),
-            Some(Stamp::of("2026-11-30T07:05:00.000Z")),
+            parsed.get("a.b").map(|m| m.stamp(Kind::Facts)),
+            Some(Stamp::None)
+        );
+        assert_eq!(
+            parsed.get("m").map(|m| m.stamp(Kind::Facts)),
+            Some(Stamp::of(Some("2026-11-30T07:05:00.000Z"))),
             "the last factset row"
         );
         assert!(
@@ -1199,6 +1291,29 @@ mod tests {
     }
 
     #[test]
+    fn a_time_that_is_not_an_instant_is_held_as_text_older_than_any_instant() {
+        let text = Member::active(Some("b, not a time"));
+        let older_text = Member::active(Some("a, not a time"));
+        let instant = Member::active(Some("2000-01-01T00:00:00Z"));
+        let none = Member::active(None);
+        assert!(instant.is_newer_than(&text, Kind::Node));
+        assert!(text.is_newer_than(&older_text, Kind::Node));
+        assert!(text.is_newer_than(&none, Kind::Node));
+        assert!(!text.is_newer_than(&text.clone(), Kind::Node));
+        assert_eq!(text.stamp(Kind::Node), Stamp::Text("b, not a time"));
+        // Its text let go once an instant replaces it: equal to the member made with the instant.
+        let replaced = Member::active(Some("b, not a time"))
+            .with_facts_produced(Some("c"))
+            .with_facts_produced(Some("2000-01-01T00:00:00Z"));
+        assert!(replaced.texts.is_some(), "the report's text stays");
+        let mut replaced = replaced;
+        replaced.set(Kind::Node, Some("2000-01-01T00:00:00Z"));
+        let direct = instant.with_facts_produced(Some("2000-01-01T00:00:00Z"));
+        assert_eq!(replaced, direct);
+        assert!(replaced.texts.is_none());
+    }
+
+    #[test]
     fn times_as_postgresql_writes_them_compare_as_instants() {
         // `to_char` with TIME_FORMAT in a server whose time zone is not UTC: the same instant as
         // PuppetDB's own `…Z` form, and a microsecond later is newer.
@@ -1206,9 +1321,10 @@ mod tests {
         let factsets = br#"[{"certname":"a","to_string":"2026-11-30T02:30:00.000001-05:30"}]"#;
         let parsed = parse_membership(nodes, factsets, b"[]").expect("parses");
         let a = parsed.get("a").expect("a");
-        assert_eq!(a.report, Some(Stamp::of("2026-11-30T08:00:00.000Z")));
-        assert!(a.facts > Some(Stamp::of("2026-11-30T08:00:00.000Z")));
-        assert!(a.facts < Some(Stamp::of("2026-11-30T08:00:00.001Z")));
+        let at = |t: &'static str| Stamp::of(Some(t));
+        assert_eq!(a.stamp(Kind::Node), at("2026-11-30T08:00:00.000Z"));
+        assert!(a.stamp(Kind::Facts) > at("2026-11-30T08:00:00.000Z"));
+        assert!(a.stamp(Kind::Facts) < at("2026-11-30T08:00:00.001Z"));
     }
 
     #[test]
@@ -1219,18 +1335,15 @@ mod tests {
         let parsed = parse_membership(nodes, factsets, catalogs).expect("parses");
         assert_eq!(parsed.get("a").map(|m| m.active), Some(true));
         assert_eq!(parsed.get("b").map(|m| m.active), Some(false));
-        let at = |t: &str| Some(Stamp::of(t));
-        let (a, b) = (parsed.get("a").cloned(), parsed.get("b").cloned());
-        assert_eq!(
-            a.clone().and_then(|a| a.facts),
-            at("2026-11-30T07:00:00.000Z")
-        );
-        assert_eq!(a.and_then(|a| a.catalog), None);
-        assert_eq!(
-            b.clone().and_then(|b| b.catalog),
-            at("2026-11-30T07:30:00.000Z")
-        );
-        assert_eq!(b.and_then(|b| b.report), at("2026-11-30T08:00:00.000Z"));
+        let at = |t: &'static str| Some(Stamp::of(Some(t)));
+        let (a, b) = (parsed.get("a"), parsed.get("b"));
+        fn stamp(member: Option<&Member>, kind: Kind) -> Option<Stamp<'_>> {
+            member.map(|member| member.stamp(kind))
+        }
+        assert_eq!(stamp(a, Kind::Facts), at("2026-11-30T07:00:00.000Z"));
+        assert_eq!(stamp(a, Kind::Catalog), Some(Stamp::None));
+        assert_eq!(stamp(b, Kind::Catalog), at("2026-11-30T07:30:00.000Z"));
+        assert_eq!(stamp(b, Kind::Node), at("2026-11-30T08:00:00.000Z"));
         assert!(
             parsed.get("gone").is_none(),
             "a factset without a node is not a node"

@@ -16,18 +16,18 @@ const NODES: [&str; 5] = ["n0", "n1", "n2", "n3", "n4"];
 /// A node as one backend holds it: its environment, its facts' names (some named like the
 /// provenance fact), and the hour its facts were produced, when the membership map knows it.
 #[derive(Debug, Clone)]
-struct Held {
+struct HeldFacts {
     environment: Option<&'static str>,
     facts: Vec<&'static str>,
     produced: Option<u8>,
 }
 
-fn held() -> impl Strategy<Value = Option<Held>> {
+fn held() -> impl Strategy<Value = Option<HeldFacts>> {
     let environment = prop::sample::select(vec![Some("e1"), Some("e2"), None]);
     let facts = prop::collection::vec(prop::sample::select(vec!["a", "b", "pdbmux_source"]), 1..3);
     let produced = prop::option::of(0u8..3);
     prop::option::of((environment, facts, produced)).prop_map(|held| {
-        held.map(|(environment, facts, produced)| Held {
+        held.map(|(environment, facts, produced)| HeldFacts {
             environment,
             facts,
             produced,
@@ -37,7 +37,7 @@ fn held() -> impl Strategy<Value = Option<Held>> {
 
 /// One backend's `/facts` answer, and its answer to the own path's question: its nodes with a
 /// fact not named like the provenance fact, one row each (`certname`, `environment`).
-fn answers(nodes: &[Option<Held>]) -> (String, String) {
+fn answers(nodes: &[Option<HeldFacts>]) -> (String, String) {
     let mut facts = Vec::new();
     let mut rows = Vec::new();
     for (certname, held) in NODES.iter().zip(nodes) {
@@ -59,8 +59,8 @@ fn answers(nodes: &[Option<Held>]) -> (String, String) {
 }
 
 /// The membership map of both backends: the nodes each holds whose production time it knows.
-fn map(backends: &[Vec<Option<Held>>]) -> Arc<Ownership> {
-    let part = |nodes: &Vec<Option<Held>>| -> Option<BackendNodes> {
+fn map(backends: &[Vec<Option<HeldFacts>>]) -> Arc<Ownership> {
+    let part = |nodes: &Vec<Option<HeldFacts>>| -> Option<BackendNodes> {
         let known = NODES.iter().zip(nodes).filter_map(|(certname, held)| {
             let hour = held.as_ref()?.produced?;
             let at = format!("2026-11-30T0{hour}:00:00.000Z");
