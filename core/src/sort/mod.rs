@@ -49,6 +49,16 @@ pub enum Direction {
     Descending,
 }
 
+impl Direction {
+    /// `ascending` (two values' ascending order) in this direction.
+    fn applied(self, ascending: Ordering) -> Ordering {
+        match self {
+            Direction::Ascending => ascending,
+            Direction::Descending => ascending.reverse(),
+        }
+    }
+}
+
 /// One field of an `order_by`, with how its values compare.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct OrderField {
@@ -627,18 +637,8 @@ fn minify_json(raw: &str) -> String {
 /// Compares two records' keys under `order` (the one both keys were built with), field by
 /// field, each in its direction. Equal keys give `Equal`, so a stable sort keeps merged order.
 pub fn compare(a: &SortKey, b: &SortKey, order: &OrderBy) -> Ordering {
-    let fields = a.0.iter().zip(b.0.iter()).zip(order.fields.iter());
-    first_unequal(fields.map(|((x, y), field)| (x.compare(y), field.direction)))
-}
-
-/// The first of `ascending` (each field's ascending order of two records, and its direction)
-/// that is not `Equal`, in its direction; `Equal` when every field ties.
-fn first_unequal(ascending: impl Iterator<Item = (Ordering, Direction)>) -> Ordering {
-    for (ord, direction) in ascending {
-        let ord = match direction {
-            Direction::Ascending => ord,
-            Direction::Descending => ord.reverse(),
-        };
+    for ((x, y), field) in a.0.iter().zip(b.0.iter()).zip(order.fields.iter()) {
+        let ord = field.direction.applied(x.compare(y));
         if ord != Ordering::Equal {
             return ord;
         }
@@ -669,14 +669,18 @@ pub fn compare_fields<'x, 'y>(
         None => KeyPart::Null,
         Some(raw) => key_part(raw.get(), kind),
     };
-    first_unequal(order.fields.iter().map(|field| {
+    for field in &order.fields {
         let (x, y) = (a(&field.field), b(&field.field));
-        let ord = match (plain_text(x, field.kind), plain_text(y, field.kind)) {
+        let ascending = match (plain_text(x, field.kind), plain_text(y, field.kind)) {
             (Some(x), Some(y)) => x.as_bytes().cmp(y.as_bytes()),
             _ => part(x, field.kind).compare(&part(y, field.kind)),
         };
-        (ord, field.direction)
-    }))
+        let ord = field.direction.applied(ascending);
+        if ord != Ordering::Equal {
+            return ord;
+        }
+    }
+    Ordering::Equal
 }
 
 /// Sorts `items` by `order`, computing each item's key once with `key`; a stable sort, so ties
