@@ -1044,15 +1044,8 @@ impl Plan for RecordPlan {
                 self.checked.push((asked.backend, records));
             }
         }
-        let checked = |backend: BackendId| {
-            let found = self.checked.iter().find(|(checked, _)| *checked == backend);
-            found.map(|(_, records)| *records)
-        };
-        let records: Option<Vec<bool>> = self.asked.iter().map(|a| checked(a.backend)).collect();
-        if self.asked.is_empty() || calls.0.len() != self.asked.len() {
-            return None;
-        }
-        if !records?.into_iter().all(|records| records) {
+        let all_records = (self.asked.iter()).all(|a| self.checked.contains(&(a.backend, true)));
+        if self.asked.is_empty() || calls.0.len() != self.asked.len() || !all_records {
             return None;
         }
         let name = serde_json::value::RawValue::from_string(

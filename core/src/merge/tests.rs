@@ -101,6 +101,20 @@ impl TestPlan {
     }
 }
 
+/// `backend`'s records call, answered 200 with `headers` and `body`.
+fn answered(backend: BackendId, headers: HeaderMap, body: &str) -> Call {
+    Call {
+        backend,
+        part: RECORDS,
+        purpose: crate::message::Purpose::Query,
+        state: CallState::Done(Outcome::Success {
+            status: http::StatusCode::OK,
+            headers,
+            body: Bytes::copy_from_slice(body.as_bytes()),
+        }),
+    }
+}
+
 /// A merged body and its X-Records.
 type Answered = (String, Option<String>);
 
@@ -120,16 +134,7 @@ fn progress(
                 if let Some(total) = total {
                     headers.insert("x-records", HeaderValue::from(*total));
                 }
-                Call {
-                    backend: planned.context.roster[i],
-                    part: RECORDS,
-                    purpose: crate::message::Purpose::Query,
-                    state: CallState::Done(Outcome::Success {
-                        status: http::StatusCode::OK,
-                        headers,
-                        body: Bytes::copy_from_slice(body.as_bytes()),
-                    }),
-                }
+                answered(planned.context.roster[i], headers, body)
             })
             .collect(),
     );
@@ -555,22 +560,14 @@ fn a_provenance_part_merged_later_is_checked_as_each_answer_comes() {
     let config = config();
     let columns = crate::entity::Entity::Facts.order_columns(crate::entity::ColumnSet::Base);
     let order = crate::sort::parse_order_by(r#"[{"field":"name"}]"#, columns).expect("order");
-    let call = |backend: usize, body: &str| Call {
-        backend: BackendId(backend),
-        part: RECORDS,
-        purpose: crate::message::Purpose::Query,
-        state: CallState::Done(Outcome::Success {
-            status: http::StatusCode::OK,
-            headers: HeaderMap::new(),
-            body: Bytes::copy_from_slice(body.as_bytes()),
-        }),
-    };
     let nodes = r#"[{"certname":"n1","environment":"e"}]"#;
     let path = "/pdb/query/v4/facts/pdbmux_source";
     // The answers come in; `None`: not yet.
     let later = |answers: &[Option<&str>], part: &mut TestPlan| {
         let calls = answers.iter().enumerate();
-        let calls = Calls(calls.filter_map(|(i, b)| Some(call(i, (*b)?))).collect());
+        let calls =
+            calls.filter_map(|(i, b)| Some(answered(BackendId(i), HeaderMap::new(), (*b)?)));
+        let calls = Calls(calls.collect());
         part.plan
             .merge_later(&calls, &part.context, &order)
             .is_some()

@@ -560,18 +560,29 @@ where
     )
 }
 
+/// The text of `raw`, one valid JSON value in a column of `kind`, when its key part is exactly
+/// that text's bytes: a string with nothing escaped, in a column compared as text (not jsonb,
+/// not JSON text, not a timestamp, which may read as an instant).
+fn plain_text_key(raw: &str, kind: ColumnKind) -> Option<&str> {
+    let as_text = !matches!(
+        kind,
+        ColumnKind::Jsonb | ColumnKind::JsonText | ColumnKind::Timestamp
+    );
+    unescaped_str(raw).filter(|_| as_text)
+}
+
 /// The key part of `raw`, the text of one valid JSON value, in a column of `kind`.
 fn key_part(raw: &str, kind: ColumnKind) -> KeyPart {
+    // Most keys are strings with nothing escaped (certnames, names, times): their text is the
+    // string, so an ordered merge does not parse them a second time per record.
+    if let Some(text) = plain_text_key(raw, kind) {
+        return KeyPart::Text(KeyText::from_slice(text.as_bytes()));
+    }
     if kind == ColumnKind::JsonText {
         return KeyPart::Text(KeyText::from_vec(minify_json(raw).into_bytes()));
     }
-    // Most keys are strings with nothing escaped (certnames, names, times): their text is the
-    // string, so an ordered merge does not parse them a second time per record.
-    if let Some(text) = unescaped_str(raw).filter(|_| kind != ColumnKind::Jsonb) {
-        return match (kind == ColumnKind::Timestamp)
-            .then(|| parse_instant(text))
-            .flatten()
-        {
+    if let Some(text) = unescaped_str(raw).filter(|_| kind == ColumnKind::Timestamp) {
+        return match parse_instant(text) {
             Some((secs, nanos)) => KeyPart::Instant(secs, nanos),
             None => KeyPart::Text(KeyText::from_slice(text.as_bytes())),
         };
@@ -658,12 +669,7 @@ pub fn compare_fields<'x, 'y>(
     b: impl Fn(&str) -> Option<&'y RawValue>,
 ) -> Ordering {
     fn plain_text(raw: Option<&RawValue>, kind: ColumnKind) -> Option<&str> {
-        let compared_as_text = !matches!(
-            kind,
-            ColumnKind::Jsonb | ColumnKind::JsonText | ColumnKind::Timestamp
-        );
-        raw.and_then(|raw| unescaped_str(raw.get()))
-            .filter(|_| compared_as_text)
+        raw.and_then(|raw| plain_text_key(raw.get(), kind))
     }
     let part = |raw: Option<&RawValue>, kind: ColumnKind| match raw {
         None => KeyPart::Null,
