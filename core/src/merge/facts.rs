@@ -11,7 +11,6 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use serde_json::value::RawValue;
-use smallvec::SmallVec;
 
 use super::rows::{Collected, Page, Raw, Row};
 use super::{parse_answers, BackendPage, Merged, Provenance, RecordPlan};
@@ -34,12 +33,11 @@ enum Place {
     FactNode(usize),
 }
 
-/// A node seen in the answers: the backends that returned it (in answer order), the one whose
-/// records are kept, that backend's last record of it (answer index, record index), and the
-/// environment of its first kept record.
+/// A node seen in the answers: the backend whose records of it are kept (none when no backend
+/// that returned it may keep it), that backend's last record of it (answer index, record
+/// index), and the environment of its first kept record.
 struct FactNode<'a> {
     certname: Cow<'a, str>,
-    holders: SmallVec<[(usize, Holding); 2]>,
     owner: Option<usize>,
     last: Option<(usize, usize)>,
     environment: Option<Option<&'a RawValue>>,
@@ -54,7 +52,11 @@ struct FactNodes<'a> {
 }
 
 impl<'a> FactNodes<'a> {
-    /// The node named `certname`, noting that `backend` returned it and whose copy that is.
+    /// The node named `certname`, which `backend` returned, claimed for `backend` when its
+    /// records are the ones kept. The map's owner claims it when asked (the other backends'
+    /// copies are [`Holding::Other`]); when the map does not place the node among those asked,
+    /// every backend's holding is [`Holding::Unknown`] and the first to return it (answers come
+    /// in configured order) claims it: the rule `provenance_merge` keeps too.
     fn seen(
         &mut self,
         certname: Cow<'a, str>,
@@ -66,18 +68,19 @@ impl<'a> FactNodes<'a> {
         if node == next {
             self.list.push(FactNode {
                 certname,
-                holders: SmallVec::new(),
                 owner: None,
                 last: None,
                 environment: None,
             });
         }
         let node_ref = &mut self.list[node];
-        if !node_ref.holders.iter().any(|(b, _)| *b == backend) {
+        if node_ref.owner.is_none() {
             let holding = owning.map_or(Holding::Unknown, |o| {
                 o.holding(BackendId(backend), &node_ref.certname)
             });
-            node_ref.holders.push((backend, holding));
+            if holding != Holding::Other {
+                node_ref.owner = Some(backend);
+            }
         }
         node
     }
@@ -105,7 +108,7 @@ pub(crate) fn merge(
     let drop_source = plan.provenance != Provenance::Off;
     let inject = plan.provenance == Provenance::Inject;
 
-    // Pass 1: place each record; note which backends returned each node.
+    // Pass 1: place each record; each node claimed by the backend whose records are kept.
     let mut nodes = FactNodes::default();
     let mut dropped = 0usize;
     let mut places: Vec<Vec<Place>> = Vec::with_capacity(parsed.len());
@@ -141,17 +144,9 @@ pub(crate) fn merge(
     }
     log_dropped(dropped, source_fact);
 
-    // Each node's kept copy: its owner's; none when an asked owner did not return it; else the
-    // first backend's that did. And the owner's last record of it.
-    for node in &mut nodes.list {
-        node.owner = match node.holders.iter().find(|(_, h)| *h == Holding::Own) {
-            Some((owner, _)) => Some(*owner),
-            None if node.holders.iter().any(|(_, h)| *h == Holding::Other) => None,
-            None => node.holders.first().map(|(b, _)| *b),
-        };
-    }
     let values = ProvenanceValues::new(source_fact, &config.backends);
     let order = plan.order.as_ref();
+    // Each kept node's last record, where its provenance record follows.
     for (answer, ((this, _), backend_places)) in parsed.iter().zip(&places).enumerate() {
         let backend = this.backend;
         for (index, place) in backend_places.iter().enumerate() {
