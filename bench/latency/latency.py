@@ -89,6 +89,11 @@ def questions(estate: dict) -> list[tuple[str, str, dict]]:
         ("reports page 5", "/pdb/query/v4/reports",
          {"query": q(in_env), "order_by": q([{"field": "end_time", "order": "desc"}]),
           "limit": "10", "include_total": "true", "offset": "40"}),
+        # What exact paging asks each backend for page 5 (offset + limit, no offset): its `both`
+        # column is page 5's floor when every backend must serialize the window's candidates.
+        ("reports: first 50 with a total", "/pdb/query/v4/reports",
+         {"query": q(in_env), "order_by": q([{"field": "end_time", "order": "desc"}]),
+          "limit": "50", "include_total": "true", "offset": "0"}),
         ("daily chart: one day", "/pdb/query/v4/reports",
          {"query": q(["extract", [["function", "count"], "status"],
                       ["and", [">=", "producer_timestamp", day_start],
