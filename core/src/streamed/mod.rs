@@ -959,7 +959,15 @@ impl RecordStream {
         }
         match self.broken.clone() {
             Some(broken) => Err(broken),
-            None => Ok(std::mem::take(&mut self.decisions.out.bytes)),
+            // Nothing written: the buffer keeps its room.
+            None if self.decisions.out.bytes.is_empty() => Ok(Vec::new()),
+            // The next piece's records are about as many bytes: room for them now spares the
+            // buffer growing (and copying itself) a dozen times over each piece.
+            None => {
+                let room = self.decisions.out.bytes.len();
+                let out = &mut self.decisions.out.bytes;
+                Ok(std::mem::replace(out, Vec::with_capacity(room)))
+            }
         }
     }
 
