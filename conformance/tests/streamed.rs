@@ -754,6 +754,65 @@ fn a_streamed_join_ordered_by_name_merges_its_provenance_part_when_it_gets_there
     assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
 }
 
+/// The provenance answers are checked whole before the first byte while they hold at most
+/// `stream_above_bytes` together; past it, only as far as a streamed answer's body is (its first
+/// 64 KiB), so that the first byte does not wait for a check of every record (docs/merging.md,
+/// "Streamed merges"). An answer broken after those bytes is then found when the part is
+/// merged, after the first byte: the body is cut off so that it does not parse (D26). Under the
+/// threshold the same answer is that backend failing, found before the first byte.
+#[test]
+fn a_provenance_answer_past_the_threshold_broken_after_its_first_bytes_cuts_the_body_off() {
+    let backends = || {
+        let (a, b) = facts_estate();
+        // About 100 KB of pdb-b's nodes, then a record that is not JSON.
+        let record = r#"{"certname":"only-b","environment":"production"},"#;
+        let broken = format!("[{}{{\"certname\" 1}}]", record.repeat(2_000));
+        vec![
+            FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
+            FakeBackend::by_request("pdb-b", URL_B, move |asked: &Asked<'_>| {
+                // The provenance part asks each backend its nodes: an extract.
+                let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
+                match asked.path_and_query.starts_with(nodes) {
+                    true => Reply::json(StatusCode::OK, broken.clone()).after(ms(3)),
+                    false => b.answer(asked).after(ms(3)),
+                }
+            }),
+        ]
+    };
+    let order = r#"[{"field":"name"},{"field":"certname"}]"#;
+    let mut h = Harness::with_config(backends(), |config| {
+        config.stream_above_bytes = 64 * 1024;
+    })
+    .expect("valid test backends");
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
+    let cut_off = response.merged.clone().flatten();
+    assert!(
+        cut_off.is_some(),
+        "streamed, then cut off: {:?}, {:?}",
+        response.merged,
+        response.header("x-backends")
+    );
+    assert_eq!(response.status, StatusCode::OK, "the head had left");
+    assert_eq!(response.header("x-backends"), Some("2/2"));
+    assert!(
+        serde_json::from_slice::<Value>(&response.body).is_err(),
+        "what the client got does not parse"
+    );
+    let body = String::from_utf8_lossy(&response.body);
+    assert!(body.contains("\"fact-"), "the facts before it were written");
+    assert!(!body.contains("pdbmux_source"), "no provenance record was");
+
+    // Under the threshold (8 MiB by default): checked whole, pdb-b left out before the first
+    // byte, and the answer whole.
+    let mut h = harness(backends());
+    let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.header("x-backends"), Some("1/2"), "partial");
+    let (facts, sources) = facts_and_sources(&response);
+    assert_eq!(facts, from_owners(FACTS_PER_NODE), "the facts of both");
+    assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
+}
+
 /// A streamed join whose other facts' bodies all break in their first bytes, tried once the
 /// provenance part's answers came (last): every backend failed before the first byte, and the
 /// answer says so at once rather than when the request's deadline passes.

@@ -67,8 +67,9 @@ impl ExchangeReport {
 /// How many of each backend's first bytes a streamed merge reads before its first byte leaves:
 /// enough records that a body which is not a JSON array of objects is found while it can still
 /// be that backend's failure (a partial answer), few enough to merge in well under a
-/// millisecond.
-const CHECKED_BEFORE_STREAMING: usize = 64 * 1024;
+/// millisecond. A streamed answer's provenance part past `stream_above_bytes` is checked as far
+/// (`RecordPlan::merge_later`, `core/src/merge/mod.rs`).
+pub(crate) const CHECKED_BEFORE_STREAMING: usize = 64 * 1024;
 
 /// One client request's upstream work, as a sans-IO state machine.
 ///

@@ -1030,7 +1030,17 @@ impl Plan for RecordPlan {
         }
         // One call a backend asked, each answered, and each with an array of records: what the
         // merge finds unusable is found now, before the first byte. Each answer is checked once,
-        // as it comes (asked on every event until every one has).
+        // as it comes (asked on every event until every one has): whole while the answers come
+        // so far hold at most `stream_above_bytes` together, as a buffered answer's bodies are;
+        // past it, as a streamed answer's are, its first bytes only, so that the first byte
+        // does not wait for a check of every record. The merge reads the rest after the first
+        // byte, and an answer broken there ends the body so that it does not parse (D26).
+        let answers = self
+            .asked
+            .iter()
+            .filter_map(|a| calls.success(a.backend, RECORDS));
+        let held = answers.map(|(_, body)| body.len() as u64).sum::<u64>();
+        let whole = held <= context.config.stream_above_bytes;
         for asked in &self.asked {
             let Some((_, body)) = calls.success(asked.backend, RECORDS) else {
                 continue;
@@ -1040,7 +1050,13 @@ impl Plan for RecordPlan {
                 .iter()
                 .any(|(backend, _)| *backend == asked.backend)
             {
-                let records = crate::records::parse_records(body).is_ok();
+                let records = match whole {
+                    true => crate::records::parse_records(body).is_ok(),
+                    false => crate::streamed::begins_as_records(
+                        body,
+                        crate::exchange::CHECKED_BEFORE_STREAMING,
+                    ),
+                };
                 self.checked.push((asked.backend, records));
             }
         }

@@ -224,6 +224,15 @@ impl ArrayReader {
     }
 }
 
+/// Whether the first `bytes` of `body` (all of it, when it is no longer) read as a JSON array of
+/// records, as far as they go: what a streamed answer's body is checked for before the first
+/// byte leaves, the rest being read after it.
+pub(crate) fn begins_as_records(body: &[u8], bytes: usize) -> bool {
+    let mut reader = ArrayReader::new();
+    let read = reader.push(&body[..body.len().min(bytes)], &[], |_, _| {});
+    read.is_ok() && (body.len() > bytes || reader.is_closed())
+}
+
 /// What a streamed merge keeps: use [`StreamRule::Owned`] for node-owned entities,
 /// [`StreamRule::Node`] for `/nodes`, [`StreamRule::History`] for reports and events.
 #[derive(Debug)]
@@ -1237,8 +1246,33 @@ impl MergeStream {
 
 #[cfg(test)]
 mod tests {
-    use super::{ArrayReader, Writer};
+    use super::{begins_as_records, ArrayReader, Writer};
     use crate::records::{entry_text, with_entry, with_key};
+
+    #[test]
+    fn a_body_begins_as_records_when_its_first_bytes_read_as_them() {
+        let records = format!("[{}{{}}]", r#"{"certname":"n1"},"#.repeat(10));
+        assert!(begins_as_records(records.as_bytes(), 64));
+        assert!(begins_as_records(records.as_bytes(), 1 << 20), "whole");
+        assert!(begins_as_records(b" [ ] ", 64), "an empty array, whole");
+        // Broken past the bytes read: not found here (the merge finds it).
+        let late = format!("{}1]", &records[..records.len() - 1]);
+        assert!(begins_as_records(late.as_bytes(), 64));
+        assert!(!begins_as_records(late.as_bytes(), 1 << 20));
+        // Broken within them, cut short within them, or not an array of records.
+        let early = records.replacen(':', " ", 1);
+        assert!(!begins_as_records(early.as_bytes(), 64));
+        assert!(
+            !begins_as_records(br#"[{"certname":"n1"},"#, 64),
+            "cut short"
+        );
+        assert!(!begins_as_records(b"[1,2]", 64));
+        assert!(!begins_as_records(br#"{"records":[]}"#, 64));
+        // A character cut by the last byte read is no error.
+        let accented = r#"[{"certname":"né"}]"#;
+        let cut = accented.find('é').expect("é") + 1;
+        assert!(begins_as_records(accented.as_bytes(), cut));
+    }
 
     #[test]
     fn an_entry_appended_as_it_is_written_is_the_record_with_the_key() {
