@@ -266,8 +266,9 @@ pub(crate) trait Plan: fmt::Debug + Send {
     /// when it cannot wait: a call under way or failed, a body found not to be an array of
     /// records (checked whole while the answers hold at most `stream_above_bytes`, past it as
     /// far as a streamed answer's first bytes: that backend failing is decided before the first
-    /// byte), more calls to come, or no such prefix. Asked on every event until then: it may check each answer as it comes and keep
-    /// what it found, so that the first byte waits for the last answer's check alone.
+    /// byte), more calls to come, or no such prefix. Asked on every event until then: it may
+    /// check each answer as it comes and keep what it found, so that the first byte waits for
+    /// the last answer's check alone.
     fn merge_later(
         &mut self,
         _calls: &Calls,

@@ -224,9 +224,9 @@ impl ArrayReader {
     }
 }
 
-/// Whether the first `bytes` of `body` (all of it, when it is no longer) read as a JSON array of
-/// records, as far as they go: what a streamed answer's body is checked for before the first
-/// byte leaves, the rest being read after it.
+/// Whether the first `bytes` of `body` read as the start of a JSON array of records (a body no
+/// longer than that: as a whole array of records): what a streamed answer's body is checked for
+/// before the first byte leaves, the rest being read after it.
 pub(crate) fn begins_as_records(body: &[u8], bytes: usize) -> bool {
     let mut reader = ArrayReader::new();
     let read = reader.push(&body[..body.len().min(bytes)], &[], |_, _| {});
