@@ -674,6 +674,34 @@ fn a_large_answer_ordered_by_name_streams_its_provenance_records_in_their_place(
     );
 }
 
+/// The start of what the provenance part asks each backend (its nodes: an extract).
+const PROVENANCE_PART: &str = "/pdb/query/v4/facts?query=%5B%22extract%22";
+
+/// A backend answering as `db` does, but the provenance part with what `provenance` gives.
+fn with_provenance_part(
+    name: &str,
+    url: &str,
+    db: PuppetDb,
+    provenance: impl Fn() -> Reply + Send + 'static,
+) -> FakeBackend {
+    FakeBackend::by_request(name, url, move |asked: &Asked<'_>| {
+        match asked.path_and_query.starts_with(PROVENANCE_PART) {
+            true => provenance(),
+            false => db.answer(asked).after(ms(3)),
+        }
+    })
+}
+
+/// A streamed, whole answer that left pdb-b's provenance answer out: partial, every node's
+/// facts from its owner, and only pdb-a's node named by a provenance record.
+fn assert_whole_without_pdb_b_provenance(response: &ClientResponse) {
+    assert_eq!(response.merged, Some(None), "streamed, and whole");
+    assert_eq!(response.header("x-backends"), Some("1/2"), "partial");
+    let (facts, sources) = facts_and_sources(response);
+    assert_eq!(facts, from_owners(FACTS_PER_NODE), "the facts of both");
+    assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
+}
+
 /// The provenance part failing on one backend while the other facts' records stream: the
 /// answer streams, says it is partial, and names the nodes the other backend owns.
 #[test]
@@ -681,14 +709,8 @@ fn a_streamed_join_whose_provenance_part_fails_on_a_backend_is_partial() {
     let (a, b) = facts_estate();
     let mut h = harness(vec![
         FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::by_request("pdb-b", URL_B, move |asked: &Asked<'_>| {
-            let reply = b.answer(asked).after(ms(3));
-            // The provenance part asks each backend its nodes: an extract.
-            let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
-            match asked.path_and_query.starts_with(nodes) {
-                true => Reply::text(StatusCode::SERVICE_UNAVAILABLE, "busy").after(ms(3)),
-                false => reply,
-            }
+        with_provenance_part("pdb-b", URL_B, b, || {
+            Reply::text(StatusCode::SERVICE_UNAVAILABLE, "busy").after(ms(3))
         }),
     ]);
     let query: String =
@@ -737,21 +759,12 @@ fn a_streamed_join_ordered_by_name_merges_its_provenance_part_when_it_gets_there
     let (a, b) = facts_estate();
     let mut h = harness(vec![
         FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-        FakeBackend::by_request("pdb-b", URL_B, move |asked: &Asked<'_>| {
-            // The provenance part asks each backend its nodes: an extract.
-            let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
-            match asked.path_and_query.starts_with(nodes) {
-                true => Reply::json(StatusCode::OK, r#"[{"certname":"shared","#).after(ms(3)),
-                false => b.answer(asked).after(ms(3)),
-            }
+        with_provenance_part("pdb-b", URL_B, b, || {
+            Reply::json(StatusCode::OK, r#"[{"certname":"shared","#).after(ms(3))
         }),
     ]);
     let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.header("x-backends"), Some("1/2"), "partial");
-    let (facts, sources) = facts_and_sources(&response);
-    assert_eq!(facts, from_owners(FACTS_PER_NODE), "the facts of both");
-    assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
+    assert_whole_without_pdb_b_provenance(&response);
 }
 
 /// The provenance answers are checked whole before the first byte while they hold at most
@@ -769,13 +782,8 @@ fn a_provenance_answer_past_the_threshold_broken_after_its_first_bytes_cuts_the_
         let broken = format!("[{}{{\"certname\" 1}}]", record.repeat(2_000));
         vec![
             FakeBackend::puppetdb("pdb-a", URL_A, a, ms(2)),
-            FakeBackend::by_request("pdb-b", URL_B, move |asked: &Asked<'_>| {
-                // The provenance part asks each backend its nodes: an extract.
-                let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
-                match asked.path_and_query.starts_with(nodes) {
-                    true => Reply::json(StatusCode::OK, broken.clone()).after(ms(3)),
-                    false => b.answer(asked).after(ms(3)),
-                }
+            with_provenance_part("pdb-b", URL_B, b, move || {
+                Reply::json(StatusCode::OK, broken.clone()).after(ms(3))
             }),
         ]
     };
@@ -806,11 +814,7 @@ fn a_provenance_answer_past_the_threshold_broken_after_its_first_bytes_cuts_the_
     // byte, and the answer whole.
     let mut h = harness(backends());
     let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
-    assert_eq!(response.merged, Some(None), "streamed, and whole");
-    assert_eq!(response.header("x-backends"), Some("1/2"), "partial");
-    let (facts, sources) = facts_and_sources(&response);
-    assert_eq!(facts, from_owners(FACTS_PER_NODE), "the facts of both");
-    assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
+    assert_whole_without_pdb_b_provenance(&response);
 }
 
 /// A streamed join whose other facts' bodies all break in their first bytes, tried once the
@@ -821,9 +825,7 @@ fn a_streamed_join_whose_every_body_breaks_before_the_first_byte_answers_at_once
     let (a, b) = facts_estate();
     let broken = |name: &'static str, url: &'static str, db: PuppetDb| {
         FakeBackend::by_request(name, url, move |asked: &Asked<'_>| {
-            // The provenance part asks each backend its nodes: an extract.
-            let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
-            match asked.path_and_query.starts_with(nodes) {
+            match asked.path_and_query.starts_with(PROVENANCE_PART) {
                 true => db.answer(asked).after(ms(20)),
                 // Larger than what is read before the merge may stream: still being read.
                 false => {
@@ -1075,13 +1077,8 @@ fn the_threshold_is_the_configured_stream_above_bytes() {
 fn a_join_whose_provenance_part_every_backend_fails_answers_at_once() {
     let (a, b) = facts_estate();
     let failing = |name: &str, url: &str, db: PuppetDb| {
-        FakeBackend::by_request(name, url, move |asked: &Asked<'_>| {
-            // The provenance part asks each backend its nodes: an extract.
-            let nodes = "/pdb/query/v4/facts?query=%5B%22extract%22";
-            match asked.path_and_query.starts_with(nodes) {
-                true => Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "boom").after(ms(5)),
-                false => db.answer(asked).after(ms(3)),
-            }
+        with_provenance_part(name, url, db, || {
+            Reply::text(StatusCode::INTERNAL_SERVER_ERROR, "boom").after(ms(5))
         })
     };
     let mut h = harness(vec![failing("pdb-a", URL_A, a), failing("pdb-b", URL_B, b)]);
