@@ -564,11 +564,12 @@ where
 /// that text's bytes: a string with nothing escaped, in a column compared as text (not jsonb,
 /// not JSON text, not a timestamp, which may read as an instant).
 fn plain_text_key(raw: &str, kind: ColumnKind) -> Option<&str> {
+    // The kind first: a timestamp's text is then scanned once, by its own branch of `key_part`.
     let as_text = !matches!(
         kind,
         ColumnKind::Jsonb | ColumnKind::JsonText | ColumnKind::Timestamp
     );
-    unescaped_str(raw).filter(|_| as_text)
+    as_text.then(|| unescaped_str(raw)).flatten()
 }
 
 /// The key part of `raw`, the text of one valid JSON value, in a column of `kind`.
@@ -581,7 +582,10 @@ fn key_part(raw: &str, kind: ColumnKind) -> KeyPart {
     if kind == ColumnKind::JsonText {
         return KeyPart::Text(KeyText::from_vec(minify_json(raw).into_bytes()));
     }
-    if let Some(text) = unescaped_str(raw).filter(|_| kind == ColumnKind::Timestamp) {
+    if let Some(text) = (kind == ColumnKind::Timestamp)
+        .then(|| unescaped_str(raw))
+        .flatten()
+    {
         return match parse_instant(text) {
             Some((secs, nanos)) => KeyPart::Instant(secs, nanos),
             None => KeyPart::Text(KeyText::from_slice(text.as_bytes())),
