@@ -767,14 +767,15 @@ fn a_streamed_join_ordered_by_name_merges_its_provenance_part_when_it_gets_there
     assert_whole_without_pdb_b_provenance(&response);
 }
 
-/// The provenance answers are checked whole before the first byte while they hold at most
-/// `stream_above_bytes` together; past it, only as far as a streamed answer's body is (its first
-/// 64 KiB), so that the first byte does not wait for a check of every record (docs/merging.md,
-/// "Streamed merges"). An answer broken after those bytes is then found when the part is
-/// merged, after the first byte: the body is cut off so that it does not parse (D26). Under the
-/// threshold the same answer is that backend failing, found before the first byte.
+/// Before the first byte of a streamed answer, each provenance answer is checked as far as a
+/// streamed answer's bodies are (its first 64 KiB), however small, so that the first byte does
+/// not wait for a check of every record (docs/merging.md, "Streamed merges"). An answer broken
+/// after those bytes is found when the part is merged, after the first byte: the body is cut
+/// off so that it does not parse (D26). When the request's bodies hold at most
+/// `stream_above_bytes` together, the answer is buffered, and the same answer is that backend
+/// failing: the answer is partial and whole.
 #[test]
-fn a_provenance_answer_past_the_threshold_broken_after_its_first_bytes_cuts_the_body_off() {
+fn a_provenance_answer_broken_after_its_first_bytes_cuts_a_streamed_body_off() {
     let backends = || {
         let (a, b) = facts_estate();
         // About 100 KB of pdb-b's nodes, then a record that is not JSON.
@@ -788,10 +789,8 @@ fn a_provenance_answer_past_the_threshold_broken_after_its_first_bytes_cuts_the_
         ]
     };
     let order = r#"[{"field":"name"},{"field":"certname"}]"#;
-    let mut h = Harness::with_config(backends(), |config| {
-        config.stream_above_bytes = 64 * 1024;
-    })
-    .expect("valid test backends");
+    // The other facts' bodies are past the threshold (8 MiB by default): the answer streams.
+    let mut h = harness(backends());
     let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
     let cut_off = response.merged.clone().flatten();
     assert!(
@@ -810,11 +809,19 @@ fn a_provenance_answer_past_the_threshold_broken_after_its_first_bytes_cuts_the_
     assert!(body.contains("\"fact-"), "the facts before it were written");
     assert!(!body.contains("pdbmux_source"), "no provenance record was");
 
-    // Under the threshold (8 MiB by default): checked whole, pdb-b left out before the first
-    // byte, and the answer whole.
-    let mut h = harness(backends());
+    // Every body of the request under the threshold: buffered, pdb-b's provenance answer left
+    // out, and the answer whole.
+    let mut h = Harness::with_config(backends(), |config| {
+        config.stream_above_bytes = 1 << 30;
+    })
+    .expect("valid test backends");
     let response = ordered_answer_to(&mut h, "/pdb/query/v4/facts", order);
-    assert_whole_without_pdb_b_provenance(&response);
+    assert_eq!(response.merged, None, "buffered");
+    assert_eq!(response.status, StatusCode::OK);
+    assert_eq!(response.header("x-backends"), Some("1/2"), "partial");
+    let (facts, sources) = facts_and_sources(&response);
+    assert_eq!(facts, from_owners(FACTS_PER_NODE), "the facts of both");
+    assert_eq!(sources, [("only-a".to_owned(), "pdb-a".to_owned())]);
 }
 
 /// A streamed join whose other facts' bodies all break in their first bytes, tried once the

@@ -263,12 +263,11 @@ pub(crate) trait Plan: fmt::Debug + Send {
     /// record of its answer sorts with one key prefix under `order` (the provenance records'
     /// `name`): an ordered stream it is joined with starts without it, and merges it once its
     /// first records have left, or when it reaches that prefix (`core/src/concat.rs`). `None`
-    /// when it cannot wait: a call under way or failed, a body found not to be an array of
-    /// records (checked whole while the answers hold at most `stream_above_bytes`, past it as
-    /// far as a streamed answer's first bytes: that backend failing is decided before the first
-    /// byte), more calls to come, or no such prefix. Asked on every event until then: it may
-    /// check each answer as it comes and keep what it found, so that the first byte waits for
-    /// the last answer's check alone.
+    /// when it cannot wait: a call under way or failed, a body whose first bytes are not an
+    /// array of records (checked as far as a streamed answer's bodies are: that backend failing
+    /// is decided before the first byte, a break further on ends the body after it), more calls
+    /// to come, or no such prefix. Asked on every event until then: it may check each answer as
+    /// it comes and keep what it found.
     fn merge_later(
         &mut self,
         _calls: &Calls,

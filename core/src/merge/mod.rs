@@ -185,8 +185,7 @@ pub(crate) struct RecordPlan {
     /// [`Plan::start`] ([`RecordPlan::can_stream`]).
     streamed: bool,
     /// A provenance part merged later ([`Plan::merge_later`]): each backend whose answer was
-    /// checked as it came, and whether it is an array of records. The first byte waits for the
-    /// last answer's check alone.
+    /// checked as it came, and whether its first bytes begin an array of records.
     checked: Vec<(BackendId, bool)>,
 }
 
@@ -1028,19 +1027,14 @@ impl Plan for RecordPlan {
         if !only_provenance || !by_name || self.window.is_paged() || self.include_total {
             return None;
         }
-        // One call a backend asked, each answered, and each with an array of records: what the
-        // merge finds unusable is found now, before the first byte. Each answer is checked once,
-        // as it comes (asked on every event until every one has): whole while the answers come
-        // so far hold at most `stream_above_bytes` together, as a buffered answer's bodies are;
-        // past it, as a streamed answer's are, its first bytes only, so that the first byte
-        // does not wait for a check of every record. The merge reads the rest after the first
-        // byte, and an answer broken there ends the body so that it does not parse (D26).
-        let answers = self
-            .asked
-            .iter()
-            .filter_map(|a| calls.success(a.backend, RECORDS));
-        let held = answers.map(|(_, body)| body.len() as u64).sum::<u64>();
-        let whole = held <= context.config.stream_above_bytes;
+        // One call a backend asked, each answered, and each beginning as an array of records:
+        // what the merge finds unusable there is found now, before the first byte. Each answer is
+        // checked once, as it comes (asked on every event until every one has), as far as a
+        // streamed answer's bodies are (its first bytes): this merge waits only for a stream,
+        // whose answer is past `stream_above_bytes` with every body of the request counted, so
+        // an answer broken further on ends the body, after the first byte, so that it does not
+        // parse (D26). Should the answer be buffered after all, this merge is not used: the
+        // part is merged whole, as any buffered one (`core/src/concat.rs`).
         for asked in &self.asked {
             let Some((_, body)) = calls.success(asked.backend, RECORDS) else {
                 continue;
@@ -1050,13 +1044,10 @@ impl Plan for RecordPlan {
                 .iter()
                 .any(|(backend, _)| *backend == asked.backend)
             {
-                let records = match whole {
-                    true => crate::records::parse_records(body).is_ok(),
-                    false => crate::streamed::begins_as_records(
-                        body,
-                        crate::exchange::CHECKED_BEFORE_STREAMING,
-                    ),
-                };
+                let records = crate::streamed::begins_as_records(
+                    body,
+                    crate::exchange::CHECKED_BEFORE_STREAMING,
+                );
                 self.checked.push((asked.backend, records));
             }
         }
