@@ -17,6 +17,10 @@
 //! - `/pdb/meta/v1/version` and `/status/v1/services`: small canned answers;
 //! - `/fakepdb/requests`: how many `/facts` and `/nodes` requests it has answered, as
 //!   `{"facts":N,"nodes":N}` (for benchmarks that count fan-outs);
+//! - `/fakepdb/bytes?n=N`: N bytes of its `/facts` answer, repeated as often as it takes, sent
+//!   from memory as every other answer is: what any server holding an answer of N bytes ready
+//!   takes to send it (`scale` asks it for the merged answer's size, the floor of a merge's
+//!   total);
 //! - anything else: 404.
 //!
 //! HTTP/1.1 with keep-alive, one thread per connection, loopback only. It ignores the query (a
@@ -160,6 +164,37 @@ fn ordered_by_name(target: &str) -> bool {
         .is_some_and(|order| order[0]["field"] == "name")
 }
 
+/// Answers `/fakepdb/bytes?n=N` (`target`): N bytes of `source`, repeated as often as it takes;
+/// 400 without a number.
+fn send_bytes(writer: &mut TcpStream, target: &str, source: &[u8]) -> std::io::Result<()> {
+    let query = target.split_once('?').map_or("", |(_, query)| query);
+    let asked = form_urlencoded::parse(query.as_bytes())
+        .find(|(key, _)| key == "n")
+        .and_then(|(_, n)| n.parse::<usize>().ok());
+    let Some(mut left) = asked else {
+        return writer.write_all(&response(
+            "400 Bad Request",
+            "text/plain",
+            b"n: a number of bytes\n",
+        ));
+    };
+    writer.write_all(
+        format!(
+            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {left}\r\n\r\n"
+        )
+        .as_bytes(),
+    )?;
+    if source.is_empty() {
+        return Err(std::io::Error::other("no answer to repeat"));
+    }
+    while left > 0 {
+        let piece = &source[..left.min(source.len())];
+        writer.write_all(piece)?;
+        left -= piece.len();
+    }
+    Ok(())
+}
+
 /// Answers requests on one connection until the peer closes it.
 fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
@@ -197,6 +232,13 @@ fn serve(stream: TcpStream, canned: &Canned) -> std::io::Result<()> {
             reader.read_exact(&mut body)?;
         }
         let path = target.split('?').next().unwrap_or("/");
+        if path == "/fakepdb/bytes" {
+            send_bytes(&mut writer, &target, &canned.facts)?;
+            if close {
+                return Ok(());
+            }
+            continue;
+        }
         let counts;
         let environment;
         let answer = match path {

@@ -1,6 +1,8 @@
 //! `scale`: one large merge through each pdbmux binary against two `fakepdb` backends, at growing
 //! estate sizes: time to the first byte, total time, throughput, pdbmux's CPU time and peak resident memory, beside
-//! the slower backend asked directly in the same run (bench/README.md, "Scale").
+//! the slower backend asked directly in the same run, and the merged answer's bytes sent from
+//! memory by one fakepdb (`/fakepdb/bytes`): the floor of any merge's total, since the merged
+//! answer is larger than either backend's (bench/README.md, figure 8).
 //!
 //! For each size: two fakepdb (a fifth of the nodes in both, `--facts` facts per node); then for
 //! each binary a fresh process (cache off unless `--cache default`, health probes off, membership
@@ -257,6 +259,18 @@ fn start_pdbmux(
     Ok((proc, addr))
 }
 
+/// How long `fakepdb` at `addr` takes to send `bytes` bytes from memory (`/fakepdb/bytes`), asked
+/// twice (the first warms the socket): the floor of a merge's total whose answer is that large.
+fn from_memory(addr: SocketAddr, bytes: usize) -> Result<Duration> {
+    let target = format!("/fakepdb/bytes?n={bytes}");
+    timed_get(addr, &target)?;
+    let answer = timed_get(addr, &target)?;
+    if answer.status != 200 {
+        return Err(format!("fakepdb answered {target} with {}", answer.status).into());
+    }
+    Ok(answer.total)
+}
+
 fn mb(bytes: usize) -> f64 {
     bytes as f64 / 1e6
 }
@@ -268,9 +282,9 @@ fn ms(d: Duration) -> f64 {
 fn main() -> Result<()> {
     let args = parse_args()?;
     println!(
-        "| nodes per backend | backend bodies | binary | question | first byte | total | slower backend first byte / total | throughput | pdbmux CPU | merged MB per CPU-second | peak RSS | merged answer |"
+        "| nodes per backend | backend bodies | binary | question | first byte | total | slower backend first byte / total | its bytes from memory | total / from memory | throughput | pdbmux CPU | merged MB per CPU-second | peak RSS | merged answer |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for &nodes in &args.sizes {
         let spec = SyntheticEstate {
             backends: 2,
@@ -339,31 +353,42 @@ fn main() -> Result<()> {
                 .ok_or("no backend")?;
             baselines.push((bodies, slower));
         }
+        // The merged answer's bytes sent from memory, by question: asked once its size is known.
+        let mut floors: Vec<Option<Duration>> = vec![None; questions.len()];
         for binary in &args.binaries {
             let name = binary
                 .file_name()
                 .map_or("?".into(), |n| n.to_string_lossy().into_owned());
             for (
-                Question {
-                    name: question,
-                    target,
-                    ..
-                },
-                (bodies, slower),
-            ) in questions.iter().zip(&baselines)
+                (
+                    Question {
+                        name: question,
+                        target,
+                        ..
+                    },
+                    (bodies, slower),
+                ),
+                floor,
+            ) in questions.iter().zip(&baselines).zip(&mut floors)
             {
                 let (proc, addr) = start_pdbmux(binary, &[a, b], (&args.budget, &args.cache))?;
                 let cpu_before = cpu_time(proc.pid())?;
                 let answer = timed_get(addr, target)?;
                 let cpu = cpu_time(proc.pid())?.saturating_sub(cpu_before);
                 let peak = peak_rss_mib(proc.pid())?;
+                let floor = match floor {
+                    Some(floor) => *floor,
+                    None => *floor.insert(from_memory(a, answer.bytes)?),
+                };
                 println!(
-                    "| {nodes} | {bodies} | {name} | {question} ({}) | {:.0} ms | {:.0} ms | {:.0} / {:.0} ms | {:.0} MB/s | {:.0} ms | {:.0} | {peak:.0} MiB | {:.0} MB |",
+                    "| {nodes} | {bodies} | {name} | {question} ({}) | {:.0} ms | {:.0} ms | {:.0} / {:.0} ms | {:.0} ms | {:.1}× | {:.0} MB/s | {:.0} ms | {:.0} | {peak:.0} MiB | {:.0} MB |",
                     answer.status,
                     ms(answer.first_byte),
                     ms(answer.total),
                     ms(slower.first_byte),
                     ms(slower.total),
+                    ms(floor),
+                    answer.total.as_secs_f64() / floor.as_secs_f64().max(1e-9),
                     mb(answer.bytes) / answer.total.as_secs_f64(),
                     ms(cpu),
                     mb(answer.bytes) / cpu.as_secs_f64().max(1e-9),
@@ -412,7 +437,7 @@ fn main() -> Result<()> {
                 .join(", ");
             let (bodies, slower) = &baselines[asked];
             println!(
-                "| {nodes} | {bodies} | {name} | {} × {} at once ({statuses}) | — | {:.0} ms | {:.0} / {:.0} ms | — | — | — | {peak:.0} MiB | — |",
+                "| {nodes} | {bodies} | {name} | {} × {} at once ({statuses}) | — | {:.0} ms | {:.0} / {:.0} ms | — | — | — | — | — | {peak:.0} MiB | — |",
                 args.concurrent,
                 questions[asked].name,
                 ms(took),
