@@ -67,7 +67,7 @@ impl ExchangeReport {
 /// How many of each backend's first bytes a streamed merge reads before its first byte leaves:
 /// enough records that a body which is not a JSON array of objects is found while it can still
 /// be that backend's failure (a partial answer), few enough to merge in well under a
-/// millisecond. A streamed answer's provenance part past `stream_above_bytes` is checked as far
+/// millisecond. A streamed answer's provenance answers are checked as far, however small
 /// (`RecordPlan::merge_later`, `core/src/merge/mod.rs`).
 pub(crate) const CHECKED_BEFORE_STREAMING: usize = 64 * 1024;
 

@@ -17,7 +17,8 @@
 //! - `/pdb/meta/v1/version` and `/status/v1/services`: small canned answers;
 //! - `/fakepdb/requests`: how many `/facts` and `/nodes` requests it has answered, as
 //!   `{"facts":N,"nodes":N}` (for benchmarks that count fan-outs);
-//! - `/fakepdb/bytes?n=N`: N bytes of its `/facts` answer, repeated as often as it takes, sent
+//! - `/fakepdb/bytes?n=N`: N bytes of its `/facts` response (head and body), repeated as often
+//!   as it takes, sent
 //!   from memory as every other answer is: what any server holding an answer of N bytes ready
 //!   takes to send it (`scale` asks it for the merged answer's size, the floor of a merge's
 //!   total);
@@ -164,8 +165,8 @@ fn ordered_by_name(target: &str) -> bool {
         .is_some_and(|order| order[0]["field"] == "name")
 }
 
-/// Answers `/fakepdb/bytes?n=N` (`target`): N bytes of `source`, repeated as often as it takes;
-/// 400 without a number.
+/// Answers `/fakepdb/bytes?n=N` (`target`): a body of N bytes of `source`, repeated as often as
+/// it takes (what the bytes say does not matter: only how long they take); 400 without a number.
 fn send_bytes(writer: &mut TcpStream, target: &str, source: &[u8]) -> std::io::Result<()> {
     let query = target.split_once('?').map_or("", |(_, query)| query);
     let asked = form_urlencoded::parse(query.as_bytes())
@@ -178,15 +179,15 @@ fn send_bytes(writer: &mut TcpStream, target: &str, source: &[u8]) -> std::io::R
             b"n: a number of bytes\n",
         ));
     };
+    if source.is_empty() {
+        return Err(std::io::Error::other("no answer to repeat"));
+    }
     writer.write_all(
         format!(
             "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {left}\r\n\r\n"
         )
         .as_bytes(),
     )?;
-    if source.is_empty() {
-        return Err(std::io::Error::other("no answer to repeat"));
-    }
     while left > 0 {
         let piece = &source[..left.min(source.len())];
         writer.write_all(piece)?;

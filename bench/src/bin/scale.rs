@@ -260,7 +260,8 @@ fn start_pdbmux(
 }
 
 /// How long `fakepdb` at `addr` takes to send `bytes` bytes from memory (`/fakepdb/bytes`), asked
-/// twice (the first warms the socket): the floor of a merge's total whose answer is that large.
+/// twice and the second kept, as the backends are for their baseline: the floor of a merge's
+/// total whose answer is that large.
 fn from_memory(addr: SocketAddr, bytes: usize) -> Result<Duration> {
     let target = format!("/fakepdb/bytes?n={bytes}");
     timed_get(addr, &target)?;
@@ -376,19 +377,31 @@ fn main() -> Result<()> {
                 let answer = timed_get(addr, target)?;
                 let cpu = cpu_time(proc.pid())?.saturating_sub(cpu_before);
                 let peak = peak_rss_mib(proc.pid())?;
+                // Taken from a whole merged answer only: a refusal's size says nothing.
                 let floor = match floor {
-                    Some(floor) => *floor,
-                    None => *floor.insert(from_memory(a, answer.bytes)?),
+                    Some(floor) => Some(*floor),
+                    None if answer.status == 200 => {
+                        Some(*floor.insert(from_memory(a, answer.bytes)?))
+                    }
+                    None => None,
+                };
+                let (floor_ms, times_floor) = match floor {
+                    Some(floor) => (
+                        format!("{:.0} ms", ms(floor)),
+                        format!(
+                            "{:.1}×",
+                            answer.total.as_secs_f64() / floor.as_secs_f64().max(1e-9)
+                        ),
+                    ),
+                    None => ("—".to_owned(), "—".to_owned()),
                 };
                 println!(
-                    "| {nodes} | {bodies} | {name} | {question} ({}) | {:.0} ms | {:.0} ms | {:.0} / {:.0} ms | {:.0} ms | {:.1}× | {:.0} MB/s | {:.0} ms | {:.0} | {peak:.0} MiB | {:.0} MB |",
+                    "| {nodes} | {bodies} | {name} | {question} ({}) | {:.0} ms | {:.0} ms | {:.0} / {:.0} ms | {floor_ms} | {times_floor} | {:.0} MB/s | {:.0} ms | {:.0} | {peak:.0} MiB | {:.0} MB |",
                     answer.status,
                     ms(answer.first_byte),
                     ms(answer.total),
                     ms(slower.first_byte),
                     ms(slower.total),
-                    ms(floor),
-                    answer.total.as_secs_f64() / floor.as_secs_f64().max(1e-9),
                     mb(answer.bytes) / answer.total.as_secs_f64(),
                     ms(cpu),
                     mb(answer.bytes) / cpu.as_secs_f64().max(1e-9),
