@@ -18,10 +18,9 @@
 //! - `/fakepdb/requests`: how many `/facts` and `/nodes` requests it has answered, as
 //!   `{"facts":N,"nodes":N}` (for benchmarks that count fan-outs);
 //! - `/fakepdb/bytes?n=N`: N bytes of its `/facts` response (head and body), repeated as often
-//!   as it takes, sent
-//!   from memory as every other answer is: what any server holding an answer of N bytes ready
-//!   takes to send it (`scale` asks it for the merged answer's size, the floor of a merge's
-//!   total);
+//!   as it takes, sent from memory as every other answer is: what any server holding an answer
+//!   of N bytes ready takes to send it (`scale` asks it for the merged answer's size, the floor
+//!   of a merge's total);
 //! - anything else: 404.
 //!
 //! HTTP/1.1 with keep-alive, one thread per connection, loopback only. It ignores the query (a
