@@ -266,8 +266,7 @@ pub(crate) trait Plan: fmt::Debug + Send {
     /// when it cannot wait: a call under way or failed, a body whose first bytes are not an
     /// array of records (checked as far as a streamed answer's bodies are: that backend failing
     /// is decided before the first byte, a break further on ends the body after it), more calls
-    /// to come, or no such prefix. Asked on every event until then: it may check each answer as
-    /// it comes and keep what it found.
+    /// to come, or no such prefix. Asked on every event until then.
     fn merge_later(
         &mut self,
         _calls: &Calls,

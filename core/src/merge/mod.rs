@@ -184,9 +184,6 @@ pub(crate) struct RecordPlan {
     /// Whether its records are streamed past `stream_above_bytes`; set by
     /// [`Plan::start`] ([`RecordPlan::can_stream`]).
     streamed: bool,
-    /// A provenance part merged later ([`Plan::merge_later`]): each backend whose answer was
-    /// checked as it came, and whether its first bytes begin an array of records.
-    checked: Vec<(BackendId, bool)>,
 }
 
 /// A 400 in PuppetDB's words.
@@ -349,7 +346,6 @@ impl RecordPlan {
             excused: 0,
             corrections: Vec::new(),
             streamed: false,
-            checked: Vec::new(),
         })
     }
 
@@ -1029,30 +1025,26 @@ impl Plan for RecordPlan {
         }
         // One call a backend asked, each answered, and each beginning as an array of records:
         // what the merge finds unusable there is found now, before the first byte. Each answer is
-        // checked once, as it comes (asked on every event until every one has), as far as a
-        // streamed answer's bodies are (its first bytes): this merge waits only for a stream,
-        // whose answer is past `stream_above_bytes` with every body of the request counted, so
-        // an answer broken further on ends the body, after the first byte, so that it does not
-        // parse (D26). Should the answer be buffered after all, this merge is not used: the
-        // part is merged whole, as any buffered one (`core/src/concat.rs`).
-        for asked in &self.asked {
-            let Some((_, body)) = calls.success(asked.backend, RECORDS) else {
-                continue;
-            };
-            if !self
-                .checked
-                .iter()
-                .any(|(backend, _)| *backend == asked.backend)
-            {
-                let records = crate::streamed::begins_as_records(
-                    body,
-                    crate::exchange::CHECKED_BEFORE_STREAMING,
-                );
-                self.checked.push((asked.backend, records));
-            }
+        // checked as far as a streamed answer's bodies are (its first bytes, well under a
+        // millisecond): this merge waits only for a stream, whose answer is past
+        // `stream_above_bytes` with every body of the request counted, so an answer broken
+        // further on ends the body, after the first byte, so that it does not parse (D26).
+        // Should the answer be buffered after all, this merge is not used: the part is merged
+        // whole, as any buffered one (`core/src/concat.rs`).
+        if self.asked.is_empty() || calls.0.len() != self.asked.len() {
+            return None;
         }
-        let all_records = (self.asked.iter()).all(|a| self.checked.contains(&(a.backend, true)));
-        if self.asked.is_empty() || calls.0.len() != self.asked.len() || !all_records {
+        let all_records = self.asked.iter().all(|asked| {
+            calls
+                .success(asked.backend, RECORDS)
+                .is_some_and(|(_, body)| {
+                    crate::streamed::begins_as_records(
+                        body,
+                        crate::exchange::CHECKED_BEFORE_STREAMING,
+                    )
+                })
+        });
+        if !all_records {
             return None;
         }
         let name = serde_json::value::RawValue::from_string(

@@ -556,7 +556,7 @@ fn the_source_fact_path_names_each_node_once_for_the_backend_owning_its_facts() 
 }
 
 #[test]
-fn a_provenance_part_merged_later_is_checked_as_each_answer_comes() {
+fn a_provenance_part_is_merged_later_once_every_answer_begins_as_records() {
     let config = config();
     let columns = crate::entity::Entity::Facts.order_columns(crate::entity::ColumnSet::Base);
     let order = crate::sort::parse_order_by(r#"[{"field":"name"}]"#, columns).expect("order");
@@ -576,15 +576,15 @@ fn a_provenance_part_merged_later_is_checked_as_each_answer_comes() {
     let mut good = plan(&config, path, None).expect("plan");
     assert!(!later(&[Some(nodes), None], &mut good));
     assert!(later(&[Some(nodes), Some("[]")], &mut good));
-    // pdb-a's answer, checked when it came, is not an array of records: once pdb-b's came too,
-    // the part is merged at once (the buffered merge leaves pdb-a out before the first byte).
+    // pdb-a's answer is not an array of records: once pdb-b's came too, the part is merged at
+    // once (the buffered merge leaves pdb-a out before the first byte).
     let mut broken = plan(&config, path, None).expect("plan");
     assert!(!later(&[Some(r#"{"not":"records"}"#), None], &mut broken));
     assert!(!later(
         &[Some(r#"{"not":"records"}"#), Some(nodes)],
         &mut broken
     ));
-    // Nor when it is pdb-b's, checked last.
+    // Nor when it is pdb-b's, the last to come.
     let mut last = plan(&config, path, None).expect("plan");
     assert!(!later(&[Some(nodes), None], &mut last));
     assert!(!later(&[Some(nodes), Some("[1]")], &mut last));
